@@ -1,0 +1,102 @@
+//! The embedding API: the engine without HTTP, called from synchronous code.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::engine::{Cancelled, Engine, EngineConfig, EngineError, EngineHandle, FetchRequest};
+use crate::job::{parse_enqueue_body, FailureReport, Job, JobId, NewJob, ValidationError};
+use crate::storage::StorageError;
+
+/// Why an embedded call failed.
+#[derive(Debug)]
+pub enum SvcError {
+    Invalid(ValidationError),
+    Engine(EngineError),
+    Storage(StorageError),
+}
+
+impl fmt::Display for SvcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SvcError::Invalid(error) => write!(f, "invalid request: {error}"),
+            SvcError::Engine(error) => write!(f, "{error}"),
+            SvcError::Storage(error) => write!(f, "storage: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for SvcError {}
+
+impl From<EngineError> for SvcError {
+    fn from(error: EngineError) -> Self {
+        SvcError::Engine(error)
+    }
+}
+
+/// A job queue in a local data dir. Every call returns once its change is on disk.
+pub struct Svc {
+    engine: Engine,
+}
+
+impl Svc {
+    /// Opens (or creates) the data dir with default settings.
+    pub fn open(data_dir: impl Into<PathBuf>) -> Result<Svc, SvcError> {
+        Self::open_with(EngineConfig::new(data_dir))
+    }
+
+    pub fn open_with(config: EngineConfig) -> Result<Svc, SvcError> {
+        Engine::open(config).map(|engine| Svc { engine }).map_err(SvcError::Storage)
+    }
+
+    /// The engine handle, for async callers.
+    pub fn handle(&self) -> &EngineHandle {
+        self.engine.handle()
+    }
+
+    /// Enqueues a job given as an enqueue body (`{type, args, meta?, options?}`).
+    pub fn enqueue_json(&self, body: &str) -> Result<Arc<Job>, SvcError> {
+        let new_job = parse_enqueue_body(body.as_bytes(), self.handle().defaults()).map_err(SvcError::Invalid)?;
+        self.enqueue(new_job)
+    }
+
+    pub fn enqueue(&self, job: NewJob) -> Result<Arc<Job>, SvcError> {
+        let mut jobs = self.handle().enqueue(vec![job]).wait()?;
+        Ok(jobs.remove(0))
+    }
+
+    /// Claims up to `count` jobs from `queues`, in the order given.
+    pub fn fetch(&self, queues: &[&str], count: usize, worker_id: Option<&str>) -> Result<Vec<Arc<Job>>, SvcError> {
+        let request = FetchRequest {
+            queues: queues.iter().map(|queue| queue.to_string()).collect(),
+            count: count.clamp(1, crate::limits::FETCH_COUNT_MAX),
+            worker_id: worker_id.map(str::to_string),
+            visibility_timeout_ms: None,
+        };
+        Ok(self.handle().fetch(request).wait()?)
+    }
+
+    /// Completes an active job; `result` is JSON text.
+    pub fn ack(&self, id: JobId, result: Option<String>) -> Result<Arc<Job>, SvcError> {
+        Ok(self.handle().ack(id, result, None).wait()?)
+    }
+
+    /// Reports a failed attempt (`error_type` and `message`); the retry policy decides.
+    pub fn nack(&self, id: JobId, error_type: &str, message: &str) -> Result<Arc<Job>, SvcError> {
+        let report = FailureReport { message: message.to_string(), ..FailureReport::server(error_type, "") };
+        Ok(self.handle().fail(id, report, false, None).wait()?)
+    }
+
+    pub fn cancel(&self, id: JobId) -> Result<Cancelled, SvcError> {
+        Ok(self.handle().cancel(id).wait()?)
+    }
+
+    pub fn get(&self, id: JobId) -> Option<Arc<Job>> {
+        self.handle().job(id)
+    }
+
+    /// Stops cleanly: queued commands finish and a final snapshot is written.
+    pub fn close(self) {
+        self.engine.close();
+    }
+}

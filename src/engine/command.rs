@@ -1,0 +1,72 @@
+//! What the front ends send the engine, and what comes back.
+
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+use crate::job::{FailureReport, Job, JobId, JobState, NewJob, ValidationError};
+
+/// Where the engine sends one command's outcome.
+pub type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+/// A fetch request, already validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FetchRequest {
+    pub queues: Vec<String>,
+    pub count: usize,
+    pub worker_id: Option<String>,
+    pub visibility_timeout_ms: Option<u64>,
+}
+
+/// The outcome of a cancel.
+#[derive(Debug, Clone)]
+pub struct Cancelled {
+    pub job: Arc<Job>,
+    pub previous_state: JobState,
+}
+
+pub enum Command {
+    Enqueue { jobs: Vec<NewJob>, reply: Reply<Vec<Arc<Job>>> },
+    Fetch { request: FetchRequest, reply: Reply<Vec<Arc<Job>>> },
+    Ack { id: JobId, result: Option<String>, worker_id: Option<String>, reply: Reply<Arc<Job>> },
+    Fail { id: JobId, report: FailureReport, requeue: bool, worker_id: Option<String>, reply: Reply<Arc<Job>> },
+    Cancel { id: JobId, reply: Reply<Cancelled> },
+    /// A round trip through the engine, for health checks.
+    Probe { reply: Reply<()> },
+    /// Handle what is due now (used with a manual clock).
+    Tick { reply: Reply<()> },
+    /// Write a snapshot now and wait until it is durable.
+    Snapshot { reply: Reply<()> },
+    /// Write a final snapshot and stop.
+    Shutdown { reply: Reply<()> },
+}
+
+/// Why the engine refused a command.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineError {
+    NotFound { id: JobId },
+    /// The job is not in a state the command applies to; `reason` is
+    /// `invalid_state` or `not_owner`.
+    Conflict { id: JobId, current_state: JobState, reason: &'static str },
+    /// The client-supplied id is taken; `index` is the batch position.
+    Duplicate { id: JobId, index: Option<usize> },
+    /// A request that only the engine can judge invalid (e.g. already expired).
+    Invalid { error: ValidationError, index: Option<usize> },
+    /// Storage failed, the engine is overloaded or stopped, or capacity is reached.
+    Unavailable { reason: &'static str },
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::NotFound { id } => write!(f, "job {id} not found"),
+            EngineError::Conflict { id, current_state, reason } => {
+                write!(f, "job {id} is {} ({reason})", current_state.as_str())
+            }
+            EngineError::Duplicate { id, .. } => write!(f, "job id {id} is already in use"),
+            EngineError::Invalid { error, .. } => write!(f, "{error}"),
+            EngineError::Unavailable { reason } => write!(f, "engine unavailable: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}

@@ -1,0 +1,118 @@
+//! Events emitted by committed transitions, kept in a bounded in-memory buffer
+//! for `GET /events`. The payload is rendered lazily from the job snapshot.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use crate::clock::Millis;
+use crate::job::{FailureReport, Job, JobState};
+use crate::limits::EVENT_BUFFER_MAX;
+
+/// The details an event carries beyond its job.
+#[derive(Debug, Clone)]
+pub enum EventKind {
+    Enqueued,
+    Scheduled,
+    Started,
+    Completed,
+    Failed { report: FailureReport, attempt: u32 },
+    Retrying { report: FailureReport },
+    Requeued { reason: &'static str },
+    Discarded { reason: &'static str },
+    Cancelled { previous_state: JobState },
+    Expired,
+}
+
+impl EventKind {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            EventKind::Enqueued => "job.enqueued",
+            EventKind::Scheduled => "job.scheduled",
+            EventKind::Started => "job.started",
+            EventKind::Completed => "job.completed",
+            EventKind::Failed { .. } => "job.failed",
+            EventKind::Retrying { .. } => "job.retrying",
+            EventKind::Requeued { .. } => "job.requeued",
+            EventKind::Discarded { .. } => "job.discarded",
+            EventKind::Cancelled { .. } => "job.cancelled",
+            EventKind::Expired => "job.expired",
+        }
+    }
+}
+
+/// One event: `seq` orders the buffer, `id` is `evt_<uuidv7>`.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub seq: u64,
+    pub id: String,
+    pub time: Millis,
+    pub kind: EventKind,
+    /// The job as it was right after the transition.
+    pub job: Arc<Job>,
+}
+
+/// Events waiting to be published, produced while a batch is applied.
+#[derive(Debug, Default)]
+pub struct EventSink {
+    enabled: bool,
+    pending: Vec<(Millis, EventKind, crate::job::JobId)>,
+}
+
+impl EventSink {
+    pub fn enabled() -> Self {
+        Self { enabled: true, pending: Vec::new() }
+    }
+
+    /// A sink that drops everything (replay emits no events).
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, time: Millis, kind: EventKind, job: crate::job::JobId) {
+        if self.enabled {
+            self.pending.push((time, kind, job));
+        }
+    }
+
+    pub fn take(&mut self) -> Vec<(Millis, EventKind, crate::job::JobId)> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// The newest events, oldest first.
+#[derive(Debug, Default)]
+pub struct EventBuffer {
+    events: VecDeque<Arc<Event>>,
+}
+
+impl EventBuffer {
+    pub fn push(&mut self, event: Event) {
+        if self.events.len() == EVENT_BUFFER_MAX {
+            self.events.pop_front();
+        }
+        self.events.push_back(Arc::new(event));
+    }
+
+    /// Events after the one with id `after` (all when `None` or no longer held),
+    /// that pass `keep`, at most `limit`. Also says whether more match and
+    /// whether `after` had dropped out of the buffer.
+    pub fn page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {
+        let (start, gap) = match after {
+            None => (0, false),
+            Some(id) => match self.events.iter().position(|event| event.id == id) {
+                Some(position) => (position + 1, false),
+                None => (0, true),
+            },
+        };
+        let mut matching = self.events.iter().skip(start).filter(|event| keep(event));
+        let events: Vec<Arc<Event>> = matching.by_ref().take(limit).cloned().collect();
+        let has_more = matching.next().is_some();
+        EventPage { events, has_more, gap }
+    }
+}
+
+pub struct EventPage {
+    pub events: Vec<Arc<Event>>,
+    pub has_more: bool,
+    pub gap: bool,
+}

@@ -1,0 +1,136 @@
+//! The engine's only door: commands in, outcomes out, plus reads from the view.
+//! Both the HTTP front end and embedding programs use it.
+
+use crossbeam_channel::{Sender, TrySendError};
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+use super::command::{Cancelled, Command, EngineError, FetchRequest, Reply};
+use super::events::{Event, EventPage};
+use super::view::{QueueSummary, ReadView};
+use crate::clock::Clock;
+use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob};
+
+/// A command on its way; await it, or `wait()` for it from synchronous code.
+#[must_use = "a command's outcome says whether it happened"]
+pub struct Pending<T> {
+    receiver: Result<oneshot::Receiver<Result<T, EngineError>>, EngineError>,
+}
+
+impl<T> Pending<T> {
+    pub async fn outcome(self) -> Result<T, EngineError> {
+        match self.receiver {
+            Ok(receiver) => receiver.await.unwrap_or(Err(EngineError::Unavailable { reason: "engine_stopped" })),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Blocks the calling thread until the outcome is known. Must not be
+    /// called from inside an async runtime.
+    pub fn wait(self) -> Result<T, EngineError> {
+        match self.receiver {
+            Ok(receiver) => receiver.blocking_recv().unwrap_or(Err(EngineError::Unavailable { reason: "engine_stopped" })),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct EngineHandle {
+    inbox: Sender<Command>,
+    view: Arc<ReadView>,
+    clock: Arc<dyn Clock>,
+    defaults: Arc<JobDefaults>,
+}
+
+impl EngineHandle {
+    pub(crate) fn new(inbox: Sender<Command>, view: Arc<ReadView>, clock: Arc<dyn Clock>, defaults: JobDefaults) -> Self {
+        Self { inbox, view, clock, defaults: Arc::new(defaults) }
+    }
+
+    fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Pending<T> {
+        let (reply, receiver) = oneshot::channel();
+        let receiver = match self.inbox.try_send(make(reply)) {
+            Ok(()) => Ok(receiver),
+            Err(TrySendError::Full(_)) => Err(EngineError::Unavailable { reason: "overloaded" }),
+            Err(TrySendError::Disconnected(_)) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
+        };
+        Pending { receiver }
+    }
+
+    /// Enqueues jobs atomically: all of them or none.
+    pub fn enqueue(&self, jobs: Vec<NewJob>) -> Pending<Vec<Arc<Job>>> {
+        self.submit(|reply| Command::Enqueue { jobs, reply })
+    }
+
+    /// Claims up to `request.count` available jobs.
+    pub fn fetch(&self, request: FetchRequest) -> Pending<Vec<Arc<Job>>> {
+        self.submit(|reply| Command::Fetch { request, reply })
+    }
+
+    /// Completes an active job; `result` is compact JSON text.
+    pub fn ack(&self, id: JobId, result: Option<String>, worker_id: Option<String>) -> Pending<Arc<Job>> {
+        self.submit(|reply| Command::Ack { id, result, worker_id, reply })
+    }
+
+    /// Reports a failed attempt; the retry policy decides what follows.
+    pub fn fail(&self, id: JobId, report: FailureReport, requeue: bool, worker_id: Option<String>) -> Pending<Arc<Job>> {
+        self.submit(|reply| Command::Fail { id, report, requeue, worker_id, reply })
+    }
+
+    pub fn cancel(&self, id: JobId) -> Pending<Cancelled> {
+        self.submit(|reply| Command::Cancel { id, reply })
+    }
+
+    /// A round trip through the engine (health checks).
+    pub fn probe(&self) -> Pending<()> {
+        self.submit(|reply| Command::Probe { reply })
+    }
+
+    /// Makes the engine handle what is due now; useful with a manual clock.
+    pub fn tick(&self) -> Pending<()> {
+        self.submit(|reply| Command::Tick { reply })
+    }
+
+    /// Writes a snapshot and returns once it is durable.
+    pub fn snapshot(&self) -> Pending<()> {
+        self.submit(|reply| Command::Snapshot { reply })
+    }
+
+    pub(crate) fn shutdown(&self) -> Pending<()> {
+        let (reply, receiver) = oneshot::channel();
+        // Shutdown waits for room rather than failing on a full inbox.
+        let receiver = match self.inbox.send(Command::Shutdown { reply }) {
+            Ok(()) => Ok(receiver),
+            Err(_) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
+        };
+        Pending { receiver }
+    }
+
+    /// The job as of the last commit.
+    pub fn job(&self, id: JobId) -> Option<Arc<Job>> {
+        self.view.job(id)
+    }
+
+    /// Every queue as of the last commit, by name.
+    pub fn queues(&self) -> Arc<Vec<QueueSummary>> {
+        self.view.queues()
+    }
+
+    pub fn events_page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {
+        self.view.events_page(after, limit, keep)
+    }
+
+    /// True once the log failed to sync; the process should restart.
+    pub fn storage_failed(&self) -> bool {
+        self.view.storage_failed()
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub fn defaults(&self) -> &JobDefaults {
+        &self.defaults
+    }
+}

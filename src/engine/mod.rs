@@ -1,0 +1,182 @@
+//! The single-writer engine: state, decisions, the batch loop, recovery.
+//!
+//! [`Engine::open`] locks the data dir, loads the newest snapshot, replays the
+//! log after it through the same `apply` the live engine uses, and starts the
+//! writer thread. Everything else goes through the [`EngineHandle`].
+
+mod command;
+mod decide;
+mod events;
+mod handle;
+pub mod inspect;
+pub mod record;
+mod state;
+mod view;
+mod writer;
+
+pub use command::{Cancelled, EngineError, FetchRequest};
+pub use decide::{Entropy, SystemEntropy};
+pub use events::{Event, EventKind, EventPage};
+pub use handle::{EngineHandle, Pending};
+pub use state::{Retention, State, StateImage};
+pub use view::QueueSummary;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::thread::JoinHandle;
+
+use crate::clock::{Clock, SystemClock};
+use crate::job::{IdGenerator, JobDefaults};
+use crate::limits::{ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
+use crate::storage::{
+    list_snapshots, read_snapshot, remove_obsolete, replay_log, DataDirLock, FileSystem, RealFileSystem, StorageError,
+    TailPolicy, WalWriter,
+};
+use events::EventSink;
+use record::decode_batch;
+use view::ReadView;
+use writer::{SnapshotPolicy, Writer};
+
+/// How to open an engine.
+pub struct EngineConfig {
+    pub data_dir: PathBuf,
+    pub clock: Arc<dyn Clock>,
+    pub file_system: Arc<dyn FileSystem>,
+    pub entropy: Box<dyn Entropy>,
+    /// Log bytes between snapshots.
+    pub snapshot_log_bytes: u64,
+    /// Size at which a log segment is closed.
+    pub segment_bytes: u64,
+    pub retention: Retention,
+    pub defaults: JobDefaults,
+    /// Verify every invariant after each batch (tests; costs O(jobs) per batch).
+    pub check_invariants: bool,
+}
+
+impl EngineConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            clock: Arc::new(SystemClock),
+            file_system: Arc::new(RealFileSystem),
+            entropy: Box::new(SystemEntropy),
+            snapshot_log_bytes: SNAPSHOT_LOG_BYTES_DEFAULT,
+            segment_bytes: SEGMENT_BYTES_MAX,
+            retention: Retention::default(),
+            defaults: JobDefaults::default(),
+            check_invariants: false,
+        }
+    }
+}
+
+/// A running engine. [`Engine::close`] stops it cleanly with a final snapshot.
+pub struct Engine {
+    handle: EngineHandle,
+    thread: Option<JoinHandle<()>>,
+    _lock: DataDirLock,
+}
+
+impl Engine {
+    pub fn open(config: EngineConfig) -> Result<Engine, StorageError> {
+        let lock = DataDirLock::acquire(&config.data_dir)?;
+        let (state, replay_from, last_segment, replayed_bytes) = recover(&config.data_dir, config.retention)?;
+        let wal = match last_segment {
+            Some((index, valid_bytes)) => {
+                WalWriter::resume(config.file_system.clone(), &config.data_dir, index, valid_bytes, config.segment_bytes)?
+            }
+            None => WalWriter::create(config.file_system.clone(), &config.data_dir, replay_from, config.segment_bytes)?,
+        };
+        remove_obsolete(&config.data_dir, replay_from)?;
+        if config.check_invariants {
+            state.check_invariants().map_err(|reason| StorageError::Corrupt {
+                path: config.data_dir.clone(),
+                offset: 0,
+                reason: format!("recovered state is inconsistent: {reason}"),
+            })?;
+        }
+        let (sender, inbox) = crossbeam_channel::bounded(ENGINE_INBOX_MAX);
+        let view = Arc::new(ReadView::default());
+        let handle = EngineHandle::new(sender, view.clone(), config.clock.clone(), config.defaults.clone());
+        let writer = Writer {
+            state,
+            wal,
+            clock: config.clock,
+            entropy: config.entropy,
+            inbox,
+            view,
+            snapshots: SnapshotPolicy {
+                dir: config.data_dir.clone(),
+                file_system: config.file_system,
+                log_bytes: config.snapshot_log_bytes,
+            },
+            bytes_since_snapshot: replayed_bytes,
+            snapshot_busy: Arc::new(AtomicBool::new(false)),
+            event_ids: IdGenerator::default(),
+            event_seq: 0,
+            check_invariants: config.check_invariants,
+        };
+        let thread = std::thread::Builder::new()
+            .name("svc-engine".into())
+            .spawn(move || writer.run())
+            .map_err(|error| StorageError::Io { path: config.data_dir.clone(), error })?;
+        // The writer publishes the recovered state before it takes commands;
+        // a probe makes `open` return only once reads see it.
+        let _ = handle.probe().wait();
+        Ok(Engine { handle, thread: Some(thread), _lock: lock })
+    }
+
+    pub fn handle(&self) -> &EngineHandle {
+        &self.handle
+    }
+
+    /// Stops the engine: commands already queued are handled, a final snapshot
+    /// is written, and the writer thread is joined.
+    pub fn close(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = self.handle.shutdown().wait();
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+type Recovered = (State, u64, Option<(u64, u64)>, u64);
+
+/// Loads the newest snapshot and replays the log after it.
+pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageError> {
+    std::fs::create_dir_all(dir).map_err(|error| StorageError::Io { path: dir.to_path_buf(), error })?;
+    let (mut state, replay_from) = match list_snapshots(dir)?.last() {
+        Some((_, path)) => {
+            let (replay_from, payload) = read_snapshot(path)?;
+            let image: StateImage = postcard::from_bytes(&payload).map_err(|error| StorageError::Corrupt {
+                path: path.clone(),
+                offset: crate::storage::SNAPSHOT_HEADER_BYTES as u64,
+                reason: format!("snapshot does not decode: {error}"),
+            })?;
+            (State::from_image(image, retention), replay_from)
+        }
+        None => (State::new(retention), 0),
+    };
+    let mut replayed_bytes = 0u64;
+    let mut events = EventSink::disabled();
+    let end = replay_log(dir, replay_from, TailPolicy::Truncate, &mut |path, offset, payload| {
+        let corrupt = |reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
+        let records = decode_batch(payload).map_err(corrupt)?;
+        for record in &records {
+            state.apply(record, &mut events).map_err(|error| corrupt(error.0))?;
+        }
+        replayed_bytes += payload.len() as u64;
+        Ok(())
+    })?;
+    Ok((state, replay_from, end.last_segment, replayed_bytes))
+}

@@ -1,0 +1,86 @@
+//! Log records: fully decided state changes (ids, timestamps, chosen jobs,
+//! retry delays), so replaying them through `State::apply` rebuilds exactly
+//! the state the live engine had. One commit batch is one frame holding a
+//! postcard-encoded `Vec<Record>`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Millis;
+use crate::job::{FailureReport, Job, JobId};
+
+/// A claim made by a fetch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Claim {
+    pub id: JobId,
+    pub visibility_deadline: Millis,
+    pub execution_deadline: Millis,
+}
+
+/// What a failed attempt leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum FailOutcome {
+    /// `retryable` until `retry_at`.
+    Retry { retry_at: Millis, delay_ms: u64 },
+    /// `discarded`: exhausted or not retryable.
+    Discard,
+    /// Back to `available` at once; the released claim does not count (nack with requeue).
+    Requeue,
+    /// Back to `available` at once; the claim counts (visibility timeout).
+    Release,
+}
+
+/// Which claim deadline ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeoutKind {
+    Visibility,
+    Execution,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Record {
+    /// New jobs, complete with id, state and timestamps. A batch enqueue is one record.
+    Enqueue { at: Millis, jobs: Vec<Job> },
+    Claim { at: Millis, worker_id: Option<String>, claims: Vec<Claim> },
+    Ack { at: Millis, id: JobId, result: Option<String> },
+    Fail { at: Millis, id: JobId, report: FailureReport, outcome: FailOutcome },
+    Cancel { at: Millis, id: JobId },
+    /// `scheduled` or `retryable` jobs whose time came.
+    Promote { at: Millis, ids: Vec<JobId> },
+    /// Unclaimed jobs past `expires_at`.
+    Expire { at: Millis, ids: Vec<JobId> },
+    Timeout { at: Millis, id: JobId, kind: TimeoutKind, outcome: FailOutcome },
+    /// Terminal jobs past their retention.
+    Prune { at: Millis, ids: Vec<JobId> },
+}
+
+impl Record {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Record::Enqueue { .. } => "enqueue",
+            Record::Claim { .. } => "claim",
+            Record::Ack { .. } => "ack",
+            Record::Fail { .. } => "fail",
+            Record::Cancel { .. } => "cancel",
+            Record::Promote { .. } => "promote",
+            Record::Expire { .. } => "expire",
+            Record::Timeout { .. } => "timeout",
+            Record::Prune { .. } => "prune",
+        }
+    }
+}
+
+/// Encodes one commit batch.
+pub fn encode_batch(records: &[Record], out: &mut Vec<u8>) {
+    out.clear();
+    let encoded = postcard::to_extend(records, std::mem::take(out)).expect("records encode into a Vec without failing");
+    *out = encoded;
+}
+
+/// Decodes one commit batch. Never panics; allocation is bounded by the input.
+pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Record>, String> {
+    match postcard::take_from_bytes::<Vec<Record>>(bytes) {
+        Ok((records, rest)) if rest.is_empty() => Ok(records),
+        Ok((_, rest)) => Err(format!("{} bytes left after the records", rest.len())),
+        Err(error) => Err(format!("undecodable records: {error}")),
+    }
+}

@@ -1,0 +1,453 @@
+//! All engine state and the one function that changes it: [`State::apply`].
+//!
+//! Each job sits in exactly the structures its state implies: an `available`
+//! job in its queue's ready order, every job with a pending deadline in the
+//! timer set under that deadline. [`State::check_invariants`] verifies this.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use super::events::{EventKind, EventSink};
+use super::record::{FailOutcome, Record, TimeoutKind};
+use crate::clock::Millis;
+use crate::job::{ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobState};
+use crate::limits::ERROR_HISTORY_MAX;
+use crate::schedule::{ReadyKey, ReadyQueue, TimerSet};
+
+/// How long terminal jobs are kept before they are pruned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub completed_ms: i64,
+    pub cancelled_ms: i64,
+    pub discarded_ms: i64,
+    pub dead_letter_ms: i64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        use crate::limits::*;
+        Self {
+            completed_ms: RETENTION_COMPLETED_MS,
+            cancelled_ms: RETENTION_CANCELLED_MS,
+            discarded_ms: RETENTION_DISCARDED_MS,
+            dead_letter_ms: RETENTION_DEAD_LETTER_MS,
+        }
+    }
+}
+
+/// One queue: its ready order and a count of its jobs per state.
+#[derive(Debug, Default, Clone)]
+pub struct QueueState {
+    pub ready: ReadyQueue,
+    pub counts: [u64; 8],
+    pub paused: bool,
+}
+
+impl QueueState {
+    /// Jobs not yet finished: scheduled, available, pending, active, retryable.
+    pub fn size(&self) -> u64 {
+        JobState::ALL.iter().filter(|state| !state.is_terminal()).map(|state| self.counts[state.index()]).sum()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.counts.iter().all(|count| *count == 0) && !self.paused
+    }
+}
+
+/// The serialisable form of the state, written in snapshots; also what tests
+/// compare to show that replay rebuilds the live state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateImage {
+    pub jobs: Vec<Job>,
+    pub paused_queues: Vec<String>,
+    pub ids: IdGenerator,
+    pub next_ready_seq: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct State {
+    pub(crate) jobs: HashMap<JobId, Arc<Job>>,
+    pub(crate) queues: BTreeMap<String, QueueState>,
+    pub(crate) timers: TimerSet,
+    pub(crate) ids: IdGenerator,
+    next_ready_seq: u64,
+    live_jobs: usize,
+    retention: Retention,
+    /// Jobs changed since the read view was last updated.
+    dirty: HashSet<JobId>,
+    queues_dirty: bool,
+}
+
+/// A record that does not fit the state (a damaged or foreign log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyError(pub String);
+
+impl State {
+    pub fn new(retention: Retention) -> Self {
+        let mut state = Self {
+            jobs: HashMap::new(),
+            queues: BTreeMap::new(),
+            timers: TimerSet::default(),
+            ids: IdGenerator::default(),
+            next_ready_seq: 0,
+            live_jobs: 0,
+            retention,
+            dirty: HashSet::new(),
+            queues_dirty: true,
+        };
+        state.queues.insert("default".to_string(), QueueState::default());
+        state
+    }
+
+    pub fn job(&self, id: JobId) -> Option<&Arc<Job>> {
+        self.jobs.get(&id)
+    }
+
+    pub fn live_jobs(&self) -> usize {
+        self.live_jobs
+    }
+
+    pub fn queue(&self, name: &str) -> Option<&QueueState> {
+        self.queues.get(name)
+    }
+
+    pub fn queues(&self) -> &BTreeMap<String, QueueState> {
+        &self.queues
+    }
+
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.timers.next_deadline()
+    }
+
+    /// Ids changed since the last call, and whether queue figures changed.
+    pub fn take_dirty(&mut self) -> (HashSet<JobId>, bool) {
+        (std::mem::take(&mut self.dirty), std::mem::replace(&mut self.queues_dirty, false))
+    }
+
+    /// The earliest deadline this job waits for in its current state.
+    pub fn deadline_of(&self, job: &Job) -> Option<Millis> {
+        let earliest = |a: Option<Millis>, b: Option<Millis>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match job.state {
+            JobState::Scheduled => earliest(job.scheduled_at, job.expires_at),
+            JobState::Retryable => earliest(job.retry_at, job.expires_at),
+            JobState::Available | JobState::Pending => job.expires_at,
+            JobState::Active => earliest(job.visibility_deadline, job.execution_deadline),
+            JobState::Completed => job.completed_at.map(|at| at.saturating_add(self.retention.completed_ms)),
+            JobState::Cancelled => job.cancelled_at.map(|at| at.saturating_add(self.retention.cancelled_ms)),
+            JobState::Discarded => {
+                let keep = match job.retry.on_exhaustion {
+                    Exhaustion::DeadLetter => self.retention.dead_letter_ms,
+                    Exhaustion::Discard => self.retention.discarded_ms,
+                };
+                job.discarded_at.map(|at| at.saturating_add(keep))
+            }
+        }
+    }
+
+    fn ready_key(job: &Job) -> ReadyKey {
+        ReadyKey::new(job.priority, job.ready_seq, job.id)
+    }
+
+    /// Puts a job into the structures its state implies.
+    fn index_job(&mut self, job: &Job) {
+        let queue = self.queues.entry(job.queue.clone()).or_default();
+        queue.counts[job.state.index()] += 1;
+        if job.state == JobState::Available {
+            queue.ready.push(Self::ready_key(job));
+        }
+        if !job.state.is_terminal() {
+            self.live_jobs += 1;
+        }
+        if let Some(deadline) = self.deadline_of(job) {
+            self.timers.insert(deadline, job.id);
+        }
+        self.queues_dirty = true;
+    }
+
+    /// Takes a job out of every structure (the reverse of `index_job`).
+    fn unindex_job(&mut self, job: &Job) {
+        if let Some(deadline) = self.deadline_of(job) {
+            self.timers.remove(deadline, job.id);
+        }
+        if !job.state.is_terminal() {
+            self.live_jobs -= 1;
+        }
+        if let Some(queue) = self.queues.get_mut(&job.queue) {
+            queue.counts[job.state.index()] -= 1;
+            if job.state == JobState::Available {
+                queue.ready.remove(&Self::ready_key(job));
+            }
+            if queue.is_empty() && job.queue != "default" {
+                self.queues.remove(&job.queue);
+            }
+        }
+        self.queues_dirty = true;
+    }
+
+    /// Adds a job as loaded from a snapshot, keeping its `ready_seq`.
+    fn insert_loaded(&mut self, job: Job) {
+        self.ids.observe(job.id);
+        self.index_job(&job);
+        self.dirty.insert(job.id);
+        self.jobs.insert(job.id, Arc::new(job));
+    }
+
+    /// Changes one job through `change`, keeping every structure in step.
+    fn update(&mut self, id: JobId, change: impl FnOnce(&mut Job)) -> Result<Arc<Job>, ApplyError> {
+        let mut job = self.jobs.remove(&id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
+        self.unindex_job(&job);
+        let before = job.state;
+        let edited = Arc::make_mut(&mut job);
+        change(edited);
+        if edited.state == JobState::Available && before != JobState::Available {
+            edited.ready_seq = self.next_ready_seq;
+            self.next_ready_seq += 1;
+        }
+        self.index_job(&job);
+        self.dirty.insert(id);
+        self.jobs.insert(id, job.clone());
+        Ok(job)
+    }
+
+    /// Applies one decided record. The live engine and recovery both come
+    /// through here, so replay rebuilds exactly the live state.
+    pub fn apply(&mut self, record: &Record, events: &mut EventSink) -> Result<(), ApplyError> {
+        match record {
+            Record::Enqueue { at, jobs } => {
+                for job in jobs {
+                    if self.jobs.contains_key(&job.id) {
+                        return Err(ApplyError(format!("record enqueues job {} twice", job.id)));
+                    }
+                    let mut job = job.clone();
+                    if job.state == JobState::Available {
+                        job.ready_seq = self.next_ready_seq;
+                        self.next_ready_seq += 1;
+                    }
+                    events.push(*at, EventKind::Enqueued, job.id);
+                    if job.state == JobState::Scheduled {
+                        events.push(*at, EventKind::Scheduled, job.id);
+                    }
+                    self.insert_loaded(job);
+                }
+            }
+            Record::Claim { at, worker_id, claims } => {
+                for claim in claims {
+                    self.update(claim.id, |job| {
+                        job.state = JobState::Active;
+                        job.attempt += 1;
+                        job.started_at = Some(*at);
+                        job.worker_id = worker_id.clone();
+                        job.visibility_deadline = Some(claim.visibility_deadline);
+                        job.execution_deadline = Some(claim.execution_deadline);
+                    })?;
+                    events.push(*at, EventKind::Started, claim.id);
+                }
+            }
+            Record::Ack { at, id, result } => {
+                self.update(*id, |job| {
+                    job.state = JobState::Completed;
+                    job.completed_at = Some(*at);
+                    job.result = result.clone();
+                    job.error = None;
+                    clear_claim(job);
+                })?;
+                events.push(*at, EventKind::Completed, *id);
+            }
+            Record::Fail { at, id, report, outcome } => {
+                let attempt = self.jobs.get(id).map_or(0, |job| job.attempt);
+                self.update(*id, |job| fail(job, *at, report, *outcome))?;
+                if *outcome != FailOutcome::Requeue {
+                    events.push(*at, EventKind::Failed { report: report.clone(), attempt }, *id);
+                }
+                push_outcome_event(events, *at, *id, report, *outcome, "nack_requeue");
+            }
+            Record::Cancel { at, id } => {
+                let previous_state = self.jobs.get(id).map_or(JobState::Cancelled, |job| job.state);
+                self.update(*id, |job| {
+                    job.state = JobState::Cancelled;
+                    job.cancelled_at = Some(*at);
+                    job.retry_at = None;
+                    clear_claim(job);
+                })?;
+                events.push(*at, EventKind::Cancelled { previous_state }, *id);
+            }
+            Record::Promote { at, ids } => {
+                for id in ids {
+                    self.update(*id, |job| {
+                        job.state = JobState::Available;
+                        job.enqueued_at = Some(*at);
+                        job.retry_at = None;
+                    })?;
+                }
+            }
+            Record::Expire { at, ids } => {
+                for id in ids {
+                    self.update(*id, |job| {
+                        let report = FailureReport::server("expired", "the job expired before a worker claimed it");
+                        job.state = JobState::Discarded;
+                        job.discarded_at = Some(*at);
+                        job.retry_at = None;
+                        push_error(job, report, *at);
+                    })?;
+                    events.push(*at, EventKind::Expired, *id);
+                    events.push(*at, EventKind::Discarded { reason: "expired" }, *id);
+                }
+            }
+            Record::Timeout { at, id, kind, outcome } => {
+                let job = self.jobs.get(id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
+                let report = timeout_report(job, *kind, *at);
+                let attempt = job.attempt;
+                self.update(*id, |job| fail(job, *at, &report, *outcome))?;
+                events.push(*at, EventKind::Failed { report: report.clone(), attempt }, *id);
+                push_outcome_event(events, *at, *id, &report, *outcome, "visibility_timeout");
+            }
+            Record::Prune { ids, .. } => {
+                for id in ids {
+                    let job = self.jobs.remove(id).ok_or_else(|| ApplyError(format!("record prunes unknown job {id}")))?;
+                    self.unindex_job(&job);
+                    self.dirty.insert(*id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The full state in serialisable form, jobs in id order.
+    pub fn image(&self) -> StateImage {
+        let mut jobs: Vec<Job> = self.jobs.values().map(|job| job.as_ref().clone()).collect();
+        jobs.sort_by_key(|job| job.id);
+        let paused_queues = self.queues.iter().filter(|(_, queue)| queue.paused).map(|(name, _)| name.clone()).collect();
+        StateImage { jobs, paused_queues, ids: self.ids.clone(), next_ready_seq: self.next_ready_seq }
+    }
+
+    /// Rebuilds the state from a snapshot image.
+    pub fn from_image(image: StateImage, retention: Retention) -> Self {
+        let mut state = State::new(retention);
+        for name in image.paused_queues {
+            state.queues.entry(name).or_default().paused = true;
+        }
+        for job in image.jobs {
+            state.insert_loaded(job);
+        }
+        state.ids = image.ids;
+        state.next_ready_seq = image.next_ready_seq;
+        state
+    }
+
+    /// Checks that every job sits in exactly the structures its state implies.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut counts: BTreeMap<&str, [u64; 8]> = BTreeMap::new();
+        let mut live = 0;
+        let mut with_deadline = 0;
+        for (id, job) in &self.jobs {
+            if *id != job.id {
+                return Err(format!("job {} stored under id {id}", job.id));
+            }
+            counts.entry(job.queue.as_str()).or_default()[job.state.index()] += 1;
+            if !job.state.is_terminal() {
+                live += 1;
+            }
+            let queue = self.queues.get(&job.queue).ok_or_else(|| format!("job {id} in unknown queue {}", job.queue))?;
+            let in_ready = queue.ready.contains(&Self::ready_key(job));
+            if in_ready != (job.state == JobState::Available) {
+                return Err(format!("job {id} is {} but in_ready={in_ready}", job.state.as_str()));
+            }
+            if let Some(deadline) = self.deadline_of(job) {
+                with_deadline += 1;
+                if !self.timers.contains(deadline, *id) {
+                    return Err(format!("job {id} has deadline {deadline} but no timer"));
+                }
+            }
+            if (job.state == JobState::Active) != job.visibility_deadline.is_some() {
+                return Err(format!("job {id} is {} with visibility deadline {:?}", job.state.as_str(), job.visibility_deadline));
+            }
+            if job.ready_seq >= self.next_ready_seq && job.state == JobState::Available {
+                return Err(format!("job {id} has ready_seq {} beyond the counter {}", job.ready_seq, self.next_ready_seq));
+            }
+        }
+        if with_deadline != self.timers.len() {
+            return Err(format!("{} timers for {with_deadline} jobs with deadlines", self.timers.len()));
+        }
+        if live != self.live_jobs {
+            return Err(format!("live count {} but {live} live jobs", self.live_jobs));
+        }
+        for (name, queue) in &self.queues {
+            let expected = counts.get(name.as_str()).copied().unwrap_or_default();
+            if queue.counts != expected {
+                return Err(format!("queue {name} counts {:?}, jobs say {expected:?}", queue.counts));
+            }
+            if queue.ready.len() as u64 != expected[JobState::Available.index()] {
+                return Err(format!("queue {name} ready order holds {} jobs", queue.ready.len()));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn clear_claim(job: &mut Job) {
+    job.visibility_deadline = None;
+    job.execution_deadline = None;
+}
+
+fn push_error(job: &mut Job, report: FailureReport, at: Millis) {
+    job.errors.push(ErrorEntry { report: report.clone(), attempt: job.attempt, occurred_at: at });
+    if job.errors.len() > ERROR_HISTORY_MAX {
+        job.errors.remove(0);
+    }
+    job.error = Some(report);
+}
+
+/// The effects of a failed attempt (rows 9–14 of the state table).
+fn fail(job: &mut Job, at: Millis, report: &FailureReport, outcome: FailOutcome) {
+    push_error(job, report.clone(), at);
+    clear_claim(job);
+    match outcome {
+        FailOutcome::Retry { retry_at, delay_ms } => {
+            job.state = JobState::Retryable;
+            job.retry_at = Some(retry_at);
+            job.retry_delay_ms = Some(delay_ms);
+        }
+        FailOutcome::Discard => {
+            job.state = JobState::Discarded;
+            job.completed_at = Some(at);
+            job.discarded_at = Some(at);
+        }
+        FailOutcome::Requeue => {
+            job.state = JobState::Available;
+            job.attempt = job.attempt.saturating_sub(1);
+            job.enqueued_at = Some(at);
+        }
+        FailOutcome::Release => {
+            job.state = JobState::Available;
+            job.enqueued_at = Some(at);
+        }
+    }
+}
+
+fn push_outcome_event(events: &mut EventSink, at: Millis, id: JobId, report: &FailureReport, outcome: FailOutcome, requeue_reason: &'static str) {
+    match outcome {
+        FailOutcome::Retry { .. } => events.push(at, EventKind::Retrying { report: report.clone() }, id),
+        FailOutcome::Discard => {
+            let reason = if report.retryable == Some(false) { "non_retryable" } else { "exhausted" };
+            events.push(at, EventKind::Discarded { reason }, id)
+        }
+        FailOutcome::Requeue | FailOutcome::Release => events.push(at, EventKind::Requeued { reason: requeue_reason }, id),
+    }
+}
+
+/// The server-made failure report of a timed-out claim.
+pub fn timeout_report(job: &Job, kind: TimeoutKind, at: Millis) -> FailureReport {
+    match kind {
+        TimeoutKind::Visibility => FailureReport::server("visibility_timeout", "the worker's reservation ran out without ack, nack or heartbeat"),
+        TimeoutKind::Execution => {
+            let elapsed = job.started_at.map_or(0, |started| at - started);
+            let mut report = FailureReport::server("timeout", format!("the attempt ran longer than {} ms", job.timeout_ms));
+            report.details = Some(format!("{{\"limit_ms\":{},\"elapsed_ms\":{elapsed}}}", job.timeout_ms));
+            report
+        }
+    }
+}

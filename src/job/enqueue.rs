@@ -1,0 +1,407 @@
+//! Turns an enqueue body (decisions §2) into a validated [`NewJob`].
+//!
+//! The interface form `{type, args, meta?, schema?, options?}` is canonical;
+//! upstream top-level spellings are accepted as aliases, the first source
+//! listed wins, and unknown top-level fields are kept verbatim.
+
+use serde_json::value::RawValue;
+use std::sync::Arc;
+
+use super::error::ValidationError;
+use super::json::{self, kind_of, minify, parse_raw_object, BodyError, JsonKind, RawObject};
+use super::retry::RetryPolicy;
+use super::time::{parse_time_spec, TimeSpec};
+use super::{JobId, JobPayload, NewJob};
+use crate::limits::{
+    ENVELOPE_BYTES_MAX, META_BYTES_MAX, PRIORITY_MAX, PRIORITY_MIN, QUEUE_CHARS_MAX, TAGS_MAX,
+    TAG_CHARS_MAX, TIMEOUT_MS_MAX, TYPE_CHARS_MAX,
+};
+
+/// Server-wide defaults applied to fields a client leaves out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobDefaults {
+    pub retry: RetryPolicy,
+    pub timeout_ms: u64,
+    pub visibility_timeout_ms: u64,
+}
+
+impl Default for JobDefaults {
+    fn default() -> Self {
+        Self {
+            retry: RetryPolicy::default(),
+            timeout_ms: crate::limits::TIMEOUT_MS_DEFAULT,
+            visibility_timeout_ms: crate::limits::TIMEOUT_MS_DEFAULT,
+        }
+    }
+}
+
+/// Top-level names the server manages itself; a client's values are dropped.
+const SYSTEM_MANAGED: [&str; 22] = [
+    "state", "attempt", "max_attempts", "created_at", "enqueued_at", "started_at", "completed_at",
+    "cancelled_at", "discarded_at", "activated_at", "retry_at", "retry_delay_ms", "result", "error",
+    "errors", "worker_id", "unique_key", "workflow_id", "parent_results", "parent_states",
+    "previous_state", "deduplicated",
+];
+
+/// Top-level names with a meaning of their own (canonical fields and aliases).
+const KNOWN: [&str; 20] = [
+    "id", "specversion", "type", "args", "meta", "schema", "options", "queue", "priority",
+    "timeout_ms", "timeout", "scheduled_at", "delay_until", "expires_at", "retry", "unique", "tags",
+    "visibility_timeout_ms", "visibility_timeout", "rate_limit",
+];
+
+/// Parses and validates a whole request body holding one enqueue item.
+pub fn parse_enqueue_body(bytes: &[u8], defaults: &JobDefaults) -> Result<NewJob, ValidationError> {
+    let object = json::parse_object(bytes).map_err(body_error)?;
+    if bytes.len() > ENVELOPE_BYTES_MAX {
+        let compact = minify(std::str::from_utf8(bytes).unwrap_or_default()).len();
+        if compact > ENVELOPE_BYTES_MAX {
+            return Err(ValidationError::too_large("job", ENVELOPE_BYTES_MAX, compact));
+        }
+    }
+    parse_enqueue_object(&object, defaults)
+}
+
+/// Maps a body that is not a JSON object to its error.
+pub fn body_error(error: BodyError) -> ValidationError {
+    match error {
+        BodyError::Malformed(detail) => ValidationError::request(None, format!("request body is not valid JSON: {detail}")).with_reason("malformed_json"),
+        BodyError::NotAnObject => ValidationError::request(None, "request body must be a JSON object"),
+        BodyError::TooDeep => ValidationError::request(None, format!("request body nests deeper than {} levels", crate::limits::JSON_DEPTH_MAX)).with_reason("too_deep"),
+    }
+}
+
+/// Validates one enqueue item already parsed as an object.
+pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Result<NewJob, ValidationError> {
+    let options = match object.get_present("options") {
+        Some(raw) => Some(parse_raw_object(raw).ok_or_else(|| ValidationError::payload("options", "options must be an object"))?),
+        None => None,
+    };
+    let option = |name: &str| options.as_ref().and_then(|options| options.get_present(name));
+
+    let id = match object.get_present("id") {
+        Some(raw) => Some(parse_id(raw)?),
+        None => None,
+    };
+    if let Some(raw) = object.get_present("specversion")
+        && raw.get() != "\"1.0\""
+    {
+        return Err(ValidationError::payload("specversion", "specversion must be \"1.0\""));
+    }
+    let job_type = parse_type(object.get_present("type"))?;
+    let args = parse_args(object.get_present("args"))?;
+    let meta = parse_meta(object.get_present("meta"), option("metadata"))?;
+    if object.get_present("schema").is_some() {
+        return Err(unsupported("schema", "schema validation of args"));
+    }
+    if let Some((_, path)) = first(&[(option("unique"), "options.unique"), (object.get_present("unique"), "unique")]) {
+        return Err(unsupported(path, "unique jobs"));
+    }
+    if let Some((_, path)) = first(&[(option("rate_limit"), "options.rate_limit"), (object.get_present("rate_limit"), "rate_limit")]) {
+        return Err(unsupported(path, "dispatch rate limits"));
+    }
+    if option("pending").is_some() {
+        return Err(unsupported("options.pending", "staged (pending) jobs"));
+    }
+
+    let queue = match first(&[(option("queue"), "options.queue"), (object.get_present("queue"), "queue")]) {
+        Some((raw, path)) => parse_queue_field(raw, path)?,
+        None => "default".to_string(),
+    };
+    let priority = match first(&[(option("priority"), "options.priority"), (object.get_present("priority"), "priority")]) {
+        Some((raw, path)) => int_in_range(raw, path, PRIORITY_MIN, PRIORITY_MAX)? as i32,
+        None => 0,
+    };
+    let timeout_ms = millis_field(
+        &[(option("timeout_ms"), "options.timeout_ms", 1), (object.get_present("timeout_ms"), "timeout_ms", 1), (object.get_present("timeout"), "timeout", 1000)],
+        defaults.timeout_ms,
+    )?;
+    let visibility_timeout_ms = millis_field(
+        &[
+            (option("visibility_timeout_ms"), "options.visibility_timeout_ms", 1),
+            (object.get_present("visibility_timeout_ms"), "visibility_timeout_ms", 1),
+            (object.get_present("visibility_timeout"), "visibility_timeout", 1000),
+        ],
+        defaults.visibility_timeout_ms,
+    )?;
+    let scheduled_at = match first(&[
+        (option("delay_until"), "options.delay_until"),
+        (option("scheduled_at"), "options.scheduled_at"),
+        (object.get_present("scheduled_at"), "scheduled_at"),
+        (object.get_present("delay_until"), "delay_until"),
+    ]) {
+        Some((raw, path)) => Some(time_field(raw, path)?),
+        None => None,
+    };
+    let expires_at = match first(&[(option("expires_at"), "options.expires_at"), (object.get_present("expires_at"), "expires_at")]) {
+        Some((raw, path)) => Some(time_field(raw, path)?),
+        None => None,
+    };
+    let retry = match first(&[(option("retry"), "options.retry"), (option("retry_policy"), "options.retry_policy"), (object.get_present("retry"), "retry")]) {
+        Some((raw, path)) => {
+            let value: serde_json::Value = serde_json::from_str(raw.get()).unwrap_or_default();
+            RetryPolicy::merged(&defaults.retry, &value, path)?
+        }
+        None => defaults.retry.clone(),
+    };
+    let tags = match first(&[(option("tags"), "options.tags"), (object.get_present("tags"), "tags")]) {
+        Some((raw, path)) => parse_tags(raw, path)?,
+        None => Vec::new(),
+    };
+    let extra = object
+        .entries
+        .iter()
+        .filter(|(name, _)| !KNOWN.contains(&name.as_str()) && !SYSTEM_MANAGED.contains(&name.as_str()))
+        .map(|(name, raw)| (name.clone(), minify(raw.get())))
+        .collect();
+
+    Ok(NewJob {
+        id,
+        payload: Arc::new(JobPayload { job_type, args, meta, tags, extra }),
+        queue,
+        priority,
+        timeout_ms,
+        visibility_timeout_ms,
+        scheduled_at,
+        expires_at,
+        retry,
+    })
+}
+
+/// The first present source and its path.
+fn first<'a>(sources: &[(Option<&'a RawValue>, &'static str)]) -> Option<(&'a RawValue, &'static str)> {
+    sources.iter().find_map(|(raw, path)| raw.map(|raw| (raw, *path)))
+}
+
+fn unsupported(field: &str, feature: &str) -> ValidationError {
+    ValidationError {
+        kind: super::ValidationKind::Unsupported,
+        message: format!("{field}: {feature} are not supported by this server"),
+        field: Some(field.to_string()),
+        reason: Some("feature_not_supported"),
+        details: Vec::new(),
+    }
+}
+
+fn parse_id(raw: &RawValue) -> Result<JobId, ValidationError> {
+    let text: Option<String> = serde_json::from_str(raw.get()).ok();
+    text.as_deref()
+        .and_then(JobId::parse)
+        .ok_or_else(|| ValidationError::payload("id", "id must be a lowercase UUIDv7 such as 019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f"))
+}
+
+fn parse_type(raw: Option<&RawValue>) -> Result<String, ValidationError> {
+    let Some(raw) = raw else {
+        return Err(ValidationError::request(Some("type".to_string()), "type is required"));
+    };
+    let Ok(text) = serde_json::from_str::<String>(raw.get()) else {
+        return Err(ValidationError::payload("type", "type must be a string"));
+    };
+    if !is_valid_type(&text) {
+        return Err(ValidationError::payload(
+            "type",
+            format!("type must be 1 to {TYPE_CHARS_MAX} characters of dot-separated names, each starting with a letter (e.g. email.send)"),
+        ));
+    }
+    Ok(text)
+}
+
+/// `^[a-zA-Z][a-zA-Z0-9_]*([.][a-zA-Z][a-zA-Z0-9_]*)*$`, 1 to 255 characters.
+pub fn is_valid_type(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= TYPE_CHARS_MAX
+        && text.split('.').all(|segment| {
+            let mut chars = segment.chars();
+            chars.next().is_some_and(|c| c.is_ascii_alphabetic()) && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+/// `^[a-z0-9][a-z0-9.-]*$`, 1 to 128 characters.
+pub fn is_valid_queue(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= QUEUE_CHARS_MAX
+        && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
+        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'.' || *b == b'-')
+}
+
+fn parse_args(raw: Option<&RawValue>) -> Result<String, ValidationError> {
+    let Some(raw) = raw else {
+        return Err(ValidationError::request(Some("args".to_string()), "args is required and must be an array"));
+    };
+    if kind_of(raw) != JsonKind::Array {
+        return Err(ValidationError::payload("args", format!("args must be an array, not {}", kind_of(raw).name())));
+    }
+    Ok(minify(raw.get()))
+}
+
+fn parse_meta(meta: Option<&RawValue>, metadata: Option<&RawValue>) -> Result<String, ValidationError> {
+    let base = match meta {
+        Some(raw) if kind_of(raw) == JsonKind::Object => minify(raw.get()),
+        Some(_) => return Err(ValidationError::payload("meta", "meta must be an object")),
+        None => "{}".to_string(),
+    };
+    let merged = match metadata {
+        None => base,
+        Some(raw) => {
+            let overlay = parse_raw_object(raw).ok_or_else(|| ValidationError::payload("options.metadata", "options.metadata must be an object"))?;
+            let base_object = serde_json::from_str::<RawObject>(&base).unwrap_or_default();
+            merge_objects(base_object, overlay)
+        }
+    };
+    if merged.len() > META_BYTES_MAX {
+        return Err(ValidationError::too_large("meta", META_BYTES_MAX, merged.len()));
+    }
+    Ok(merged)
+}
+
+/// Shallow merge; keys of `overlay` win and keep `base`'s position when they clash.
+fn merge_objects(base: RawObject, overlay: RawObject) -> String {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for (key, value) in base.entries.into_iter().chain(overlay.entries) {
+        let text = minify(value.get());
+        match entries.iter_mut().find(|(existing, _)| *existing == key) {
+            Some(entry) => entry.1 = text,
+            None => entries.push((key, text)),
+        }
+    }
+    let mut out = String::from("{");
+    for (index, (key, text)) in entries.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        json::push_json_string(&mut out, key);
+        out.push(':');
+        out.push_str(text);
+    }
+    out.push('}');
+    out
+}
+
+fn parse_queue_field(raw: &RawValue, path: &str) -> Result<String, ValidationError> {
+    let text: Option<String> = serde_json::from_str(raw.get()).ok();
+    text.filter(|text| is_valid_queue(text)).ok_or_else(|| {
+        ValidationError::payload(path, format!("{path} must be 1 to {QUEUE_CHARS_MAX} characters of a-z, 0-9, '.' and '-', starting with a letter or digit"))
+    })
+}
+
+/// An integer written without fraction or exponent, within i64.
+pub fn raw_integer(raw: &RawValue) -> Option<i64> {
+    let text = raw.get().trim();
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+fn int_in_range(raw: &RawValue, path: &str, min: i64, max: i64) -> Result<i64, ValidationError> {
+    raw_integer(raw)
+        .filter(|value| (min..=max).contains(value))
+        .ok_or_else(|| ValidationError::payload(path, format!("{path} must be an integer from {min} to {max}")))
+}
+
+/// The first present source, in milliseconds (`scale` 1000 for fields in seconds).
+fn millis_field(sources: &[(Option<&RawValue>, &str, u64)], default: u64) -> Result<u64, ValidationError> {
+    for (raw, path, scale) in sources {
+        if let Some(raw) = raw {
+            let max = (TIMEOUT_MS_MAX / scale) as i64;
+            return Ok(int_in_range(raw, path, 1, max)? as u64 * scale);
+        }
+    }
+    Ok(default)
+}
+
+fn time_field(raw: &RawValue, path: &str) -> Result<TimeSpec, ValidationError> {
+    let Ok(text) = serde_json::from_str::<String>(raw.get()) else {
+        return Err(ValidationError::payload(path, format!("{path} must be an RFC 3339 timestamp or +duration string")));
+    };
+    parse_time_spec(&text).map_err(|message| ValidationError::payload(path, format!("{path}: {message}")))
+}
+
+fn parse_tags(raw: &RawValue, path: &str) -> Result<Vec<String>, ValidationError> {
+    let invalid = || ValidationError::payload(path, format!("{path} must be an array of at most {TAGS_MAX} strings of 1 to {TAG_CHARS_MAX} characters"));
+    let tags: Vec<String> = serde_json::from_str(raw.get()).map_err(|_| invalid())?;
+    if tags.len() > TAGS_MAX || tags.iter().any(|tag| tag.is_empty() || tag.chars().count() > TAG_CHARS_MAX) {
+        return Err(invalid());
+    }
+    Ok(tags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::ValidationKind;
+
+    fn parse(body: &str) -> Result<NewJob, ValidationError> {
+        parse_enqueue_body(body.as_bytes(), &JobDefaults::default())
+    }
+
+    #[test]
+    fn minimal_job_gets_defaults() {
+        let job = parse(r#"{"type":"email.send","args":["a@b.c"]}"#).unwrap();
+        assert_eq!(job.queue, "default");
+        assert_eq!(job.priority, 0);
+        assert_eq!(job.timeout_ms, 30_000);
+        assert_eq!(job.payload.args, r#"["a@b.c"]"#);
+        assert_eq!(job.payload.meta, "{}");
+        assert_eq!(job.retry, RetryPolicy::default());
+    }
+
+    #[test]
+    fn options_win_over_top_level_aliases() {
+        let job = parse(r#"{"type":"t","args":[],"queue":"low","priority":1,"timeout":5,"options":{"queue":"high","priority":7}}"#).unwrap();
+        assert_eq!(job.queue, "high");
+        assert_eq!(job.priority, 7);
+        assert_eq!(job.timeout_ms, 5000);
+    }
+
+    #[test]
+    fn unknown_fields_are_kept_and_system_fields_dropped() {
+        let job = parse(r#"{"type":"t","args":[],"x_custom": {"a" : 1.50},"state":"completed","attempt":9}"#).unwrap();
+        assert_eq!(job.payload.extra, vec![("x_custom".to_string(), r#"{"a":1.50}"#.to_string())]);
+    }
+
+    #[test]
+    fn metadata_merges_over_meta() {
+        let job = parse(r#"{"type":"t","args":[],"meta":{"a":1,"b":2},"options":{"metadata":{"b":3,"c":4}}}"#).unwrap();
+        assert_eq!(job.payload.meta, r#"{"a":1,"b":3,"c":4}"#);
+    }
+
+    #[test]
+    fn validation_kinds_follow_the_decisions() {
+        let cases = [
+            (r#"{"args":[]}"#, ValidationKind::Request, "type"),
+            (r#"{"type":"t"}"#, ValidationKind::Request, "args"),
+            (r#"{"type":"t","args":null}"#, ValidationKind::Request, "args"),
+            (r#"{"type":"t","args":{}}"#, ValidationKind::Payload, "args"),
+            (r#"{"type":"1t","args":[]}"#, ValidationKind::Payload, "type"),
+            (r#"{"type":"t","args":[],"options":{"queue":"Default"}}"#, ValidationKind::Payload, "options.queue"),
+            (r#"{"type":"t","args":[],"options":{"priority":101}}"#, ValidationKind::Payload, "options.priority"),
+            (r#"{"type":"t","args":[],"options":{"priority":5.0}}"#, ValidationKind::Payload, "options.priority"),
+            (r#"{"type":"t","args":[],"id":"not-a-uuid"}"#, ValidationKind::Payload, "id"),
+            (r#"{"type":"t","args":[],"options":{"delay_until":"tomorrow"}}"#, ValidationKind::Payload, "options.delay_until"),
+            (r#"{"type":"t","args":[],"options":{"retry":{"backoff_strategy":"x"}}}"#, ValidationKind::Payload, "options.retry.backoff_strategy"),
+            (r#"{"type":"t","args":[],"options":{"tags":[""]}}"#, ValidationKind::Payload, "options.tags"),
+            (r#"{"type":"t","args":[],"options":{"timeout_ms":0}}"#, ValidationKind::Payload, "options.timeout_ms"),
+            (r#"{"type":"t","args":[],"meta":[]}"#, ValidationKind::Payload, "meta"),
+            (r#"{"type":"t","args":[],"specversion":"2.0"}"#, ValidationKind::Payload, "specversion"),
+        ];
+        for (body, kind, field) in cases {
+            let error = parse(body).unwrap_err();
+            assert_eq!((error.kind, error.field.as_deref()), (kind, Some(field)), "{body}");
+        }
+    }
+
+    #[test]
+    fn oversized_meta_is_too_large() {
+        let body = format!(r#"{{"type":"t","args":[],"meta":{{"k":"{}"}}}}"#, "x".repeat(70_000));
+        assert_eq!(parse(&body).unwrap_err().kind, ValidationKind::TooLarge);
+    }
+
+    #[test]
+    fn relative_times_stay_relative_until_accepted() {
+        let job = parse(r#"{"type":"t","args":[],"options":{"delay_until":"+PT5S"}}"#).unwrap();
+        assert_eq!(job.scheduled_at, Some(TimeSpec::After(5000)));
+    }
+}

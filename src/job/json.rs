@@ -1,0 +1,218 @@
+//! Raw JSON handling: objects whose values are kept as their exact text, so
+//! `args`, `meta`, `result` and unknown fields round-trip with key order and
+//! number text intact.
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::fmt;
+
+use crate::limits::JSON_DEPTH_MAX;
+
+/// A JSON object as an ordered list of (key, raw value). The first of
+/// repeated keys wins when looked up.
+#[derive(Debug, Default)]
+pub struct RawObject {
+    pub entries: Vec<(String, Box<RawValue>)>,
+}
+
+impl RawObject {
+    pub fn get(&self, key: &str) -> Option<&RawValue> {
+        self.entries.iter().find(|(name, _)| name == key).map(|(_, value)| value.as_ref())
+    }
+
+    /// Like `get`, but a JSON `null` counts as absent.
+    pub fn get_present(&self, key: &str) -> Option<&RawValue> {
+        self.get(key).filter(|value| value.get() != "null")
+    }
+}
+
+impl<'de> Deserialize<'de> for RawObject {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor;
+        impl<'de> Visitor<'de> for ObjectVisitor {
+            type Value = RawObject;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawObject, A::Error> {
+                let mut entries = Vec::new();
+                while let Some((key, value)) = map.next_entry::<String, Box<RawValue>>()? {
+                    entries.push((key, value));
+                }
+                Ok(RawObject { entries })
+            }
+        }
+        deserializer.deserialize_map(ObjectVisitor)
+    }
+}
+
+/// Why a body could not be read as a JSON object.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BodyError {
+    Malformed(String),
+    NotAnObject,
+    TooDeep,
+}
+
+/// Parses a request body that must be a JSON object.
+pub fn parse_object(bytes: &[u8]) -> Result<RawObject, BodyError> {
+    if nesting_depth(bytes) > JSON_DEPTH_MAX {
+        return Err(BodyError::TooDeep);
+    }
+    serde_json::from_slice::<RawObject>(bytes).map_err(|error| match error.classify() {
+        serde_json::error::Category::Data => BodyError::NotAnObject,
+        _ => BodyError::Malformed(error.to_string()),
+    })
+}
+
+/// Parses a raw value that must be an object.
+pub fn parse_raw_object(raw: &RawValue) -> Option<RawObject> {
+    serde_json::from_str::<RawObject>(raw.get()).ok()
+}
+
+/// The deepest nesting of arrays and objects in `bytes`, ignoring string contents.
+pub fn nesting_depth(bytes: &[u8]) -> usize {
+    let mut depth = 0usize;
+    let mut deepest = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Removes insignificant white space from valid JSON text, keeping everything else.
+pub fn minify(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for character in text.chars() {
+        if in_string {
+            out.push(character);
+            if escaped {
+                escaped = false;
+            } else if character == '\\' {
+                escaped = true;
+            } else if character == '"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match character {
+            ' ' | '\n' | '\r' | '\t' => {}
+            '"' => {
+                in_string = true;
+                out.push(character);
+            }
+            _ => out.push(character),
+        }
+    }
+    out
+}
+
+/// The first character of a raw JSON value, which tells its kind.
+pub fn kind_of(raw: &RawValue) -> JsonKind {
+    match raw.get().trim_start().as_bytes().first() {
+        Some(b'{') => JsonKind::Object,
+        Some(b'[') => JsonKind::Array,
+        Some(b'"') => JsonKind::String,
+        Some(b't' | b'f') => JsonKind::Bool,
+        Some(b'n') => JsonKind::Null,
+        _ => JsonKind::Number,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonKind {
+    Object,
+    Array,
+    String,
+    Bool,
+    Null,
+    Number,
+}
+
+impl JsonKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            JsonKind::Object => "object",
+            JsonKind::Array => "array",
+            JsonKind::String => "string",
+            JsonKind::Bool => "boolean",
+            JsonKind::Null => "null",
+            JsonKind::Number => "number",
+        }
+    }
+}
+
+/// Appends `text` to `out` as a JSON string literal.
+pub fn push_json_string(out: &mut String, text: &str) {
+    out.push('"');
+    for character in text.chars() {
+        match character {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_object_keeps_order_and_number_text() {
+        let object = parse_object(br#"{"b": 1.50, "a": [1e2, {"z":1,"y":2}]}"#).unwrap();
+        let keys: Vec<_> = object.entries.iter().map(|(key, _)| key.as_str()).collect();
+        assert_eq!(keys, ["b", "a"]);
+        assert_eq!(object.get("b").unwrap().get(), "1.50");
+        assert_eq!(minify(object.get("a").unwrap().get()), r#"[1e2,{"z":1,"y":2}]"#);
+    }
+
+    #[test]
+    fn body_errors_are_classified() {
+        assert!(matches!(parse_object(b"{not json"), Err(BodyError::Malformed(_))));
+        assert_eq!(parse_object(b"[1,2]").unwrap_err(), BodyError::NotAnObject);
+        let deep = format!("{}{}", "[".repeat(70), "]".repeat(70));
+        assert_eq!(parse_object(deep.as_bytes()).unwrap_err(), BodyError::TooDeep);
+    }
+
+    #[test]
+    fn minify_leaves_strings_alone() {
+        assert_eq!(minify(r#"{ "a b" : [ 1 , "x \" y" ] }"#), r#"{"a b":[1,"x \" y"]}"#);
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        let mut out = String::new();
+        push_json_string(&mut out, "a\"b\\c\n\u{1}");
+        assert_eq!(out, r#""a\"b\\c\n\u0001""#);
+        assert!(serde_json::from_str::<String>(&out).is_ok());
+    }
+}

@@ -1,0 +1,140 @@
+//! Domain types: pure data, no I/O. A [`Job`] is what the engine stores;
+//! [`NewJob`] is a validated enqueue request that the engine has not yet accepted.
+
+mod enqueue;
+mod error;
+mod failure;
+mod id;
+pub mod json;
+mod retry;
+pub mod time;
+
+pub use enqueue::{body_error, is_valid_queue, is_valid_type, parse_enqueue_body, parse_enqueue_object, raw_integer, JobDefaults};
+pub use error::{ValidationError, ValidationKind};
+pub use failure::{parse_failure_report, ErrorEntry, FailureReport};
+pub use id::{IdGenerator, JobId};
+pub use retry::{Exhaustion, RetryPolicy};
+
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+use crate::clock::Millis;
+use time::TimeSpec;
+
+/// The states a job moves through (decisions §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum JobState {
+    Scheduled,
+    Available,
+    Pending,
+    Active,
+    Retryable,
+    Completed,
+    Discarded,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 8] = [
+        JobState::Scheduled,
+        JobState::Available,
+        JobState::Pending,
+        JobState::Active,
+        JobState::Retryable,
+        JobState::Completed,
+        JobState::Discarded,
+        JobState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Available => "available",
+            JobState::Pending => "pending",
+            JobState::Active => "active",
+            JobState::Retryable => "retryable",
+            JobState::Completed => "completed",
+            JobState::Discarded => "discarded",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Completed | JobState::Discarded | JobState::Cancelled)
+    }
+
+    /// Position in [`JobState::ALL`], for per-state counters.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The parts of a job that never change after it is accepted; shared by
+/// reference between the engine and the read view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobPayload {
+    pub job_type: String,
+    /// Compact JSON text of the `args` array, as the client wrote it.
+    pub args: String,
+    /// Compact JSON text of the `meta` object.
+    pub meta: String,
+    pub tags: Vec<String>,
+    /// Unknown top-level fields of the enqueue body: (name, compact JSON text).
+    pub extra: Vec<(String, String)>,
+}
+
+/// A validated enqueue request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    pub id: Option<JobId>,
+    pub payload: Arc<JobPayload>,
+    pub queue: String,
+    pub priority: i32,
+    pub timeout_ms: u64,
+    pub visibility_timeout_ms: u64,
+    pub scheduled_at: Option<TimeSpec>,
+    pub expires_at: Option<TimeSpec>,
+    pub retry: RetryPolicy,
+}
+
+/// A job as the engine holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    pub payload: Arc<JobPayload>,
+    pub queue: String,
+    pub state: JobState,
+    pub priority: i32,
+    pub timeout_ms: u64,
+    pub visibility_timeout_ms: u64,
+    pub retry: RetryPolicy,
+    /// Claims so far; only fetch raises it.
+    pub attempt: u32,
+    pub created_at: Millis,
+    pub scheduled_at: Option<Millis>,
+    pub expires_at: Option<Millis>,
+    pub enqueued_at: Option<Millis>,
+    pub started_at: Option<Millis>,
+    pub completed_at: Option<Millis>,
+    pub cancelled_at: Option<Millis>,
+    pub discarded_at: Option<Millis>,
+    pub retry_at: Option<Millis>,
+    pub retry_delay_ms: Option<u64>,
+    pub worker_id: Option<String>,
+    /// Compact JSON text of the ack result.
+    pub result: Option<String>,
+    pub error: Option<FailureReport>,
+    pub errors: Vec<ErrorEntry>,
+    /// While `active`: when the claim runs out unless extended.
+    pub visibility_deadline: Option<Millis>,
+    /// While `active`: when the attempt counts as timed out.
+    pub execution_deadline: Option<Millis>,
+    /// Order of entering `available`; the FIFO tie-breaker among equal priorities.
+    pub ready_seq: u64,
+}
+
+impl Job {
+    pub fn max_attempts(&self) -> u32 {
+        self.retry.max_attempts
+    }
+}

@@ -1,0 +1,231 @@
+//! Timestamps and ISO 8601 durations as the wire uses them.
+//!
+//! Output: RFC 3339 UTC with `Z`, three fraction digits, omitted when zero.
+//! Input: RFC 3339 with `Z` or an offset, or `+<duration>` relative to now.
+
+use jiff::Timestamp;
+use jiff::tz::TimeZone;
+
+use crate::clock::Millis;
+use crate::limits::DURATION_MS_MAX;
+
+/// Formats milliseconds since the epoch as RFC 3339 UTC.
+pub fn format_timestamp(ms: Millis) -> String {
+    let Ok(timestamp) = Timestamp::from_millisecond(ms) else {
+        return "1970-01-01T00:00:00Z".to_string();
+    };
+    let civil = timestamp.to_zoned(TimeZone::UTC).datetime();
+    let millis = ms.rem_euclid(1000);
+    let mut text = format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        civil.year(),
+        civil.month(),
+        civil.day(),
+        civil.hour(),
+        civil.minute(),
+        civil.second()
+    );
+    if millis != 0 {
+        text.push_str(&format!(".{millis:03}"));
+    }
+    text.push('Z');
+    text
+}
+
+/// A point in time as a client gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeSpec {
+    /// An absolute instant.
+    At(Millis),
+    /// This long after the moment the request is accepted.
+    After(Millis),
+}
+
+impl TimeSpec {
+    pub fn resolve(self, now: Millis) -> Millis {
+        match self {
+            TimeSpec::At(at) => at,
+            TimeSpec::After(delta) => now.saturating_add(delta),
+        }
+    }
+}
+
+/// Parses an RFC 3339 timestamp (with `Z` or a numeric offset) or `+<ISO 8601 duration>`.
+pub fn parse_time_spec(text: &str) -> Result<TimeSpec, String> {
+    if let Some(duration) = text.strip_prefix('+') {
+        return parse_duration_ms(duration).map(TimeSpec::After);
+    }
+    parse_timestamp(text).map(TimeSpec::At)
+}
+
+/// Parses an RFC 3339 timestamp; sub-millisecond digits are truncated.
+pub fn parse_timestamp(text: &str) -> Result<Millis, String> {
+    let looks_rfc3339 = text.len() >= 20 && text.as_bytes().get(10).is_some_and(|b| *b == b'T' || *b == b't');
+    if !looks_rfc3339 {
+        return Err(format!("'{}' is not an RFC 3339 timestamp with a time zone", clip(text)));
+    }
+    text.parse::<Timestamp>()
+        .map(|timestamp| timestamp.as_millisecond())
+        .map_err(|_| format!("'{}' is not an RFC 3339 timestamp with a time zone", clip(text)))
+}
+
+/// Parses an ISO 8601 duration `P[nW][nD][T[nH][nM][n[.fff]S]]` into milliseconds.
+/// Years and months are refused (their length varies); the total must be > 0
+/// and at most 365 days; only seconds may have a fraction.
+pub fn parse_duration_ms(text: &str) -> Result<Millis, String> {
+    let invalid = || format!("'{}' is not an ISO 8601 duration such as PT30S", clip(text));
+    let upper = text.to_ascii_uppercase();
+    let Some(body) = upper.strip_prefix('P') else {
+        return Err(invalid());
+    };
+    if body.is_empty() || body == "T" || body.ends_with('T') {
+        return Err(invalid());
+    }
+    let (date_part, time_part) = match body.split_once('T') {
+        Some((date, time)) => (date, Some(time)),
+        None => (body, None),
+    };
+    let mut total: i128 = 0;
+    total += parse_components(date_part, &[('W', 7 * 86_400_000), ('D', 86_400_000)], false)
+        .ok_or_else(invalid)?;
+    if let Some(time) = time_part {
+        total += parse_components(time, &[('H', 3_600_000), ('M', 60_000), ('S', 1000)], true)
+            .ok_or_else(invalid)?;
+    }
+    if total <= 0 {
+        return Err(format!("duration '{}' must be longer than zero", clip(text)));
+    }
+    if total > DURATION_MS_MAX as i128 {
+        return Err(format!("duration '{}' is longer than 365 days", clip(text)));
+    }
+    Ok(total as Millis)
+}
+
+/// Parses `<number><unit>` pairs in the order of `units`; a fraction is allowed
+/// only on the seconds unit when `seconds_last` is set.
+fn parse_components(text: &str, units: &[(char, i128)], seconds_last: bool) -> Option<i128> {
+    let mut rest = text;
+    let mut total: i128 = 0;
+    let mut next_unit = 0;
+    while !rest.is_empty() {
+        let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))?;
+        let (number, tail) = rest.split_at(end);
+        let unit = tail.chars().next()?;
+        let position = units[next_unit..].iter().position(|(name, _)| *name == unit)? + next_unit;
+        let scale = units[position].1;
+        let is_seconds = seconds_last && unit == 'S';
+        total += parse_number_scaled(number, scale, is_seconds)?;
+        next_unit = position + 1;
+        rest = &tail[1..];
+    }
+    Some(total)
+}
+
+fn parse_number_scaled(number: &str, scale: i128, fraction_allowed: bool) -> Option<i128> {
+    let number = number.replace(',', ".");
+    let (whole, fraction) = match number.split_once('.') {
+        Some((whole, fraction)) if fraction_allowed => (whole.to_string(), fraction.to_string()),
+        Some(_) => return None,
+        None => (number.clone(), String::new()),
+    };
+    if whole.is_empty() || whole.len() > 12 || !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) || (number.contains('.') && fraction.is_empty()) {
+        return None;
+    }
+    let mut value = whole.parse::<i128>().ok()? * scale;
+    // Milliseconds are the finest unit kept; further digits are truncated.
+    let mut digit_scale = scale / 10;
+    for digit in fraction.bytes() {
+        value += i128::from(digit - b'0') * digit_scale;
+        digit_scale /= 10;
+    }
+    Some(value)
+}
+
+/// Formats milliseconds as the shortest ISO 8601 duration (`PT1S`, `PT5M`, `P1DT2H`).
+pub fn format_duration_ms(ms: Millis) -> String {
+    let days = ms / 86_400_000;
+    let mut rest = ms % 86_400_000;
+    let hours = rest / 3_600_000;
+    rest %= 3_600_000;
+    let minutes = rest / 60_000;
+    rest %= 60_000;
+    let seconds = rest / 1000;
+    let millis = rest % 1000;
+    let mut text = String::from("P");
+    if days > 0 {
+        text.push_str(&format!("{days}D"));
+    }
+    if hours > 0 || minutes > 0 || seconds > 0 || millis > 0 || days == 0 {
+        text.push('T');
+        if hours > 0 {
+            text.push_str(&format!("{hours}H"));
+        }
+        if minutes > 0 {
+            text.push_str(&format!("{minutes}M"));
+        }
+        if millis > 0 {
+            let fraction = format!("{millis:03}");
+            text.push_str(&format!("{seconds}.{}S", fraction.trim_end_matches('0')));
+        } else if seconds > 0 || (hours == 0 && minutes == 0) {
+            text.push_str(&format!("{seconds}S"));
+        }
+    }
+    text
+}
+
+fn clip(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_format_with_millis_only_when_needed() {
+        assert_eq!(format_timestamp(4_102_444_799_000), "2099-12-31T23:59:59Z");
+        assert_eq!(format_timestamp(1_773_052_202_789), "2026-03-09T10:30:02.789Z");
+        assert_eq!(format_timestamp(1_773_052_202_009), "2026-03-09T10:30:02.009Z");
+    }
+
+    #[test]
+    fn timestamps_parse_with_offsets() {
+        assert_eq!(parse_timestamp("2099-12-31T23:59:59Z"), Ok(4_102_444_799_000));
+        assert_eq!(parse_timestamp("2100-01-01T01:59:59+02:00"), Ok(4_102_444_799_000));
+        assert_eq!(parse_timestamp("2026-03-09T10:30:02.789123Z"), Ok(1_773_052_202_789));
+        assert!(parse_timestamp("2026-03-09T10:30:02").is_err());
+        assert!(parse_timestamp("2026-03-09").is_err());
+        assert!(parse_timestamp("tomorrow").is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration_ms("PT1S"), Ok(1000));
+        assert_eq!(parse_duration_ms("PT5M"), Ok(300_000));
+        assert_eq!(parse_duration_ms("PT1.5S"), Ok(1500));
+        assert_eq!(parse_duration_ms("P1DT2H"), Ok(93_600_000));
+        assert_eq!(parse_duration_ms("P2W"), Ok(14 * 86_400_000));
+        assert_eq!(parse_duration_ms("PT0.001S"), Ok(1));
+        for bad in ["P1Y", "P1M", "PT", "P", "1S", "PT1.5H", "PT0S", "P366D", "PT1S2M", "PTS", ""] {
+            assert!(parse_duration_ms(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn durations_format_round_trip() {
+        for ms in [1, 1000, 1500, 60_000, 300_000, 3_600_000, 93_600_000, 86_400_000, 90_061_001] {
+            assert_eq!(parse_duration_ms(&format_duration_ms(ms)), Ok(ms), "{ms}");
+        }
+        assert_eq!(format_duration_ms(300_000), "PT5M");
+        assert_eq!(format_duration_ms(1000), "PT1S");
+    }
+
+    #[test]
+    fn relative_specs_resolve_against_now() {
+        assert_eq!(parse_time_spec("+PT5S").map(|spec| spec.resolve(1000)), Ok(6000));
+        assert_eq!(parse_time_spec("2099-12-31T23:59:59Z").map(|spec| spec.resolve(0)), Ok(4_102_444_799_000));
+    }
+}

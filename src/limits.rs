@@ -1,0 +1,92 @@
+//! Every bound of the server as a named constant, unit last.
+//!
+//! Configurable limits have their default here; `config.rs` may override them.
+//! Related limits are checked against each other at compile time at the bottom.
+
+/// Largest request body for every route but batch enqueue.
+pub const REQUEST_BODY_BYTES_MAX: usize = 2 * 1024 * 1024;
+/// Largest batch enqueue request body.
+pub const BATCH_BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
+/// Largest compact JSON of one enqueue item.
+pub const ENVELOPE_BYTES_MAX: usize = 1024 * 1024;
+/// Largest compact JSON of `meta`.
+pub const META_BYTES_MAX: usize = 64 * 1024;
+/// Largest compact JSON of an ack `result`.
+pub const RESULT_BYTES_MAX: usize = 1024 * 1024;
+/// Deepest JSON nesting accepted in a request body.
+pub const JSON_DEPTH_MAX: usize = 64;
+/// Most jobs in one batch enqueue.
+pub const BATCH_JOBS_MAX: usize = 10_000;
+/// Largest fetch `count`; larger values are clamped.
+pub const FETCH_COUNT_MAX: usize = 100;
+/// Most queue names in one fetch.
+pub const FETCH_QUEUES_MAX: usize = 32;
+/// Default and largest page size of list endpoints.
+pub const PAGE_SIZE_DEFAULT: usize = 25;
+pub const PAGE_SIZE_MAX: usize = 100;
+/// Length bounds of names.
+pub const TYPE_CHARS_MAX: usize = 255;
+pub const QUEUE_CHARS_MAX: usize = 128;
+pub const WORKER_ID_CHARS_MAX: usize = 256;
+/// Priority range.
+pub const PRIORITY_MIN: i64 = -100;
+pub const PRIORITY_MAX: i64 = 100;
+/// Execution and visibility timeouts.
+pub const TIMEOUT_MS_DEFAULT: u64 = 30_000;
+pub const TIMEOUT_MS_MAX: u64 = 86_400_000;
+/// Tags.
+pub const TAGS_MAX: usize = 32;
+pub const TAG_CHARS_MAX: usize = 128;
+/// Retry policy bounds.
+pub const RETRY_ATTEMPTS_MAX: i64 = 1000;
+pub const BACKOFF_COEFFICIENT_MAX: f64 = 100.0;
+pub const NON_RETRYABLE_ERRORS_MAX: usize = 100;
+pub const ERROR_TYPE_CHARS_MAX: usize = 255;
+/// Durations (retry intervals, unique periods): at most 365 days.
+pub const DURATION_MS_MAX: i64 = 365 * 86_400_000;
+/// Stored failure reports are cut to these sizes.
+pub const ERROR_MESSAGE_CHARS_MAX: usize = 4096;
+pub const BACKTRACE_FRAMES_MAX: usize = 50;
+pub const BACKTRACE_CHARS_MAX: usize = 10_000;
+/// Newest failures kept in a job's error history.
+pub const ERROR_HISTORY_MAX: usize = 20;
+/// Client `X-Request-Id` values echoed back.
+pub const REQUEST_ID_CHARS_MAX: usize = 128;
+/// Non-terminal jobs the server holds at once.
+pub const LIVE_JOBS_MAX: usize = 10_000_000;
+/// Events kept in memory for `GET /events`.
+pub const EVENT_BUFFER_MAX: usize = 10_000;
+
+/// Commands waiting for the engine; past this, requests get 503 `backend_error`.
+pub const ENGINE_INBOX_MAX: usize = 65_536;
+/// Most commands the engine applies in one batch (one write, one fsync).
+pub const ENGINE_BATCH_COMMANDS_MAX: usize = 4096;
+/// Largest payload of one log frame; the decoder refuses larger lengths before allocating.
+pub const FRAME_PAYLOAD_BYTES_MAX: usize = 128 * 1024 * 1024;
+/// A segment is closed and a new one started once it grows past this.
+pub const SEGMENT_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// A snapshot is written once this many log bytes were appended since the last one.
+pub const SNAPSHOT_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// Largest snapshot payload the reader accepts.
+pub const SNAPSHOT_BYTES_MAX: u64 = 64 * 1024 * 1024 * 1024;
+
+/// Retention of terminal jobs before they are pruned.
+pub const RETENTION_COMPLETED_MS: i64 = 7 * 86_400_000;
+pub const RETENTION_CANCELLED_MS: i64 = 7 * 86_400_000;
+pub const RETENTION_DISCARDED_MS: i64 = 7 * 86_400_000;
+pub const RETENTION_DEAD_LETTER_MS: i64 = 30 * 86_400_000;
+
+/// How long a health probe may wait for the engine.
+pub const HEALTH_PROBE_MS: u64 = 1000;
+/// How long a request may take before it gets 504.
+pub const REQUEST_TIMEOUT_MS: u64 = 30_000;
+/// After the log is poisoned the process keeps answering (503) this long, then exits.
+pub const POISON_EXIT_DELAY_MS: u64 = 1000;
+
+// A batch body must be able to carry at least one maximal envelope, and one log
+// frame must hold the largest batch the server accepts.
+const _: () = assert!(BATCH_BODY_BYTES_MAX >= ENVELOPE_BYTES_MAX);
+const _: () = assert!(REQUEST_BODY_BYTES_MAX >= ENVELOPE_BYTES_MAX);
+const _: () = assert!(FRAME_PAYLOAD_BYTES_MAX >= 2 * BATCH_BODY_BYTES_MAX);
+const _: () = assert!(FRAME_PAYLOAD_BYTES_MAX as u64 <= SEGMENT_BYTES_MAX * 2);
+const _: () = assert!(PAGE_SIZE_DEFAULT <= PAGE_SIZE_MAX);

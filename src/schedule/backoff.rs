@@ -1,0 +1,48 @@
+//! Retry delays (decisions §8.1).
+
+use crate::job::RetryPolicy;
+
+/// The delay before the next attempt after claim number `attempt` (≥ 1) failed.
+/// `random_unit` is uniform in [0, 1) and is used only when the policy has jitter.
+pub fn retry_delay_ms(policy: &RetryPolicy, attempt: u32, random_unit: f64) -> u64 {
+    let exponent = attempt.saturating_sub(1).min(1000) as i32;
+    let raw = policy.initial_interval_ms as f64 * policy.backoff_coefficient.powi(exponent);
+    let cap = policy.max_interval_ms as f64;
+    let mut delay = raw.min(cap);
+    if policy.jitter {
+        delay = (delay * (0.5 + random_unit)).min(cap);
+    }
+    (delay.round() as u64).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(initial: i64, coefficient: f64, max: i64, jitter: bool) -> RetryPolicy {
+        RetryPolicy { initial_interval_ms: initial, backoff_coefficient: coefficient, max_interval_ms: max, jitter, ..RetryPolicy::default() }
+    }
+
+    #[test]
+    fn exponential_without_jitter() {
+        let policy = policy(1000, 2.0, 300_000, false);
+        let delays: Vec<u64> = (1..=4).map(|attempt| retry_delay_ms(&policy, attempt, 0.0)).collect();
+        assert_eq!(delays, [1000, 2000, 4000, 8000]);
+    }
+
+    #[test]
+    fn capped_by_max_interval() {
+        let policy = policy(1000, 10.0, 2000, false);
+        let delays: Vec<u64> = (1..=3).map(|attempt| retry_delay_ms(&policy, attempt, 0.0)).collect();
+        assert_eq!(delays, [1000, 2000, 2000]);
+    }
+
+    #[test]
+    fn jitter_stays_within_half_and_one_and_a_half() {
+        let policy = policy(2000, 2.0, 300_000, true);
+        assert_eq!(retry_delay_ms(&policy, 1, 0.0), 1000);
+        assert_eq!(retry_delay_ms(&policy, 1, 0.999_999), 3000);
+        let capped = self::policy(2000, 2.0, 2500, true);
+        assert_eq!(retry_delay_ms(&capped, 1, 0.99), 2500);
+    }
+}

@@ -1,0 +1,100 @@
+//! File names and headers of the data dir.
+//!
+//! ```text
+//! DATA_DIR/LOCK                          held (flock) while a process uses the dir
+//! DATA_DIR/segment-00000000000000000007.wal   log segment number 7
+//! DATA_DIR/snapshot-00000000000000000007.snap state as of the start of segment 7
+//! ```
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use super::{io_error, StorageError};
+
+/// `magic[8] | version u32 | reserved u32 | segment index u64 | crc32 u32 | reserved u32`.
+pub const SEGMENT_HEADER_BYTES: usize = 32;
+pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"SVCWAL\r\n";
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+pub fn segment_path(dir: &Path, index: u64) -> PathBuf {
+    dir.join(format!("segment-{index:020}.wal"))
+}
+
+pub fn snapshot_path(dir: &Path, index: u64) -> PathBuf {
+    dir.join(format!("snapshot-{index:020}.snap"))
+}
+
+fn list_numbered(dir: &Path, prefix: &str, suffix: &str) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let entry = entry.map_err(io_error(dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(number) = name.strip_prefix(prefix).and_then(|rest| rest.strip_suffix(suffix))
+            && let Ok(index) = number.parse::<u64>()
+        {
+            found.push((index, entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Log segments in the dir, in index order.
+pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+    list_numbered(dir, "segment-", ".wal")
+}
+
+/// Snapshot files in the dir, in index order.
+pub fn list_snapshots(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+    list_numbered(dir, "snapshot-", ".snap")
+}
+
+pub(crate) fn encode_segment_header(index: u64) -> [u8; SEGMENT_HEADER_BYTES] {
+    let mut header = [0u8; SEGMENT_HEADER_BYTES];
+    header[0..8].copy_from_slice(SEGMENT_MAGIC);
+    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[16..24].copy_from_slice(&index.to_le_bytes());
+    let crc = crc32fast::hash(&header[0..24]);
+    header[24..28].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// Checks a segment header; returns the reason it is unusable.
+pub(crate) fn check_segment_header(bytes: &[u8], expected_index: u64) -> Result<(), String> {
+    if bytes[0..8] != SEGMENT_MAGIC[..] {
+        return Err("not an svc log segment (bad magic)".to_string());
+    }
+    let crc = u32::from_le_bytes(bytes[24..28].try_into().expect("four bytes"));
+    if crc != crc32fast::hash(&bytes[0..24]) {
+        return Err("segment header checksum mismatch".to_string());
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("four bytes"));
+    if version != FORMAT_VERSION {
+        return Err(format!("segment format version {version} is not supported (this build reads {FORMAT_VERSION})"));
+    }
+    let index = u64::from_le_bytes(bytes[16..24].try_into().expect("eight bytes"));
+    if index != expected_index {
+        return Err(format!("segment header says index {index}, file name says {expected_index}"));
+    }
+    Ok(())
+}
+
+/// An exclusive lock on a data dir, released when dropped.
+#[derive(Debug)]
+pub struct DataDirLock {
+    _file: File,
+}
+
+impl DataDirLock {
+    pub fn acquire(dir: &Path) -> Result<Self, StorageError> {
+        std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+        let path = dir.join("LOCK");
+        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_error(&path))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(StorageError::Locked(dir.to_path_buf())),
+            Err(std::fs::TryLockError::Error(error)) => Err(StorageError::Io { path, error }),
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! The write-ahead log: segment files of CRC frames, one frame per commit batch.
+//!
+//! Writing: the engine appends a batch's frame and syncs once (group commit).
+//! Any write or sync error poisons the writer for good.
+//!
+//! Reading (recovery policy "truncate torn tail"): a frame that fails to decode
+//! in the last segment is a torn write — and cut off — only if no valid frame
+//! follows it; anywhere else a bad frame refuses recovery, naming file and offset.
+//! Since each batch is written after the previous one was synced, a valid frame
+//! after a bad one can only mean damage to acknowledged data.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::frame::{decode_frame, encode_frame, Decoded};
+use super::layout::{check_segment_header, encode_segment_header, list_segments, segment_path, SEGMENT_HEADER_BYTES};
+use super::{io_error, FileSystem, LogFile, StorageError};
+use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
+
+/// Appends frames to the current segment and rotates segments.
+pub struct WalWriter {
+    dir: PathBuf,
+    fs: Arc<dyn FileSystem>,
+    file: Box<dyn LogFile>,
+    segment_index: u64,
+    segment_bytes: u64,
+    segment_bytes_max: u64,
+    poisoned: bool,
+    frame_buffer: Vec<u8>,
+}
+
+impl WalWriter {
+    /// Starts a new, empty segment `index`.
+    pub fn create(fs: Arc<dyn FileSystem>, dir: &Path, index: u64, segment_bytes_max: u64) -> Result<Self, StorageError> {
+        let file = create_segment(fs.as_ref(), dir, index)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            fs,
+            file,
+            segment_index: index,
+            segment_bytes: SEGMENT_HEADER_BYTES as u64,
+            segment_bytes_max,
+            poisoned: false,
+            frame_buffer: Vec::new(),
+        })
+    }
+
+    /// Continues segment `index`, whose first `valid_bytes` are intact.
+    pub fn resume(fs: Arc<dyn FileSystem>, dir: &Path, index: u64, valid_bytes: u64, segment_bytes_max: u64) -> Result<Self, StorageError> {
+        if valid_bytes < SEGMENT_HEADER_BYTES as u64 {
+            let path = segment_path(dir, index);
+            std::fs::remove_file(&path).map_err(io_error(&path))?;
+            return Self::create(fs, dir, index, segment_bytes_max);
+        }
+        let path = segment_path(dir, index);
+        let file = fs.open_append(&path).map_err(io_error(&path))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            fs,
+            file,
+            segment_index: index,
+            segment_bytes: valid_bytes,
+            segment_bytes_max,
+            poisoned: false,
+            frame_buffer: Vec::new(),
+        })
+    }
+
+    pub fn segment_index(&self) -> u64 {
+        self.segment_index
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// Writes `payload` as one frame, then syncs; rotates when the segment is full.
+    /// Returns the bytes written. Nothing is acknowledged unless this returns Ok.
+    pub fn commit(&mut self, payload: &[u8]) -> Result<u64, StorageError> {
+        if self.poisoned {
+            return Err(StorageError::Poisoned);
+        }
+        if payload.is_empty() || payload.len() > FRAME_PAYLOAD_BYTES_MAX {
+            return Err(StorageError::Corrupt {
+                path: segment_path(&self.dir, self.segment_index),
+                offset: self.segment_bytes,
+                reason: format!("refusing to write a frame of {} bytes", payload.len()),
+            });
+        }
+        self.frame_buffer.clear();
+        encode_frame(payload, &mut self.frame_buffer);
+        let written = self.frame_buffer.len() as u64;
+        let result = self.file.write_all(&self.frame_buffer).and_then(|()| self.file.sync_data());
+        if let Err(error) = result {
+            self.poisoned = true;
+            return Err(StorageError::Io { path: segment_path(&self.dir, self.segment_index), error });
+        }
+        self.segment_bytes += written;
+        if self.segment_bytes >= self.segment_bytes_max {
+            self.rotate()?;
+        }
+        Ok(written)
+    }
+
+    /// Closes the current segment and starts the next; returns the new index.
+    pub fn rotate(&mut self) -> Result<u64, StorageError> {
+        if self.poisoned {
+            return Err(StorageError::Poisoned);
+        }
+        let next = self.segment_index + 1;
+        match create_segment(self.fs.as_ref(), &self.dir, next) {
+            Ok(file) => {
+                self.file = file;
+                self.segment_index = next;
+                self.segment_bytes = SEGMENT_HEADER_BYTES as u64;
+                Ok(next)
+            }
+            Err(error) => {
+                self.poisoned = true;
+                Err(error)
+            }
+        }
+    }
+}
+
+fn create_segment(fs: &dyn FileSystem, dir: &Path, index: u64) -> Result<Box<dyn LogFile>, StorageError> {
+    let path = segment_path(dir, index);
+    let mut file = fs.create_new(&path).map_err(io_error(&path))?;
+    file.write_all(&encode_segment_header(index)).map_err(io_error(&path))?;
+    file.sync_data().map_err(io_error(&path))?;
+    fs.sync_dir(dir).map_err(io_error(dir))?;
+    Ok(file)
+}
+
+/// What recovery does with a torn tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailPolicy {
+    /// Cut the file back to its last valid frame (normal start).
+    Truncate,
+    /// Leave files untouched (inspection).
+    ReadOnly,
+}
+
+/// The result of reading one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentScan {
+    pub index: u64,
+    pub path: PathBuf,
+    pub file_bytes: u64,
+    pub frames: u64,
+    /// Bytes up to the end of the last valid frame.
+    pub valid_bytes: u64,
+    /// Where a torn tail starts and why, if there is one.
+    pub torn_at: Option<(u64, String)>,
+}
+
+/// Reads segment `index`, calling `on_frame(offset, payload)` for each valid frame.
+pub fn scan_segment(
+    path: &Path,
+    index: u64,
+    is_last: bool,
+    on_frame: &mut dyn FnMut(&Path, u64, &[u8]) -> Result<(), StorageError>,
+) -> Result<SegmentScan, StorageError> {
+    let file = std::fs::File::open(path).map_err(io_error(path))?;
+    let file_bytes = file.metadata().map_err(io_error(path))?.len();
+    let mut scan = SegmentScan { index, path: path.to_path_buf(), file_bytes, frames: 0, valid_bytes: 0, torn_at: None };
+    let corrupt = |offset: u64, reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
+    if file_bytes < SEGMENT_HEADER_BYTES as u64 {
+        if is_last {
+            scan.torn_at = Some((0, "segment header incomplete".to_string()));
+            return Ok(scan);
+        }
+        return Err(corrupt(0, "segment header incomplete".to_string()));
+    }
+    // SAFETY: the data dir is locked by this process (or read by `inspect`
+    // while no writer runs), so the file does not change while mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_error(path))?;
+    let bytes: &[u8] = &map;
+    check_segment_header(&bytes[..SEGMENT_HEADER_BYTES], index).map_err(|reason| corrupt(0, reason))?;
+    let mut offset = SEGMENT_HEADER_BYTES;
+    loop {
+        if offset == bytes.len() {
+            break;
+        }
+        let reason = match decode_frame(&bytes[offset..]) {
+            Decoded::Frame { payload, size } => {
+                on_frame(path, offset as u64, payload)?;
+                scan.frames += 1;
+                offset += size;
+                continue;
+            }
+            Decoded::Incomplete => "frame runs past the end of the file",
+            Decoded::Invalid(reason) => reason,
+        };
+        if !is_last {
+            return Err(corrupt(offset as u64, format!("{reason} in a sealed segment")));
+        }
+        if let Some(next) = next_valid_frame(bytes, offset + 1) {
+            return Err(corrupt(offset as u64, format!("{reason}, and a valid frame follows at offset {next}")));
+        }
+        scan.torn_at = Some((offset as u64, reason.to_string()));
+        break;
+    }
+    scan.valid_bytes = offset as u64;
+    Ok(scan)
+}
+
+fn next_valid_frame(bytes: &[u8], from: usize) -> Option<usize> {
+    (from..bytes.len()).find(|&start| matches!(decode_frame(&bytes[start..]), Decoded::Frame { .. }))
+}
+
+/// Where replay ended: the segment to continue writing, and what was cut off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayEnd {
+    /// (index, valid bytes) of the last segment, if any segment exists.
+    pub last_segment: Option<(u64, u64)>,
+    pub scans: Vec<SegmentScan>,
+}
+
+/// Replays every frame of segments `from_segment..` in order.
+pub fn replay_log(
+    dir: &Path,
+    from_segment: u64,
+    policy: TailPolicy,
+    on_frame: &mut dyn FnMut(&Path, u64, &[u8]) -> Result<(), StorageError>,
+) -> Result<ReplayEnd, StorageError> {
+    let segments: Vec<(u64, PathBuf)> = list_segments(dir)?.into_iter().filter(|(index, _)| *index >= from_segment).collect();
+    let mut end = ReplayEnd { last_segment: None, scans: Vec::new() };
+    for (position, (index, path)) in segments.iter().enumerate() {
+        let expected = from_segment + position as u64;
+        if *index != expected {
+            return Err(StorageError::Corrupt {
+                path: segment_path(dir, expected),
+                offset: 0,
+                reason: format!("log segment {expected} is missing (found {index} next)"),
+            });
+        }
+        let is_last = position + 1 == segments.len();
+        let scan = scan_segment(path, *index, is_last, on_frame)?;
+        if let Some((offset, reason)) = &scan.torn_at
+            && policy == TailPolicy::Truncate
+        {
+            crate::logging::warn(
+                "truncating torn tail of the log",
+                &[("file", path.display().to_string().into()), ("offset", (*offset).into()), ("reason", reason.clone().into()), ("dropped_bytes", (scan.file_bytes - offset).into())],
+            );
+            let file = OpenOptions::new().write(true).open(path).map_err(io_error(path))?;
+            file.set_len(*offset).map_err(io_error(path))?;
+            file.sync_all().map_err(io_error(path))?;
+        }
+        end.last_segment = Some((*index, scan.valid_bytes));
+        end.scans.push(scan);
+    }
+    Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::RealFileSystem;
+
+    fn collect(dir: &Path, policy: TailPolicy) -> Result<(Vec<Vec<u8>>, ReplayEnd), StorageError> {
+        let mut frames = Vec::new();
+        let end = replay_log(dir, 0, policy, &mut |_, _, payload| {
+            frames.push(payload.to_vec());
+            Ok(())
+        })?;
+        Ok((frames, end))
+    }
+
+    fn write_frames(dir: &Path, payloads: &[&[u8]], segment_max: u64) {
+        let mut writer = WalWriter::create(Arc::new(RealFileSystem), dir, 0, segment_max).unwrap();
+        for payload in payloads {
+            writer.commit(payload).unwrap();
+        }
+    }
+
+    #[test]
+    fn frames_come_back_across_rotations() {
+        let dir = tempfile::tempdir().unwrap();
+        write_frames(dir.path(), &[b"one", b"two", b"three", b"four"], 50);
+        let (frames, end) = collect(dir.path(), TailPolicy::Truncate).unwrap();
+        assert_eq!(frames, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec(), b"four".to_vec()]);
+        assert!(end.scans.len() > 1, "segments rotated");
+    }
+
+    #[test]
+    fn torn_tail_is_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        write_frames(dir.path(), &[b"one", b"two"], 1 << 20);
+        let path = segment_path(dir.path(), 0);
+        let length = std::fs::metadata(&path).unwrap().len();
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(length - 2).unwrap();
+        let (frames, end) = collect(dir.path(), TailPolicy::Truncate).unwrap();
+        assert_eq!(frames, [b"one".to_vec()]);
+        assert_eq!(end.scans[0].torn_at.as_ref().map(|(offset, _)| *offset), Some(SEGMENT_HEADER_BYTES as u64 + 11));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), SEGMENT_HEADER_BYTES as u64 + 11);
+    }
+
+    #[test]
+    fn damage_before_a_valid_frame_is_refused_with_file_and_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        write_frames(dir.path(), &[b"one", b"two", b"three"], 1 << 20);
+        let path = segment_path(dir.path(), 0);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let second_frame = SEGMENT_HEADER_BYTES + 11;
+        bytes[second_frame + 9] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+        let error = collect(dir.path(), TailPolicy::Truncate).unwrap_err().to_string();
+        assert!(error.contains("segment-00000000000000000000.wal"), "{error}");
+        assert!(error.contains(&format!("offset {second_frame}")), "{error}");
+    }
+
+    #[test]
+    fn damage_in_a_sealed_segment_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        write_frames(dir.path(), &[b"one", b"two", b"three"], 40);
+        let path = segment_path(dir.path(), 0);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        assert!(matches!(collect(dir.path(), TailPolicy::Truncate), Err(StorageError::Corrupt { .. })));
+    }
+}
