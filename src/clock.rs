@@ -35,7 +35,9 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn new(start_ms: Millis) -> Self {
-        Self { now: Arc::new(AtomicI64::new(start_ms)) }
+        Self {
+            now: Arc::new(AtomicI64::new(start_ms)),
+        }
     }
 
     pub fn advance_ms(&self, delta_ms: i64) {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::{Cancelled, Engine, EngineConfig, EngineError, EngineHandle, FetchRequest};
-use crate::job::{parse_enqueue_body, FailureReport, Job, JobId, NewJob, ValidationError};
+use crate::job::{FailureReport, Job, JobId, NewJob, ValidationError, parse_enqueue_body};
 use crate::storage::StorageError;
 
 /// Why an embedded call failed.
@@ -46,7 +46,9 @@ impl Svc {
     }
 
     pub fn open_with(config: EngineConfig) -> Result<Svc, SvcError> {
-        Engine::open(config).map(|engine| Svc { engine }).map_err(SvcError::Storage)
+        Engine::open(config)
+            .map(|engine| Svc { engine })
+            .map_err(SvcError::Storage)
     }
 
     /// The engine handle, for async callers.
@@ -56,7 +58,8 @@ impl Svc {
 
     /// Enqueues a job given as an enqueue body (`{type, args, meta?, options?}`).
     pub fn enqueue_json(&self, body: &str) -> Result<Arc<Job>, SvcError> {
-        let new_job = parse_enqueue_body(body.as_bytes(), self.handle().defaults()).map_err(SvcError::Invalid)?;
+        let new_job = parse_enqueue_body(body.as_bytes(), self.handle().defaults())
+            .map_err(SvcError::Invalid)?;
         self.enqueue(new_job)
     }
 
@@ -66,7 +69,12 @@ impl Svc {
     }
 
     /// Claims up to `count` jobs from `queues`, in the order given.
-    pub fn fetch(&self, queues: &[&str], count: usize, worker_id: Option<&str>) -> Result<Vec<Arc<Job>>, SvcError> {
+    pub fn fetch(
+        &self,
+        queues: &[&str],
+        count: usize,
+        worker_id: Option<&str>,
+    ) -> Result<Vec<Arc<Job>>, SvcError> {
         let request = FetchRequest {
             queues: queues.iter().map(|queue| queue.to_string()).collect(),
             count: count.clamp(1, crate::limits::FETCH_COUNT_MAX),
@@ -83,7 +91,10 @@ impl Svc {
 
     /// Reports a failed attempt (`error_type` and `message`); the retry policy decides.
     pub fn nack(&self, id: JobId, error_type: &str, message: &str) -> Result<Arc<Job>, SvcError> {
-        let report = FailureReport { message: message.to_string(), ..FailureReport::server(error_type, "") };
+        let report = FailureReport {
+            message: message.to_string(),
+            ..FailureReport::server(error_type, "")
+        };
         Ok(self.handle().fail(id, report, false, None).wait()?)
     }
 

@@ -20,16 +20,16 @@
 //! svc.close();
 //! ```
 
-
+pub mod bench;
 pub mod clock;
-
+pub mod config;
 pub mod engine;
-
+pub mod http;
 pub mod job;
 pub mod limits;
 pub mod logging;
 pub mod schedule;
-
+pub mod server;
 pub mod storage;
 
 mod embed;

@@ -25,41 +25,87 @@ pub struct Cancelled {
 }
 
 pub enum Command {
-    Enqueue { jobs: Vec<NewJob>, reply: Reply<Vec<Arc<Job>>> },
-    Fetch { request: FetchRequest, reply: Reply<Vec<Arc<Job>>> },
-    Ack { id: JobId, result: Option<String>, worker_id: Option<String>, reply: Reply<Arc<Job>> },
-    Fail { id: JobId, report: FailureReport, requeue: bool, worker_id: Option<String>, reply: Reply<Arc<Job>> },
-    Cancel { id: JobId, reply: Reply<Cancelled> },
+    Enqueue {
+        jobs: Vec<NewJob>,
+        reply: Reply<Vec<Arc<Job>>>,
+    },
+    Fetch {
+        request: FetchRequest,
+        reply: Reply<Vec<Arc<Job>>>,
+    },
+    Ack {
+        id: JobId,
+        result: Option<String>,
+        worker_id: Option<String>,
+        reply: Reply<Arc<Job>>,
+    },
+    Fail {
+        id: JobId,
+        report: FailureReport,
+        requeue: bool,
+        worker_id: Option<String>,
+        reply: Reply<Arc<Job>>,
+    },
+    Cancel {
+        id: JobId,
+        reply: Reply<Cancelled>,
+    },
     /// A round trip through the engine, for health checks.
-    Probe { reply: Reply<()> },
+    Probe {
+        reply: Reply<()>,
+    },
     /// Handle what is due now (used with a manual clock).
-    Tick { reply: Reply<()> },
+    Tick {
+        reply: Reply<()>,
+    },
     /// Write a snapshot now and wait until it is durable.
-    Snapshot { reply: Reply<()> },
+    Snapshot {
+        reply: Reply<()>,
+    },
     /// Write a final snapshot and stop.
-    Shutdown { reply: Reply<()> },
+    Shutdown {
+        reply: Reply<()>,
+    },
 }
 
 /// Why the engine refused a command.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineError {
-    NotFound { id: JobId },
+    NotFound {
+        id: JobId,
+    },
     /// The job is not in a state the command applies to; `reason` is
     /// `invalid_state` or `not_owner`.
-    Conflict { id: JobId, current_state: JobState, reason: &'static str },
+    Conflict {
+        id: JobId,
+        current_state: JobState,
+        reason: &'static str,
+    },
     /// The client-supplied id is taken; `index` is the batch position.
-    Duplicate { id: JobId, index: Option<usize> },
+    Duplicate {
+        id: JobId,
+        index: Option<usize>,
+    },
     /// A request that only the engine can judge invalid (e.g. already expired).
-    Invalid { error: ValidationError, index: Option<usize> },
+    Invalid {
+        error: ValidationError,
+        index: Option<usize>,
+    },
     /// Storage failed, the engine is overloaded or stopped, or capacity is reached.
-    Unavailable { reason: &'static str },
+    Unavailable {
+        reason: &'static str,
+    },
 }
 
 impl std::fmt::Display for EngineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             EngineError::NotFound { id } => write!(f, "job {id} not found"),
-            EngineError::Conflict { id, current_state, reason } => {
+            EngineError::Conflict {
+                id,
+                current_state,
+                reason,
+            } => {
                 write!(f, "job {id} is {} ({reason})", current_state.as_str())
             }
             EngineError::Duplicate { id, .. } => write!(f, "job id {id} is already in use"),

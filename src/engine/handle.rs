@@ -20,7 +20,9 @@ pub struct Pending<T> {
 impl<T> Pending<T> {
     pub async fn outcome(self) -> Result<T, EngineError> {
         match self.receiver {
-            Ok(receiver) => receiver.await.unwrap_or(Err(EngineError::Unavailable { reason: "engine_stopped" })),
+            Ok(receiver) => receiver.await.unwrap_or(Err(EngineError::Unavailable {
+                reason: "engine_stopped",
+            })),
             Err(error) => Err(error),
         }
     }
@@ -29,7 +31,11 @@ impl<T> Pending<T> {
     /// called from inside an async runtime.
     pub fn wait(self) -> Result<T, EngineError> {
         match self.receiver {
-            Ok(receiver) => receiver.blocking_recv().unwrap_or(Err(EngineError::Unavailable { reason: "engine_stopped" })),
+            Ok(receiver) => receiver
+                .blocking_recv()
+                .unwrap_or(Err(EngineError::Unavailable {
+                    reason: "engine_stopped",
+                })),
             Err(error) => Err(error),
         }
     }
@@ -44,16 +50,30 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    pub(crate) fn new(inbox: Sender<Command>, view: Arc<ReadView>, clock: Arc<dyn Clock>, defaults: JobDefaults) -> Self {
-        Self { inbox, view, clock, defaults: Arc::new(defaults) }
+    pub(crate) fn new(
+        inbox: Sender<Command>,
+        view: Arc<ReadView>,
+        clock: Arc<dyn Clock>,
+        defaults: JobDefaults,
+    ) -> Self {
+        Self {
+            inbox,
+            view,
+            clock,
+            defaults: Arc::new(defaults),
+        }
     }
 
     fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Pending<T> {
         let (reply, receiver) = oneshot::channel();
         let receiver = match self.inbox.try_send(make(reply)) {
             Ok(()) => Ok(receiver),
-            Err(TrySendError::Full(_)) => Err(EngineError::Unavailable { reason: "overloaded" }),
-            Err(TrySendError::Disconnected(_)) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
+            Err(TrySendError::Full(_)) => Err(EngineError::Unavailable {
+                reason: "overloaded",
+            }),
+            Err(TrySendError::Disconnected(_)) => Err(EngineError::Unavailable {
+                reason: "engine_stopped",
+            }),
         };
         Pending { receiver }
     }
@@ -69,13 +89,35 @@ impl EngineHandle {
     }
 
     /// Completes an active job; `result` is compact JSON text.
-    pub fn ack(&self, id: JobId, result: Option<String>, worker_id: Option<String>) -> Pending<Arc<Job>> {
-        self.submit(|reply| Command::Ack { id, result, worker_id, reply })
+    pub fn ack(
+        &self,
+        id: JobId,
+        result: Option<String>,
+        worker_id: Option<String>,
+    ) -> Pending<Arc<Job>> {
+        self.submit(|reply| Command::Ack {
+            id,
+            result,
+            worker_id,
+            reply,
+        })
     }
 
     /// Reports a failed attempt; the retry policy decides what follows.
-    pub fn fail(&self, id: JobId, report: FailureReport, requeue: bool, worker_id: Option<String>) -> Pending<Arc<Job>> {
-        self.submit(|reply| Command::Fail { id, report, requeue, worker_id, reply })
+    pub fn fail(
+        &self,
+        id: JobId,
+        report: FailureReport,
+        requeue: bool,
+        worker_id: Option<String>,
+    ) -> Pending<Arc<Job>> {
+        self.submit(|reply| Command::Fail {
+            id,
+            report,
+            requeue,
+            worker_id,
+            reply,
+        })
     }
 
     pub fn cancel(&self, id: JobId) -> Pending<Cancelled> {
@@ -102,7 +144,9 @@ impl EngineHandle {
         // Shutdown waits for room rather than failing on a full inbox.
         let receiver = match self.inbox.send(Command::Shutdown { reply }) {
             Ok(()) => Ok(receiver),
-            Err(_) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
+            Err(_) => Err(EngineError::Unavailable {
+                reason: "engine_stopped",
+            }),
         };
         Pending { receiver }
     }
@@ -117,7 +161,12 @@ impl EngineHandle {
         self.view.queues()
     }
 
-    pub fn events_page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {
+    pub fn events_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: impl Fn(&Event) -> bool,
+    ) -> EventPage {
         self.view.events_page(after, limit, keep)
     }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::record::decode_batch;
 use super::state::StateImage;
-use crate::storage::{list_segments, list_snapshots, read_snapshot, scan_segment, StorageError};
+use crate::storage::{StorageError, list_segments, list_snapshots, read_snapshot, scan_segment};
 
 #[derive(Debug, Default)]
 pub struct Report {
@@ -47,11 +47,20 @@ pub fn inspect(dir: &Path) -> Result<Report, StorageError> {
         let file = path.display().to_string();
         match read_snapshot(&path) {
             Ok((replay_from, payload)) => {
-                let jobs = postcard::from_bytes::<StateImage>(&payload).ok().map(|image| image.jobs.len());
+                let jobs = postcard::from_bytes::<StateImage>(&payload)
+                    .ok()
+                    .map(|image| image.jobs.len());
                 if jobs.is_none() {
-                    report.problems.push(format!("{file}: snapshot payload does not decode"));
+                    report
+                        .problems
+                        .push(format!("{file}: snapshot payload does not decode"));
                 }
-                report.snapshots.push(SnapshotSummary { file, replay_from, bytes: payload.len() as u64, jobs });
+                report.snapshots.push(SnapshotSummary {
+                    file,
+                    replay_from,
+                    bytes: payload.len() as u64,
+                    jobs,
+                });
             }
             Err(error) => report.problems.push(error.to_string()),
         }
@@ -62,7 +71,11 @@ pub fn inspect(dir: &Path) -> Result<Report, StorageError> {
         let mut records = 0u64;
         let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
         let scan = scan_segment(path, *index, is_last, &mut |path, offset, payload| {
-            let batch = decode_batch(payload).map_err(|reason| StorageError::Corrupt { path: path.to_path_buf(), offset, reason })?;
+            let batch = decode_batch(payload).map_err(|reason| StorageError::Corrupt {
+                path: path.to_path_buf(),
+                offset,
+                reason,
+            })?;
             records += batch.len() as u64;
             for record in &batch {
                 *kinds.entry(record.kind()).or_default() += 1;
@@ -92,14 +105,27 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "snapshots: {}", self.snapshots.len())?;
         for snapshot in &self.snapshots {
-            let jobs = snapshot.jobs.map_or("?".to_string(), |jobs| jobs.to_string());
-            writeln!(f, "  {}  replay from segment {}  {} bytes  {jobs} jobs", snapshot.file, snapshot.replay_from, snapshot.bytes)?;
+            let jobs = snapshot
+                .jobs
+                .map_or("?".to_string(), |jobs| jobs.to_string());
+            writeln!(
+                f,
+                "  {}  replay from segment {}  {} bytes  {jobs} jobs",
+                snapshot.file, snapshot.replay_from, snapshot.bytes
+            )?;
         }
         writeln!(f, "segments: {}", self.segments.len())?;
         for segment in &self.segments {
-            write!(f, "  {}  {} bytes  {} frames  {} records", segment.file, segment.bytes, segment.frames, segment.records)?;
+            write!(
+                f,
+                "  {}  {} bytes  {} frames  {} records",
+                segment.file, segment.bytes, segment.frames, segment.records
+            )?;
             match segment.torn_tail_at {
-                Some(offset) => writeln!(f, "  torn tail at byte {offset} (cut off at the next start)")?,
+                Some(offset) => writeln!(
+                    f,
+                    "  torn tail at byte {offset} (cut off at the next start)"
+                )?,
                 None => writeln!(f)?,
             }
         }
@@ -112,7 +138,9 @@ impl fmt::Display for Report {
             writeln!(f, "checksums: all valid")
         } else {
             writeln!(f, "problems: {}", self.problems.len())?;
-            self.problems.iter().try_for_each(|problem| writeln!(f, "  {problem}"))
+            self.problems
+                .iter()
+                .try_for_each(|problem| writeln!(f, "  {problem}"))
         }
     }
 }

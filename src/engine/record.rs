@@ -39,18 +39,51 @@ pub enum TimeoutKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Record {
     /// New jobs, complete with id, state and timestamps. A batch enqueue is one record.
-    Enqueue { at: Millis, jobs: Vec<Job> },
-    Claim { at: Millis, worker_id: Option<String>, claims: Vec<Claim> },
-    Ack { at: Millis, id: JobId, result: Option<String> },
-    Fail { at: Millis, id: JobId, report: FailureReport, outcome: FailOutcome },
-    Cancel { at: Millis, id: JobId },
+    Enqueue {
+        at: Millis,
+        jobs: Vec<Job>,
+    },
+    Claim {
+        at: Millis,
+        worker_id: Option<String>,
+        claims: Vec<Claim>,
+    },
+    Ack {
+        at: Millis,
+        id: JobId,
+        result: Option<String>,
+    },
+    Fail {
+        at: Millis,
+        id: JobId,
+        report: FailureReport,
+        outcome: FailOutcome,
+    },
+    Cancel {
+        at: Millis,
+        id: JobId,
+    },
     /// `scheduled` or `retryable` jobs whose time came.
-    Promote { at: Millis, ids: Vec<JobId> },
+    Promote {
+        at: Millis,
+        ids: Vec<JobId>,
+    },
     /// Unclaimed jobs past `expires_at`.
-    Expire { at: Millis, ids: Vec<JobId> },
-    Timeout { at: Millis, id: JobId, kind: TimeoutKind, outcome: FailOutcome },
+    Expire {
+        at: Millis,
+        ids: Vec<JobId>,
+    },
+    Timeout {
+        at: Millis,
+        id: JobId,
+        kind: TimeoutKind,
+        outcome: FailOutcome,
+    },
     /// Terminal jobs past their retention.
-    Prune { at: Millis, ids: Vec<JobId> },
+    Prune {
+        at: Millis,
+        ids: Vec<JobId>,
+    },
 }
 
 impl Record {
@@ -72,7 +105,8 @@ impl Record {
 /// Encodes one commit batch.
 pub fn encode_batch(records: &[Record], out: &mut Vec<u8>) {
     out.clear();
-    let encoded = postcard::to_extend(records, std::mem::take(out)).expect("records encode into a Vec without failing");
+    let encoded = postcard::to_extend(records, std::mem::take(out))
+        .expect("records encode into a Vec without failing");
     *out = encoded;
 }
 

@@ -5,7 +5,9 @@ use serde_json::Value;
 
 use super::error::ValidationError;
 use crate::clock::Millis;
-use crate::limits::{BACKTRACE_CHARS_MAX, BACKTRACE_FRAMES_MAX, ERROR_MESSAGE_CHARS_MAX, ERROR_TYPE_CHARS_MAX};
+use crate::limits::{
+    BACKTRACE_CHARS_MAX, BACKTRACE_FRAMES_MAX, ERROR_MESSAGE_CHARS_MAX, ERROR_TYPE_CHARS_MAX,
+};
 
 /// One failure of a job, as stored (messages and backtraces already cut to size).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,42 +56,70 @@ impl FailureReport {
 /// `code` accepted as its alias; `message` is required.
 pub fn parse_failure_report(value: Option<&Value>) -> Result<FailureReport, ValidationError> {
     let Some(value) = value.filter(|value| !value.is_null()) else {
-        return Err(ValidationError::request(Some("error".to_string()), "error is required: an object with type and message"));
+        return Err(ValidationError::request(
+            Some("error".to_string()),
+            "error is required: an object with type and message",
+        ));
     };
     let Value::Object(map) = value else {
-        return Err(ValidationError::request(Some("error".to_string()), "error must be an object with type and message"));
+        return Err(ValidationError::request(
+            Some("error".to_string()),
+            "error must be an object with type and message",
+        ));
     };
-    let text = |name: &str| map.get(name).and_then(Value::as_str).filter(|text| !text.is_empty());
+    let text = |name: &str| {
+        map.get(name)
+            .and_then(Value::as_str)
+            .filter(|text| !text.is_empty())
+    };
     let error_type = text("type").or_else(|| text("code"));
     let Some(error_type) = error_type else {
-        return Err(ValidationError::request(Some("error.type".to_string()), "error.type (or error.code) is required and must be a non-empty string"));
+        return Err(ValidationError::request(
+            Some("error.type".to_string()),
+            "error.type (or error.code) is required and must be a non-empty string",
+        ));
     };
     if error_type.chars().count() > ERROR_TYPE_CHARS_MAX {
-        return Err(ValidationError::request(Some("error.type".to_string()), format!("error.type must be at most {ERROR_TYPE_CHARS_MAX} characters")));
+        return Err(ValidationError::request(
+            Some("error.type".to_string()),
+            format!("error.type must be at most {ERROR_TYPE_CHARS_MAX} characters"),
+        ));
     }
     let code = text("code").unwrap_or(error_type);
     let Some(message) = map.get("message").and_then(Value::as_str) else {
-        return Err(ValidationError::request(Some("error.message".to_string()), "error.message is required and must be a string"));
+        return Err(ValidationError::request(
+            Some("error.message".to_string()),
+            "error.message is required and must be a string",
+        ));
     };
     let backtrace = match map.get("backtrace") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(frames)) if frames.iter().all(Value::is_string) => cut_backtrace(frames),
         Some(_) => {
-            return Err(ValidationError::request(Some("error.backtrace".to_string()), "error.backtrace must be an array of strings"));
+            return Err(ValidationError::request(
+                Some("error.backtrace".to_string()),
+                "error.backtrace must be an array of strings",
+            ));
         }
     };
     let retryable = match map.get("retryable") {
         None | Some(Value::Null) => None,
         Some(Value::Bool(flag)) => Some(*flag),
         Some(_) => {
-            return Err(ValidationError::request(Some("error.retryable".to_string()), "error.retryable must be a boolean"));
+            return Err(ValidationError::request(
+                Some("error.retryable".to_string()),
+                "error.retryable must be a boolean",
+            ));
         }
     };
     let details = match map.get("details") {
         None | Some(Value::Null) => None,
         Some(object @ Value::Object(_)) => Some(object.to_string()),
         Some(_) => {
-            return Err(ValidationError::request(Some("error.details".to_string()), "error.details must be an object"));
+            return Err(ValidationError::request(
+                Some("error.details".to_string()),
+                "error.details must be an object",
+            ));
         }
     };
     Ok(FailureReport {
@@ -105,7 +135,11 @@ pub fn parse_failure_report(value: Option<&Value>) -> Result<FailureReport, Vali
 fn cut_backtrace(frames: &[Value]) -> Vec<String> {
     let mut kept = Vec::new();
     let mut chars = 0;
-    for frame in frames.iter().filter_map(Value::as_str).take(BACKTRACE_FRAMES_MAX) {
+    for frame in frames
+        .iter()
+        .filter_map(Value::as_str)
+        .take(BACKTRACE_FRAMES_MAX)
+    {
         let length = frame.chars().count();
         if chars + length > BACKTRACE_CHARS_MAX {
             break;
@@ -123,10 +157,13 @@ mod tests {
 
     #[test]
     fn code_is_an_alias_of_type() {
-        let report = parse_failure_report(Some(&json!({"code": "handler_error", "message": "boom"}))).unwrap();
+        let report =
+            parse_failure_report(Some(&json!({"code": "handler_error", "message": "boom"})))
+                .unwrap();
         assert_eq!(report.error_type, "handler_error");
         assert_eq!(report.code, "handler_error");
-        let report = parse_failure_report(Some(&json!({"type": "SmtpError", "message": "421"}))).unwrap();
+        let report =
+            parse_failure_report(Some(&json!({"type": "SmtpError", "message": "421"}))).unwrap();
         assert_eq!(report.code, "SmtpError");
     }
 
@@ -140,7 +177,10 @@ mod tests {
 
     #[test]
     fn error_class_comes_from_details() {
-        let report = parse_failure_report(Some(&json!({"type": "E", "message": "m", "details": {"error_class": "net.Timeout"}}))).unwrap();
+        let report = parse_failure_report(Some(
+            &json!({"type": "E", "message": "m", "details": {"error_class": "net.Timeout"}}),
+        ))
+        .unwrap();
         assert_eq!(report.error_class().as_deref(), Some("net.Timeout"));
     }
 }

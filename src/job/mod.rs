@@ -9,9 +9,12 @@ pub mod json;
 mod retry;
 pub mod time;
 
-pub use enqueue::{body_error, is_valid_queue, is_valid_type, parse_enqueue_body, parse_enqueue_object, raw_integer, JobDefaults};
+pub use enqueue::{
+    JobDefaults, body_error, is_valid_queue, is_valid_type, parse_enqueue_body,
+    parse_enqueue_object, raw_integer,
+};
 pub use error::{ValidationError, ValidationKind};
-pub use failure::{parse_failure_report, ErrorEntry, FailureReport};
+pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
 pub use id::{IdGenerator, JobId};
 pub use retry::{Exhaustion, RetryPolicy};
 
@@ -60,7 +63,10 @@ impl JobState {
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobState::Completed | JobState::Discarded | JobState::Cancelled)
+        matches!(
+            self,
+            JobState::Completed | JobState::Discarded | JobState::Cancelled
+        )
     }
 
     /// Position in [`JobState::ALL`], for per-state counters.

@@ -65,23 +65,41 @@ const FIELDS: [&str; 7] = [
 impl RetryPolicy {
     /// Merges a client policy object field by field over `base`. `path` names
     /// the object in error messages (e.g. `options.retry`).
-    pub fn merged(base: &RetryPolicy, object: &Value, path: &str) -> Result<RetryPolicy, ValidationError> {
+    pub fn merged(
+        base: &RetryPolicy,
+        object: &Value,
+        path: &str,
+    ) -> Result<RetryPolicy, ValidationError> {
         let Value::Object(map) = object else {
-            return Err(ValidationError::payload(path, format!("{path} must be an object")));
+            return Err(ValidationError::payload(
+                path,
+                format!("{path} must be an object"),
+            ));
         };
         if let Some(unknown) = map.keys().find(|key| !FIELDS.contains(&key.as_str())) {
             return Err(ValidationError::payload(
                 format!("{path}.{unknown}"),
-                format!("{path}.{unknown} is not a retry policy field; allowed: {}", FIELDS.join(", ")),
+                format!(
+                    "{path}.{unknown} is not a retry policy field; allowed: {}",
+                    FIELDS.join(", ")
+                ),
             ));
         }
         let field = |name: &str| map.get(name).filter(|value| !value.is_null());
         let at = |name: &str| format!("{path}.{name}");
         let mut policy = base.clone();
         if let Some(value) = field("max_attempts") {
-            let attempts = value.as_i64().filter(|n| value.is_i64() && (0..=RETRY_ATTEMPTS_MAX).contains(n));
+            let attempts = value
+                .as_i64()
+                .filter(|n| value.is_i64() && (0..=RETRY_ATTEMPTS_MAX).contains(n));
             policy.max_attempts = attempts.ok_or_else(|| {
-                ValidationError::payload(at("max_attempts"), format!("{} must be an integer from 0 to {RETRY_ATTEMPTS_MAX}", at("max_attempts")))
+                ValidationError::payload(
+                    at("max_attempts"),
+                    format!(
+                        "{} must be an integer from 0 to {RETRY_ATTEMPTS_MAX}",
+                        at("max_attempts")
+                    ),
+                )
             })? as u32;
         }
         let initial_given = field("initial_interval").is_some();
@@ -89,24 +107,43 @@ impl RetryPolicy {
             policy.initial_interval_ms = duration_field(value, &at("initial_interval"))?;
         }
         if let Some(value) = field("backoff_coefficient") {
-            let coefficient = value.as_f64().filter(|c| (1.0..=BACKOFF_COEFFICIENT_MAX).contains(c));
+            let coefficient = value
+                .as_f64()
+                .filter(|c| (1.0..=BACKOFF_COEFFICIENT_MAX).contains(c));
             policy.backoff_coefficient = coefficient.ok_or_else(|| {
-                ValidationError::payload(at("backoff_coefficient"), format!("{} must be a number from 1.0 to {BACKOFF_COEFFICIENT_MAX}", at("backoff_coefficient")))
+                ValidationError::payload(
+                    at("backoff_coefficient"),
+                    format!(
+                        "{} must be a number from 1.0 to {BACKOFF_COEFFICIENT_MAX}",
+                        at("backoff_coefficient")
+                    ),
+                )
             })?;
         }
         match field("max_interval") {
             Some(value) => {
                 policy.max_interval_ms = duration_field(value, &at("max_interval"))?;
                 if policy.max_interval_ms < policy.initial_interval_ms {
-                    return Err(ValidationError::payload(at("max_interval"), format!("{} must not be shorter than initial_interval", at("max_interval"))));
+                    return Err(ValidationError::payload(
+                        at("max_interval"),
+                        format!(
+                            "{} must not be shorter than initial_interval",
+                            at("max_interval")
+                        ),
+                    ));
                 }
             }
-            None if initial_given => policy.max_interval_ms = policy.max_interval_ms.max(policy.initial_interval_ms),
+            None if initial_given => {
+                policy.max_interval_ms = policy.max_interval_ms.max(policy.initial_interval_ms)
+            }
             None => {}
         }
         if let Some(value) = field("jitter") {
             policy.jitter = value.as_bool().ok_or_else(|| {
-                ValidationError::payload(at("jitter"), format!("{} must be a boolean", at("jitter")))
+                ValidationError::payload(
+                    at("jitter"),
+                    format!("{} must be a boolean", at("jitter")),
+                )
             })?;
         }
         if let Some(value) = field("non_retryable_errors") {
@@ -117,7 +154,13 @@ impl RetryPolicy {
                 Some("discard") => Exhaustion::Discard,
                 Some("dead_letter") => Exhaustion::DeadLetter,
                 _ => {
-                    return Err(ValidationError::payload(at("on_exhaustion"), format!("{} must be \"discard\" or \"dead_letter\"", at("on_exhaustion"))));
+                    return Err(ValidationError::payload(
+                        at("on_exhaustion"),
+                        format!(
+                            "{} must be \"discard\" or \"dead_letter\"",
+                            at("on_exhaustion")
+                        ),
+                    ));
                 }
             };
         }
@@ -139,20 +182,29 @@ impl RetryPolicy {
 }
 
 fn duration_field(value: &Value, path: &str) -> Result<i64, ValidationError> {
-    let text = value
-        .as_str()
-        .ok_or_else(|| ValidationError::payload(path, format!("{path} must be an ISO 8601 duration string such as \"PT1S\"")))?;
-    parse_duration_ms(text).map_err(|message| ValidationError::payload(path, format!("{path}: {message}")))
+    let text = value.as_str().ok_or_else(|| {
+        ValidationError::payload(
+            path,
+            format!("{path} must be an ISO 8601 duration string such as \"PT1S\""),
+        )
+    })?;
+    parse_duration_ms(text)
+        .map_err(|message| ValidationError::payload(path, format!("{path}: {message}")))
 }
 
 fn error_list(value: &Value, path: &str) -> Result<Vec<String>, ValidationError> {
     let invalid = || {
         ValidationError::payload(
             path,
-            format!("{path} must be an array of at most {NON_RETRYABLE_ERRORS_MAX} strings of 1 to {ERROR_TYPE_CHARS_MAX} characters"),
+            format!(
+                "{path} must be an array of at most {NON_RETRYABLE_ERRORS_MAX} strings of 1 to {ERROR_TYPE_CHARS_MAX} characters"
+            ),
         )
     };
-    let items = value.as_array().filter(|items| items.len() <= NON_RETRYABLE_ERRORS_MAX).ok_or_else(invalid)?;
+    let items = value
+        .as_array()
+        .filter(|items| items.len() <= NON_RETRYABLE_ERRORS_MAX)
+        .ok_or_else(invalid)?;
     items
         .iter()
         .map(|item| {
@@ -171,7 +223,12 @@ mod tests {
 
     #[test]
     fn partial_policy_merges_over_defaults() {
-        let policy = RetryPolicy::merged(&RetryPolicy::default(), &json!({"max_attempts": 5, "initial_interval": "PT2S"}), "retry").unwrap();
+        let policy = RetryPolicy::merged(
+            &RetryPolicy::default(),
+            &json!({"max_attempts": 5, "initial_interval": "PT2S"}),
+            "retry",
+        )
+        .unwrap();
         assert_eq!(policy.max_attempts, 5);
         assert_eq!(policy.initial_interval_ms, 2000);
         assert_eq!(policy.max_interval_ms, 300_000);
@@ -180,21 +237,38 @@ mod tests {
 
     #[test]
     fn max_interval_follows_a_larger_initial_interval() {
-        let policy = RetryPolicy::merged(&RetryPolicy::default(), &json!({"initial_interval": "PT10M"}), "retry").unwrap();
+        let policy = RetryPolicy::merged(
+            &RetryPolicy::default(),
+            &json!({"initial_interval": "PT10M"}),
+            "retry",
+        )
+        .unwrap();
         assert_eq!(policy.max_interval_ms, 600_000);
     }
 
     #[test]
     fn strict_validation_names_the_field() {
         let cases = [
-            (json!({"backoff_strategy": "linear"}), "retry.backoff_strategy"),
+            (
+                json!({"backoff_strategy": "linear"}),
+                "retry.backoff_strategy",
+            ),
             (json!({"max_attempts": -1}), "retry.max_attempts"),
             (json!({"max_attempts": 2.5}), "retry.max_attempts"),
-            (json!({"backoff_coefficient": 0.5}), "retry.backoff_coefficient"),
+            (
+                json!({"backoff_coefficient": 0.5}),
+                "retry.backoff_coefficient",
+            ),
             (json!({"initial_interval": "P1Y"}), "retry.initial_interval"),
-            (json!({"initial_interval": "PT10S", "max_interval": "PT1S"}), "retry.max_interval"),
+            (
+                json!({"initial_interval": "PT10S", "max_interval": "PT1S"}),
+                "retry.max_interval",
+            ),
             (json!({"on_exhaustion": "explode"}), "retry.on_exhaustion"),
-            (json!({"non_retryable_errors": [""]}), "retry.non_retryable_errors"),
+            (
+                json!({"non_retryable_errors": [""]}),
+                "retry.non_retryable_errors",
+            ),
         ];
         for (object, field) in cases {
             let error = RetryPolicy::merged(&RetryPolicy::default(), &object, "retry").unwrap_err();

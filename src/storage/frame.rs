@@ -19,7 +19,10 @@ pub enum Decoded<'a> {
 
 /// Appends one frame holding `payload` to `out`.
 pub fn encode_frame(payload: &[u8], out: &mut Vec<u8>) {
-    assert!(!payload.is_empty() && payload.len() <= FRAME_PAYLOAD_BYTES_MAX, "frame payload size is checked by the caller");
+    assert!(
+        !payload.is_empty() && payload.len() <= FRAME_PAYLOAD_BYTES_MAX,
+        "frame payload size is checked by the caller"
+    );
     let length = (payload.len() as u32).to_le_bytes();
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&length);
@@ -53,7 +56,10 @@ pub fn decode_frame(buffer: &[u8]) -> Decoded<'_> {
     if hasher.finalize() != stored_crc {
         return Decoded::Invalid("checksum mismatch");
     }
-    Decoded::Frame { payload, size: FRAME_HEADER_BYTES + length }
+    Decoded::Frame {
+        payload,
+        size: FRAME_HEADER_BYTES + length,
+    }
 }
 
 #[cfg(test)]
@@ -65,9 +71,17 @@ mod tests {
         let mut buffer = Vec::new();
         encode_frame(b"hello", &mut buffer);
         encode_frame(b"world!", &mut buffer);
-        let Decoded::Frame { payload, size } = decode_frame(&buffer) else { panic!("first frame") };
+        let Decoded::Frame { payload, size } = decode_frame(&buffer) else {
+            panic!("first frame")
+        };
         assert_eq!((payload, size), (&b"hello"[..], 13));
-        assert_eq!(decode_frame(&buffer[size..]), Decoded::Frame { payload: b"world!", size: 14 });
+        assert_eq!(
+            decode_frame(&buffer[size..]),
+            Decoded::Frame {
+                payload: b"world!",
+                size: 14
+            }
+        );
     }
 
     #[test]
@@ -77,7 +91,10 @@ mod tests {
         for bit in 0..clean.len() * 8 {
             let mut damaged = clean.clone();
             damaged[bit / 8] ^= 1 << (bit % 8);
-            assert!(!matches!(decode_frame(&damaged), Decoded::Frame { .. }), "bit {bit}");
+            assert!(
+                !matches!(decode_frame(&damaged), Decoded::Frame { .. }),
+                "bit {bit}"
+            );
         }
     }
 
@@ -86,7 +103,11 @@ mod tests {
         let mut buffer = Vec::new();
         encode_frame(b"payload", &mut buffer);
         for cut in 0..buffer.len() {
-            assert_eq!(decode_frame(&buffer[..cut]), Decoded::Incomplete, "cut at {cut}");
+            assert_eq!(
+                decode_frame(&buffer[..cut]),
+                Decoded::Incomplete,
+                "cut at {cut}"
+            );
         }
     }
 }

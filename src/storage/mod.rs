@@ -8,9 +8,11 @@ mod snapshot;
 mod wal;
 
 pub use fs::{FaultyFileSystem, FileSystem, LogFile, RealFileSystem};
-pub use layout::{list_segments, list_snapshots, segment_path, snapshot_path, DataDirLock, SEGMENT_HEADER_BYTES};
-pub use snapshot::{read_snapshot, remove_obsolete, write_snapshot, SNAPSHOT_HEADER_BYTES};
-pub use wal::{scan_segment, replay_log, ReplayEnd, SegmentScan, TailPolicy, WalWriter};
+pub use layout::{
+    DataDirLock, SEGMENT_HEADER_BYTES, list_segments, list_snapshots, segment_path, snapshot_path,
+};
+pub use snapshot::{SNAPSHOT_HEADER_BYTES, read_snapshot, remove_obsolete, write_snapshot};
+pub use wal::{ReplayEnd, SegmentScan, TailPolicy, WalWriter, replay_log, scan_segment};
 
 use std::fmt;
 use std::path::PathBuf;
@@ -18,8 +20,15 @@ use std::path::PathBuf;
 /// A storage failure. Corruption names the file and byte offset.
 #[derive(Debug)]
 pub enum StorageError {
-    Io { path: PathBuf, error: std::io::Error },
-    Corrupt { path: PathBuf, offset: u64, reason: String },
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
     /// The log refused a write earlier; nothing more is written until restart.
     Poisoned,
     /// Another process holds the data dir.
@@ -30,11 +39,23 @@ impl fmt::Display for StorageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StorageError::Io { path, error } => write!(f, "{}: {error}", path.display()),
-            StorageError::Corrupt { path, offset, reason } => {
-                write!(f, "corrupt data in {} at byte offset {offset}: {reason}", path.display())
+            StorageError::Corrupt {
+                path,
+                offset,
+                reason,
+            } => {
+                write!(
+                    f,
+                    "corrupt data in {} at byte offset {offset}: {reason}",
+                    path.display()
+                )
             }
-            StorageError::Poisoned => f.write_str("the write-ahead log failed to sync earlier and accepts no more writes"),
-            StorageError::Locked(path) => write!(f, "{} is in use by another svc process", path.display()),
+            StorageError::Poisoned => {
+                f.write_str("the write-ahead log failed to sync earlier and accepts no more writes")
+            }
+            StorageError::Locked(path) => {
+                write!(f, "{} is in use by another svc process", path.display())
+            }
         }
     }
 }

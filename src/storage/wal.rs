@@ -13,9 +13,11 @@ use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::frame::{decode_frame, encode_frame, Decoded};
-use super::layout::{check_segment_header, encode_segment_header, list_segments, segment_path, SEGMENT_HEADER_BYTES};
-use super::{io_error, FileSystem, LogFile, StorageError};
+use super::frame::{Decoded, decode_frame, encode_frame};
+use super::layout::{
+    SEGMENT_HEADER_BYTES, check_segment_header, encode_segment_header, list_segments, segment_path,
+};
+use super::{FileSystem, LogFile, StorageError, io_error};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 
 /// Appends frames to the current segment and rotates segments.
@@ -32,7 +34,12 @@ pub struct WalWriter {
 
 impl WalWriter {
     /// Starts a new, empty segment `index`.
-    pub fn create(fs: Arc<dyn FileSystem>, dir: &Path, index: u64, segment_bytes_max: u64) -> Result<Self, StorageError> {
+    pub fn create(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        index: u64,
+        segment_bytes_max: u64,
+    ) -> Result<Self, StorageError> {
         let file = create_segment(fs.as_ref(), dir, index)?;
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -47,7 +54,13 @@ impl WalWriter {
     }
 
     /// Continues segment `index`, whose first `valid_bytes` are intact.
-    pub fn resume(fs: Arc<dyn FileSystem>, dir: &Path, index: u64, valid_bytes: u64, segment_bytes_max: u64) -> Result<Self, StorageError> {
+    pub fn resume(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        index: u64,
+        valid_bytes: u64,
+        segment_bytes_max: u64,
+    ) -> Result<Self, StorageError> {
         if valid_bytes < SEGMENT_HEADER_BYTES as u64 {
             let path = segment_path(dir, index);
             std::fs::remove_file(&path).map_err(io_error(&path))?;
@@ -91,10 +104,16 @@ impl WalWriter {
         self.frame_buffer.clear();
         encode_frame(payload, &mut self.frame_buffer);
         let written = self.frame_buffer.len() as u64;
-        let result = self.file.write_all(&self.frame_buffer).and_then(|()| self.file.sync_data());
+        let result = self
+            .file
+            .write_all(&self.frame_buffer)
+            .and_then(|()| self.file.sync_data());
         if let Err(error) = result {
             self.poisoned = true;
-            return Err(StorageError::Io { path: segment_path(&self.dir, self.segment_index), error });
+            return Err(StorageError::Io {
+                path: segment_path(&self.dir, self.segment_index),
+                error,
+            });
         }
         self.segment_bytes += written;
         if self.segment_bytes >= self.segment_bytes_max {
@@ -124,10 +143,15 @@ impl WalWriter {
     }
 }
 
-fn create_segment(fs: &dyn FileSystem, dir: &Path, index: u64) -> Result<Box<dyn LogFile>, StorageError> {
+fn create_segment(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    index: u64,
+) -> Result<Box<dyn LogFile>, StorageError> {
     let path = segment_path(dir, index);
     let mut file = fs.create_new(&path).map_err(io_error(&path))?;
-    file.write_all(&encode_segment_header(index)).map_err(io_error(&path))?;
+    file.write_all(&encode_segment_header(index))
+        .map_err(io_error(&path))?;
     file.sync_data().map_err(io_error(&path))?;
     fs.sync_dir(dir).map_err(io_error(dir))?;
     Ok(file)
@@ -164,8 +188,19 @@ pub fn scan_segment(
 ) -> Result<SegmentScan, StorageError> {
     let file = std::fs::File::open(path).map_err(io_error(path))?;
     let file_bytes = file.metadata().map_err(io_error(path))?.len();
-    let mut scan = SegmentScan { index, path: path.to_path_buf(), file_bytes, frames: 0, valid_bytes: 0, torn_at: None };
-    let corrupt = |offset: u64, reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
+    let mut scan = SegmentScan {
+        index,
+        path: path.to_path_buf(),
+        file_bytes,
+        frames: 0,
+        valid_bytes: 0,
+        torn_at: None,
+    };
+    let corrupt = |offset: u64, reason: String| StorageError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    };
     if file_bytes < SEGMENT_HEADER_BYTES as u64 {
         if is_last {
             scan.torn_at = Some((0, "segment header incomplete".to_string()));
@@ -177,7 +212,8 @@ pub fn scan_segment(
     // while no writer runs), so the file does not change while mapped.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_error(path))?;
     let bytes: &[u8] = &map;
-    check_segment_header(&bytes[..SEGMENT_HEADER_BYTES], index).map_err(|reason| corrupt(0, reason))?;
+    check_segment_header(&bytes[..SEGMENT_HEADER_BYTES], index)
+        .map_err(|reason| corrupt(0, reason))?;
     let mut offset = SEGMENT_HEADER_BYTES;
     loop {
         if offset == bytes.len() {
@@ -194,10 +230,16 @@ pub fn scan_segment(
             Decoded::Invalid(reason) => reason,
         };
         if !is_last {
-            return Err(corrupt(offset as u64, format!("{reason} in a sealed segment")));
+            return Err(corrupt(
+                offset as u64,
+                format!("{reason} in a sealed segment"),
+            ));
         }
         if let Some(next) = next_valid_frame(bytes, offset + 1) {
-            return Err(corrupt(offset as u64, format!("{reason}, and a valid frame follows at offset {next}")));
+            return Err(corrupt(
+                offset as u64,
+                format!("{reason}, and a valid frame follows at offset {next}"),
+            ));
         }
         scan.torn_at = Some((offset as u64, reason.to_string()));
         break;
@@ -207,7 +249,8 @@ pub fn scan_segment(
 }
 
 fn next_valid_frame(bytes: &[u8], from: usize) -> Option<usize> {
-    (from..bytes.len()).find(|&start| matches!(decode_frame(&bytes[start..]), Decoded::Frame { .. }))
+    (from..bytes.len())
+        .find(|&start| matches!(decode_frame(&bytes[start..]), Decoded::Frame { .. }))
 }
 
 /// Where replay ended: the segment to continue writing, and what was cut off.
@@ -225,8 +268,14 @@ pub fn replay_log(
     policy: TailPolicy,
     on_frame: &mut dyn FnMut(&Path, u64, &[u8]) -> Result<(), StorageError>,
 ) -> Result<ReplayEnd, StorageError> {
-    let segments: Vec<(u64, PathBuf)> = list_segments(dir)?.into_iter().filter(|(index, _)| *index >= from_segment).collect();
-    let mut end = ReplayEnd { last_segment: None, scans: Vec::new() };
+    let segments: Vec<(u64, PathBuf)> = list_segments(dir)?
+        .into_iter()
+        .filter(|(index, _)| *index >= from_segment)
+        .collect();
+    let mut end = ReplayEnd {
+        last_segment: None,
+        scans: Vec::new(),
+    };
     for (position, (index, path)) in segments.iter().enumerate() {
         let expected = from_segment + position as u64;
         if *index != expected {
@@ -243,9 +292,17 @@ pub fn replay_log(
         {
             crate::logging::warn(
                 "truncating torn tail of the log",
-                &[("file", path.display().to_string().into()), ("offset", (*offset).into()), ("reason", reason.clone().into()), ("dropped_bytes", (scan.file_bytes - offset).into())],
+                &[
+                    ("file", path.display().to_string().into()),
+                    ("offset", (*offset).into()),
+                    ("reason", reason.clone().into()),
+                    ("dropped_bytes", (scan.file_bytes - offset).into()),
+                ],
             );
-            let file = OpenOptions::new().write(true).open(path).map_err(io_error(path))?;
+            let file = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io_error(path))?;
             file.set_len(*offset).map_err(io_error(path))?;
             file.sync_all().map_err(io_error(path))?;
         }
@@ -281,7 +338,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_frames(dir.path(), &[b"one", b"two", b"three", b"four"], 50);
         let (frames, end) = collect(dir.path(), TailPolicy::Truncate).unwrap();
-        assert_eq!(frames, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec(), b"four".to_vec()]);
+        assert_eq!(
+            frames,
+            [
+                b"one".to_vec(),
+                b"two".to_vec(),
+                b"three".to_vec(),
+                b"four".to_vec()
+            ]
+        );
         assert!(end.scans.len() > 1, "segments rotated");
     }
 
@@ -295,8 +360,14 @@ mod tests {
         file.set_len(length - 2).unwrap();
         let (frames, end) = collect(dir.path(), TailPolicy::Truncate).unwrap();
         assert_eq!(frames, [b"one".to_vec()]);
-        assert_eq!(end.scans[0].torn_at.as_ref().map(|(offset, _)| *offset), Some(SEGMENT_HEADER_BYTES as u64 + 11));
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), SEGMENT_HEADER_BYTES as u64 + 11);
+        assert_eq!(
+            end.scans[0].torn_at.as_ref().map(|(offset, _)| *offset),
+            Some(SEGMENT_HEADER_BYTES as u64 + 11)
+        );
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            SEGMENT_HEADER_BYTES as u64 + 11
+        );
     }
 
     #[test]
@@ -308,8 +379,13 @@ mod tests {
         let second_frame = SEGMENT_HEADER_BYTES + 11;
         bytes[second_frame + 9] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
-        let error = collect(dir.path(), TailPolicy::Truncate).unwrap_err().to_string();
-        assert!(error.contains("segment-00000000000000000000.wal"), "{error}");
+        let error = collect(dir.path(), TailPolicy::Truncate)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("segment-00000000000000000000.wal"),
+            "{error}"
+        );
         assert!(error.contains(&format!("offset {second_frame}")), "{error}");
     }
 
@@ -322,6 +398,9 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         std::fs::write(&path, bytes).unwrap();
-        assert!(matches!(collect(dir.path(), TailPolicy::Truncate), Err(StorageError::Corrupt { .. })));
+        assert!(matches!(
+            collect(dir.path(), TailPolicy::Truncate),
+            Err(StorageError::Corrupt { .. })
+        ));
     }
 }

@@ -1,0 +1,348 @@
+//! `svc bench`: drives a running server over HTTP with N keep-alive
+//! connections and reports jobs/s and request latency percentiles.
+//!
+//! Workloads: `enqueue` (one job per request), `drain` (fetch + ack until the
+//! queue is empty; jobs are loaded first with batch enqueue), `steady`
+//! (producers at a fixed total rate while consumers fetch + ack, for a
+//! duration), and `ping` (the enqueue request against any server, e.g. the
+//! hello-world ceiling in `examples/hello_ceiling.rs`).
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+
+const QUEUE: &str = "bench";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    Enqueue,
+    Drain,
+    Steady,
+    Ping,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// `host:port` of the server.
+    pub address: String,
+    pub workload: Workload,
+    pub connections: usize,
+    /// Jobs for `enqueue`, `drain` and `ping`.
+    pub jobs: u64,
+    /// Duration of `steady`.
+    pub duration: Duration,
+    /// Total enqueue rate of `steady`, jobs per second.
+    pub rate: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchReport {
+    pub workload: Workload,
+    pub connections: usize,
+    pub jobs: u64,
+    pub requests: u64,
+    pub elapsed: Duration,
+    /// Request latencies in microseconds, sorted.
+    pub latencies_us: Vec<u32>,
+}
+
+impl BenchReport {
+    pub fn jobs_per_second(&self) -> f64 {
+        self.jobs as f64 / self.elapsed.as_secs_f64()
+    }
+
+    pub fn requests_per_second(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Latency at quantile `q` (0..1) in milliseconds.
+    pub fn latency_ms(&self, q: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return 0.0;
+        }
+        let index =
+            ((self.latencies_us.len() as f64 * q) as usize).min(self.latencies_us.len() - 1);
+        f64::from(self.latencies_us[index]) / 1000.0
+    }
+}
+
+impl fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "workload={:?} connections={} jobs={} requests={} elapsed={:.2}s jobs/s={:.0} requests/s={:.0} p50={:.2}ms p99={:.2}ms p999={:.2}ms",
+            self.workload,
+            self.connections,
+            self.jobs,
+            self.requests,
+            self.elapsed.as_secs_f64(),
+            self.jobs_per_second(),
+            self.requests_per_second(),
+            self.latency_ms(0.50),
+            self.latency_ms(0.99),
+            self.latency_ms(0.999)
+        )
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection.
+struct Connection {
+    sender: SendRequest<Full<Bytes>>,
+    host: String,
+}
+
+impl Connection {
+    async fn open(address: &str) -> Result<Connection, String> {
+        let stream = TcpStream::connect(address)
+            .await
+            .map_err(|error| format!("connect {address}: {error}"))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|error| error.to_string())?;
+        tokio::spawn(connection);
+        Ok(Connection {
+            sender,
+            host: address.to_string(),
+        })
+    }
+
+    /// Sends a POST and returns (status, body, latency).
+    async fn post(
+        &mut self,
+        path: &str,
+        body: String,
+    ) -> Result<(StatusCode, Bytes, Duration), String> {
+        let request = Request::post(path)
+            .header("host", &self.host)
+            .header("content-type", "application/svc+json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|error| error.to_string())?;
+        let started = Instant::now();
+        self.sender
+            .ready()
+            .await
+            .map_err(|error| error.to_string())?;
+        let response = self
+            .sender
+            .send_request(request)
+            .await
+            .map_err(|error| error.to_string())?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|error| error.to_string())?
+            .to_bytes();
+        Ok((status, bytes, started.elapsed()))
+    }
+}
+
+fn enqueue_body(n: u64) -> String {
+    format!(r#"{{"type":"bench.job","args":[{n}],"options":{{"queue":"{QUEUE}"}}}}"#)
+}
+
+fn micros(duration: Duration) -> u32 {
+    duration.as_micros().min(u128::from(u32::MAX)) as u32
+}
+
+/// Runs a workload to completion and reports.
+pub fn run(options: BenchOptions) -> Result<BenchReport, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    runtime.block_on(run_async(options))
+}
+
+async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
+    if options.workload == Workload::Drain {
+        preload(&options).await?;
+    }
+    let counter = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for worker in 0..options.connections {
+        let mut connection = Connection::open(&options.address).await?;
+        let options = options.clone();
+        let counter = counter.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            match options.workload {
+                Workload::Enqueue | Workload::Ping => {
+                    enqueue_loop(&mut connection, &options, &counter).await
+                }
+                Workload::Drain => drain_loop(&mut connection, &stop).await,
+                Workload::Steady if worker % 2 == 0 => {
+                    paced_enqueue(&mut connection, &options, &stop).await
+                }
+                Workload::Steady => drain_loop(&mut connection, &stop).await,
+            }
+        }));
+    }
+    if options.workload == Workload::Steady {
+        tokio::time::sleep(options.duration).await;
+        stop.store(true, Ordering::SeqCst);
+    }
+    let mut report = BenchReport {
+        workload: options.workload,
+        connections: options.connections,
+        jobs: 0,
+        requests: 0,
+        elapsed: Duration::ZERO,
+        latencies_us: Vec::new(),
+    };
+    for task in tasks {
+        let (jobs, latencies) = task.await.map_err(|error| error.to_string())??;
+        report.jobs += jobs;
+        report.requests += latencies.len() as u64;
+        report.latencies_us.extend(latencies);
+    }
+    report.elapsed = started.elapsed();
+    report.latencies_us.sort_unstable();
+    if options.workload == Workload::Steady {
+        report.jobs = report.jobs.min(report.requests);
+    }
+    Ok(report)
+}
+
+type LoopResult = Result<(u64, Vec<u32>), String>;
+
+async fn enqueue_loop(
+    connection: &mut Connection,
+    options: &BenchOptions,
+    counter: &AtomicU64,
+) -> LoopResult {
+    let mut latencies = Vec::new();
+    let accepted = if options.workload == Workload::Ping {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    loop {
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        if n >= options.jobs {
+            return Ok((latencies.len() as u64, latencies));
+        }
+        let (status, body, latency) = connection.post("/svc/v1/jobs", enqueue_body(n)).await?;
+        if status != accepted && status != StatusCode::CREATED {
+            return Err(format!(
+                "enqueue answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        latencies.push(micros(latency));
+    }
+}
+
+/// Fetch + ack until the queue is empty (or `stop` is set, for `steady`).
+async fn drain_loop(connection: &mut Connection, stop: &AtomicBool) -> LoopResult {
+    let mut latencies = Vec::new();
+    let mut jobs = 0;
+    let steady = !stop.load(Ordering::SeqCst);
+    loop {
+        if stop.load(Ordering::SeqCst) && steady {
+            return Ok((jobs, latencies));
+        }
+        let (status, body, latency) = connection
+            .post(
+                "/svc/v1/workers/fetch",
+                format!(r#"{{"queues":["{QUEUE}"],"count":1}}"#),
+            )
+            .await?;
+        if status != StatusCode::OK {
+            return Err(format!(
+                "fetch answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        latencies.push(micros(latency));
+        let Some(id) = first_job_id(&body) else {
+            if steady {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+            return Ok((jobs, latencies));
+        };
+        let (status, body, latency) = connection
+            .post("/svc/v1/workers/ack", format!(r#"{{"job_id":"{id}"}}"#))
+            .await?;
+        if status != StatusCode::OK {
+            return Err(format!(
+                "ack answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        latencies.push(micros(latency));
+        jobs += 1;
+    }
+}
+
+/// Enqueues at this connection's share of the total rate until `stop`.
+async fn paced_enqueue(
+    connection: &mut Connection,
+    options: &BenchOptions,
+    stop: &AtomicBool,
+) -> LoopResult {
+    let producers = options.connections.div_ceil(2).max(1) as f64;
+    let interval = Duration::from_secs_f64(producers / options.rate.max(1) as f64);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut latencies = Vec::new();
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        ticker.tick().await;
+        let (status, body, latency) = connection.post("/svc/v1/jobs", enqueue_body(n)).await?;
+        if status != StatusCode::CREATED {
+            return Err(format!(
+                "enqueue answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        latencies.push(micros(latency));
+        n += 1;
+    }
+    Ok((0, latencies))
+}
+
+fn first_job_id(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    value["jobs"]
+        .get(0)?
+        .get("id")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Loads the jobs a `drain` run takes out, in batches.
+async fn preload(options: &BenchOptions) -> Result<(), String> {
+    let mut connection = Connection::open(&options.address).await?;
+    let mut loaded = 0;
+    while loaded < options.jobs {
+        let size = (options.jobs - loaded).min(1000);
+        let items: Vec<String> = (loaded..loaded + size).map(enqueue_body).collect();
+        let (status, body, _) = connection
+            .post(
+                "/svc/v1/jobs/batch",
+                format!(r#"{{"jobs":[{}]}}"#, items.join(",")),
+            )
+            .await?;
+        if status != StatusCode::CREATED {
+            return Err(format!(
+                "batch enqueue answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        loaded += size;
+    }
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! One `Config` with defaults, overridden in turn by a TOML file, environment
+//! variables and command-line flags; validated before anything starts.
+//!
+//! | setting | flag | environment | file key | default |
+//! |---|---|---|---|---|
+//! | listen address | `--listen` | `SVC_LISTEN` | `listen` | `127.0.0.1:8080` |
+//! | data dir | `--data-dir` | `SVC_DATA_DIR` | `data_dir` | `./data` |
+//! | config file | `--config` | `SVC_CONFIG` | — | none |
+//! | log bytes between snapshots | `--snapshot-log-bytes` | `SVC_SNAPSHOT_LOG_BYTES` | `storage.snapshot_log_bytes` | 256 MiB |
+//! | bind beyond loopback without auth | `--insecure-no-auth` | `SVC_INSECURE_NO_AUTH=1` | `insecure_no_auth` | false |
+//!
+//! The file may also set `http.request_timeout_ms`, `jobs.default_timeout_ms`,
+//! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
+//! table) and `retention.{completed,cancelled,discarded,dead_letter}` (ISO 8601 durations).
+
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+use crate::engine::Retention;
+use crate::job::time::parse_duration_ms;
+use crate::job::{JobDefaults, RetryPolicy};
+use crate::limits::{REQUEST_TIMEOUT_MS, SNAPSHOT_LOG_BYTES_DEFAULT, TIMEOUT_MS_MAX};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen: String,
+    pub data_dir: PathBuf,
+    pub snapshot_log_bytes: u64,
+    pub request_timeout_ms: u64,
+    pub insecure_no_auth: bool,
+    pub jobs: JobDefaults,
+    pub retention: Retention,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".to_string(),
+            data_dir: PathBuf::from("./data"),
+            snapshot_log_bytes: SNAPSHOT_LOG_BYTES_DEFAULT,
+            request_timeout_ms: REQUEST_TIMEOUT_MS,
+            insecure_no_auth: false,
+            jobs: JobDefaults::default(),
+            retention: Retention::default(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    insecure_no_auth: Option<bool>,
+    storage: Option<StorageSection>,
+    http: Option<HttpSection>,
+    jobs: Option<JobsSection>,
+    retention: Option<RetentionSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StorageSection {
+    snapshot_log_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpSection {
+    request_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobsSection {
+    default_timeout_ms: Option<u64>,
+    default_visibility_timeout_ms: Option<u64>,
+    default_retry: Option<toml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetentionSection {
+    completed: Option<String>,
+    cancelled: Option<String>,
+    discarded: Option<String>,
+    dead_letter: Option<String>,
+}
+
+impl Config {
+    /// Builds the configuration from flags (`args`, without the subcommand) and
+    /// environment variables (`env`), reading the config file they name.
+    pub fn load(args: &[String], env: &HashMap<String, String>) -> Result<Config, String> {
+        let flags = parse_flags(args)?;
+        let setting = |flag: &str, variable: &str| {
+            flags
+                .get(flag)
+                .cloned()
+                .or_else(|| env.get(variable).cloned())
+        };
+        let mut config = Config::default();
+        if let Some(path) = setting("config", "SVC_CONFIG") {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|error| format!("cannot read config file {path}: {error}"))?;
+            let file: FileConfig =
+                toml::from_str(&text).map_err(|error| format!("config file {path}: {error}"))?;
+            config
+                .apply_file(file)
+                .map_err(|error| format!("config file {path}: {error}"))?;
+        }
+        if let Some(listen) = setting("listen", "SVC_LISTEN") {
+            config.listen = listen;
+        }
+        if let Some(dir) = setting("data-dir", "SVC_DATA_DIR") {
+            config.data_dir = PathBuf::from(dir);
+        }
+        if let Some(bytes) = setting("snapshot-log-bytes", "SVC_SNAPSHOT_LOG_BYTES") {
+            config.snapshot_log_bytes = bytes
+                .parse()
+                .map_err(|_| format!("snapshot log bytes must be a whole number, not {bytes}"))?;
+        }
+        if flags.contains_key("insecure-no-auth")
+            || env
+                .get("SVC_INSECURE_NO_AUTH")
+                .is_some_and(|value| value == "1" || value == "true")
+        {
+            config.insecure_no_auth = true;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn apply_file(&mut self, file: FileConfig) -> Result<(), String> {
+        if let Some(listen) = file.listen {
+            self.listen = listen;
+        }
+        if let Some(dir) = file.data_dir {
+            self.data_dir = dir;
+        }
+        if let Some(flag) = file.insecure_no_auth {
+            self.insecure_no_auth = flag;
+        }
+        if let Some(bytes) = file.storage.and_then(|storage| storage.snapshot_log_bytes) {
+            self.snapshot_log_bytes = bytes;
+        }
+        if let Some(ms) = file.http.and_then(|http| http.request_timeout_ms) {
+            self.request_timeout_ms = ms;
+        }
+        if let Some(jobs) = file.jobs {
+            if let Some(ms) = jobs.default_timeout_ms {
+                self.jobs.timeout_ms = ms;
+            }
+            if let Some(ms) = jobs.default_visibility_timeout_ms {
+                self.jobs.visibility_timeout_ms = ms;
+            }
+            if let Some(policy) = jobs.default_retry {
+                let value = serde_json::to_value(policy).map_err(|error| error.to_string())?;
+                self.jobs.retry =
+                    RetryPolicy::merged(&RetryPolicy::default(), &value, "jobs.default_retry")
+                        .map_err(|error| error.message)?;
+            }
+        }
+        if let Some(retention) = file.retention {
+            let duration = |text: Option<String>, current: i64, key: &str| -> Result<i64, String> {
+                text.map_or(Ok(current), |text| {
+                    parse_duration_ms(&text)
+                        .map_err(|message| format!("retention.{key}: {message}"))
+                })
+            };
+            self.retention.completed_ms = duration(
+                retention.completed,
+                self.retention.completed_ms,
+                "completed",
+            )?;
+            self.retention.cancelled_ms = duration(
+                retention.cancelled,
+                self.retention.cancelled_ms,
+                "cancelled",
+            )?;
+            self.retention.discarded_ms = duration(
+                retention.discarded,
+                self.retention.discarded_ms,
+                "discarded",
+            )?;
+            self.retention.dead_letter_ms = duration(
+                retention.dead_letter,
+                self.retention.dead_letter_ms,
+                "dead_letter",
+            )?;
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let addresses: Vec<SocketAddr> = self
+            .listen
+            .to_socket_addrs()
+            .map_err(|error| format!("listen address {} is not host:port ({error})", self.listen))?
+            .collect();
+        if addresses.is_empty() {
+            return Err(format!(
+                "listen address {} resolves to nothing",
+                self.listen
+            ));
+        }
+        let loopback = addresses.iter().all(|address| is_loopback(address.ip()));
+        if !loopback && !self.insecure_no_auth {
+            return Err(format!(
+                "refusing to listen on {} without authentication; bind a loopback address, or pass --insecure-no-auth behind a trusted proxy",
+                self.listen
+            ));
+        }
+        for (name, ms) in [
+            ("jobs.default_timeout_ms", self.jobs.timeout_ms),
+            (
+                "jobs.default_visibility_timeout_ms",
+                self.jobs.visibility_timeout_ms,
+            ),
+        ] {
+            if !(1..=TIMEOUT_MS_MAX).contains(&ms) {
+                return Err(format!("{name} must be from 1 to {TIMEOUT_MS_MAX}"));
+            }
+        }
+        if self.request_timeout_ms == 0 {
+            return Err("http.request_timeout_ms must be at least 1".to_string());
+        }
+        if self.snapshot_log_bytes == 0 {
+            return Err("storage.snapshot_log_bytes must be at least 1".to_string());
+        }
+        Ok(())
+    }
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.is_loopback()
+}
+
+/// `--name value`, `--name=value` and bare `--flag` (for `insecure-no-auth`).
+fn parse_flags(args: &[String]) -> Result<HashMap<String, String>, String> {
+    const WITH_VALUE: [&str; 4] = ["listen", "data-dir", "config", "snapshot-log-bytes"];
+    let mut flags = HashMap::new();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let Some(name) = arg.strip_prefix("--") else {
+            return Err(format!("unexpected argument {arg}"));
+        };
+        let (name, inline) = match name.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_string())),
+            None => (name, None),
+        };
+        if name == "insecure-no-auth" {
+            flags.insert(name.to_string(), "true".to_string());
+        } else if WITH_VALUE.contains(&name) {
+            let value = inline
+                .or_else(|| iter.next().cloned())
+                .ok_or_else(|| format!("--{name} needs a value"))?;
+            flags.insert(name.to_string(), value);
+        } else {
+            return Err(format!("unknown option --{name}"));
+        }
+    }
+    Ok(flags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|arg| arg.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_beat_environment_beat_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        std::fs::write(&file, "listen = \"127.0.0.1:7000\"\ndata_dir = \"/from/file\"\n[jobs]\ndefault_retry = { max_attempts = 9 }\n").unwrap();
+        let env = HashMap::from([
+            ("SVC_CONFIG".to_string(), file.display().to_string()),
+            ("SVC_DATA_DIR".to_string(), "/from/env".to_string()),
+        ]);
+        let config = Config::load(&args(&["--listen", "127.0.0.1:9000"]), &env).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:9000");
+        assert_eq!(config.data_dir, PathBuf::from("/from/env"));
+        assert_eq!(config.jobs.retry.max_attempts, 9);
+    }
+
+    #[test]
+    fn non_loopback_needs_the_insecure_flag() {
+        let env = HashMap::new();
+        assert!(
+            Config::load(&args(&["--listen", "0.0.0.0:8080"]), &env)
+                .unwrap_err()
+                .contains("without authentication")
+        );
+        assert!(
+            Config::load(
+                &args(&["--listen", "0.0.0.0:8080", "--insecure-no-auth"]),
+                &env
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn unknown_settings_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        std::fs::write(&file, "lisen = \"x\"\n").unwrap();
+        let env = HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]);
+        assert!(Config::load(&[], &env).is_err());
+        assert!(Config::load(&args(&["--bogus"]), &HashMap::new()).is_err());
+    }
+}

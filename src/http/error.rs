@@ -1,0 +1,255 @@
+//! The one table from errors to HTTP status, stable code and retryability,
+//! and the error body `{error: {code, message, retryable, details, request_id, hint, docs_url}}`.
+
+use hyper::StatusCode;
+use serde_json::{Map, Value};
+
+use crate::engine::EngineError;
+use crate::job::{ValidationError, ValidationKind};
+
+/// (code, status, retryable, meaning, hint)
+pub const ERROR_TABLE: [(&str, u16, bool, &str, &str); 15] = [
+    (
+        "invalid_request",
+        400,
+        false,
+        "malformed JSON, missing required field, or an invalid non-envelope request",
+        "Check the request body against the API reference; details.field names the problem.",
+    ),
+    (
+        "invalid_payload",
+        400,
+        false,
+        "the job envelope fails validation",
+        "Fix the field named in details.field; the job was not stored.",
+    ),
+    (
+        "schema_validation",
+        400,
+        false,
+        "args do not conform to the registered schema",
+        "Make args match the schema named in details.schema.",
+    ),
+    (
+        "unauthorized",
+        401,
+        false,
+        "missing or invalid API key",
+        "Send Authorization: Bearer <key>.",
+    ),
+    (
+        "forbidden",
+        403,
+        false,
+        "the key's role lacks the right",
+        "Use a key whose role allows this operation.",
+    ),
+    (
+        "not_found",
+        404,
+        false,
+        "job or resource does not exist",
+        "Check the id; finished jobs are removed after their retention period.",
+    ),
+    (
+        "method_not_allowed",
+        405,
+        false,
+        "known route, wrong method",
+        "Use one of the methods in the Allow header.",
+    ),
+    (
+        "duplicate",
+        409,
+        false,
+        "unique constraint violated",
+        "The id or unique key is taken; details name the existing job.",
+    ),
+    (
+        "conflict",
+        409,
+        false,
+        "invalid state transition",
+        "Read the job to see its current state before retrying the operation.",
+    ),
+    (
+        "envelope_too_large",
+        413,
+        false,
+        "the request or job exceeds a size limit",
+        "Send less data; details give the limit and the size received.",
+    ),
+    (
+        "unsupported",
+        422,
+        false,
+        "unsupported version or feature",
+        "See /svc/manifest for the supported version and features.",
+    ),
+    (
+        "rate_limited",
+        429,
+        true,
+        "request rate limit exceeded",
+        "Wait for Retry-After seconds, then retry.",
+    ),
+    (
+        "queue_paused",
+        503,
+        true,
+        "target queue is paused",
+        "Retry after the queue is resumed.",
+    ),
+    (
+        "backend_error",
+        503,
+        true,
+        "storage failure or overload",
+        "Retry after Retry-After seconds; the request had no effect.",
+    ),
+    (
+        "timeout",
+        504,
+        true,
+        "the operation timed out",
+        "Retry; the outcome may be unknown, so read the resource first.",
+    ),
+];
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: &'static str,
+    pub message: String,
+    pub details: Map<String, Value>,
+    /// Extra response headers (`Retry-After`, `Allow`).
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl ApiError {
+    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+        debug_assert!(
+            ERROR_TABLE.iter().any(|row| row.0 == code),
+            "error code {code} is in the table"
+        );
+        let mut error = Self {
+            code,
+            message: message.into(),
+            details: Map::new(),
+            headers: Vec::new(),
+        };
+        if matches!(code, "backend_error" | "rate_limited") {
+            error.headers.push(("retry-after", "1".into()));
+        } else if code == "queue_paused" {
+            error.headers.push(("retry-after", "5".into()));
+        }
+        error
+    }
+
+    pub fn detail(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.details.insert(key.to_string(), value.into());
+        self
+    }
+
+    pub fn invalid_request(field: Option<&str>, message: impl Into<String>) -> Self {
+        let error = Self::new("invalid_request", message);
+        match field {
+            Some(field) => error.detail("field", field),
+            None => error,
+        }
+    }
+
+    pub fn not_found(resource_type: &str, resource_id: impl Into<String>) -> Self {
+        let resource_id = resource_id.into();
+        Self::new(
+            "not_found",
+            format!("{resource_type} {resource_id} not found"),
+        )
+        .detail("resource_type", resource_type)
+        .detail("resource_id", resource_id)
+    }
+
+    pub fn status(&self) -> StatusCode {
+        let row = ERROR_TABLE.iter().find(|row| row.0 == self.code);
+        StatusCode::from_u16(row.map_or(500, |row| row.1))
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The error body.
+    pub fn body(&self, request_id: &str) -> Value {
+        let row = ERROR_TABLE.iter().find(|row| row.0 == self.code);
+        serde_json::json!({"error": {
+            "code": self.code,
+            "message": self.message,
+            "retryable": row.is_some_and(|row| row.2),
+            "details": self.details,
+            "request_id": request_id,
+            "hint": row.map_or("", |row| row.4),
+            "docs_url": format!("/svc/v1/errors#{}", self.code),
+        }})
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(error: ValidationError) -> Self {
+        let code = match error.kind {
+            ValidationKind::Request => "invalid_request",
+            ValidationKind::Payload => "invalid_payload",
+            ValidationKind::TooLarge => "envelope_too_large",
+            ValidationKind::Unsupported => "unsupported",
+        };
+        let mut api = ApiError::new(code, error.message);
+        if let Some(field) = error.field {
+            api = api.detail("field", field);
+        }
+        if let Some(reason) = error.reason {
+            api = api.detail("reason", reason);
+        }
+        for (key, value) in error.details {
+            api = api.detail(key, value);
+        }
+        api
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        let message = error.to_string();
+        match error {
+            EngineError::NotFound { id } => ApiError::not_found("job", id.to_string()),
+            EngineError::Conflict {
+                id,
+                current_state,
+                reason,
+            } => ApiError::new("conflict", message)
+                .detail("job_id", id.to_string())
+                .detail("current_state", current_state.as_str())
+                .detail("reason", reason),
+            EngineError::Duplicate { id, index } => {
+                let error =
+                    ApiError::new("duplicate", message).detail("existing_job_id", id.to_string());
+                match index {
+                    Some(index) => error.detail("index", index),
+                    None => error,
+                }
+            }
+            EngineError::Invalid { error, index } => {
+                let api = ApiError::from(error);
+                match index {
+                    Some(index) => api.detail("index", index),
+                    None => api,
+                }
+            }
+            EngineError::Unavailable { reason } => {
+                let text = match reason {
+                    "overloaded" => "the server is overloaded; retry shortly",
+                    "capacity" => "the server holds as many live jobs as it may",
+                    "storage_failed" => {
+                        "storage failed; the server accepts no writes until it restarts"
+                    }
+                    _ => "the engine is not available",
+                };
+                ApiError::new("backend_error", text).detail("reason", reason)
+            }
+        }
+    }
+}

@@ -1,0 +1,608 @@
+//! One function per endpoint: parse the request, call the engine handle,
+//! render the reply.
+
+use bytes::Bytes;
+use hyper::StatusCode;
+use serde_json::{Map, Value, json};
+use std::time::{Duration, Instant};
+
+use super::error::{ApiError, ERROR_TABLE};
+use super::router::Route;
+use super::wire::{render_event, render_job};
+use super::{AppState, Reply, SPEC_VERSION, is_empty_body};
+use crate::engine::{EngineError, FetchRequest};
+use crate::job::json::{minify, parse_object};
+use crate::job::{
+    Job, JobId, body_error, is_valid_queue, parse_enqueue_body, parse_enqueue_object,
+    parse_failure_report, raw_integer,
+};
+use crate::limits::{
+    BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX, FETCH_COUNT_MAX, FETCH_QUEUES_MAX, HEALTH_PROBE_MS,
+    PAGE_SIZE_DEFAULT, PAGE_SIZE_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX, WORKER_ID_CHARS_MAX,
+};
+
+pub async fn handle(
+    app: &AppState,
+    route: Route,
+    query: &str,
+    body: Bytes,
+) -> Result<Reply, ApiError> {
+    match route {
+        Route::Manifest => Ok(Reply::ok(manifest().to_string())),
+        Route::Health => health(app).await,
+        Route::Ready => ready(app),
+        Route::ErrorCatalog => Ok(Reply::ok(error_catalog().to_string())),
+        Route::CreateJob => create_job(app, &body).await,
+        Route::BatchJobs => batch_jobs(app, &body).await,
+        Route::GetJob(id) => get_job(app, &id),
+        Route::CancelJob(id) => cancel_job(app, &id).await,
+        Route::Fetch => fetch(app, &body).await,
+        Route::Ack => ack(app, None, &body).await,
+        Route::AckById(id) => ack(app, Some(&id), &body).await,
+        Route::Nack => nack(app, None, &body).await,
+        Route::FailById(id) => nack(app, Some(&id), &body).await,
+        Route::Queues => queues(app, query),
+        Route::Events => events(app, query),
+    }
+}
+
+fn job_body(job: &Job) -> String {
+    format!("{{\"job\":{}}}", render_job(job, &[]))
+}
+
+/// A path or body id that is not a valid job id cannot exist: 404.
+fn job_id(text: &str) -> Result<JobId, ApiError> {
+    JobId::parse(&text.to_ascii_lowercase()).ok_or_else(|| ApiError::not_found("job", text))
+}
+
+/// Parses a body that must be a JSON object into a map.
+fn object_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    parse_object(body).map_err(|error| ApiError::from(body_error(error)))?;
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Err(ApiError::invalid_request(
+            None,
+            "request body must be a JSON object",
+        )),
+    }
+}
+
+fn present<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    map.get(key).filter(|value| !value.is_null())
+}
+
+fn location(job: &Job) -> String {
+    format!("/svc/v1/jobs/{}", job.id)
+}
+
+async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let new_job = parse_enqueue_body(body, app.engine.defaults())?;
+    let jobs = app.engine.enqueue(vec![new_job]).outcome().await?;
+    let job = &jobs[0];
+    Ok(Reply::ok(job_body(job))
+        .with_status(StatusCode::CREATED)
+        .header("location", location(job)))
+}
+
+async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let object = parse_object(body).map_err(|error| ApiError::from(body_error(error)))?;
+    let Some(raw_jobs) = object.get_present("jobs") else {
+        return Err(ApiError::invalid_request(
+            Some("jobs"),
+            "jobs is required: a non-empty array of enqueue items",
+        ));
+    };
+    let items: Vec<&serde_json::value::RawValue> =
+        serde_json::from_str(raw_jobs.get()).map_err(|_| {
+            ApiError::invalid_request(
+                Some("jobs"),
+                "jobs must be a non-empty array of enqueue items",
+            )
+        })?;
+    if items.is_empty() {
+        return Err(ApiError::invalid_request(
+            Some("jobs"),
+            "jobs must not be empty",
+        ));
+    }
+    if items.len() > BATCH_JOBS_MAX {
+        return Err(ApiError::new(
+            "envelope_too_large",
+            format!("a batch holds at most {BATCH_JOBS_MAX} jobs"),
+        )
+        .detail("limit", BATCH_JOBS_MAX)
+        .detail("received", items.len()));
+    }
+    let mut new_jobs = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let prefix = format!("jobs[{index}]");
+        let parsed = crate::job::json::parse_raw_object(item)
+            .ok_or_else(|| {
+                crate::job::ValidationError::payload(
+                    prefix.clone(),
+                    format!("{prefix} must be an object"),
+                )
+            })
+            .and_then(|object| {
+                let compact = minify(item.get()).len();
+                if compact > ENVELOPE_BYTES_MAX {
+                    return Err(crate::job::ValidationError::too_large(
+                        prefix.clone(),
+                        ENVELOPE_BYTES_MAX,
+                        compact,
+                    ));
+                }
+                parse_enqueue_object(&object, app.engine.defaults())
+                    .map_err(|error| error.within(&prefix))
+            });
+        new_jobs.push(parsed.map_err(|error| ApiError::from(error).detail("index", index))?);
+    }
+    let jobs = app.engine.enqueue(new_jobs).outcome().await?;
+    let rendered: Vec<String> = jobs.iter().map(|job| render_job(job, &[])).collect();
+    let body = format!(
+        "{{\"jobs\":[{}],\"count\":{}}}",
+        rendered.join(","),
+        jobs.len()
+    );
+    Ok(Reply::ok(body).with_status(StatusCode::CREATED))
+}
+
+fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = job_id(id)?;
+    let job = app
+        .engine
+        .job(id)
+        .ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
+    Ok(Reply::ok(job_body(&job)))
+}
+
+async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = job_id(id)?;
+    let cancelled = app.engine.cancel(id).outcome().await?;
+    let extra = [(
+        "previous_state",
+        Value::from(cancelled.previous_state.as_str()),
+    )];
+    Ok(Reply::ok(format!(
+        "{{\"job\":{}}}",
+        render_job(&cancelled.job, &extra)
+    )))
+}
+
+/// `^[A-Za-z0-9._:@-]{1,256}$`, minus names that collide with worker routes.
+fn worker_id(map: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let Some(value) = present(map, "worker_id") else {
+        return Ok(None);
+    };
+    let valid = value.as_str().filter(|text| {
+        !text.is_empty()
+            && text.len() <= WORKER_ID_CHARS_MAX
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
+            && !matches!(*text, "." | ".." | "fetch" | "ack" | "nack" | "heartbeat")
+    });
+    match valid {
+        Some(text) => Ok(Some(text.to_string())),
+        None => Err(ApiError::invalid_request(
+            Some("worker_id"),
+            "worker_id must be 1 to 256 characters of A-Z, a-z, 0-9, '.', '_', ':', '@' and '-'",
+        )),
+    }
+}
+
+fn integer(value: &Value) -> Option<i64> {
+    let raw = serde_json::value::to_raw_value(value).ok()?;
+    raw_integer(&raw)
+}
+
+async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let map = object_body(body)?;
+    let queues_error = || {
+        ApiError::invalid_request(
+            Some("queues"),
+            format!("queues is required: an array of 1 to {FETCH_QUEUES_MAX} queue names"),
+        )
+    };
+    let queues: Vec<String> = match present(&map, "queues") {
+        Some(Value::Array(items)) if !items.is_empty() && items.len() <= FETCH_QUEUES_MAX => items
+            .iter()
+            .map(|item| {
+                item.as_str()
+                    .filter(|name| is_valid_queue(name))
+                    .map(str::to_string)
+                    .ok_or_else(queues_error)
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(queues_error()),
+    };
+    let count = match present(&map, "count") {
+        None => 1,
+        Some(value) => match integer(value) {
+            Some(count) if count >= 1 => (count as usize).min(FETCH_COUNT_MAX),
+            _ => {
+                return Err(ApiError::invalid_request(
+                    Some("count"),
+                    "count must be an integer of at least 1",
+                ));
+            }
+        },
+    };
+    let visibility_timeout_ms = match present(&map, "visibility_timeout_ms") {
+        None => None,
+        Some(value) => match integer(value) {
+            Some(ms) if (1..=TIMEOUT_MS_MAX as i64).contains(&ms) => Some(ms as u64),
+            _ => {
+                return Err(ApiError::invalid_request(
+                    Some("visibility_timeout_ms"),
+                    format!("visibility_timeout_ms must be an integer from 1 to {TIMEOUT_MS_MAX}"),
+                ));
+            }
+        },
+    };
+    let request = FetchRequest {
+        queues,
+        count,
+        worker_id: worker_id(&map)?,
+        visibility_timeout_ms,
+    };
+    let jobs = app.engine.fetch(request).outcome().await?;
+    let rendered: Vec<String> = jobs.iter().map(|job| render_job(job, &[])).collect();
+    Ok(Reply::ok(format!("{{\"jobs\":[{}]}}", rendered.join(","))))
+}
+
+/// The job id of a worker report: from the path, or `job_id` in the body.
+fn report_job_id(path_id: Option<&str>, body_id: Option<&Value>) -> Result<JobId, ApiError> {
+    let body_text = match body_id {
+        None => None,
+        Some(Value::String(text)) => Some(text.as_str()),
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                Some("job_id"),
+                "job_id must be a string",
+            ));
+        }
+    };
+    match (path_id, body_text) {
+        (Some(path), Some(body)) if !path.eq_ignore_ascii_case(body) => {
+            Err(ApiError::invalid_request(
+                Some("job_id"),
+                "job_id in the body differs from the id in the path",
+            ))
+        }
+        (Some(path), _) => job_id(path),
+        (None, Some(body)) => job_id(body),
+        (None, None) => Err(ApiError::invalid_request(
+            Some("job_id"),
+            "job_id is required",
+        )),
+    }
+}
+
+/// A 409 for a report on a job that is not active, with the expected state.
+fn report_error(error: EngineError) -> ApiError {
+    let is_state_conflict = matches!(
+        error,
+        EngineError::Conflict {
+            reason: "invalid_state",
+            ..
+        }
+    );
+    let api = ApiError::from(error);
+    if is_state_conflict {
+        api.detail("expected_state", "active")
+    } else {
+        api
+    }
+}
+
+async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
+    let object = if path_id.is_some() && is_empty_body(body) {
+        Default::default()
+    } else {
+        parse_object(body).map_err(|error| ApiError::from(body_error(error)))?
+    };
+    let map: Map<String, Value> = object
+        .entries
+        .iter()
+        .filter(|(key, _)| key != "result")
+        .filter_map(|(key, raw)| Some((key.clone(), serde_json::from_str(raw.get()).ok()?)))
+        .collect();
+    let id = report_job_id(path_id, present(&map, "job_id"))?;
+    let result = object.get_present("result").map(|raw| minify(raw.get()));
+    if let Some(result) = &result
+        && result.len() > RESULT_BYTES_MAX
+    {
+        return Err(ApiError::from(crate::job::ValidationError::too_large(
+            "result",
+            RESULT_BYTES_MAX,
+            result.len(),
+        )));
+    }
+    let job = app
+        .engine
+        .ack(id, result, worker_id(&map)?)
+        .outcome()
+        .await
+        .map_err(report_error)?;
+    let mut body = super::wire::ObjectWriter::default();
+    body.raw("job", &render_job(&job, &[]))
+        .raw("acknowledged", "true")
+        .string("id", &job.id.to_string())
+        .string("job_id", &job.id.to_string())
+        .string("state", job.state.as_str());
+    if let Some(at) = job.completed_at {
+        body.time("completed_at", at);
+    }
+    Ok(Reply::ok(body.finish()))
+}
+
+async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
+    let map = object_body(body)?;
+    let id = report_job_id(path_id, present(&map, "job_id"))?;
+    let report = parse_failure_report(present(&map, "error"))?;
+    let requeue = match present(&map, "requeue") {
+        None => false,
+        Some(Value::Bool(flag)) => *flag,
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                Some("requeue"),
+                "requeue must be a boolean",
+            ));
+        }
+    };
+    let job = app
+        .engine
+        .fail(id, report, requeue, worker_id(&map)?)
+        .outcome()
+        .await
+        .map_err(report_error)?;
+    let mut body = super::wire::ObjectWriter::default();
+    body.raw("job", &render_job(&job, &[]))
+        .string("id", &job.id.to_string())
+        .string("job_id", &job.id.to_string())
+        .string("state", job.state.as_str())
+        .number("attempt", job.attempt)
+        .number("max_attempts", job.max_attempts());
+    if let Some(at) = job.retry_at {
+        body.time("retry_at", at).time("next_attempt_at", at);
+        if let Some(delay) = job.retry_delay_ms {
+            body.number("retry_delay_ms", delay);
+        }
+    }
+    if let Some(at) = job.discarded_at {
+        body.time("discarded_at", at);
+    }
+    if let Some(at) = job.completed_at {
+        body.time("completed_at", at);
+    }
+    Ok(Reply::ok(body.finish()))
+}
+
+/// Query parameters, percent-decoded (`+` is a space).
+fn query_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let decode = |text: &str| super::router::percent_decode(&text.replace('+', " "));
+            (decode(key), decode(value))
+        })
+        .collect()
+}
+
+fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(name, _)| name == key)
+        .map(|(_, value)| value.as_str())
+}
+
+fn page_limit(pairs: &[(String, String)]) -> Result<usize, ApiError> {
+    match query_value(pairs, "limit") {
+        None => Ok(PAGE_SIZE_DEFAULT),
+        Some(text) => match text.parse::<i64>() {
+            Ok(limit) if limit >= 1 => Ok((limit as usize).min(PAGE_SIZE_MAX)),
+            _ => Err(ApiError::invalid_request(
+                Some("limit"),
+                format!("limit must be an integer from 1 to {PAGE_SIZE_MAX}"),
+            )),
+        },
+    }
+}
+
+fn encode_cursor(key: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key)
+}
+
+fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(|| {
+            ApiError::invalid_request(Some("cursor"), "cursor is not one this server issued")
+        })
+}
+
+fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let after = query_value(&pairs, "cursor")
+        .filter(|cursor| !cursor.is_empty())
+        .map(decode_cursor)
+        .transpose()?;
+    let summaries = app.engine.queues();
+    let mut remaining = summaries.iter().filter(|queue| {
+        after
+            .as_deref()
+            .is_none_or(|after| queue.name.as_str() > after)
+    });
+    let page: Vec<_> = remaining.by_ref().take(limit).collect();
+    let has_more = remaining.next().is_some();
+    let cursor = if has_more {
+        page.last()
+            .map(|queue| Value::from(encode_cursor(&queue.name)))
+    } else {
+        None
+    };
+    let queues: Vec<Value> = page
+        .iter()
+        .map(|queue| json!({"name": queue.name, "size": queue.size(), "paused": queue.paused}))
+        .collect();
+    Ok(Reply::ok(
+        json!({"queues": queues, "cursor": cursor, "has_more": has_more}).to_string(),
+    ))
+}
+
+/// `exact`, `prefix.*` or `*`.
+fn pattern_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some("") => true,
+        Some(prefix) if prefix.ends_with('.') => name.starts_with(prefix),
+        _ => pattern == name,
+    }
+}
+
+fn list_filter(pairs: &[(String, String)], key: &str) -> Option<Vec<String>> {
+    query_value(pairs, key).map(|text| {
+        text.split(',')
+            .filter(|item| !item.is_empty())
+            .map(str::to_string)
+            .collect()
+    })
+}
+
+fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let types = list_filter(&pairs, "types");
+    let queues = list_filter(&pairs, "queues");
+    let job_types = list_filter(&pairs, "job_types");
+    let subject = query_value(&pairs, "subject").map(str::to_string);
+    let after = query_value(&pairs, "after")
+        .or_else(|| query_value(&pairs, "cursor"))
+        .filter(|id| !id.is_empty());
+    let page = app.engine.events_page(after, limit, |event| {
+        let job = &event.job;
+        types.as_ref().is_none_or(|types| {
+            types
+                .iter()
+                .any(|pattern| pattern_matches(pattern, event.kind.type_name()))
+        }) && queues
+            .as_ref()
+            .is_none_or(|queues| queues.contains(&job.queue))
+            && job_types.as_ref().is_none_or(|types| {
+                types
+                    .iter()
+                    .any(|pattern| pattern_matches(pattern, &job.payload.job_type))
+            })
+            && subject
+                .as_ref()
+                .is_none_or(|subject| *subject == job.id.to_string())
+    });
+    let cursor = page
+        .events
+        .last()
+        .map(|event| event.id.clone())
+        .or_else(|| after.map(str::to_string));
+    let events: Vec<Value> = page
+        .events
+        .iter()
+        .map(|event| render_event(event))
+        .collect();
+    let mut body = json!({"events": events, "cursor": cursor, "has_more": page.has_more});
+    if page.gap {
+        body["gap"] = true.into();
+    }
+    Ok(Reply::ok(body.to_string()))
+}
+
+async fn health(app: &AppState) -> Result<Reply, ApiError> {
+    let started = Instant::now();
+    let probe = tokio::time::timeout(
+        Duration::from_millis(HEALTH_PROBE_MS),
+        app.engine.probe().outcome(),
+    )
+    .await;
+    let latency_ms = started.elapsed().as_millis() as u64;
+    let problem = if app.engine.storage_failed() {
+        Some("sync_failed")
+    } else {
+        match probe {
+            Ok(Ok(())) => None,
+            Ok(Err(_)) => Some("sync_failed"),
+            Err(_) => Some("probe_timeout"),
+        }
+    };
+    let uptime_seconds = app.started.elapsed().as_secs();
+    let (status, backend) = match problem {
+        None => (
+            "ok",
+            json!({"type": "wal", "status": "ok", "latency_ms": latency_ms}),
+        ),
+        Some(error) => (
+            "unhealthy",
+            json!({"type": "wal", "status": "unhealthy", "latency_ms": latency_ms, "error": error}),
+        ),
+    };
+    let body = json!({"status": status, "version": SPEC_VERSION, "uptime_seconds": uptime_seconds, "backend": backend}).to_string();
+    Ok(match problem {
+        None => Reply::ok(body),
+        Some(_) => Reply::ok(body)
+            .with_status(StatusCode::SERVICE_UNAVAILABLE)
+            .header("retry-after", "1".into()),
+    })
+}
+
+fn ready(app: &AppState) -> Result<Reply, ApiError> {
+    let reason = if app.is_shutting_down() {
+        Some("shutting_down")
+    } else if app.engine.storage_failed() {
+        Some("backend_unavailable")
+    } else {
+        None
+    };
+    Ok(match reason {
+        None => Reply::ok(json!({"status": "ready"}).to_string()),
+        Some(reason) => Reply::ok(json!({"status": "not_ready", "reason": reason}).to_string())
+            .with_status(StatusCode::SERVICE_UNAVAILABLE)
+            .header("retry-after", "1".into()),
+    })
+}
+
+fn error_catalog() -> Value {
+    let errors: Vec<Value> = ERROR_TABLE
+        .iter()
+        .map(|(code, status, retryable, meaning, _)| json!({"code": code, "status": status, "retryable": retryable, "meaning": meaning}))
+        .collect();
+    json!({"errors": errors})
+}
+
+/// What this build implements (decisions §22); features of later levels are false.
+pub fn manifest() -> Value {
+    json!({
+        "specversion": SPEC_VERSION,
+        "implementation": "svc",
+        "implementation_version": env!("CARGO_PKG_VERSION"),
+        "conformance_level": 0,
+        "conformance": {"level": 0, "tier": "runtime"},
+        "features": {
+            "batch_enqueue": true, "dead_letter": false, "cron": false, "workflows": false,
+            "unique_jobs": false, "priority": true, "schemas": false, "webhooks": false,
+            "events": true, "rate_limiting": false, "worker_signals": false
+        },
+        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}],
+        "protocols": ["http"],
+        "backend": "wal",
+        "authentication": {"schemes": [], "required": false},
+        "limits": {
+            "max_envelope_bytes": ENVELOPE_BYTES_MAX, "max_meta_bytes": crate::limits::META_BYTES_MAX,
+            "max_batch_jobs": BATCH_JOBS_MAX, "max_fetch_count": FETCH_COUNT_MAX,
+            "default_page_size": PAGE_SIZE_DEFAULT, "max_page_size": PAGE_SIZE_MAX
+        }
+    })
+}

@@ -1,0 +1,262 @@
+//! The hyper front end. It only translates: HTTP + JSON in, engine commands
+//! through the handle, JSON out. Order of checks follows decisions §1.8.
+
+mod error;
+mod handlers;
+mod router;
+pub mod wire;
+
+pub use error::{ApiError, ERROR_TABLE};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::engine::EngineHandle;
+use crate::job::IdGenerator;
+use crate::limits::{BATCH_BODY_BYTES_MAX, REQUEST_BODY_BYTES_MAX, REQUEST_ID_CHARS_MAX};
+use router::Route;
+
+pub const SPEC_VERSION: &str = "1.0.0-rc.1";
+pub const MEDIA_TYPE: &str = "application/svc+json";
+
+/// Everything a request handler may use.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub started: Instant,
+    pub request_timeout: Duration,
+    /// Set once shutdown begins (`/ready` turns 503).
+    pub shutting_down: AtomicBool,
+    request_ids: parking_lot::Mutex<IdGenerator>,
+}
+
+impl AppState {
+    pub fn new(engine: EngineHandle, request_timeout: Duration) -> Self {
+        Self {
+            engine,
+            started: Instant::now(),
+            request_timeout,
+            shutting_down: AtomicBool::new(false),
+            request_ids: parking_lot::Mutex::new(IdGenerator::default()),
+        }
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+/// A successful response: status, JSON body, extra headers.
+pub struct Reply {
+    pub status: StatusCode,
+    pub body: String,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    pub fn ok(body: String) -> Self {
+        Self {
+            status: StatusCode::OK,
+            body,
+            headers: Vec::new(),
+        }
+    }
+
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    pub fn header(mut self, name: &'static str, value: String) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+}
+
+/// Serves one request; never fails (every error becomes an error body).
+pub async fn serve_request(
+    app: Arc<AppState>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let request_id = request_id(&app, request.headers());
+    let outcome = match tokio::time::timeout(app.request_timeout, dispatch(&app, request)).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(ApiError::new(
+            "timeout",
+            "the request was not completed in time; its outcome is unknown",
+        )),
+    };
+    let (status, body, headers) = match outcome {
+        Ok(reply) => (reply.status, reply.body, reply.headers),
+        Err(error) => (
+            error.status(),
+            error.body(&request_id).to_string(),
+            error.headers,
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    let response_headers = response.headers_mut();
+    response_headers.insert(CONTENT_TYPE, HeaderValue::from_static(MEDIA_TYPE));
+    response_headers.insert("svc-version", HeaderValue::from_static(SPEC_VERSION));
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response_headers.insert("x-request-id", value);
+    }
+    for (name, value) in headers {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response_headers.insert(name, value);
+        }
+    }
+    Ok(response)
+}
+
+/// A client's `X-Request-Id` (1–128 visible ASCII characters), else `req_<uuidv7>`.
+fn request_id(app: &AppState, headers: &HeaderMap) -> String {
+    let given = headers
+        .get("x-request-id")
+        .and_then(|value| value.to_str().ok());
+    match given {
+        Some(id)
+            if !id.is_empty()
+                && id.len() <= REQUEST_ID_CHARS_MAX
+                && id.bytes().all(|b| (0x21..=0x7e).contains(&b)) =>
+        {
+            id.to_string()
+        }
+        _ => {
+            let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
+            format!("req_{}", app.request_ids.lock().next(now, rand::random()))
+        }
+    }
+}
+
+async fn dispatch(app: &AppState, request: Request<Incoming>) -> Result<Reply, ApiError> {
+    let route = router::route(request.method(), request.uri().path())?;
+    if !route.is_public() {
+        check_version(request.headers())?;
+    }
+    let query = request.uri().query().unwrap_or("").to_string();
+    let body = if matches!(
+        *request.method(),
+        Method::POST | Method::PATCH | Method::PUT
+    ) {
+        let limit = if route == Route::BatchJobs {
+            BATCH_BODY_BYTES_MAX
+        } else {
+            REQUEST_BODY_BYTES_MAX
+        };
+        read_body(request, limit).await?
+    } else {
+        Bytes::new()
+    };
+    handlers::handle(app, route, &query, body).await
+}
+
+/// `SVC-Version` is optional; any version with major 1 is accepted.
+fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get("svc-version") else {
+        return Ok(());
+    };
+    let text = value.to_str().unwrap_or("").trim();
+    let major = text.split(['.', '-']).next().unwrap_or("");
+    if major == "1"
+        && text
+            .split('-')
+            .next()
+            .unwrap_or("")
+            .split('.')
+            .all(|part| part.parse::<u32>().is_ok())
+    {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        "unsupported",
+        format!("SVC-Version {text} is not supported; this server speaks {SPEC_VERSION}"),
+    )
+    .detail("requested_version", text)
+    .detail("supported_versions", vec![SPEC_VERSION]))
+}
+
+/// Checks `Content-Type` when a body is present, then reads the body within `limit`.
+async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    let content_type = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .map(|value| value.to_str().unwrap_or("").to_string());
+    if let Some(length) = declared
+        && length > limit as u64
+    {
+        check_content_type(content_type.as_deref())?;
+        return Err(too_large(limit, length));
+    }
+    let collected = Limited::new(request.into_body(), limit).collect().await;
+    let body = match collected {
+        Ok(collected) => collected.to_bytes(),
+        Err(error)
+            if error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return Err(too_large(limit, limit as u64 + 1));
+        }
+        Err(_) => {
+            return Err(ApiError::invalid_request(
+                None,
+                "the request body could not be read",
+            ));
+        }
+    };
+    if !is_empty_body(&body) {
+        check_content_type(content_type.as_deref())?;
+    }
+    Ok(body)
+}
+
+fn too_large(limit: usize, actual: u64) -> ApiError {
+    ApiError::new(
+        "envelope_too_large",
+        format!("the request body is over the limit of {limit} bytes"),
+    )
+    .detail("limit_bytes", limit)
+    .detail("actual_bytes", actual)
+}
+
+/// An absent body, white space only, or `{}`.
+pub fn is_empty_body(body: &[u8]) -> bool {
+    let text = std::str::from_utf8(body).unwrap_or("x");
+    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    compact.is_empty() || compact == "{}"
+}
+
+fn check_content_type(content_type: Option<&str>) -> Result<(), ApiError> {
+    let Some(content_type) = content_type else {
+        return Err(ApiError::invalid_request(
+            None,
+            format!("Content-Type is required: {MEDIA_TYPE}"),
+        )
+        .detail("reason", "content_type_required"));
+    };
+    let media_type = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if media_type == MEDIA_TYPE || media_type == "application/json" {
+        return Ok(());
+    }
+    Err(ApiError::invalid_request(
+        None,
+        format!("Content-Type {media_type} is not supported; send {MEDIA_TYPE}"),
+    )
+    .detail("reason", "unsupported_media_type"))
+}

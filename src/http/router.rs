@@ -1,0 +1,156 @@
+//! Exact-path routing (decisions §1.2): literal segments win over parameters,
+//! no trailing-slash normalisation, path parameters percent-decoded once.
+
+use hyper::Method;
+
+use super::error::ApiError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    Manifest,
+    Health,
+    Ready,
+    ErrorCatalog,
+    CreateJob,
+    BatchJobs,
+    GetJob(String),
+    CancelJob(String),
+    Fetch,
+    Ack,
+    Nack,
+    AckById(String),
+    FailById(String),
+    Queues,
+    Events,
+}
+
+impl Route {
+    /// Discovery and probes: no version check, always served.
+    pub fn is_public(&self) -> bool {
+        matches!(
+            self,
+            Route::Manifest | Route::Health | Route::Ready | Route::ErrorCatalog
+        )
+    }
+}
+
+/// Finds the route for a method and path: 404 for an unknown path, 405 (with
+/// `Allow`) for a known path and another method.
+pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
+    let segments: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
+    let decoded = |segment: &str| percent_decode(segment);
+    let choices: Vec<(Method, Route)> = match segments.as_slice() {
+        ["svc", "manifest"] => vec![(Method::GET, Route::Manifest)],
+        ["health"] | ["svc", "v1", "health"] => vec![(Method::GET, Route::Health)],
+        ["ready"] => vec![(Method::GET, Route::Ready)],
+        ["svc", "v1", "errors"] => vec![(Method::GET, Route::ErrorCatalog)],
+        ["svc", "v1", "jobs"] => vec![(Method::POST, Route::CreateJob)],
+        ["svc", "v1", "jobs", "batch"] => vec![(Method::POST, Route::BatchJobs)],
+        ["svc", "v1", "jobs", "fetch"] | ["svc", "v1", "workers", "fetch"] => {
+            vec![(Method::POST, Route::Fetch)]
+        }
+        ["svc", "v1", "workers", "ack"] => vec![(Method::POST, Route::Ack)],
+        ["svc", "v1", "workers", "nack"] => vec![(Method::POST, Route::Nack)],
+        ["svc", "v1", "jobs", id] if !id.is_empty() => {
+            vec![
+                (Method::GET, Route::GetJob(decoded(id))),
+                (Method::DELETE, Route::CancelJob(decoded(id))),
+            ]
+        }
+        ["svc", "v1", "jobs", id, "ack"] if !id.is_empty() => {
+            vec![(Method::POST, Route::AckById(decoded(id)))]
+        }
+        ["svc", "v1", "jobs", id, "fail"] if !id.is_empty() => {
+            vec![(Method::POST, Route::FailById(decoded(id)))]
+        }
+        ["svc", "v1", "queues"] => vec![(Method::GET, Route::Queues)],
+        ["svc", "v1", "events"] => vec![(Method::GET, Route::Events)],
+        _ => Vec::new(),
+    };
+    if choices.is_empty() {
+        return Err(ApiError::new("not_found", format!("no route for {path}"))
+            .detail("resource_type", "route")
+            .detail("resource_id", path));
+    }
+    let allowed: Vec<String> = choices
+        .iter()
+        .map(|(method, _)| method.to_string())
+        .collect();
+    let allow = allowed.join(", ");
+    match choices
+        .into_iter()
+        .find(|(candidate, _)| candidate == method)
+    {
+        Some((_, route)) => Ok(route),
+        None => {
+            let mut error = ApiError::new(
+                "method_not_allowed",
+                format!("{method} is not allowed on {path}; allowed: {allow}"),
+            )
+            .detail("allowed_methods", allowed);
+            error.headers.push(("allow", allow));
+            Err(error)
+        }
+    }
+}
+
+/// Decodes `%XX` escapes once; malformed escapes are kept as written.
+pub fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%'
+            && let Some(hex) = text.get(index + 1..index + 3)
+            && let Ok(byte) = u8::from_str_radix(hex, 16)
+        {
+            out.push(byte);
+            index += 3;
+            continue;
+        }
+        out.push(bytes[index]);
+        index += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_segments_win_over_ids() {
+        assert_eq!(
+            route(&Method::POST, "/svc/v1/jobs/batch").unwrap(),
+            Route::BatchJobs
+        );
+        assert_eq!(
+            route(&Method::POST, "/svc/v1/jobs/fetch").unwrap(),
+            Route::Fetch
+        );
+        assert_eq!(
+            route(&Method::GET, "/svc/v1/jobs/abc").unwrap(),
+            Route::GetJob("abc".into())
+        );
+    }
+
+    #[test]
+    fn unknown_paths_and_methods() {
+        assert_eq!(
+            route(&Method::GET, "/svc/v1/jobs/").unwrap_err().code,
+            "not_found"
+        );
+        assert_eq!(route(&Method::GET, "/nope").unwrap_err().code, "not_found");
+        let error = route(&Method::GET, "/svc/v1/jobs").unwrap_err();
+        assert_eq!(error.code, "method_not_allowed");
+        assert_eq!(error.headers, vec![("allow", "POST".to_string())]);
+    }
+
+    #[test]
+    fn ids_are_decoded_once() {
+        assert_eq!(
+            route(&Method::GET, "/svc/v1/jobs/a%2Fb%2541").unwrap(),
+            Route::GetJob("a/b%41".into())
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! The `svc` binary: a thin command line over the library.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use svc::bench::{BenchOptions, Workload};
+use svc::config::Config;
+
+const USAGE: &str = "\
+svc — a durable job-queue server
+
+usage:
+  svc serve [--listen ADDR] [--data-dir DIR] [--config FILE] [--snapshot-log-bytes N] [--insecure-no-auth]
+  svc inspect DATA_DIR
+  svc bench --workload enqueue|drain|steady|ping [--address HOST:PORT] [--connections N]
+            [--jobs N] [--duration SECONDS] [--rate JOBS_PER_SECOND]
+  svc version
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(command) = args.first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[1..];
+    match command.as_str() {
+        "serve" => serve(rest),
+        "inspect" => inspect(rest),
+        "bench" => bench(rest),
+        "version" | "--version" => {
+            println!("svc {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        other => {
+            eprintln!("unknown command {other}\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn serve(args: &[String]) -> ExitCode {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let config = match Config::load(args, &env) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("svc: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match svc::server::run(&config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("svc: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn inspect(args: &[String]) -> ExitCode {
+    let [dir] = args else {
+        eprintln!("usage: svc inspect DATA_DIR");
+        return ExitCode::from(2);
+    };
+    match svc::engine::inspect::inspect(std::path::Path::new(dir)) {
+        Ok(report) => {
+            print!("{report}");
+            if report.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(error) => {
+            eprintln!("svc: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn bench(args: &[String]) -> ExitCode {
+    match bench_options(args).and_then(svc::bench::run) {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("svc bench: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn bench_options(args: &[String]) -> Result<BenchOptions, String> {
+    let mut options = BenchOptions {
+        address: "127.0.0.1:8080".to_string(),
+        workload: Workload::Enqueue,
+        connections: 32,
+        jobs: 100_000,
+        duration: Duration::from_secs(10),
+        rate: 500,
+    };
+    let mut iter = args.iter();
+    while let Some(flag) = iter.next() {
+        let value = iter.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || {
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{flag} takes a whole number, not {value}"))
+        };
+        match flag.as_str() {
+            "--address" => options.address = value.clone(),
+            "--workload" => {
+                options.workload = match value.as_str() {
+                    "enqueue" => Workload::Enqueue,
+                    "drain" => Workload::Drain,
+                    "steady" => Workload::Steady,
+                    "ping" => Workload::Ping,
+                    other => return Err(format!("unknown workload {other}")),
+                }
+            }
+            "--connections" => options.connections = number()?.max(1) as usize,
+            "--jobs" => options.jobs = number()?,
+            "--duration" => options.duration = Duration::from_secs(number()?),
+            "--rate" => options.rate = number()?,
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(options)
+}
