@@ -67,8 +67,7 @@ impl BenchReport {
         if self.latencies_us.is_empty() {
             return 0.0;
         }
-        let index =
-            ((self.latencies_us.len() as f64 * q) as usize).min(self.latencies_us.len() - 1);
+        let index = ((self.latencies_us.len() as f64 * q) as usize).min(self.latencies_us.len() - 1);
         f64::from(self.latencies_us[index]) / 1000.0
     }
 }
@@ -100,48 +99,26 @@ struct Connection {
 
 impl Connection {
     async fn open(address: &str) -> Result<Connection, String> {
-        let stream = TcpStream::connect(address)
-            .await
-            .map_err(|error| format!("connect {address}: {error}"))?;
+        let stream = TcpStream::connect(address).await.map_err(|error| format!("connect {address}: {error}"))?;
         let _ = stream.set_nodelay(true);
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|error| error.to_string())?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|error| error.to_string())?;
         tokio::spawn(connection);
-        Ok(Connection {
-            sender,
-            host: address.to_string(),
-        })
+        Ok(Connection { sender, host: address.to_string() })
     }
 
     /// Sends a POST and returns (status, body, latency).
-    async fn post(
-        &mut self,
-        path: &str,
-        body: String,
-    ) -> Result<(StatusCode, Bytes, Duration), String> {
+    async fn post(&mut self, path: &str, body: String) -> Result<(StatusCode, Bytes, Duration), String> {
         let request = Request::post(path)
             .header("host", &self.host)
             .header("content-type", "application/svc+json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|error| error.to_string())?;
         let started = Instant::now();
-        self.sender
-            .ready()
-            .await
-            .map_err(|error| error.to_string())?;
-        let response = self
-            .sender
-            .send_request(request)
-            .await
-            .map_err(|error| error.to_string())?;
+        self.sender.ready().await.map_err(|error| error.to_string())?;
+        let response = self.sender.send_request(request).await.map_err(|error| error.to_string())?;
         let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|error| error.to_string())?
-            .to_bytes();
+        let bytes = response.into_body().collect().await.map_err(|error| error.to_string())?.to_bytes();
         Ok((status, bytes, started.elapsed()))
     }
 }
@@ -156,10 +133,8 @@ fn micros(duration: Duration) -> u32 {
 
 /// Runs a workload to completion and reports.
 pub fn run(options: BenchOptions) -> Result<BenchReport, String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| error.to_string())?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
     runtime.block_on(run_async(options))
 }
 
@@ -178,13 +153,9 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             match options.workload {
-                Workload::Enqueue | Workload::Ping => {
-                    enqueue_loop(&mut connection, &options, &counter).await
-                }
+                Workload::Enqueue | Workload::Ping => enqueue_loop(&mut connection, &options, &counter).await,
                 Workload::Drain => drain_loop(&mut connection, &stop).await,
-                Workload::Steady if worker % 2 == 0 => {
-                    paced_enqueue(&mut connection, &options, &stop).await
-                }
+                Workload::Steady if worker % 2 == 0 => paced_enqueue(&mut connection, &options, &stop).await,
                 Workload::Steady => drain_loop(&mut connection, &stop).await,
             }
         }));
@@ -217,17 +188,9 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
 
 type LoopResult = Result<(u64, Vec<u32>), String>;
 
-async fn enqueue_loop(
-    connection: &mut Connection,
-    options: &BenchOptions,
-    counter: &AtomicU64,
-) -> LoopResult {
+async fn enqueue_loop(connection: &mut Connection, options: &BenchOptions, counter: &AtomicU64) -> LoopResult {
     let mut latencies = Vec::new();
-    let accepted = if options.workload == Workload::Ping {
-        StatusCode::OK
-    } else {
-        StatusCode::CREATED
-    };
+    let accepted = if options.workload == Workload::Ping { StatusCode::OK } else { StatusCode::CREATED };
     loop {
         let n = counter.fetch_add(1, Ordering::Relaxed);
         if n >= options.jobs {
@@ -235,10 +198,7 @@ async fn enqueue_loop(
         }
         let (status, body, latency) = connection.post("/svc/v1/jobs", enqueue_body(n)).await?;
         if status != accepted && status != StatusCode::CREATED {
-            return Err(format!(
-                "enqueue answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            ));
+            return Err(format!("enqueue answered {status}: {}", String::from_utf8_lossy(&body)));
         }
         latencies.push(micros(latency));
     }
@@ -253,17 +213,10 @@ async fn drain_loop(connection: &mut Connection, stop: &AtomicBool) -> LoopResul
         if stop.load(Ordering::SeqCst) && steady {
             return Ok((jobs, latencies));
         }
-        let (status, body, latency) = connection
-            .post(
-                "/svc/v1/workers/fetch",
-                format!(r#"{{"queues":["{QUEUE}"],"count":1}}"#),
-            )
-            .await?;
+        let (status, body, latency) =
+            connection.post("/svc/v1/workers/fetch", format!(r#"{{"queues":["{QUEUE}"],"count":1}}"#)).await?;
         if status != StatusCode::OK {
-            return Err(format!(
-                "fetch answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            ));
+            return Err(format!("fetch answered {status}: {}", String::from_utf8_lossy(&body)));
         }
         latencies.push(micros(latency));
         let Some(id) = first_job_id(&body) else {
@@ -273,14 +226,9 @@ async fn drain_loop(connection: &mut Connection, stop: &AtomicBool) -> LoopResul
             }
             return Ok((jobs, latencies));
         };
-        let (status, body, latency) = connection
-            .post("/svc/v1/workers/ack", format!(r#"{{"job_id":"{id}"}}"#))
-            .await?;
+        let (status, body, latency) = connection.post("/svc/v1/workers/ack", format!(r#"{{"job_id":"{id}"}}"#)).await?;
         if status != StatusCode::OK {
-            return Err(format!(
-                "ack answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            ));
+            return Err(format!("ack answered {status}: {}", String::from_utf8_lossy(&body)));
         }
         latencies.push(micros(latency));
         jobs += 1;
@@ -288,11 +236,7 @@ async fn drain_loop(connection: &mut Connection, stop: &AtomicBool) -> LoopResul
 }
 
 /// Enqueues at this connection's share of the total rate until `stop`.
-async fn paced_enqueue(
-    connection: &mut Connection,
-    options: &BenchOptions,
-    stop: &AtomicBool,
-) -> LoopResult {
+async fn paced_enqueue(connection: &mut Connection, options: &BenchOptions, stop: &AtomicBool) -> LoopResult {
     let producers = options.connections.div_ceil(2).max(1) as f64;
     let interval = Duration::from_secs_f64(producers / options.rate.max(1) as f64);
     let mut ticker = tokio::time::interval(interval);
@@ -303,10 +247,7 @@ async fn paced_enqueue(
         ticker.tick().await;
         let (status, body, latency) = connection.post("/svc/v1/jobs", enqueue_body(n)).await?;
         if status != StatusCode::CREATED {
-            return Err(format!(
-                "enqueue answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            ));
+            return Err(format!("enqueue answered {status}: {}", String::from_utf8_lossy(&body)));
         }
         latencies.push(micros(latency));
         n += 1;
@@ -316,11 +257,7 @@ async fn paced_enqueue(
 
 fn first_job_id(body: &[u8]) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    value["jobs"]
-        .get(0)?
-        .get("id")?
-        .as_str()
-        .map(str::to_string)
+    value["jobs"].get(0)?.get("id")?.as_str().map(str::to_string)
 }
 
 /// Loads the jobs a `drain` run takes out, in batches.
@@ -330,17 +267,10 @@ async fn preload(options: &BenchOptions) -> Result<(), String> {
     while loaded < options.jobs {
         let size = (options.jobs - loaded).min(1000);
         let items: Vec<String> = (loaded..loaded + size).map(enqueue_body).collect();
-        let (status, body, _) = connection
-            .post(
-                "/svc/v1/jobs/batch",
-                format!(r#"{{"jobs":[{}]}}"#, items.join(",")),
-            )
-            .await?;
+        let (status, body, _) =
+            connection.post("/svc/v1/jobs/batch", format!(r#"{{"jobs":[{}]}}"#, items.join(","))).await?;
         if status != StatusCode::CREATED {
-            return Err(format!(
-                "batch enqueue answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            ));
+            return Err(format!("batch enqueue answered {status}: {}", String::from_utf8_lossy(&body)));
         }
         loaded += size;
     }

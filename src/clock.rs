@@ -20,9 +20,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> Millis {
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         since_epoch.as_millis() as Millis
     }
 }
@@ -35,9 +33,7 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn new(start_ms: Millis) -> Self {
-        Self {
-            now: Arc::new(AtomicI64::new(start_ms)),
-        }
+        Self { now: Arc::new(AtomicI64::new(start_ms)) }
     }
 
     pub fn advance_ms(&self, delta_ms: i64) {

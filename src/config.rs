@@ -94,21 +94,13 @@ impl Config {
     /// environment variables (`env`), reading the config file they name.
     pub fn load(args: &[String], env: &HashMap<String, String>) -> Result<Config, String> {
         let flags = parse_flags(args)?;
-        let setting = |flag: &str, variable: &str| {
-            flags
-                .get(flag)
-                .cloned()
-                .or_else(|| env.get(variable).cloned())
-        };
+        let setting = |flag: &str, variable: &str| flags.get(flag).cloned().or_else(|| env.get(variable).cloned());
         let mut config = Config::default();
         if let Some(path) = setting("config", "SVC_CONFIG") {
-            let text = std::fs::read_to_string(&path)
-                .map_err(|error| format!("cannot read config file {path}: {error}"))?;
-            let file: FileConfig =
-                toml::from_str(&text).map_err(|error| format!("config file {path}: {error}"))?;
-            config
-                .apply_file(file)
-                .map_err(|error| format!("config file {path}: {error}"))?;
+            let text =
+                std::fs::read_to_string(&path).map_err(|error| format!("cannot read config file {path}: {error}"))?;
+            let file: FileConfig = toml::from_str(&text).map_err(|error| format!("config file {path}: {error}"))?;
+            config.apply_file(file).map_err(|error| format!("config file {path}: {error}"))?;
         }
         if let Some(listen) = setting("listen", "SVC_LISTEN") {
             config.listen = listen;
@@ -117,14 +109,11 @@ impl Config {
             config.data_dir = PathBuf::from(dir);
         }
         if let Some(bytes) = setting("snapshot-log-bytes", "SVC_SNAPSHOT_LOG_BYTES") {
-            config.snapshot_log_bytes = bytes
-                .parse()
-                .map_err(|_| format!("snapshot log bytes must be a whole number, not {bytes}"))?;
+            config.snapshot_log_bytes =
+                bytes.parse().map_err(|_| format!("snapshot log bytes must be a whole number, not {bytes}"))?;
         }
         if flags.contains_key("insecure-no-auth")
-            || env
-                .get("SVC_INSECURE_NO_AUTH")
-                .is_some_and(|value| value == "1" || value == "true")
+            || env.get("SVC_INSECURE_NO_AUTH").is_some_and(|value| value == "1" || value == "true")
         {
             config.insecure_no_auth = true;
         }
@@ -157,38 +146,21 @@ impl Config {
             }
             if let Some(policy) = jobs.default_retry {
                 let value = serde_json::to_value(policy).map_err(|error| error.to_string())?;
-                self.jobs.retry =
-                    RetryPolicy::merged(&RetryPolicy::default(), &value, "jobs.default_retry")
-                        .map_err(|error| error.message)?;
+                self.jobs.retry = RetryPolicy::merged(&RetryPolicy::default(), &value, "jobs.default_retry")
+                    .map_err(|error| error.message)?;
             }
         }
         if let Some(retention) = file.retention {
             let duration = |text: Option<String>, current: i64, key: &str| -> Result<i64, String> {
                 text.map_or(Ok(current), |text| {
-                    parse_duration_ms(&text)
-                        .map_err(|message| format!("retention.{key}: {message}"))
+                    parse_duration_ms(&text).map_err(|message| format!("retention.{key}: {message}"))
                 })
             };
-            self.retention.completed_ms = duration(
-                retention.completed,
-                self.retention.completed_ms,
-                "completed",
-            )?;
-            self.retention.cancelled_ms = duration(
-                retention.cancelled,
-                self.retention.cancelled_ms,
-                "cancelled",
-            )?;
-            self.retention.discarded_ms = duration(
-                retention.discarded,
-                self.retention.discarded_ms,
-                "discarded",
-            )?;
-            self.retention.dead_letter_ms = duration(
-                retention.dead_letter,
-                self.retention.dead_letter_ms,
-                "dead_letter",
-            )?;
+            self.retention.completed_ms = duration(retention.completed, self.retention.completed_ms, "completed")?;
+            self.retention.cancelled_ms = duration(retention.cancelled, self.retention.cancelled_ms, "cancelled")?;
+            self.retention.discarded_ms = duration(retention.discarded, self.retention.discarded_ms, "discarded")?;
+            self.retention.dead_letter_ms =
+                duration(retention.dead_letter, self.retention.dead_letter_ms, "dead_letter")?;
         }
         Ok(())
     }
@@ -200,10 +172,7 @@ impl Config {
             .map_err(|error| format!("listen address {} is not host:port ({error})", self.listen))?
             .collect();
         if addresses.is_empty() {
-            return Err(format!(
-                "listen address {} resolves to nothing",
-                self.listen
-            ));
+            return Err(format!("listen address {} resolves to nothing", self.listen));
         }
         let loopback = addresses.iter().all(|address| is_loopback(address.ip()));
         if !loopback && !self.insecure_no_auth {
@@ -214,10 +183,7 @@ impl Config {
         }
         for (name, ms) in [
             ("jobs.default_timeout_ms", self.jobs.timeout_ms),
-            (
-                "jobs.default_visibility_timeout_ms",
-                self.jobs.visibility_timeout_ms,
-            ),
+            ("jobs.default_visibility_timeout_ms", self.jobs.visibility_timeout_ms),
         ] {
             if !(1..=TIMEOUT_MS_MAX).contains(&ms) {
                 return Err(format!("{name} must be from 1 to {TIMEOUT_MS_MAX}"));
@@ -253,9 +219,7 @@ fn parse_flags(args: &[String]) -> Result<HashMap<String, String>, String> {
         if name == "insecure-no-auth" {
             flags.insert(name.to_string(), "true".to_string());
         } else if WITH_VALUE.contains(&name) {
-            let value = inline
-                .or_else(|| iter.next().cloned())
-                .ok_or_else(|| format!("--{name} needs a value"))?;
+            let value = inline.or_else(|| iter.next().cloned()).ok_or_else(|| format!("--{name} needs a value"))?;
             flags.insert(name.to_string(), value);
         } else {
             return Err(format!("unknown option --{name}"));
@@ -276,7 +240,11 @@ mod tests {
     fn flags_beat_environment_beat_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("svc.toml");
-        std::fs::write(&file, "listen = \"127.0.0.1:7000\"\ndata_dir = \"/from/file\"\n[jobs]\ndefault_retry = { max_attempts = 9 }\n").unwrap();
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:7000\"\ndata_dir = \"/from/file\"\n[jobs]\ndefault_retry = { max_attempts = 9 }\n",
+        )
+        .unwrap();
         let env = HashMap::from([
             ("SVC_CONFIG".to_string(), file.display().to_string()),
             ("SVC_DATA_DIR".to_string(), "/from/env".to_string()),
@@ -291,17 +259,9 @@ mod tests {
     fn non_loopback_needs_the_insecure_flag() {
         let env = HashMap::new();
         assert!(
-            Config::load(&args(&["--listen", "0.0.0.0:8080"]), &env)
-                .unwrap_err()
-                .contains("without authentication")
+            Config::load(&args(&["--listen", "0.0.0.0:8080"]), &env).unwrap_err().contains("without authentication")
         );
-        assert!(
-            Config::load(
-                &args(&["--listen", "0.0.0.0:8080", "--insecure-no-auth"]),
-                &env
-            )
-            .is_ok()
-        );
+        assert!(Config::load(&args(&["--listen", "0.0.0.0:8080", "--insecure-no-auth"]), &env).is_ok());
     }
 
     #[test]

@@ -46,9 +46,7 @@ impl Svc {
     }
 
     pub fn open_with(config: EngineConfig) -> Result<Svc, SvcError> {
-        Engine::open(config)
-            .map(|engine| Svc { engine })
-            .map_err(SvcError::Storage)
+        Engine::open(config).map(|engine| Svc { engine }).map_err(SvcError::Storage)
     }
 
     /// The engine handle, for async callers.
@@ -58,8 +56,7 @@ impl Svc {
 
     /// Enqueues a job given as an enqueue body (`{type, args, meta?, options?}`).
     pub fn enqueue_json(&self, body: &str) -> Result<Arc<Job>, SvcError> {
-        let new_job = parse_enqueue_body(body.as_bytes(), self.handle().defaults())
-            .map_err(SvcError::Invalid)?;
+        let new_job = parse_enqueue_body(body.as_bytes(), self.handle().defaults()).map_err(SvcError::Invalid)?;
         self.enqueue(new_job)
     }
 
@@ -69,12 +66,7 @@ impl Svc {
     }
 
     /// Claims up to `count` jobs from `queues`, in the order given.
-    pub fn fetch(
-        &self,
-        queues: &[&str],
-        count: usize,
-        worker_id: Option<&str>,
-    ) -> Result<Vec<Arc<Job>>, SvcError> {
+    pub fn fetch(&self, queues: &[&str], count: usize, worker_id: Option<&str>) -> Result<Vec<Arc<Job>>, SvcError> {
         let request = FetchRequest {
             queues: queues.iter().map(|queue| queue.to_string()).collect(),
             count: count.clamp(1, crate::limits::FETCH_COUNT_MAX),
@@ -91,10 +83,7 @@ impl Svc {
 
     /// Reports a failed attempt (`error_type` and `message`); the retry policy decides.
     pub fn nack(&self, id: JobId, error_type: &str, message: &str) -> Result<Arc<Job>, SvcError> {
-        let report = FailureReport {
-            message: message.to_string(),
-            ..FailureReport::server(error_type, "")
-        };
+        let report = FailureReport { message: message.to_string(), ..FailureReport::server(error_type, "") };
         Ok(self.handle().fail(id, report, false, None).wait()?)
     }
 

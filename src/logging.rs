@@ -7,8 +7,7 @@ fn emit(level: &str, message: &str, fields: &[(&str, Value)]) {
     let mut line = Map::new();
     line.insert(
         "ts".into(),
-        crate::job::time::format_timestamp(crate::clock::Clock::now_ms(&crate::clock::SystemClock))
-            .into(),
+        crate::job::time::format_timestamp(crate::clock::Clock::now_ms(&crate::clock::SystemClock)).into(),
     );
     line.insert("level".into(), level.into());
     line.insert("msg".into(), message.into());

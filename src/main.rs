@@ -70,11 +70,7 @@ fn inspect(args: &[String]) -> ExitCode {
     match svc::engine::inspect::inspect(std::path::Path::new(dir)) {
         Ok(report) => {
             print!("{report}");
-            if report.is_clean() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
+            if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) }
         }
         Err(error) => {
             eprintln!("svc: {error}");
@@ -108,11 +104,7 @@ fn bench_options(args: &[String]) -> Result<BenchOptions, String> {
     let mut iter = args.iter();
     while let Some(flag) = iter.next() {
         let value = iter.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let number = || {
-            value
-                .parse::<u64>()
-                .map_err(|_| format!("{flag} takes a whole number, not {value}"))
-        };
+        let number = || value.parse::<u64>().map_err(|_| format!("{flag} takes a whole number, not {value}"));
         match flag.as_str() {
             "--address" => options.address = value.clone(),
             "--workload" => {

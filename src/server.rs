@@ -42,9 +42,7 @@ impl fmt::Display for ServerError {
             ServerError::Storage(error) => write!(f, "cannot open the data dir: {error}"),
             ServerError::Bind(address, error) => write!(f, "cannot listen on {address}: {error}"),
             ServerError::Runtime(error) => write!(f, "cannot start the runtime: {error}"),
-            ServerError::StorageFailed => {
-                f.write_str("the write-ahead log failed to sync; restart to recover")
-            }
+            ServerError::StorageFailed => f.write_str("the write-ahead log failed to sync; restart to recover"),
         }
     }
 }
@@ -63,6 +61,8 @@ pub fn engine_config(config: &Config) -> EngineConfig {
 /// A server running on a thread of its own (tests, embedding).
 pub struct RunningServer {
     pub addr: SocketAddr,
+    /// The engine behind the server (tests use it to tick a manual clock).
+    pub engine: crate::engine::EngineHandle,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
 }
@@ -103,9 +103,8 @@ pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServ
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
+    let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
+    let handle = engine.handle().clone();
     let (stop, stopped) = oneshot::channel::<()>();
     let timeout = Duration::from_millis(config.request_timeout_ms);
     let thread = std::thread::Builder::new()
@@ -119,11 +118,7 @@ pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServ
             outcome
         })
         .map_err(ServerError::Runtime)?;
-    Ok(RunningServer {
-        addr,
-        stop: Some(stop),
-        thread: Some(thread),
-    })
+    Ok(RunningServer { addr, engine: handle, stop: Some(stop), thread: Some(thread) })
 }
 
 /// Runs `svc serve` in the foreground until SIGTERM or SIGINT.
@@ -133,20 +128,12 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
+    let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     crate::logging::info(
         "svc listening",
-        &[
-            ("address", addr.to_string().into()),
-            ("data_dir", config.data_dir.display().to_string().into()),
-        ],
+        &[("address", addr.to_string().into()), ("data_dir", config.data_dir.display().to_string().into())],
     );
-    let app = Arc::new(AppState::new(
-        engine.handle().clone(),
-        Duration::from_millis(config.request_timeout_ms),
-    ));
+    let app = Arc::new(AppState::new(engine.handle().clone(), Duration::from_millis(config.request_timeout_ms)));
     let outcome = runtime.block_on(serve(listener, app, shutdown_signal()));
     engine.close();
     crate::logging::info("svc stopped", &[]);
@@ -154,18 +141,13 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
 }
 
 fn build_runtime() -> Result<tokio::runtime::Runtime, ServerError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(ServerError::Runtime)
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(ServerError::Runtime)
 }
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut terminate), Ok(mut interrupt)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
         std::future::pending::<()>().await;
         return;
     };
@@ -184,10 +166,7 @@ async fn serve(
 ) -> Result<(), ServerError> {
     let graceful = GracefulShutdown::new();
     let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .keep_alive(true);
+    builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).keep_alive(true);
     tokio::pin!(shutdown);
     let storage_watch = watch_storage(app.clone());
     tokio::pin!(storage_watch);

@@ -62,9 +62,14 @@ pub enum Command {
     Snapshot {
         reply: Reply<()>,
     },
-    /// Write a final snapshot and stop.
+    /// Stop; with `snapshot` a final snapshot is written first.
     Shutdown {
+        snapshot: bool,
         reply: Reply<()>,
+    },
+    /// The full committed state (tests and tools).
+    Image {
+        reply: Reply<super::state::StateImage>,
     },
 }
 
@@ -101,11 +106,7 @@ impl std::fmt::Display for EngineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             EngineError::NotFound { id } => write!(f, "job {id} not found"),
-            EngineError::Conflict {
-                id,
-                current_state,
-                reason,
-            } => {
+            EngineError::Conflict { id, current_state, reason } => {
                 write!(f, "job {id} is {} ({reason})", current_state.as_str())
             }
             EngineError::Duplicate { id, .. } => write!(f, "job id {id} is already in use"),

@@ -50,34 +50,21 @@ impl State {
             if let Some(id) = new_job.id
                 && (self.job(id).is_some() || !seen.insert(id))
             {
-                return Err(EngineError::Duplicate {
-                    id,
-                    index: index_of(position),
-                });
+                return Err(EngineError::Duplicate { id, index: index_of(position) });
             }
             let scheduled_at = new_job.scheduled_at.map(|spec| spec.resolve(now));
             let expires_at = new_job.expires_at.map(|spec| spec.resolve(now));
             if let Some(expires) = expires_at {
                 let field = "expires_at";
                 if expires <= now {
-                    let error =
-                        ValidationError::payload(field, "expires_at is already in the past")
-                            .with_reason("already_expired");
-                    return Err(EngineError::Invalid {
-                        error,
-                        index: index_of(position),
-                    });
+                    let error = ValidationError::payload(field, "expires_at is already in the past")
+                        .with_reason("already_expired");
+                    return Err(EngineError::Invalid { error, index: index_of(position) });
                 }
                 if scheduled_at.is_some_and(|scheduled| expires <= scheduled) {
-                    let error = ValidationError::payload(
-                        field,
-                        "expires_at must be later than the scheduled time",
-                    )
-                    .with_reason("expires_before_scheduled");
-                    return Err(EngineError::Invalid {
-                        error,
-                        index: index_of(position),
-                    });
+                    let error = ValidationError::payload(field, "expires_at must be later than the scheduled time")
+                        .with_reason("expires_before_scheduled");
+                    return Err(EngineError::Invalid { error, index: index_of(position) });
                 }
             }
             let id = match new_job.id {
@@ -90,11 +77,7 @@ impl State {
                 id,
                 payload: new_job.payload,
                 queue: new_job.queue,
-                state: if delayed {
-                    JobState::Scheduled
-                } else {
-                    JobState::Available
-                },
+                state: if delayed { JobState::Scheduled } else { JobState::Available },
                 priority: new_job.priority,
                 timeout_ms: new_job.timeout_ms,
                 visibility_timeout_ms: new_job.visibility_timeout_ms,
@@ -131,12 +114,8 @@ impl State {
             };
             let wanted = request.count - claims.len();
             for key in queue.ready.iter().take(wanted) {
-                let job = self
-                    .job(key.id)
-                    .expect("every ready key names a stored job");
-                let visibility = request
-                    .visibility_timeout_ms
-                    .unwrap_or(job.visibility_timeout_ms);
+                let job = self.job(key.id).expect("every ready key names a stored job");
+                let visibility = request.visibility_timeout_ms.unwrap_or(job.visibility_timeout_ms);
                 claims.push(Claim {
                     id: key.id,
                     visibility_deadline: now.saturating_add(visibility as i64),
@@ -147,31 +126,19 @@ impl State {
                 break;
             }
         }
-        (!claims.is_empty()).then(|| Record::Claim {
-            at: now,
-            worker_id: request.worker_id.clone(),
-            claims,
-        })
+        (!claims.is_empty()).then(|| Record::Claim { at: now, worker_id: request.worker_id.clone(), claims })
     }
 
     /// Finds the active job a worker reports on, checking the claim's owner.
     fn active_job(&self, id: JobId, worker_id: Option<&str>) -> Result<&Job, EngineError> {
         let job = self.job(id).ok_or(EngineError::NotFound { id })?;
         if job.state != JobState::Active {
-            return Err(EngineError::Conflict {
-                id,
-                current_state: job.state,
-                reason: "invalid_state",
-            });
+            return Err(EngineError::Conflict { id, current_state: job.state, reason: "invalid_state" });
         }
         if let (Some(sender), Some(owner)) = (worker_id, job.worker_id.as_deref())
             && sender != owner
         {
-            return Err(EngineError::Conflict {
-                id,
-                current_state: job.state,
-                reason: "not_owner",
-            });
+            return Err(EngineError::Conflict { id, current_state: job.state, reason: "not_owner" });
         }
         Ok(job)
     }
@@ -184,11 +151,7 @@ impl State {
         worker_id: Option<&str>,
     ) -> Result<Record, EngineError> {
         self.active_job(id, worker_id)?;
-        Ok(Record::Ack {
-            at: now,
-            id,
-            result,
-        })
+        Ok(Record::Ack { at: now, id, result })
     }
 
     pub fn decide_fail(
@@ -201,17 +164,8 @@ impl State {
         entropy: &mut dyn Entropy,
     ) -> Result<Record, EngineError> {
         let job = self.active_job(id, worker_id)?;
-        let outcome = if requeue {
-            FailOutcome::Requeue
-        } else {
-            failure_outcome(job, &report, now, entropy)
-        };
-        Ok(Record::Fail {
-            at: now,
-            id,
-            report,
-            outcome,
-        })
+        let outcome = if requeue { FailOutcome::Requeue } else { failure_outcome(job, &report, now, entropy) };
+        Ok(Record::Fail { at: now, id, report, outcome })
     }
 
     /// `Ok(None)` when the job is already cancelled (cancel is idempotent).
@@ -219,11 +173,9 @@ impl State {
         let job = self.job(id).ok_or(EngineError::NotFound { id })?;
         match job.state {
             JobState::Cancelled => Ok(None),
-            JobState::Completed | JobState::Discarded => Err(EngineError::Conflict {
-                id,
-                current_state: job.state,
-                reason: "invalid_state",
-            }),
+            JobState::Completed | JobState::Discarded => {
+                Err(EngineError::Conflict { id, current_state: job.state, reason: "invalid_state" })
+            }
             _ => Ok(Some(Record::Cancel { at: now, id })),
         }
     }
@@ -238,12 +190,7 @@ impl State {
             let job = self.job(id).expect("every timer names a stored job");
             let expired = job.expires_at.is_some_and(|at| at <= now);
             match job.state {
-                JobState::Scheduled
-                | JobState::Retryable
-                | JobState::Available
-                | JobState::Pending
-                    if expired =>
-                {
+                JobState::Scheduled | JobState::Retryable | JobState::Available | JobState::Pending if expired => {
                     expire.push(id)
                 }
                 JobState::Scheduled | JobState::Retryable => promote.push(id),
@@ -253,22 +200,13 @@ impl State {
             }
         }
         if !promote.is_empty() {
-            records.push(Record::Promote {
-                at: now,
-                ids: promote,
-            });
+            records.push(Record::Promote { at: now, ids: promote });
         }
         if !expire.is_empty() {
-            records.push(Record::Expire {
-                at: now,
-                ids: expire,
-            });
+            records.push(Record::Expire { at: now, ids: expire });
         }
         if !prune.is_empty() {
-            records.push(Record::Prune {
-                at: now,
-                ids: prune,
-            });
+            records.push(Record::Prune { at: now, ids: prune });
         }
         records
     }
@@ -278,11 +216,7 @@ impl State {
 fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Record {
     let visibility = job.visibility_deadline.unwrap_or(Millis::MAX);
     let execution = job.execution_deadline.unwrap_or(Millis::MAX);
-    let kind = if execution <= visibility {
-        TimeoutKind::Execution
-    } else {
-        TimeoutKind::Visibility
-    };
+    let kind = if execution <= visibility { TimeoutKind::Execution } else { TimeoutKind::Visibility };
     let outcome = match kind {
         TimeoutKind::Execution => {
             let report = super::state::timeout_report(job, kind, now);
@@ -291,52 +225,30 @@ fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Record {
         TimeoutKind::Visibility if job.attempt < job.max_attempts().max(1) => FailOutcome::Release,
         TimeoutKind::Visibility => FailOutcome::Discard,
     };
-    Record::Timeout {
-        at: now,
-        id: job.id,
-        kind,
-        outcome,
-    }
+    Record::Timeout { at: now, id: job.id, kind, outcome }
 }
 
 /// The decision on a failed attempt (decisions §8.2).
-pub fn failure_outcome(
-    job: &Job,
-    report: &FailureReport,
-    now: Millis,
-    entropy: &mut dyn Entropy,
-) -> FailOutcome {
-    if report.retryable == Some(false)
-        || matches_non_retryable(&job.retry.non_retryable_errors, report)
-    {
+pub fn failure_outcome(job: &Job, report: &FailureReport, now: Millis, entropy: &mut dyn Entropy) -> FailOutcome {
+    if report.retryable == Some(false) || matches_non_retryable(&job.retry.non_retryable_errors, report) {
         return FailOutcome::Discard;
     }
     if job.attempt >= job.max_attempts().max(1) {
         return FailOutcome::Discard;
     }
     let delay_ms = retry_delay_ms(&job.retry, job.attempt.max(1), entropy.next_unit());
-    FailOutcome::Retry {
-        retry_at: now.saturating_add(delay_ms as i64),
-        delay_ms,
-    }
+    FailOutcome::Retry { retry_at: now.saturating_add(delay_ms as i64), delay_ms }
 }
 
 /// An entry matches a candidate exactly, or as a `prefix.*` pattern.
 fn matches_non_retryable(entries: &[String], report: &FailureReport) -> bool {
     let class = report.error_class();
-    let candidates = [
-        Some(report.error_type.as_str()),
-        Some(report.code.as_str()),
-        class.as_deref(),
-    ];
+    let candidates = [Some(report.error_type.as_str()), Some(report.code.as_str()), class.as_deref()];
     entries.iter().any(|entry| {
-        candidates
-            .iter()
-            .flatten()
-            .any(|candidate| match entry.strip_suffix('*') {
-                Some(prefix) if entry.ends_with(".*") => candidate.starts_with(prefix),
-                _ => candidate == entry,
-            })
+        candidates.iter().flatten().any(|candidate| match entry.strip_suffix('*') {
+            Some(prefix) if entry.ends_with(".*") => candidate.starts_with(prefix),
+            _ => candidate == entry,
+        })
     })
 }
 
@@ -352,10 +264,7 @@ mod tests {
         };
         assert!(matches_non_retryable(&["ValidationError".into()], &report));
         assert!(matches_non_retryable(&["net.*".into()], &report));
-        assert!(!matches_non_retryable(
-            &["Validation".into(), "other.*".into()],
-            &report
-        ));
+        assert!(!matches_non_retryable(&["Validation".into(), "other.*".into()], &report));
         assert!(!matches_non_retryable(&["validationerror".into()], &report));
     }
 }

@@ -60,10 +60,7 @@ pub struct EventSink {
 
 impl EventSink {
     pub fn enabled() -> Self {
-        Self {
-            enabled: true,
-            pending: Vec::new(),
-        }
+        Self { enabled: true, pending: Vec::new() }
     }
 
     /// A sink that drops everything (replay emits no events).
@@ -99,12 +96,7 @@ impl EventBuffer {
     /// Events after the one with id `after` (all when `None` or no longer held),
     /// that pass `keep`, at most `limit`. Also says whether more match and
     /// whether `after` had dropped out of the buffer.
-    pub fn page(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-        keep: impl Fn(&Event) -> bool,
-    ) -> EventPage {
+    pub fn page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {
         let (start, gap) = match after {
             None => (0, false),
             Some(id) => match self.events.iter().position(|event| event.id == id) {
@@ -115,11 +107,7 @@ impl EventBuffer {
         let mut matching = self.events.iter().skip(start).filter(|event| keep(event));
         let events: Vec<Arc<Event>> = matching.by_ref().take(limit).cloned().collect();
         let has_more = matching.next().is_some();
-        EventPage {
-            events,
-            has_more,
-            gap,
-        }
+        EventPage { events, has_more, gap }
     }
 }
 

@@ -20,9 +20,7 @@ pub struct Pending<T> {
 impl<T> Pending<T> {
     pub async fn outcome(self) -> Result<T, EngineError> {
         match self.receiver {
-            Ok(receiver) => receiver.await.unwrap_or(Err(EngineError::Unavailable {
-                reason: "engine_stopped",
-            })),
+            Ok(receiver) => receiver.await.unwrap_or(Err(EngineError::Unavailable { reason: "engine_stopped" })),
             Err(error) => Err(error),
         }
     }
@@ -31,11 +29,9 @@ impl<T> Pending<T> {
     /// called from inside an async runtime.
     pub fn wait(self) -> Result<T, EngineError> {
         match self.receiver {
-            Ok(receiver) => receiver
-                .blocking_recv()
-                .unwrap_or(Err(EngineError::Unavailable {
-                    reason: "engine_stopped",
-                })),
+            Ok(receiver) => {
+                receiver.blocking_recv().unwrap_or(Err(EngineError::Unavailable { reason: "engine_stopped" }))
+            }
             Err(error) => Err(error),
         }
     }
@@ -56,24 +52,15 @@ impl EngineHandle {
         clock: Arc<dyn Clock>,
         defaults: JobDefaults,
     ) -> Self {
-        Self {
-            inbox,
-            view,
-            clock,
-            defaults: Arc::new(defaults),
-        }
+        Self { inbox, view, clock, defaults: Arc::new(defaults) }
     }
 
     fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Pending<T> {
         let (reply, receiver) = oneshot::channel();
         let receiver = match self.inbox.try_send(make(reply)) {
             Ok(()) => Ok(receiver),
-            Err(TrySendError::Full(_)) => Err(EngineError::Unavailable {
-                reason: "overloaded",
-            }),
-            Err(TrySendError::Disconnected(_)) => Err(EngineError::Unavailable {
-                reason: "engine_stopped",
-            }),
+            Err(TrySendError::Full(_)) => Err(EngineError::Unavailable { reason: "overloaded" }),
+            Err(TrySendError::Disconnected(_)) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
         };
         Pending { receiver }
     }
@@ -89,18 +76,8 @@ impl EngineHandle {
     }
 
     /// Completes an active job; `result` is compact JSON text.
-    pub fn ack(
-        &self,
-        id: JobId,
-        result: Option<String>,
-        worker_id: Option<String>,
-    ) -> Pending<Arc<Job>> {
-        self.submit(|reply| Command::Ack {
-            id,
-            result,
-            worker_id,
-            reply,
-        })
+    pub fn ack(&self, id: JobId, result: Option<String>, worker_id: Option<String>) -> Pending<Arc<Job>> {
+        self.submit(|reply| Command::Ack { id, result, worker_id, reply })
     }
 
     /// Reports a failed attempt; the retry policy decides what follows.
@@ -111,13 +88,7 @@ impl EngineHandle {
         requeue: bool,
         worker_id: Option<String>,
     ) -> Pending<Arc<Job>> {
-        self.submit(|reply| Command::Fail {
-            id,
-            report,
-            requeue,
-            worker_id,
-            reply,
-        })
+        self.submit(|reply| Command::Fail { id, report, requeue, worker_id, reply })
     }
 
     pub fn cancel(&self, id: JobId) -> Pending<Cancelled> {
@@ -139,14 +110,17 @@ impl EngineHandle {
         self.submit(|reply| Command::Snapshot { reply })
     }
 
-    pub(crate) fn shutdown(&self) -> Pending<()> {
+    /// The full committed state, as a snapshot would hold it.
+    pub fn image(&self) -> Pending<super::state::StateImage> {
+        self.submit(|reply| Command::Image { reply })
+    }
+
+    pub(crate) fn shutdown(&self, snapshot: bool) -> Pending<()> {
         let (reply, receiver) = oneshot::channel();
         // Shutdown waits for room rather than failing on a full inbox.
-        let receiver = match self.inbox.send(Command::Shutdown { reply }) {
+        let receiver = match self.inbox.send(Command::Shutdown { snapshot, reply }) {
             Ok(()) => Ok(receiver),
-            Err(_) => Err(EngineError::Unavailable {
-                reason: "engine_stopped",
-            }),
+            Err(_) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
         };
         Pending { receiver }
     }
@@ -161,12 +135,7 @@ impl EngineHandle {
         self.view.queues()
     }
 
-    pub fn events_page(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-        keep: impl Fn(&Event) -> bool,
-    ) -> EventPage {
+    pub fn events_page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {
         self.view.events_page(after, limit, keep)
     }
 

@@ -47,20 +47,11 @@ pub fn inspect(dir: &Path) -> Result<Report, StorageError> {
         let file = path.display().to_string();
         match read_snapshot(&path) {
             Ok((replay_from, payload)) => {
-                let jobs = postcard::from_bytes::<StateImage>(&payload)
-                    .ok()
-                    .map(|image| image.jobs.len());
+                let jobs = postcard::from_bytes::<StateImage>(&payload).ok().map(|image| image.jobs.len());
                 if jobs.is_none() {
-                    report
-                        .problems
-                        .push(format!("{file}: snapshot payload does not decode"));
+                    report.problems.push(format!("{file}: snapshot payload does not decode"));
                 }
-                report.snapshots.push(SnapshotSummary {
-                    file,
-                    replay_from,
-                    bytes: payload.len() as u64,
-                    jobs,
-                });
+                report.snapshots.push(SnapshotSummary { file, replay_from, bytes: payload.len() as u64, jobs });
             }
             Err(error) => report.problems.push(error.to_string()),
         }
@@ -105,9 +96,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "snapshots: {}", self.snapshots.len())?;
         for snapshot in &self.snapshots {
-            let jobs = snapshot
-                .jobs
-                .map_or("?".to_string(), |jobs| jobs.to_string());
+            let jobs = snapshot.jobs.map_or("?".to_string(), |jobs| jobs.to_string());
             writeln!(
                 f,
                 "  {}  replay from segment {}  {} bytes  {jobs} jobs",
@@ -122,10 +111,7 @@ impl fmt::Display for Report {
                 segment.file, segment.bytes, segment.frames, segment.records
             )?;
             match segment.torn_tail_at {
-                Some(offset) => writeln!(
-                    f,
-                    "  torn tail at byte {offset} (cut off at the next start)"
-                )?,
+                Some(offset) => writeln!(f, "  torn tail at byte {offset} (cut off at the next start)")?,
                 None => writeln!(f)?,
             }
         }
@@ -138,9 +124,7 @@ impl fmt::Display for Report {
             writeln!(f, "checksums: all valid")
         } else {
             writeln!(f, "problems: {}", self.problems.len())?;
-            self.problems
-                .iter()
-                .try_for_each(|problem| writeln!(f, "  {problem}"))
+            self.problems.iter().try_for_each(|problem| writeln!(f, "  {problem}"))
         }
     }
 }

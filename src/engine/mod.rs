@@ -30,8 +30,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::job::{IdGenerator, JobDefaults};
 use crate::limits::{ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
 use crate::storage::{
-    DataDirLock, FileSystem, RealFileSystem, StorageError, TailPolicy, WalWriter, list_snapshots,
-    read_snapshot, remove_obsolete, replay_log,
+    DataDirLock, FileSystem, RealFileSystem, StorageError, TailPolicy, WalWriter, list_snapshots, read_snapshot,
+    remove_obsolete, replay_log,
 };
 use events::EventSink;
 use record::decode_batch;
@@ -80,8 +80,7 @@ pub struct Engine {
 impl Engine {
     pub fn open(config: EngineConfig) -> Result<Engine, StorageError> {
         let lock = DataDirLock::acquire(&config.data_dir)?;
-        let (state, replay_from, last_segment, replayed_bytes) =
-            recover(&config.data_dir, config.retention)?;
+        let (state, replay_from, last_segment, replayed_bytes) = recover(&config.data_dir, config.retention)?;
         let wal = match last_segment {
             Some((index, valid_bytes)) => WalWriter::resume(
                 config.file_system.clone(),
@@ -90,31 +89,19 @@ impl Engine {
                 valid_bytes,
                 config.segment_bytes,
             )?,
-            None => WalWriter::create(
-                config.file_system.clone(),
-                &config.data_dir,
-                replay_from,
-                config.segment_bytes,
-            )?,
+            None => WalWriter::create(config.file_system.clone(), &config.data_dir, replay_from, config.segment_bytes)?,
         };
         remove_obsolete(&config.data_dir, replay_from)?;
         if config.check_invariants {
-            state
-                .check_invariants()
-                .map_err(|reason| StorageError::Corrupt {
-                    path: config.data_dir.clone(),
-                    offset: 0,
-                    reason: format!("recovered state is inconsistent: {reason}"),
-                })?;
+            state.check_invariants().map_err(|reason| StorageError::Corrupt {
+                path: config.data_dir.clone(),
+                offset: 0,
+                reason: format!("recovered state is inconsistent: {reason}"),
+            })?;
         }
         let (sender, inbox) = crossbeam_channel::bounded(ENGINE_INBOX_MAX);
         let view = Arc::new(ReadView::default());
-        let handle = EngineHandle::new(
-            sender,
-            view.clone(),
-            config.clock.clone(),
-            config.defaults.clone(),
-        );
+        let handle = EngineHandle::new(sender, view.clone(), config.clock.clone(), config.defaults.clone());
         let writer = Writer {
             state,
             wal,
@@ -132,22 +119,16 @@ impl Engine {
             event_ids: IdGenerator::default(),
             event_seq: 0,
             check_invariants: config.check_invariants,
+            final_snapshot: true,
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())
             .spawn(move || writer.run())
-            .map_err(|error| StorageError::Io {
-                path: config.data_dir.clone(),
-                error,
-            })?;
+            .map_err(|error| StorageError::Io { path: config.data_dir.clone(), error })?;
         // The writer publishes the recovered state before it takes commands;
         // a probe makes `open` return only once reads see it.
         let _ = handle.probe().wait();
-        Ok(Engine {
-            handle,
-            thread: Some(thread),
-            _lock: lock,
-        })
+        Ok(Engine { handle, thread: Some(thread), _lock: lock })
     }
 
     pub fn handle(&self) -> &EngineHandle {
@@ -157,12 +138,18 @@ impl Engine {
     /// Stops the engine: commands already queued are handled, a final snapshot
     /// is written, and the writer thread is joined.
     pub fn close(mut self) {
-        self.stop();
+        self.stop(true);
     }
 
-    fn stop(&mut self) {
+    /// Stops without the final snapshot, leaving the data dir as a crash right
+    /// after the last commit would: recovery must replay the log.
+    pub fn close_without_snapshot(mut self) {
+        self.stop(false);
+    }
+
+    fn stop(&mut self, snapshot: bool) {
         if let Some(thread) = self.thread.take() {
-            let _ = self.handle.shutdown().wait();
+            let _ = self.handle.shutdown(snapshot).wait();
             let _ = thread.join();
         }
     }
@@ -170,7 +157,7 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.stop();
+        self.stop(true);
     }
 }
 
@@ -178,44 +165,29 @@ type Recovered = (State, u64, Option<(u64, u64)>, u64);
 
 /// Loads the newest snapshot and replays the log after it.
 pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageError> {
-    std::fs::create_dir_all(dir).map_err(|error| StorageError::Io {
-        path: dir.to_path_buf(),
-        error,
-    })?;
+    std::fs::create_dir_all(dir).map_err(|error| StorageError::Io { path: dir.to_path_buf(), error })?;
     let (mut state, replay_from) = match list_snapshots(dir)?.last() {
         Some((_, path)) => {
             let (replay_from, payload) = read_snapshot(path)?;
-            let image: StateImage =
-                postcard::from_bytes(&payload).map_err(|error| StorageError::Corrupt {
-                    path: path.clone(),
-                    offset: crate::storage::SNAPSHOT_HEADER_BYTES as u64,
-                    reason: format!("snapshot does not decode: {error}"),
-                })?;
+            let image: StateImage = postcard::from_bytes(&payload).map_err(|error| StorageError::Corrupt {
+                path: path.clone(),
+                offset: crate::storage::SNAPSHOT_HEADER_BYTES as u64,
+                reason: format!("snapshot does not decode: {error}"),
+            })?;
             (State::from_image(image, retention), replay_from)
         }
         None => (State::new(retention), 0),
     };
     let mut replayed_bytes = 0u64;
     let mut events = EventSink::disabled();
-    let end = replay_log(
-        dir,
-        replay_from,
-        TailPolicy::Truncate,
-        &mut |path, offset, payload| {
-            let corrupt = |reason: String| StorageError::Corrupt {
-                path: path.to_path_buf(),
-                offset,
-                reason,
-            };
-            let records = decode_batch(payload).map_err(corrupt)?;
-            for record in &records {
-                state
-                    .apply(record, &mut events)
-                    .map_err(|error| corrupt(error.0))?;
-            }
-            replayed_bytes += payload.len() as u64;
-            Ok(())
-        },
-    )?;
+    let end = replay_log(dir, replay_from, TailPolicy::Truncate, &mut |path, offset, payload| {
+        let corrupt = |reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
+        let records = decode_batch(payload).map_err(corrupt)?;
+        for record in &records {
+            state.apply(record, &mut events).map_err(|error| corrupt(error.0))?;
+        }
+        replayed_bytes += payload.len() as u64;
+        Ok(())
+    })?;
     Ok((state, replay_from, end.last_segment, replayed_bytes))
 }

@@ -105,8 +105,7 @@ impl Record {
 /// Encodes one commit batch.
 pub fn encode_batch(records: &[Record], out: &mut Vec<u8>) {
     out.clear();
-    let encoded = postcard::to_extend(records, std::mem::take(out))
-        .expect("records encode into a Vec without failing");
+    let encoded = postcard::to_extend(records, std::mem::take(out)).expect("records encode into a Vec without failing");
     *out = encoded;
 }
 

@@ -47,11 +47,7 @@ pub struct QueueState {
 impl QueueState {
     /// Jobs not yet finished: scheduled, available, pending, active, retryable.
     pub fn size(&self) -> u64 {
-        JobState::ALL
-            .iter()
-            .filter(|state| !state.is_terminal())
-            .map(|state| self.counts[state.index()])
-            .sum()
+        JobState::ALL.iter().filter(|state| !state.is_terminal()).map(|state| self.counts[state.index()]).sum()
     }
 
     fn is_empty(&self) -> bool {
@@ -100,9 +96,7 @@ impl State {
             dirty: HashSet::new(),
             queues_dirty: true,
         };
-        state
-            .queues
-            .insert("default".to_string(), QueueState::default());
+        state.queues.insert("default".to_string(), QueueState::default());
         state
     }
 
@@ -128,10 +122,7 @@ impl State {
 
     /// Ids changed since the last call, and whether queue figures changed.
     pub fn take_dirty(&mut self) -> (HashSet<JobId>, bool) {
-        (
-            std::mem::take(&mut self.dirty),
-            std::mem::replace(&mut self.queues_dirty, false),
-        )
+        (std::mem::take(&mut self.dirty), std::mem::replace(&mut self.queues_dirty, false))
     }
 
     /// The earliest deadline this job waits for in its current state.
@@ -145,12 +136,8 @@ impl State {
             JobState::Retryable => earliest(job.retry_at, job.expires_at),
             JobState::Available | JobState::Pending => job.expires_at,
             JobState::Active => earliest(job.visibility_deadline, job.execution_deadline),
-            JobState::Completed => job
-                .completed_at
-                .map(|at| at.saturating_add(self.retention.completed_ms)),
-            JobState::Cancelled => job
-                .cancelled_at
-                .map(|at| at.saturating_add(self.retention.cancelled_ms)),
+            JobState::Completed => job.completed_at.map(|at| at.saturating_add(self.retention.completed_ms)),
+            JobState::Cancelled => job.cancelled_at.map(|at| at.saturating_add(self.retention.cancelled_ms)),
             JobState::Discarded => {
                 let keep = match job.retry.on_exhaustion {
                     Exhaustion::DeadLetter => self.retention.dead_letter_ms,
@@ -211,10 +198,7 @@ impl State {
 
     /// Changes one job through `change`, keeping every structure in step.
     fn update(&mut self, id: JobId, change: impl FnOnce(&mut Job)) -> Result<Arc<Job>, ApplyError> {
-        let mut job = self
-            .jobs
-            .remove(&id)
-            .ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
+        let mut job = self.jobs.remove(&id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
         self.unindex_job(&job);
         let before = job.state;
         let edited = Arc::make_mut(&mut job);
@@ -250,11 +234,7 @@ impl State {
                     self.insert_loaded(job);
                 }
             }
-            Record::Claim {
-                at,
-                worker_id,
-                claims,
-            } => {
+            Record::Claim { at, worker_id, claims } => {
                 for claim in claims {
                     self.update(claim.id, |job| {
                         job.state = JobState::Active;
@@ -277,31 +257,16 @@ impl State {
                 })?;
                 events.push(*at, EventKind::Completed, *id);
             }
-            Record::Fail {
-                at,
-                id,
-                report,
-                outcome,
-            } => {
+            Record::Fail { at, id, report, outcome } => {
                 let attempt = self.jobs.get(id).map_or(0, |job| job.attempt);
                 self.update(*id, |job| fail(job, *at, report, *outcome))?;
                 if *outcome != FailOutcome::Requeue {
-                    events.push(
-                        *at,
-                        EventKind::Failed {
-                            report: report.clone(),
-                            attempt,
-                        },
-                        *id,
-                    );
+                    events.push(*at, EventKind::Failed { report: report.clone(), attempt }, *id);
                 }
                 push_outcome_event(events, *at, *id, report, *outcome, "nack_requeue");
             }
             Record::Cancel { at, id } => {
-                let previous_state = self
-                    .jobs
-                    .get(id)
-                    .map_or(JobState::Cancelled, |job| job.state);
+                let previous_state = self.jobs.get(id).map_or(JobState::Cancelled, |job| job.state);
                 self.update(*id, |job| {
                     job.state = JobState::Cancelled;
                     job.cancelled_at = Some(*at);
@@ -322,10 +287,7 @@ impl State {
             Record::Expire { at, ids } => {
                 for id in ids {
                     self.update(*id, |job| {
-                        let report = FailureReport::server(
-                            "expired",
-                            "the job expired before a worker claimed it",
-                        );
+                        let report = FailureReport::server("expired", "the job expired before a worker claimed it");
                         job.state = JobState::Discarded;
                         job.discarded_at = Some(*at);
                         job.retry_at = None;
@@ -335,35 +297,18 @@ impl State {
                     events.push(*at, EventKind::Discarded { reason: "expired" }, *id);
                 }
             }
-            Record::Timeout {
-                at,
-                id,
-                kind,
-                outcome,
-            } => {
-                let job = self
-                    .jobs
-                    .get(id)
-                    .ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
+            Record::Timeout { at, id, kind, outcome } => {
+                let job = self.jobs.get(id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
                 let report = timeout_report(job, *kind, *at);
                 let attempt = job.attempt;
                 self.update(*id, |job| fail(job, *at, &report, *outcome))?;
-                events.push(
-                    *at,
-                    EventKind::Failed {
-                        report: report.clone(),
-                        attempt,
-                    },
-                    *id,
-                );
+                events.push(*at, EventKind::Failed { report: report.clone(), attempt }, *id);
                 push_outcome_event(events, *at, *id, &report, *outcome, "visibility_timeout");
             }
             Record::Prune { ids, .. } => {
                 for id in ids {
-                    let job = self
-                        .jobs
-                        .remove(id)
-                        .ok_or_else(|| ApplyError(format!("record prunes unknown job {id}")))?;
+                    let job =
+                        self.jobs.remove(id).ok_or_else(|| ApplyError(format!("record prunes unknown job {id}")))?;
                     self.unindex_job(&job);
                     self.dirty.insert(*id);
                 }
@@ -376,18 +321,9 @@ impl State {
     pub fn image(&self) -> StateImage {
         let mut jobs: Vec<Job> = self.jobs.values().map(|job| job.as_ref().clone()).collect();
         jobs.sort_by_key(|job| job.id);
-        let paused_queues = self
-            .queues
-            .iter()
-            .filter(|(_, queue)| queue.paused)
-            .map(|(name, _)| name.clone())
-            .collect();
-        StateImage {
-            jobs,
-            paused_queues,
-            ids: self.ids.clone(),
-            next_ready_seq: self.next_ready_seq,
-        }
+        let paused_queues =
+            self.queues.iter().filter(|(_, queue)| queue.paused).map(|(name, _)| name.clone()).collect();
+        StateImage { jobs, paused_queues, ids: self.ids.clone(), next_ready_seq: self.next_ready_seq }
     }
 
     /// Rebuilds the state from a snapshot image.
@@ -417,16 +353,11 @@ impl State {
             if !job.state.is_terminal() {
                 live += 1;
             }
-            let queue = self
-                .queues
-                .get(&job.queue)
-                .ok_or_else(|| format!("job {id} in unknown queue {}", job.queue))?;
+            let queue =
+                self.queues.get(&job.queue).ok_or_else(|| format!("job {id} in unknown queue {}", job.queue))?;
             let in_ready = queue.ready.contains(&Self::ready_key(job));
             if in_ready != (job.state == JobState::Available) {
-                return Err(format!(
-                    "job {id} is {} but in_ready={in_ready}",
-                    job.state.as_str()
-                ));
+                return Err(format!("job {id} is {} but in_ready={in_ready}", job.state.as_str()));
             }
             if let Some(deadline) = self.deadline_of(job) {
                 with_deadline += 1;
@@ -449,30 +380,18 @@ impl State {
             }
         }
         if with_deadline != self.timers.len() {
-            return Err(format!(
-                "{} timers for {with_deadline} jobs with deadlines",
-                self.timers.len()
-            ));
+            return Err(format!("{} timers for {with_deadline} jobs with deadlines", self.timers.len()));
         }
         if live != self.live_jobs {
-            return Err(format!(
-                "live count {} but {live} live jobs",
-                self.live_jobs
-            ));
+            return Err(format!("live count {} but {live} live jobs", self.live_jobs));
         }
         for (name, queue) in &self.queues {
             let expected = counts.get(name.as_str()).copied().unwrap_or_default();
             if queue.counts != expected {
-                return Err(format!(
-                    "queue {name} counts {:?}, jobs say {expected:?}",
-                    queue.counts
-                ));
+                return Err(format!("queue {name} counts {:?}, jobs say {expected:?}", queue.counts));
             }
             if queue.ready.len() as u64 != expected[JobState::Available.index()] {
-                return Err(format!(
-                    "queue {name} ready order holds {} jobs",
-                    queue.ready.len()
-                ));
+                return Err(format!("queue {name} ready order holds {} jobs", queue.ready.len()));
             }
         }
         Ok(())
@@ -485,11 +404,7 @@ fn clear_claim(job: &mut Job) {
 }
 
 fn push_error(job: &mut Job, report: FailureReport, at: Millis) {
-    job.errors.push(ErrorEntry {
-        report: report.clone(),
-        attempt: job.attempt,
-        occurred_at: at,
-    });
+    job.errors.push(ErrorEntry { report: report.clone(), attempt: job.attempt, occurred_at: at });
     if job.errors.len() > ERROR_HISTORY_MAX {
         job.errors.remove(0);
     }
@@ -532,28 +447,14 @@ fn push_outcome_event(
     requeue_reason: &'static str,
 ) {
     match outcome {
-        FailOutcome::Retry { .. } => events.push(
-            at,
-            EventKind::Retrying {
-                report: report.clone(),
-            },
-            id,
-        ),
+        FailOutcome::Retry { .. } => events.push(at, EventKind::Retrying { report: report.clone() }, id),
         FailOutcome::Discard => {
-            let reason = if report.retryable == Some(false) {
-                "non_retryable"
-            } else {
-                "exhausted"
-            };
+            let reason = if report.retryable == Some(false) { "non_retryable" } else { "exhausted" };
             events.push(at, EventKind::Discarded { reason }, id)
         }
-        FailOutcome::Requeue | FailOutcome::Release => events.push(
-            at,
-            EventKind::Requeued {
-                reason: requeue_reason,
-            },
-            id,
-        ),
+        FailOutcome::Requeue | FailOutcome::Release => {
+            events.push(at, EventKind::Requeued { reason: requeue_reason }, id)
+        }
     }
 }
 
@@ -566,14 +467,9 @@ pub fn timeout_report(job: &Job, kind: TimeoutKind, at: Millis) -> FailureReport
         ),
         TimeoutKind::Execution => {
             let elapsed = job.started_at.map_or(0, |started| at - started);
-            let mut report = FailureReport::server(
-                "timeout",
-                format!("the attempt ran longer than {} ms", job.timeout_ms),
-            );
-            report.details = Some(format!(
-                "{{\"limit_ms\":{},\"elapsed_ms\":{elapsed}}}",
-                job.timeout_ms
-            ));
+            let mut report =
+                FailureReport::server("timeout", format!("the attempt ran longer than {} ms", job.timeout_ms));
+            report.details = Some(format!("{{\"limit_ms\":{},\"elapsed_ms\":{elapsed}}}", job.timeout_ms));
             report
         }
     }

@@ -27,11 +27,7 @@ impl QueueSummary {
 
     /// Jobs not yet finished.
     pub fn size(&self) -> u64 {
-        JobState::ALL
-            .iter()
-            .filter(|state| !state.is_terminal())
-            .map(|state| self.count(*state))
-            .sum()
+        JobState::ALL.iter().filter(|state| !state.is_terminal()).map(|state| self.count(*state)).sum()
     }
 }
 
@@ -67,12 +63,7 @@ impl ReadView {
         self.queues.read().clone()
     }
 
-    pub fn events_page(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-        keep: impl Fn(&Event) -> bool,
-    ) -> EventPage {
+    pub fn events_page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {
         self.events.lock().page(after, limit, keep)
     }
 
@@ -86,8 +77,7 @@ impl ReadView {
 
     /// Writer only: publishes changed jobs (`None` removes).
     pub(crate) fn publish_jobs(&self, changes: impl Iterator<Item = (JobId, Option<Arc<Job>>)>) {
-        let mut by_shard: Vec<Vec<(JobId, Option<Arc<Job>>)>> =
-            (0..SHARDS).map(|_| Vec::new()).collect();
+        let mut by_shard: Vec<Vec<(JobId, Option<Arc<Job>>)>> = (0..SHARDS).map(|_| Vec::new()).collect();
         for (id, job) in changes {
             by_shard[(id.0 as usize) % SHARDS].push((id, job));
         }

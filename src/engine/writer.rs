@@ -38,10 +38,7 @@ enum Outgoing {
 impl Outgoing {
     /// Sends the outcome, or `failure` instead of a success when the commit failed.
     fn send(self, failure: Option<&EngineError>) {
-        fn pick<T>(
-            result: Result<T, EngineError>,
-            failure: Option<&EngineError>,
-        ) -> Result<T, EngineError> {
+        fn pick<T>(result: Result<T, EngineError>, failure: Option<&EngineError>) -> Result<T, EngineError> {
             match (result, failure) {
                 (Ok(_), Some(error)) => Err(error.clone()),
                 (result, _) => result,
@@ -77,6 +74,8 @@ pub(crate) struct Writer {
     pub event_ids: IdGenerator,
     pub event_seq: u64,
     pub check_invariants: bool,
+    /// Whether stopping writes a snapshot (false only to imitate a crash).
+    pub final_snapshot: bool,
 }
 
 impl Writer {
@@ -101,13 +100,11 @@ impl Writer {
                 break;
             }
         }
-        if !self.wal.is_poisoned()
+        if self.final_snapshot
+            && !self.wal.is_poisoned()
             && let Err(error) = self.snapshot_now()
         {
-            crate::logging::error(
-                "final snapshot failed",
-                &[("error", error.to_string().into())],
-            );
+            crate::logging::error("final snapshot failed", &[("error", error.to_string().into())]);
         }
     }
 
@@ -138,19 +135,19 @@ impl Writer {
         let mut outgoing = Vec::with_capacity(batch.len());
         let mut stop = false;
         let mut snapshot_requests = Vec::new();
+        let mut image_requests = Vec::new();
 
-        for record in self
-            .state
-            .decide_due(now, DUE_JOBS_PER_TURN_MAX, self.entropy.as_mut())
-        {
+        for record in self.state.decide_due(now, DUE_JOBS_PER_TURN_MAX, self.entropy.as_mut()) {
             self.apply(record, &mut records, &mut events);
         }
         for command in batch {
             match command {
-                Command::Shutdown { reply } => {
+                Command::Shutdown { snapshot, reply } => {
                     stop = true;
+                    self.final_snapshot = snapshot;
                     outgoing.push(Outgoing::Unit(reply, Ok(())));
                 }
+                Command::Image { reply } => image_requests.push(reply),
                 Command::Snapshot { reply } => snapshot_requests.push(reply),
                 command => self.handle(command, now, &mut records, &mut events, &mut outgoing),
             }
@@ -166,13 +163,12 @@ impl Writer {
                 panic!("engine invariant broken after a commit: {problem}");
             }
         }
-        outgoing
-            .into_iter()
-            .for_each(|reply| reply.send(failure.as_ref()));
+        outgoing.into_iter().for_each(|reply| reply.send(failure.as_ref()));
+        for reply in image_requests {
+            let _ = reply.send(Ok(self.state.image()));
+        }
         for reply in snapshot_requests {
-            let result = self.snapshot_now().map_err(|_| EngineError::Unavailable {
-                reason: "snapshot_failed",
-            });
+            let result = self.snapshot_now().map_err(|_| EngineError::Unavailable { reason: "snapshot_failed" });
             let _ = reply.send(result);
         }
         if failure.is_none() {
@@ -182,9 +178,7 @@ impl Writer {
     }
 
     fn apply(&mut self, record: Record, records: &mut Vec<Record>, events: &mut EventSink) {
-        self.state
-            .apply(&record, events)
-            .expect("a record decided against this state applies to it");
+        self.state.apply(&record, events).expect("a record decided against this state applies to it");
         records.push(record);
     }
 
@@ -198,17 +192,14 @@ impl Writer {
     ) {
         match command {
             Command::Enqueue { jobs, reply } => {
-                let result = self
-                    .state
-                    .decide_enqueue(now, jobs, self.entropy.as_mut())
-                    .map(|record| {
-                        let Record::Enqueue { jobs, .. } = &record else {
-                            unreachable!("decide_enqueue makes enqueue records")
-                        };
-                        let ids: Vec<_> = jobs.iter().map(|job| job.id).collect();
-                        self.apply(record, records, events);
-                        ids.iter().map(|id| self.current(*id)).collect()
-                    });
+                let result = self.state.decide_enqueue(now, jobs, self.entropy.as_mut()).map(|record| {
+                    let Record::Enqueue { jobs, .. } = &record else {
+                        unreachable!("decide_enqueue makes enqueue records")
+                    };
+                    let ids: Vec<_> = jobs.iter().map(|job| job.id).collect();
+                    self.apply(record, records, events);
+                    ids.iter().map(|id| self.current(*id)).collect()
+                });
                 outgoing.push(Outgoing::Jobs(reply, result));
             }
             Command::Fetch { request, reply } => {
@@ -223,38 +214,17 @@ impl Writer {
                 }
                 outgoing.push(Outgoing::Jobs(reply, Ok(claimed)));
             }
-            Command::Ack {
-                id,
-                result,
-                worker_id,
-                reply,
-            } => {
-                let outcome = self
-                    .state
-                    .decide_ack(now, id, result, worker_id.as_deref())
-                    .map(|record| {
-                        self.apply(record, records, events);
-                        self.current(id)
-                    });
+            Command::Ack { id, result, worker_id, reply } => {
+                let outcome = self.state.decide_ack(now, id, result, worker_id.as_deref()).map(|record| {
+                    self.apply(record, records, events);
+                    self.current(id)
+                });
                 outgoing.push(Outgoing::Job(reply, outcome));
             }
-            Command::Fail {
-                id,
-                report,
-                requeue,
-                worker_id,
-                reply,
-            } => {
+            Command::Fail { id, report, requeue, worker_id, reply } => {
                 let outcome = self
                     .state
-                    .decide_fail(
-                        now,
-                        id,
-                        report,
-                        requeue,
-                        worker_id.as_deref(),
-                        self.entropy.as_mut(),
-                    )
+                    .decide_fail(now, id, report, requeue, worker_id.as_deref(), self.entropy.as_mut())
                     .map(|record| {
                         self.apply(record, records, events);
                         self.current(id)
@@ -267,27 +237,19 @@ impl Writer {
                     if let Some(record) = record {
                         self.apply(record, records, events);
                     }
-                    Cancelled {
-                        job: self.current(id),
-                        previous_state,
-                    }
+                    Cancelled { job: self.current(id), previous_state }
                 });
                 outgoing.push(Outgoing::Cancelled(reply, outcome));
             }
-            Command::Probe { reply } | Command::Tick { reply } => {
-                outgoing.push(Outgoing::Unit(reply, Ok(())))
-            }
-            Command::Snapshot { .. } | Command::Shutdown { .. } => {
+            Command::Probe { reply } | Command::Tick { reply } => outgoing.push(Outgoing::Unit(reply, Ok(()))),
+            Command::Snapshot { .. } | Command::Shutdown { .. } | Command::Image { .. } => {
                 unreachable!("handled by the batch loop")
             }
         }
     }
 
     fn current(&self, id: crate::job::JobId) -> Arc<Job> {
-        self.state
-            .job(id)
-            .cloned()
-            .expect("a job just decided on is stored")
+        self.state.job(id).cloned().expect("a job just decided on is stored")
     }
 
     /// Writes the batch's records as one frame and syncs once.
@@ -307,17 +269,13 @@ impl Writer {
                     &[("error", error.to_string().into())],
                 );
                 self.view.set_storage_failed();
-                Err(EngineError::Unavailable {
-                    reason: "storage_failed",
-                })
+                Err(EngineError::Unavailable { reason: "storage_failed" })
             }
         }
     }
 
     fn refuse_all(&mut self, batch: Vec<Command>) -> bool {
-        let error = EngineError::Unavailable {
-            reason: "storage_failed",
-        };
+        let error = EngineError::Unavailable { reason: "storage_failed" };
         let mut stop = false;
         for command in batch {
             let _ = match command {
@@ -328,11 +286,13 @@ impl Writer {
                     reply.send(Err(error.clone())).map_err(drop)
                 }
                 Command::Cancel { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
-                Command::Probe { reply }
-                | Command::Tick { reply }
-                | Command::Snapshot { reply } => reply.send(Err(error.clone())).map_err(drop),
-                Command::Shutdown { reply } => {
+                Command::Probe { reply } | Command::Tick { reply } | Command::Snapshot { reply } => {
+                    reply.send(Err(error.clone())).map_err(drop)
+                }
+                Command::Image { reply } => reply.send(Err(error.clone())).map_err(drop),
+                Command::Shutdown { reply, .. } => {
                     stop = true;
+                    self.final_snapshot = false;
                     reply.send(Ok(())).map_err(drop)
                 }
             };
@@ -341,26 +301,15 @@ impl Writer {
     }
 
     /// Copies what changed to the read view and appends the batch's events.
-    fn publish(
-        &mut self,
-        pending: impl Iterator<Item = (Millis, super::events::EventKind, crate::job::JobId)>,
-    ) {
+    fn publish(&mut self, pending: impl Iterator<Item = (Millis, super::events::EventKind, crate::job::JobId)>) {
         let (dirty, queues_dirty) = self.state.take_dirty();
-        self.view.publish_jobs(
-            dirty
-                .into_iter()
-                .map(|id| (id, self.state.job(id).cloned())),
-        );
+        self.view.publish_jobs(dirty.into_iter().map(|id| (id, self.state.job(id).cloned())));
         if queues_dirty {
             let summaries = self
                 .state
                 .queues()
                 .iter()
-                .map(|(name, queue)| QueueSummary {
-                    name: name.clone(),
-                    paused: queue.paused,
-                    counts: queue.counts,
-                })
+                .map(|(name, queue)| QueueSummary { name: name.clone(), paused: queue.paused, counts: queue.counts })
                 .collect();
             self.view.publish_queues(summaries);
         }
@@ -371,13 +320,7 @@ impl Writer {
             };
             self.event_seq += 1;
             let event_id = self.event_ids.next(time, rand::random());
-            events.push(Event {
-                seq: self.event_seq,
-                id: format!("evt_{event_id}"),
-                time,
-                kind,
-                job,
-            });
+            events.push(Event { seq: self.event_seq, id: format!("evt_{event_id}"), time, kind, job });
         }
         if !events.is_empty() {
             self.view.publish_events(events.into_iter());
@@ -388,8 +331,7 @@ impl Writer {
     fn snapshot_payload(&mut self) -> Result<(u64, Vec<u8>), StorageError> {
         let replay_from = self.wal.rotate()?;
         let image = self.state.image();
-        let payload =
-            postcard::to_allocvec(&image).expect("state images encode into a Vec without failing");
+        let payload = postcard::to_allocvec(&image).expect("state images encode into a Vec without failing");
         self.bytes_since_snapshot = 0;
         Ok((replay_from, payload))
     }
@@ -400,29 +342,19 @@ impl Writer {
             std::thread::sleep(Duration::from_millis(5));
         }
         let (replay_from, payload) = self.snapshot_payload()?;
-        write_snapshot(
-            self.snapshots.file_system.as_ref(),
-            &self.snapshots.dir,
-            replay_from,
-            &payload,
-        )?;
+        write_snapshot(self.snapshots.file_system.as_ref(), &self.snapshots.dir, replay_from, &payload)?;
         remove_obsolete(&self.snapshots.dir, replay_from)
     }
 
     /// Starts a background snapshot once enough log has been written.
     fn maybe_start_snapshot(&mut self) {
-        if self.bytes_since_snapshot < self.snapshots.log_bytes
-            || self.snapshot_busy.load(Ordering::SeqCst)
-        {
+        if self.bytes_since_snapshot < self.snapshots.log_bytes || self.snapshot_busy.load(Ordering::SeqCst) {
             return;
         }
         let (replay_from, payload) = match self.snapshot_payload() {
             Ok(snapshot) => snapshot,
             Err(error) => {
-                crate::logging::error(
-                    "could not start a snapshot",
-                    &[("error", error.to_string().into())],
-                );
+                crate::logging::error("could not start a snapshot", &[("error", error.to_string().into())]);
                 return;
             }
         };
@@ -436,16 +368,11 @@ impl Writer {
             match result {
                 Ok(()) => crate::logging::info(
                     "snapshot written",
-                    &[
-                        ("replay_from_segment", replay_from.into()),
-                        ("bytes", payload.len().into()),
-                    ],
+                    &[("replay_from_segment", replay_from.into()), ("bytes", payload.len().into())],
                 ),
                 // The log segments are still there, so nothing is lost; the next
                 // snapshot tries again.
-                Err(error) => {
-                    crate::logging::error("snapshot failed", &[("error", error.to_string().into())])
-                }
+                Err(error) => crate::logging::error("snapshot failed", &[("error", error.to_string().into())]),
             }
             busy.store(false, Ordering::SeqCst);
         });

@@ -30,20 +30,8 @@ pub const ERROR_TABLE: [(&str, u16, bool, &str, &str); 15] = [
         "args do not conform to the registered schema",
         "Make args match the schema named in details.schema.",
     ),
-    (
-        "unauthorized",
-        401,
-        false,
-        "missing or invalid API key",
-        "Send Authorization: Bearer <key>.",
-    ),
-    (
-        "forbidden",
-        403,
-        false,
-        "the key's role lacks the right",
-        "Use a key whose role allows this operation.",
-    ),
+    ("unauthorized", 401, false, "missing or invalid API key", "Send Authorization: Bearer <key>."),
+    ("forbidden", 403, false, "the key's role lacks the right", "Use a key whose role allows this operation."),
     (
         "not_found",
         404,
@@ -51,13 +39,7 @@ pub const ERROR_TABLE: [(&str, u16, bool, &str, &str); 15] = [
         "job or resource does not exist",
         "Check the id; finished jobs are removed after their retention period.",
     ),
-    (
-        "method_not_allowed",
-        405,
-        false,
-        "known route, wrong method",
-        "Use one of the methods in the Allow header.",
-    ),
+    ("method_not_allowed", 405, false, "known route, wrong method", "Use one of the methods in the Allow header."),
     (
         "duplicate",
         409,
@@ -86,20 +68,8 @@ pub const ERROR_TABLE: [(&str, u16, bool, &str, &str); 15] = [
         "unsupported version or feature",
         "See /svc/manifest for the supported version and features.",
     ),
-    (
-        "rate_limited",
-        429,
-        true,
-        "request rate limit exceeded",
-        "Wait for Retry-After seconds, then retry.",
-    ),
-    (
-        "queue_paused",
-        503,
-        true,
-        "target queue is paused",
-        "Retry after the queue is resumed.",
-    ),
+    ("rate_limited", 429, true, "request rate limit exceeded", "Wait for Retry-After seconds, then retry."),
+    ("queue_paused", 503, true, "target queue is paused", "Retry after the queue is resumed."),
     (
         "backend_error",
         503,
@@ -107,13 +77,7 @@ pub const ERROR_TABLE: [(&str, u16, bool, &str, &str); 15] = [
         "storage failure or overload",
         "Retry after Retry-After seconds; the request had no effect.",
     ),
-    (
-        "timeout",
-        504,
-        true,
-        "the operation timed out",
-        "Retry; the outcome may be unknown, so read the resource first.",
-    ),
+    ("timeout", 504, true, "the operation timed out", "Retry; the outcome may be unknown, so read the resource first."),
 ];
 
 #[derive(Debug, Clone)]
@@ -127,16 +91,8 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        debug_assert!(
-            ERROR_TABLE.iter().any(|row| row.0 == code),
-            "error code {code} is in the table"
-        );
-        let mut error = Self {
-            code,
-            message: message.into(),
-            details: Map::new(),
-            headers: Vec::new(),
-        };
+        debug_assert!(ERROR_TABLE.iter().any(|row| row.0 == code), "error code {code} is in the table");
+        let mut error = Self { code, message: message.into(), details: Map::new(), headers: Vec::new() };
         if matches!(code, "backend_error" | "rate_limited") {
             error.headers.push(("retry-after", "1".into()));
         } else if code == "queue_paused" {
@@ -160,18 +116,14 @@ impl ApiError {
 
     pub fn not_found(resource_type: &str, resource_id: impl Into<String>) -> Self {
         let resource_id = resource_id.into();
-        Self::new(
-            "not_found",
-            format!("{resource_type} {resource_id} not found"),
-        )
-        .detail("resource_type", resource_type)
-        .detail("resource_id", resource_id)
+        Self::new("not_found", format!("{resource_type} {resource_id} not found"))
+            .detail("resource_type", resource_type)
+            .detail("resource_id", resource_id)
     }
 
     pub fn status(&self) -> StatusCode {
         let row = ERROR_TABLE.iter().find(|row| row.0 == self.code);
-        StatusCode::from_u16(row.map_or(500, |row| row.1))
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        StatusCode::from_u16(row.map_or(500, |row| row.1)).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     /// The error body.
@@ -216,17 +168,12 @@ impl From<EngineError> for ApiError {
         let message = error.to_string();
         match error {
             EngineError::NotFound { id } => ApiError::not_found("job", id.to_string()),
-            EngineError::Conflict {
-                id,
-                current_state,
-                reason,
-            } => ApiError::new("conflict", message)
+            EngineError::Conflict { id, current_state, reason } => ApiError::new("conflict", message)
                 .detail("job_id", id.to_string())
                 .detail("current_state", current_state.as_str())
                 .detail("reason", reason),
             EngineError::Duplicate { id, index } => {
-                let error =
-                    ApiError::new("duplicate", message).detail("existing_job_id", id.to_string());
+                let error = ApiError::new("duplicate", message).detail("existing_job_id", id.to_string());
                 match index {
                     Some(index) => error.detail("index", index),
                     None => error,
@@ -243,9 +190,7 @@ impl From<EngineError> for ApiError {
                 let text = match reason {
                     "overloaded" => "the server is overloaded; retry shortly",
                     "capacity" => "the server holds as many live jobs as it may",
-                    "storage_failed" => {
-                        "storage failed; the server accepts no writes until it restarts"
-                    }
+                    "storage_failed" => "storage failed; the server accepts no writes until it restarts",
                     _ => "the engine is not available",
                 };
                 ApiError::new("backend_error", text).detail("reason", reason)

@@ -13,20 +13,14 @@ use super::{AppState, Reply, SPEC_VERSION, is_empty_body};
 use crate::engine::{EngineError, FetchRequest};
 use crate::job::json::{minify, parse_object};
 use crate::job::{
-    Job, JobId, body_error, is_valid_queue, parse_enqueue_body, parse_enqueue_object,
-    parse_failure_report, raw_integer,
+    Job, JobId, body_error, is_valid_queue, parse_enqueue_body, parse_enqueue_object, parse_failure_report, raw_integer,
 };
 use crate::limits::{
-    BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX, FETCH_COUNT_MAX, FETCH_QUEUES_MAX, HEALTH_PROBE_MS,
-    PAGE_SIZE_DEFAULT, PAGE_SIZE_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX, WORKER_ID_CHARS_MAX,
+    BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX, FETCH_COUNT_MAX, FETCH_QUEUES_MAX, HEALTH_PROBE_MS, PAGE_SIZE_DEFAULT,
+    PAGE_SIZE_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX, WORKER_ID_CHARS_MAX,
 };
 
-pub async fn handle(
-    app: &AppState,
-    route: Route,
-    query: &str,
-    body: Bytes,
-) -> Result<Reply, ApiError> {
+pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> Result<Reply, ApiError> {
     match route {
         Route::Manifest => Ok(Reply::ok(manifest().to_string())),
         Route::Health => health(app).await,
@@ -60,10 +54,7 @@ fn object_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     parse_object(body).map_err(|error| ApiError::from(body_error(error)))?;
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(map)) => Ok(map),
-        _ => Err(ApiError::invalid_request(
-            None,
-            "request body must be a JSON object",
-        )),
+        _ => Err(ApiError::invalid_request(None, "request body must be a JSON object")),
     }
 }
 
@@ -79,94 +70,55 @@ async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let new_job = parse_enqueue_body(body, app.engine.defaults())?;
     let jobs = app.engine.enqueue(vec![new_job]).outcome().await?;
     let job = &jobs[0];
-    Ok(Reply::ok(job_body(job))
-        .with_status(StatusCode::CREATED)
-        .header("location", location(job)))
+    Ok(Reply::ok(job_body(job)).with_status(StatusCode::CREATED).header("location", location(job)))
 }
 
 async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let object = parse_object(body).map_err(|error| ApiError::from(body_error(error)))?;
     let Some(raw_jobs) = object.get_present("jobs") else {
-        return Err(ApiError::invalid_request(
-            Some("jobs"),
-            "jobs is required: a non-empty array of enqueue items",
-        ));
+        return Err(ApiError::invalid_request(Some("jobs"), "jobs is required: a non-empty array of enqueue items"));
     };
-    let items: Vec<&serde_json::value::RawValue> =
-        serde_json::from_str(raw_jobs.get()).map_err(|_| {
-            ApiError::invalid_request(
-                Some("jobs"),
-                "jobs must be a non-empty array of enqueue items",
-            )
-        })?;
+    let items: Vec<&serde_json::value::RawValue> = serde_json::from_str(raw_jobs.get())
+        .map_err(|_| ApiError::invalid_request(Some("jobs"), "jobs must be a non-empty array of enqueue items"))?;
     if items.is_empty() {
-        return Err(ApiError::invalid_request(
-            Some("jobs"),
-            "jobs must not be empty",
-        ));
+        return Err(ApiError::invalid_request(Some("jobs"), "jobs must not be empty"));
     }
     if items.len() > BATCH_JOBS_MAX {
-        return Err(ApiError::new(
-            "envelope_too_large",
-            format!("a batch holds at most {BATCH_JOBS_MAX} jobs"),
-        )
-        .detail("limit", BATCH_JOBS_MAX)
-        .detail("received", items.len()));
+        return Err(ApiError::new("envelope_too_large", format!("a batch holds at most {BATCH_JOBS_MAX} jobs"))
+            .detail("limit", BATCH_JOBS_MAX)
+            .detail("received", items.len()));
     }
     let mut new_jobs = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let prefix = format!("jobs[{index}]");
         let parsed = crate::job::json::parse_raw_object(item)
-            .ok_or_else(|| {
-                crate::job::ValidationError::payload(
-                    prefix.clone(),
-                    format!("{prefix} must be an object"),
-                )
-            })
+            .ok_or_else(|| crate::job::ValidationError::payload(prefix.clone(), format!("{prefix} must be an object")))
             .and_then(|object| {
                 let compact = minify(item.get()).len();
                 if compact > ENVELOPE_BYTES_MAX {
-                    return Err(crate::job::ValidationError::too_large(
-                        prefix.clone(),
-                        ENVELOPE_BYTES_MAX,
-                        compact,
-                    ));
+                    return Err(crate::job::ValidationError::too_large(prefix.clone(), ENVELOPE_BYTES_MAX, compact));
                 }
-                parse_enqueue_object(&object, app.engine.defaults())
-                    .map_err(|error| error.within(&prefix))
+                parse_enqueue_object(&object, app.engine.defaults()).map_err(|error| error.within(&prefix))
             });
         new_jobs.push(parsed.map_err(|error| ApiError::from(error).detail("index", index))?);
     }
     let jobs = app.engine.enqueue(new_jobs).outcome().await?;
     let rendered: Vec<String> = jobs.iter().map(|job| render_job(job, &[])).collect();
-    let body = format!(
-        "{{\"jobs\":[{}],\"count\":{}}}",
-        rendered.join(","),
-        jobs.len()
-    );
+    let body = format!("{{\"jobs\":[{}],\"count\":{}}}", rendered.join(","), jobs.len());
     Ok(Reply::ok(body).with_status(StatusCode::CREATED))
 }
 
 fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = job_id(id)?;
-    let job = app
-        .engine
-        .job(id)
-        .ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
+    let job = app.engine.job(id).ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
     Ok(Reply::ok(job_body(&job)))
 }
 
 async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = job_id(id)?;
     let cancelled = app.engine.cancel(id).outcome().await?;
-    let extra = [(
-        "previous_state",
-        Value::from(cancelled.previous_state.as_str()),
-    )];
-    Ok(Reply::ok(format!(
-        "{{\"job\":{}}}",
-        render_job(&cancelled.job, &extra)
-    )))
+    let extra = [("previous_state", Value::from(cancelled.previous_state.as_str()))];
+    Ok(Reply::ok(format!("{{\"job\":{}}}", render_job(&cancelled.job, &extra))))
 }
 
 /// `^[A-Za-z0-9._:@-]{1,256}$`, minus names that collide with worker routes.
@@ -177,9 +129,7 @@ fn worker_id(map: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     let valid = value.as_str().filter(|text| {
         !text.is_empty()
             && text.len() <= WORKER_ID_CHARS_MAX
-            && text
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
+            && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
             && !matches!(*text, "." | ".." | "fetch" | "ack" | "nack" | "heartbeat")
     });
     match valid {
@@ -207,12 +157,7 @@ async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let queues: Vec<String> = match present(&map, "queues") {
         Some(Value::Array(items)) if !items.is_empty() && items.len() <= FETCH_QUEUES_MAX => items
             .iter()
-            .map(|item| {
-                item.as_str()
-                    .filter(|name| is_valid_queue(name))
-                    .map(str::to_string)
-                    .ok_or_else(queues_error)
-            })
+            .map(|item| item.as_str().filter(|name| is_valid_queue(name)).map(str::to_string).ok_or_else(queues_error))
             .collect::<Result<_, _>>()?,
         _ => return Err(queues_error()),
     };
@@ -221,10 +166,7 @@ async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
         Some(value) => match integer(value) {
             Some(count) if count >= 1 => (count as usize).min(FETCH_COUNT_MAX),
             _ => {
-                return Err(ApiError::invalid_request(
-                    Some("count"),
-                    "count must be an integer of at least 1",
-                ));
+                return Err(ApiError::invalid_request(Some("count"), "count must be an integer of at least 1"));
             }
         },
     };
@@ -240,12 +182,7 @@ async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
             }
         },
     };
-    let request = FetchRequest {
-        queues,
-        count,
-        worker_id: worker_id(&map)?,
-        visibility_timeout_ms,
-    };
+    let request = FetchRequest { queues, count, worker_id: worker_id(&map)?, visibility_timeout_ms };
     let jobs = app.engine.fetch(request).outcome().await?;
     let rendered: Vec<String> = jobs.iter().map(|job| render_job(job, &[])).collect();
     Ok(Reply::ok(format!("{{\"jobs\":[{}]}}", rendered.join(","))))
@@ -257,43 +194,24 @@ fn report_job_id(path_id: Option<&str>, body_id: Option<&Value>) -> Result<JobId
         None => None,
         Some(Value::String(text)) => Some(text.as_str()),
         Some(_) => {
-            return Err(ApiError::invalid_request(
-                Some("job_id"),
-                "job_id must be a string",
-            ));
+            return Err(ApiError::invalid_request(Some("job_id"), "job_id must be a string"));
         }
     };
     match (path_id, body_text) {
         (Some(path), Some(body)) if !path.eq_ignore_ascii_case(body) => {
-            Err(ApiError::invalid_request(
-                Some("job_id"),
-                "job_id in the body differs from the id in the path",
-            ))
+            Err(ApiError::invalid_request(Some("job_id"), "job_id in the body differs from the id in the path"))
         }
         (Some(path), _) => job_id(path),
         (None, Some(body)) => job_id(body),
-        (None, None) => Err(ApiError::invalid_request(
-            Some("job_id"),
-            "job_id is required",
-        )),
+        (None, None) => Err(ApiError::invalid_request(Some("job_id"), "job_id is required")),
     }
 }
 
 /// A 409 for a report on a job that is not active, with the expected state.
 fn report_error(error: EngineError) -> ApiError {
-    let is_state_conflict = matches!(
-        error,
-        EngineError::Conflict {
-            reason: "invalid_state",
-            ..
-        }
-    );
+    let is_state_conflict = matches!(error, EngineError::Conflict { reason: "invalid_state", .. });
     let api = ApiError::from(error);
-    if is_state_conflict {
-        api.detail("expected_state", "active")
-    } else {
-        api
-    }
+    if is_state_conflict { api.detail("expected_state", "active") } else { api }
 }
 
 async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
@@ -313,18 +231,9 @@ async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply
     if let Some(result) = &result
         && result.len() > RESULT_BYTES_MAX
     {
-        return Err(ApiError::from(crate::job::ValidationError::too_large(
-            "result",
-            RESULT_BYTES_MAX,
-            result.len(),
-        )));
+        return Err(ApiError::from(crate::job::ValidationError::too_large("result", RESULT_BYTES_MAX, result.len())));
     }
-    let job = app
-        .engine
-        .ack(id, result, worker_id(&map)?)
-        .outcome()
-        .await
-        .map_err(report_error)?;
+    let job = app.engine.ack(id, result, worker_id(&map)?).outcome().await.map_err(report_error)?;
     let mut body = super::wire::ObjectWriter::default();
     body.raw("job", &render_job(&job, &[]))
         .raw("acknowledged", "true")
@@ -345,18 +254,10 @@ async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Repl
         None => false,
         Some(Value::Bool(flag)) => *flag,
         Some(_) => {
-            return Err(ApiError::invalid_request(
-                Some("requeue"),
-                "requeue must be a boolean",
-            ));
+            return Err(ApiError::invalid_request(Some("requeue"), "requeue must be a boolean"));
         }
     };
-    let job = app
-        .engine
-        .fail(id, report, requeue, worker_id(&map)?)
-        .outcome()
-        .await
-        .map_err(report_error)?;
+    let job = app.engine.fail(id, report, requeue, worker_id(&map)?).outcome().await.map_err(report_error)?;
     let mut body = super::wire::ObjectWriter::default();
     body.raw("job", &render_job(&job, &[]))
         .string("id", &job.id.to_string())
@@ -393,10 +294,7 @@ fn query_pairs(query: &str) -> Vec<(String, String)> {
 }
 
 fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs
-        .iter()
-        .find(|(name, _)| name == key)
-        .map(|(_, value)| value.as_str())
+    pairs.iter().find(|(name, _)| name == key).map(|(_, value)| value.as_str())
 }
 
 fn page_limit(pairs: &[(String, String)]) -> Result<usize, ApiError> {
@@ -423,39 +321,22 @@ fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
         .decode(cursor)
         .ok()
         .and_then(|bytes| String::from_utf8(bytes).ok())
-        .ok_or_else(|| {
-            ApiError::invalid_request(Some("cursor"), "cursor is not one this server issued")
-        })
+        .ok_or_else(|| ApiError::invalid_request(Some("cursor"), "cursor is not one this server issued"))
 }
 
 fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
-    let after = query_value(&pairs, "cursor")
-        .filter(|cursor| !cursor.is_empty())
-        .map(decode_cursor)
-        .transpose()?;
+    let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
     let summaries = app.engine.queues();
-    let mut remaining = summaries.iter().filter(|queue| {
-        after
-            .as_deref()
-            .is_none_or(|after| queue.name.as_str() > after)
-    });
+    let mut remaining =
+        summaries.iter().filter(|queue| after.as_deref().is_none_or(|after| queue.name.as_str() > after));
     let page: Vec<_> = remaining.by_ref().take(limit).collect();
     let has_more = remaining.next().is_some();
-    let cursor = if has_more {
-        page.last()
-            .map(|queue| Value::from(encode_cursor(&queue.name)))
-    } else {
-        None
-    };
-    let queues: Vec<Value> = page
-        .iter()
-        .map(|queue| json!({"name": queue.name, "size": queue.size(), "paused": queue.paused}))
-        .collect();
-    Ok(Reply::ok(
-        json!({"queues": queues, "cursor": cursor, "has_more": has_more}).to_string(),
-    ))
+    let cursor = if has_more { page.last().map(|queue| Value::from(encode_cursor(&queue.name))) } else { None };
+    let queues: Vec<Value> =
+        page.iter().map(|queue| json!({"name": queue.name, "size": queue.size(), "paused": queue.paused})).collect();
+    Ok(Reply::ok(json!({"queues": queues, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
 /// `exact`, `prefix.*` or `*`.
@@ -468,12 +349,7 @@ fn pattern_matches(pattern: &str, name: &str) -> bool {
 }
 
 fn list_filter(pairs: &[(String, String)], key: &str) -> Option<Vec<String>> {
-    query_value(pairs, key).map(|text| {
-        text.split(',')
-            .filter(|item| !item.is_empty())
-            .map(str::to_string)
-            .collect()
-    })
+    query_value(pairs, key).map(|text| text.split(',').filter(|item| !item.is_empty()).map(str::to_string).collect())
 }
 
 fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
@@ -483,37 +359,18 @@ fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let queues = list_filter(&pairs, "queues");
     let job_types = list_filter(&pairs, "job_types");
     let subject = query_value(&pairs, "subject").map(str::to_string);
-    let after = query_value(&pairs, "after")
-        .or_else(|| query_value(&pairs, "cursor"))
-        .filter(|id| !id.is_empty());
+    let after = query_value(&pairs, "after").or_else(|| query_value(&pairs, "cursor")).filter(|id| !id.is_empty());
     let page = app.engine.events_page(after, limit, |event| {
         let job = &event.job;
-        types.as_ref().is_none_or(|types| {
-            types
-                .iter()
-                .any(|pattern| pattern_matches(pattern, event.kind.type_name()))
-        }) && queues
-            .as_ref()
-            .is_none_or(|queues| queues.contains(&job.queue))
-            && job_types.as_ref().is_none_or(|types| {
-                types
-                    .iter()
-                    .any(|pattern| pattern_matches(pattern, &job.payload.job_type))
-            })
-            && subject
+        types.as_ref().is_none_or(|types| types.iter().any(|pattern| pattern_matches(pattern, event.kind.type_name())))
+            && queues.as_ref().is_none_or(|queues| queues.contains(&job.queue))
+            && job_types
                 .as_ref()
-                .is_none_or(|subject| *subject == job.id.to_string())
+                .is_none_or(|types| types.iter().any(|pattern| pattern_matches(pattern, &job.payload.job_type)))
+            && subject.as_ref().is_none_or(|subject| *subject == job.id.to_string())
     });
-    let cursor = page
-        .events
-        .last()
-        .map(|event| event.id.clone())
-        .or_else(|| after.map(str::to_string));
-    let events: Vec<Value> = page
-        .events
-        .iter()
-        .map(|event| render_event(event))
-        .collect();
+    let cursor = page.events.last().map(|event| event.id.clone()).or_else(|| after.map(str::to_string));
+    let events: Vec<Value> = page.events.iter().map(|event| render_event(event)).collect();
     let mut body = json!({"events": events, "cursor": cursor, "has_more": page.has_more});
     if page.gap {
         body["gap"] = true.into();
@@ -523,11 +380,7 @@ fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
 
 async fn health(app: &AppState) -> Result<Reply, ApiError> {
     let started = Instant::now();
-    let probe = tokio::time::timeout(
-        Duration::from_millis(HEALTH_PROBE_MS),
-        app.engine.probe().outcome(),
-    )
-    .await;
+    let probe = tokio::time::timeout(Duration::from_millis(HEALTH_PROBE_MS), app.engine.probe().outcome()).await;
     let latency_ms = started.elapsed().as_millis() as u64;
     let problem = if app.engine.storage_failed() {
         Some("sync_failed")
@@ -540,21 +393,16 @@ async fn health(app: &AppState) -> Result<Reply, ApiError> {
     };
     let uptime_seconds = app.started.elapsed().as_secs();
     let (status, backend) = match problem {
-        None => (
-            "ok",
-            json!({"type": "wal", "status": "ok", "latency_ms": latency_ms}),
-        ),
-        Some(error) => (
-            "unhealthy",
-            json!({"type": "wal", "status": "unhealthy", "latency_ms": latency_ms, "error": error}),
-        ),
+        None => ("ok", json!({"type": "wal", "status": "ok", "latency_ms": latency_ms})),
+        Some(error) => {
+            ("unhealthy", json!({"type": "wal", "status": "unhealthy", "latency_ms": latency_ms, "error": error}))
+        }
     };
-    let body = json!({"status": status, "version": SPEC_VERSION, "uptime_seconds": uptime_seconds, "backend": backend}).to_string();
+    let body = json!({"status": status, "version": SPEC_VERSION, "uptime_seconds": uptime_seconds, "backend": backend})
+        .to_string();
     Ok(match problem {
         None => Reply::ok(body),
-        Some(_) => Reply::ok(body)
-            .with_status(StatusCode::SERVICE_UNAVAILABLE)
-            .header("retry-after", "1".into()),
+        Some(_) => Reply::ok(body).with_status(StatusCode::SERVICE_UNAVAILABLE).header("retry-after", "1".into()),
     })
 }
 

@@ -60,11 +60,7 @@ pub struct Reply {
 
 impl Reply {
     pub fn ok(body: String) -> Self {
-        Self {
-            status: StatusCode::OK,
-            body,
-            headers: Vec::new(),
-        }
+        Self { status: StatusCode::OK, body, headers: Vec::new() }
     }
 
     pub fn with_status(mut self, status: StatusCode) -> Self {
@@ -86,18 +82,11 @@ pub async fn serve_request(
     let request_id = request_id(&app, request.headers());
     let outcome = match tokio::time::timeout(app.request_timeout, dispatch(&app, request)).await {
         Ok(outcome) => outcome,
-        Err(_) => Err(ApiError::new(
-            "timeout",
-            "the request was not completed in time; its outcome is unknown",
-        )),
+        Err(_) => Err(ApiError::new("timeout", "the request was not completed in time; its outcome is unknown")),
     };
     let (status, body, headers) = match outcome {
         Ok(reply) => (reply.status, reply.body, reply.headers),
-        Err(error) => (
-            error.status(),
-            error.body(&request_id).to_string(),
-            error.headers,
-        ),
+        Err(error) => (error.status(), error.body(&request_id).to_string(), error.headers),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
@@ -117,14 +106,10 @@ pub async fn serve_request(
 
 /// A client's `X-Request-Id` (1–128 visible ASCII characters), else `req_<uuidv7>`.
 fn request_id(app: &AppState, headers: &HeaderMap) -> String {
-    let given = headers
-        .get("x-request-id")
-        .and_then(|value| value.to_str().ok());
+    let given = headers.get("x-request-id").and_then(|value| value.to_str().ok());
     match given {
         Some(id)
-            if !id.is_empty()
-                && id.len() <= REQUEST_ID_CHARS_MAX
-                && id.bytes().all(|b| (0x21..=0x7e).contains(&b)) =>
+            if !id.is_empty() && id.len() <= REQUEST_ID_CHARS_MAX && id.bytes().all(|b| (0x21..=0x7e).contains(&b)) =>
         {
             id.to_string()
         }
@@ -141,15 +126,8 @@ async fn dispatch(app: &AppState, request: Request<Incoming>) -> Result<Reply, A
         check_version(request.headers())?;
     }
     let query = request.uri().query().unwrap_or("").to_string();
-    let body = if matches!(
-        *request.method(),
-        Method::POST | Method::PATCH | Method::PUT
-    ) {
-        let limit = if route == Route::BatchJobs {
-            BATCH_BODY_BYTES_MAX
-        } else {
-            REQUEST_BODY_BYTES_MAX
-        };
+    let body = if matches!(*request.method(), Method::POST | Method::PATCH | Method::PUT) {
+        let limit = if route == Route::BatchJobs { BATCH_BODY_BYTES_MAX } else { REQUEST_BODY_BYTES_MAX };
         read_body(request, limit).await?
     } else {
         Bytes::new()
@@ -164,34 +142,18 @@ fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
     };
     let text = value.to_str().unwrap_or("").trim();
     let major = text.split(['.', '-']).next().unwrap_or("");
-    if major == "1"
-        && text
-            .split('-')
-            .next()
-            .unwrap_or("")
-            .split('.')
-            .all(|part| part.parse::<u32>().is_ok())
-    {
+    if major == "1" && text.split('-').next().unwrap_or("").split('.').all(|part| part.parse::<u32>().is_ok()) {
         return Ok(());
     }
-    Err(ApiError::new(
-        "unsupported",
-        format!("SVC-Version {text} is not supported; this server speaks {SPEC_VERSION}"),
-    )
-    .detail("requested_version", text)
-    .detail("supported_versions", vec![SPEC_VERSION]))
+    Err(ApiError::new("unsupported", format!("SVC-Version {text} is not supported; this server speaks {SPEC_VERSION}"))
+        .detail("requested_version", text)
+        .detail("supported_versions", vec![SPEC_VERSION]))
 }
 
 /// Checks `Content-Type` when a body is present, then reads the body within `limit`.
 async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
-    let declared = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    let content_type = request
-        .headers()
-        .get(CONTENT_TYPE)
-        .map(|value| value.to_str().unwrap_or("").to_string());
+    let declared = request.headers().get(CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    let content_type = request.headers().get(CONTENT_TYPE).map(|value| value.to_str().unwrap_or("").to_string());
     if let Some(length) = declared
         && length > limit as u64
     {
@@ -201,18 +163,11 @@ async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, Ap
     let collected = Limited::new(request.into_body(), limit).collect().await;
     let body = match collected {
         Ok(collected) => collected.to_bytes(),
-        Err(error)
-            if error
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
+        Err(error) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
             return Err(too_large(limit, limit as u64 + 1));
         }
         Err(_) => {
-            return Err(ApiError::invalid_request(
-                None,
-                "the request body could not be read",
-            ));
+            return Err(ApiError::invalid_request(None, "the request body could not be read"));
         }
     };
     if !is_empty_body(&body) {
@@ -222,12 +177,9 @@ async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, Ap
 }
 
 fn too_large(limit: usize, actual: u64) -> ApiError {
-    ApiError::new(
-        "envelope_too_large",
-        format!("the request body is over the limit of {limit} bytes"),
-    )
-    .detail("limit_bytes", limit)
-    .detail("actual_bytes", actual)
+    ApiError::new("envelope_too_large", format!("the request body is over the limit of {limit} bytes"))
+        .detail("limit_bytes", limit)
+        .detail("actual_bytes", actual)
 }
 
 /// An absent body, white space only, or `{}`.
@@ -239,24 +191,13 @@ pub fn is_empty_body(body: &[u8]) -> bool {
 
 fn check_content_type(content_type: Option<&str>) -> Result<(), ApiError> {
     let Some(content_type) = content_type else {
-        return Err(ApiError::invalid_request(
-            None,
-            format!("Content-Type is required: {MEDIA_TYPE}"),
-        )
-        .detail("reason", "content_type_required"));
+        return Err(ApiError::invalid_request(None, format!("Content-Type is required: {MEDIA_TYPE}"))
+            .detail("reason", "content_type_required"));
     };
-    let media_type = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let media_type = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     if media_type == MEDIA_TYPE || media_type == "application/json" {
         return Ok(());
     }
-    Err(ApiError::invalid_request(
-        None,
-        format!("Content-Type {media_type} is not supported; send {MEDIA_TYPE}"),
-    )
-    .detail("reason", "unsupported_media_type"))
+    Err(ApiError::invalid_request(None, format!("Content-Type {media_type} is not supported; send {MEDIA_TYPE}"))
+        .detail("reason", "unsupported_media_type"))
 }

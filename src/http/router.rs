@@ -27,10 +27,7 @@ pub enum Route {
 impl Route {
     /// Discovery and probes: no version check, always served.
     pub fn is_public(&self) -> bool {
-        matches!(
-            self,
-            Route::Manifest | Route::Health | Route::Ready | Route::ErrorCatalog
-        )
+        matches!(self, Route::Manifest | Route::Health | Route::Ready | Route::ErrorCatalog)
     }
 }
 
@@ -52,10 +49,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["svc", "v1", "workers", "ack"] => vec![(Method::POST, Route::Ack)],
         ["svc", "v1", "workers", "nack"] => vec![(Method::POST, Route::Nack)],
         ["svc", "v1", "jobs", id] if !id.is_empty() => {
-            vec![
-                (Method::GET, Route::GetJob(decoded(id))),
-                (Method::DELETE, Route::CancelJob(decoded(id))),
-            ]
+            vec![(Method::GET, Route::GetJob(decoded(id))), (Method::DELETE, Route::CancelJob(decoded(id)))]
         }
         ["svc", "v1", "jobs", id, "ack"] if !id.is_empty() => {
             vec![(Method::POST, Route::AckById(decoded(id)))]
@@ -72,22 +66,14 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
             .detail("resource_type", "route")
             .detail("resource_id", path));
     }
-    let allowed: Vec<String> = choices
-        .iter()
-        .map(|(method, _)| method.to_string())
-        .collect();
+    let allowed: Vec<String> = choices.iter().map(|(method, _)| method.to_string()).collect();
     let allow = allowed.join(", ");
-    match choices
-        .into_iter()
-        .find(|(candidate, _)| candidate == method)
-    {
+    match choices.into_iter().find(|(candidate, _)| candidate == method) {
         Some((_, route)) => Ok(route),
         None => {
-            let mut error = ApiError::new(
-                "method_not_allowed",
-                format!("{method} is not allowed on {path}; allowed: {allow}"),
-            )
-            .detail("allowed_methods", allowed);
+            let mut error =
+                ApiError::new("method_not_allowed", format!("{method} is not allowed on {path}; allowed: {allow}"))
+                    .detail("allowed_methods", allowed);
             error.headers.push(("allow", allow));
             Err(error)
         }
@@ -120,26 +106,14 @@ mod tests {
 
     #[test]
     fn literal_segments_win_over_ids() {
-        assert_eq!(
-            route(&Method::POST, "/svc/v1/jobs/batch").unwrap(),
-            Route::BatchJobs
-        );
-        assert_eq!(
-            route(&Method::POST, "/svc/v1/jobs/fetch").unwrap(),
-            Route::Fetch
-        );
-        assert_eq!(
-            route(&Method::GET, "/svc/v1/jobs/abc").unwrap(),
-            Route::GetJob("abc".into())
-        );
+        assert_eq!(route(&Method::POST, "/svc/v1/jobs/batch").unwrap(), Route::BatchJobs);
+        assert_eq!(route(&Method::POST, "/svc/v1/jobs/fetch").unwrap(), Route::Fetch);
+        assert_eq!(route(&Method::GET, "/svc/v1/jobs/abc").unwrap(), Route::GetJob("abc".into()));
     }
 
     #[test]
     fn unknown_paths_and_methods() {
-        assert_eq!(
-            route(&Method::GET, "/svc/v1/jobs/").unwrap_err().code,
-            "not_found"
-        );
+        assert_eq!(route(&Method::GET, "/svc/v1/jobs/").unwrap_err().code, "not_found");
         assert_eq!(route(&Method::GET, "/nope").unwrap_err().code, "not_found");
         let error = route(&Method::GET, "/svc/v1/jobs").unwrap_err();
         assert_eq!(error.code, "method_not_allowed");
@@ -148,9 +122,6 @@ mod tests {
 
     #[test]
     fn ids_are_decoded_once() {
-        assert_eq!(
-            route(&Method::GET, "/svc/v1/jobs/a%2Fb%2541").unwrap(),
-            Route::GetJob("a/b%41".into())
-        );
+        assert_eq!(route(&Method::GET, "/svc/v1/jobs/a%2Fb%2541").unwrap(), Route::GetJob("a/b%41".into()));
     }
 }

@@ -17,10 +17,7 @@ pub struct ObjectWriter {
 
 impl Default for ObjectWriter {
     fn default() -> Self {
-        Self {
-            out: String::from("{"),
-            first: true,
-        }
+        Self { out: String::from("{"), first: true }
     }
 }
 
@@ -82,10 +79,7 @@ pub fn render_job(job: &Job, extra: &[(&str, Value)]) -> String {
         .number("max_attempts", job.max_attempts())
         .number("timeout", job.timeout_ms.div_ceil(1000))
         .number("timeout_ms", job.timeout_ms)
-        .number(
-            "visibility_timeout",
-            job.visibility_timeout_ms.div_ceil(1000),
-        )
+        .number("visibility_timeout", job.visibility_timeout_ms.div_ceil(1000))
         .number("visibility_timeout_ms", job.visibility_timeout_ms)
         .value("retry", &job.retry.to_json())
         .value("tags", &Value::from(job.payload.tags.clone()))
@@ -143,14 +137,9 @@ pub fn render_job(job: &Job, extra: &[(&str, Value)]) -> String {
 /// A failure as `{type, code, message, ...}`; history entries add attempt and time.
 fn render_report(report: &FailureReport, history: Option<(u32, i64)>) -> String {
     let mut object = ObjectWriter::default();
-    object
-        .string("type", &report.error_type)
-        .string("code", &report.code)
-        .string("message", &report.message);
+    object.string("type", &report.error_type).string("code", &report.code).string("message", &report.message);
     if let Some((attempt, occurred_at)) = history {
-        object
-            .number("attempt", attempt)
-            .time("occurred_at", occurred_at);
+        object.number("attempt", attempt).time("occurred_at", occurred_at);
     }
     if !report.backtrace.is_empty() {
         object.value("backtrace", &Value::from(report.backtrace.clone()));
@@ -206,10 +195,7 @@ pub fn render_event(event: &Event) -> Value {
             }
             fields
         }
-        EventKind::Scheduled => vec![(
-            "scheduled_at",
-            job.scheduled_at.map(format_timestamp).into(),
-        )],
+        EventKind::Scheduled => vec![("scheduled_at", job.scheduled_at.map(format_timestamp).into())],
         EventKind::Started => {
             let mut fields = vec![("attempt", Value::from(job.attempt))];
             if let Some(worker) = &job.worker_id {
@@ -218,15 +204,8 @@ pub fn render_event(event: &Event) -> Value {
             fields
         }
         EventKind::Completed => {
-            let mut fields = vec![
-                ("attempt", Value::from(job.attempt)),
-                ("duration_ms", duration.unwrap_or(0).into()),
-            ];
-            if let Some(result) = job
-                .result
-                .as_deref()
-                .and_then(|text| serde_json::from_str::<Value>(text).ok())
-            {
+            let mut fields = vec![("attempt", Value::from(job.attempt)), ("duration_ms", duration.unwrap_or(0).into())];
+            if let Some(result) = job.result.as_deref().and_then(|text| serde_json::from_str::<Value>(text).ok()) {
                 fields.push(("result", result));
             }
             fields
@@ -243,32 +222,19 @@ pub fn render_event(event: &Event) -> Value {
             ("retry_delay_ms", job.retry_delay_ms.into()),
             ("error", report_value(report, false)),
         ],
-        EventKind::Requeued { reason } => vec![
-            ("attempt", job.attempt.into()),
-            ("reason", (*reason).into()),
-        ],
+        EventKind::Requeued { reason } => vec![("attempt", job.attempt.into()), ("reason", (*reason).into())],
         EventKind::Discarded { reason } => vec![
             ("total_attempts", job.attempt.into()),
             ("reason", (*reason).into()),
-            (
-                "last_error",
-                job.error
-                    .as_ref()
-                    .map(|report| report_value(report, false))
-                    .into(),
-            ),
+            ("last_error", job.error.as_ref().map(|report| report_value(report, false)).into()),
         ],
-        EventKind::Cancelled { previous_state } => vec![
-            ("previous_state", previous_state.as_str().into()),
-            ("reason", "api".into()),
-        ],
+        EventKind::Cancelled { previous_state } => {
+            vec![("previous_state", previous_state.as_str().into()), ("reason", "api".into())]
+        }
         EventKind::Expired => vec![
             ("created_at", format_timestamp(job.created_at).into()),
             ("expired_at", format_timestamp(event.time).into()),
-            (
-                "ttl_ms",
-                job.expires_at.map(|at| at - job.created_at).into(),
-            ),
+            ("ttl_ms", job.expires_at.map(|at| at - job.created_at).into()),
         ],
     };
     for (key, value) in fields {

@@ -13,8 +13,8 @@ use super::retry::RetryPolicy;
 use super::time::{TimeSpec, parse_time_spec};
 use super::{JobId, JobPayload, NewJob};
 use crate::limits::{
-    ENVELOPE_BYTES_MAX, META_BYTES_MAX, PRIORITY_MAX, PRIORITY_MIN, QUEUE_CHARS_MAX, TAG_CHARS_MAX,
-    TAGS_MAX, TIMEOUT_MS_MAX, TYPE_CHARS_MAX,
+    ENVELOPE_BYTES_MAX, META_BYTES_MAX, PRIORITY_MAX, PRIORITY_MIN, QUEUE_CHARS_MAX, TAG_CHARS_MAX, TAGS_MAX,
+    TIMEOUT_MS_MAX, TYPE_CHARS_MAX,
 };
 
 /// Server-wide defaults applied to fields a client leaves out.
@@ -91,11 +91,7 @@ pub fn parse_enqueue_body(bytes: &[u8], defaults: &JobDefaults) -> Result<NewJob
     if bytes.len() > ENVELOPE_BYTES_MAX {
         let compact = minify(std::str::from_utf8(bytes).unwrap_or_default()).len();
         if compact > ENVELOPE_BYTES_MAX {
-            return Err(ValidationError::too_large(
-                "job",
-                ENVELOPE_BYTES_MAX,
-                compact,
-            ));
+            return Err(ValidationError::too_large("job", ENVELOPE_BYTES_MAX, compact));
         }
     }
     parse_enqueue_object(&object, defaults)
@@ -108,37 +104,24 @@ pub fn body_error(error: BodyError) -> ValidationError {
             ValidationError::request(None, format!("request body is not valid JSON: {detail}"))
                 .with_reason("malformed_json")
         }
-        BodyError::NotAnObject => {
-            ValidationError::request(None, "request body must be a JSON object")
-        }
+        BodyError::NotAnObject => ValidationError::request(None, "request body must be a JSON object"),
         BodyError::TooDeep => ValidationError::request(
             None,
-            format!(
-                "request body nests deeper than {} levels",
-                crate::limits::JSON_DEPTH_MAX
-            ),
+            format!("request body nests deeper than {} levels", crate::limits::JSON_DEPTH_MAX),
         )
         .with_reason("too_deep"),
     }
 }
 
 /// Validates one enqueue item already parsed as an object.
-pub fn parse_enqueue_object(
-    object: &RawObject,
-    defaults: &JobDefaults,
-) -> Result<NewJob, ValidationError> {
+pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Result<NewJob, ValidationError> {
     let options = match object.get_present("options") {
         Some(raw) => Some(
-            parse_raw_object(raw)
-                .ok_or_else(|| ValidationError::payload("options", "options must be an object"))?,
+            parse_raw_object(raw).ok_or_else(|| ValidationError::payload("options", "options must be an object"))?,
         ),
         None => None,
     };
-    let option = |name: &str| {
-        options
-            .as_ref()
-            .and_then(|options| options.get_present(name))
-    };
+    let option = |name: &str| options.as_ref().and_then(|options| options.get_present(name));
 
     let id = match object.get_present("id") {
         Some(raw) => Some(parse_id(raw)?),
@@ -147,10 +130,7 @@ pub fn parse_enqueue_object(
     if let Some(raw) = object.get_present("specversion")
         && raw.get() != "\"1.0\""
     {
-        return Err(ValidationError::payload(
-            "specversion",
-            "specversion must be \"1.0\"",
-        ));
+        return Err(ValidationError::payload("specversion", "specversion must be \"1.0\""));
     }
     let job_type = parse_type(object.get_present("type"))?;
     let args = parse_args(object.get_present("args"))?;
@@ -158,36 +138,27 @@ pub fn parse_enqueue_object(
     if object.get_present("schema").is_some() {
         return Err(unsupported("schema", "schema validation of args"));
     }
-    if let Some((_, path)) = first(&[
-        (option("unique"), "options.unique"),
-        (object.get_present("unique"), "unique"),
-    ]) {
+    if let Some((_, path)) = first(&[(option("unique"), "options.unique"), (object.get_present("unique"), "unique")]) {
         return Err(unsupported(path, "unique jobs"));
     }
-    if let Some((_, path)) = first(&[
-        (option("rate_limit"), "options.rate_limit"),
-        (object.get_present("rate_limit"), "rate_limit"),
-    ]) {
+    if let Some((_, path)) =
+        first(&[(option("rate_limit"), "options.rate_limit"), (object.get_present("rate_limit"), "rate_limit")])
+    {
         return Err(unsupported(path, "dispatch rate limits"));
     }
     if option("pending").is_some() {
         return Err(unsupported("options.pending", "staged (pending) jobs"));
     }
 
-    let queue = match first(&[
-        (option("queue"), "options.queue"),
-        (object.get_present("queue"), "queue"),
-    ]) {
+    let queue = match first(&[(option("queue"), "options.queue"), (object.get_present("queue"), "queue")]) {
         Some((raw, path)) => parse_queue_field(raw, path)?,
         None => "default".to_string(),
     };
-    let priority = match first(&[
-        (option("priority"), "options.priority"),
-        (object.get_present("priority"), "priority"),
-    ]) {
-        Some((raw, path)) => int_in_range(raw, path, PRIORITY_MIN, PRIORITY_MAX)? as i32,
-        None => 0,
-    };
+    let priority =
+        match first(&[(option("priority"), "options.priority"), (object.get_present("priority"), "priority")]) {
+            Some((raw, path)) => int_in_range(raw, path, PRIORITY_MIN, PRIORITY_MAX)? as i32,
+            None => 0,
+        };
     let timeout_ms = millis_field(
         &[
             (option("timeout_ms"), "options.timeout_ms", 1),
@@ -198,21 +169,9 @@ pub fn parse_enqueue_object(
     )?;
     let visibility_timeout_ms = millis_field(
         &[
-            (
-                option("visibility_timeout_ms"),
-                "options.visibility_timeout_ms",
-                1,
-            ),
-            (
-                object.get_present("visibility_timeout_ms"),
-                "visibility_timeout_ms",
-                1,
-            ),
-            (
-                object.get_present("visibility_timeout"),
-                "visibility_timeout",
-                1000,
-            ),
+            (option("visibility_timeout_ms"), "options.visibility_timeout_ms", 1),
+            (object.get_present("visibility_timeout_ms"), "visibility_timeout_ms", 1),
+            (object.get_present("visibility_timeout"), "visibility_timeout", 1000),
         ],
         defaults.visibility_timeout_ms,
     )?;
@@ -243,31 +202,20 @@ pub fn parse_enqueue_object(
         }
         None => defaults.retry.clone(),
     };
-    let tags = match first(&[
-        (option("tags"), "options.tags"),
-        (object.get_present("tags"), "tags"),
-    ]) {
+    let tags = match first(&[(option("tags"), "options.tags"), (object.get_present("tags"), "tags")]) {
         Some((raw, path)) => parse_tags(raw, path)?,
         None => Vec::new(),
     };
     let extra = object
         .entries
         .iter()
-        .filter(|(name, _)| {
-            !KNOWN.contains(&name.as_str()) && !SYSTEM_MANAGED.contains(&name.as_str())
-        })
+        .filter(|(name, _)| !KNOWN.contains(&name.as_str()) && !SYSTEM_MANAGED.contains(&name.as_str()))
         .map(|(name, raw)| (name.clone(), minify(raw.get())))
         .collect();
 
     Ok(NewJob {
         id,
-        payload: Arc::new(JobPayload {
-            job_type,
-            args,
-            meta,
-            tags,
-            extra,
-        }),
+        payload: Arc::new(JobPayload { job_type, args, meta, tags, extra }),
         queue,
         priority,
         timeout_ms,
@@ -279,12 +227,8 @@ pub fn parse_enqueue_object(
 }
 
 /// The first present source and its path.
-fn first<'a>(
-    sources: &[(Option<&'a RawValue>, &'static str)],
-) -> Option<(&'a RawValue, &'static str)> {
-    sources
-        .iter()
-        .find_map(|(raw, path)| raw.map(|raw| (raw, *path)))
+fn first<'a>(sources: &[(Option<&'a RawValue>, &'static str)]) -> Option<(&'a RawValue, &'static str)> {
+    sources.iter().find_map(|(raw, path)| raw.map(|raw| (raw, *path)))
 }
 
 fn unsupported(field: &str, feature: &str) -> ValidationError {
@@ -300,19 +244,13 @@ fn unsupported(field: &str, feature: &str) -> ValidationError {
 fn parse_id(raw: &RawValue) -> Result<JobId, ValidationError> {
     let text: Option<String> = serde_json::from_str(raw.get()).ok();
     text.as_deref().and_then(JobId::parse).ok_or_else(|| {
-        ValidationError::payload(
-            "id",
-            "id must be a lowercase UUIDv7 such as 019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
-        )
+        ValidationError::payload("id", "id must be a lowercase UUIDv7 such as 019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f")
     })
 }
 
 fn parse_type(raw: Option<&RawValue>) -> Result<String, ValidationError> {
     let Some(raw) = raw else {
-        return Err(ValidationError::request(
-            Some("type".to_string()),
-            "type is required",
-        ));
+        return Err(ValidationError::request(Some("type".to_string()), "type is required"));
     };
     let Ok(text) = serde_json::from_str::<String>(raw.get()) else {
         return Err(ValidationError::payload("type", "type must be a string"));
@@ -345,31 +283,20 @@ pub fn is_valid_queue(text: &str) -> bool {
     !bytes.is_empty()
         && bytes.len() <= QUEUE_CHARS_MAX
         && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'.' || *b == b'-')
+        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'.' || *b == b'-')
 }
 
 fn parse_args(raw: Option<&RawValue>) -> Result<String, ValidationError> {
     let Some(raw) = raw else {
-        return Err(ValidationError::request(
-            Some("args".to_string()),
-            "args is required and must be an array",
-        ));
+        return Err(ValidationError::request(Some("args".to_string()), "args is required and must be an array"));
     };
     if kind_of(raw) != JsonKind::Array {
-        return Err(ValidationError::payload(
-            "args",
-            format!("args must be an array, not {}", kind_of(raw).name()),
-        ));
+        return Err(ValidationError::payload("args", format!("args must be an array, not {}", kind_of(raw).name())));
     }
     Ok(minify(raw.get()))
 }
 
-fn parse_meta(
-    meta: Option<&RawValue>,
-    metadata: Option<&RawValue>,
-) -> Result<String, ValidationError> {
+fn parse_meta(meta: Option<&RawValue>, metadata: Option<&RawValue>) -> Result<String, ValidationError> {
     let base = match meta {
         Some(raw) if kind_of(raw) == JsonKind::Object => minify(raw.get()),
         Some(_) => return Err(ValidationError::payload("meta", "meta must be an object")),
@@ -378,19 +305,14 @@ fn parse_meta(
     let merged = match metadata {
         None => base,
         Some(raw) => {
-            let overlay = parse_raw_object(raw).ok_or_else(|| {
-                ValidationError::payload("options.metadata", "options.metadata must be an object")
-            })?;
+            let overlay = parse_raw_object(raw)
+                .ok_or_else(|| ValidationError::payload("options.metadata", "options.metadata must be an object"))?;
             let base_object = serde_json::from_str::<RawObject>(&base).unwrap_or_default();
             merge_objects(base_object, overlay)
         }
     };
     if merged.len() > META_BYTES_MAX {
-        return Err(ValidationError::too_large(
-            "meta",
-            META_BYTES_MAX,
-            merged.len(),
-        ));
+        return Err(ValidationError::too_large("meta", META_BYTES_MAX, merged.len()));
     }
     Ok(merged)
 }
@@ -438,19 +360,11 @@ pub fn raw_integer(raw: &RawValue) -> Option<i64> {
 fn int_in_range(raw: &RawValue, path: &str, min: i64, max: i64) -> Result<i64, ValidationError> {
     raw_integer(raw)
         .filter(|value| (min..=max).contains(value))
-        .ok_or_else(|| {
-            ValidationError::payload(
-                path,
-                format!("{path} must be an integer from {min} to {max}"),
-            )
-        })
+        .ok_or_else(|| ValidationError::payload(path, format!("{path} must be an integer from {min} to {max}")))
 }
 
 /// The first present source, in milliseconds (`scale` 1000 for fields in seconds).
-fn millis_field(
-    sources: &[(Option<&RawValue>, &str, u64)],
-    default: u64,
-) -> Result<u64, ValidationError> {
+fn millis_field(sources: &[(Option<&RawValue>, &str, u64)], default: u64) -> Result<u64, ValidationError> {
     for (raw, path, scale) in sources {
         if let Some(raw) = raw {
             let max = (TIMEOUT_MS_MAX / scale) as i64;
@@ -467,25 +381,18 @@ fn time_field(raw: &RawValue, path: &str) -> Result<TimeSpec, ValidationError> {
             format!("{path} must be an RFC 3339 timestamp or +duration string"),
         ));
     };
-    parse_time_spec(&text)
-        .map_err(|message| ValidationError::payload(path, format!("{path}: {message}")))
+    parse_time_spec(&text).map_err(|message| ValidationError::payload(path, format!("{path}: {message}")))
 }
 
 fn parse_tags(raw: &RawValue, path: &str) -> Result<Vec<String>, ValidationError> {
     let invalid = || {
         ValidationError::payload(
             path,
-            format!(
-                "{path} must be an array of at most {TAGS_MAX} strings of 1 to {TAG_CHARS_MAX} characters"
-            ),
+            format!("{path} must be an array of at most {TAGS_MAX} strings of 1 to {TAG_CHARS_MAX} characters"),
         )
     };
     let tags: Vec<String> = serde_json::from_str(raw.get()).map_err(|_| invalid())?;
-    if tags.len() > TAGS_MAX
-        || tags
-            .iter()
-            .any(|tag| tag.is_empty() || tag.chars().count() > TAG_CHARS_MAX)
-    {
+    if tags.len() > TAGS_MAX || tags.iter().any(|tag| tag.is_empty() || tag.chars().count() > TAG_CHARS_MAX) {
         return Err(invalid());
     }
     Ok(tags)
@@ -513,7 +420,10 @@ mod tests {
 
     #[test]
     fn options_win_over_top_level_aliases() {
-        let job = parse(r#"{"type":"t","args":[],"queue":"low","priority":1,"timeout":5,"options":{"queue":"high","priority":7}}"#).unwrap();
+        let job = parse(
+            r#"{"type":"t","args":[],"queue":"low","priority":1,"timeout":5,"options":{"queue":"high","priority":7}}"#,
+        )
+        .unwrap();
         assert_eq!(job.queue, "high");
         assert_eq!(job.priority, 7);
         assert_eq!(job.timeout_ms, 5000);
@@ -521,22 +431,13 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_kept_and_system_fields_dropped() {
-        let job = parse(
-            r#"{"type":"t","args":[],"x_custom": {"a" : 1.50},"state":"completed","attempt":9}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            job.payload.extra,
-            vec![("x_custom".to_string(), r#"{"a":1.50}"#.to_string())]
-        );
+        let job = parse(r#"{"type":"t","args":[],"x_custom": {"a" : 1.50},"state":"completed","attempt":9}"#).unwrap();
+        assert_eq!(job.payload.extra, vec![("x_custom".to_string(), r#"{"a":1.50}"#.to_string())]);
     }
 
     #[test]
     fn metadata_merges_over_meta() {
-        let job = parse(
-            r#"{"type":"t","args":[],"meta":{"a":1,"b":2},"options":{"metadata":{"b":3,"c":4}}}"#,
-        )
-        .unwrap();
+        let job = parse(r#"{"type":"t","args":[],"meta":{"a":1,"b":2},"options":{"metadata":{"b":3,"c":4}}}"#).unwrap();
         assert_eq!(job.payload.meta, r#"{"a":1,"b":3,"c":4}"#);
     }
 
@@ -545,37 +446,13 @@ mod tests {
         let cases = [
             (r#"{"args":[]}"#, ValidationKind::Request, "type"),
             (r#"{"type":"t"}"#, ValidationKind::Request, "args"),
-            (
-                r#"{"type":"t","args":null}"#,
-                ValidationKind::Request,
-                "args",
-            ),
+            (r#"{"type":"t","args":null}"#, ValidationKind::Request, "args"),
             (r#"{"type":"t","args":{}}"#, ValidationKind::Payload, "args"),
-            (
-                r#"{"type":"1t","args":[]}"#,
-                ValidationKind::Payload,
-                "type",
-            ),
-            (
-                r#"{"type":"t","args":[],"options":{"queue":"Default"}}"#,
-                ValidationKind::Payload,
-                "options.queue",
-            ),
-            (
-                r#"{"type":"t","args":[],"options":{"priority":101}}"#,
-                ValidationKind::Payload,
-                "options.priority",
-            ),
-            (
-                r#"{"type":"t","args":[],"options":{"priority":5.0}}"#,
-                ValidationKind::Payload,
-                "options.priority",
-            ),
-            (
-                r#"{"type":"t","args":[],"id":"not-a-uuid"}"#,
-                ValidationKind::Payload,
-                "id",
-            ),
+            (r#"{"type":"1t","args":[]}"#, ValidationKind::Payload, "type"),
+            (r#"{"type":"t","args":[],"options":{"queue":"Default"}}"#, ValidationKind::Payload, "options.queue"),
+            (r#"{"type":"t","args":[],"options":{"priority":101}}"#, ValidationKind::Payload, "options.priority"),
+            (r#"{"type":"t","args":[],"options":{"priority":5.0}}"#, ValidationKind::Payload, "options.priority"),
+            (r#"{"type":"t","args":[],"id":"not-a-uuid"}"#, ValidationKind::Payload, "id"),
             (
                 r#"{"type":"t","args":[],"options":{"delay_until":"tomorrow"}}"#,
                 ValidationKind::Payload,
@@ -586,43 +463,20 @@ mod tests {
                 ValidationKind::Payload,
                 "options.retry.backoff_strategy",
             ),
-            (
-                r#"{"type":"t","args":[],"options":{"tags":[""]}}"#,
-                ValidationKind::Payload,
-                "options.tags",
-            ),
-            (
-                r#"{"type":"t","args":[],"options":{"timeout_ms":0}}"#,
-                ValidationKind::Payload,
-                "options.timeout_ms",
-            ),
-            (
-                r#"{"type":"t","args":[],"meta":[]}"#,
-                ValidationKind::Payload,
-                "meta",
-            ),
-            (
-                r#"{"type":"t","args":[],"specversion":"2.0"}"#,
-                ValidationKind::Payload,
-                "specversion",
-            ),
+            (r#"{"type":"t","args":[],"options":{"tags":[""]}}"#, ValidationKind::Payload, "options.tags"),
+            (r#"{"type":"t","args":[],"options":{"timeout_ms":0}}"#, ValidationKind::Payload, "options.timeout_ms"),
+            (r#"{"type":"t","args":[],"meta":[]}"#, ValidationKind::Payload, "meta"),
+            (r#"{"type":"t","args":[],"specversion":"2.0"}"#, ValidationKind::Payload, "specversion"),
         ];
         for (body, kind, field) in cases {
             let error = parse(body).unwrap_err();
-            assert_eq!(
-                (error.kind, error.field.as_deref()),
-                (kind, Some(field)),
-                "{body}"
-            );
+            assert_eq!((error.kind, error.field.as_deref()), (kind, Some(field)), "{body}");
         }
     }
 
     #[test]
     fn oversized_meta_is_too_large() {
-        let body = format!(
-            r#"{{"type":"t","args":[],"meta":{{"k":"{}"}}}}"#,
-            "x".repeat(70_000)
-        );
+        let body = format!(r#"{{"type":"t","args":[],"meta":{{"k":"{}"}}}}"#, "x".repeat(70_000));
         assert_eq!(parse(&body).unwrap_err().kind, ValidationKind::TooLarge);
     }
 

@@ -38,8 +38,7 @@ impl ValidationError {
 
     pub fn too_large(field: impl Into<String>, limit_bytes: usize, actual_bytes: usize) -> Self {
         let field = field.into();
-        let message =
-            format!("{field} is {actual_bytes} bytes, over the limit of {limit_bytes} bytes");
+        let message = format!("{field} is {actual_bytes} bytes, over the limit of {limit_bytes} bytes");
         let mut error = Self::new(ValidationKind::TooLarge, Some(field), message);
         error.details.push(("limit_bytes", limit_bytes.into()));
         error.details.push(("actual_bytes", actual_bytes.into()));
@@ -47,13 +46,7 @@ impl ValidationError {
     }
 
     fn new(kind: ValidationKind, field: Option<String>, message: String) -> Self {
-        Self {
-            kind,
-            message,
-            field,
-            reason: None,
-            details: Vec::new(),
-        }
+        Self { kind, message, field, reason: None, details: Vec::new() }
     }
 
     pub fn with_reason(mut self, reason: &'static str) -> Self {

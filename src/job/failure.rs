@@ -5,9 +5,7 @@ use serde_json::Value;
 
 use super::error::ValidationError;
 use crate::clock::Millis;
-use crate::limits::{
-    BACKTRACE_CHARS_MAX, BACKTRACE_FRAMES_MAX, ERROR_MESSAGE_CHARS_MAX, ERROR_TYPE_CHARS_MAX,
-};
+use crate::limits::{BACKTRACE_CHARS_MAX, BACKTRACE_FRAMES_MAX, ERROR_MESSAGE_CHARS_MAX, ERROR_TYPE_CHARS_MAX};
 
 /// One failure of a job, as stored (messages and backtraces already cut to size).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,11 +65,7 @@ pub fn parse_failure_report(value: Option<&Value>) -> Result<FailureReport, Vali
             "error must be an object with type and message",
         ));
     };
-    let text = |name: &str| {
-        map.get(name)
-            .and_then(Value::as_str)
-            .filter(|text| !text.is_empty())
-    };
+    let text = |name: &str| map.get(name).and_then(Value::as_str).filter(|text| !text.is_empty());
     let error_type = text("type").or_else(|| text("code"));
     let Some(error_type) = error_type else {
         return Err(ValidationError::request(
@@ -116,10 +110,7 @@ pub fn parse_failure_report(value: Option<&Value>) -> Result<FailureReport, Vali
         None | Some(Value::Null) => None,
         Some(object @ Value::Object(_)) => Some(object.to_string()),
         Some(_) => {
-            return Err(ValidationError::request(
-                Some("error.details".to_string()),
-                "error.details must be an object",
-            ));
+            return Err(ValidationError::request(Some("error.details".to_string()), "error.details must be an object"));
         }
     };
     Ok(FailureReport {
@@ -135,11 +126,7 @@ pub fn parse_failure_report(value: Option<&Value>) -> Result<FailureReport, Vali
 fn cut_backtrace(frames: &[Value]) -> Vec<String> {
     let mut kept = Vec::new();
     let mut chars = 0;
-    for frame in frames
-        .iter()
-        .filter_map(Value::as_str)
-        .take(BACKTRACE_FRAMES_MAX)
-    {
+    for frame in frames.iter().filter_map(Value::as_str).take(BACKTRACE_FRAMES_MAX) {
         let length = frame.chars().count();
         if chars + length > BACKTRACE_CHARS_MAX {
             break;
@@ -157,13 +144,10 @@ mod tests {
 
     #[test]
     fn code_is_an_alias_of_type() {
-        let report =
-            parse_failure_report(Some(&json!({"code": "handler_error", "message": "boom"})))
-                .unwrap();
+        let report = parse_failure_report(Some(&json!({"code": "handler_error", "message": "boom"}))).unwrap();
         assert_eq!(report.error_type, "handler_error");
         assert_eq!(report.code, "handler_error");
-        let report =
-            parse_failure_report(Some(&json!({"type": "SmtpError", "message": "421"}))).unwrap();
+        let report = parse_failure_report(Some(&json!({"type": "SmtpError", "message": "421"}))).unwrap();
         assert_eq!(report.code, "SmtpError");
     }
 

@@ -18,10 +18,7 @@ pub struct RawObject {
 
 impl RawObject {
     pub fn get(&self, key: &str) -> Option<&RawValue> {
-        self.entries
-            .iter()
-            .find(|(name, _)| name == key)
-            .map(|(_, value)| value.as_ref())
+        self.entries.iter().find(|(name, _)| name == key).map(|(_, value)| value.as_ref())
     }
 
     /// Like `get`, but a JSON `null` counts as absent.
@@ -195,32 +192,20 @@ mod tests {
         let keys: Vec<_> = object.entries.iter().map(|(key, _)| key.as_str()).collect();
         assert_eq!(keys, ["b", "a"]);
         assert_eq!(object.get("b").unwrap().get(), "1.50");
-        assert_eq!(
-            minify(object.get("a").unwrap().get()),
-            r#"[1e2,{"z":1,"y":2}]"#
-        );
+        assert_eq!(minify(object.get("a").unwrap().get()), r#"[1e2,{"z":1,"y":2}]"#);
     }
 
     #[test]
     fn body_errors_are_classified() {
-        assert!(matches!(
-            parse_object(b"{not json"),
-            Err(BodyError::Malformed(_))
-        ));
+        assert!(matches!(parse_object(b"{not json"), Err(BodyError::Malformed(_))));
         assert_eq!(parse_object(b"[1,2]").unwrap_err(), BodyError::NotAnObject);
         let deep = format!("{}{}", "[".repeat(70), "]".repeat(70));
-        assert_eq!(
-            parse_object(deep.as_bytes()).unwrap_err(),
-            BodyError::TooDeep
-        );
+        assert_eq!(parse_object(deep.as_bytes()).unwrap_err(), BodyError::TooDeep);
     }
 
     #[test]
     fn minify_leaves_strings_alone() {
-        assert_eq!(
-            minify(r#"{ "a b" : [ 1 , "x \" y" ] }"#),
-            r#"{"a b":[1,"x \" y"]}"#
-        );
+        assert_eq!(minify(r#"{ "a b" : [ 1 , "x \" y" ] }"#), r#"{"a b":[1,"x \" y"]}"#);
     }
 
     #[test]

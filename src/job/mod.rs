@@ -10,8 +10,7 @@ mod retry;
 pub mod time;
 
 pub use enqueue::{
-    JobDefaults, body_error, is_valid_queue, is_valid_type, parse_enqueue_body,
-    parse_enqueue_object, raw_integer,
+    JobDefaults, body_error, is_valid_queue, is_valid_type, parse_enqueue_body, parse_enqueue_object, raw_integer,
 };
 pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
@@ -63,10 +62,7 @@ impl JobState {
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Completed | JobState::Discarded | JobState::Cancelled
-        )
+        matches!(self, JobState::Completed | JobState::Discarded | JobState::Cancelled)
     }
 
     /// Position in [`JobState::ALL`], for per-state counters.

@@ -5,9 +5,7 @@ use serde_json::Value;
 
 use super::error::ValidationError;
 use super::time::{format_duration_ms, parse_duration_ms};
-use crate::limits::{
-    BACKOFF_COEFFICIENT_MAX, ERROR_TYPE_CHARS_MAX, NON_RETRYABLE_ERRORS_MAX, RETRY_ATTEMPTS_MAX,
-};
+use crate::limits::{BACKOFF_COEFFICIENT_MAX, ERROR_TYPE_CHARS_MAX, NON_RETRYABLE_ERRORS_MAX, RETRY_ATTEMPTS_MAX};
 
 /// What happens to a job whose attempts are used up. Both end in `discarded`
 /// and the dead letter listing; they differ in retention.
@@ -65,40 +63,25 @@ const FIELDS: [&str; 7] = [
 impl RetryPolicy {
     /// Merges a client policy object field by field over `base`. `path` names
     /// the object in error messages (e.g. `options.retry`).
-    pub fn merged(
-        base: &RetryPolicy,
-        object: &Value,
-        path: &str,
-    ) -> Result<RetryPolicy, ValidationError> {
+    pub fn merged(base: &RetryPolicy, object: &Value, path: &str) -> Result<RetryPolicy, ValidationError> {
         let Value::Object(map) = object else {
-            return Err(ValidationError::payload(
-                path,
-                format!("{path} must be an object"),
-            ));
+            return Err(ValidationError::payload(path, format!("{path} must be an object")));
         };
         if let Some(unknown) = map.keys().find(|key| !FIELDS.contains(&key.as_str())) {
             return Err(ValidationError::payload(
                 format!("{path}.{unknown}"),
-                format!(
-                    "{path}.{unknown} is not a retry policy field; allowed: {}",
-                    FIELDS.join(", ")
-                ),
+                format!("{path}.{unknown} is not a retry policy field; allowed: {}", FIELDS.join(", ")),
             ));
         }
         let field = |name: &str| map.get(name).filter(|value| !value.is_null());
         let at = |name: &str| format!("{path}.{name}");
         let mut policy = base.clone();
         if let Some(value) = field("max_attempts") {
-            let attempts = value
-                .as_i64()
-                .filter(|n| value.is_i64() && (0..=RETRY_ATTEMPTS_MAX).contains(n));
+            let attempts = value.as_i64().filter(|n| value.is_i64() && (0..=RETRY_ATTEMPTS_MAX).contains(n));
             policy.max_attempts = attempts.ok_or_else(|| {
                 ValidationError::payload(
                     at("max_attempts"),
-                    format!(
-                        "{} must be an integer from 0 to {RETRY_ATTEMPTS_MAX}",
-                        at("max_attempts")
-                    ),
+                    format!("{} must be an integer from 0 to {RETRY_ATTEMPTS_MAX}", at("max_attempts")),
                 )
             })? as u32;
         }
@@ -107,16 +90,11 @@ impl RetryPolicy {
             policy.initial_interval_ms = duration_field(value, &at("initial_interval"))?;
         }
         if let Some(value) = field("backoff_coefficient") {
-            let coefficient = value
-                .as_f64()
-                .filter(|c| (1.0..=BACKOFF_COEFFICIENT_MAX).contains(c));
+            let coefficient = value.as_f64().filter(|c| (1.0..=BACKOFF_COEFFICIENT_MAX).contains(c));
             policy.backoff_coefficient = coefficient.ok_or_else(|| {
                 ValidationError::payload(
                     at("backoff_coefficient"),
-                    format!(
-                        "{} must be a number from 1.0 to {BACKOFF_COEFFICIENT_MAX}",
-                        at("backoff_coefficient")
-                    ),
+                    format!("{} must be a number from 1.0 to {BACKOFF_COEFFICIENT_MAX}", at("backoff_coefficient")),
                 )
             })?;
         }
@@ -126,25 +104,17 @@ impl RetryPolicy {
                 if policy.max_interval_ms < policy.initial_interval_ms {
                     return Err(ValidationError::payload(
                         at("max_interval"),
-                        format!(
-                            "{} must not be shorter than initial_interval",
-                            at("max_interval")
-                        ),
+                        format!("{} must not be shorter than initial_interval", at("max_interval")),
                     ));
                 }
             }
-            None if initial_given => {
-                policy.max_interval_ms = policy.max_interval_ms.max(policy.initial_interval_ms)
-            }
+            None if initial_given => policy.max_interval_ms = policy.max_interval_ms.max(policy.initial_interval_ms),
             None => {}
         }
         if let Some(value) = field("jitter") {
-            policy.jitter = value.as_bool().ok_or_else(|| {
-                ValidationError::payload(
-                    at("jitter"),
-                    format!("{} must be a boolean", at("jitter")),
-                )
-            })?;
+            policy.jitter = value
+                .as_bool()
+                .ok_or_else(|| ValidationError::payload(at("jitter"), format!("{} must be a boolean", at("jitter"))))?;
         }
         if let Some(value) = field("non_retryable_errors") {
             policy.non_retryable_errors = error_list(value, &at("non_retryable_errors"))?;
@@ -156,10 +126,7 @@ impl RetryPolicy {
                 _ => {
                     return Err(ValidationError::payload(
                         at("on_exhaustion"),
-                        format!(
-                            "{} must be \"discard\" or \"dead_letter\"",
-                            at("on_exhaustion")
-                        ),
+                        format!("{} must be \"discard\" or \"dead_letter\"", at("on_exhaustion")),
                     ));
                 }
             };
@@ -183,13 +150,9 @@ impl RetryPolicy {
 
 fn duration_field(value: &Value, path: &str) -> Result<i64, ValidationError> {
     let text = value.as_str().ok_or_else(|| {
-        ValidationError::payload(
-            path,
-            format!("{path} must be an ISO 8601 duration string such as \"PT1S\""),
-        )
+        ValidationError::payload(path, format!("{path} must be an ISO 8601 duration string such as \"PT1S\""))
     })?;
-    parse_duration_ms(text)
-        .map_err(|message| ValidationError::payload(path, format!("{path}: {message}")))
+    parse_duration_ms(text).map_err(|message| ValidationError::payload(path, format!("{path}: {message}")))
 }
 
 fn error_list(value: &Value, path: &str) -> Result<Vec<String>, ValidationError> {
@@ -201,10 +164,7 @@ fn error_list(value: &Value, path: &str) -> Result<Vec<String>, ValidationError>
             ),
         )
     };
-    let items = value
-        .as_array()
-        .filter(|items| items.len() <= NON_RETRYABLE_ERRORS_MAX)
-        .ok_or_else(invalid)?;
+    let items = value.as_array().filter(|items| items.len() <= NON_RETRYABLE_ERRORS_MAX).ok_or_else(invalid)?;
     items
         .iter()
         .map(|item| {
@@ -237,38 +197,22 @@ mod tests {
 
     #[test]
     fn max_interval_follows_a_larger_initial_interval() {
-        let policy = RetryPolicy::merged(
-            &RetryPolicy::default(),
-            &json!({"initial_interval": "PT10M"}),
-            "retry",
-        )
-        .unwrap();
+        let policy =
+            RetryPolicy::merged(&RetryPolicy::default(), &json!({"initial_interval": "PT10M"}), "retry").unwrap();
         assert_eq!(policy.max_interval_ms, 600_000);
     }
 
     #[test]
     fn strict_validation_names_the_field() {
         let cases = [
-            (
-                json!({"backoff_strategy": "linear"}),
-                "retry.backoff_strategy",
-            ),
+            (json!({"backoff_strategy": "linear"}), "retry.backoff_strategy"),
             (json!({"max_attempts": -1}), "retry.max_attempts"),
             (json!({"max_attempts": 2.5}), "retry.max_attempts"),
-            (
-                json!({"backoff_coefficient": 0.5}),
-                "retry.backoff_coefficient",
-            ),
+            (json!({"backoff_coefficient": 0.5}), "retry.backoff_coefficient"),
             (json!({"initial_interval": "P1Y"}), "retry.initial_interval"),
-            (
-                json!({"initial_interval": "PT10S", "max_interval": "PT1S"}),
-                "retry.max_interval",
-            ),
+            (json!({"initial_interval": "PT10S", "max_interval": "PT1S"}), "retry.max_interval"),
             (json!({"on_exhaustion": "explode"}), "retry.on_exhaustion"),
-            (
-                json!({"non_retryable_errors": [""]}),
-                "retry.non_retryable_errors",
-            ),
+            (json!({"non_retryable_errors": [""]}), "retry.non_retryable_errors"),
         ];
         for (object, field) in cases {
             let error = RetryPolicy::merged(&RetryPolicy::default(), &object, "retry").unwrap_err();

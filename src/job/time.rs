@@ -60,25 +60,13 @@ pub fn parse_time_spec(text: &str) -> Result<TimeSpec, String> {
 
 /// Parses an RFC 3339 timestamp; sub-millisecond digits are truncated.
 pub fn parse_timestamp(text: &str) -> Result<Millis, String> {
-    let looks_rfc3339 = text.len() >= 20
-        && text
-            .as_bytes()
-            .get(10)
-            .is_some_and(|b| *b == b'T' || *b == b't');
+    let looks_rfc3339 = text.len() >= 20 && text.as_bytes().get(10).is_some_and(|b| *b == b'T' || *b == b't');
     if !looks_rfc3339 {
-        return Err(format!(
-            "'{}' is not an RFC 3339 timestamp with a time zone",
-            clip(text)
-        ));
+        return Err(format!("'{}' is not an RFC 3339 timestamp with a time zone", clip(text)));
     }
     text.parse::<Timestamp>()
         .map(|timestamp| timestamp.as_millisecond())
-        .map_err(|_| {
-            format!(
-                "'{}' is not an RFC 3339 timestamp with a time zone",
-                clip(text)
-            )
-        })
+        .map_err(|_| format!("'{}' is not an RFC 3339 timestamp with a time zone", clip(text)))
 }
 
 /// Parses an ISO 8601 duration `P[nW][nD][T[nH][nM][n[.fff]S]]` into milliseconds.
@@ -98,21 +86,12 @@ pub fn parse_duration_ms(text: &str) -> Result<Millis, String> {
         None => (body, None),
     };
     let mut total: i128 = 0;
-    total += parse_components(
-        date_part,
-        &[('W', 7 * 86_400_000), ('D', 86_400_000)],
-        false,
-    )
-    .ok_or_else(invalid)?;
+    total += parse_components(date_part, &[('W', 7 * 86_400_000), ('D', 86_400_000)], false).ok_or_else(invalid)?;
     if let Some(time) = time_part {
-        total += parse_components(time, &[('H', 3_600_000), ('M', 60_000), ('S', 1000)], true)
-            .ok_or_else(invalid)?;
+        total += parse_components(time, &[('H', 3_600_000), ('M', 60_000), ('S', 1000)], true).ok_or_else(invalid)?;
     }
     if total <= 0 {
-        return Err(format!(
-            "duration '{}' must be longer than zero",
-            clip(text)
-        ));
+        return Err(format!("duration '{}' must be longer than zero", clip(text)));
     }
     if total > DURATION_MS_MAX as i128 {
         return Err(format!("duration '{}' is longer than 365 days", clip(text)));
@@ -130,10 +109,7 @@ fn parse_components(text: &str, units: &[(char, i128)], seconds_last: bool) -> O
         let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))?;
         let (number, tail) = rest.split_at(end);
         let unit = tail.chars().next()?;
-        let position = units[next_unit..]
-            .iter()
-            .position(|(name, _)| *name == unit)?
-            + next_unit;
+        let position = units[next_unit..].iter().position(|(name, _)| *name == unit)? + next_unit;
         let scale = units[position].1;
         let is_seconds = seconds_last && unit == 'S';
         total += parse_number_scaled(number, scale, is_seconds)?;
@@ -153,9 +129,7 @@ fn parse_number_scaled(number: &str, scale: i128, fraction_allowed: bool) -> Opt
     if whole.is_empty() || whole.len() > 12 || !whole.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    if !fraction.bytes().all(|b| b.is_ascii_digit())
-        || (number.contains('.') && fraction.is_empty())
-    {
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) || (number.contains('.') && fraction.is_empty()) {
         return None;
     }
     let mut value = whole.parse::<i128>().ok()? * scale;
@@ -211,30 +185,15 @@ mod tests {
     #[test]
     fn timestamps_format_with_millis_only_when_needed() {
         assert_eq!(format_timestamp(4_102_444_799_000), "2099-12-31T23:59:59Z");
-        assert_eq!(
-            format_timestamp(1_773_052_202_789),
-            "2026-03-09T10:30:02.789Z"
-        );
-        assert_eq!(
-            format_timestamp(1_773_052_202_009),
-            "2026-03-09T10:30:02.009Z"
-        );
+        assert_eq!(format_timestamp(1_773_052_202_789), "2026-03-09T10:30:02.789Z");
+        assert_eq!(format_timestamp(1_773_052_202_009), "2026-03-09T10:30:02.009Z");
     }
 
     #[test]
     fn timestamps_parse_with_offsets() {
-        assert_eq!(
-            parse_timestamp("2099-12-31T23:59:59Z"),
-            Ok(4_102_444_799_000)
-        );
-        assert_eq!(
-            parse_timestamp("2100-01-01T01:59:59+02:00"),
-            Ok(4_102_444_799_000)
-        );
-        assert_eq!(
-            parse_timestamp("2026-03-09T10:30:02.789123Z"),
-            Ok(1_773_052_202_789)
-        );
+        assert_eq!(parse_timestamp("2099-12-31T23:59:59Z"), Ok(4_102_444_799_000));
+        assert_eq!(parse_timestamp("2100-01-01T01:59:59+02:00"), Ok(4_102_444_799_000));
+        assert_eq!(parse_timestamp("2026-03-09T10:30:02.789123Z"), Ok(1_773_052_202_789));
         assert!(parse_timestamp("2026-03-09T10:30:02").is_err());
         assert!(parse_timestamp("2026-03-09").is_err());
         assert!(parse_timestamp("tomorrow").is_err());
@@ -248,18 +207,14 @@ mod tests {
         assert_eq!(parse_duration_ms("P1DT2H"), Ok(93_600_000));
         assert_eq!(parse_duration_ms("P2W"), Ok(14 * 86_400_000));
         assert_eq!(parse_duration_ms("PT0.001S"), Ok(1));
-        for bad in [
-            "P1Y", "P1M", "PT", "P", "1S", "PT1.5H", "PT0S", "P366D", "PT1S2M", "PTS", "",
-        ] {
+        for bad in ["P1Y", "P1M", "PT", "P", "1S", "PT1.5H", "PT0S", "P366D", "PT1S2M", "PTS", ""] {
             assert!(parse_duration_ms(bad).is_err(), "{bad} should be refused");
         }
     }
 
     #[test]
     fn durations_format_round_trip() {
-        for ms in [
-            1, 1000, 1500, 60_000, 300_000, 3_600_000, 93_600_000, 86_400_000, 90_061_001,
-        ] {
+        for ms in [1, 1000, 1500, 60_000, 300_000, 3_600_000, 93_600_000, 86_400_000, 90_061_001] {
             assert_eq!(parse_duration_ms(&format_duration_ms(ms)), Ok(ms), "{ms}");
         }
         assert_eq!(format_duration_ms(300_000), "PT5M");
@@ -268,13 +223,7 @@ mod tests {
 
     #[test]
     fn relative_specs_resolve_against_now() {
-        assert_eq!(
-            parse_time_spec("+PT5S").map(|spec| spec.resolve(1000)),
-            Ok(6000)
-        );
-        assert_eq!(
-            parse_time_spec("2099-12-31T23:59:59Z").map(|spec| spec.resolve(0)),
-            Ok(4_102_444_799_000)
-        );
+        assert_eq!(parse_time_spec("+PT5S").map(|spec| spec.resolve(1000)), Ok(6000));
+        assert_eq!(parse_time_spec("2099-12-31T23:59:59Z").map(|spec| spec.resolve(0)), Ok(4_102_444_799_000));
     }
 }

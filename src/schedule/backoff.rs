@@ -32,18 +32,14 @@ mod tests {
     #[test]
     fn exponential_without_jitter() {
         let policy = policy(1000, 2.0, 300_000, false);
-        let delays: Vec<u64> = (1..=4)
-            .map(|attempt| retry_delay_ms(&policy, attempt, 0.0))
-            .collect();
+        let delays: Vec<u64> = (1..=4).map(|attempt| retry_delay_ms(&policy, attempt, 0.0)).collect();
         assert_eq!(delays, [1000, 2000, 4000, 8000]);
     }
 
     #[test]
     fn capped_by_max_interval() {
         let policy = policy(1000, 10.0, 2000, false);
-        let delays: Vec<u64> = (1..=3)
-            .map(|attempt| retry_delay_ms(&policy, attempt, 0.0))
-            .collect();
+        let delays: Vec<u64> = (1..=3).map(|attempt| retry_delay_ms(&policy, attempt, 0.0)).collect();
         assert_eq!(delays, [1000, 2000, 2000]);
     }
 

@@ -19,11 +19,7 @@ pub struct ReadyKey {
 
 impl ReadyKey {
     pub fn new(priority: i32, seq: u64, id: JobId) -> Self {
-        Self {
-            negated_priority: -priority,
-            seq,
-            id,
-        }
+        Self { negated_priority: -priority, seq, id }
     }
 }
 
@@ -75,24 +71,18 @@ mod tests {
         queue.push(ReadyKey::new(5, 3, JobId(30)));
         queue.push(ReadyKey::new(0, 2, JobId(20)));
         queue.push(ReadyKey::new(-5, 0, JobId(40)));
-        let order: Vec<u128> = std::iter::from_fn(|| queue.pop())
-            .map(|key| key.id.0)
-            .collect();
+        let order: Vec<u128> = std::iter::from_fn(|| queue.pop()).map(|key| key.id.0).collect();
         assert_eq!(order, [30, 10, 20, 40]);
     }
 
     #[test]
     fn removal_from_the_middle() {
         let mut queue = ReadyQueue::default();
-        let keys: Vec<_> = (0..5)
-            .map(|n| ReadyKey::new(0, n, JobId(n as u128)))
-            .collect();
+        let keys: Vec<_> = (0..5).map(|n| ReadyKey::new(0, n, JobId(n as u128))).collect();
         keys.iter().for_each(|key| queue.push(*key));
         assert!(queue.remove(&keys[2]));
         assert!(!queue.remove(&keys[2]));
-        let order: Vec<u128> = std::iter::from_fn(|| queue.pop())
-            .map(|key| key.id.0)
-            .collect();
+        let order: Vec<u128> = std::iter::from_fn(|| queue.pop()).map(|key| key.id.0).collect();
         assert_eq!(order, [0, 1, 3, 4]);
     }
 }

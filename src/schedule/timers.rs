@@ -73,10 +73,7 @@ mod tests {
         timers.insert(100, JobId(2));
         timers.insert(200, JobId(3));
         assert_eq!(timers.next_deadline(), Some(100));
-        assert_eq!(
-            timers.take_due(250, 10),
-            vec![(100, JobId(2)), (200, JobId(3))]
-        );
+        assert_eq!(timers.take_due(250, 10), vec![(100, JobId(2)), (200, JobId(3))]);
         assert_eq!(timers.next_deadline(), Some(300));
         assert!(timers.take_due(299, 10).is_empty());
     }

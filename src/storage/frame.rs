@@ -56,10 +56,7 @@ pub fn decode_frame(buffer: &[u8]) -> Decoded<'_> {
     if hasher.finalize() != stored_crc {
         return Decoded::Invalid("checksum mismatch");
     }
-    Decoded::Frame {
-        payload,
-        size: FRAME_HEADER_BYTES + length,
-    }
+    Decoded::Frame { payload, size: FRAME_HEADER_BYTES + length }
 }
 
 #[cfg(test)]
@@ -71,17 +68,9 @@ mod tests {
         let mut buffer = Vec::new();
         encode_frame(b"hello", &mut buffer);
         encode_frame(b"world!", &mut buffer);
-        let Decoded::Frame { payload, size } = decode_frame(&buffer) else {
-            panic!("first frame")
-        };
+        let Decoded::Frame { payload, size } = decode_frame(&buffer) else { panic!("first frame") };
         assert_eq!((payload, size), (&b"hello"[..], 13));
-        assert_eq!(
-            decode_frame(&buffer[size..]),
-            Decoded::Frame {
-                payload: b"world!",
-                size: 14
-            }
-        );
+        assert_eq!(decode_frame(&buffer[size..]), Decoded::Frame { payload: b"world!", size: 14 });
     }
 
     #[test]
@@ -91,10 +80,7 @@ mod tests {
         for bit in 0..clean.len() * 8 {
             let mut damaged = clean.clone();
             damaged[bit / 8] ^= 1 << (bit % 8);
-            assert!(
-                !matches!(decode_frame(&damaged), Decoded::Frame { .. }),
-                "bit {bit}"
-            );
+            assert!(!matches!(decode_frame(&damaged), Decoded::Frame { .. }), "bit {bit}");
         }
     }
 
@@ -103,11 +89,7 @@ mod tests {
         let mut buffer = Vec::new();
         encode_frame(b"payload", &mut buffer);
         for cut in 0..buffer.len() {
-            assert_eq!(
-                decode_frame(&buffer[..cut]),
-                Decoded::Incomplete,
-                "cut at {cut}"
-            );
+            assert_eq!(decode_frame(&buffer[..cut]), Decoded::Incomplete, "cut at {cut}");
         }
     }
 }

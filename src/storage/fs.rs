@@ -66,9 +66,7 @@ pub struct FaultyFileSystem {
 impl FaultyFileSystem {
     /// Lets `successful_syncs` syncs (data or directory) succeed, then fails every one.
     pub fn failing_after(successful_syncs: i64) -> Self {
-        Self {
-            syncs_left: Arc::new(AtomicI64::new(successful_syncs)),
-        }
+        Self { syncs_left: Arc::new(AtomicI64::new(successful_syncs)) }
     }
 
     /// Changes how many syncs still succeed.
@@ -104,18 +102,12 @@ impl LogFile for FaultyFile {
 impl FileSystem for FaultyFileSystem {
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
         let file = OpenOptions::new().write(true).create_new(true).open(path)?;
-        Ok(Box::new(FaultyFile {
-            inner: RealFile(file),
-            owner: self.clone(),
-        }))
+        Ok(Box::new(FaultyFile { inner: RealFile(file), owner: self.clone() }))
     }
 
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
         let file = OpenOptions::new().append(true).open(path)?;
-        Ok(Box::new(FaultyFile {
-            inner: RealFile(file),
-            owner: self.clone(),
-        }))
+        Ok(Box::new(FaultyFile { inner: RealFile(file), owner: self.clone() }))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

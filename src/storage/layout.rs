@@ -24,19 +24,13 @@ pub fn snapshot_path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("snapshot-{index:020}.snap"))
 }
 
-fn list_numbered(
-    dir: &Path,
-    prefix: &str,
-    suffix: &str,
-) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+fn list_numbered(dir: &Path, prefix: &str, suffix: &str) -> Result<Vec<(u64, PathBuf)>, StorageError> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
         let entry = entry.map_err(io_error(dir))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if let Some(number) = name
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.strip_suffix(suffix))
+        if let Some(number) = name.strip_prefix(prefix).and_then(|rest| rest.strip_suffix(suffix))
             && let Ok(index) = number.parse::<u64>()
         {
             found.push((index, entry.path()));
@@ -77,15 +71,11 @@ pub(crate) fn check_segment_header(bytes: &[u8], expected_index: u64) -> Result<
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().expect("four bytes"));
     if version != FORMAT_VERSION {
-        return Err(format!(
-            "segment format version {version} is not supported (this build reads {FORMAT_VERSION})"
-        ));
+        return Err(format!("segment format version {version} is not supported (this build reads {FORMAT_VERSION})"));
     }
     let index = u64::from_le_bytes(bytes[16..24].try_into().expect("eight bytes"));
     if index != expected_index {
-        return Err(format!(
-            "segment header says index {index}, file name says {expected_index}"
-        ));
+        return Err(format!("segment header says index {index}, file name says {expected_index}"));
     }
     Ok(())
 }
@@ -100,12 +90,7 @@ impl DataDirLock {
     pub fn acquire(dir: &Path) -> Result<Self, StorageError> {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let path = dir.join("LOCK");
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_error(&path))?;
+        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_error(&path))?;
         match file.try_lock() {
             Ok(()) => Ok(Self { _file: file }),
             Err(std::fs::TryLockError::WouldBlock) => Err(StorageError::Locked(dir.to_path_buf())),

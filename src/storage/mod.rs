@@ -8,9 +8,7 @@ mod snapshot;
 mod wal;
 
 pub use fs::{FaultyFileSystem, FileSystem, LogFile, RealFileSystem};
-pub use layout::{
-    DataDirLock, SEGMENT_HEADER_BYTES, list_segments, list_snapshots, segment_path, snapshot_path,
-};
+pub use layout::{DataDirLock, SEGMENT_HEADER_BYTES, list_segments, list_snapshots, segment_path, snapshot_path};
 pub use snapshot::{SNAPSHOT_HEADER_BYTES, read_snapshot, remove_obsolete, write_snapshot};
 pub use wal::{ReplayEnd, SegmentScan, TailPolicy, WalWriter, replay_log, scan_segment};
 
@@ -39,16 +37,8 @@ impl fmt::Display for StorageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StorageError::Io { path, error } => write!(f, "{}: {error}", path.display()),
-            StorageError::Corrupt {
-                path,
-                offset,
-                reason,
-            } => {
-                write!(
-                    f,
-                    "corrupt data in {} at byte offset {offset}: {reason}",
-                    path.display()
-                )
+            StorageError::Corrupt { path, offset, reason } => {
+                write!(f, "corrupt data in {} at byte offset {offset}: {reason}", path.display())
             }
             StorageError::Poisoned => {
                 f.write_str("the write-ahead log failed to sync earlier and accepts no more writes")

@@ -15,12 +15,7 @@ const SNAPSHOT_MAGIC: &[u8; 8] = b"SVCSNP\r\n";
 
 /// Writes a snapshot durably. `replay_from` is the first log segment the
 /// snapshot does not cover.
-pub fn write_snapshot(
-    fs: &dyn FileSystem,
-    dir: &Path,
-    replay_from: u64,
-    payload: &[u8],
-) -> Result<(), StorageError> {
+pub fn write_snapshot(fs: &dyn FileSystem, dir: &Path, replay_from: u64, payload: &[u8]) -> Result<(), StorageError> {
     let mut header = [0u8; SNAPSHOT_HEADER_BYTES];
     header[0..8].copy_from_slice(SNAPSHOT_MAGIC);
     header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -51,10 +46,7 @@ pub fn read_snapshot(path: &Path) -> Result<(u64, Vec<u8>), StorageError> {
     };
     let bytes = std::fs::read(path).map_err(io_error(path))?;
     if bytes.len() < SNAPSHOT_HEADER_BYTES || bytes[0..8] != SNAPSHOT_MAGIC[..] {
-        return Err(corrupt(
-            0,
-            "not an svc snapshot (bad magic or short header)",
-        ));
+        return Err(corrupt(0, "not an svc snapshot (bad magic or short header)"));
     }
     let header_crc = u32::from_le_bytes(bytes[36..40].try_into().expect("four bytes"));
     if header_crc != crc32fast::hash(&bytes[0..36]) {
@@ -62,10 +54,7 @@ pub fn read_snapshot(path: &Path) -> Result<(u64, Vec<u8>), StorageError> {
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().expect("four bytes"));
     if version != FORMAT_VERSION {
-        return Err(corrupt(
-            8,
-            &format!("snapshot format version {version} is not supported"),
-        ));
+        return Err(corrupt(8, &format!("snapshot format version {version} is not supported")));
     }
     let replay_from = u64::from_le_bytes(bytes[16..24].try_into().expect("eight bytes"));
     let length = u64::from_le_bytes(bytes[24..32].try_into().expect("eight bytes"));
@@ -75,10 +64,7 @@ pub fn read_snapshot(path: &Path) -> Result<(u64, Vec<u8>), StorageError> {
     let payload = &bytes[SNAPSHOT_HEADER_BYTES..];
     let crc = u32::from_le_bytes(bytes[32..36].try_into().expect("four bytes"));
     if crc != crc32fast::hash(payload) {
-        return Err(corrupt(
-            SNAPSHOT_HEADER_BYTES as u64,
-            "snapshot payload checksum mismatch",
-        ));
+        return Err(corrupt(SNAPSHOT_HEADER_BYTES as u64, "snapshot payload checksum mismatch"));
     }
     Ok((replay_from, payload.to_vec()))
 }
@@ -97,11 +83,7 @@ pub fn remove_obsolete(dir: &Path, replay_from: u64) -> Result<(), StorageError>
         }
     }
     for entry in std::fs::read_dir(dir).map_err(io_error(dir))?.flatten() {
-        if entry
-            .file_name()
-            .to_str()
-            .is_some_and(|name| name.ends_with(".snap.tmp"))
-        {
+        if entry.file_name().to_str().is_some_and(|name| name.ends_with(".snap.tmp")) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
@@ -124,9 +106,6 @@ mod tests {
         bytes[last] ^= 1;
         std::fs::write(&path, bytes).unwrap();
         let error = read_snapshot(&path).unwrap_err().to_string();
-        assert!(
-            error.contains("snapshot-00000000000000000007.snap") && error.contains("offset 40"),
-            "{error}"
-        );
+        assert!(error.contains("snapshot-00000000000000000007.snap") && error.contains("offset 40"), "{error}");
     }
 }

@@ -14,9 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::frame::{Decoded, decode_frame, encode_frame};
-use super::layout::{
-    SEGMENT_HEADER_BYTES, check_segment_header, encode_segment_header, list_segments, segment_path,
-};
+use super::layout::{SEGMENT_HEADER_BYTES, check_segment_header, encode_segment_header, list_segments, segment_path};
 use super::{FileSystem, LogFile, StorageError, io_error};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 
@@ -104,16 +102,10 @@ impl WalWriter {
         self.frame_buffer.clear();
         encode_frame(payload, &mut self.frame_buffer);
         let written = self.frame_buffer.len() as u64;
-        let result = self
-            .file
-            .write_all(&self.frame_buffer)
-            .and_then(|()| self.file.sync_data());
+        let result = self.file.write_all(&self.frame_buffer).and_then(|()| self.file.sync_data());
         if let Err(error) = result {
             self.poisoned = true;
-            return Err(StorageError::Io {
-                path: segment_path(&self.dir, self.segment_index),
-                error,
-            });
+            return Err(StorageError::Io { path: segment_path(&self.dir, self.segment_index), error });
         }
         self.segment_bytes += written;
         if self.segment_bytes >= self.segment_bytes_max {
@@ -143,15 +135,10 @@ impl WalWriter {
     }
 }
 
-fn create_segment(
-    fs: &dyn FileSystem,
-    dir: &Path,
-    index: u64,
-) -> Result<Box<dyn LogFile>, StorageError> {
+fn create_segment(fs: &dyn FileSystem, dir: &Path, index: u64) -> Result<Box<dyn LogFile>, StorageError> {
     let path = segment_path(dir, index);
     let mut file = fs.create_new(&path).map_err(io_error(&path))?;
-    file.write_all(&encode_segment_header(index))
-        .map_err(io_error(&path))?;
+    file.write_all(&encode_segment_header(index)).map_err(io_error(&path))?;
     file.sync_data().map_err(io_error(&path))?;
     fs.sync_dir(dir).map_err(io_error(dir))?;
     Ok(file)
@@ -188,19 +175,9 @@ pub fn scan_segment(
 ) -> Result<SegmentScan, StorageError> {
     let file = std::fs::File::open(path).map_err(io_error(path))?;
     let file_bytes = file.metadata().map_err(io_error(path))?.len();
-    let mut scan = SegmentScan {
-        index,
-        path: path.to_path_buf(),
-        file_bytes,
-        frames: 0,
-        valid_bytes: 0,
-        torn_at: None,
-    };
-    let corrupt = |offset: u64, reason: String| StorageError::Corrupt {
-        path: path.to_path_buf(),
-        offset,
-        reason,
-    };
+    let mut scan =
+        SegmentScan { index, path: path.to_path_buf(), file_bytes, frames: 0, valid_bytes: 0, torn_at: None };
+    let corrupt = |offset: u64, reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
     if file_bytes < SEGMENT_HEADER_BYTES as u64 {
         if is_last {
             scan.torn_at = Some((0, "segment header incomplete".to_string()));
@@ -212,8 +189,7 @@ pub fn scan_segment(
     // while no writer runs), so the file does not change while mapped.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_error(path))?;
     let bytes: &[u8] = &map;
-    check_segment_header(&bytes[..SEGMENT_HEADER_BYTES], index)
-        .map_err(|reason| corrupt(0, reason))?;
+    check_segment_header(&bytes[..SEGMENT_HEADER_BYTES], index).map_err(|reason| corrupt(0, reason))?;
     let mut offset = SEGMENT_HEADER_BYTES;
     loop {
         if offset == bytes.len() {
@@ -230,16 +206,10 @@ pub fn scan_segment(
             Decoded::Invalid(reason) => reason,
         };
         if !is_last {
-            return Err(corrupt(
-                offset as u64,
-                format!("{reason} in a sealed segment"),
-            ));
+            return Err(corrupt(offset as u64, format!("{reason} in a sealed segment")));
         }
         if let Some(next) = next_valid_frame(bytes, offset + 1) {
-            return Err(corrupt(
-                offset as u64,
-                format!("{reason}, and a valid frame follows at offset {next}"),
-            ));
+            return Err(corrupt(offset as u64, format!("{reason}, and a valid frame follows at offset {next}")));
         }
         scan.torn_at = Some((offset as u64, reason.to_string()));
         break;
@@ -249,8 +219,7 @@ pub fn scan_segment(
 }
 
 fn next_valid_frame(bytes: &[u8], from: usize) -> Option<usize> {
-    (from..bytes.len())
-        .find(|&start| matches!(decode_frame(&bytes[start..]), Decoded::Frame { .. }))
+    (from..bytes.len()).find(|&start| matches!(decode_frame(&bytes[start..]), Decoded::Frame { .. }))
 }
 
 /// Where replay ended: the segment to continue writing, and what was cut off.
@@ -268,14 +237,9 @@ pub fn replay_log(
     policy: TailPolicy,
     on_frame: &mut dyn FnMut(&Path, u64, &[u8]) -> Result<(), StorageError>,
 ) -> Result<ReplayEnd, StorageError> {
-    let segments: Vec<(u64, PathBuf)> = list_segments(dir)?
-        .into_iter()
-        .filter(|(index, _)| *index >= from_segment)
-        .collect();
-    let mut end = ReplayEnd {
-        last_segment: None,
-        scans: Vec::new(),
-    };
+    let segments: Vec<(u64, PathBuf)> =
+        list_segments(dir)?.into_iter().filter(|(index, _)| *index >= from_segment).collect();
+    let mut end = ReplayEnd { last_segment: None, scans: Vec::new() };
     for (position, (index, path)) in segments.iter().enumerate() {
         let expected = from_segment + position as u64;
         if *index != expected {
@@ -299,10 +263,7 @@ pub fn replay_log(
                     ("dropped_bytes", (scan.file_bytes - offset).into()),
                 ],
             );
-            let file = OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(io_error(path))?;
+            let file = OpenOptions::new().write(true).open(path).map_err(io_error(path))?;
             file.set_len(*offset).map_err(io_error(path))?;
             file.sync_all().map_err(io_error(path))?;
         }
@@ -338,15 +299,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_frames(dir.path(), &[b"one", b"two", b"three", b"four"], 50);
         let (frames, end) = collect(dir.path(), TailPolicy::Truncate).unwrap();
-        assert_eq!(
-            frames,
-            [
-                b"one".to_vec(),
-                b"two".to_vec(),
-                b"three".to_vec(),
-                b"four".to_vec()
-            ]
-        );
+        assert_eq!(frames, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec(), b"four".to_vec()]);
         assert!(end.scans.len() > 1, "segments rotated");
     }
 
@@ -360,14 +313,8 @@ mod tests {
         file.set_len(length - 2).unwrap();
         let (frames, end) = collect(dir.path(), TailPolicy::Truncate).unwrap();
         assert_eq!(frames, [b"one".to_vec()]);
-        assert_eq!(
-            end.scans[0].torn_at.as_ref().map(|(offset, _)| *offset),
-            Some(SEGMENT_HEADER_BYTES as u64 + 11)
-        );
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().len(),
-            SEGMENT_HEADER_BYTES as u64 + 11
-        );
+        assert_eq!(end.scans[0].torn_at.as_ref().map(|(offset, _)| *offset), Some(SEGMENT_HEADER_BYTES as u64 + 11));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), SEGMENT_HEADER_BYTES as u64 + 11);
     }
 
     #[test]
@@ -379,13 +326,8 @@ mod tests {
         let second_frame = SEGMENT_HEADER_BYTES + 11;
         bytes[second_frame + 9] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
-        let error = collect(dir.path(), TailPolicy::Truncate)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            error.contains("segment-00000000000000000000.wal"),
-            "{error}"
-        );
+        let error = collect(dir.path(), TailPolicy::Truncate).unwrap_err().to_string();
+        assert!(error.contains("segment-00000000000000000000.wal"), "{error}");
         assert!(error.contains(&format!("offset {second_frame}")), "{error}");
     }
 
@@ -398,9 +340,6 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         std::fs::write(&path, bytes).unwrap();
-        assert!(matches!(
-            collect(dir.path(), TailPolicy::Truncate),
-            Err(StorageError::Corrupt { .. })
-        ));
+        assert!(matches!(collect(dir.path(), TailPolicy::Truncate), Err(StorageError::Corrupt { .. })));
     }
 }

@@ -1,0 +1,114 @@
+//! Test support: a real server on 127.0.0.1:0 with a temp data dir, and a
+//! small blocking JSON client.
+#![allow(dead_code)]
+
+use reqwest::blocking::{Client, Response};
+use serde_json::Value;
+use std::path::Path;
+use svc::config::Config;
+use svc::engine::EngineConfig;
+use svc::server::{engine_config, start, RunningServer};
+
+pub struct TestServer {
+    pub server: Option<RunningServer>,
+    pub base: String,
+    pub client: Client,
+}
+
+/// What a test reads from a response.
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    pub fn error_code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("<no error code>")
+    }
+}
+
+pub fn config_for(dir: &Path) -> Config {
+    Config { listen: "127.0.0.1:0".to_string(), data_dir: dir.to_path_buf(), ..Config::default() }
+}
+
+impl TestServer {
+    pub fn start(dir: &Path) -> TestServer {
+        let config = config_for(dir);
+        Self::start_with(&config, engine_config(&config))
+    }
+
+    pub fn start_with(config: &Config, engine: EngineConfig) -> TestServer {
+        let server = start(config, engine).expect("server starts");
+        let base = format!("http://{}", server.addr);
+        TestServer { server: Some(server), base, client: Client::new() }
+    }
+
+    pub fn engine(&self) -> &svc::engine::EngineHandle {
+        &self.server.as_ref().expect("server running").engine
+    }
+
+    pub fn stop(mut self) {
+        self.server.take().expect("server running").stop().expect("server stops cleanly");
+    }
+
+    fn answer(response: Response) -> Answer {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().expect("response body reads");
+        let body = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).expect("response body is JSON") };
+        Answer { status, headers, body }
+    }
+
+    pub fn get(&self, path: &str) -> Answer {
+        Self::answer(self.client.get(format!("{}{path}", self.base)).send().expect("request sent"))
+    }
+
+    pub fn delete(&self, path: &str) -> Answer {
+        Self::answer(self.client.delete(format!("{}{path}", self.base)).send().expect("request sent"))
+    }
+
+    pub fn post(&self, path: &str, body: Value) -> Answer {
+        self.post_raw(path, body.to_string(), Some("application/svc+json"))
+    }
+
+    pub fn post_raw(&self, path: &str, body: impl Into<reqwest::blocking::Body>, content_type: Option<&str>) -> Answer {
+        let mut request = self.client.post(format!("{}{path}", self.base)).body(body);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        Self::answer(request.send().expect("request sent"))
+    }
+
+    /// Enqueues and returns the job id, asserting 201.
+    pub fn enqueue(&self, body: Value) -> String {
+        let answer = self.post("/svc/v1/jobs", body);
+        assert_eq!(answer.status, 201, "enqueue: {}", answer.body);
+        answer.body["job"]["id"].as_str().expect("job id").to_string()
+    }
+
+    /// Fetches from the queues, returning the claimed jobs.
+    pub fn fetch(&self, queues: &[&str], count: u64) -> Vec<Value> {
+        let answer = self.post("/svc/v1/workers/fetch", serde_json::json!({"queues": queues, "count": count}));
+        assert_eq!(answer.status, 200, "fetch: {}", answer.body);
+        answer.body["jobs"].as_array().expect("jobs array").clone()
+    }
+
+    pub fn job(&self, id: &str) -> Value {
+        let answer = self.get(&format!("/svc/v1/jobs/{id}"));
+        assert_eq!(answer.status, 200, "get job: {}", answer.body);
+        answer.body["job"].clone()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            let _ = server.stop();
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! End-to-end tests of the level-0 HTTP API against a real server on
+//! 127.0.0.1:0 with a temp data dir: every endpoint, success and error paths.
+
+mod common;
+
+use common::TestServer;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn server() -> (tempfile::TempDir, TestServer) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = TestServer::start(dir.path());
+    (dir, server)
+}
+
+#[test]
+fn enqueue_returns_the_stored_job_with_headers() {
+    let (_dir, server) = server();
+    let answer = server.post("/svc/v1/jobs", json!({"type": "email.send", "args": ["a@example.com", 1.50], "meta": {"trace_id": "t-1"}}));
+    assert_eq!(answer.status, 201);
+    let job = &answer.body["job"];
+    let id = job["id"].as_str().unwrap();
+    assert!(svc::job::JobId::parse(id).is_some(), "UUIDv7 id: {id}");
+    assert_eq!(answer.header("location"), Some(format!("/svc/v1/jobs/{id}").as_str()));
+    assert_eq!(answer.header("content-type"), Some("application/svc+json"));
+    assert_eq!(answer.header("svc-version"), Some("1.0.0-rc.1"));
+    assert!(answer.header("x-request-id").is_some_and(|id| id.starts_with("req_")));
+    assert_eq!(job["state"], "available");
+    assert_eq!(job["queue"], "default");
+    assert_eq!(job["attempt"], 0);
+    assert_eq!(job["max_attempts"], 3);
+    assert_eq!(job["meta"]["trace_id"], "t-1");
+    let created = job["created_at"].as_str().unwrap();
+    assert!(created.ends_with('Z') && created.parse::<jiff::Timestamp>().is_ok(), "RFC 3339 UTC: {created}");
+    assert!(job.get("started_at").is_none() && job.get("completed_at").is_none() && job.get("error").is_none());
+    assert_eq!(server.job(id)["state"], "available");
+}
+
+#[test]
+fn raw_json_round_trips_exactly() {
+    let (_dir, server) = server();
+    let body = r#"{"type":"t","args":[1.50,1e2,{"z":1,"a":2}],"x_ext":{"b":1,"a":[true,null]},"state":"completed"}"#;
+    let answer = server.post_raw("/svc/v1/jobs", body, Some("application/json"));
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    let id = answer.body["job"]["id"].as_str().unwrap().to_string();
+    let text = server.client.get(format!("{}/svc/v1/jobs/{id}", server.base)).send().unwrap().text().unwrap();
+    assert!(text.contains(r#""args":[1.50,1e2,{"z":1,"a":2}]"#), "{text}");
+    assert!(text.contains(r#""x_ext":{"b":1,"a":[true,null]}"#), "{text}");
+    assert!(text.contains(r#""state":"available""#), "system-managed state is dropped: {text}");
+}
+
+#[test]
+fn client_ids_are_used_once() {
+    let (_dir, server) = server();
+    let id = "019539a4-aaaa-7000-8000-111111111111";
+    assert_eq!(server.enqueue(json!({"type": "t", "args": [], "id": id})), id);
+    let again = server.post("/svc/v1/jobs", json!({"type": "t", "args": [], "id": id}));
+    assert_eq!((again.status, again.error_code()), (409, "duplicate"));
+    assert_eq!(again.body["error"]["details"]["existing_job_id"], id);
+}
+
+#[test]
+fn invalid_enqueues_get_their_documented_errors_and_store_nothing() {
+    let (_dir, server) = server();
+    let cases: Vec<(String, Option<&str>, u16, &str)> = vec![
+        ("{not json".into(), Some("application/svc+json"), 400, "invalid_request"),
+        ("[1,2]".into(), Some("application/svc+json"), 400, "invalid_request"),
+        (r#"{"args":[]}"#.into(), Some("application/svc+json"), 400, "invalid_request"),
+        (r#"{"type":"t"}"#.into(), Some("application/svc+json"), 400, "invalid_request"),
+        (r#"{"type":"t","args":"x"}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
+        (r#"{"type":"1bad","args":[]}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
+        (r#"{"type":"t","args":[],"options":{"queue":"Bad Queue"}}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
+        (r#"{"type":"t","args":[],"options":{"priority":101}}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
+        (r#"{"type":"t","args":[],"options":{"retry":{"backoff_strategy":"linear"}}}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
+        (r#"{"type":"t","args":[],"options":{"expires_at":"2001-01-01T00:00:00Z"}}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
+        (r#"{"type":"t","args":[],"options":{"unique":{"key":["a"]}}}"#.into(), Some("application/svc+json"), 422, "unsupported"),
+        (r#"{"type":"t","args":[]}"#.into(), None, 400, "invalid_request"),
+        (r#"{"type":"t","args":[]}"#.into(), Some("text/plain"), 400, "invalid_request"),
+        (format!(r#"{{"type":"t","args":[],"meta":{{"k":"{}"}}}}"#, "x".repeat(70_000)), Some("application/svc+json"), 413, "envelope_too_large"),
+        (format!(r#"{{"type":"t","args":["{}"]}}"#, "x".repeat(3 * 1024 * 1024)), Some("application/svc+json"), 413, "envelope_too_large"),
+    ];
+    for (body, content_type, status, code) in cases {
+        let answer = server.post_raw("/svc/v1/jobs", body.clone(), content_type);
+        let shown: String = body.chars().take(80).collect();
+        assert_eq!((answer.status, answer.error_code()), (status, code), "{shown}: {}", answer.body);
+        let error = &answer.body["error"];
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert_eq!(error["retryable"], false);
+        assert!(error["details"].is_object() && error["hint"].is_string() && error["docs_url"].is_string());
+        assert_eq!(error["request_id"].as_str(), answer.header("x-request-id"));
+    }
+    let queues = server.get("/svc/v1/queues");
+    assert_eq!(queues.body["queues"], json!([{"name": "default", "size": 0, "paused": false}]));
+}
+
+#[test]
+fn field_errors_name_the_field() {
+    let (_dir, server) = server();
+    let answer = server.post("/svc/v1/jobs", json!({"type": "t", "args": [], "options": {"retry": {"max_attempts": -1}}}));
+    assert_eq!(answer.body["error"]["details"]["field"], "options.retry.max_attempts");
+    let answer = server.post_raw("/svc/v1/jobs", r#"{"type":"t","args":[]}"#, None);
+    assert_eq!(answer.body["error"]["details"]["reason"], "content_type_required");
+}
+
+#[test]
+fn version_header_is_checked_on_api_routes_only() {
+    let (_dir, server) = server();
+    let send = |path: &str, version: &str| {
+        let response = server.client.get(format!("{}{path}", server.base)).header("svc-version", version).send().unwrap();
+        (response.status().as_u16(), response.json::<Value>().unwrap())
+    };
+    assert_eq!(send("/svc/v1/queues", "1.0.0").0, 200);
+    assert_eq!(send("/svc/v1/queues", "1").0, 200);
+    let (status, body) = send("/svc/v1/queues", "2.0.0");
+    assert_eq!((status, body["error"]["code"].as_str()), (422, Some("unsupported")));
+    assert_eq!(body["error"]["details"]["supported_versions"], json!(["1.0.0-rc.1"]));
+    assert_eq!(send("/svc/v1/health", "2.0.0").0, 200);
+    assert_eq!(send("/svc/manifest", "9").0, 200);
+}
+
+#[test]
+fn unknown_routes_and_methods() {
+    let (_dir, server) = server();
+    let answer = server.get("/svc/v1/nothing");
+    assert_eq!((answer.status, answer.error_code()), (404, "not_found"));
+    assert_eq!(answer.body["error"]["details"]["resource_type"], "route");
+    assert_eq!(server.get("/svc/v1/jobs/").status, 404, "no trailing-slash normalisation");
+    let answer = server.get("/svc/v1/jobs");
+    assert_eq!((answer.status, answer.error_code()), (405, "method_not_allowed"));
+    assert_eq!(answer.header("allow"), Some("POST"));
+}
+
+#[test]
+fn request_ids_are_echoed_when_valid() {
+    let (_dir, server) = server();
+    let response = server.client.get(format!("{}/svc/v1/jobs/nope", server.base)).header("x-request-id", "trace-42").send().unwrap();
+    assert_eq!(response.headers()["x-request-id"], "trace-42");
+    assert_eq!(response.json::<Value>().unwrap()["error"]["request_id"], "trace-42");
+    let too_long = "x".repeat(129);
+    let response = server.client.get(format!("{}/svc/v1/health", server.base)).header("x-request-id", too_long).send().unwrap();
+    assert!(response.headers()["x-request-id"].to_str().unwrap().starts_with("req_"));
+}
+
+#[test]
+fn get_job_unknown_and_malformed_ids_are_404() {
+    let (_dir, server) = server();
+    for id in ["019539a4-0000-7000-8000-000000000000", "not-an-id", "550e8400-e29b-41d4-a716-446655440000"] {
+        let answer = server.get(&format!("/svc/v1/jobs/{id}"));
+        assert_eq!((answer.status, answer.error_code()), (404, "not_found"), "{id}");
+        assert_eq!(answer.body["error"]["details"]["resource_type"], "job");
+    }
+}
+
+#[test]
+fn fetch_orders_by_priority_then_fifo_then_queue_order() {
+    let (_dir, server) = server();
+    let low = server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "q1", "priority": -5}}));
+    let first = server.enqueue(json!({"type": "t", "args": [2], "options": {"queue": "q1"}}));
+    let second = server.enqueue(json!({"type": "t", "args": [3], "options": {"queue": "q1"}}));
+    let urgent = server.enqueue(json!({"type": "t", "args": [4], "options": {"queue": "q1", "priority": 10}}));
+    let other = server.enqueue(json!({"type": "t", "args": [5], "options": {"queue": "q2", "priority": 100}}));
+    let ids: Vec<String> = server.fetch(&["q1", "q2"], 10).iter().map(|job| job["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(ids, [urgent, first, second, low, other]);
+    assert!(server.fetch(&["q1", "q2"], 10).is_empty());
+}
+
+#[test]
+fn fetch_claims_and_marks_active() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    let answer = server.post("/svc/v1/workers/fetch", json!({"queues": ["default"], "worker_id": "w-1", "visibility_timeout_ms": 5000}));
+    let job = &answer.body["jobs"][0];
+    assert_eq!((job["id"].as_str(), job["state"].as_str(), job["attempt"].as_i64()), (Some(id.as_str()), Some("active"), Some(1)));
+    assert_eq!(job["worker_id"], "w-1");
+    assert!(job["started_at"].is_string());
+    assert_eq!(server.job(&id)["state"], "active");
+}
+
+#[test]
+fn concurrent_fetches_never_share_a_job() {
+    let (_dir, server) = server();
+    for n in 0..200 {
+        server.enqueue(json!({"type": "t", "args": [n], "options": {"queue": "race"}}));
+    }
+    let claimed: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let jobs = server.fetch(&["race"], 3);
+                        if jobs.is_empty() {
+                            return mine;
+                        }
+                        mine.extend(jobs.iter().map(|job| job["id"].as_str().unwrap().to_string()));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect()
+    });
+    let unique: std::collections::HashSet<_> = claimed.iter().collect();
+    assert_eq!((claimed.len(), unique.len()), (200, 200));
+}
+
+#[test]
+fn fetch_validation() {
+    let (_dir, server) = server();
+    for body in [
+        json!({}),
+        json!({"queues": []}),
+        json!({"queues": ["Bad"]}),
+        json!({"queues": ["default"], "count": 0}),
+        json!({"queues": ["default"], "count": 1.5}),
+        json!({"queues": ["default"], "worker_id": "has space"}),
+        json!({"queues": ["default"], "worker_id": "fetch"}),
+        json!({"queues": ["default"], "visibility_timeout_ms": 0}),
+    ] {
+        let answer = server.post("/svc/v1/workers/fetch", body.clone());
+        assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "{body}");
+    }
+    for n in 0..120 {
+        server.enqueue(json!({"type": "t", "args": [n]}));
+    }
+    assert_eq!(server.fetch(&["default"], 1000).len(), 100, "count is clamped to 100");
+}
+
+#[test]
+fn ack_completes_and_reports() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    server.post("/svc/v1/workers/fetch", json!({"queues": ["default"], "worker_id": "w-1"}));
+    let wrong = server.post("/svc/v1/workers/ack", json!({"job_id": id, "worker_id": "w-2"}));
+    assert_eq!((wrong.status, wrong.body["error"]["details"]["reason"].as_str()), (409, Some("not_owner")));
+    let answer = server.post("/svc/v1/workers/ack", json!({"job_id": id, "worker_id": "w-1", "result": {"n": 1.0}}));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!((answer.body["acknowledged"].as_bool(), answer.body["state"].as_str()), (Some(true), Some("completed")));
+    assert_eq!(answer.body["id"], id.as_str());
+    assert!(answer.body["completed_at"].is_string());
+    let job = server.job(&id);
+    assert_eq!((job["state"].as_str(), job["result"]["n"].as_f64()), (Some("completed"), Some(1.0)));
+    let again = server.post("/svc/v1/workers/ack", json!({"job_id": id}));
+    assert_eq!((again.status, again.error_code()), (409, "conflict"));
+    assert_eq!(again.body["error"]["details"]["current_state"], "completed");
+    assert_eq!(again.body["error"]["details"]["expected_state"], "active");
+}
+
+#[test]
+fn ack_errors() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    let answer = server.post("/svc/v1/workers/ack", json!({"job_id": id}));
+    assert_eq!((answer.status, answer.error_code()), (409, "conflict"), "available job");
+    let answer = server.post("/svc/v1/workers/ack", json!({}));
+    assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"));
+    let answer = server.post("/svc/v1/workers/ack", json!({"job_id": "019539a4-0000-7000-8000-000000000000"}));
+    assert_eq!((answer.status, answer.error_code()), (404, "not_found"));
+    server.fetch(&["default"], 1);
+    let big = format!(r#"{{"job_id":"{id}","result":"{}"}}"#, "x".repeat(1024 * 1024 + 10));
+    let answer = server.post_raw("/svc/v1/workers/ack", big, Some("application/svc+json"));
+    assert_eq!((answer.status, answer.error_code()), (413, "envelope_too_large"));
+    assert_eq!(server.job(&id)["state"], "active", "an oversized result leaves the job active");
+}
+
+#[test]
+fn nack_follows_the_retry_policy() {
+    let (_dir, server) = server();
+    let retry = json!({"max_attempts": 2, "initial_interval": "PT10S", "jitter": false});
+    let id = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": retry}}));
+    server.fetch(&["default"], 1);
+    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": id, "error": {"code": "handler_error", "message": "boom"}}));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!((answer.body["state"].as_str(), answer.body["retry_delay_ms"].as_i64()), (Some("retryable"), Some(10_000)));
+    assert!(answer.body["retry_at"].is_string() && answer.body["next_attempt_at"] == answer.body["retry_at"]);
+    let job = server.job(&id);
+    assert_eq!(job["error"], json!({"type": "handler_error", "code": "handler_error", "message": "boom"}));
+    assert_eq!(job["errors"][0]["attempt"], 1);
+    assert!(job.get("completed_at").is_none());
+}
+
+#[test]
+fn nack_discards_when_exhausted_or_not_retryable() {
+    let (_dir, server) = server();
+    let exhausted = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": {"max_attempts": 1}}}));
+    server.fetch(&["default"], 1);
+    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": exhausted, "error": {"type": "E", "message": "m"}}));
+    assert_eq!(answer.body["state"], "discarded");
+    assert!(answer.body["completed_at"].is_string() && answer.body["discarded_at"].is_string());
+
+    let fatal = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": {"non_retryable_errors": ["validation.*"]}}}));
+    server.fetch(&["default"], 1);
+    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": fatal, "error": {"type": "validation.Bad", "message": "m"}}));
+    assert_eq!(answer.body["state"], "discarded");
+
+    let flagged = server.enqueue(json!({"type": "t", "args": []}));
+    server.fetch(&["default"], 1);
+    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": flagged, "error": {"type": "E", "message": "m", "retryable": false}}));
+    assert_eq!(answer.body["state"], "discarded");
+}
+
+#[test]
+fn nack_with_requeue_releases_the_claim() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    server.fetch(&["default"], 1);
+    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": id, "requeue": true, "error": {"type": "Shutdown", "message": "m"}}));
+    assert_eq!((answer.body["state"].as_str(), answer.body["attempt"].as_i64()), (Some("available"), Some(0)));
+    assert_eq!(server.fetch(&["default"], 1)[0]["attempt"], 1);
+}
+
+#[test]
+fn nack_errors() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    server.fetch(&["default"], 1);
+    for body in [json!({"job_id": id}), json!({"job_id": id, "error": {"message": "m"}}), json!({"job_id": id, "error": {"type": "E"}}), json!({"job_id": id, "error": {"type": "E", "message": "m"}, "requeue": "yes"})] {
+        let answer = server.post("/svc/v1/workers/nack", body.clone());
+        assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "{body}");
+    }
+    assert_eq!(server.job(&id)["state"], "active");
+}
+
+#[test]
+fn retryable_jobs_come_back_without_polling() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": {"initial_interval": "PT0.2S", "jitter": false}}}));
+    server.fetch(&["default"], 1);
+    server.post("/svc/v1/workers/nack", json!({"job_id": id, "error": {"type": "E", "message": "m"}}));
+    assert_eq!(server.job(&id)["state"], "retryable");
+    // Reads never change state, so the job turning available proves the
+    // engine's own timer promoted it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.job(&id)["state"] != "available" {
+        assert!(Instant::now() < deadline, "job was not promoted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let job = server.job(&id);
+    assert!(job.get("retry_at").is_none());
+    assert_eq!(job["retry_delay_ms"], 200);
+    assert_eq!(server.fetch(&["default"], 1)[0]["attempt"], 2);
+}
+
+#[test]
+fn second_spelling_of_worker_routes() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    let answer = server.post("/svc/v1/jobs/fetch", json!({"queues": ["default"]}));
+    assert_eq!(answer.body["jobs"][0]["id"], id.as_str());
+    let answer = server.post_raw(&format!("/svc/v1/jobs/{id}/fail"), json!({"job_id": "019539a4-0000-7000-8000-000000000000", "error": {"type": "E", "message": "m"}}).to_string(), Some("application/svc+json"));
+    assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "differing job_id");
+    let answer = server.post(&format!("/svc/v1/jobs/{id}/fail"), json!({"error": {"type": "E", "message": "m"}, "requeue": true}));
+    assert_eq!(answer.body["state"], "available");
+    server.post("/svc/v1/jobs/fetch", json!({"queues": ["default"]}));
+    let answer = server.post_raw(&format!("/svc/v1/jobs/{id}/ack"), "", None);
+    assert_eq!((answer.status, answer.body["state"].as_str()), (200, Some("completed")), "{}", answer.body);
+}
+
+#[test]
+fn cancel_from_each_state() {
+    let (_dir, server) = server();
+    let available = server.enqueue(json!({"type": "t", "args": []}));
+    let answer = server.delete(&format!("/svc/v1/jobs/{available}"));
+    assert_eq!((answer.status, answer.body["job"]["state"].as_str()), (200, Some("cancelled")));
+    assert_eq!(answer.body["job"]["previous_state"], "available");
+    assert!(answer.body["job"]["cancelled_at"].is_string());
+    let again = server.delete(&format!("/svc/v1/jobs/{available}"));
+    assert_eq!((again.status, again.body["job"]["state"].as_str()), (200, Some("cancelled")), "idempotent");
+
+    let active = server.enqueue(json!({"type": "t", "args": []}));
+    server.fetch(&["default"], 1);
+    assert_eq!(server.delete(&format!("/svc/v1/jobs/{active}")).body["job"]["previous_state"], "active");
+    let late_ack = server.post("/svc/v1/workers/ack", json!({"job_id": active}));
+    assert_eq!(late_ack.status, 409, "the claim was dropped");
+
+    let scheduled = server.enqueue(json!({"type": "t", "args": [], "options": {"delay_until": "2099-12-31T23:59:59Z"}}));
+    assert_eq!(server.job(&scheduled)["state"], "scheduled");
+    assert_eq!(server.job(&scheduled)["scheduled_at"], "2099-12-31T23:59:59Z");
+    assert_eq!(server.delete(&format!("/svc/v1/jobs/{scheduled}")).body["job"]["state"], "cancelled");
+
+    let done = server.enqueue(json!({"type": "t", "args": []}));
+    server.fetch(&["default"], 1);
+    server.post("/svc/v1/workers/ack", json!({"job_id": done}));
+    let answer = server.delete(&format!("/svc/v1/jobs/{done}"));
+    assert_eq!((answer.status, answer.error_code()), (409, "conflict"));
+    assert_eq!(answer.body["error"]["details"]["current_state"], "completed");
+    assert_eq!(server.delete("/svc/v1/jobs/019539a4-0000-7000-8000-000000000000").status, 404);
+}
+
+#[test]
+fn batch_enqueue_is_atomic() {
+    let (_dir, server) = server();
+    let answer = server.post("/svc/v1/jobs/batch", json!({"jobs": [{"type": "a", "args": [1]}, {"type": "b", "args": [2], "options": {"queue": "other"}}]}));
+    assert_eq!((answer.status, answer.body["count"].as_i64()), (201, Some(2)), "{}", answer.body);
+    assert_eq!(answer.body["jobs"][1]["queue"], "other");
+    let answer = server.post("/svc/v1/jobs/batch", json!({"jobs": [{"type": "a", "args": [1]}, {"type": "b", "args": "no"}]}));
+    assert_eq!((answer.status, answer.error_code()), (400, "invalid_payload"));
+    assert_eq!(answer.body["error"]["details"]["index"], 1);
+    assert_eq!(answer.body["error"]["details"]["field"], "jobs[1].args");
+    let id = "019539a4-aaaa-7000-8000-222222222222";
+    let answer = server.post("/svc/v1/jobs/batch", json!({"jobs": [{"type": "a", "args": [], "id": id}, {"type": "a", "args": [], "id": id}]}));
+    assert_eq!((answer.status, answer.error_code()), (409, "duplicate"));
+    assert_eq!(server.get(&format!("/svc/v1/jobs/{id}")).status, 404, "nothing of a refused batch is stored");
+    let total: i64 = server.get("/svc/v1/queues").body["queues"].as_array().unwrap().iter().map(|queue| queue["size"].as_i64().unwrap()).sum();
+    assert_eq!(total, 2);
+    for body in [json!({}), json!({"jobs": []}), json!({"jobs": "x"})] {
+        assert_eq!(server.post("/svc/v1/jobs/batch", body).status, 400);
+    }
+}
+
+#[test]
+fn queue_listing_counts_and_pages() {
+    let (_dir, server) = server();
+    for queue in ["alpha", "beta", "gamma"] {
+        server.enqueue(json!({"type": "t", "args": [], "options": {"queue": queue}}));
+    }
+    server.enqueue(json!({"type": "t", "args": [], "options": {"queue": "beta"}}));
+    let all = server.get("/svc/v1/queues");
+    let names: Vec<&str> = all.body["queues"].as_array().unwrap().iter().map(|queue| queue["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["alpha", "beta", "default", "gamma"]);
+    assert_eq!(all.body["queues"][1], json!({"name": "beta", "size": 2, "paused": false}));
+    assert_eq!((all.body["has_more"].as_bool(), all.body["cursor"].is_null()), (Some(false), true));
+
+    let first = server.get("/svc/v1/queues?limit=3");
+    assert_eq!((first.body["queues"].as_array().unwrap().len(), first.body["has_more"].as_bool()), (3, Some(true)));
+    let cursor = first.body["cursor"].as_str().unwrap();
+    let second = server.get(&format!("/svc/v1/queues?limit=3&cursor={cursor}"));
+    assert_eq!(second.body["queues"][0]["name"], "gamma");
+    assert_eq!(second.body["has_more"], false);
+    for query in ["limit=0", "limit=x", "cursor=!!!"] {
+        assert_eq!(server.get(&format!("/svc/v1/queues?{query}")).status, 400, "{query}");
+    }
+}
+
+#[test]
+fn events_record_the_lifecycle() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "mail.send", "args": [], "meta": {"trace_id": "tr-9"}, "options": {"queue": "mail"}}));
+    server.fetch(&["mail"], 1);
+    server.post("/svc/v1/workers/ack", json!({"job_id": id, "result": {"ok": true}}));
+    let answer = server.get("/svc/v1/events?queues=mail");
+    let types: Vec<&str> = answer.body["events"].as_array().unwrap().iter().map(|event| event["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["job.enqueued", "job.started", "job.completed"]);
+    let completed = &answer.body["events"][2];
+    assert_eq!((completed["subject"].as_str(), completed["data"]["trace_id"].as_str()), (Some(id.as_str()), Some("tr-9")));
+    assert!(completed["id"].as_str().unwrap().starts_with("evt_"));
+    assert!(completed["data"]["duration_ms"].is_i64() && completed["data"]["result"]["ok"] == true);
+    let filtered = server.get("/svc/v1/events?types=job.*&job_types=mail.*&limit=1");
+    assert_eq!(filtered.body["events"].as_array().unwrap().len(), 1);
+    assert_eq!(filtered.body["has_more"], true);
+    let cursor = filtered.body["cursor"].as_str().unwrap();
+    let next = server.get(&format!("/svc/v1/events?types=job.*&after={cursor}"));
+    assert_eq!(next.body["events"][0]["type"], "job.started");
+    let none = server.get("/svc/v1/events?types=job.enqueued&queues=other");
+    assert_eq!(none.body["events"], json!([]));
+}
+
+#[test]
+fn health_manifest_and_error_catalogue() {
+    let (_dir, server) = server();
+    let health = server.get("/svc/v1/health");
+    assert_eq!((health.status, health.body["status"].as_str()), (200, Some("ok")));
+    assert_eq!(health.body["backend"]["type"], "wal");
+    assert!(health.body["uptime_seconds"].is_u64() && health.body["backend"]["latency_ms"].is_u64());
+    assert_eq!(server.get("/health").status, 200);
+    assert_eq!(server.get("/ready").body["status"], "ready");
+    let manifest = server.get("/svc/manifest");
+    assert_eq!((manifest.body["specversion"].as_str(), manifest.body["implementation"].as_str()), (Some("1.0.0-rc.1"), Some("svc")));
+    assert_eq!(manifest.body["conformance_level"], 0);
+    let catalogue = server.get("/svc/v1/errors");
+    let codes: Vec<&str> = catalogue.body["errors"].as_array().unwrap().iter().map(|row| row["code"].as_str().unwrap()).collect();
+    assert!(codes.contains(&"envelope_too_large") && codes.contains(&"backend_error"));
+}
+
+#[test]
+fn state_survives_a_clean_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    let kept = server.enqueue(json!({"type": "t", "args": ["kept"], "options": {"priority": 5}}));
+    let done = server.enqueue(json!({"type": "t", "args": []}));
+    let claimed = server.fetch(&["default"], 2);
+    assert_eq!(claimed[0]["id"], kept.as_str());
+    server.post("/svc/v1/workers/ack", json!({"job_id": done}));
+    server.stop();
+    let server = TestServer::start(dir.path());
+    assert_eq!(server.job(&kept)["state"], "active");
+    assert_eq!(server.job(&done)["state"], "completed");
+    assert!(server.fetch(&["default"], 10).is_empty(), "a completed job is never handed out again");
+}
