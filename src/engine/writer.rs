@@ -106,6 +106,11 @@ impl Writer {
         {
             crate::logging::error("final snapshot failed", &[("error", error.to_string().into())]);
         }
+        // A background snapshot still writing must finish before the data dir
+        // is unlocked.
+        while self.snapshot_busy.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Waits for the next command or deadline. `None`: every handle is gone.

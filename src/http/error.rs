@@ -75,7 +75,7 @@ pub const ERROR_TABLE: [(&str, u16, bool, &str, &str); 15] = [
         503,
         true,
         "storage failure or overload",
-        "Retry after Retry-After seconds; the request had no effect.",
+        "Retry after Retry-After seconds; details.reason tells overload from storage failure.",
     ),
     ("timeout", 504, true, "the operation timed out", "Retry; the outcome may be unknown, so read the resource first."),
 ];

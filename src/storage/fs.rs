@@ -12,6 +12,8 @@ pub trait LogFile: Send {
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()>;
     /// Makes written data durable (fdatasync).
     fn sync_data(&mut self) -> io::Result<()>;
+    /// Cuts the file back to `length` bytes.
+    fn truncate(&mut self, length: u64) -> io::Result<()>;
 }
 
 /// Creates and opens files, and makes directory entries durable.
@@ -37,6 +39,10 @@ impl LogFile for RealFile {
 
     fn sync_data(&mut self) -> io::Result<()> {
         self.0.sync_data()
+    }
+
+    fn truncate(&mut self, length: u64) -> io::Result<()> {
+        self.0.set_len(length)
     }
 }
 
@@ -96,6 +102,10 @@ impl LogFile for FaultyFile {
     fn sync_data(&mut self) -> io::Result<()> {
         self.owner.take_sync()?;
         self.inner.sync_data()
+    }
+
+    fn truncate(&mut self, length: u64) -> io::Result<()> {
+        self.inner.truncate(length)
     }
 }
 

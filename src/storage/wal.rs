@@ -105,6 +105,11 @@ impl WalWriter {
         let result = self.file.write_all(&self.frame_buffer).and_then(|()| self.file.sync_data());
         if let Err(error) = result {
             self.poisoned = true;
+            // Best effort: take the unacknowledged frame back out, so a restart
+            // does not bring back a write whose client was told it failed.
+            // After a failed sync the kernel's view of the file is uncertain,
+            // which is why the log stays poisoned either way.
+            let _ = self.file.truncate(self.segment_bytes);
             return Err(StorageError::Io { path: segment_path(&self.dir, self.segment_index), error });
         }
         self.segment_bytes += written;

@@ -1,0 +1,321 @@
+//! Crash and recovery: a server process killed with SIGKILL under load loses
+//! no acknowledged write; torn tails are cut off; damage elsewhere refuses to
+//! start; a failed fsync poisons the log; snapshot + replay equals live state.
+
+mod common;
+
+use common::{config_for, TestServer};
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use svc::engine::{Engine, EngineConfig, FetchRequest};
+use svc::job::JobDefaults;
+use svc::storage::{list_segments, FaultyFileSystem, SEGMENT_HEADER_BYTES};
+
+/// Starts `svc serve` as a child process and returns it with its address.
+fn spawn_server(dir: &Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_svc"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("svc starts");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(entry) = serde_json::from_str::<Value>(&line)
+                && entry["msg"] == "svc listening"
+            {
+                let _ = sender.send(entry["address"].as_str().unwrap_or_default().to_string());
+            }
+        }
+    });
+    let address = receiver.recv_timeout(Duration::from_secs(20)).expect("server reports its address");
+    (child, format!("http://{address}"))
+}
+
+#[test]
+fn sigkill_under_load_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, base) = spawn_server(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|client| {
+            let base = base.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+                let (mut enqueued, mut acked) = (Vec::new(), Vec::new());
+                let queue = format!("crash-{client}");
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    let body = json!({"type": "t", "args": [n], "options": {"queue": queue}});
+                    let Ok(response) = http.post(format!("{base}/svc/v1/jobs")).header("content-type", "application/svc+json").body(body.to_string()).send() else { break };
+                    if response.status() != 201 {
+                        break;
+                    }
+                    enqueued.push(response.json::<Value>().unwrap()["job"]["id"].as_str().unwrap().to_string());
+                    if n % 2 == 0 {
+                        let fetch = json!({"queues": [queue], "count": 1});
+                        let Ok(response) = http.post(format!("{base}/svc/v1/workers/fetch")).header("content-type", "application/svc+json").body(fetch.to_string()).send() else { break };
+                        let Ok(jobs) = response.json::<Value>() else { break };
+                        let Some(id) = jobs["jobs"][0]["id"].as_str().map(str::to_string) else { continue };
+                        let ack = json!({"job_id": id});
+                        let Ok(response) = http.post(format!("{base}/svc/v1/workers/ack")).header("content-type", "application/svc+json").body(ack.to_string()).send() else { break };
+                        if response.status() == 200 {
+                            acked.push(id);
+                        }
+                    }
+                }
+                (enqueued, acked)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().expect("SIGKILL sent");
+    child.wait().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    let (mut enqueued, mut acked) = (Vec::new(), Vec::new());
+    for client in clients {
+        let (e, a) = client.join().unwrap();
+        enqueued.extend(e);
+        acked.extend(a);
+    }
+    assert!(enqueued.len() > 50 && !acked.is_empty(), "the load ran: {} enqueued, {} acked", enqueued.len(), acked.len());
+
+    let (mut child, base) = spawn_server(dir.path());
+    let http = reqwest::blocking::Client::new();
+    let acked_set: HashSet<&String> = acked.iter().collect();
+    for id in &enqueued {
+        let response = http.get(format!("{base}/svc/v1/jobs/{id}")).send().unwrap();
+        assert_eq!(response.status(), 200, "acknowledged enqueue {id} survived");
+        let state = response.json::<Value>().unwrap()["job"]["state"].as_str().unwrap().to_string();
+        if acked_set.contains(id) {
+            assert_eq!(state, "completed", "acknowledged ack of {id} survived");
+        }
+    }
+    let queues: Vec<String> = (0..4).map(|client| format!("crash-{client}")).collect();
+    loop {
+        let fetch = json!({"queues": queues, "count": 100});
+        let jobs = http.post(format!("{base}/svc/v1/workers/fetch")).header("content-type", "application/svc+json").body(fetch.to_string()).send().unwrap().json::<Value>().unwrap();
+        let jobs = jobs["jobs"].as_array().unwrap().clone();
+        if jobs.is_empty() {
+            break;
+        }
+        for job in jobs {
+            assert!(!acked_set.contains(&job["id"].as_str().unwrap().to_string()), "a completed job was handed out again");
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// An engine on a manual clock: no timer fires unless a test moves time, so
+/// the state a test compares cannot change behind its back.
+fn engine_config(dir: &Path) -> EngineConfig {
+    let mut config = EngineConfig::new(dir);
+    config.clock = Arc::new(svc::clock::ManualClock::new(1_800_000_000_000));
+    config.check_invariants = true;
+    config
+}
+
+fn new_job(n: usize) -> svc::job::NewJob {
+    svc::job::parse_enqueue_body(json!({"type": "t", "args": [n]}).to_string().as_bytes(), &JobDefaults::default()).unwrap()
+}
+
+fn last_segment(dir: &Path) -> std::path::PathBuf {
+    list_segments(dir).unwrap().last().unwrap().1.clone()
+}
+
+#[test]
+fn a_torn_tail_is_cut_off_and_earlier_writes_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(engine.handle().enqueue(vec![new_job(n)]).wait().unwrap()[0].id);
+    }
+    engine.close_without_snapshot();
+    let segment = last_segment(dir.path());
+    let length = std::fs::metadata(&segment).unwrap().len();
+    // Cut the last frame in half, as a crash mid-write would.
+    std::fs::OpenOptions::new().write(true).open(&segment).unwrap().set_len(length - 10).unwrap();
+
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    for id in &ids[..4] {
+        assert!(engine.handle().job(*id).is_some());
+    }
+    assert!(engine.handle().job(ids[4]).is_none(), "the torn frame is gone");
+    let after = engine.handle().enqueue(vec![new_job(9)]).wait().unwrap()[0].id;
+    engine.close_without_snapshot();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    assert!(engine.handle().job(after).is_some(), "writes after the cut replay too");
+    engine.close();
+}
+
+#[test]
+fn garbage_after_the_last_frame_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    let id = engine.handle().enqueue(vec![new_job(1)]).wait().unwrap()[0].id;
+    engine.close_without_snapshot();
+    let segment = last_segment(dir.path());
+    let clean = std::fs::metadata(&segment).unwrap().len();
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes.extend_from_slice(&[0xab; 300]);
+    std::fs::write(&segment, bytes).unwrap();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    assert!(engine.handle().job(id).is_some());
+    assert_eq!(std::fs::metadata(&segment).unwrap().len(), clean);
+    engine.close();
+}
+
+#[test]
+fn damage_before_the_tail_refuses_to_start_naming_file_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    for n in 0..3 {
+        engine.handle().enqueue(vec![new_job(n)]).wait().unwrap();
+    }
+    engine.close_without_snapshot();
+    let segment = last_segment(dir.path());
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let first_payload = SEGMENT_HEADER_BYTES + 8;
+    bytes[first_payload + 3] ^= 0x40;
+    std::fs::write(&segment, &bytes).unwrap();
+    let error = Engine::open(engine_config(dir.path())).err().expect("recovery refuses").to_string();
+    assert!(error.contains(&segment.file_name().unwrap().to_string_lossy().to_string()), "{error}");
+    assert!(error.contains(&format!("offset {SEGMENT_HEADER_BYTES}")), "{error}");
+    assert_eq!(std::fs::read(&segment).unwrap(), bytes, "nothing was truncated");
+
+    let output = Command::new(env!("CARGO_BIN_EXE_svc")).args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("byte offset"), "the server names the damage");
+    let inspect = Command::new(env!("CARGO_BIN_EXE_svc")).arg("inspect").arg(dir.path()).output().unwrap();
+    assert!(!inspect.status.success());
+    assert!(String::from_utf8_lossy(&inspect.stdout).contains("checksum mismatch"));
+}
+
+#[test]
+fn a_failed_fsync_poisons_the_log_and_stops_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = FaultyFileSystem::failing_after(1_000);
+    let config = config_for(dir.path());
+    let mut engine = svc::server::engine_config(&config);
+    engine.file_system = Arc::new(faulty.clone());
+    let mut server = TestServer::start_with(&config, engine);
+    let kept = server.enqueue(json!({"type": "t", "args": []}));
+
+    faulty.set_syncs_left(0);
+    let lost = "019539a4-aaaa-7000-8000-333333333333";
+    let answer = server.post("/svc/v1/jobs", json!({"type": "t", "args": [], "id": lost}));
+    assert_eq!((answer.status, answer.error_code()), (503, "backend_error"));
+    assert_eq!(answer.header("retry-after"), Some("1"));
+    assert_eq!(server.get(&format!("/svc/v1/jobs/{lost}")).status, 404, "an unsynced write is never visible");
+    faulty.set_syncs_left(1_000);
+    let answer = server.post("/svc/v1/jobs", json!({"type": "t", "args": []}));
+    assert_eq!(answer.status, 503, "the log stays poisoned even if the disk recovers");
+    let health = server.get("/svc/v1/health");
+    assert_eq!((health.status, health.body["backend"]["error"].as_str()), (503, Some("sync_failed")));
+    assert_eq!(server.job(&kept)["state"], "available", "reads of durable state still work");
+    let outcome = server.server.take().unwrap().join();
+    assert!(matches!(outcome, Err(svc::server::ServerError::StorageFailed)), "the server stops with an error");
+
+    let server = TestServer::start(dir.path());
+    assert_eq!(server.job(&kept)["state"], "available", "recovery brings back what was acknowledged");
+    assert_eq!(server.get(&format!("/svc/v1/jobs/{lost}")).status, 404);
+}
+
+/// Runs a mixed workload against an engine.
+fn churn(engine: &Engine, rounds: usize) {
+    let handle = engine.handle();
+    for round in 0..rounds {
+        let jobs: Vec<_> = (0..3).map(|n| new_job(round * 3 + n)).collect();
+        handle.enqueue(jobs).wait().unwrap();
+        let request = FetchRequest { queues: vec!["default".into()], count: 2, worker_id: Some("w".into()), visibility_timeout_ms: None };
+        let claimed = handle.fetch(request).wait().unwrap();
+        if let Some(job) = claimed.first() {
+            handle.ack(job.id, Some(format!("{{\"round\":{round}}}")), None).wait().unwrap();
+        }
+        if let Some(job) = claimed.get(1) {
+            let report = svc::job::FailureReport::server("E", "failed on purpose");
+            handle.fail(job.id, report, round % 2 == 0, None).wait().unwrap();
+        }
+    }
+}
+
+#[test]
+fn replayed_state_equals_live_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    churn(&engine, 40);
+    let live = engine.handle().image().wait().unwrap();
+    engine.close_without_snapshot();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    assert_eq!(engine.handle().image().wait().unwrap(), live, "log replay rebuilds the live state");
+    engine.handle().snapshot().wait().unwrap();
+    churn(&engine, 10);
+    let live = engine.handle().image().wait().unwrap();
+    engine.close_without_snapshot();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    assert_eq!(engine.handle().image().wait().unwrap(), live, "snapshot + tail replay rebuilds the live state");
+    engine.close();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    assert_eq!(engine.handle().image().wait().unwrap(), live, "a clean close keeps it too");
+    engine.close();
+}
+
+#[test]
+fn snapshots_bound_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = engine_config(dir.path());
+    config.snapshot_log_bytes = 8 * 1024;
+    config.segment_bytes = 16 * 1024;
+    let engine = Engine::open(config).unwrap();
+    churn(&engine, 300);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Background snapshots delete the segments they cover.
+    while list_segments(dir.path()).unwrap().len() > 4 {
+        assert!(Instant::now() < deadline, "old segments were not removed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let live = engine.handle().image().wait().unwrap();
+    engine.close_without_snapshot();
+    let total: u64 = std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap().metadata().unwrap().len()).sum();
+    assert!(total < 400 * 1024, "disk use stays bounded: {total} bytes");
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    assert_eq!(engine.handle().image().wait().unwrap(), live);
+    engine.close();
+}
+
+#[test]
+fn a_second_process_cannot_open_the_same_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    let error = Engine::open(engine_config(dir.path())).err().expect("second open refused").to_string();
+    assert!(error.contains("in use"), "{error}");
+    engine.close();
+}
+
+#[test]
+fn inspect_summarises_a_healthy_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    churn(&engine, 5);
+    engine.handle().snapshot().wait().unwrap();
+    churn(&engine, 2);
+    engine.close_without_snapshot();
+    let output = Command::new(env!("CARGO_BIN_EXE_svc")).arg("inspect").arg(dir.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("snapshots: 1") && text.contains("checksums: all valid"), "{text}");
+    assert!(text.contains("enqueue: 2") && text.contains("claim: 2") && text.contains("ack: 2"), "{text}");
+}
