@@ -1,0 +1,127 @@
+//! Property tests of the two decoders that read untrusted bytes from disk:
+//! arbitrary input never panics and never allocates much more than its own
+//! size; encode → decode gives back what went in.
+
+use proptest::prelude::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use svc::engine::record::{decode_batch, encode_batch, Claim, FailOutcome, Record};
+use svc::job::{FailureReport, JobId};
+use svc::storage::frame::{decode_frame, encode_frame, Decoded};
+
+/// Records the largest single allocation made by the current thread while armed.
+struct LargestAllocation;
+
+thread_local! {
+    static ARMED: Cell<bool> = const { Cell::new(false) };
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for LargestAllocation {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ARMED.try_with(|armed| {
+            if armed.get() {
+                LARGEST.with(|largest| largest.set(largest.get().max(layout.size())));
+            }
+        });
+        // SAFETY: forwards the caller's layout unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: LargestAllocation = LargestAllocation;
+
+/// Runs `work` and returns the largest allocation it made.
+fn largest_allocation(work: impl FnOnce()) -> usize {
+    LARGEST.with(|largest| largest.set(0));
+    ARMED.with(|armed| armed.set(true));
+    work();
+    ARMED.with(|armed| armed.set(false));
+    LARGEST.with(Cell::get)
+}
+
+/// serde caps a sequence's pre-allocation at 1 MiB whatever length it claims.
+const PREALLOCATION_CAP: usize = 1024 * 1024;
+
+fn record_strategy() -> impl Strategy<Value = Record> {
+    let id = any::<u128>().prop_map(JobId);
+    prop_oneof![
+        (any::<i64>(), id.clone(), proptest::option::of(".{0,40}")).prop_map(|(at, id, result)| Record::Ack { at, id, result }),
+        (any::<i64>(), id.clone()).prop_map(|(at, id)| Record::Cancel { at, id }),
+        (any::<i64>(), proptest::collection::vec(any::<u128>().prop_map(JobId), 0..8)).prop_map(|(at, ids)| Record::Promote { at, ids }),
+        (any::<i64>(), proptest::option::of("[a-z]{1,8}"), proptest::collection::vec((any::<u128>(), any::<i64>(), any::<i64>()), 0..5)).prop_map(
+            |(at, worker_id, claims)| Record::Claim {
+                at,
+                worker_id,
+                claims: claims.into_iter().map(|(id, v, e)| Claim { id: JobId(id), visibility_deadline: v, execution_deadline: e }).collect(),
+            }
+        ),
+        (any::<i64>(), id, "[A-Za-z]{1,10}", ".{0,30}", any::<u64>()).prop_map(|(at, id, kind, message, delay)| Record::Fail {
+            at,
+            id,
+            report: FailureReport { message, ..FailureReport::server(&kind, "") },
+            outcome: FailOutcome::Retry { retry_at: at, delay_ms: delay },
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn frames_round_trip(payload in proptest::collection::vec(any::<u8>(), 1..2048)) {
+        let mut buffer = Vec::new();
+        encode_frame(&payload, &mut buffer);
+        prop_assert_eq!(decode_frame(&buffer), Decoded::Frame { payload: &payload, size: buffer.len() });
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_decode_as_a_frame_by_accident_or_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        let largest = largest_allocation(|| {
+            let _ = decode_frame(&bytes);
+        });
+        prop_assert_eq!(largest, 0, "the frame decoder never allocates");
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_record_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        let length = bytes.len();
+        let largest = largest_allocation(|| {
+            let _ = decode_batch(&bytes);
+        });
+        prop_assert!(largest <= PREALLOCATION_CAP + 64 * length, "allocated {} bytes for {} input bytes", largest, length);
+    }
+
+    #[test]
+    fn records_round_trip(records in proptest::collection::vec(record_strategy(), 1..16)) {
+        let mut encoded = Vec::new();
+        encode_batch(&records, &mut encoded);
+        prop_assert_eq!(decode_batch(&encoded).unwrap(), records);
+    }
+
+    #[test]
+    fn truncated_batches_are_refused(records in proptest::collection::vec(record_strategy(), 1..8), cut in any::<prop::sample::Index>()) {
+        let mut encoded = Vec::new();
+        encode_batch(&records, &mut encoded);
+        let cut = cut.index(encoded.len());
+        prop_assert!(decode_batch(&encoded[..cut]).is_err(), "a truncated batch never decodes");
+    }
+}
+
+#[test]
+fn a_huge_claimed_length_is_refused_before_allocating() {
+    let mut bytes = vec![0xff, 0xff, 0xff, 0x7f];
+    bytes.extend_from_slice(&[0; 4]);
+    let largest = largest_allocation(|| assert!(matches!(decode_frame(&bytes), Decoded::Invalid(_))));
+    assert_eq!(largest, 0);
+    // A batch that claims four billion records.
+    let claim = [0xff, 0xff, 0xff, 0xff, 0x0f, 0x03];
+    let largest = largest_allocation(|| assert!(decode_batch(&claim).is_err()));
+    assert!(largest <= PREALLOCATION_CAP, "allocated {largest}");
+}
