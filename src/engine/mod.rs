@@ -16,7 +16,7 @@ mod writer;
 
 pub use command::{Cancelled, EngineError, FetchRequest};
 pub use decide::{Entropy, SystemEntropy};
-pub use events::{Event, EventKind, EventPage};
+pub use events::{Event, EventKind, EventPage, EventSink};
 pub use handle::{EngineHandle, Pending};
 pub use state::{Retention, State, StateImage};
 pub use view::QueueSummary;
@@ -33,7 +33,6 @@ use crate::storage::{
     DataDirLock, FileSystem, RealFileSystem, StorageError, TailPolicy, WalWriter, list_snapshots, read_snapshot,
     remove_obsolete, replay_log,
 };
-use events::EventSink;
 use record::decode_batch;
 use view::ReadView;
 use writer::{SnapshotPolicy, Writer};

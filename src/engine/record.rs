@@ -112,7 +112,7 @@ pub fn encode_batch(records: &[Record], out: &mut Vec<u8>) {
 /// Decodes one commit batch. Never panics; allocation is bounded by the input.
 pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Record>, String> {
     match postcard::take_from_bytes::<Vec<Record>>(bytes) {
-        Ok((records, rest)) if rest.is_empty() => Ok(records),
+        Ok((records, [])) => Ok(records),
         Ok((_, rest)) => Err(format!("{} bytes left after the records", rest.len())),
         Err(error) => Err(format!("undecodable records: {error}")),
     }

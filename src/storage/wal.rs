@@ -149,6 +149,9 @@ fn create_segment(fs: &dyn FileSystem, dir: &Path, index: u64) -> Result<Box<dyn
     Ok(file)
 }
 
+/// Called with (file, offset, payload) for each valid frame, in log order.
+pub type FrameVisitor<'a> = dyn FnMut(&Path, u64, &[u8]) -> Result<(), StorageError> + 'a;
+
 /// What recovery does with a torn tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TailPolicy {
@@ -176,7 +179,7 @@ pub fn scan_segment(
     path: &Path,
     index: u64,
     is_last: bool,
-    on_frame: &mut dyn FnMut(&Path, u64, &[u8]) -> Result<(), StorageError>,
+    on_frame: &mut FrameVisitor<'_>,
 ) -> Result<SegmentScan, StorageError> {
     let file = std::fs::File::open(path).map_err(io_error(path))?;
     let file_bytes = file.metadata().map_err(io_error(path))?.len();
@@ -240,7 +243,7 @@ pub fn replay_log(
     dir: &Path,
     from_segment: u64,
     policy: TailPolicy,
-    on_frame: &mut dyn FnMut(&Path, u64, &[u8]) -> Result<(), StorageError>,
+    on_frame: &mut FrameVisitor<'_>,
 ) -> Result<ReplayEnd, StorageError> {
     let segments: Vec<(u64, PathBuf)> =
         list_segments(dir)?.into_iter().filter(|(index, _)| *index >= from_segment).collect();

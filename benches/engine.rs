@@ -1,0 +1,102 @@
+//! Engine apply (decide + apply, no I/O) of enqueue, fetch and ack, and the
+//! ready order's push/pop.
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use serde_json::json;
+use std::hint::black_box;
+use svc::engine::record::Record;
+use svc::engine::{Entropy, FetchRequest, Retention, State, SystemEntropy};
+use svc::job::{parse_enqueue_body, JobDefaults, JobId, NewJob};
+use svc::schedule::{ReadyKey, ReadyQueue};
+
+const NOW: i64 = 1_800_000_000_000;
+
+fn new_job(n: usize) -> NewJob {
+    let body = json!({"type": "email.send", "args": ["user@example.com", n]});
+    parse_enqueue_body(body.to_string().as_bytes(), &JobDefaults::default()).expect("valid body")
+}
+
+/// Applies a record the way the engine does, with events off.
+fn apply(state: &mut State, record: &Record) {
+    state.apply(record, &mut svc::engine::EventSink::disabled()).expect("applies");
+}
+
+fn state_with(available: usize) -> State {
+    let mut state = State::new(Retention::default());
+    let mut entropy = SystemEntropy;
+    let record = state.decide_enqueue(NOW, (0..available).map(new_job).collect(), &mut entropy).expect("accepted");
+    apply(&mut state, &record);
+    state
+}
+
+fn engine_apply(c: &mut Criterion) {
+    let mut group = c.benchmark_group("engine_apply");
+    group.throughput(Throughput::Elements(1));
+    let mut entropy: Box<dyn Entropy> = Box::new(SystemEntropy);
+    group.bench_function("enqueue", |b| {
+        let mut state = state_with(0);
+        let mut n = 0;
+        b.iter_batched(
+            || {
+                n += 1;
+                new_job(n)
+            },
+            |job| {
+                let record = state.decide_enqueue(NOW, vec![job], entropy.as_mut()).expect("accepted");
+                apply(&mut state, &record);
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let request = FetchRequest { queues: vec!["default".into()], count: 1, worker_id: None, visibility_timeout_ms: None };
+    group.bench_function("fetch", |b| {
+        b.iter_batched_ref(
+            || state_with(1000),
+            |state| {
+                for _ in 0..1000 {
+                    let record = state.decide_fetch(NOW, &request).expect("a job is ready");
+                    apply(state, black_box(&record));
+                }
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("fetch_then_ack", |b| {
+        b.iter_batched_ref(
+            || state_with(1000),
+            |state| {
+                for _ in 0..1000 {
+                    let claim = state.decide_fetch(NOW, &request).expect("a job is ready");
+                    apply(state, &claim);
+                    let Record::Claim { claims, .. } = &claim else { unreachable!() };
+                    let ack = state.decide_ack(NOW, claims[0].id, None, None).expect("active");
+                    apply(state, &ack);
+                }
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+fn ready_queue(c: &mut Criterion) {
+    let mut group = c.benchmark_group("ready_queue");
+    for size in [1_000u64, 1_000_000] {
+        let mut queue = ReadyQueue::default();
+        for n in 0..size {
+            queue.push(ReadyKey::new((n % 7) as i32, n, JobId(u128::from(n))));
+        }
+        let mut seq = size;
+        group.bench_function(format!("push_pop_at_{size}"), |b| {
+            b.iter(|| {
+                seq += 1;
+                queue.push(ReadyKey::new(3, seq, JobId(u128::from(seq))));
+                black_box(queue.pop())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, engine_apply, ready_queue);
+criterion_main!(benches);

@@ -1,0 +1,61 @@
+//! Frame codec and log append + fdatasync at batch sizes 1, 64 and 1024.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use serde_json::json;
+use std::hint::black_box;
+use std::sync::Arc;
+use svc::engine::record::{encode_batch, Record};
+use svc::engine::{Entropy, Retention, State, SystemEntropy};
+use svc::job::{parse_enqueue_body, JobDefaults};
+use svc::storage::frame::{decode_frame, encode_frame};
+use svc::storage::{RealFileSystem, WalWriter};
+
+/// The records of `count` single-job enqueues, as the engine logs them.
+fn enqueue_records(count: usize) -> Vec<Record> {
+    let mut state = State::new(Retention::default());
+    let mut entropy: Box<dyn Entropy> = Box::new(SystemEntropy);
+    (0..count)
+        .map(|n| {
+            let body = json!({"type": "email.send", "args": ["user@example.com", n], "meta": {"trace_id": "abc"}});
+            let job = parse_enqueue_body(body.to_string().as_bytes(), &JobDefaults::default()).expect("valid body");
+            state.decide_enqueue(1_800_000_000_000, vec![job], entropy.as_mut()).expect("accepted")
+        })
+        .collect()
+}
+
+fn frame_codec(c: &mut Criterion) {
+    let mut payload = Vec::new();
+    encode_batch(&enqueue_records(64), &mut payload);
+    let mut group = c.benchmark_group("frame");
+    group.throughput(Throughput::Bytes(payload.len() as u64));
+    group.bench_function("encode", |b| {
+        let mut out = Vec::with_capacity(payload.len() + 8);
+        b.iter(|| {
+            out.clear();
+            encode_frame(black_box(&payload), &mut out);
+        })
+    });
+    let mut framed = Vec::new();
+    encode_frame(&payload, &mut framed);
+    group.bench_function("decode", |b| b.iter(|| decode_frame(black_box(&framed))));
+    group.finish();
+}
+
+fn log_append_and_sync(c: &mut Criterion) {
+    let mut group = c.benchmark_group("wal_commit");
+    group.sample_size(20);
+    for batch in [1usize, 64, 1024] {
+        let mut payload = Vec::new();
+        encode_batch(&enqueue_records(batch), &mut payload);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut wal = WalWriter::create(Arc::new(RealFileSystem), dir.path(), 0, 64 * 1024 * 1024).expect("log opens");
+        group.throughput(Throughput::Elements(batch as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(batch), &payload, |b, payload| {
+            b.iter(|| wal.commit(black_box(payload)).expect("commit"))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, frame_codec, log_append_and_sync);
+criterion_main!(benches);
