@@ -1,12 +1,12 @@
 //! Engine apply (decide + apply, no I/O) of enqueue, fetch and ack, and the
 //! ready order's push/pop.
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 use std::hint::black_box;
 use svc::engine::record::Record;
 use svc::engine::{Entropy, FetchRequest, Retention, State, SystemEntropy};
-use svc::job::{parse_enqueue_body, JobDefaults, JobId, NewJob};
+use svc::job::{JobDefaults, JobId, NewJob, parse_enqueue_body};
 use svc::schedule::{ReadyKey, ReadyQueue};
 
 const NOW: i64 = 1_800_000_000_000;
@@ -48,7 +48,8 @@ fn engine_apply(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
-    let request = FetchRequest { queues: vec!["default".into()], count: 1, worker_id: None, visibility_timeout_ms: None };
+    let request =
+        FetchRequest { queues: vec!["default".into()], count: 1, worker_id: None, visibility_timeout_ms: None };
     group.bench_function("fetch", |b| {
         b.iter_batched_ref(
             || state_with(1000),

@@ -1,12 +1,12 @@
 //! Frame codec and log append + fdatasync at batch sizes 1, 64 and 1024.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 use std::hint::black_box;
 use std::sync::Arc;
-use svc::engine::record::{encode_batch, Record};
+use svc::engine::record::{Record, encode_batch};
 use svc::engine::{Entropy, Retention, State, SystemEntropy};
-use svc::job::{parse_enqueue_body, JobDefaults};
+use svc::job::{JobDefaults, parse_enqueue_body};
 use svc::storage::frame::{decode_frame, encode_frame};
 use svc::storage::{RealFileSystem, WalWriter};
 

@@ -5,9 +5,9 @@
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use svc::engine::record::{decode_batch, encode_batch, Claim, FailOutcome, Record};
+use svc::engine::record::{Claim, FailOutcome, Record, decode_batch, encode_batch};
 use svc::job::{FailureReport, JobId};
-use svc::storage::frame::{decode_frame, encode_frame, Decoded};
+use svc::storage::frame::{Decoded, decode_frame, encode_frame};
 
 /// Records the largest single allocation made by the current thread while armed.
 struct LargestAllocation;
@@ -52,21 +52,34 @@ const PREALLOCATION_CAP: usize = 1024 * 1024;
 fn record_strategy() -> impl Strategy<Value = Record> {
     let id = any::<u128>().prop_map(JobId);
     prop_oneof![
-        (any::<i64>(), id.clone(), proptest::option::of(".{0,40}")).prop_map(|(at, id, result)| Record::Ack { at, id, result }),
-        (any::<i64>(), id.clone()).prop_map(|(at, id)| Record::Cancel { at, id }),
-        (any::<i64>(), proptest::collection::vec(any::<u128>().prop_map(JobId), 0..8)).prop_map(|(at, ids)| Record::Promote { at, ids }),
-        (any::<i64>(), proptest::option::of("[a-z]{1,8}"), proptest::collection::vec((any::<u128>(), any::<i64>(), any::<i64>()), 0..5)).prop_map(
-            |(at, worker_id, claims)| Record::Claim {
-                at,
-                worker_id,
-                claims: claims.into_iter().map(|(id, v, e)| Claim { id: JobId(id), visibility_deadline: v, execution_deadline: e }).collect(),
-            }
-        ),
-        (any::<i64>(), id, "[A-Za-z]{1,10}", ".{0,30}", any::<u64>()).prop_map(|(at, id, kind, message, delay)| Record::Fail {
+        (any::<i64>(), id.clone(), proptest::option::of(".{0,40}")).prop_map(|(at, id, result)| Record::Ack {
             at,
             id,
-            report: FailureReport { message, ..FailureReport::server(&kind, "") },
-            outcome: FailOutcome::Retry { retry_at: at, delay_ms: delay },
+            result
+        }),
+        (any::<i64>(), id.clone()).prop_map(|(at, id)| Record::Cancel { at, id }),
+        (any::<i64>(), proptest::collection::vec(any::<u128>().prop_map(JobId), 0..8))
+            .prop_map(|(at, ids)| Record::Promote { at, ids }),
+        (
+            any::<i64>(),
+            proptest::option::of("[a-z]{1,8}"),
+            proptest::collection::vec((any::<u128>(), any::<i64>(), any::<i64>()), 0..5)
+        )
+            .prop_map(|(at, worker_id, claims)| Record::Claim {
+                at,
+                worker_id,
+                claims: claims
+                    .into_iter()
+                    .map(|(id, v, e)| Claim { id: JobId(id), visibility_deadline: v, execution_deadline: e })
+                    .collect(),
+            }),
+        (any::<i64>(), id, "[A-Za-z]{1,10}", ".{0,30}", any::<u64>()).prop_map(|(at, id, kind, message, delay)| {
+            Record::Fail {
+                at,
+                id,
+                report: FailureReport { message, ..FailureReport::server(&kind, "") },
+                outcome: FailOutcome::Retry { retry_at: at, delay_ms: delay },
+            }
         }),
     ]
 }

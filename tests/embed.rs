@@ -1,14 +1,18 @@
 //! The embedding API: the same engine called from a Rust program, no HTTP.
 
-use svc::job::JobState;
 use svc::Svc;
+use svc::job::JobState;
 
 #[test]
 fn embedded_queue_round_trip_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let svc = Svc::open(dir.path()).unwrap();
     let job = svc.enqueue_json(r#"{"type":"email.send","args":["a@example.com"],"options":{"queue":"mail"}}"#).unwrap();
-    let failing = svc.enqueue_json(r#"{"type":"email.send","args":["b@example.com"],"options":{"queue":"mail","retry":{"max_attempts":1}}}"#).unwrap();
+    let failing = svc
+        .enqueue_json(
+            r#"{"type":"email.send","args":["b@example.com"],"options":{"queue":"mail","retry":{"max_attempts":1}}}"#,
+        )
+        .unwrap();
     let cancelled = svc.enqueue_json(r#"{"type":"email.send","args":[]}"#).unwrap();
     let claimed = svc.fetch(&["mail"], 2, Some("worker-1")).unwrap();
     assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), [job.id, failing.id]);

@@ -5,7 +5,7 @@ use serde_json::json;
 use std::sync::Arc;
 use svc::clock::ManualClock;
 use svc::engine::{Engine, EngineConfig, Entropy, FetchRequest, Retention};
-use svc::job::{parse_enqueue_body, FailureReport, JobDefaults, JobId, JobState};
+use svc::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body};
 
 const START: i64 = 1_800_000_000_000;
 
@@ -51,7 +51,12 @@ impl Harness {
     }
 
     fn fetch(&self, count: usize) -> Vec<JobId> {
-        let request = FetchRequest { queues: vec!["default".into()], count, worker_id: Some("w".into()), visibility_timeout_ms: None };
+        let request = FetchRequest {
+            queues: vec!["default".into()],
+            count,
+            worker_id: Some("w".into()),
+            visibility_timeout_ms: None,
+        };
         self.engine.handle().fetch(request).wait().unwrap().iter().map(|job| job.id).collect()
     }
 
@@ -73,7 +78,8 @@ impl Harness {
 #[test]
 fn retries_come_due_exactly_at_retry_at() {
     let harness = Harness::new();
-    let id = harness.enqueue(json!({"type": "t", "args": [], "options": {"retry": {"initial_interval": "PT2S", "jitter": false}}}));
+    let id = harness
+        .enqueue(json!({"type": "t", "args": [], "options": {"retry": {"initial_interval": "PT2S", "jitter": false}}}));
     harness.fetch(1);
     assert_eq!(harness.fail(id), JobState::Retryable);
     assert_eq!(harness.engine.handle().job(id).unwrap().retry_at, Some(START + 2000));
@@ -141,7 +147,8 @@ fn an_attempt_past_its_execution_timeout_fails() {
 fn scheduled_jobs_wait_for_their_time_and_expired_ones_never_run() {
     let harness = Harness::new();
     let later = harness.enqueue(json!({"type": "t", "args": [], "options": {"delay_until": "+PT10S"}}));
-    let expiring = harness.enqueue(json!({"type": "t", "args": [], "options": {"queue": "other", "expires_at": "+PT3S"}}));
+    let expiring =
+        harness.enqueue(json!({"type": "t", "args": [], "options": {"queue": "other", "expires_at": "+PT3S"}}));
     assert_eq!(harness.state(later), JobState::Scheduled);
     assert!(harness.fetch(1).is_empty());
     harness.advance(3000);
@@ -171,7 +178,13 @@ fn terminal_jobs_are_pruned_after_retention() {
 fn many_due_jobs_are_all_handled() {
     let harness = Harness::new();
     let jobs = (0..25_000)
-        .map(|n| parse_enqueue_body(json!({"type": "t", "args": [n], "options": {"delay_until": "+PT1S"}}).to_string().as_bytes(), &JobDefaults::default()).unwrap())
+        .map(|n| {
+            parse_enqueue_body(
+                json!({"type": "t", "args": [n], "options": {"delay_until": "+PT1S"}}).to_string().as_bytes(),
+                &JobDefaults::default(),
+            )
+            .unwrap()
+        })
         .collect();
     let ids: Vec<JobId> = harness.engine.handle().enqueue(jobs).wait().unwrap().iter().map(|job| job.id).collect();
     harness.advance(1000);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::TestServer;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 fn server() -> (tempfile::TempDir, TestServer) {
@@ -16,7 +16,10 @@ fn server() -> (tempfile::TempDir, TestServer) {
 #[test]
 fn enqueue_returns_the_stored_job_with_headers() {
     let (_dir, server) = server();
-    let answer = server.post("/svc/v1/jobs", json!({"type": "email.send", "args": ["a@example.com", 1.50], "meta": {"trace_id": "t-1"}}));
+    let answer = server.post(
+        "/svc/v1/jobs",
+        json!({"type": "email.send", "args": ["a@example.com", 1.50], "meta": {"trace_id": "t-1"}}),
+    );
     assert_eq!(answer.status, 201);
     let job = &answer.body["job"];
     let id = job["id"].as_str().unwrap();
@@ -69,15 +72,50 @@ fn invalid_enqueues_get_their_documented_errors_and_store_nothing() {
         (r#"{"type":"t"}"#.into(), Some("application/svc+json"), 400, "invalid_request"),
         (r#"{"type":"t","args":"x"}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
         (r#"{"type":"1bad","args":[]}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
-        (r#"{"type":"t","args":[],"options":{"queue":"Bad Queue"}}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
-        (r#"{"type":"t","args":[],"options":{"priority":101}}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
-        (r#"{"type":"t","args":[],"options":{"retry":{"backoff_strategy":"linear"}}}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
-        (r#"{"type":"t","args":[],"options":{"expires_at":"2001-01-01T00:00:00Z"}}"#.into(), Some("application/svc+json"), 400, "invalid_payload"),
-        (r#"{"type":"t","args":[],"options":{"unique":{"key":["a"]}}}"#.into(), Some("application/svc+json"), 422, "unsupported"),
+        (
+            r#"{"type":"t","args":[],"options":{"queue":"Bad Queue"}}"#.into(),
+            Some("application/svc+json"),
+            400,
+            "invalid_payload",
+        ),
+        (
+            r#"{"type":"t","args":[],"options":{"priority":101}}"#.into(),
+            Some("application/svc+json"),
+            400,
+            "invalid_payload",
+        ),
+        (
+            r#"{"type":"t","args":[],"options":{"retry":{"backoff_strategy":"linear"}}}"#.into(),
+            Some("application/svc+json"),
+            400,
+            "invalid_payload",
+        ),
+        (
+            r#"{"type":"t","args":[],"options":{"expires_at":"2001-01-01T00:00:00Z"}}"#.into(),
+            Some("application/svc+json"),
+            400,
+            "invalid_payload",
+        ),
+        (
+            r#"{"type":"t","args":[],"options":{"unique":{"key":["a"]}}}"#.into(),
+            Some("application/svc+json"),
+            422,
+            "unsupported",
+        ),
         (r#"{"type":"t","args":[]}"#.into(), None, 400, "invalid_request"),
         (r#"{"type":"t","args":[]}"#.into(), Some("text/plain"), 400, "invalid_request"),
-        (format!(r#"{{"type":"t","args":[],"meta":{{"k":"{}"}}}}"#, "x".repeat(70_000)), Some("application/svc+json"), 413, "envelope_too_large"),
-        (format!(r#"{{"type":"t","args":["{}"]}}"#, "x".repeat(3 * 1024 * 1024)), Some("application/svc+json"), 413, "envelope_too_large"),
+        (
+            format!(r#"{{"type":"t","args":[],"meta":{{"k":"{}"}}}}"#, "x".repeat(70_000)),
+            Some("application/svc+json"),
+            413,
+            "envelope_too_large",
+        ),
+        (
+            format!(r#"{{"type":"t","args":["{}"]}}"#, "x".repeat(3 * 1024 * 1024)),
+            Some("application/svc+json"),
+            413,
+            "envelope_too_large",
+        ),
     ];
     for (body, content_type, status, code) in cases {
         let answer = server.post_raw("/svc/v1/jobs", body.clone(), content_type);
@@ -96,7 +134,8 @@ fn invalid_enqueues_get_their_documented_errors_and_store_nothing() {
 #[test]
 fn field_errors_name_the_field() {
     let (_dir, server) = server();
-    let answer = server.post("/svc/v1/jobs", json!({"type": "t", "args": [], "options": {"retry": {"max_attempts": -1}}}));
+    let answer =
+        server.post("/svc/v1/jobs", json!({"type": "t", "args": [], "options": {"retry": {"max_attempts": -1}}}));
     assert_eq!(answer.body["error"]["details"]["field"], "options.retry.max_attempts");
     let answer = server.post_raw("/svc/v1/jobs", r#"{"type":"t","args":[]}"#, None);
     assert_eq!(answer.body["error"]["details"]["reason"], "content_type_required");
@@ -106,7 +145,8 @@ fn field_errors_name_the_field() {
 fn version_header_is_checked_on_api_routes_only() {
     let (_dir, server) = server();
     let send = |path: &str, version: &str| {
-        let response = server.client.get(format!("{}{path}", server.base)).header("svc-version", version).send().unwrap();
+        let response =
+            server.client.get(format!("{}{path}", server.base)).header("svc-version", version).send().unwrap();
         (response.status().as_u16(), response.json::<Value>().unwrap())
     };
     assert_eq!(send("/svc/v1/queues", "1.0.0").0, 200);
@@ -133,11 +173,17 @@ fn unknown_routes_and_methods() {
 #[test]
 fn request_ids_are_echoed_when_valid() {
     let (_dir, server) = server();
-    let response = server.client.get(format!("{}/svc/v1/jobs/nope", server.base)).header("x-request-id", "trace-42").send().unwrap();
+    let response = server
+        .client
+        .get(format!("{}/svc/v1/jobs/nope", server.base))
+        .header("x-request-id", "trace-42")
+        .send()
+        .unwrap();
     assert_eq!(response.headers()["x-request-id"], "trace-42");
     assert_eq!(response.json::<Value>().unwrap()["error"]["request_id"], "trace-42");
     let too_long = "x".repeat(129);
-    let response = server.client.get(format!("{}/svc/v1/health", server.base)).header("x-request-id", too_long).send().unwrap();
+    let response =
+        server.client.get(format!("{}/svc/v1/health", server.base)).header("x-request-id", too_long).send().unwrap();
     assert!(response.headers()["x-request-id"].to_str().unwrap().starts_with("req_"));
 }
 
@@ -159,7 +205,8 @@ fn fetch_orders_by_priority_then_fifo_then_queue_order() {
     let second = server.enqueue(json!({"type": "t", "args": [3], "options": {"queue": "q1"}}));
     let urgent = server.enqueue(json!({"type": "t", "args": [4], "options": {"queue": "q1", "priority": 10}}));
     let other = server.enqueue(json!({"type": "t", "args": [5], "options": {"queue": "q2", "priority": 100}}));
-    let ids: Vec<String> = server.fetch(&["q1", "q2"], 10).iter().map(|job| job["id"].as_str().unwrap().to_string()).collect();
+    let ids: Vec<String> =
+        server.fetch(&["q1", "q2"], 10).iter().map(|job| job["id"].as_str().unwrap().to_string()).collect();
     assert_eq!(ids, [urgent, first, second, low, other]);
     assert!(server.fetch(&["q1", "q2"], 10).is_empty());
 }
@@ -168,9 +215,15 @@ fn fetch_orders_by_priority_then_fifo_then_queue_order() {
 fn fetch_claims_and_marks_active() {
     let (_dir, server) = server();
     let id = server.enqueue(json!({"type": "t", "args": []}));
-    let answer = server.post("/svc/v1/workers/fetch", json!({"queues": ["default"], "worker_id": "w-1", "visibility_timeout_ms": 5000}));
+    let answer = server.post(
+        "/svc/v1/workers/fetch",
+        json!({"queues": ["default"], "worker_id": "w-1", "visibility_timeout_ms": 5000}),
+    );
     let job = &answer.body["jobs"][0];
-    assert_eq!((job["id"].as_str(), job["state"].as_str(), job["attempt"].as_i64()), (Some(id.as_str()), Some("active"), Some(1)));
+    assert_eq!(
+        (job["id"].as_str(), job["state"].as_str(), job["attempt"].as_i64()),
+        (Some(id.as_str()), Some("active"), Some(1))
+    );
     assert_eq!(job["worker_id"], "w-1");
     assert!(job["started_at"].is_string());
     assert_eq!(server.job(&id)["state"], "active");
@@ -268,9 +321,13 @@ fn nack_follows_the_retry_policy() {
     let retry = json!({"max_attempts": 2, "initial_interval": "PT10S", "jitter": false});
     let id = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": retry}}));
     server.fetch(&["default"], 1);
-    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": id, "error": {"code": "handler_error", "message": "boom"}}));
+    let answer = server
+        .post("/svc/v1/workers/nack", json!({"job_id": id, "error": {"code": "handler_error", "message": "boom"}}));
     assert_eq!(answer.status, 200, "{}", answer.body);
-    assert_eq!((answer.body["state"].as_str(), answer.body["retry_delay_ms"].as_i64()), (Some("retryable"), Some(10_000)));
+    assert_eq!(
+        (answer.body["state"].as_str(), answer.body["retry_delay_ms"].as_i64()),
+        (Some("retryable"), Some(10_000))
+    );
     assert!(answer.body["retry_at"].is_string() && answer.body["next_attempt_at"] == answer.body["retry_at"]);
     let job = server.job(&id);
     assert_eq!(job["error"], json!({"type": "handler_error", "code": "handler_error", "message": "boom"}));
@@ -283,18 +340,24 @@ fn nack_discards_when_exhausted_or_not_retryable() {
     let (_dir, server) = server();
     let exhausted = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": {"max_attempts": 1}}}));
     server.fetch(&["default"], 1);
-    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": exhausted, "error": {"type": "E", "message": "m"}}));
+    let answer =
+        server.post("/svc/v1/workers/nack", json!({"job_id": exhausted, "error": {"type": "E", "message": "m"}}));
     assert_eq!(answer.body["state"], "discarded");
     assert!(answer.body["completed_at"].is_string() && answer.body["discarded_at"].is_string());
 
-    let fatal = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": {"non_retryable_errors": ["validation.*"]}}}));
+    let fatal = server
+        .enqueue(json!({"type": "t", "args": [], "options": {"retry": {"non_retryable_errors": ["validation.*"]}}}));
     server.fetch(&["default"], 1);
-    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": fatal, "error": {"type": "validation.Bad", "message": "m"}}));
+    let answer = server
+        .post("/svc/v1/workers/nack", json!({"job_id": fatal, "error": {"type": "validation.Bad", "message": "m"}}));
     assert_eq!(answer.body["state"], "discarded");
 
     let flagged = server.enqueue(json!({"type": "t", "args": []}));
     server.fetch(&["default"], 1);
-    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": flagged, "error": {"type": "E", "message": "m", "retryable": false}}));
+    let answer = server.post(
+        "/svc/v1/workers/nack",
+        json!({"job_id": flagged, "error": {"type": "E", "message": "m", "retryable": false}}),
+    );
     assert_eq!(answer.body["state"], "discarded");
 }
 
@@ -303,7 +366,10 @@ fn nack_with_requeue_releases_the_claim() {
     let (_dir, server) = server();
     let id = server.enqueue(json!({"type": "t", "args": []}));
     server.fetch(&["default"], 1);
-    let answer = server.post("/svc/v1/workers/nack", json!({"job_id": id, "requeue": true, "error": {"type": "Shutdown", "message": "m"}}));
+    let answer = server.post(
+        "/svc/v1/workers/nack",
+        json!({"job_id": id, "requeue": true, "error": {"type": "Shutdown", "message": "m"}}),
+    );
     assert_eq!((answer.body["state"].as_str(), answer.body["attempt"].as_i64()), (Some("available"), Some(0)));
     assert_eq!(server.fetch(&["default"], 1)[0]["attempt"], 1);
 }
@@ -313,7 +379,12 @@ fn nack_errors() {
     let (_dir, server) = server();
     let id = server.enqueue(json!({"type": "t", "args": []}));
     server.fetch(&["default"], 1);
-    for body in [json!({"job_id": id}), json!({"job_id": id, "error": {"message": "m"}}), json!({"job_id": id, "error": {"type": "E"}}), json!({"job_id": id, "error": {"type": "E", "message": "m"}, "requeue": "yes"})] {
+    for body in [
+        json!({"job_id": id}),
+        json!({"job_id": id, "error": {"message": "m"}}),
+        json!({"job_id": id, "error": {"type": "E"}}),
+        json!({"job_id": id, "error": {"type": "E", "message": "m"}, "requeue": "yes"}),
+    ] {
         let answer = server.post("/svc/v1/workers/nack", body.clone());
         assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "{body}");
     }
@@ -323,7 +394,9 @@ fn nack_errors() {
 #[test]
 fn retryable_jobs_come_back_without_polling() {
     let (_dir, server) = server();
-    let id = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": {"initial_interval": "PT0.2S", "jitter": false}}}));
+    let id = server.enqueue(
+        json!({"type": "t", "args": [], "options": {"retry": {"initial_interval": "PT0.2S", "jitter": false}}}),
+    );
     server.fetch(&["default"], 1);
     server.post("/svc/v1/workers/nack", json!({"job_id": id, "error": {"type": "E", "message": "m"}}));
     assert_eq!(server.job(&id)["state"], "retryable");
@@ -346,9 +419,14 @@ fn second_spelling_of_worker_routes() {
     let id = server.enqueue(json!({"type": "t", "args": []}));
     let answer = server.post("/svc/v1/jobs/fetch", json!({"queues": ["default"]}));
     assert_eq!(answer.body["jobs"][0]["id"], id.as_str());
-    let answer = server.post_raw(&format!("/svc/v1/jobs/{id}/fail"), json!({"job_id": "019539a4-0000-7000-8000-000000000000", "error": {"type": "E", "message": "m"}}).to_string(), Some("application/svc+json"));
+    let answer = server.post_raw(
+        &format!("/svc/v1/jobs/{id}/fail"),
+        json!({"job_id": "019539a4-0000-7000-8000-000000000000", "error": {"type": "E", "message": "m"}}).to_string(),
+        Some("application/svc+json"),
+    );
     assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "differing job_id");
-    let answer = server.post(&format!("/svc/v1/jobs/{id}/fail"), json!({"error": {"type": "E", "message": "m"}, "requeue": true}));
+    let answer = server
+        .post(&format!("/svc/v1/jobs/{id}/fail"), json!({"error": {"type": "E", "message": "m"}, "requeue": true}));
     assert_eq!(answer.body["state"], "available");
     server.post("/svc/v1/jobs/fetch", json!({"queues": ["default"]}));
     let answer = server.post_raw(&format!("/svc/v1/jobs/{id}/ack"), "", None);
@@ -372,7 +450,8 @@ fn cancel_from_each_state() {
     let late_ack = server.post("/svc/v1/workers/ack", json!({"job_id": active}));
     assert_eq!(late_ack.status, 409, "the claim was dropped");
 
-    let scheduled = server.enqueue(json!({"type": "t", "args": [], "options": {"delay_until": "2099-12-31T23:59:59Z"}}));
+    let scheduled =
+        server.enqueue(json!({"type": "t", "args": [], "options": {"delay_until": "2099-12-31T23:59:59Z"}}));
     assert_eq!(server.job(&scheduled)["state"], "scheduled");
     assert_eq!(server.job(&scheduled)["scheduled_at"], "2099-12-31T23:59:59Z");
     assert_eq!(server.delete(&format!("/svc/v1/jobs/{scheduled}")).body["job"]["state"], "cancelled");
@@ -389,18 +468,30 @@ fn cancel_from_each_state() {
 #[test]
 fn batch_enqueue_is_atomic() {
     let (_dir, server) = server();
-    let answer = server.post("/svc/v1/jobs/batch", json!({"jobs": [{"type": "a", "args": [1]}, {"type": "b", "args": [2], "options": {"queue": "other"}}]}));
+    let answer = server.post(
+        "/svc/v1/jobs/batch",
+        json!({"jobs": [{"type": "a", "args": [1]}, {"type": "b", "args": [2], "options": {"queue": "other"}}]}),
+    );
     assert_eq!((answer.status, answer.body["count"].as_i64()), (201, Some(2)), "{}", answer.body);
     assert_eq!(answer.body["jobs"][1]["queue"], "other");
-    let answer = server.post("/svc/v1/jobs/batch", json!({"jobs": [{"type": "a", "args": [1]}, {"type": "b", "args": "no"}]}));
+    let answer =
+        server.post("/svc/v1/jobs/batch", json!({"jobs": [{"type": "a", "args": [1]}, {"type": "b", "args": "no"}]}));
     assert_eq!((answer.status, answer.error_code()), (400, "invalid_payload"));
     assert_eq!(answer.body["error"]["details"]["index"], 1);
     assert_eq!(answer.body["error"]["details"]["field"], "jobs[1].args");
     let id = "019539a4-aaaa-7000-8000-222222222222";
-    let answer = server.post("/svc/v1/jobs/batch", json!({"jobs": [{"type": "a", "args": [], "id": id}, {"type": "a", "args": [], "id": id}]}));
+    let answer = server.post(
+        "/svc/v1/jobs/batch",
+        json!({"jobs": [{"type": "a", "args": [], "id": id}, {"type": "a", "args": [], "id": id}]}),
+    );
     assert_eq!((answer.status, answer.error_code()), (409, "duplicate"));
     assert_eq!(server.get(&format!("/svc/v1/jobs/{id}")).status, 404, "nothing of a refused batch is stored");
-    let total: i64 = server.get("/svc/v1/queues").body["queues"].as_array().unwrap().iter().map(|queue| queue["size"].as_i64().unwrap()).sum();
+    let total: i64 = server.get("/svc/v1/queues").body["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|queue| queue["size"].as_i64().unwrap())
+        .sum();
     assert_eq!(total, 2);
     for body in [json!({}), json!({"jobs": []}), json!({"jobs": "x"})] {
         assert_eq!(server.post("/svc/v1/jobs/batch", body).status, 400);
@@ -415,7 +506,8 @@ fn queue_listing_counts_and_pages() {
     }
     server.enqueue(json!({"type": "t", "args": [], "options": {"queue": "beta"}}));
     let all = server.get("/svc/v1/queues");
-    let names: Vec<&str> = all.body["queues"].as_array().unwrap().iter().map(|queue| queue["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        all.body["queues"].as_array().unwrap().iter().map(|queue| queue["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["alpha", "beta", "default", "gamma"]);
     assert_eq!(all.body["queues"][1], json!({"name": "beta", "size": 2, "paused": false}));
     assert_eq!((all.body["has_more"].as_bool(), all.body["cursor"].is_null()), (Some(false), true));
@@ -434,14 +526,19 @@ fn queue_listing_counts_and_pages() {
 #[test]
 fn events_record_the_lifecycle() {
     let (_dir, server) = server();
-    let id = server.enqueue(json!({"type": "mail.send", "args": [], "meta": {"trace_id": "tr-9"}, "options": {"queue": "mail"}}));
+    let id = server
+        .enqueue(json!({"type": "mail.send", "args": [], "meta": {"trace_id": "tr-9"}, "options": {"queue": "mail"}}));
     server.fetch(&["mail"], 1);
     server.post("/svc/v1/workers/ack", json!({"job_id": id, "result": {"ok": true}}));
     let answer = server.get("/svc/v1/events?queues=mail");
-    let types: Vec<&str> = answer.body["events"].as_array().unwrap().iter().map(|event| event["type"].as_str().unwrap()).collect();
+    let types: Vec<&str> =
+        answer.body["events"].as_array().unwrap().iter().map(|event| event["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["job.enqueued", "job.started", "job.completed"]);
     let completed = &answer.body["events"][2];
-    assert_eq!((completed["subject"].as_str(), completed["data"]["trace_id"].as_str()), (Some(id.as_str()), Some("tr-9")));
+    assert_eq!(
+        (completed["subject"].as_str(), completed["data"]["trace_id"].as_str()),
+        (Some(id.as_str()), Some("tr-9"))
+    );
     assert!(completed["id"].as_str().unwrap().starts_with("evt_"));
     assert!(completed["data"]["duration_ms"].is_i64() && completed["data"]["result"]["ok"] == true);
     let filtered = server.get("/svc/v1/events?types=job.*&job_types=mail.*&limit=1");
@@ -464,10 +561,14 @@ fn health_manifest_and_error_catalogue() {
     assert_eq!(server.get("/health").status, 200);
     assert_eq!(server.get("/ready").body["status"], "ready");
     let manifest = server.get("/svc/manifest");
-    assert_eq!((manifest.body["specversion"].as_str(), manifest.body["implementation"].as_str()), (Some("1.0.0-rc.1"), Some("svc")));
+    assert_eq!(
+        (manifest.body["specversion"].as_str(), manifest.body["implementation"].as_str()),
+        (Some("1.0.0-rc.1"), Some("svc"))
+    );
     assert_eq!(manifest.body["conformance_level"], 0);
     let catalogue = server.get("/svc/v1/errors");
-    let codes: Vec<&str> = catalogue.body["errors"].as_array().unwrap().iter().map(|row| row["code"].as_str().unwrap()).collect();
+    let codes: Vec<&str> =
+        catalogue.body["errors"].as_array().unwrap().iter().map(|row| row["code"].as_str().unwrap()).collect();
     assert!(codes.contains(&"envelope_too_large") && codes.contains(&"backend_error"));
 }
 

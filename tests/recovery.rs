@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{config_for, TestServer};
-use serde_json::{json, Value};
+use common::{TestServer, config_for};
+use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use svc::engine::{Engine, EngineConfig, FetchRequest};
 use svc::job::JobDefaults;
-use svc::storage::{list_segments, FaultyFileSystem, SEGMENT_HEADER_BYTES};
+use svc::storage::{FaultyFileSystem, SEGMENT_HEADER_BYTES, list_segments};
 
 /// Starts `svc serve` as a child process and returns it with its address.
 fn spawn_server(dir: &Path) -> (Child, String) {
@@ -58,18 +58,39 @@ fn sigkill_under_load_loses_no_acknowledged_write() {
                 while !stop.load(Ordering::SeqCst) {
                     n += 1;
                     let body = json!({"type": "t", "args": [n], "options": {"queue": queue}});
-                    let Ok(response) = http.post(format!("{base}/svc/v1/jobs")).header("content-type", "application/svc+json").body(body.to_string()).send() else { break };
+                    let Ok(response) = http
+                        .post(format!("{base}/svc/v1/jobs"))
+                        .header("content-type", "application/svc+json")
+                        .body(body.to_string())
+                        .send()
+                    else {
+                        break;
+                    };
                     if response.status() != 201 {
                         break;
                     }
                     enqueued.push(response.json::<Value>().unwrap()["job"]["id"].as_str().unwrap().to_string());
                     if n % 2 == 0 {
                         let fetch = json!({"queues": [queue], "count": 1});
-                        let Ok(response) = http.post(format!("{base}/svc/v1/workers/fetch")).header("content-type", "application/svc+json").body(fetch.to_string()).send() else { break };
+                        let Ok(response) = http
+                            .post(format!("{base}/svc/v1/workers/fetch"))
+                            .header("content-type", "application/svc+json")
+                            .body(fetch.to_string())
+                            .send()
+                        else {
+                            break;
+                        };
                         let Ok(jobs) = response.json::<Value>() else { break };
                         let Some(id) = jobs["jobs"][0]["id"].as_str().map(str::to_string) else { continue };
                         let ack = json!({"job_id": id});
-                        let Ok(response) = http.post(format!("{base}/svc/v1/workers/ack")).header("content-type", "application/svc+json").body(ack.to_string()).send() else { break };
+                        let Ok(response) = http
+                            .post(format!("{base}/svc/v1/workers/ack"))
+                            .header("content-type", "application/svc+json")
+                            .body(ack.to_string())
+                            .send()
+                        else {
+                            break;
+                        };
                         if response.status() == 200 {
                             acked.push(id);
                         }
@@ -89,7 +110,12 @@ fn sigkill_under_load_loses_no_acknowledged_write() {
         enqueued.extend(e);
         acked.extend(a);
     }
-    assert!(enqueued.len() > 50 && !acked.is_empty(), "the load ran: {} enqueued, {} acked", enqueued.len(), acked.len());
+    assert!(
+        enqueued.len() > 50 && !acked.is_empty(),
+        "the load ran: {} enqueued, {} acked",
+        enqueued.len(),
+        acked.len()
+    );
 
     let (mut child, base) = spawn_server(dir.path());
     let http = reqwest::blocking::Client::new();
@@ -105,13 +131,23 @@ fn sigkill_under_load_loses_no_acknowledged_write() {
     let queues: Vec<String> = (0..4).map(|client| format!("crash-{client}")).collect();
     loop {
         let fetch = json!({"queues": queues, "count": 100});
-        let jobs = http.post(format!("{base}/svc/v1/workers/fetch")).header("content-type", "application/svc+json").body(fetch.to_string()).send().unwrap().json::<Value>().unwrap();
+        let jobs = http
+            .post(format!("{base}/svc/v1/workers/fetch"))
+            .header("content-type", "application/svc+json")
+            .body(fetch.to_string())
+            .send()
+            .unwrap()
+            .json::<Value>()
+            .unwrap();
         let jobs = jobs["jobs"].as_array().unwrap().clone();
         if jobs.is_empty() {
             break;
         }
         for job in jobs {
-            assert!(!acked_set.contains(&job["id"].as_str().unwrap().to_string()), "a completed job was handed out again");
+            assert!(
+                !acked_set.contains(&job["id"].as_str().unwrap().to_string()),
+                "a completed job was handed out again"
+            );
         }
     }
     child.kill().unwrap();
@@ -128,11 +164,24 @@ fn engine_config(dir: &Path) -> EngineConfig {
 }
 
 fn new_job(n: usize) -> svc::job::NewJob {
-    svc::job::parse_enqueue_body(json!({"type": "t", "args": [n]}).to_string().as_bytes(), &JobDefaults::default()).unwrap()
+    svc::job::parse_enqueue_body(json!({"type": "t", "args": [n]}).to_string().as_bytes(), &JobDefaults::default())
+        .unwrap()
 }
 
 fn last_segment(dir: &Path) -> std::path::PathBuf {
     list_segments(dir).unwrap().last().unwrap().1.clone()
+}
+
+/// Where the last frame of a segment starts, and where the frames end (the
+/// rest is zeroed space).
+fn last_frame(segment: &Path) -> (usize, usize) {
+    let index = list_segments(segment.parent().unwrap()).unwrap().last().unwrap().0;
+    let mut start = 0;
+    let scan = svc::storage::scan_segment(segment, index, true, &mut |_, offset, _| {
+        start = offset as usize;
+        Ok(())
+    });
+    (start, scan.unwrap().valid_bytes as usize)
 }
 
 #[test]
@@ -145,9 +194,11 @@ fn a_torn_tail_is_cut_off_and_earlier_writes_survive() {
     }
     engine.close_without_snapshot();
     let segment = last_segment(dir.path());
-    let length = std::fs::metadata(&segment).unwrap().len();
-    // Cut the last frame in half, as a crash mid-write would.
-    std::fs::OpenOptions::new().write(true).open(&segment).unwrap().set_len(length - 10).unwrap();
+    // The end of the last frame never reached the disk, as in a crash mid-write.
+    let (start, end) = last_frame(&segment);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[(start + end) / 2..end].fill(0);
+    std::fs::write(&segment, bytes).unwrap();
 
     let engine = Engine::open(engine_config(dir.path())).unwrap();
     for id in &ids[..4] {
@@ -168,13 +219,14 @@ fn garbage_after_the_last_frame_is_cut_off() {
     let id = engine.handle().enqueue(vec![new_job(1)]).wait().unwrap()[0].id;
     engine.close_without_snapshot();
     let segment = last_segment(dir.path());
-    let clean = std::fs::metadata(&segment).unwrap().len();
+    let (_, end) = last_frame(&segment);
     let mut bytes = std::fs::read(&segment).unwrap();
-    bytes.extend_from_slice(&[0xab; 300]);
+    bytes[end..end + 300].fill(0xab);
     std::fs::write(&segment, bytes).unwrap();
     let engine = Engine::open(engine_config(dir.path())).unwrap();
     assert!(engine.handle().job(id).is_some());
-    assert_eq!(std::fs::metadata(&segment).unwrap().len(), clean);
+    let after = std::fs::read(&segment).unwrap();
+    assert!(after[end..end + 300].iter().all(|byte| *byte == 0), "the garbage is zeroed");
     engine.close();
 }
 
@@ -196,7 +248,11 @@ fn damage_before_the_tail_refuses_to_start_naming_file_and_offset() {
     assert!(error.contains(&format!("offset {SEGMENT_HEADER_BYTES}")), "{error}");
     assert_eq!(std::fs::read(&segment).unwrap(), bytes, "nothing was truncated");
 
-    let output = Command::new(env!("CARGO_BIN_EXE_svc")).args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(dir.path()).output().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_svc"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("byte offset"), "the server names the damage");
     let inspect = Command::new(env!("CARGO_BIN_EXE_svc")).arg("inspect").arg(dir.path()).output().unwrap();
@@ -240,7 +296,12 @@ fn churn(engine: &Engine, rounds: usize) {
     for round in 0..rounds {
         let jobs: Vec<_> = (0..3).map(|n| new_job(round * 3 + n)).collect();
         handle.enqueue(jobs).wait().unwrap();
-        let request = FetchRequest { queues: vec!["default".into()], count: 2, worker_id: Some("w".into()), visibility_timeout_ms: None };
+        let request = FetchRequest {
+            queues: vec!["default".into()],
+            count: 2,
+            worker_id: Some("w".into()),
+            visibility_timeout_ms: None,
+        };
         let claimed = handle.fetch(request).wait().unwrap();
         if let Some(job) = claimed.first() {
             handle.ack(job.id, Some(format!("{{\"round\":{round}}}")), None).wait().unwrap();

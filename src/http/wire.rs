@@ -68,7 +68,7 @@ pub fn render_job(job: &Job, extra: &[(&str, Value)]) -> String {
     let mut object = ObjectWriter::default();
     object
         .string("specversion", "1.0")
-        .string("id", &job.id.to_string())
+        .string("id", std::str::from_utf8(&job.id.to_hyphenated()).expect("ASCII"))
         .string("type", &job.payload.job_type)
         .string("queue", &job.queue)
         .raw("args", &job.payload.args)
@@ -81,8 +81,8 @@ pub fn render_job(job: &Job, extra: &[(&str, Value)]) -> String {
         .number("timeout_ms", job.timeout_ms)
         .number("visibility_timeout", job.visibility_timeout_ms.div_ceil(1000))
         .number("visibility_timeout_ms", job.visibility_timeout_ms)
-        .value("retry", &job.retry.to_json())
-        .value("tags", &Value::from(job.payload.tags.clone()))
+        .raw("retry", &render_retry(&job.retry))
+        .raw("tags", &render_strings(&job.payload.tags))
         .time("created_at", job.created_at);
     let times = [
         ("scheduled_at", job.scheduled_at),
@@ -132,6 +132,33 @@ pub fn render_job(job: &Job, extra: &[(&str, Value)]) -> String {
         object.value(key, value);
     }
     object.finish()
+}
+
+/// The effective retry policy, durations in ISO 8601.
+fn render_retry(policy: &crate::job::RetryPolicy) -> String {
+    use crate::job::time::format_duration_ms;
+    let mut object = ObjectWriter::default();
+    object
+        .number("max_attempts", policy.max_attempts)
+        .string("initial_interval", &format_duration_ms(policy.initial_interval_ms))
+        .raw("backoff_coefficient", &Value::from(policy.backoff_coefficient).to_string())
+        .string("max_interval", &format_duration_ms(policy.max_interval_ms))
+        .raw("jitter", if policy.jitter { "true" } else { "false" })
+        .raw("non_retryable_errors", &render_strings(&policy.non_retryable_errors))
+        .string("on_exhaustion", policy.on_exhaustion.as_str());
+    object.finish()
+}
+
+fn render_strings(items: &[String]) -> String {
+    let mut out = String::from("[");
+    for (index, item) in items.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        push_json_string(&mut out, item);
+    }
+    out.push(']');
+    out
 }
 
 /// A failure as `{type, code, message, ...}`; history entries add attempt and time.

@@ -48,10 +48,27 @@ impl JobId {
     }
 }
 
+impl JobId {
+    /// The lowercase hyphenated form, without allocating.
+    pub fn to_hyphenated(self) -> [u8; 36] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [b'-'; 36];
+        let mut position = 0;
+        for nibble in 0..32 {
+            if matches!(position, 8 | 13 | 18 | 23) {
+                position += 1;
+            }
+            out[position] = HEX[((self.0 >> (124 - nibble * 4)) & 0xf) as usize];
+            position += 1;
+        }
+        out
+    }
+}
+
 impl fmt::Display for JobId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex = format!("{:032x}", self.0);
-        write!(f, "{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+        let text = self.to_hyphenated();
+        f.write_str(std::str::from_utf8(&text).expect("hex digits and hyphens are ASCII"))
     }
 }
 

@@ -2,26 +2,28 @@
 //! fail a sync on purpose. Reads go straight to `std::fs`.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-/// An open file that is only appended to.
-pub trait LogFile: Send {
-    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()>;
+/// An open file written at explicit offsets. Shared between the log writer
+/// and the thread that zero-fills segment space ahead of it.
+pub trait LogFile: Send + Sync {
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()>;
     /// Makes written data durable (fdatasync).
-    fn sync_data(&mut self) -> io::Result<()>;
-    /// Cuts the file back to `length` bytes.
-    fn truncate(&mut self, length: u64) -> io::Result<()>;
+    fn sync_data(&self) -> io::Result<()>;
+    /// The file's current size in bytes.
+    fn size(&self) -> io::Result<u64>;
 }
 
 /// Creates and opens files, and makes directory entries durable.
 pub trait FileSystem: Send + Sync + 'static {
-    /// Creates a new file (failing if it exists) for appending.
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>>;
-    /// Opens an existing file for appending at its end.
-    fn open_append(&self, path: &Path) -> io::Result<Box<dyn LogFile>>;
+    /// Creates a new file, failing if it exists.
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn LogFile>>;
+    /// Opens an existing file for writing.
+    fn open_existing(&self, path: &Path) -> io::Result<Arc<dyn LogFile>>;
     /// Makes renames and new files in `dir` durable (fsync of the directory).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
@@ -33,28 +35,35 @@ pub struct RealFileSystem;
 struct RealFile(File);
 
 impl LogFile for RealFile {
-    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.0.write_all(bytes)
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        self.0.write_all_at(bytes, offset)
     }
 
-    fn sync_data(&mut self) -> io::Result<()> {
+    fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
 
-    fn truncate(&mut self, length: u64) -> io::Result<()> {
-        self.0.set_len(length)
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
     }
 }
 
+fn open_real(path: &Path, create: bool) -> io::Result<RealFile> {
+    let mut options = OpenOptions::new();
+    options.write(true);
+    if create {
+        options.create_new(true);
+    }
+    options.open(path).map(RealFile)
+}
+
 impl FileSystem for RealFileSystem {
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        let file = OpenOptions::new().write(true).create_new(true).open(path)?;
-        Ok(Box::new(RealFile(file)))
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        Ok(Arc::new(open_real(path, true)?))
     }
 
-    fn open_append(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        let file = OpenOptions::new().append(true).open(path)?;
-        Ok(Box::new(RealFile(file)))
+    fn open_existing(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        Ok(Arc::new(open_real(path, false)?))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -95,29 +104,27 @@ struct FaultyFile {
 }
 
 impl LogFile for FaultyFile {
-    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.inner.write_all(bytes)
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        self.inner.write_at(offset, bytes)
     }
 
-    fn sync_data(&mut self) -> io::Result<()> {
+    fn sync_data(&self) -> io::Result<()> {
         self.owner.take_sync()?;
         self.inner.sync_data()
     }
 
-    fn truncate(&mut self, length: u64) -> io::Result<()> {
-        self.inner.truncate(length)
+    fn size(&self) -> io::Result<u64> {
+        self.inner.size()
     }
 }
 
 impl FileSystem for FaultyFileSystem {
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        let file = OpenOptions::new().write(true).create_new(true).open(path)?;
-        Ok(Box::new(FaultyFile { inner: RealFile(file), owner: self.clone() }))
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        Ok(Arc::new(FaultyFile { inner: open_real(path, true)?, owner: self.clone() }))
     }
 
-    fn open_append(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        let file = OpenOptions::new().append(true).open(path)?;
-        Ok(Box::new(FaultyFile { inner: RealFile(file), owner: self.clone() }))
+    fn open_existing(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        Ok(Arc::new(FaultyFile { inner: open_real(path, false)?, owner: self.clone() }))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

@@ -28,9 +28,9 @@ pub fn write_snapshot(fs: &dyn FileSystem, dir: &Path, replay_from: u64, payload
     let final_path = snapshot_path(dir, replay_from);
     let temp_path = final_path.with_extension("snap.tmp");
     let _ = std::fs::remove_file(&temp_path);
-    let mut file = fs.create_new(&temp_path).map_err(io_error(&temp_path))?;
-    file.write_all(&header).map_err(io_error(&temp_path))?;
-    file.write_all(payload).map_err(io_error(&temp_path))?;
+    let file = fs.create_new(&temp_path).map_err(io_error(&temp_path))?;
+    file.write_at(0, &header).map_err(io_error(&temp_path))?;
+    file.write_at(SNAPSHOT_HEADER_BYTES as u64, payload).map_err(io_error(&temp_path))?;
     file.sync_data().map_err(io_error(&temp_path))?;
     drop(file);
     std::fs::rename(&temp_path, &final_path).map_err(io_error(&final_path))?;

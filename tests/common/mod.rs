@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::path::Path;
 use svc::config::Config;
 use svc::engine::EngineConfig;
-use svc::server::{engine_config, start, RunningServer};
+use svc::server::{RunningServer, engine_config, start};
 
 pub struct TestServer {
     pub server: Option<RunningServer>,
@@ -60,7 +60,8 @@ impl TestServer {
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let text = response.text().expect("response body reads");
-        let body = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).expect("response body is JSON") };
+        let body =
+            if text.is_empty() { Value::Null } else { serde_json::from_str(&text).expect("response body is JSON") };
         Answer { status, headers, body }
     }
 
