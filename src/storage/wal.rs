@@ -107,9 +107,9 @@ impl WalWriter {
         self.poisoned
     }
 
-    /// Writes `payload` as one frame, then syncs; rotates when the segment is full.
-    /// Returns the bytes written. Nothing is acknowledged unless this returns Ok.
-    pub fn commit(&mut self, payload: &[u8]) -> Result<u64, StorageError> {
+    /// Writes `payload` as one frame without syncing; rotates when the segment
+    /// is full. The caller must sync the returned range before acknowledging.
+    pub fn write(&mut self, payload: &[u8]) -> Result<Written, StorageError> {
         if self.poisoned {
             return Err(StorageError::Poisoned);
         }
@@ -122,28 +122,38 @@ impl WalWriter {
         }
         self.frame_buffer.clear();
         encode_frame(payload, &mut self.frame_buffer);
-        let written = self.frame_buffer.len() as u64;
-        if self.offset + written > self.zeroer.zeroed_end() {
+        let length = self.frame_buffer.len() as u64;
+        if self.offset + length > self.zeroer.zeroed_end() {
             // The zeroer fell behind: stop it so the two never write the same range.
             self.zeroer.stop();
         }
-        let result = self.file.write_at(self.offset, &self.frame_buffer).and_then(|()| self.file.sync_data());
-        if let Err(error) = result {
+        let path = segment_path(&self.dir, self.segment_index);
+        if let Err(error) = self.file.write_at(self.offset, &self.frame_buffer) {
             self.poisoned = true;
-            // Best effort: zero the unacknowledged frame, so a restart does not
-            // bring back a write whose client was told it failed. After a failed
-            // sync the kernel's view of the file is uncertain, which is why the
-            // log stays poisoned either way.
-            let zeros = vec![0u8; self.frame_buffer.len()];
-            let _ = self.file.write_at(self.offset, &zeros);
-            return Err(StorageError::Io { path: segment_path(&self.dir, self.segment_index), error });
+            return Err(StorageError::Io { path, error });
         }
-        self.offset += written;
+        let written = Written { file: self.file.clone(), path, start: self.offset, end: self.offset + length };
+        self.offset += length;
         self.zeroer.note_offset(self.offset);
         if self.offset >= self.segment_bytes_max {
             self.rotate()?;
         }
         Ok(written)
+    }
+
+    /// Writes `payload` as one frame and syncs it. Returns the bytes written.
+    pub fn commit(&mut self, payload: &[u8]) -> Result<u64, StorageError> {
+        let written = self.write(payload)?;
+        if let Err(error) = written.sync() {
+            self.poisoned = true;
+            return Err(error);
+        }
+        Ok(written.end - written.start)
+    }
+
+    /// Refuses every later write (after a failed sync elsewhere).
+    pub fn poison(&mut self) {
+        self.poisoned = true;
     }
 
     /// Closes the current segment and starts the next; returns the new index.
@@ -173,6 +183,32 @@ impl WalWriter {
 impl Drop for WalWriter {
     fn drop(&mut self) {
         self.zeroer.stop();
+    }
+}
+
+/// A frame written but not yet synced.
+#[derive(Clone)]
+pub struct Written {
+    pub file: Arc<dyn LogFile>,
+    pub path: PathBuf,
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Written {
+    /// Syncs the file (and with it every earlier write to it). On failure the
+    /// frame is zeroed, best effort, so a restart does not bring back a write
+    /// whose client was told it failed; after a failed sync the kernel's view
+    /// of the file is uncertain, which is why the log is poisoned either way.
+    pub fn sync(&self) -> Result<(), StorageError> {
+        self.file.sync_data().map_err(|error| {
+            let _ = self.file.write_at(self.start, &vec![0u8; (self.end - self.start) as usize]);
+            StorageError::Io { path: self.path.clone(), error }
+        })
+    }
+
+    pub fn same_file(&self, other: &Written) -> bool {
+        Arc::ptr_eq(&self.file, &other.file)
     }
 }
 
