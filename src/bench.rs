@@ -154,9 +154,9 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
         tasks.push(tokio::spawn(async move {
             match options.workload {
                 Workload::Enqueue | Workload::Ping => enqueue_loop(&mut connection, &options, &counter).await,
-                Workload::Drain => drain_loop(&mut connection, &stop).await,
+                Workload::Drain => drain_loop(&mut connection, None).await,
                 Workload::Steady if worker % 2 == 0 => paced_enqueue(&mut connection, &options, &stop).await,
-                Workload::Steady => drain_loop(&mut connection, &stop).await,
+                Workload::Steady => drain_loop(&mut connection, Some(&stop)).await,
             }
         }));
     }
@@ -204,13 +204,14 @@ async fn enqueue_loop(connection: &mut Connection, options: &BenchOptions, count
     }
 }
 
-/// Fetch + ack until the queue is empty (or `stop` is set, for `steady`).
-async fn drain_loop(connection: &mut Connection, stop: &AtomicBool) -> LoopResult {
+/// Fetch + ack until the queue is empty; with `until` (the `steady`
+/// workload), keep polling an empty queue until it is set.
+async fn drain_loop(connection: &mut Connection, until: Option<&AtomicBool>) -> LoopResult {
     let mut latencies = Vec::new();
     let mut jobs = 0;
-    let steady = !stop.load(Ordering::SeqCst);
+    let steady = until.is_some();
     loop {
-        if stop.load(Ordering::SeqCst) && steady {
+        if until.is_some_and(|stop| stop.load(Ordering::SeqCst)) {
             return Ok((jobs, latencies));
         }
         let (status, body, latency) =
