@@ -265,6 +265,14 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_config_is_valid() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/svc.example.toml");
+        let env = HashMap::from([("SVC_CONFIG".to_string(), path.to_string())]);
+        let config = Config::load(&[], &env).unwrap();
+        assert_eq!((config.retention.dead_letter_ms, config.jobs.retry.max_attempts), (30 * 86_400_000, 3));
+    }
+
+    #[test]
     fn unknown_settings_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("svc.toml");

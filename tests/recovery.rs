@@ -52,48 +52,37 @@ fn sigkill_under_load_loses_no_acknowledged_write() {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+                // Until the server dies: a request that gets no answer ends the loop.
+                let post = |path: &str, body: Value| {
+                    let sent = http
+                        .post(format!("{base}{path}"))
+                        .header("content-type", "application/svc+json")
+                        .body(body.to_string())
+                        .send();
+                    sent.ok()
+                        .filter(|response| response.status().is_success())
+                        .and_then(|response| response.json::<Value>().ok())
+                };
                 let (mut enqueued, mut acked) = (Vec::new(), Vec::new());
                 let queue = format!("crash-{client}");
                 let mut n = 0;
                 while !stop.load(Ordering::SeqCst) {
                     n += 1;
-                    let body = json!({"type": "t", "args": [n], "options": {"queue": queue}});
-                    let Ok(response) = http
-                        .post(format!("{base}/svc/v1/jobs"))
-                        .header("content-type", "application/svc+json")
-                        .body(body.to_string())
-                        .send()
+                    let Some(created) =
+                        post("/svc/v1/jobs", json!({"type": "t", "args": [n], "options": {"queue": queue}}))
                     else {
                         break;
                     };
-                    if response.status() != 201 {
-                        break;
-                    }
-                    enqueued.push(response.json::<Value>().unwrap()["job"]["id"].as_str().unwrap().to_string());
+                    enqueued.push(created["job"]["id"].as_str().unwrap().to_string());
                     if n % 2 == 0 {
-                        let fetch = json!({"queues": [queue], "count": 1});
-                        let Ok(response) = http
-                            .post(format!("{base}/svc/v1/workers/fetch"))
-                            .header("content-type", "application/svc+json")
-                            .body(fetch.to_string())
-                            .send()
-                        else {
+                        let Some(jobs) = post("/svc/v1/workers/fetch", json!({"queues": [queue], "count": 1})) else {
                             break;
                         };
-                        let Ok(jobs) = response.json::<Value>() else { break };
                         let Some(id) = jobs["jobs"][0]["id"].as_str().map(str::to_string) else { continue };
-                        let ack = json!({"job_id": id});
-                        let Ok(response) = http
-                            .post(format!("{base}/svc/v1/workers/ack"))
-                            .header("content-type", "application/svc+json")
-                            .body(ack.to_string())
-                            .send()
-                        else {
+                        if post("/svc/v1/workers/ack", json!({"job_id": id})).is_none() {
                             break;
-                        };
-                        if response.status() == 200 {
-                            acked.push(id);
                         }
+                        acked.push(id);
                     }
                 }
                 (enqueued, acked)
