@@ -302,11 +302,29 @@ fn churn(engine: &Engine, rounds: usize) {
     }
 }
 
+/// Discards three jobs, sends one back from the dead letter listing and deletes another.
+fn dead_letter_churn(engine: &Engine) {
+    let handle = engine.handle();
+    let body = json!({"type": "t", "args": ["dlq"], "options": {"queue": "dlq", "retry": {"max_attempts": 1}}});
+    let jobs = (0..3)
+        .map(|_| svc::job::parse_enqueue_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap())
+        .collect();
+    handle.enqueue(jobs).wait().unwrap();
+    let request = FetchRequest { queues: vec!["dlq".into()], count: 3, worker_id: None, visibility_timeout_ms: None };
+    let claimed = handle.fetch(request).wait().unwrap();
+    for job in &claimed {
+        handle.fail(job.id, svc::job::FailureReport::server("E", "gone"), false, None).wait().unwrap();
+    }
+    handle.dead_letter_retry(claimed[0].id).wait().unwrap();
+    handle.dead_letter_delete(claimed[1].id).wait().unwrap();
+}
+
 #[test]
 fn replayed_state_equals_live_state() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(engine_config(dir.path())).unwrap();
     churn(&engine, 40);
+    dead_letter_churn(&engine);
     let live = engine.handle().image().wait().unwrap();
     engine.close_without_snapshot();
     let engine = Engine::open(engine_config(dir.path())).unwrap();

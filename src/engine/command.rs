@@ -46,6 +46,14 @@ pub enum Command {
         worker_id: Option<String>,
         reply: Reply<Arc<Job>>,
     },
+    DeadLetterRetry {
+        id: JobId,
+        reply: Reply<Arc<Job>>,
+    },
+    DeadLetterDelete {
+        id: JobId,
+        reply: Reply<()>,
+    },
     Cancel {
         id: JobId,
         reply: Reply<Cancelled>,
@@ -79,6 +87,10 @@ pub enum EngineError {
     NotFound {
         id: JobId,
     },
+    /// No job with this id is in the dead letter listing.
+    NotInDeadLetter {
+        id: JobId,
+    },
     /// The job is not in a state the command applies to; `reason` is
     /// `invalid_state` or `not_owner`.
     Conflict {
@@ -106,6 +118,7 @@ impl std::fmt::Display for EngineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             EngineError::NotFound { id } => write!(f, "job {id} not found"),
+            EngineError::NotInDeadLetter { id } => write!(f, "job {id} is not in the dead letter listing"),
             EngineError::Conflict { id, current_state, reason } => {
                 write!(f, "job {id} is {} ({reason})", current_state.as_str())
             }

@@ -180,6 +180,24 @@ impl State {
         }
     }
 
+    /// A job in the dead letter listing (state `discarded`), else not found.
+    fn dead_letter_job(&self, id: JobId) -> Result<&Job, EngineError> {
+        self.job(id)
+            .map(|job| job.as_ref())
+            .filter(|job| job.state == JobState::Discarded)
+            .ok_or(EngineError::NotInDeadLetter { id })
+    }
+
+    pub fn decide_dead_letter_retry(&self, now: Millis, id: JobId) -> Result<Record, EngineError> {
+        self.dead_letter_job(id)?;
+        Ok(Record::DeadLetterRetry { at: now, id })
+    }
+
+    pub fn decide_dead_letter_delete(&self, now: Millis, id: JobId) -> Result<Record, EngineError> {
+        self.dead_letter_job(id)?;
+        Ok(Record::Delete { at: now, id })
+    }
+
     /// Records for everything due at `now`, at most `limit` jobs.
     pub fn decide_due(&self, now: Millis, limit: usize, entropy: &mut dyn Entropy) -> Vec<Record> {
         let mut promote = Vec::new();

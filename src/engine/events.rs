@@ -15,12 +15,27 @@ pub enum EventKind {
     Scheduled,
     Started,
     Completed,
-    Failed { report: FailureReport, attempt: u32 },
-    Retrying { report: FailureReport },
-    Requeued { reason: &'static str },
-    Discarded { reason: &'static str },
-    Cancelled { previous_state: JobState },
+    Failed {
+        report: FailureReport,
+        attempt: u32,
+    },
+    Retrying {
+        report: FailureReport,
+    },
+    Requeued {
+        reason: &'static str,
+    },
+    Discarded {
+        reason: &'static str,
+    },
+    Cancelled {
+        previous_state: JobState,
+    },
     Expired,
+    /// Back from the dead letter listing.
+    Revived,
+    /// Removed from the dead letter listing.
+    Deleted,
 }
 
 impl EventKind {
@@ -36,6 +51,8 @@ impl EventKind {
             EventKind::Discarded { .. } => "job.discarded",
             EventKind::Cancelled { .. } => "job.cancelled",
             EventKind::Expired => "job.expired",
+            EventKind::Revived => "job.enqueued",
+            EventKind::Deleted => "job.deleted",
         }
     }
 }
@@ -55,7 +72,15 @@ pub struct Event {
 #[derive(Debug, Default)]
 pub struct EventSink {
     enabled: bool,
-    pending: Vec<(Millis, EventKind, crate::job::JobId)>,
+    pending: Vec<(Millis, EventKind, JobRef)>,
+}
+
+/// The job an event is about: looked up at publication, or (for a job that
+/// no longer exists) as it was.
+#[derive(Debug, Clone)]
+pub enum JobRef {
+    Id(crate::job::JobId),
+    Gone(Arc<Job>),
 }
 
 impl EventSink {
@@ -70,11 +95,18 @@ impl EventSink {
 
     pub fn push(&mut self, time: Millis, kind: EventKind, job: crate::job::JobId) {
         if self.enabled {
-            self.pending.push((time, kind, job));
+            self.pending.push((time, kind, JobRef::Id(job)));
         }
     }
 
-    pub fn take(&mut self) -> Vec<(Millis, EventKind, crate::job::JobId)> {
+    /// An event about a job that is being removed.
+    pub fn push_gone(&mut self, time: Millis, kind: EventKind, job: Arc<Job>) {
+        if self.enabled {
+            self.pending.push((time, kind, JobRef::Gone(job)));
+        }
+    }
+
+    pub fn take(&mut self) -> Vec<(Millis, EventKind, JobRef)> {
         std::mem::take(&mut self.pending)
     }
 }

@@ -7,7 +7,7 @@ use tokio::sync::oneshot;
 
 use super::command::{Cancelled, Command, EngineError, FetchRequest, Reply};
 use super::events::{Event, EventPage};
-use super::view::{QueueSummary, ReadView};
+use super::view::{DeadLetterKey, QueueSummary, ReadView};
 use crate::clock::Clock;
 use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob};
 
@@ -89,6 +89,26 @@ impl EngineHandle {
         worker_id: Option<String>,
     ) -> Pending<Arc<Job>> {
         self.submit(|reply| Command::Fail { id, report, requeue, worker_id, reply })
+    }
+
+    /// Sends a discarded job back to `available` with its attempts reset.
+    pub fn dead_letter_retry(&self, id: JobId) -> Pending<Arc<Job>> {
+        self.submit(|reply| Command::DeadLetterRetry { id, reply })
+    }
+
+    /// Removes a discarded job for good.
+    pub fn dead_letter_delete(&self, id: JobId) -> Pending<()> {
+        self.submit(|reply| Command::DeadLetterDelete { id, reply })
+    }
+
+    /// The dead letter listing, newest first, from the last commit.
+    pub fn dead_letter_page(
+        &self,
+        after: Option<DeadLetterKey>,
+        limit: usize,
+        queue: Option<&str>,
+    ) -> (Vec<Arc<Job>>, bool) {
+        self.view.dead_letter_page(after, limit, queue)
     }
 
     pub fn cancel(&self, id: JobId) -> Pending<Cancelled> {

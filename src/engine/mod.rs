@@ -19,7 +19,7 @@ pub use decide::{Entropy, SystemEntropy};
 pub use events::{Event, EventKind, EventPage, EventSink};
 pub use handle::{EngineHandle, Pending};
 pub use state::{Retention, State, StateImage};
-pub use view::QueueSummary;
+pub use view::{DeadLetterKey, QueueSummary};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -84,6 +84,16 @@ pub enum Record {
         at: Millis,
         ids: Vec<JobId>,
     },
+    /// A discarded job sent back to `available` from the dead letter listing.
+    DeadLetterRetry {
+        at: Millis,
+        id: JobId,
+    },
+    /// A discarded job removed for good from the dead letter listing.
+    Delete {
+        at: Millis,
+        id: JobId,
+    },
 }
 
 impl Record {
@@ -98,6 +108,8 @@ impl Record {
             Record::Expire { .. } => "expire",
             Record::Timeout { .. } => "timeout",
             Record::Prune { .. } => "prune",
+            Record::DeadLetterRetry { .. } => "dead_letter_retry",
+            Record::Delete { .. } => "delete",
         }
     }
 }

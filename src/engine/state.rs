@@ -305,6 +305,28 @@ impl State {
                 events.push(*at, EventKind::Failed { report: report.clone(), attempt }, *id);
                 push_outcome_event(events, *at, *id, &report, *outcome, "visibility_timeout");
             }
+            Record::DeadLetterRetry { at, id } => {
+                self.update(*id, |job| {
+                    job.state = JobState::Available;
+                    job.attempt = 0;
+                    job.enqueued_at = Some(*at);
+                    job.error = None;
+                    job.completed_at = None;
+                    job.discarded_at = None;
+                    job.retry_at = None;
+                    // Else an expired job would expire again at once.
+                    job.expires_at = None;
+                    job.worker_id = None;
+                    clear_claim(job);
+                })?;
+                events.push(*at, EventKind::Revived, *id);
+            }
+            Record::Delete { at, id } => {
+                let job = self.jobs.remove(id).ok_or_else(|| ApplyError(format!("record deletes unknown job {id}")))?;
+                self.unindex_job(&job);
+                self.dirty.insert(*id);
+                events.push_gone(*at, EventKind::Deleted, job);
+            }
             Record::Prune { ids, .. } => {
                 for id in ids {
                     let job =

@@ -31,8 +31,25 @@ impl QueueSummary {
     }
 }
 
+/// Position in the dead letter listing: newest `discarded_at` first, then
+/// the higher id first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DeadLetterKey {
+    pub discarded_at: std::cmp::Reverse<i64>,
+    pub id: std::cmp::Reverse<JobId>,
+}
+
+impl DeadLetterKey {
+    pub fn of(job: &Job) -> Option<DeadLetterKey> {
+        let discarded_at = job.discarded_at.filter(|_| job.state == JobState::Discarded)?;
+        Some(DeadLetterKey { discarded_at: std::cmp::Reverse(discarded_at), id: std::cmp::Reverse(job.id) })
+    }
+}
+
 pub struct ReadView {
     shards: Vec<RwLock<HashMap<JobId, Arc<Job>>>>,
+    /// Discarded jobs in listing order, kept in step with the shards.
+    dead_letter: RwLock<std::collections::BTreeMap<DeadLetterKey, Arc<Job>>>,
     queues: RwLock<Arc<Vec<QueueSummary>>>,
     events: Mutex<EventBuffer>,
     storage_failed: AtomicBool,
@@ -42,6 +59,7 @@ impl Default for ReadView {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            dead_letter: RwLock::new(std::collections::BTreeMap::new()),
             queues: RwLock::new(Arc::new(Vec::new())),
             events: Mutex::new(EventBuffer::default()),
             storage_failed: AtomicBool::new(false),
@@ -57,6 +75,26 @@ impl ReadView {
 
     pub fn job(&self, id: JobId) -> Option<Arc<Job>> {
         self.shard(id).read().get(&id).cloned()
+    }
+
+    /// Up to `limit` discarded jobs after `after`, optionally of one queue,
+    /// and whether more follow.
+    pub fn dead_letter_page(
+        &self,
+        after: Option<DeadLetterKey>,
+        limit: usize,
+        queue: Option<&str>,
+    ) -> (Vec<Arc<Job>>, bool) {
+        use std::ops::Bound;
+        let listing = self.dead_letter.read();
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut matching = listing
+            .range((start, Bound::Unbounded))
+            .map(|(_, job)| job)
+            .filter(|job| queue.is_none_or(|queue| job.queue == queue));
+        let page: Vec<Arc<Job>> = matching.by_ref().take(limit).cloned().collect();
+        let has_more = matching.next().is_some();
+        (page, has_more)
     }
 
     pub fn queues(&self) -> Arc<Vec<QueueSummary>> {
@@ -87,10 +125,21 @@ impl ReadView {
             }
             let mut map = shard.write();
             for (id, job) in changes {
-                match job {
+                let new_key = job.as_deref().and_then(DeadLetterKey::of);
+                let old = match job {
                     Some(job) => map.insert(id, job),
                     None => map.remove(&id),
                 };
+                let old_key = old.as_deref().and_then(DeadLetterKey::of);
+                if old_key != new_key || new_key.is_some() {
+                    let mut listing = self.dead_letter.write();
+                    if let Some(key) = old_key {
+                        listing.remove(&key);
+                    }
+                    if let (Some(key), Some(job)) = (new_key, map.get(&id)) {
+                        listing.insert(key, job.clone());
+                    }
+                }
             }
         }
     }

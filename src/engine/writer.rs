@@ -236,6 +236,18 @@ impl Writer {
                     });
                 outgoing.push(Outgoing::Job(reply, outcome));
             }
+            Command::DeadLetterRetry { id, reply } => {
+                let outcome = self.state.decide_dead_letter_retry(now, id).map(|record| {
+                    self.apply(record, records, events);
+                    self.current(id)
+                });
+                outgoing.push(Outgoing::Job(reply, outcome));
+            }
+            Command::DeadLetterDelete { id, reply } => {
+                let outcome =
+                    self.state.decide_dead_letter_delete(now, id).map(|record| self.apply(record, records, events));
+                outgoing.push(Outgoing::Unit(reply, outcome));
+            }
             Command::Cancel { id, reply } => {
                 let outcome = self.state.decide_cancel(now, id).map(|record| {
                     let previous_state = self.current(id).state;
@@ -287,9 +299,10 @@ impl Writer {
                 Command::Enqueue { reply, .. } | Command::Fetch { reply, .. } => {
                     reply.send(Err(error.clone())).map_err(drop)
                 }
-                Command::Ack { reply, .. } | Command::Fail { reply, .. } => {
+                Command::Ack { reply, .. } | Command::Fail { reply, .. } | Command::DeadLetterRetry { reply, .. } => {
                     reply.send(Err(error.clone())).map_err(drop)
                 }
+                Command::DeadLetterDelete { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Cancel { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Probe { reply } | Command::Tick { reply } | Command::Snapshot { reply } => {
                     reply.send(Err(error.clone())).map_err(drop)
@@ -306,7 +319,7 @@ impl Writer {
     }
 
     /// Copies what changed to the read view and appends the batch's events.
-    fn publish(&mut self, pending: impl Iterator<Item = (Millis, super::events::EventKind, crate::job::JobId)>) {
+    fn publish(&mut self, pending: impl Iterator<Item = (Millis, super::events::EventKind, super::events::JobRef)>) {
         let (dirty, queues_dirty) = self.state.take_dirty();
         self.view.publish_jobs(dirty.into_iter().map(|id| (id, self.state.job(id).cloned())));
         if queues_dirty {
@@ -319,9 +332,13 @@ impl Writer {
             self.view.publish_queues(summaries);
         }
         let mut events = Vec::new();
-        for (time, kind, id) in pending {
-            let Some(job) = self.state.job(id).cloned() else {
-                continue;
+        for (time, kind, job) in pending {
+            let job = match job {
+                super::events::JobRef::Id(id) => match self.state.job(id) {
+                    Some(job) => job.clone(),
+                    None => continue,
+                },
+                super::events::JobRef::Gone(job) => job,
             };
             self.event_seq += 1;
             let event_id = self.event_ids.next(time, rand::random());

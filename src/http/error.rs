@@ -168,6 +168,7 @@ impl From<EngineError> for ApiError {
         let message = error.to_string();
         match error {
             EngineError::NotFound { id } => ApiError::not_found("job", id.to_string()),
+            EngineError::NotInDeadLetter { id } => ApiError::not_found("dead_letter_job", id.to_string()),
             EngineError::Conflict { id, current_state, reason } => ApiError::new("conflict", message)
                 .detail("job_id", id.to_string())
                 .detail("current_state", current_state.as_str())

@@ -37,6 +37,9 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::FailById(id) => nack(app, Some(&id), &body).await,
         Route::Queues => queues(app, query),
         Route::Events => events(app, query),
+        Route::DeadLetter => dead_letter(app, query),
+        Route::DeadLetterRetry(id) => dead_letter_retry(app, &id, &body).await,
+        Route::DeadLetterDelete(id) => dead_letter_delete(app, &id).await,
     }
 }
 
@@ -339,6 +342,55 @@ fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     Ok(Reply::ok(json!({"queues": queues, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
+/// A dead letter id: a malformed one cannot be listed, so it is not found.
+fn dead_letter_id(text: &str) -> Result<JobId, ApiError> {
+    JobId::parse(&text.to_ascii_lowercase()).ok_or_else(|| ApiError::not_found("dead_letter_job", text))
+}
+
+fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    use crate::engine::DeadLetterKey;
+    use std::cmp::Reverse;
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let queue = match query_value(&pairs, "queue").filter(|queue| !queue.is_empty()) {
+        Some(queue) if is_valid_queue(queue) => Some(queue),
+        Some(_) => return Err(ApiError::invalid_request(Some("queue"), "queue is not a valid queue name")),
+        None => None,
+    };
+    let after = match query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()) {
+        None => None,
+        Some(cursor) => {
+            let invalid = || ApiError::invalid_request(Some("cursor"), "cursor is not one this server issued");
+            let text = decode_cursor(cursor)?;
+            let (at, id) = text.split_once('/').ok_or_else(invalid)?;
+            let discarded_at = at.parse::<i64>().map_err(|_| invalid())?;
+            let id = JobId::parse(id).ok_or_else(invalid)?;
+            Some(DeadLetterKey { discarded_at: Reverse(discarded_at), id: Reverse(id) })
+        }
+    };
+    let (jobs, has_more) = app.engine.dead_letter_page(after, limit, queue);
+    let cursor = match jobs.last().and_then(|job| Some((job.discarded_at?, job.id))) {
+        Some((at, id)) if has_more => format!("\"{}\"", encode_cursor(&format!("{at}/{id}"))),
+        _ => "null".to_string(),
+    };
+    let rendered: Vec<String> = jobs.iter().map(|job| render_job(job, &[])).collect();
+    Ok(Reply::ok(format!("{{\"jobs\":[{}],\"cursor\":{cursor},\"has_more\":{has_more}}}", rendered.join(","))))
+}
+
+async fn dead_letter_retry(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
+    if !is_empty_body(body) {
+        object_body(body)?;
+    }
+    let job = app.engine.dead_letter_retry(dead_letter_id(id)?).outcome().await?;
+    Ok(Reply::ok(job_body(&job)))
+}
+
+async fn dead_letter_delete(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = dead_letter_id(id)?;
+    app.engine.dead_letter_delete(id).outcome().await?;
+    Ok(Reply::ok(json!({"deleted": true, "job_id": id.to_string()}).to_string()))
+}
+
 /// `exact`, `prefix.*` or `*`.
 fn pattern_matches(pattern: &str, name: &str) -> bool {
     match pattern.strip_suffix('*') {
@@ -439,11 +491,11 @@ pub fn manifest() -> Value {
         "conformance_level": 0,
         "conformance": {"level": 0, "tier": "runtime"},
         "features": {
-            "batch_enqueue": true, "dead_letter": false, "cron": false, "workflows": false,
+            "batch_enqueue": true, "dead_letter": true, "cron": false, "workflows": false,
             "unique_jobs": false, "priority": true, "schemas": false, "webhooks": false,
             "events": true, "rate_limiting": false, "worker_signals": false
         },
-        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}],
+        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "dead-letter", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}],
         "protocols": ["http"],
         "backend": "wal",
         "authentication": {"schemes": [], "required": false},

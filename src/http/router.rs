@@ -22,6 +22,9 @@ pub enum Route {
     FailById(String),
     Queues,
     Events,
+    DeadLetter,
+    DeadLetterRetry(String),
+    DeadLetterDelete(String),
 }
 
 impl Route {
@@ -59,6 +62,13 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         }
         ["svc", "v1", "queues"] => vec![(Method::GET, Route::Queues)],
         ["svc", "v1", "events"] => vec![(Method::GET, Route::Events)],
+        ["svc", "v1", "dead-letter"] => vec![(Method::GET, Route::DeadLetter)],
+        ["svc", "v1", "dead-letter", id] if !id.is_empty() => {
+            vec![(Method::DELETE, Route::DeadLetterDelete(decoded(id)))]
+        }
+        ["svc", "v1", "dead-letter", id, "retry"] if !id.is_empty() => {
+            vec![(Method::POST, Route::DeadLetterRetry(decoded(id)))]
+        }
         _ => Vec::new(),
     };
     if choices.is_empty() {

@@ -258,6 +258,12 @@ pub fn render_event(event: &Event) -> Value {
         EventKind::Cancelled { previous_state } => {
             vec![("previous_state", previous_state.as_str().into()), ("reason", "api".into())]
         }
+        EventKind::Revived => vec![
+            ("state", "available".into()),
+            ("priority", job.priority.into()),
+            ("reason", "dead_letter_retry".into()),
+        ],
+        EventKind::Deleted => vec![("reason", "api".into()), ("previous_state", "discarded".into())],
         EventKind::Expired => vec![
             ("created_at", format_timestamp(job.created_at).into()),
             ("expired_at", format_timestamp(event.time).into()),
