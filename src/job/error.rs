@@ -54,11 +54,6 @@ impl ValidationError {
         self
     }
 
-    pub fn with_detail(mut self, key: &'static str, value: serde_json::Value) -> Self {
-        self.details.push((key, value));
-        self
-    }
-
     /// Prefixes the field path, e.g. for batch items.
     pub fn within(mut self, prefix: &str) -> Self {
         self.field = Some(match self.field {

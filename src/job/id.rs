@@ -41,11 +41,6 @@ impl JobId {
     fn variant_ok(self) -> bool {
         (self.0 >> 62) & 0b11 == 0b10
     }
-
-    /// The millisecond timestamp embedded in the id.
-    pub fn timestamp_ms(self) -> i64 {
-        (self.0 >> 80) as i64
-    }
 }
 
 impl JobId {

@@ -38,21 +38,6 @@ impl TimerSet {
         self.entries.range(..=(now, JobId(u128::MAX))).copied()
     }
 
-    /// Removes and returns up to `limit` entries due at `now`, earliest first.
-    pub fn take_due(&mut self, now: Millis, limit: usize) -> Vec<(Millis, JobId)> {
-        let mut due = Vec::new();
-        while due.len() < limit {
-            match self.entries.first() {
-                Some(&(deadline, id)) if deadline <= now => {
-                    self.entries.pop_first();
-                    due.push((deadline, id));
-                }
-                _ => break,
-            }
-        }
-        due
-    }
-
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -67,22 +52,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn takes_only_what_is_due_in_order() {
+    fn due_entries_come_earliest_first_and_stay_until_removed() {
         let mut timers = TimerSet::default();
         timers.insert(300, JobId(1));
         timers.insert(100, JobId(2));
         timers.insert(200, JobId(3));
         assert_eq!(timers.next_deadline(), Some(100));
-        assert_eq!(timers.take_due(250, 10), vec![(100, JobId(2)), (200, JobId(3))]);
-        assert_eq!(timers.next_deadline(), Some(300));
-        assert!(timers.take_due(299, 10).is_empty());
-    }
-
-    #[test]
-    fn take_due_respects_the_limit() {
-        let mut timers = TimerSet::default();
-        (0..10).for_each(|n| timers.insert(n, JobId(n as u128)));
-        assert_eq!(timers.take_due(100, 3).len(), 3);
-        assert_eq!(timers.len(), 7);
+        assert_eq!(timers.due(250).collect::<Vec<_>>(), [(100, JobId(2)), (200, JobId(3))]);
+        assert_eq!(timers.len(), 3, "looking does not take");
+        assert!(timers.remove(100, JobId(2)));
+        assert_eq!(timers.next_deadline(), Some(200));
+        assert!(timers.due(199).next().is_none());
     }
 }

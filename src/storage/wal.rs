@@ -109,7 +109,7 @@ impl WalWriter {
 
     /// Writes `payload` as one frame without syncing; rotates when the segment
     /// is full. The caller must sync the returned range before acknowledging.
-    pub fn write(&mut self, payload: &[u8]) -> Result<Written, StorageError> {
+    fn write(&mut self, payload: &[u8]) -> Result<Written, StorageError> {
         if self.poisoned {
             return Err(StorageError::Poisoned);
         }
@@ -151,11 +151,6 @@ impl WalWriter {
         Ok(written.end - written.start)
     }
 
-    /// Refuses every later write (after a failed sync elsewhere).
-    pub fn poison(&mut self) {
-        self.poisoned = true;
-    }
-
     /// Closes the current segment and starts the next; returns the new index.
     pub fn rotate(&mut self) -> Result<u64, StorageError> {
         if self.poisoned {
@@ -187,12 +182,11 @@ impl Drop for WalWriter {
 }
 
 /// A frame written but not yet synced.
-#[derive(Clone)]
-pub struct Written {
-    pub file: Arc<dyn LogFile>,
-    pub path: PathBuf,
-    pub start: u64,
-    pub end: u64,
+struct Written {
+    file: Arc<dyn LogFile>,
+    path: PathBuf,
+    start: u64,
+    end: u64,
 }
 
 impl Written {
@@ -200,15 +194,11 @@ impl Written {
     /// frame is zeroed, best effort, so a restart does not bring back a write
     /// whose client was told it failed; after a failed sync the kernel's view
     /// of the file is uncertain, which is why the log is poisoned either way.
-    pub fn sync(&self) -> Result<(), StorageError> {
+    fn sync(&self) -> Result<(), StorageError> {
         self.file.sync_data().map_err(|error| {
             let _ = self.file.write_at(self.start, &vec![0u8; (self.end - self.start) as usize]);
             StorageError::Io { path: self.path.clone(), error }
         })
-    }
-
-    pub fn same_file(&self, other: &Written) -> bool {
-        Arc::ptr_eq(&self.file, &other.file)
     }
 }
 
