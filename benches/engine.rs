@@ -87,13 +87,13 @@ fn ready_queue(c: &mut Criterion) {
     for size in [1_000u64, 1_000_000] {
         let mut queue = ReadyQueue::default();
         for n in 0..size {
-            queue.push(ReadyKey::new((n % 7) as i32, n, JobId(u128::from(n))));
+            queue.push(ReadyKey::new((n % 7) as i32, n as i64, JobId(u128::from(n))));
         }
         let mut seq = size;
         group.bench_function(format!("push_pop_at_{size}"), |b| {
             b.iter(|| {
                 seq += 1;
-                queue.push(ReadyKey::new(3, seq, JobId(u128::from(seq))));
+                queue.push(ReadyKey::new(3, seq as i64, JobId(u128::from(seq))));
                 black_box(queue.pop())
             })
         });

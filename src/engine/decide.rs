@@ -99,7 +99,7 @@ impl State {
                 errors: Vec::new(),
                 visibility_deadline: None,
                 execution_deadline: None,
-                ready_seq: 0,
+                reserved: 0,
             });
         }
         Ok(Record::Enqueue { at: now, jobs })

@@ -62,7 +62,8 @@ pub struct StateImage {
     pub jobs: Vec<Job>,
     pub paused_queues: Vec<String>,
     pub ids: IdGenerator,
-    pub next_ready_seq: u64,
+    /// Unused; kept so that format version 1 still decodes.
+    pub reserved: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -71,7 +72,6 @@ pub struct State {
     pub(crate) queues: BTreeMap<String, QueueState>,
     pub(crate) timers: TimerSet,
     pub(crate) ids: IdGenerator,
-    next_ready_seq: u64,
     live_jobs: usize,
     retention: Retention,
     /// Jobs changed since the read view was last updated.
@@ -90,7 +90,6 @@ impl State {
             queues: BTreeMap::new(),
             timers: TimerSet::default(),
             ids: IdGenerator::default(),
-            next_ready_seq: 0,
             live_jobs: 0,
             retention,
             dirty: HashSet::new(),
@@ -149,7 +148,7 @@ impl State {
     }
 
     fn ready_key(job: &Job) -> ReadyKey {
-        ReadyKey::new(job.priority, job.ready_seq, job.id)
+        ReadyKey::new(job.priority, job.enqueued_at.unwrap_or(job.created_at), job.id)
     }
 
     /// Puts a job into the structures its state implies.
@@ -188,7 +187,7 @@ impl State {
         self.queues_dirty = true;
     }
 
-    /// Adds a job as loaded from a snapshot, keeping its `ready_seq`.
+    /// Adds a job (new, or loaded from a snapshot).
     fn insert_loaded(&mut self, job: Job) {
         self.ids.observe(job.id);
         self.index_job(&job);
@@ -200,13 +199,7 @@ impl State {
     fn update(&mut self, id: JobId, change: impl FnOnce(&mut Job)) -> Result<Arc<Job>, ApplyError> {
         let mut job = self.jobs.remove(&id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
         self.unindex_job(&job);
-        let before = job.state;
-        let edited = Arc::make_mut(&mut job);
-        change(edited);
-        if edited.state == JobState::Available && before != JobState::Available {
-            edited.ready_seq = self.next_ready_seq;
-            self.next_ready_seq += 1;
-        }
+        change(Arc::make_mut(&mut job));
         self.index_job(&job);
         self.dirty.insert(id);
         self.jobs.insert(id, job.clone());
@@ -222,11 +215,7 @@ impl State {
                     if self.jobs.contains_key(&job.id) {
                         return Err(ApplyError(format!("record enqueues job {} twice", job.id)));
                     }
-                    let mut job = job.clone();
-                    if job.state == JobState::Available {
-                        job.ready_seq = self.next_ready_seq;
-                        self.next_ready_seq += 1;
-                    }
+                    let job = job.clone();
                     events.push(*at, EventKind::Enqueued, job.id);
                     if job.state == JobState::Scheduled {
                         events.push(*at, EventKind::Scheduled, job.id);
@@ -345,7 +334,7 @@ impl State {
         jobs.sort_by_key(|job| job.id);
         let paused_queues =
             self.queues.iter().filter(|(_, queue)| queue.paused).map(|(name, _)| name.clone()).collect();
-        StateImage { jobs, paused_queues, ids: self.ids.clone(), next_ready_seq: self.next_ready_seq }
+        StateImage { jobs, paused_queues, ids: self.ids.clone(), reserved: 0 }
     }
 
     /// Rebuilds the state from a snapshot image.
@@ -358,7 +347,6 @@ impl State {
             state.insert_loaded(job);
         }
         state.ids = image.ids;
-        state.next_ready_seq = image.next_ready_seq;
         state
     }
 
@@ -392,12 +380,6 @@ impl State {
                     "job {id} is {} with visibility deadline {:?}",
                     job.state.as_str(),
                     job.visibility_deadline
-                ));
-            }
-            if job.ready_seq >= self.next_ready_seq && job.state == JobState::Available {
-                return Err(format!(
-                    "job {id} has ready_seq {} beyond the counter {}",
-                    job.ready_seq, self.next_ready_seq
                 ));
             }
         }

@@ -131,8 +131,9 @@ pub struct Job {
     pub visibility_deadline: Option<Millis>,
     /// While `active`: when the attempt counts as timed out.
     pub execution_deadline: Option<Millis>,
-    /// Order of entering `available`; the FIFO tie-breaker among equal priorities.
-    pub ready_seq: u64,
+    /// Unused; kept so that format version 1 still decodes (it once held an
+    /// entry sequence; the ready order now uses `enqueued_at` and the id).
+    pub reserved: u64,
 }
 
 impl Job {

@@ -1,5 +1,5 @@
-//! Per-queue ready order: priority descending, then the order jobs entered
-//! `available`, then id.
+//! Per-queue ready order: priority descending, then the time a job entered
+//! `available`, then id (decisions §7.1).
 //!
 //! An ordered set rather than a binary heap: cancel and expiry must take a job
 //! out of the middle, and an exact set keeps `check_invariants` exact too.
@@ -13,13 +13,14 @@ use crate::job::JobId;
 pub struct ReadyKey {
     /// Negated priority, so that the highest priority sorts first.
     negated_priority: i32,
-    seq: u64,
+    /// When the job (last) entered `available`, in milliseconds.
+    entered_at: i64,
     pub id: JobId,
 }
 
 impl ReadyKey {
-    pub fn new(priority: i32, seq: u64, id: JobId) -> Self {
-        Self { negated_priority: -priority, seq, id }
+    pub fn new(priority: i32, entered_at: i64, id: JobId) -> Self {
+        Self { negated_priority: -priority, entered_at, id }
     }
 }
 
@@ -73,6 +74,16 @@ mod tests {
         queue.push(ReadyKey::new(-5, 0, JobId(40)));
         let order: Vec<u128> = std::iter::from_fn(|| queue.pop()).map(|key| key.id.0).collect();
         assert_eq!(order, [30, 10, 20, 40]);
+    }
+
+    #[test]
+    fn same_time_ties_break_by_id() {
+        let mut queue = ReadyQueue::default();
+        queue.push(ReadyKey::new(0, 5, JobId(9)));
+        queue.push(ReadyKey::new(0, 5, JobId(3)));
+        queue.push(ReadyKey::new(0, 4, JobId(7)));
+        let order: Vec<u128> = std::iter::from_fn(|| queue.pop()).map(|key| key.id.0).collect();
+        assert_eq!(order, [7, 3, 9]);
     }
 
     #[test]
