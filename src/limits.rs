@@ -19,6 +19,8 @@ pub const JSON_DEPTH_MAX: usize = 64;
 pub const BATCH_JOBS_MAX: usize = 10_000;
 /// Largest fetch `count`; larger values are clamped.
 pub const FETCH_COUNT_MAX: usize = 100;
+/// Most job ids one heartbeat may list.
+pub const HEARTBEAT_JOBS_MAX: usize = 1000;
 /// Most queue names in one fetch.
 pub const FETCH_QUEUES_MAX: usize = 32;
 /// Default and largest page size of list endpoints.

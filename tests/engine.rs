@@ -193,3 +193,83 @@ fn many_due_jobs_are_all_handled() {
     harness.engine.handle().tick().wait().unwrap();
     assert!(ids.iter().all(|id| harness.state(*id) == JobState::Available));
 }
+
+#[test]
+fn heartbeats_extend_claims_by_the_claims_own_visibility() {
+    let harness = Harness::new();
+    let id = harness.enqueue(json!({"type": "t", "args": [], "options": {"visibility_timeout_ms": 30000}}));
+    let other = harness.enqueue(json!({"type": "t", "args": []}));
+    let request = |worker: &str, visibility| FetchRequest {
+        queues: vec!["default".into()],
+        count: 1,
+        worker_id: Some(worker.into()),
+        visibility_timeout_ms: Some(visibility),
+    };
+    assert_eq!(harness.engine.handle().fetch(request("w-1", 2000)).wait().unwrap()[0].id, id);
+    assert_eq!(harness.engine.handle().fetch(request("w-2", 2000)).wait().unwrap()[0].id, other);
+    harness.advance(1500);
+    let extended = harness.engine.handle().heartbeat("w-1".into(), None, None).wait().unwrap();
+    assert_eq!(extended, 1, "only w-1's own job");
+    assert_eq!(
+        harness.engine.handle().job(id).unwrap().visibility_deadline,
+        Some(START + 1500 + 2000),
+        "by the fetch's 2 s, not the job's 30 s"
+    );
+    harness.advance(600);
+    assert_eq!(
+        (harness.state(id), harness.state(other)),
+        (JobState::Active, JobState::Available),
+        "w-2 sent no heartbeat"
+    );
+
+    let listed = vec![id, other, JobId(42)];
+    assert_eq!(
+        harness.engine.handle().heartbeat("w-1".into(), Some(listed), Some(10_000)).wait().unwrap(),
+        1,
+        "only active jobs are extended"
+    );
+    assert_eq!(
+        harness.engine.handle().heartbeat("w-1".into(), Some(Vec::new()), None).wait().unwrap(),
+        0,
+        "an empty list extends nothing"
+    );
+    assert_eq!(
+        harness.engine.handle().heartbeat("w-2".into(), Some(vec![id]), None).wait().unwrap(),
+        0,
+        "another worker's claim is not extended"
+    );
+    harness.advance(9_999);
+    assert_eq!(harness.state(id), JobState::Active);
+    harness.advance(1);
+    assert_eq!(harness.state(id), JobState::Available);
+}
+
+#[test]
+fn a_heartbeat_extension_survives_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let config = |clock: &ManualClock| {
+        let mut config = EngineConfig::new(dir.path());
+        config.clock = Arc::new(clock.clone());
+        config.check_invariants = true;
+        config
+    };
+    let engine = Engine::open(config(&clock)).unwrap();
+    let job = parse_enqueue_body(br#"{"type":"t","args":[]}"#, &JobDefaults::default()).unwrap();
+    let id = engine.handle().enqueue(vec![job]).wait().unwrap()[0].id;
+    let request = FetchRequest {
+        queues: vec!["default".into()],
+        count: 1,
+        worker_id: Some("w".into()),
+        visibility_timeout_ms: Some(1000),
+    };
+    engine.handle().fetch(request).wait().unwrap();
+    engine.handle().heartbeat("w".into(), None, Some(60_000)).wait().unwrap();
+    engine.close_without_snapshot();
+    // Past the 1 s claim, short of the 30 s execution timeout (which heartbeats do not extend).
+    clock.advance_ms(20_000);
+    let engine = Engine::open(config(&clock)).unwrap();
+    engine.handle().tick().wait().unwrap();
+    assert_eq!(engine.handle().job(id).unwrap().state, JobState::Active, "the extended deadline was replayed");
+    engine.close();
+}

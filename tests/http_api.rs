@@ -606,3 +606,36 @@ fn state_survives_a_clean_restart() {
     assert_eq!(server.job(&done)["state"], "completed");
     assert!(server.fetch(&["default"], 10).is_empty(), "a completed job is never handed out again");
 }
+
+#[test]
+fn heartbeat_extends_and_reports() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    server.post(
+        "/svc/v1/workers/fetch",
+        json!({"queues": ["default"], "worker_id": "w-1", "visibility_timeout_ms": 5000}),
+    );
+    let before = server.job(&id)["started_at"].clone();
+    let answer = server.post(
+        "/svc/v1/workers/heartbeat",
+        json!({"worker_id": "w-1", "active_jobs": [id, "not-an-id"], "visibility_timeout_ms": 60000}),
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!((answer.body["state"].as_str(), answer.body["jobs_extended"].as_i64()), (Some("running"), Some(1)));
+    assert!(answer.body["server_time"].as_str().is_some_and(|time| time.parse::<jiff::Timestamp>().is_ok()));
+    assert_eq!(server.job(&id)["started_at"], before, "a heartbeat changes no state");
+    let count = server.post("/svc/v1/workers/heartbeat", json!({"worker_id": "w-1", "active_jobs": 3}));
+    assert_eq!(count.body["jobs_extended"], 0, "a bare count extends nothing");
+    let unknown = server.post("/svc/v1/workers/heartbeat", json!({"worker_id": "w-new"}));
+    assert_eq!((unknown.status, unknown.body["jobs_extended"].as_i64()), (200, Some(0)));
+    for body in [
+        json!({}),
+        json!({"worker_id": "bad id"}),
+        json!({"worker_id": "w-1", "active_jobs": "x"}),
+        json!({"worker_id": "w-1", "active_jobs": [1]}),
+        json!({"worker_id": "w-1", "visibility_timeout_ms": 0}),
+    ] {
+        let answer = server.post("/svc/v1/workers/heartbeat", body.clone());
+        assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "{body}");
+    }
+}

@@ -26,6 +26,7 @@ enum Op {
     Cancel { pick: usize },
     DeadLetterRetry { pick: usize },
     DeadLetterDelete { pick: usize },
+    Heartbeat { picks: Vec<usize> },
     Advance { ms: i64 },
     Restart { clean: bool },
 }
@@ -39,6 +40,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
         1 => any::<usize>().prop_map(|pick| Op::DeadLetterRetry { pick }),
         1 => any::<usize>().prop_map(|pick| Op::DeadLetterDelete { pick }),
+        1 => proptest::collection::vec(any::<usize>(), 0..3).prop_map(|picks| Op::Heartbeat { picks }),
         2 => (0..4000i64).prop_map(|ms| Op::Advance { ms }),
         1 => any::<bool>().prop_map(|clean| Op::Restart { clean }),
     ]
@@ -258,6 +260,21 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(handle.dead_letter_delete(id).wait().is_ok(), discarded);
                 if discarded {
                     model.jobs.remove(&id);
+                }
+            }
+            Op::Heartbeat { picks } => {
+                let listed: Vec<JobId> = picks.iter().filter_map(|pick| model.pick(*pick)).collect();
+                let extended = handle.heartbeat("w".into(), Some(listed.clone()), None).wait().unwrap();
+                let mut expected: Vec<JobId> = listed
+                    .into_iter()
+                    .filter(|id| model.jobs.get(id).is_some_and(|job| job.state == JobState::Active))
+                    .collect();
+                expected.sort();
+                expected.dedup();
+                prop_assert_eq!(extended, expected.len());
+                let now = model.now;
+                for id in expected {
+                    model.jobs.get_mut(&id).unwrap().visibility_deadline = Some(now + VISIBILITY_MS);
                 }
             }
             Op::Advance { ms } => {

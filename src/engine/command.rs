@@ -46,6 +46,13 @@ pub enum Command {
         worker_id: Option<String>,
         reply: Reply<Arc<Job>>,
     },
+    /// Extends claims; replies with how many were extended.
+    Heartbeat {
+        worker_id: String,
+        active_jobs: Option<Vec<JobId>>,
+        visibility_timeout_ms: Option<u64>,
+        reply: Reply<usize>,
+    },
     DeadLetterRetry {
         id: JobId,
         reply: Reply<Arc<Job>>,

@@ -99,7 +99,7 @@ impl State {
                 errors: Vec::new(),
                 visibility_deadline: None,
                 execution_deadline: None,
-                reserved: 0,
+                claim_visibility_ms: 0,
             });
         }
         Ok(Record::Enqueue { at: now, jobs })
@@ -178,6 +178,42 @@ impl State {
             }
             _ => Ok(Some(Record::Cancel { at: now, id })),
         }
+    }
+
+    /// Extends the claims a worker's heartbeat covers (decisions §7.4): the
+    /// listed ids that are active and claimed by no worker or this one, or,
+    /// with no list, every active job this worker holds. `None` when there is
+    /// nothing to extend.
+    pub fn decide_heartbeat(
+        &self,
+        now: Millis,
+        worker_id: &str,
+        listed: Option<&[JobId]>,
+        visibility_ms: Option<u64>,
+    ) -> Option<Record> {
+        let covered = |job: &Job| {
+            job.state == JobState::Active && job.worker_id.as_deref().is_none_or(|owner| owner == worker_id)
+        };
+        let ids: Vec<JobId> = match listed {
+            Some(ids) => {
+                let mut unique: Vec<JobId> =
+                    ids.iter().copied().filter(|id| self.job(*id).is_some_and(|job| covered(job))).collect();
+                unique.sort();
+                unique.dedup();
+                unique
+            }
+            None => self.active_of_worker(worker_id),
+        };
+        let extensions: Vec<(JobId, Millis)> = ids
+            .into_iter()
+            .map(|id| {
+                let job = self.job(id).expect("covered jobs are stored");
+                let claim =
+                    if job.claim_visibility_ms > 0 { job.claim_visibility_ms } else { job.visibility_timeout_ms };
+                (id, now.saturating_add(visibility_ms.unwrap_or(claim) as i64))
+            })
+            .collect();
+        (!extensions.is_empty()).then_some(Record::Heartbeat { at: now, extensions })
     }
 
     /// A job in the dead letter listing (state `discarded`), else not found.

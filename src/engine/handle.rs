@@ -91,6 +91,16 @@ impl EngineHandle {
         self.submit(|reply| Command::Fail { id, report, requeue, worker_id, reply })
     }
 
+    /// Extends the visibility of a worker's active jobs; answers how many.
+    pub fn heartbeat(
+        &self,
+        worker_id: String,
+        active_jobs: Option<Vec<JobId>>,
+        visibility_timeout_ms: Option<u64>,
+    ) -> Pending<usize> {
+        self.submit(|reply| Command::Heartbeat { worker_id, active_jobs, visibility_timeout_ms, reply })
+    }
+
     /// Sends a discarded job back to `available` with its attempts reset.
     pub fn dead_letter_retry(&self, id: JobId) -> Pending<Arc<Job>> {
         self.submit(|reply| Command::DeadLetterRetry { id, reply })

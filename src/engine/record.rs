@@ -94,6 +94,11 @@ pub enum Record {
         at: Millis,
         id: JobId,
     },
+    /// Claims extended by a worker's heartbeat: (job, new visibility deadline).
+    Heartbeat {
+        at: Millis,
+        extensions: Vec<(JobId, Millis)>,
+    },
 }
 
 impl Record {
@@ -110,6 +115,7 @@ impl Record {
             Record::Prune { .. } => "prune",
             Record::DeadLetterRetry { .. } => "dead_letter_retry",
             Record::Delete { .. } => "delete",
+            Record::Heartbeat { .. } => "heartbeat",
         }
     }
 }

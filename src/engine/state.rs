@@ -66,12 +66,16 @@ pub struct StateImage {
     pub reserved: u64,
 }
 
+/// Active jobs by the worker that claimed them (for heartbeats).
+type ActiveByWorker = HashMap<String, std::collections::BTreeSet<JobId>>;
+
 #[derive(Debug, Clone)]
 pub struct State {
     pub(crate) jobs: HashMap<JobId, Arc<Job>>,
     pub(crate) queues: BTreeMap<String, QueueState>,
     pub(crate) timers: TimerSet,
     pub(crate) ids: IdGenerator,
+    active_by_worker: ActiveByWorker,
     live_jobs: usize,
     retention: Retention,
     /// Jobs changed since the read view was last updated.
@@ -90,6 +94,7 @@ impl State {
             queues: BTreeMap::new(),
             timers: TimerSet::default(),
             ids: IdGenerator::default(),
+            active_by_worker: HashMap::new(),
             live_jobs: 0,
             retention,
             dirty: HashSet::new(),
@@ -113,6 +118,11 @@ impl State {
 
     pub fn queues(&self) -> &BTreeMap<String, QueueState> {
         &self.queues
+    }
+
+    /// The active jobs `worker_id` holds, in id order.
+    pub fn active_of_worker(&self, worker_id: &str) -> Vec<JobId> {
+        self.active_by_worker.get(worker_id).map(|ids| ids.iter().copied().collect()).unwrap_or_default()
     }
 
     pub fn next_deadline(&self) -> Option<Millis> {
@@ -161,6 +171,9 @@ impl State {
         if !job.state.is_terminal() {
             self.live_jobs += 1;
         }
+        if let (JobState::Active, Some(worker)) = (job.state, &job.worker_id) {
+            self.active_by_worker.entry(worker.clone()).or_default().insert(job.id);
+        }
         if let Some(deadline) = self.deadline_of(job) {
             self.timers.insert(deadline, job.id);
         }
@@ -174,6 +187,14 @@ impl State {
         }
         if !job.state.is_terminal() {
             self.live_jobs -= 1;
+        }
+        if let (JobState::Active, Some(worker)) = (job.state, &job.worker_id)
+            && let Some(active) = self.active_by_worker.get_mut(worker)
+        {
+            active.remove(&job.id);
+            if active.is_empty() {
+                self.active_by_worker.remove(worker);
+            }
         }
         if let Some(queue) = self.queues.get_mut(&job.queue) {
             queue.counts[job.state.index()] -= 1;
@@ -232,6 +253,7 @@ impl State {
                         job.worker_id = worker_id.clone();
                         job.visibility_deadline = Some(claim.visibility_deadline);
                         job.execution_deadline = Some(claim.execution_deadline);
+                        job.claim_visibility_ms = (claim.visibility_deadline - at).max(0) as u64;
                     })?;
                     events.push(*at, EventKind::Started, claim.id);
                 }
@@ -316,6 +338,11 @@ impl State {
                 self.dirty.insert(*id);
                 events.push_gone(*at, EventKind::Deleted, job);
             }
+            Record::Heartbeat { extensions, .. } => {
+                for (id, deadline) in extensions {
+                    self.update(*id, |job| job.visibility_deadline = Some(*deadline))?;
+                }
+            }
             Record::Prune { ids, .. } => {
                 for id in ids {
                     let job =
@@ -383,6 +410,11 @@ impl State {
                 ));
             }
         }
+        let indexed: usize = self.active_by_worker.values().map(|ids| ids.len()).sum();
+        let claimed = self.jobs.values().filter(|job| job.state == JobState::Active && job.worker_id.is_some()).count();
+        if indexed != claimed {
+            return Err(format!("{indexed} jobs indexed by worker, {claimed} active jobs with a worker"));
+        }
         if with_deadline != self.timers.len() {
             return Err(format!("{} timers for {with_deadline} jobs with deadlines", self.timers.len()));
         }
@@ -405,6 +437,7 @@ impl State {
 fn clear_claim(job: &mut Job) {
     job.visibility_deadline = None;
     job.execution_deadline = None;
+    job.claim_visibility_ms = 0;
 }
 
 fn push_error(job: &mut Job, report: FailureReport, at: Millis) {

@@ -33,6 +33,7 @@ enum Outgoing {
     Job(Reply<Arc<Job>>, Result<Arc<Job>, EngineError>),
     Cancelled(Reply<Cancelled>, Result<Cancelled, EngineError>),
     Unit(Reply<()>, Result<(), EngineError>),
+    Count(Reply<usize>, Result<usize, EngineError>),
 }
 
 impl Outgoing {
@@ -50,6 +51,7 @@ impl Outgoing {
             Outgoing::Job(reply, result) => reply.send(pick(result, failure)).map_err(drop),
             Outgoing::Cancelled(reply, result) => reply.send(pick(result, failure)).map_err(drop),
             Outgoing::Unit(reply, result) => reply.send(pick(result, failure)).map_err(drop),
+            Outgoing::Count(reply, result) => reply.send(pick(result, failure)).map_err(drop),
         };
     }
 }
@@ -236,6 +238,18 @@ impl Writer {
                     });
                 outgoing.push(Outgoing::Job(reply, outcome));
             }
+            Command::Heartbeat { worker_id, active_jobs, visibility_timeout_ms, reply } => {
+                let record =
+                    self.state.decide_heartbeat(now, &worker_id, active_jobs.as_deref(), visibility_timeout_ms);
+                let extended = match &record {
+                    Some(Record::Heartbeat { extensions, .. }) => extensions.len(),
+                    _ => 0,
+                };
+                if let Some(record) = record {
+                    self.apply(record, records, events);
+                }
+                outgoing.push(Outgoing::Count(reply, Ok(extended)));
+            }
             Command::DeadLetterRetry { id, reply } => {
                 let outcome = self.state.decide_dead_letter_retry(now, id).map(|record| {
                     self.apply(record, records, events);
@@ -303,6 +317,7 @@ impl Writer {
                     reply.send(Err(error.clone())).map_err(drop)
                 }
                 Command::DeadLetterDelete { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
+                Command::Heartbeat { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Cancel { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Probe { reply } | Command::Tick { reply } | Command::Snapshot { reply } => {
                     reply.send(Err(error.clone())).map_err(drop)

@@ -16,8 +16,8 @@ use crate::job::{
     Job, JobId, body_error, is_valid_queue, parse_enqueue_body, parse_enqueue_object, parse_failure_report, raw_integer,
 };
 use crate::limits::{
-    BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX, FETCH_COUNT_MAX, FETCH_QUEUES_MAX, HEALTH_PROBE_MS, PAGE_SIZE_DEFAULT,
-    PAGE_SIZE_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX, WORKER_ID_CHARS_MAX,
+    BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX, FETCH_COUNT_MAX, FETCH_QUEUES_MAX, HEALTH_PROBE_MS, HEARTBEAT_JOBS_MAX,
+    PAGE_SIZE_DEFAULT, PAGE_SIZE_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX, WORKER_ID_CHARS_MAX,
 };
 
 pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> Result<Reply, ApiError> {
@@ -37,6 +37,7 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::FailById(id) => nack(app, Some(&id), &body).await,
         Route::Queues => queues(app, query),
         Route::Events => events(app, query),
+        Route::Heartbeat => heartbeat(app, &body).await,
         Route::DeadLetter => dead_letter(app, query),
         Route::DeadLetterRetry(id) => dead_letter_retry(app, &id, &body).await,
         Route::DeadLetterDelete(id) => dead_letter_delete(app, &id).await,
@@ -340,6 +341,48 @@ fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let queues: Vec<Value> =
         page.iter().map(|queue| json!({"name": queue.name, "size": queue.size(), "paused": queue.paused})).collect();
     Ok(Reply::ok(json!({"queues": queues, "cursor": cursor, "has_more": has_more}).to_string()))
+}
+
+/// `POST /workers/heartbeat` (decisions §7.4).
+async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let map = object_body(body)?;
+    let Some(worker_id) = worker_id(&map)? else {
+        return Err(ApiError::invalid_request(Some("worker_id"), "worker_id is required"));
+    };
+    let listed = present(&map, "active_jobs").or_else(|| present(&map, "active_job_ids"));
+    let active_jobs = match listed {
+        None => None,
+        // A bare count is accepted and extends nothing.
+        Some(Value::Number(count)) if count.is_u64() => Some(Vec::new()),
+        Some(Value::Array(items)) if items.len() <= HEARTBEAT_JOBS_MAX && items.iter().all(Value::is_string) => {
+            // Ids that cannot exist are ignored like unknown ones.
+            Some(items.iter().filter_map(|item| JobId::parse(&item.as_str()?.to_ascii_lowercase())).collect())
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                Some("active_jobs"),
+                format!("active_jobs must be an array of at most {HEARTBEAT_JOBS_MAX} job ids"),
+            ));
+        }
+    };
+    let visibility_timeout_ms = match present(&map, "visibility_timeout_ms") {
+        None => None,
+        Some(value) => match integer(value) {
+            Some(ms) if (1..=TIMEOUT_MS_MAX as i64).contains(&ms) => Some(ms as u64),
+            _ => {
+                return Err(ApiError::invalid_request(
+                    Some("visibility_timeout_ms"),
+                    format!("visibility_timeout_ms must be an integer from 1 to {TIMEOUT_MS_MAX}"),
+                ));
+            }
+        },
+    };
+    let extended = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
+    let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
+    // While the server drains, every worker is told to stop (decisions §26).
+    let state = if app.is_shutting_down() { "terminate" } else { "running" };
+    let server_time = crate::job::time::format_timestamp(now);
+    Ok(Reply::ok(json!({"state": state, "jobs_extended": extended, "server_time": server_time}).to_string()))
 }
 
 /// A dead letter id: a malformed one cannot be listed, so it is not found.

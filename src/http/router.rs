@@ -22,6 +22,7 @@ pub enum Route {
     FailById(String),
     Queues,
     Events,
+    Heartbeat,
     DeadLetter,
     DeadLetterRetry(String),
     DeadLetterDelete(String),
@@ -51,6 +52,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         }
         ["svc", "v1", "workers", "ack"] => vec![(Method::POST, Route::Ack)],
         ["svc", "v1", "workers", "nack"] => vec![(Method::POST, Route::Nack)],
+        ["svc", "v1", "workers", "heartbeat"] => vec![(Method::POST, Route::Heartbeat)],
         ["svc", "v1", "jobs", id] if !id.is_empty() => {
             vec![(Method::GET, Route::GetJob(decoded(id))), (Method::DELETE, Route::CancelJob(decoded(id)))]
         }

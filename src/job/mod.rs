@@ -131,9 +131,9 @@ pub struct Job {
     pub visibility_deadline: Option<Millis>,
     /// While `active`: when the attempt counts as timed out.
     pub execution_deadline: Option<Millis>,
-    /// Unused; kept so that format version 1 still decodes (it once held an
-    /// entry sequence; the ready order now uses `enqueued_at` and the id).
-    pub reserved: u64,
+    /// While `active`: the visibility timeout of this claim (a fetch may
+    /// override the job's), which heartbeats extend by. 0 when unknown.
+    pub claim_visibility_ms: u64,
 }
 
 impl Job {
