@@ -11,7 +11,8 @@
 //!
 //! The file may also set `http.request_timeout_ms`, `jobs.default_timeout_ms`,
 //! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
-//! table) and `retention.{completed,cancelled,discarded,dead_letter}` (ISO 8601 durations).
+//! table), `retention.{completed,cancelled,discarded,dead_letter}` and
+//! `shutdown.grace_period` (ISO 8601 durations).
 
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -30,6 +31,8 @@ pub struct Config {
     pub snapshot_log_bytes: u64,
     pub request_timeout_ms: u64,
     pub insecure_no_auth: bool,
+    /// How long a graceful shutdown waits for active jobs.
+    pub shutdown_grace_ms: u64,
     pub jobs: JobDefaults,
     pub retention: Retention,
 }
@@ -42,6 +45,7 @@ impl Default for Config {
             snapshot_log_bytes: SNAPSHOT_LOG_BYTES_DEFAULT,
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             insecure_no_auth: false,
+            shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
             retention: Retention::default(),
         }
@@ -58,6 +62,13 @@ struct FileConfig {
     http: Option<HttpSection>,
     jobs: Option<JobsSection>,
     retention: Option<RetentionSection>,
+    shutdown: Option<ShutdownSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShutdownSection {
+    grace_period: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -149,6 +160,10 @@ impl Config {
                 self.jobs.retry = RetryPolicy::merged(&RetryPolicy::default(), &value, "jobs.default_retry")
                     .map_err(|error| error.message)?;
             }
+        }
+        if let Some(grace) = file.shutdown.and_then(|shutdown| shutdown.grace_period) {
+            self.shutdown_grace_ms =
+                parse_duration_ms(&grace).map_err(|message| format!("shutdown.grace_period: {message}"))? as u64;
         }
         if let Some(retention) = file.retention {
             let duration = |text: Option<String>, current: i64, key: &str| -> Result<i64, String> {

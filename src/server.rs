@@ -1,7 +1,9 @@
 //! Wiring only: open the engine, bind, serve HTTP, and stop in order.
 //!
-//! Stop order: stop accepting, let in-flight requests finish (up to 5 s),
-//! then close the engine (final snapshot). A failed log sync stops the server
+//! Stop order: drain (on SIGTERM/SIGINT: no new claims, workers told to
+//! terminate, until no job is active or the grace period ends), stop
+//! accepting, let in-flight requests finish (up to 5 s), then close the
+//! engine (final snapshot). A failed log sync stops the server
 //! with an error after a short grace period, so a supervisor restarts it into
 //! recovery.
 
@@ -10,13 +12,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::fmt;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
@@ -26,6 +27,8 @@ use crate::storage::StorageError;
 
 const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a drain checks whether jobs are still active.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug)]
 pub enum ServerError {
@@ -58,22 +61,38 @@ pub fn engine_config(config: &Config) -> EngineConfig {
     engine
 }
 
+/// What the server is told from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Begin a graceful shutdown: drain, then stop (decisions §26).
+    Drain,
+    /// Stop now: close the listener, give in-flight requests 5 s, snapshot.
+    Stop,
+}
+
 /// A server running on a thread of its own (tests, embedding).
 pub struct RunningServer {
     pub addr: SocketAddr,
     /// The engine behind the server (tests use it to tick a manual clock).
     pub engine: crate::engine::EngineHandle,
-    stop: Option<oneshot::Sender<()>>,
+    control: Option<mpsc::UnboundedSender<Control>>,
     thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
 }
 
 impl RunningServer {
-    /// Stops the server cleanly and waits for it.
+    /// Stops the server at once (no drain) and waits for it.
     pub fn stop(mut self) -> Result<(), ServerError> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        if let Some(control) = self.control.take() {
+            let _ = control.send(Control::Stop);
         }
         self.join()
+    }
+
+    /// Begins a graceful shutdown, as SIGTERM does; `join` waits for its end.
+    pub fn drain(&self) {
+        if let Some(control) = &self.control {
+            let _ = control.send(Control::Drain);
+        }
     }
 
     /// Waits until the server stops by itself (e.g. after a storage failure).
@@ -87,8 +106,8 @@ impl RunningServer {
 
 impl Drop for RunningServer {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        if let Some(control) = self.control.take() {
+            let _ = control.send(Control::Stop);
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -105,20 +124,19 @@ pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServ
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     let handle = engine.handle().clone();
-    let (stop, stopped) = oneshot::channel::<()>();
+    let (control, controls) = mpsc::unbounded_channel();
     let timeout = Duration::from_millis(config.request_timeout_ms);
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
     let thread = std::thread::Builder::new()
         .name("svc-server".into())
         .spawn(move || {
             let app = Arc::new(AppState::new(engine.handle().clone(), timeout));
-            let outcome = runtime.block_on(serve(listener, app, async {
-                let _ = stopped.await;
-            }));
+            let outcome = runtime.block_on(serve(listener, app, controls, grace));
             engine.close();
             outcome
         })
         .map_err(ServerError::Runtime)?;
-    Ok(RunningServer { addr, engine: handle, stop: Some(stop), thread: Some(thread) })
+    Ok(RunningServer { addr, engine: handle, control: Some(control), thread: Some(thread) })
 }
 
 /// Runs `svc serve` in the foreground until SIGTERM or SIGINT.
@@ -134,7 +152,12 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
         &[("address", addr.to_string().into()), ("data_dir", config.data_dir.display().to_string().into())],
     );
     let app = Arc::new(AppState::new(engine.handle().clone(), Duration::from_millis(config.request_timeout_ms)));
-    let outcome = runtime.block_on(serve(listener, app, shutdown_signal()));
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let outcome = runtime.block_on(async {
+        let (control, controls) = mpsc::unbounded_channel();
+        tokio::spawn(forward_signals(control));
+        serve(listener, app, controls, grace).await
+    });
     engine.close();
     crate::logging::info("svc stopped", &[]);
     outcome
@@ -144,32 +167,38 @@ fn build_runtime() -> Result<tokio::runtime::Runtime, ServerError> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(ServerError::Runtime)
 }
 
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT starts a graceful shutdown; a second one stops at once.
+async fn forward_signals(control: mpsc::UnboundedSender<Control>) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut terminate), Ok(mut interrupt)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
     else {
-        std::future::pending::<()>().await;
         return;
     };
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
+    for order in [Control::Drain, Control::Stop] {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        let _ = control.send(order);
     }
-    crate::logging::info("shutting down", &[]);
 }
 
-/// Accepts connections until `shutdown` completes or storage fails.
+/// Accepts connections until told to stop, a drain finishes, or storage fails.
+///
+/// A drain keeps serving while `/ready` answers 503, fetch hands out nothing
+/// and heartbeats answer `terminate`, until no job is active or `grace` ends.
 async fn serve(
     listener: TcpListener,
     app: Arc<AppState>,
-    shutdown: impl Future<Output = ()>,
+    mut controls: mpsc::UnboundedReceiver<Control>,
+    grace: Duration,
 ) -> Result<(), ServerError> {
     let graceful = GracefulShutdown::new();
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).keep_alive(true);
-    tokio::pin!(shutdown);
     let storage_watch = watch_storage(app.clone());
     tokio::pin!(storage_watch);
+    let mut drain_ends: Option<tokio::time::Instant> = None;
     let mut outcome = Ok(());
     loop {
         tokio::select! {
@@ -184,7 +213,22 @@ async fn serve(
                     let _ = watched.await;
                 });
             }
-            () = &mut shutdown => break,
+            control = controls.recv() => match control {
+                Some(Control::Drain) if drain_ends.is_none() => {
+                    crate::logging::info("draining: no new claims; waiting for active jobs", &[("grace_ms", (grace.as_millis() as u64).into())]);
+                    app.shutting_down.store(true, Ordering::SeqCst);
+                    drain_ends = Some(tokio::time::Instant::now() + grace);
+                }
+                Some(Control::Drain) => {}
+                Some(Control::Stop) | None => break,
+            },
+            () = tokio::time::sleep(DRAIN_POLL), if drain_ends.is_some() => {
+                let active: u64 = app.engine.queues().iter().map(|queue| queue.count(crate::job::JobState::Active)).sum();
+                if active == 0 || drain_ends.is_some_and(|ends| tokio::time::Instant::now() >= ends) {
+                    crate::logging::info("drain finished", &[("active_jobs", active.into())]);
+                    break;
+                }
+            }
             () = &mut storage_watch => {
                 outcome = Err(ServerError::StorageFailed);
                 break;

@@ -187,6 +187,10 @@ async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
         },
     };
     let request = FetchRequest { queues, count, worker_id: worker_id(&map)?, visibility_timeout_ms };
+    if app.is_shutting_down() {
+        // A draining server hands out no new work (decisions §26).
+        return Ok(Reply::ok("{\"jobs\":[]}".to_string()));
+    }
     let jobs = app.engine.fetch(request).outcome().await?;
     let rendered: Vec<String> = jobs.iter().map(|job| render_job(job, &[])).collect();
     Ok(Reply::ok(format!("{{\"jobs\":[{}]}}", rendered.join(","))))
