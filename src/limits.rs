@@ -19,6 +19,10 @@ pub const JSON_DEPTH_MAX: usize = 64;
 pub const BATCH_JOBS_MAX: usize = 10_000;
 /// Largest fetch `count`; larger values are clamped.
 pub const FETCH_COUNT_MAX: usize = 100;
+/// Most workers the registry remembers; past it the least recently seen idle one is forgotten.
+pub const WORKERS_MAX: usize = 10_000;
+/// A worker not seen for this long is reported stale.
+pub const WORKER_STALE_MS: i64 = 90_000;
 /// Most job ids one heartbeat may list.
 pub const HEARTBEAT_JOBS_MAX: usize = 1000;
 /// Most queue names in one fetch.

@@ -271,7 +271,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .collect();
                 expected.sort();
                 expected.dedup();
-                prop_assert_eq!(extended, expected.len());
+                prop_assert_eq!(extended, (expected.len(), None));
                 let now = model.now;
                 for id in expected {
                     model.jobs.get_mut(&id).unwrap().visibility_deadline = Some(now + VISIBILITY_MS);

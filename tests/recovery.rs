@@ -317,6 +317,8 @@ fn dead_letter_churn(engine: &Engine) {
     }
     handle.dead_letter_retry(claimed[0].id).wait().unwrap();
     handle.dead_letter_delete(claimed[1].id).wait().unwrap();
+    // `churn` fetches as worker "w"; a durable signal is part of the state.
+    handle.signal_worker("w".into(), svc::engine::workers::WorkerSignal::Quiet).wait().unwrap();
 }
 
 #[test]

@@ -46,12 +46,23 @@ pub enum Command {
         worker_id: Option<String>,
         reply: Reply<Arc<Job>>,
     },
-    /// Extends claims; replies with how many were extended.
+    /// Extends claims; replies with how many were extended and the worker's signal.
     Heartbeat {
         worker_id: String,
         active_jobs: Option<Vec<JobId>>,
         visibility_timeout_ms: Option<u64>,
-        reply: Reply<usize>,
+        reply: Reply<(usize, Option<super::workers::WorkerSignal>)>,
+    },
+    /// An operator's signal to a known worker.
+    SignalWorker {
+        worker_id: String,
+        signal: super::workers::WorkerSignal,
+        reply: Reply<super::workers::WorkerEntry>,
+    },
+    /// Forgets a known worker's entry and signal.
+    ForgetWorker {
+        worker_id: String,
+        reply: Reply<()>,
     },
     DeadLetterRetry {
         id: JobId,
@@ -98,6 +109,15 @@ pub enum EngineError {
     NotInDeadLetter {
         id: JobId,
     },
+    /// No worker with this id is registered.
+    WorkerNotFound {
+        worker_id: String,
+    },
+    /// The signal does not apply in the worker's state (quiet after terminate).
+    WorkerConflict {
+        worker_id: String,
+        current_state: &'static str,
+    },
     /// The job is not in a state the command applies to; `reason` is
     /// `invalid_state` or `not_owner`.
     Conflict {
@@ -126,6 +146,10 @@ impl std::fmt::Display for EngineError {
         match self {
             EngineError::NotFound { id } => write!(f, "job {id} not found"),
             EngineError::NotInDeadLetter { id } => write!(f, "job {id} is not in the dead letter listing"),
+            EngineError::WorkerNotFound { worker_id } => write!(f, "worker {worker_id} not found"),
+            EngineError::WorkerConflict { worker_id, current_state } => {
+                write!(f, "worker {worker_id} is {current_state}; a terminating worker cannot be made quiet")
+            }
             EngineError::Conflict { id, current_state, reason } => {
                 write!(f, "job {id} is {} ({reason})", current_state.as_str())
             }

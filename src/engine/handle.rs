@@ -8,6 +8,7 @@ use tokio::sync::oneshot;
 use super::command::{Cancelled, Command, EngineError, FetchRequest, Reply};
 use super::events::{Event, EventPage};
 use super::view::{DeadLetterKey, QueueSummary, ReadView};
+use super::workers::{WorkerEntry, WorkerSignal};
 use crate::clock::Clock;
 use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob};
 
@@ -91,14 +92,39 @@ impl EngineHandle {
         self.submit(|reply| Command::Fail { id, report, requeue, worker_id, reply })
     }
 
-    /// Extends the visibility of a worker's active jobs; answers how many.
+    /// Extends the visibility of a worker's active jobs; answers how many,
+    /// and the signal an operator gave the worker.
     pub fn heartbeat(
         &self,
         worker_id: String,
         active_jobs: Option<Vec<JobId>>,
         visibility_timeout_ms: Option<u64>,
-    ) -> Pending<usize> {
+    ) -> Pending<(usize, Option<WorkerSignal>)> {
         self.submit(|reply| Command::Heartbeat { worker_id, active_jobs, visibility_timeout_ms, reply })
+    }
+
+    /// Gives a known worker a signal (`quiet` or `terminate`).
+    pub fn signal_worker(&self, worker_id: String, signal: WorkerSignal) -> Pending<WorkerEntry> {
+        self.submit(|reply| Command::SignalWorker { worker_id, signal, reply })
+    }
+
+    /// Forgets a worker's entry and signal; its jobs are untouched.
+    pub fn forget_worker(&self, worker_id: String) -> Pending<()> {
+        self.submit(|reply| Command::ForgetWorker { worker_id, reply })
+    }
+
+    /// The worker registry by id, as of the last commit.
+    pub fn workers_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: impl Fn(&WorkerEntry) -> bool,
+    ) -> (Vec<WorkerEntry>, bool) {
+        self.view.workers_page(after, limit, keep)
+    }
+
+    pub fn worker(&self, worker_id: &str) -> Option<WorkerEntry> {
+        self.view.worker(worker_id)
     }
 
     /// Sends a discarded job back to `available` with its attempts reset.

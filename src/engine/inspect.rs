@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::Path;
 
 use super::record::decode_batch;
-use super::state::StateImage;
+use super::state::decode_image;
 use crate::storage::{StorageError, list_segments, list_snapshots, read_snapshot, scan_segment};
 
 #[derive(Debug, Default)]
@@ -46,8 +46,9 @@ pub fn inspect(dir: &Path) -> Result<Report, StorageError> {
     for (_, path) in list_snapshots(dir)? {
         let file = path.display().to_string();
         match read_snapshot(&path) {
-            Ok((replay_from, payload)) => {
-                let jobs = postcard::from_bytes::<StateImage>(&payload).ok().map(|image| image.jobs.len());
+            Ok(snapshot) => {
+                let (replay_from, payload) = (snapshot.replay_from, &snapshot.payload);
+                let jobs = decode_image(snapshot.payload_version, payload).ok().map(|image| image.jobs.len());
                 if jobs.is_none() {
                     report.problems.push(format!("{file}: snapshot payload does not decode"));
                 }

@@ -12,13 +12,14 @@ pub mod inspect;
 pub mod record;
 mod state;
 mod view;
+pub mod workers;
 mod writer;
 
 pub use command::{Cancelled, EngineError, FetchRequest};
 pub use decide::{Entropy, SystemEntropy};
 pub use events::{Event, EventKind, EventPage, EventSink};
 pub use handle::{EngineHandle, Pending};
-pub use state::{Retention, State, StateImage};
+pub use state::{IMAGE_VERSION, Retention, State, StateImage, decode_image};
 pub use view::{DeadLetterKey, QueueSummary};
 
 use std::path::{Path, PathBuf};
@@ -119,6 +120,7 @@ impl Engine {
             event_seq: 0,
             check_invariants: config.check_invariants,
             final_snapshot: true,
+            contacts: workers::Contacts::default(),
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())
@@ -167,12 +169,14 @@ pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageErr
     std::fs::create_dir_all(dir).map_err(|error| StorageError::Io { path: dir.to_path_buf(), error })?;
     let (mut state, replay_from) = match list_snapshots(dir)?.last() {
         Some((_, path)) => {
-            let (replay_from, payload) = read_snapshot(path)?;
-            let image: StateImage = postcard::from_bytes(&payload).map_err(|error| StorageError::Corrupt {
-                path: path.clone(),
-                offset: crate::storage::SNAPSHOT_HEADER_BYTES as u64,
-                reason: format!("snapshot does not decode: {error}"),
-            })?;
+            let snapshot = read_snapshot(path)?;
+            let replay_from = snapshot.replay_from;
+            let image =
+                decode_image(snapshot.payload_version, &snapshot.payload).map_err(|error| StorageError::Corrupt {
+                    path: path.clone(),
+                    offset: crate::storage::SNAPSHOT_HEADER_BYTES as u64,
+                    reason: format!("snapshot does not decode: {error}"),
+                })?;
             (State::from_image(image, retention), replay_from)
         }
         None => (State::new(retention), 0),

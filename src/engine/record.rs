@@ -99,6 +99,17 @@ pub enum Record {
         at: Millis,
         extensions: Vec<(JobId, Millis)>,
     },
+    /// An operator's signal to a worker.
+    WorkerSignal {
+        at: Millis,
+        worker_id: String,
+        signal: super::workers::WorkerSignal,
+    },
+    /// A worker's entry and signal forgotten.
+    WorkerForget {
+        at: Millis,
+        worker_id: String,
+    },
 }
 
 impl Record {
@@ -116,6 +127,8 @@ impl Record {
             Record::DeadLetterRetry { .. } => "dead_letter_retry",
             Record::Delete { .. } => "delete",
             Record::Heartbeat { .. } => "heartbeat",
+            Record::WorkerSignal { .. } => "worker_signal",
+            Record::WorkerForget { .. } => "worker_forget",
         }
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::events::{EventKind, EventSink};
 use super::record::{FailOutcome, Record, TimeoutKind};
+use super::workers::WorkerSignal;
 use crate::clock::Millis;
 use crate::job::{ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobState};
 use crate::limits::ERROR_HISTORY_MAX;
@@ -64,6 +65,35 @@ pub struct StateImage {
     pub ids: IdGenerator,
     /// Unused; kept so that format version 1 still decodes.
     pub reserved: u64,
+    /// Operator signals by worker id, with when they were given.
+    pub worker_signals: Vec<(String, WorkerSignal, Millis)>,
+}
+
+/// The snapshot payload version this build writes.
+pub const IMAGE_VERSION: u32 = 2;
+
+/// The image of payload version 0/1 (before worker signals).
+#[derive(Deserialize)]
+struct StateImageV1 {
+    jobs: Vec<Job>,
+    paused_queues: Vec<String>,
+    ids: IdGenerator,
+    reserved: u64,
+}
+
+/// Decodes a snapshot payload of any version this build knows.
+pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, String> {
+    match payload_version {
+        0 | 1 => {
+            let old: StateImageV1 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
+            let StateImageV1 { jobs, paused_queues, ids, reserved } = old;
+            Ok(StateImage { jobs, paused_queues, ids, reserved, worker_signals: Vec::new() })
+        }
+        IMAGE_VERSION => postcard::from_bytes(bytes).map_err(|error| error.to_string()),
+        other => {
+            Err(format!("snapshot payload version {other} is not supported (this build reads up to {IMAGE_VERSION})"))
+        }
+    }
 }
 
 /// Active jobs by the worker that claimed them (for heartbeats).
@@ -76,6 +106,10 @@ pub struct State {
     pub(crate) timers: TimerSet,
     pub(crate) ids: IdGenerator,
     active_by_worker: ActiveByWorker,
+    /// Durable operator signals: worker id → (signal, when given).
+    worker_signals: BTreeMap<String, (WorkerSignal, Millis)>,
+    /// Workers whose registry entry changed since the view was last updated.
+    dirty_workers: HashSet<String>,
     live_jobs: usize,
     retention: Retention,
     /// Jobs changed since the read view was last updated.
@@ -95,6 +129,8 @@ impl State {
             timers: TimerSet::default(),
             ids: IdGenerator::default(),
             active_by_worker: HashMap::new(),
+            worker_signals: BTreeMap::new(),
+            dirty_workers: HashSet::new(),
             live_jobs: 0,
             retention,
             dirty: HashSet::new(),
@@ -118,6 +154,26 @@ impl State {
 
     pub fn queues(&self) -> &BTreeMap<String, QueueState> {
         &self.queues
+    }
+
+    /// The signal an operator gave `worker_id`, with when.
+    pub fn worker_signal(&self, worker_id: &str) -> Option<(WorkerSignal, Millis)> {
+        self.worker_signals.get(worker_id).copied()
+    }
+
+    /// Every worker with a signal.
+    pub fn signalled_workers(&self) -> impl Iterator<Item = &String> {
+        self.worker_signals.keys()
+    }
+
+    /// Workers whose entry changed since the last call.
+    pub fn take_dirty_workers(&mut self) -> HashSet<String> {
+        std::mem::take(&mut self.dirty_workers)
+    }
+
+    /// Marks a worker's entry as changed (contact recorded by the writer).
+    pub fn touch_worker(&mut self, worker_id: &str) {
+        self.dirty_workers.insert(worker_id.to_string());
     }
 
     /// The active jobs `worker_id` holds, in id order.
@@ -173,6 +229,7 @@ impl State {
         }
         if let (JobState::Active, Some(worker)) = (job.state, &job.worker_id) {
             self.active_by_worker.entry(worker.clone()).or_default().insert(job.id);
+            self.dirty_workers.insert(worker.clone());
         }
         if let Some(deadline) = self.deadline_of(job) {
             self.timers.insert(deadline, job.id);
@@ -191,6 +248,7 @@ impl State {
         if let (JobState::Active, Some(worker)) = (job.state, &job.worker_id)
             && let Some(active) = self.active_by_worker.get_mut(worker)
         {
+            self.dirty_workers.insert(worker.clone());
             active.remove(&job.id);
             if active.is_empty() {
                 self.active_by_worker.remove(worker);
@@ -343,6 +401,14 @@ impl State {
                     self.update(*id, |job| job.visibility_deadline = Some(*deadline))?;
                 }
             }
+            Record::WorkerSignal { at, worker_id, signal } => {
+                self.worker_signals.insert(worker_id.clone(), (*signal, *at));
+                self.dirty_workers.insert(worker_id.clone());
+            }
+            Record::WorkerForget { worker_id, .. } => {
+                self.worker_signals.remove(worker_id);
+                self.dirty_workers.insert(worker_id.clone());
+            }
             Record::Prune { ids, .. } => {
                 for id in ids {
                     let job =
@@ -361,7 +427,9 @@ impl State {
         jobs.sort_by_key(|job| job.id);
         let paused_queues =
             self.queues.iter().filter(|(_, queue)| queue.paused).map(|(name, _)| name.clone()).collect();
-        StateImage { jobs, paused_queues, ids: self.ids.clone(), reserved: 0 }
+        let worker_signals =
+            self.worker_signals.iter().map(|(worker, (signal, at))| (worker.clone(), *signal, *at)).collect();
+        StateImage { jobs, paused_queues, ids: self.ids.clone(), reserved: 0, worker_signals }
     }
 
     /// Rebuilds the state from a snapshot image.
@@ -372,6 +440,10 @@ impl State {
         }
         for job in image.jobs {
             state.insert_loaded(job);
+        }
+        for (worker, signal, at) in image.worker_signals {
+            state.dirty_workers.insert(worker.clone());
+            state.worker_signals.insert(worker, (signal, at));
         }
         state.ids = image.ids;
         state

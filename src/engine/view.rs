@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::events::{Event, EventBuffer, EventPage};
+use super::workers::WorkerEntry;
 use crate::job::{Job, JobId, JobState};
 
 const SHARDS: usize = 64;
@@ -50,6 +51,8 @@ pub struct ReadView {
     shards: Vec<RwLock<HashMap<JobId, Arc<Job>>>>,
     /// Discarded jobs in listing order, kept in step with the shards.
     dead_letter: RwLock<std::collections::BTreeMap<DeadLetterKey, Arc<Job>>>,
+    /// The worker registry by worker id.
+    workers: RwLock<std::collections::BTreeMap<String, WorkerEntry>>,
     queues: RwLock<Arc<Vec<QueueSummary>>>,
     events: Mutex<EventBuffer>,
     storage_failed: AtomicBool,
@@ -60,6 +63,7 @@ impl Default for ReadView {
         Self {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
             dead_letter: RwLock::new(std::collections::BTreeMap::new()),
+            workers: RwLock::new(std::collections::BTreeMap::new()),
             queues: RwLock::new(Arc::new(Vec::new())),
             events: Mutex::new(EventBuffer::default()),
             storage_failed: AtomicBool::new(false),
@@ -95,6 +99,38 @@ impl ReadView {
         let page: Vec<Arc<Job>> = matching.by_ref().take(limit).cloned().collect();
         let has_more = matching.next().is_some();
         (page, has_more)
+    }
+
+    /// Up to `limit` workers after `after` (by id) that pass `keep`, and whether more follow.
+    pub fn workers_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: impl Fn(&WorkerEntry) -> bool,
+    ) -> (Vec<WorkerEntry>, bool) {
+        use std::ops::Bound;
+        let registry = self.workers.read();
+        let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_string()));
+        let mut matching =
+            registry.range((start, Bound::Unbounded)).map(|(_, entry)| entry).filter(|entry| keep(entry));
+        let page: Vec<WorkerEntry> = matching.by_ref().take(limit).cloned().collect();
+        let has_more = matching.next().is_some();
+        (page, has_more)
+    }
+
+    pub fn worker(&self, worker_id: &str) -> Option<WorkerEntry> {
+        self.workers.read().get(worker_id).cloned()
+    }
+
+    /// Writer only: publishes changed registry entries (`None` removes).
+    pub(crate) fn publish_workers(&self, changes: impl Iterator<Item = (String, Option<WorkerEntry>)>) {
+        let mut registry = self.workers.write();
+        for (worker, entry) in changes {
+            match entry {
+                Some(entry) => registry.insert(worker, entry),
+                None => registry.remove(&worker),
+            };
+        }
     }
 
     pub fn queues(&self) -> Arc<Vec<QueueSummary>> {

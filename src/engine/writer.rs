@@ -17,6 +17,7 @@ use super::events::{Event, EventSink};
 use super::record::{Record, encode_batch};
 use super::state::State;
 use super::view::{QueueSummary, ReadView};
+use super::workers::{Contacts, WorkerEntry, WorkerSignal, state_name};
 use crate::clock::{Clock, Millis};
 use crate::job::{IdGenerator, Job};
 use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
@@ -33,7 +34,8 @@ enum Outgoing {
     Job(Reply<Arc<Job>>, Result<Arc<Job>, EngineError>),
     Cancelled(Reply<Cancelled>, Result<Cancelled, EngineError>),
     Unit(Reply<()>, Result<(), EngineError>),
-    Count(Reply<usize>, Result<usize, EngineError>),
+    Beat(Reply<(usize, Option<WorkerSignal>)>, Result<(usize, Option<WorkerSignal>), EngineError>),
+    Worker(Reply<WorkerEntry>, Result<WorkerEntry, EngineError>),
 }
 
 impl Outgoing {
@@ -51,7 +53,8 @@ impl Outgoing {
             Outgoing::Job(reply, result) => reply.send(pick(result, failure)).map_err(drop),
             Outgoing::Cancelled(reply, result) => reply.send(pick(result, failure)).map_err(drop),
             Outgoing::Unit(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Count(reply, result) => reply.send(pick(result, failure)).map_err(drop),
+            Outgoing::Beat(reply, result) => reply.send(pick(result, failure)).map_err(drop),
+            Outgoing::Worker(reply, result) => reply.send(pick(result, failure)).map_err(drop),
         };
     }
 }
@@ -78,6 +81,8 @@ pub(crate) struct Writer {
     pub check_invariants: bool,
     /// Whether stopping writes a snapshot (false only to imitate a crash).
     pub final_snapshot: bool,
+    /// When each worker was last seen (soft state; signals are in `state`).
+    pub contacts: Contacts,
 }
 
 impl Writer {
@@ -211,7 +216,12 @@ impl Writer {
             }
             Command::Fetch { request, reply } => {
                 let mut claimed = Vec::new();
-                if let Some(record) = self.state.decide_fetch(now, &request) {
+                let signalled = request.worker_id.as_deref().is_some_and(|worker| {
+                    self.touch_worker(worker, now, false);
+                    self.state.worker_signal(worker).is_some()
+                });
+                // A quiet or terminating worker gets no new jobs.
+                if let Some(record) = self.state.decide_fetch(now, &request).filter(|_| !signalled) {
                     let Record::Claim { claims, .. } = &record else {
                         unreachable!("decide_fetch makes claim records")
                     };
@@ -239,6 +249,8 @@ impl Writer {
                 outgoing.push(Outgoing::Job(reply, outcome));
             }
             Command::Heartbeat { worker_id, active_jobs, visibility_timeout_ms, reply } => {
+                self.touch_worker(&worker_id, now, true);
+                let signal = self.state.worker_signal(&worker_id).map(|(signal, _)| signal);
                 let record =
                     self.state.decide_heartbeat(now, &worker_id, active_jobs.as_deref(), visibility_timeout_ms);
                 let extended = match &record {
@@ -248,7 +260,24 @@ impl Writer {
                 if let Some(record) = record {
                     self.apply(record, records, events);
                 }
-                outgoing.push(Outgoing::Count(reply, Ok(extended)));
+                outgoing.push(Outgoing::Beat(reply, Ok((extended, signal))));
+            }
+            Command::SignalWorker { worker_id, signal, reply } => {
+                let outcome = self.decide_signal(now, &worker_id, signal).map(|record| {
+                    self.apply(record, records, events);
+                    self.worker_entry(&worker_id).expect("a signalled worker has an entry")
+                });
+                outgoing.push(Outgoing::Worker(reply, outcome));
+            }
+            Command::ForgetWorker { worker_id, reply } => {
+                let outcome = if self.worker_entry(&worker_id).is_some() {
+                    self.contacts.forget(&worker_id);
+                    self.apply(Record::WorkerForget { at: now, worker_id }, records, events);
+                    Ok(())
+                } else {
+                    Err(EngineError::WorkerNotFound { worker_id })
+                };
+                outgoing.push(Outgoing::Unit(reply, outcome));
             }
             Command::DeadLetterRetry { id, reply } => {
                 let outcome = self.state.decide_dead_letter_retry(now, id).map(|record| {
@@ -277,6 +306,48 @@ impl Writer {
                 unreachable!("handled by the batch loop")
             }
         }
+    }
+
+    /// Records contact with a worker, forgetting an idle one if the registry is full.
+    fn touch_worker(&mut self, worker_id: &str, now: Millis, heartbeat: bool) {
+        let state = &self.state;
+        let forgotten = self.contacts.touch(worker_id, now, heartbeat, crate::limits::WORKERS_MAX, |worker| {
+            !state.active_of_worker(worker).is_empty()
+        });
+        self.state.touch_worker(worker_id);
+        if let Some(forgotten) = forgotten {
+            self.state.touch_worker(&forgotten);
+        }
+    }
+
+    /// Checks a signal against the worker's state (decisions §7.6).
+    fn decide_signal(&self, now: Millis, worker_id: &str, signal: WorkerSignal) -> Result<Record, EngineError> {
+        let Some(entry) = self.worker_entry(worker_id) else {
+            return Err(EngineError::WorkerNotFound { worker_id: worker_id.to_string() });
+        };
+        if signal == WorkerSignal::Quiet && entry.state == "terminate" {
+            return Err(EngineError::WorkerConflict { worker_id: worker_id.to_string(), current_state: entry.state });
+        }
+        Ok(Record::WorkerSignal { at: now, worker_id: worker_id.to_string(), signal })
+    }
+
+    /// The registry entry of a worker seen since start or holding a signal.
+    fn worker_entry(&self, worker_id: &str) -> Option<WorkerEntry> {
+        let contact = self.contacts.get(worker_id);
+        let signal = self.state.worker_signal(worker_id);
+        let (first_seen_at, last_seen_at) = match (contact, signal) {
+            (Some(contact), _) => (contact.first_seen_at, contact.last_seen_at),
+            (None, Some((_, at))) => (at, at),
+            (None, None) => return None,
+        };
+        Some(WorkerEntry {
+            worker_id: worker_id.to_string(),
+            state: state_name(signal.map(|(signal, _)| signal)),
+            first_seen_at,
+            last_seen_at,
+            last_heartbeat_at: contact.and_then(|contact| contact.last_heartbeat_at),
+            active_job_ids: self.state.active_of_worker(worker_id),
+        })
     }
 
     fn current(&self, id: crate::job::JobId) -> Arc<Job> {
@@ -318,6 +389,8 @@ impl Writer {
                 }
                 Command::DeadLetterDelete { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Heartbeat { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
+                Command::SignalWorker { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
+                Command::ForgetWorker { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Cancel { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Probe { reply } | Command::Tick { reply } | Command::Snapshot { reply } => {
                     reply.send(Err(error.clone())).map_err(drop)
@@ -335,6 +408,13 @@ impl Writer {
 
     /// Copies what changed to the read view and appends the batch's events.
     fn publish(&mut self, pending: impl Iterator<Item = (Millis, super::events::EventKind, super::events::JobRef)>) {
+        let workers: Vec<(String, Option<WorkerEntry>)> = self
+            .state
+            .take_dirty_workers()
+            .into_iter()
+            .map(|worker| (worker.clone(), self.worker_entry(&worker)))
+            .collect();
+        self.view.publish_workers(workers.into_iter());
         let (dirty, queues_dirty) = self.state.take_dirty();
         self.view.publish_jobs(dirty.into_iter().map(|id| (id, self.state.job(id).cloned())));
         if queues_dirty {
@@ -379,7 +459,13 @@ impl Writer {
             std::thread::sleep(Duration::from_millis(5));
         }
         let (replay_from, payload) = self.snapshot_payload()?;
-        write_snapshot(self.snapshots.file_system.as_ref(), &self.snapshots.dir, replay_from, &payload)?;
+        write_snapshot(
+            self.snapshots.file_system.as_ref(),
+            &self.snapshots.dir,
+            replay_from,
+            super::state::IMAGE_VERSION,
+            &payload,
+        )?;
         remove_obsolete(&self.snapshots.dir, replay_from)
     }
 
@@ -400,7 +486,7 @@ impl Writer {
         let file_system = self.snapshots.file_system.clone();
         let dir = self.snapshots.dir.clone();
         std::thread::spawn(move || {
-            let result = write_snapshot(file_system.as_ref(), &dir, replay_from, &payload)
+            let result = write_snapshot(file_system.as_ref(), &dir, replay_from, super::state::IMAGE_VERSION, &payload)
                 .and_then(|()| remove_obsolete(&dir, replay_from));
             match result {
                 Ok(()) => crate::logging::info(

@@ -169,6 +169,10 @@ impl From<EngineError> for ApiError {
         match error {
             EngineError::NotFound { id } => ApiError::not_found("job", id.to_string()),
             EngineError::NotInDeadLetter { id } => ApiError::not_found("dead_letter_job", id.to_string()),
+            EngineError::WorkerNotFound { worker_id } => ApiError::not_found("worker", worker_id),
+            EngineError::WorkerConflict { worker_id, current_state } => {
+                ApiError::new("conflict", message).detail("worker_id", worker_id).detail("current_state", current_state)
+            }
             EngineError::Conflict { id, current_state, reason } => ApiError::new("conflict", message)
                 .detail("job_id", id.to_string())
                 .detail("current_state", current_state.as_str())

@@ -12,6 +12,7 @@ use super::wire::{render_event, render_job};
 use super::{AppState, Reply, SPEC_VERSION, is_empty_body};
 use crate::engine::{EngineError, FetchRequest};
 use crate::job::json::{minify, parse_object};
+use crate::job::time::format_timestamp;
 use crate::job::{
     Job, JobId, body_error, is_valid_queue, parse_enqueue_body, parse_enqueue_object, parse_failure_report, raw_integer,
 };
@@ -38,6 +39,10 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::Queues => queues(app, query),
         Route::Events => events(app, query),
         Route::Heartbeat => heartbeat(app, &body).await,
+        Route::Workers => workers(app, query),
+        Route::Worker(id) => worker(app, &id),
+        Route::SignalWorker(id, signal) => signal_worker(app, &id, signal).await,
+        Route::ForgetWorker(id) => forget_worker(app, &id).await,
         Route::DeadLetter => dead_letter(app, query),
         Route::DeadLetterRetry(id) => dead_letter_retry(app, &id, &body).await,
         Route::DeadLetterDelete(id) => dead_letter_delete(app, &id).await,
@@ -381,12 +386,67 @@ async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
             }
         },
     };
-    let extended = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
+    let (extended, signal) = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
     let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
     // While the server drains, every worker is told to stop (decisions §26).
-    let state = if app.is_shutting_down() { "terminate" } else { "running" };
+    let state = if app.is_shutting_down() { "terminate" } else { crate::engine::workers::state_name(signal) };
     let server_time = crate::job::time::format_timestamp(now);
     Ok(Reply::ok(json!({"state": state, "jobs_extended": extended, "server_time": server_time}).to_string()))
+}
+
+fn render_worker(entry: &crate::engine::workers::WorkerEntry, now: i64) -> Value {
+    let mut value = json!({
+        "worker_id": entry.worker_id,
+        "state": entry.state,
+        "first_seen_at": format_timestamp(entry.first_seen_at),
+        "last_seen_at": format_timestamp(entry.last_seen_at),
+        "active_job_ids": entry.active_job_ids.iter().map(|id| id.to_string()).collect::<Vec<_>>(),
+        "stale": now - entry.last_seen_at > crate::limits::WORKER_STALE_MS,
+    });
+    if let Some(at) = entry.last_heartbeat_at {
+        value["last_heartbeat_at"] = format_timestamp(at).into();
+    }
+    value
+}
+
+fn now_ms(app: &AppState) -> i64 {
+    crate::clock::Clock::now_ms(app.engine.clock().as_ref())
+}
+
+/// `GET /workers`: by worker id, paged, optionally filtered by `state`.
+fn workers(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let state = match query_value(&pairs, "state").filter(|state| !state.is_empty()) {
+        Some(state @ ("running" | "quiet" | "terminate")) => Some(state.to_string()),
+        Some(_) => return Err(ApiError::invalid_request(Some("state"), "state must be running, quiet or terminate")),
+        None => None,
+    };
+    let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
+    let (page, has_more) = app
+        .engine
+        .workers_page(after.as_deref(), limit, |entry| state.as_deref().is_none_or(|state| entry.state == state));
+    let now = now_ms(app);
+    let cursor = if has_more { page.last().map(|entry| Value::from(encode_cursor(&entry.worker_id))) } else { None };
+    let workers: Vec<Value> = page.iter().map(|entry| render_worker(entry, now)).collect();
+    Ok(Reply::ok(json!({"workers": workers, "cursor": cursor, "has_more": has_more}).to_string()))
+}
+
+fn worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let entry = app.engine.worker(id).ok_or_else(|| ApiError::not_found("worker", id))?;
+    Ok(Reply::ok(json!({"worker": render_worker(&entry, now_ms(app))}).to_string()))
+}
+
+async fn signal_worker(app: &AppState, id: &str, signal: &str) -> Result<Reply, ApiError> {
+    use crate::engine::workers::WorkerSignal;
+    let signal = if signal == "quiet" { WorkerSignal::Quiet } else { WorkerSignal::Terminate };
+    let entry = app.engine.signal_worker(id.to_string(), signal).outcome().await?;
+    Ok(Reply::ok(json!({"worker": render_worker(&entry, now_ms(app))}).to_string()))
+}
+
+async fn forget_worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    app.engine.forget_worker(id.to_string()).outcome().await?;
+    Ok(Reply::ok(json!({"deleted": true, "worker_id": id}).to_string()))
 }
 
 /// A dead letter id: a malformed one cannot be listed, so it is not found.
@@ -540,7 +600,7 @@ pub fn manifest() -> Value {
         "features": {
             "batch_enqueue": true, "dead_letter": true, "cron": false, "workflows": false,
             "unique_jobs": false, "priority": true, "schemas": false, "webhooks": false,
-            "events": true, "rate_limiting": false, "worker_signals": false
+            "events": true, "rate_limiting": false, "worker_signals": true
         },
         "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "dead-letter", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}],
         "protocols": ["http"],

@@ -23,6 +23,10 @@ pub enum Route {
     Queues,
     Events,
     Heartbeat,
+    Workers,
+    Worker(String),
+    ForgetWorker(String),
+    SignalWorker(String, &'static str),
     DeadLetter,
     DeadLetterRetry(String),
     DeadLetterDelete(String),
@@ -53,6 +57,14 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["svc", "v1", "workers", "ack"] => vec![(Method::POST, Route::Ack)],
         ["svc", "v1", "workers", "nack"] => vec![(Method::POST, Route::Nack)],
         ["svc", "v1", "workers", "heartbeat"] => vec![(Method::POST, Route::Heartbeat)],
+        ["svc", "v1", "workers"] => vec![(Method::GET, Route::Workers)],
+        ["svc", "v1", "workers", id] if !id.is_empty() => {
+            vec![(Method::GET, Route::Worker(decoded(id))), (Method::DELETE, Route::ForgetWorker(decoded(id)))]
+        }
+        ["svc", "v1", "workers", id, signal @ ("quiet" | "terminate")] if !id.is_empty() => {
+            let signal: &'static str = if *signal == "quiet" { "quiet" } else { "terminate" };
+            vec![(Method::POST, Route::SignalWorker(decoded(id), signal))]
+        }
         ["svc", "v1", "jobs", id] if !id.is_empty() => {
             vec![(Method::GET, Route::GetJob(decoded(id))), (Method::DELETE, Route::CancelJob(decoded(id)))]
         }

@@ -1,7 +1,8 @@
 //! Snapshot files: the full engine state as of the start of a log segment.
 //!
-//! `magic[8] | version u32 | reserved u32 | replay_from u64 | payload_len u64 |
-//! payload_crc u32 | header_crc u32 | payload`. Written to a temp file, synced,
+//! `magic[8] | version u32 | payload_version u32 | replay_from u64 |
+//! payload_len u64 | payload_crc u32 | header_crc u32 | payload`. The payload
+//! version tells its reader (the engine) how the payload is encoded. Written to a temp file, synced,
 //! renamed into place, then the directory is synced.
 
 use std::path::Path;
@@ -15,10 +16,17 @@ const SNAPSHOT_MAGIC: &[u8; 8] = b"SVCSNP\r\n";
 
 /// Writes a snapshot durably. `replay_from` is the first log segment the
 /// snapshot does not cover.
-pub fn write_snapshot(fs: &dyn FileSystem, dir: &Path, replay_from: u64, payload: &[u8]) -> Result<(), StorageError> {
+pub fn write_snapshot(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    replay_from: u64,
+    payload_version: u32,
+    payload: &[u8],
+) -> Result<(), StorageError> {
     let mut header = [0u8; SNAPSHOT_HEADER_BYTES];
     header[0..8].copy_from_slice(SNAPSHOT_MAGIC);
     header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[12..16].copy_from_slice(&payload_version.to_le_bytes());
     header[16..24].copy_from_slice(&replay_from.to_le_bytes());
     header[24..32].copy_from_slice(&(payload.len() as u64).to_le_bytes());
     header[32..36].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
@@ -37,8 +45,17 @@ pub fn write_snapshot(fs: &dyn FileSystem, dir: &Path, replay_from: u64, payload
     fs.sync_dir(dir).map_err(io_error(dir))
 }
 
-/// Reads and verifies a snapshot file; returns (replay_from, payload).
-pub fn read_snapshot(path: &Path) -> Result<(u64, Vec<u8>), StorageError> {
+/// A snapshot as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotFile {
+    /// The first log segment the snapshot does not cover.
+    pub replay_from: u64,
+    pub payload_version: u32,
+    pub payload: Vec<u8>,
+}
+
+/// Reads and verifies a snapshot file.
+pub fn read_snapshot(path: &Path) -> Result<SnapshotFile, StorageError> {
     let corrupt = |offset: u64, reason: &str| StorageError::Corrupt {
         path: path.to_path_buf(),
         offset,
@@ -66,7 +83,8 @@ pub fn read_snapshot(path: &Path) -> Result<(u64, Vec<u8>), StorageError> {
     if crc != crc32fast::hash(payload) {
         return Err(corrupt(SNAPSHOT_HEADER_BYTES as u64, "snapshot payload checksum mismatch"));
     }
-    Ok((replay_from, payload.to_vec()))
+    let payload_version = u32::from_le_bytes(bytes[12..16].try_into().expect("four bytes"));
+    Ok(SnapshotFile { replay_from, payload_version, payload: payload.to_vec() })
 }
 
 /// Deletes log segments wholly covered by the snapshot at `replay_from`, older
@@ -98,9 +116,10 @@ mod tests {
     #[test]
     fn written_snapshot_reads_back_and_damage_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        write_snapshot(&RealFileSystem, dir.path(), 7, b"state bytes").unwrap();
+        write_snapshot(&RealFileSystem, dir.path(), 7, 2, b"state bytes").unwrap();
         let path = snapshot_path(dir.path(), 7);
-        assert_eq!(read_snapshot(&path).unwrap(), (7, b"state bytes".to_vec()));
+        let expected = SnapshotFile { replay_from: 7, payload_version: 2, payload: b"state bytes".to_vec() };
+        assert_eq!(read_snapshot(&path).unwrap(), expected);
         let mut bytes = std::fs::read(&path).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 1;

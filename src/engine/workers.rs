@@ -1,0 +1,111 @@
+//! The worker registry (decisions §7.6): who has been seen, and the signals
+//! operators gave them. Signals are durable engine state; when a worker was
+//! last seen is soft state kept by the writer, rebuilt by contact after a
+//! restart.
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+use crate::clock::Millis;
+use crate::job::JobId;
+
+/// What an operator told a worker. No signal means `running`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerSignal {
+    /// Finish current jobs; fetch hands out nothing new.
+    Quiet,
+    /// Stop: fetch hands out nothing; finish or requeue what is held.
+    Terminate,
+}
+
+/// A worker as the registry reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerEntry {
+    pub worker_id: String,
+    /// `running`, `quiet` or `terminate`.
+    pub state: &'static str,
+    pub first_seen_at: Millis,
+    pub last_seen_at: Millis,
+    pub last_heartbeat_at: Option<Millis>,
+    pub active_job_ids: Vec<JobId>,
+}
+
+pub fn state_name(signal: Option<WorkerSignal>) -> &'static str {
+    match signal {
+        None => "running",
+        Some(WorkerSignal::Quiet) => "quiet",
+        Some(WorkerSignal::Terminate) => "terminate",
+    }
+}
+
+/// When each worker was first and last seen, and last sent a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contact {
+    pub first_seen_at: Millis,
+    pub last_seen_at: Millis,
+    pub last_heartbeat_at: Option<Millis>,
+}
+
+/// The soft half of the registry, bounded: when full, the least recently
+/// seen worker without active jobs is forgotten.
+#[derive(Debug, Default)]
+pub struct Contacts {
+    seen: HashMap<String, Contact>,
+}
+
+impl Contacts {
+    pub fn get(&self, worker_id: &str) -> Option<&Contact> {
+        self.seen.get(worker_id)
+    }
+
+    /// Records contact; `busy` says whether a worker holds active jobs (they
+    /// are never the ones forgotten). Returns a forgotten worker, if any.
+    pub fn touch(
+        &mut self,
+        worker_id: &str,
+        now: Millis,
+        heartbeat: bool,
+        limit: usize,
+        busy: impl Fn(&str) -> bool,
+    ) -> Option<String> {
+        let mut forgotten = None;
+        if !self.seen.contains_key(worker_id) && self.seen.len() >= limit {
+            let idle = self.seen.iter().filter(|(id, _)| !busy(id)).min_by_key(|(_, contact)| contact.last_seen_at);
+            if let Some(id) = idle.map(|(id, _)| id.clone()) {
+                self.seen.remove(&id);
+                forgotten = Some(id);
+            }
+        }
+        let contact = self.seen.entry(worker_id.to_string()).or_insert(Contact {
+            first_seen_at: now,
+            last_seen_at: now,
+            last_heartbeat_at: None,
+        });
+        contact.last_seen_at = now;
+        if heartbeat {
+            contact.last_heartbeat_at = Some(now);
+        }
+        forgotten
+    }
+
+    pub fn forget(&mut self, worker_id: &str) -> bool {
+        self.seen.remove(worker_id).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_registry_forgets_the_least_recently_seen_idle_worker() {
+        let mut contacts = Contacts::default();
+        contacts.touch("old-busy", 1, false, 3, |_| false);
+        contacts.touch("old-idle", 2, false, 3, |_| false);
+        contacts.touch("recent", 3, true, 3, |_| false);
+        let forgotten = contacts.touch("new", 4, false, 3, |id| id == "old-busy");
+        assert_eq!(forgotten.as_deref(), Some("old-idle"));
+        assert!(contacts.get("old-busy").is_some() && contacts.get("new").is_some());
+        assert_eq!(contacts.get("recent").unwrap().last_heartbeat_at, Some(3));
+    }
+}

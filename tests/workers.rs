@@ -1,0 +1,86 @@
+//! The worker registry and operator signals (decisions §7.6): workers appear
+//! on contact, quiet and terminate stop new claims, signals survive restarts,
+//! and forgetting a worker clears its signal.
+
+mod common;
+
+use common::TestServer;
+use serde_json::json;
+
+fn fetch_as(server: &TestServer, worker: &str) -> Vec<serde_json::Value> {
+    let answer = server.post("/svc/v1/workers/fetch", json!({"queues": ["default"], "worker_id": worker}));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body["jobs"].as_array().unwrap().clone()
+}
+
+#[test]
+fn workers_register_on_contact_and_list_their_active_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    assert_eq!(fetch_as(&server, "w-b").len(), 1);
+    server.post("/svc/v1/workers/heartbeat", json!({"worker_id": "w-a"}));
+    let listing = server.get("/svc/v1/workers");
+    assert_eq!(listing.status, 200);
+    let ids: Vec<&str> =
+        listing.body["workers"].as_array().unwrap().iter().map(|w| w["worker_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["w-a", "w-b"]);
+    let worker = server.get("/svc/v1/workers/w-b").body["worker"].clone();
+    assert_eq!((worker["state"].as_str(), worker["stale"].as_bool()), (Some("running"), Some(false)));
+    assert_eq!(worker["active_job_ids"], json!([id]));
+    assert!(worker["first_seen_at"].is_string() && worker.get("last_heartbeat_at").is_none());
+    assert!(server.get("/svc/v1/workers/w-a").body["worker"]["last_heartbeat_at"].is_string());
+    server.post("/svc/v1/workers/ack", json!({"job_id": id}));
+    assert_eq!(server.get("/svc/v1/workers/w-b").body["worker"]["active_job_ids"], json!([]));
+
+    let page = server.get("/svc/v1/workers?limit=1");
+    assert_eq!(
+        (page.body["workers"][0]["worker_id"].as_str(), page.body["has_more"].as_bool()),
+        (Some("w-a"), Some(true))
+    );
+    let cursor = page.body["cursor"].as_str().unwrap();
+    assert_eq!(server.get(&format!("/svc/v1/workers?limit=1&cursor={cursor}")).body["workers"][0]["worker_id"], "w-b");
+    assert_eq!(server.get("/svc/v1/workers/nobody").status, 404);
+    assert_eq!(server.get("/svc/v1/workers?state=asleep").status, 400);
+}
+
+#[test]
+fn quiet_and_terminate_stop_new_claims_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    for n in 0..3 {
+        server.enqueue(json!({"type": "t", "args": [n]}));
+    }
+    assert_eq!(fetch_as(&server, "w-1").len(), 1);
+    assert_eq!(fetch_as(&server, "w-2").len(), 1);
+    let quiet = server.post_raw("/svc/v1/workers/w-1/quiet", "", None);
+    assert_eq!((quiet.status, quiet.body["worker"]["state"].as_str()), (200, Some("quiet")));
+    assert!(fetch_as(&server, "w-1").is_empty(), "a quiet worker gets no new jobs");
+    let beat = server.post("/svc/v1/workers/heartbeat", json!({"worker_id": "w-1"}));
+    assert_eq!(
+        (beat.body["state"].as_str(), beat.body["jobs_extended"].as_i64()),
+        (Some("quiet"), Some(1)),
+        "it may finish what it holds"
+    );
+    assert_eq!(server.post_raw("/svc/v1/workers/w-1/quiet", "", None).status, 200, "idempotent");
+
+    assert_eq!(server.post_raw("/svc/v1/workers/w-2/terminate", "", None).body["worker"]["state"], "terminate");
+    let refused = server.post_raw("/svc/v1/workers/w-2/quiet", "", None);
+    assert_eq!((refused.status, refused.error_code()), (409, "conflict"));
+    assert_eq!(server.post_raw("/svc/v1/workers/nobody/terminate", "", None).status, 404);
+    let quiet_only = server.get("/svc/v1/workers?state=quiet");
+    assert_eq!(quiet_only.body["workers"].as_array().unwrap().len(), 1);
+
+    server.stop();
+    let server = TestServer::start(dir.path());
+    assert_eq!(server.get("/svc/v1/workers/w-2").body["worker"]["state"], "terminate", "signals are durable");
+    assert!(fetch_as(&server, "w-2").is_empty());
+    assert_eq!(fetch_as(&server, "w-3").len(), 1, "other workers still get work");
+
+    let forgotten = server.delete("/svc/v1/workers/w-2");
+    assert_eq!(forgotten.body, json!({"deleted": true, "worker_id": "w-2"}));
+    assert_eq!(server.get("/svc/v1/workers/w-2").status, 404);
+    assert_eq!(server.delete("/svc/v1/workers/w-2").status, 404);
+    server.enqueue(json!({"type": "t", "args": ["more"]}));
+    assert_eq!(fetch_as(&server, "w-2").len(), 1, "a forgotten worker starts afresh");
+}
