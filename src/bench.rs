@@ -4,8 +4,10 @@
 //! Workloads: `enqueue` (one job per request), `drain` (fetch + ack until the
 //! queue is empty; jobs are loaded first with batch enqueue), `steady`
 //! (producers at a fixed total rate while consumers fetch + ack, for a
-//! duration), and `ping` (the enqueue request against any server, e.g. the
-//! hello-world ceiling in `examples/hello_ceiling.rs`).
+//! duration), `retry` (every job fails once, then succeeds), `backlog` (loads
+//! another queue with jobs half in flight, half waiting to retry in an hour,
+//! to measure the others against), and `ping` (the enqueue request against
+//! any server, e.g. the hello-world ceiling in `examples/hello_ceiling.rs`).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -25,6 +27,8 @@ pub enum Workload {
     Enqueue,
     Drain,
     Steady,
+    Retry,
+    Backlog,
     Ping,
 }
 
@@ -124,7 +128,96 @@ impl Connection {
 }
 
 fn enqueue_body(n: u64) -> String {
-    format!(r#"{{"type":"bench.job","args":[{n}],"options":{{"queue":"{QUEUE}"}}}}"#)
+    format!(
+        r#"{{"type":"bench.job","args":[{n}],"options":{{"queue":"{QUEUE}","retry":{{"initial_interval":"PT0.001S","jitter":false}}}}}}"#
+    )
+}
+
+/// Fetch; fail every first attempt, ack the second; until all jobs are done.
+async fn retry_loop(connection: &mut Connection, options: &BenchOptions, completed: &AtomicU64) -> LoopResult {
+    let mut latencies = Vec::new();
+    let mut jobs = 0;
+    while completed.load(Ordering::SeqCst) < options.jobs {
+        let (status, body, latency) =
+            connection.post("/svc/v1/workers/fetch", format!(r#"{{"queues":["{QUEUE}"],"count":1}}"#)).await?;
+        if status != StatusCode::OK {
+            return Err(format!("fetch answered {status}: {}", String::from_utf8_lossy(&body)));
+        }
+        latencies.push(micros(latency));
+        let value: serde_json::Value = serde_json::from_slice(&body).map_err(|error| error.to_string())?;
+        let Some(job) = value["jobs"].get(0) else {
+            // The failed ones come back after their 1 ms backoff.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        };
+        let id = job["id"].as_str().unwrap_or_default();
+        let (path, body) = if job["attempt"] == 1 {
+            (
+                "/svc/v1/workers/nack",
+                format!(r#"{{"job_id":"{id}","error":{{"type":"Flaky","message":"first try fails"}}}}"#),
+            )
+        } else {
+            ("/svc/v1/workers/ack", format!(r#"{{"job_id":"{id}"}}"#))
+        };
+        let (status, answer, latency) = connection.post(path, body).await?;
+        if status != StatusCode::OK {
+            return Err(format!("{path} answered {status}: {}", String::from_utf8_lossy(&answer)));
+        }
+        latencies.push(micros(latency));
+        if path.ends_with("ack") && !path.ends_with("nack") {
+            completed.fetch_add(1, Ordering::SeqCst);
+            jobs += 1;
+        }
+    }
+    Ok((jobs, latencies))
+}
+
+/// Loads queue `backlog` with `jobs` jobs: half claimed (for an hour), half
+/// failed once and waiting an hour to retry.
+async fn build_backlog(options: &BenchOptions) -> Result<BenchReport, String> {
+    let started = Instant::now();
+    let mut connection = Connection::open(&options.address).await?;
+    let item = r#"{"type":"bench.backlog","args":[],"options":{"queue":"backlog","visibility_timeout_ms":3600000,"timeout_ms":3600000,"retry":{"initial_interval":"PT1H","jitter":false}}}"#;
+    let mut loaded = 0;
+    while loaded < options.jobs {
+        let size = (options.jobs - loaded).min(1000);
+        let items = vec![item; size as usize].join(",");
+        let (status, body, _) = connection.post("/svc/v1/jobs/batch", format!(r#"{{"jobs":[{items}]}}"#)).await?;
+        if status != StatusCode::CREATED {
+            return Err(format!("batch enqueue answered {status}: {}", String::from_utf8_lossy(&body)));
+        }
+        loaded += size;
+    }
+    let mut claimed = 0u64;
+    let mut requests = 0u64;
+    while claimed < options.jobs {
+        let (status, body, _) =
+            connection.post("/svc/v1/workers/fetch", r#"{"queues":["backlog"],"count":100}"#.to_string()).await?;
+        let value: serde_json::Value = serde_json::from_slice(&body).map_err(|error| error.to_string())?;
+        let jobs = value["jobs"].as_array().cloned().unwrap_or_default();
+        if status != StatusCode::OK || jobs.is_empty() {
+            break;
+        }
+        for job in jobs {
+            claimed += 1;
+            // Every other claimed job fails once and waits an hour to retry.
+            if claimed.is_multiple_of(2) {
+                let id = job["id"].as_str().unwrap_or_default();
+                let nack = format!(r#"{{"job_id":"{id}","error":{{"type":"Later","message":"retry in an hour"}}}}"#);
+                connection.post("/svc/v1/workers/nack", nack).await?;
+                requests += 1;
+            }
+        }
+        requests += 1;
+    }
+    Ok(BenchReport {
+        workload: Workload::Backlog,
+        connections: 1,
+        jobs: claimed,
+        requests,
+        elapsed: started.elapsed(),
+        latencies_us: Vec::new(),
+    })
 }
 
 fn micros(duration: Duration) -> u32 {
@@ -139,8 +232,11 @@ pub fn run(options: BenchOptions) -> Result<BenchReport, String> {
 }
 
 async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
-    if options.workload == Workload::Drain {
+    if matches!(options.workload, Workload::Drain | Workload::Retry) {
         preload(&options).await?;
+    }
+    if options.workload == Workload::Backlog {
+        return build_backlog(&options).await;
     }
     let counter = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -155,6 +251,8 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
             match options.workload {
                 Workload::Enqueue | Workload::Ping => enqueue_loop(&mut connection, &options, &counter).await,
                 Workload::Drain => drain_loop(&mut connection, None).await,
+                Workload::Retry => retry_loop(&mut connection, &options, &counter).await,
+                Workload::Backlog => unreachable!("built before the loop"),
                 Workload::Steady if worker % 2 == 0 => paced_enqueue(&mut connection, &options, &stop).await,
                 Workload::Steady => drain_loop(&mut connection, Some(&stop)).await,
             }

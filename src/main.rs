@@ -18,7 +18,7 @@ svc — a durable job-queue server
 usage:
   svc serve [--listen ADDR] [--data-dir DIR] [--config FILE] [--snapshot-log-bytes N] [--insecure-no-auth]
   svc inspect DATA_DIR
-  svc bench --workload enqueue|drain|steady|ping [--address HOST:PORT] [--connections N]
+  svc bench --workload enqueue|drain|steady|retry|backlog|ping [--address HOST:PORT] [--connections N]
             [--jobs N] [--duration SECONDS] [--rate JOBS_PER_SECOND]
   svc version
 ";
@@ -117,6 +117,8 @@ fn bench_options(args: &[String]) -> Result<BenchOptions, String> {
                     "enqueue" => Workload::Enqueue,
                     "drain" => Workload::Drain,
                     "steady" => Workload::Steady,
+                    "retry" => Workload::Retry,
+                    "backlog" => Workload::Backlog,
                     "ping" => Workload::Ping,
                     other => return Err(format!("unknown workload {other}")),
                 }
