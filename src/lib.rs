@@ -28,6 +28,7 @@ pub mod http;
 pub mod job;
 pub mod limits;
 pub mod logging;
+pub mod model;
 pub mod schedule;
 pub mod server;
 pub mod storage;
