@@ -150,6 +150,18 @@ fn worker_id(map: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     }
 }
 
+/// The optional `visibility_timeout_ms` of fetch and heartbeat bodies.
+fn visibility_timeout(map: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
+    let Some(value) = present(map, "visibility_timeout_ms") else { return Ok(None) };
+    match integer(value) {
+        Some(ms) if (1..=TIMEOUT_MS_MAX as i64).contains(&ms) => Ok(Some(ms as u64)),
+        _ => Err(ApiError::invalid_request(
+            Some("visibility_timeout_ms"),
+            format!("visibility_timeout_ms must be an integer from 1 to {TIMEOUT_MS_MAX}"),
+        )),
+    }
+}
+
 fn integer(value: &Value) -> Option<i64> {
     let raw = serde_json::value::to_raw_value(value).ok()?;
     raw_integer(&raw)
@@ -179,18 +191,7 @@ async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
             }
         },
     };
-    let visibility_timeout_ms = match present(&map, "visibility_timeout_ms") {
-        None => None,
-        Some(value) => match integer(value) {
-            Some(ms) if (1..=TIMEOUT_MS_MAX as i64).contains(&ms) => Some(ms as u64),
-            _ => {
-                return Err(ApiError::invalid_request(
-                    Some("visibility_timeout_ms"),
-                    format!("visibility_timeout_ms must be an integer from 1 to {TIMEOUT_MS_MAX}"),
-                ));
-            }
-        },
-    };
+    let visibility_timeout_ms = visibility_timeout(&map)?;
     let request = FetchRequest { queues, count, worker_id: worker_id(&map)?, visibility_timeout_ms };
     if app.is_shutting_down() {
         // A draining server hands out no new work (decisions §26).
@@ -374,18 +375,7 @@ async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
             ));
         }
     };
-    let visibility_timeout_ms = match present(&map, "visibility_timeout_ms") {
-        None => None,
-        Some(value) => match integer(value) {
-            Some(ms) if (1..=TIMEOUT_MS_MAX as i64).contains(&ms) => Some(ms as u64),
-            _ => {
-                return Err(ApiError::invalid_request(
-                    Some("visibility_timeout_ms"),
-                    format!("visibility_timeout_ms must be an integer from 1 to {TIMEOUT_MS_MAX}"),
-                ));
-            }
-        },
-    };
+    let visibility_timeout_ms = visibility_timeout(&map)?;
     let (extended, signal) = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
     let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
     // While the server drains, every worker is told to stop (decisions §26).
