@@ -4,6 +4,7 @@
 //! - [`limits`], [`clock`]: named bounds; the only reader of OS time.
 //! - [`job`]: domain types and enqueue validation (pure data).
 //! - [`schedule`]: ready order, deadline set, backoff (pure, `now` passed in).
+//! - [`cron`]: cron expressions, firing times in time zones, registrations (pure).
 //! - [`storage`]: frames, log segments, snapshots (bytes only, no jobs).
 //! - [`engine`]: the single writer — state, decisions, batch loop, recovery.
 //! - [`http`]: the hyper front end, translation only.
@@ -23,6 +24,7 @@
 pub mod bench;
 pub mod clock;
 pub mod config;
+pub mod cron;
 pub mod engine;
 pub mod http;
 pub mod job;

@@ -76,6 +76,17 @@ pub const SNAPSHOT_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// Largest snapshot payload the reader accepts.
 pub const SNAPSHOT_BYTES_MAX: u64 = 64 * 1024 * 1024 * 1024;
 
+/// Cron entries a server holds by default (`limits.max_cron`).
+pub const CRON_ENTRIES_MAX_DEFAULT: usize = 10_000;
+/// Longest cron entry name.
+pub const CRON_NAME_CHARS_MAX: usize = 255;
+/// Longest cron expression text.
+pub const CRON_SCHEDULE_CHARS_MAX: usize = 256;
+/// Longest cron description.
+pub const CRON_DESCRIPTION_CHARS_MAX: usize = 1024;
+/// Missed occurrences counted for one misfire event (the count stops here).
+pub const CRON_MISSED_COUNT_MAX: u32 = 10_000;
+
 /// Retention of terminal jobs before they are pruned.
 pub const RETENTION_COMPLETED_MS: i64 = 7 * 86_400_000;
 pub const RETENTION_CANCELLED_MS: i64 = 7 * 86_400_000;
