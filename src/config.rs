@@ -12,7 +12,7 @@
 //! The file may also set `http.request_timeout_ms`, `jobs.default_timeout_ms`,
 //! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
 //! table), `retention.{completed,cancelled,discarded,dead_letter}` and
-//! `shutdown.grace_period` (ISO 8601 durations).
+//! `shutdown.grace_period` (ISO 8601 durations), and `limits.max_cron`.
 
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -35,6 +35,8 @@ pub struct Config {
     pub shutdown_grace_ms: u64,
     pub jobs: JobDefaults,
     pub retention: Retention,
+    /// Most cron entries the server holds.
+    pub cron_entries_max: usize,
 }
 
 impl Default for Config {
@@ -48,6 +50,7 @@ impl Default for Config {
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
             retention: Retention::default(),
+            cron_entries_max: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
         }
     }
 }
@@ -63,6 +66,13 @@ struct FileConfig {
     jobs: Option<JobsSection>,
     retention: Option<RetentionSection>,
     shutdown: Option<ShutdownSection>,
+    limits: Option<LimitsSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsSection {
+    max_cron: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -160,6 +170,9 @@ impl Config {
                 self.jobs.retry = RetryPolicy::merged(&RetryPolicy::default(), &value, "jobs.default_retry")
                     .map_err(|error| error.message)?;
             }
+        }
+        if let Some(max) = file.limits.and_then(|limits| limits.max_cron) {
+            self.cron_entries_max = max;
         }
         if let Some(grace) = file.shutdown.and_then(|shutdown| shutdown.grace_period) {
             self.shutdown_grace_ms =

@@ -58,6 +58,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
     engine.snapshot_log_bytes = config.snapshot_log_bytes;
     engine.retention = config.retention;
     engine.defaults = config.jobs.clone();
+    engine.cron_entries_max = config.cron_entries_max;
     engine
 }
 
@@ -217,6 +218,7 @@ async fn serve(
                 Some(Control::Drain) if drain_ends.is_none() => {
                     crate::logging::info("draining: no new claims; waiting for active jobs", &[("grace_ms", (grace.as_millis() as u64).into())]);
                     app.shutting_down.store(true, Ordering::SeqCst);
+                    app.engine.stop_cron();
                     drain_ends = Some(tokio::time::Instant::now() + grace);
                 }
                 Some(Control::Drain) => {}

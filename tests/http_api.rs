@@ -584,7 +584,8 @@ fn health_manifest_and_error_catalogue() {
         (manifest.body["specversion"].as_str(), manifest.body["implementation"].as_str()),
         (Some("1.0.0-rc.1"), Some("svc"))
     );
-    assert_eq!(manifest.body["conformance_level"], 0);
+    assert_eq!(manifest.body["conformance_level"], 2);
+    assert_eq!(manifest.body["features"]["cron"], true);
     let catalogue = server.get("/svc/v1/errors");
     let codes: Vec<&str> =
         catalogue.body["errors"].as_array().unwrap().iter().map(|row| row["code"].as_str().unwrap()).collect();

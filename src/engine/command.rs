@@ -68,6 +68,17 @@ pub enum Command {
         id: JobId,
         reply: Reply<Arc<Job>>,
     },
+    /// Registers or changes a cron entry; replies with it and whether it is new.
+    CronPut {
+        definition: crate::cron::CronDefinition,
+        write: super::cron::CronWrite,
+        reply: Reply<(Arc<super::cron::CronEntry>, bool)>,
+    },
+    /// Removes a cron entry; replies with it as it was.
+    CronDelete {
+        name: String,
+        reply: Reply<Arc<super::cron::CronEntry>>,
+    },
     DeadLetterDelete {
         id: JobId,
         reply: Reply<()>,
@@ -118,6 +129,18 @@ pub enum EngineError {
         worker_id: String,
         current_state: &'static str,
     },
+    /// No cron entry has this name.
+    CronNotFound {
+        name: String,
+    },
+    /// The cron entry changed between reading it and writing the change.
+    CronChanged {
+        name: String,
+    },
+    /// As many cron entries are registered as the server allows.
+    CronLimit {
+        max_entries: usize,
+    },
     /// The job is not in a state the command applies to; `reason` is
     /// `invalid_state` or `not_owner`.
     Conflict {
@@ -149,6 +172,11 @@ impl std::fmt::Display for EngineError {
             EngineError::WorkerNotFound { worker_id } => write!(f, "worker {worker_id} not found"),
             EngineError::WorkerConflict { worker_id, current_state } => {
                 write!(f, "worker {worker_id} is {current_state}; a terminating worker cannot be made quiet")
+            }
+            EngineError::CronNotFound { name } => write!(f, "cron entry {name} not found"),
+            EngineError::CronChanged { name } => write!(f, "cron entry {name} changed meanwhile; retry"),
+            EngineError::CronLimit { max_entries } => {
+                write!(f, "{max_entries} cron entries are registered, the most this server allows")
             }
             EngineError::Conflict { id, current_state, reason } => {
                 write!(f, "job {id} is {} ({reason})", current_state.as_str())

@@ -1,11 +1,12 @@
 //! Events emitted by committed transitions, kept in a bounded in-memory buffer
-//! for `GET /events`. The payload is rendered lazily from the job snapshot.
+//! for `GET /events`. A job event's payload is rendered lazily from the job
+//! as it was right after the transition; cron and worker events carry their data.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::clock::Millis;
-use crate::job::{FailureReport, Job, JobState};
+use crate::job::{FailureReport, Job, JobId, JobState};
 use crate::limits::EVENT_BUFFER_MAX;
 
 /// The details an event carries beyond its job.
@@ -30,12 +31,45 @@ pub enum EventKind {
     },
     Cancelled {
         previous_state: JobState,
+        reason: &'static str,
     },
     Expired,
     /// Back from the dead letter listing.
     Revived,
     /// Removed from the dead letter listing.
     Deleted,
+    /// A cron entry fired; the event's job is the one it created.
+    CronTriggered {
+        cron: CronInfo,
+        run_count: u64,
+    },
+    /// A cron evaluation that created nothing, or a misfire or gap report.
+    CronSkipped {
+        cron: CronInfo,
+        reason: &'static str,
+        existing_job_id: Option<JobId>,
+        missed_count: Option<u32>,
+    },
+    /// A worker seen for the first time.
+    WorkerStarted {
+        worker_id: String,
+    },
+    /// A worker told to go quiet or to terminate.
+    WorkerSignalled {
+        worker_id: String,
+        terminate: bool,
+        active_job_ids: Vec<JobId>,
+        by: &'static str,
+    },
+}
+
+/// The cron entry an event is about.
+#[derive(Debug, Clone)]
+pub struct CronInfo {
+    pub name: String,
+    pub schedule: String,
+    pub timezone: String,
+    pub scheduled_time: Millis,
 }
 
 impl EventKind {
@@ -53,6 +87,11 @@ impl EventKind {
             EventKind::Expired => "job.expired",
             EventKind::Revived => "job.enqueued",
             EventKind::Deleted => "job.deleted",
+            EventKind::CronTriggered { .. } => "cron.triggered",
+            EventKind::CronSkipped { .. } => "cron.skipped",
+            EventKind::WorkerStarted { .. } => "worker.started",
+            EventKind::WorkerSignalled { terminate: false, .. } => "worker.quiet",
+            EventKind::WorkerSignalled { terminate: true, .. } => "worker.terminate",
         }
     }
 }
@@ -64,8 +103,19 @@ pub struct Event {
     pub id: String,
     pub time: Millis,
     pub kind: EventKind,
-    /// The job as it was right after the transition.
-    pub job: Arc<Job>,
+    /// The job as it was right after the transition (job events and `cron.triggered`).
+    pub job: Option<Arc<Job>>,
+}
+
+impl Event {
+    /// The envelope's `subject`: job id, cron name or worker id (decisions §20.1).
+    pub fn subject(&self) -> String {
+        match &self.kind {
+            EventKind::CronTriggered { cron, .. } | EventKind::CronSkipped { cron, .. } => cron.name.clone(),
+            EventKind::WorkerStarted { worker_id } | EventKind::WorkerSignalled { worker_id, .. } => worker_id.clone(),
+            _ => self.job.as_ref().map(|job| job.id.to_string()).unwrap_or_default(),
+        }
+    }
 }
 
 /// Events waiting to be published, produced while a batch is applied.
@@ -76,11 +126,12 @@ pub struct EventSink {
 }
 
 /// The job an event is about: looked up at publication, or (for a job that
-/// no longer exists) as it was.
+/// no longer exists) as it was; `None` for events about no job.
 #[derive(Debug, Clone)]
 pub enum JobRef {
     Id(crate::job::JobId),
     Gone(Arc<Job>),
+    None,
 }
 
 impl EventSink {
@@ -103,6 +154,13 @@ impl EventSink {
     pub fn push_gone(&mut self, time: Millis, kind: EventKind, job: Arc<Job>) {
         if self.enabled {
             self.pending.push((time, kind, JobRef::Gone(job)));
+        }
+    }
+
+    /// An event about no job (cron and worker events).
+    pub fn push_other(&mut self, time: Millis, kind: EventKind) {
+        if self.enabled {
+            self.pending.push((time, kind, JobRef::None));
         }
     }
 

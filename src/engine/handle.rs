@@ -6,10 +6,12 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::command::{Cancelled, Command, EngineError, FetchRequest, Reply};
+use super::cron::{CronEntry, CronWrite};
 use super::events::{Event, EventPage};
 use super::view::{DeadLetterKey, QueueSummary, ReadView};
 use super::workers::{WorkerEntry, WorkerSignal};
 use crate::clock::Clock;
+use crate::cron::CronDefinition;
 use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob};
 
 /// A command on its way; await it, or `wait()` for it from synchronous code.
@@ -145,6 +147,40 @@ impl EngineHandle {
         queue: Option<&str>,
     ) -> (Vec<Arc<Job>>, bool) {
         self.view.dead_letter_page(after, limit, queue)
+    }
+
+    /// Registers a cron entry, or replaces the one of the same name; says whether it is new.
+    pub fn cron_put(&self, definition: CronDefinition) -> Pending<(Arc<CronEntry>, bool)> {
+        self.submit(|reply| Command::CronPut { definition, write: CronWrite::Upsert, reply })
+    }
+
+    /// Changes a cron entry, provided it is still at `revision`.
+    pub fn cron_patch(&self, definition: CronDefinition, revision: u64) -> Pending<(Arc<CronEntry>, bool)> {
+        self.submit(|reply| Command::CronPut { definition, write: CronWrite::Patch { revision }, reply })
+    }
+
+    /// Removes a cron entry; jobs it already created are untouched.
+    pub fn cron_delete(&self, name: String) -> Pending<Arc<CronEntry>> {
+        self.submit(|reply| Command::CronDelete { name, reply })
+    }
+
+    /// Cron entries by name, as of the last commit.
+    pub fn crons_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: impl Fn(&CronEntry) -> bool,
+    ) -> (Vec<Arc<CronEntry>>, bool) {
+        self.view.crons_page(after, limit, keep)
+    }
+
+    pub fn cron(&self, name: &str) -> Option<Arc<CronEntry>> {
+        self.view.cron(name)
+    }
+
+    /// Stops firing cron entries (a drain has begun).
+    pub fn stop_cron(&self) {
+        self.view.stop_cron();
     }
 
     pub fn cancel(&self, id: JobId) -> Pending<Cancelled> {

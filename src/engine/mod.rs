@@ -5,6 +5,7 @@
 //! writer thread. Everything else goes through the [`EngineHandle`].
 
 mod command;
+pub mod cron;
 mod decide;
 mod events;
 mod handle;
@@ -16,8 +17,9 @@ pub mod workers;
 mod writer;
 
 pub use command::{Cancelled, EngineError, FetchRequest};
+pub use cron::{CronEntry, CronWrite};
 pub use decide::{Entropy, SystemEntropy};
-pub use events::{Event, EventKind, EventPage, EventSink};
+pub use events::{CronInfo, Event, EventKind, EventPage, EventSink};
 pub use handle::{EngineHandle, Pending};
 pub use state::{IMAGE_VERSION, Retention, State, StateImage, decode_image};
 pub use view::{DeadLetterKey, QueueSummary};
@@ -50,6 +52,8 @@ pub struct EngineConfig {
     pub segment_bytes: u64,
     pub retention: Retention,
     pub defaults: JobDefaults,
+    /// Most cron entries (`limits.max_cron`).
+    pub cron_entries_max: usize,
     /// Verify every invariant after each batch (tests; costs O(jobs) per batch).
     pub check_invariants: bool,
 }
@@ -65,6 +69,7 @@ impl EngineConfig {
             segment_bytes: SEGMENT_BYTES_MAX,
             retention: Retention::default(),
             defaults: JobDefaults::default(),
+            cron_entries_max: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
             check_invariants: false,
         }
     }
@@ -121,6 +126,7 @@ impl Engine {
             check_invariants: config.check_invariants,
             final_snapshot: true,
             contacts: workers::Contacts::default(),
+            cron_entries_max: config.cron_entries_max,
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())
@@ -171,13 +177,14 @@ pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageErr
         Some((_, path)) => {
             let snapshot = read_snapshot(path)?;
             let replay_from = snapshot.replay_from;
-            let image =
-                decode_image(snapshot.payload_version, &snapshot.payload).map_err(|error| StorageError::Corrupt {
-                    path: path.clone(),
-                    offset: crate::storage::SNAPSHOT_HEADER_BYTES as u64,
-                    reason: format!("snapshot does not decode: {error}"),
-                })?;
-            (State::from_image(image, retention), replay_from)
+            let corrupt = |reason: String| StorageError::Corrupt {
+                path: path.clone(),
+                offset: crate::storage::SNAPSHOT_HEADER_BYTES as u64,
+                reason,
+            };
+            let image = decode_image(snapshot.payload_version, &snapshot.payload)
+                .map_err(|error| corrupt(format!("snapshot does not decode: {error}")))?;
+            (State::from_image(image, retention).map_err(corrupt)?, replay_from)
         }
         None => (State::new(retention), 0),
     };

@@ -110,6 +110,21 @@ pub enum Record {
         at: Millis,
         worker_id: String,
     },
+    /// A cron entry registered or changed, complete with its next run.
+    CronPut {
+        at: Millis,
+        entry: super::cron::CronEntry,
+    },
+    CronDelete {
+        at: Millis,
+        name: String,
+    },
+    /// One evaluation of a due cron entry.
+    CronFire {
+        at: Millis,
+        name: String,
+        fire: super::cron::CronFire,
+    },
 }
 
 impl Record {
@@ -129,6 +144,32 @@ impl Record {
             Record::Heartbeat { .. } => "heartbeat",
             Record::WorkerSignal { .. } => "worker_signal",
             Record::WorkerForget { .. } => "worker_forget",
+            Record::CronPut { .. } => "cron_put",
+            Record::CronDelete { .. } => "cron_delete",
+            Record::CronFire { .. } => "cron_fire",
+        }
+    }
+
+    /// When the record's change happened.
+    pub fn at(&self) -> Millis {
+        match self {
+            Record::Enqueue { at, .. }
+            | Record::Claim { at, .. }
+            | Record::Ack { at, .. }
+            | Record::Fail { at, .. }
+            | Record::Cancel { at, .. }
+            | Record::Promote { at, .. }
+            | Record::Expire { at, .. }
+            | Record::Timeout { at, .. }
+            | Record::Prune { at, .. }
+            | Record::DeadLetterRetry { at, .. }
+            | Record::Delete { at, .. }
+            | Record::Heartbeat { at, .. }
+            | Record::WorkerSignal { at, .. }
+            | Record::WorkerForget { at, .. }
+            | Record::CronPut { at, .. }
+            | Record::CronDelete { at, .. }
+            | Record::CronFire { at, .. } => *at,
         }
     }
 }

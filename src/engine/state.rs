@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::events::{EventKind, EventSink};
+use super::cron::{CronEntry, CronOutcome, CronTable};
+use super::events::{CronInfo, EventKind, EventSink};
 use super::record::{FailOutcome, Record, TimeoutKind};
 use super::workers::WorkerSignal;
 use crate::clock::Millis;
@@ -67,10 +68,24 @@ pub struct StateImage {
     pub reserved: u64,
     /// Operator signals by worker id, with when they were given.
     pub worker_signals: Vec<(String, WorkerSignal, Millis)>,
+    /// Cron entries by name.
+    pub crons: Vec<CronEntry>,
+    /// Cron runs waiting for the previous run to end: (previous, waiting).
+    pub cron_waiters: Vec<(JobId, JobId)>,
 }
 
 /// The snapshot payload version this build writes.
-pub const IMAGE_VERSION: u32 = 2;
+pub const IMAGE_VERSION: u32 = 3;
+
+/// The image of payload version 2 (before cron).
+#[derive(Deserialize)]
+struct StateImageV2 {
+    jobs: Vec<Job>,
+    paused_queues: Vec<String>,
+    ids: IdGenerator,
+    reserved: u64,
+    worker_signals: Vec<(String, WorkerSignal, Millis)>,
+}
 
 /// The image of payload version 0/1 (before worker signals).
 #[derive(Deserialize)]
@@ -87,7 +102,28 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
         0 | 1 => {
             let old: StateImageV1 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
             let StateImageV1 { jobs, paused_queues, ids, reserved } = old;
-            Ok(StateImage { jobs, paused_queues, ids, reserved, worker_signals: Vec::new() })
+            Ok(StateImage {
+                jobs,
+                paused_queues,
+                ids,
+                reserved,
+                worker_signals: Vec::new(),
+                crons: Vec::new(),
+                cron_waiters: Vec::new(),
+            })
+        }
+        2 => {
+            let old: StateImageV2 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
+            let StateImageV2 { jobs, paused_queues, ids, reserved, worker_signals } = old;
+            Ok(StateImage {
+                jobs,
+                paused_queues,
+                ids,
+                reserved,
+                worker_signals,
+                crons: Vec::new(),
+                cron_waiters: Vec::new(),
+            })
         }
         IMAGE_VERSION => postcard::from_bytes(bytes).map_err(|error| error.to_string()),
         other => {
@@ -115,6 +151,10 @@ pub struct State {
     /// Jobs changed since the read view was last updated.
     dirty: HashSet<JobId>,
     queues_dirty: bool,
+    /// Cron entries and the runs waiting on earlier runs.
+    pub(crate) crons: CronTable,
+    /// Jobs that ended during the record being applied while a cron run waited on them.
+    ended_with_waiter: Vec<JobId>,
 }
 
 /// A record that does not fit the state (a damaged or foreign log).
@@ -135,6 +175,8 @@ impl State {
             retention,
             dirty: HashSet::new(),
             queues_dirty: true,
+            crons: CronTable::default(),
+            ended_with_waiter: Vec::new(),
         };
         state.queues.insert("default".to_string(), QueueState::default());
         state
@@ -181,8 +223,16 @@ impl State {
         self.active_by_worker.get(worker_id).map(|ids| ids.iter().copied().collect()).unwrap_or_default()
     }
 
+    /// The earliest job deadline or cron run.
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.timers.next_deadline()
+        match (self.timers.next_deadline(), self.crons.next_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn crons(&self) -> &CronTable {
+        &self.crons
     }
 
     /// Ids changed since the last call, and whether queue figures changed.
@@ -278,7 +328,11 @@ impl State {
     fn update(&mut self, id: JobId, change: impl FnOnce(&mut Job)) -> Result<Arc<Job>, ApplyError> {
         let mut job = self.jobs.remove(&id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
         self.unindex_job(&job);
+        let was_terminal = job.state.is_terminal();
         change(Arc::make_mut(&mut job));
+        if !was_terminal && job.state.is_terminal() && self.crons.waiters.contains_key(&id) {
+            self.ended_with_waiter.push(id);
+        }
         self.index_job(&job);
         self.dirty.insert(id);
         self.jobs.insert(id, job.clone());
@@ -288,6 +342,41 @@ impl State {
     /// Applies one decided record. The live engine and recovery both come
     /// through here, so replay rebuilds exactly the live state.
     pub fn apply(&mut self, record: &Record, events: &mut EventSink) -> Result<(), ApplyError> {
+        self.apply_record(record, events)?;
+        // A cron run staged behind a run that just ended starts now (rows 5/6).
+        for previous in std::mem::take(&mut self.ended_with_waiter) {
+            let Some(waiting) = self.crons.waiters.remove(&previous) else { continue };
+            if self.jobs.get(&waiting).is_some_and(|job| job.state == JobState::Pending) {
+                let at = record.at();
+                self.update(waiting, |job| {
+                    job.state = JobState::Available;
+                    job.enqueued_at = Some(at);
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancels a non-terminal job (row 16).
+    fn cancel(
+        &mut self,
+        at: Millis,
+        id: JobId,
+        reason: &'static str,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        let previous_state = self.jobs.get(&id).map_or(JobState::Cancelled, |job| job.state);
+        self.update(id, |job| {
+            job.state = JobState::Cancelled;
+            job.cancelled_at = Some(at);
+            job.retry_at = None;
+            clear_claim(job);
+        })?;
+        events.push(at, EventKind::Cancelled { previous_state, reason }, id);
+        Ok(())
+    }
+
+    fn apply_record(&mut self, record: &Record, events: &mut EventSink) -> Result<(), ApplyError> {
         match record {
             Record::Enqueue { at, jobs } => {
                 for job in jobs {
@@ -334,16 +423,7 @@ impl State {
                 }
                 push_outcome_event(events, *at, *id, report, *outcome, "nack_requeue");
             }
-            Record::Cancel { at, id } => {
-                let previous_state = self.jobs.get(id).map_or(JobState::Cancelled, |job| job.state);
-                self.update(*id, |job| {
-                    job.state = JobState::Cancelled;
-                    job.cancelled_at = Some(*at);
-                    job.retry_at = None;
-                    clear_claim(job);
-                })?;
-                events.push(*at, EventKind::Cancelled { previous_state }, *id);
-            }
+            Record::Cancel { at, id } => self.cancel(*at, *id, "api", events)?,
             Record::Promote { at, ids } => {
                 for id in ids {
                     self.update(*id, |job| {
@@ -409,6 +489,77 @@ impl State {
                 self.worker_signals.remove(worker_id);
                 self.dirty_workers.insert(worker_id.clone());
             }
+            Record::CronPut { entry, .. } => self.crons.put(entry.clone())?,
+            Record::CronDelete { name, .. } => {
+                self.crons
+                    .remove(name)
+                    .ok_or_else(|| ApplyError(format!("record deletes unknown cron entry {name}")))?;
+            }
+            Record::CronFire { at, name, fire } => {
+                let entry = self
+                    .crons
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| ApplyError(format!("record fires unknown cron {name}")))?;
+                let definition = &entry.definition;
+                let info = |scheduled_time| CronInfo {
+                    name: name.clone(),
+                    schedule: definition.schedule.clone(),
+                    timezone: definition.timezone.clone(),
+                    scheduled_time,
+                };
+                if fire.missed > 0 {
+                    let kind = EventKind::CronSkipped {
+                        cron: info(fire.scheduled),
+                        reason: "misfire",
+                        existing_job_id: None,
+                        missed_count: Some(fire.missed),
+                    };
+                    events.push_other(*at, kind);
+                }
+                let mut updated = entry.as_ref().clone();
+                updated.next_run_at = fire.next_run_at;
+                match &fire.outcome {
+                    CronOutcome::Enqueued { job, cancelled, waits_for } => {
+                        if let Some(previous) = cancelled {
+                            self.cancel(*at, *previous, "cron_cancel_previous", events)?;
+                        }
+                        if self.jobs.contains_key(&job.id) {
+                            return Err(ApplyError(format!("cron record enqueues job {} twice", job.id)));
+                        }
+                        updated.run_count += 1;
+                        updated.last_run_at = Some(fire.scheduled);
+                        updated.last_job_id = Some(job.id);
+                        let kind =
+                            EventKind::CronTriggered { cron: info(fire.scheduled), run_count: updated.run_count };
+                        events.push(*at, kind, job.id);
+                        events.push(*at, EventKind::Enqueued, job.id);
+                        if let Some(previous) = waits_for {
+                            self.crons.waiters.insert(*previous, job.id);
+                        }
+                        self.insert_loaded(job.as_ref().clone());
+                    }
+                    CronOutcome::Skipped { existing } => {
+                        let kind = EventKind::CronSkipped {
+                            cron: info(fire.scheduled),
+                            reason: "overlap_skip",
+                            existing_job_id: Some(*existing),
+                            missed_count: None,
+                        };
+                        events.push_other(*at, kind);
+                    }
+                }
+                if let Some(gap) = fire.skipped_gap {
+                    let kind = EventKind::CronSkipped {
+                        cron: info(gap),
+                        reason: "dst_skip",
+                        existing_job_id: None,
+                        missed_count: None,
+                    };
+                    events.push_other(*at, kind);
+                }
+                self.crons.put(updated)?;
+            }
             Record::Prune { ids, .. } => {
                 for id in ids {
                     let job =
@@ -429,11 +580,13 @@ impl State {
             self.queues.iter().filter(|(_, queue)| queue.paused).map(|(name, _)| name.clone()).collect();
         let worker_signals =
             self.worker_signals.iter().map(|(worker, (signal, at))| (worker.clone(), *signal, *at)).collect();
-        StateImage { jobs, paused_queues, ids: self.ids.clone(), reserved: 0, worker_signals }
+        let crons = self.crons.entries().map(|entry| entry.as_ref().clone()).collect();
+        let cron_waiters = self.crons.waiters.iter().map(|(previous, waiting)| (*previous, *waiting)).collect();
+        StateImage { jobs, paused_queues, ids: self.ids.clone(), reserved: 0, worker_signals, crons, cron_waiters }
     }
 
     /// Rebuilds the state from a snapshot image.
-    pub fn from_image(image: StateImage, retention: Retention) -> Self {
+    pub fn from_image(image: StateImage, retention: Retention) -> Result<Self, String> {
         let mut state = State::new(retention);
         for name in image.paused_queues {
             state.queues.entry(name).or_default().paused = true;
@@ -445,8 +598,13 @@ impl State {
             state.dirty_workers.insert(worker.clone());
             state.worker_signals.insert(worker, (signal, at));
         }
+        for entry in image.crons {
+            let name = entry.definition.name.clone();
+            state.crons.put(entry).map_err(|error| format!("snapshot cron entry {name}: {}", error.0))?;
+        }
+        state.crons.waiters = image.cron_waiters.into_iter().collect();
         state.ids = image.ids;
-        state
+        Ok(state)
     }
 
     /// Checks that every job sits in exactly the structures its state implies.
@@ -492,6 +650,12 @@ impl State {
         }
         if live != self.live_jobs {
             return Err(format!("live count {} but {live} live jobs", self.live_jobs));
+        }
+        self.crons.check_invariants()?;
+        for (previous, waiting) in &self.crons.waiters {
+            if self.jobs.get(previous).is_none_or(|job| job.state.is_terminal()) {
+                return Err(format!("cron run {waiting} waits on {previous}, which has ended"));
+            }
         }
         for (name, queue) in &self.queues {
             let expected = counts.get(name.as_str()).copied().unwrap_or_default();

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::cron::CronEntry;
 use super::events::{Event, EventBuffer, EventPage};
 use super::workers::WorkerEntry;
 use crate::job::{Job, JobId, JobState};
@@ -55,7 +56,11 @@ pub struct ReadView {
     workers: RwLock<std::collections::BTreeMap<String, WorkerEntry>>,
     queues: RwLock<Arc<Vec<QueueSummary>>>,
     events: Mutex<EventBuffer>,
+    /// Cron entries by name.
+    crons: RwLock<std::collections::BTreeMap<String, Arc<CronEntry>>>,
     storage_failed: AtomicBool,
+    /// Set when a drain begins: the writer fires no more cron entries.
+    cron_stopped: AtomicBool,
 }
 
 impl Default for ReadView {
@@ -66,7 +71,9 @@ impl Default for ReadView {
             workers: RwLock::new(std::collections::BTreeMap::new()),
             queues: RwLock::new(Arc::new(Vec::new())),
             events: Mutex::new(EventBuffer::default()),
+            crons: RwLock::new(std::collections::BTreeMap::new()),
             storage_failed: AtomicBool::new(false),
+            cron_stopped: AtomicBool::new(false),
         }
     }
 }
@@ -131,6 +138,45 @@ impl ReadView {
                 None => registry.remove(&worker),
             };
         }
+    }
+
+    /// Up to `limit` cron entries after `after` (by name) that pass `keep`, and whether more follow.
+    pub fn crons_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: impl Fn(&CronEntry) -> bool,
+    ) -> (Vec<Arc<CronEntry>>, bool) {
+        use std::ops::Bound;
+        let crons = self.crons.read();
+        let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_string()));
+        let mut matching = crons.range((start, Bound::Unbounded)).map(|(_, entry)| entry).filter(|entry| keep(entry));
+        let page: Vec<Arc<CronEntry>> = matching.by_ref().take(limit).cloned().collect();
+        let has_more = matching.next().is_some();
+        (page, has_more)
+    }
+
+    pub fn cron(&self, name: &str) -> Option<Arc<CronEntry>> {
+        self.crons.read().get(name).cloned()
+    }
+
+    /// Writer only: publishes changed cron entries (`None` removes).
+    pub(crate) fn publish_crons(&self, changes: impl Iterator<Item = (String, Option<Arc<CronEntry>>)>) {
+        let mut crons = self.crons.write();
+        for (name, entry) in changes {
+            match entry {
+                Some(entry) => crons.insert(name, entry),
+                None => crons.remove(&name),
+            };
+        }
+    }
+
+    pub fn stop_cron(&self) {
+        self.cron_stopped.store(true, Ordering::SeqCst);
+    }
+
+    pub fn cron_stopped(&self) -> bool {
+        self.cron_stopped.load(Ordering::SeqCst)
     }
 
     pub fn queues(&self) -> Arc<Vec<QueueSummary>> {

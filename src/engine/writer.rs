@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::command::{Cancelled, Command, EngineError, Reply};
+use super::cron::CronEntry;
 use super::decide::Entropy;
 use super::events::{Event, EventSink};
 use super::record::{Record, encode_batch};
@@ -25,6 +26,8 @@ use crate::storage::{FileSystem, StorageError, WalWriter, remove_obsolete, write
 
 /// Most due jobs handled in one turn; the rest follow in the next turn at once.
 const DUE_JOBS_PER_TURN_MAX: usize = 10_000;
+/// Most due cron entries fired in one turn; the rest follow in the next turn at once.
+const DUE_CRONS_PER_TURN_MAX: usize = 1_000;
 /// The longest the engine sleeps with nothing due.
 const IDLE_WAIT_MAX: Duration = Duration::from_secs(1);
 
@@ -36,6 +39,8 @@ enum Outgoing {
     Unit(Reply<()>, Result<(), EngineError>),
     Beat(Reply<(usize, Option<WorkerSignal>)>, Result<(usize, Option<WorkerSignal>), EngineError>),
     Worker(Reply<WorkerEntry>, Result<WorkerEntry, EngineError>),
+    CronPut(Reply<(Arc<CronEntry>, bool)>, Result<(Arc<CronEntry>, bool), EngineError>),
+    Cron(Reply<Arc<CronEntry>>, Result<Arc<CronEntry>, EngineError>),
 }
 
 impl Outgoing {
@@ -55,6 +60,8 @@ impl Outgoing {
             Outgoing::Unit(reply, result) => reply.send(pick(result, failure)).map_err(drop),
             Outgoing::Beat(reply, result) => reply.send(pick(result, failure)).map_err(drop),
             Outgoing::Worker(reply, result) => reply.send(pick(result, failure)).map_err(drop),
+            Outgoing::CronPut(reply, result) => reply.send(pick(result, failure)).map_err(drop),
+            Outgoing::Cron(reply, result) => reply.send(pick(result, failure)).map_err(drop),
         };
     }
 }
@@ -83,6 +90,7 @@ pub(crate) struct Writer {
     pub final_snapshot: bool,
     /// When each worker was last seen (soft state; signals are in `state`).
     pub contacts: Contacts,
+    pub cron_entries_max: usize,
 }
 
 impl Writer {
@@ -151,6 +159,12 @@ impl Writer {
 
         for record in self.state.decide_due(now, DUE_JOBS_PER_TURN_MAX, self.entropy.as_mut()) {
             self.apply(record, &mut records, &mut events);
+        }
+        // A draining server fires no cron entries (decisions §26).
+        if !self.view.cron_stopped() {
+            for record in self.state.decide_cron_due(now, DUE_CRONS_PER_TURN_MAX, self.entropy.as_mut()) {
+                self.apply(record, &mut records, &mut events);
+            }
         }
         for command in batch {
             match command {
@@ -286,6 +300,27 @@ impl Writer {
                 });
                 outgoing.push(Outgoing::Job(reply, outcome));
             }
+            Command::CronPut { definition, write, reply } => {
+                let outcome = self.state.decide_cron_put(now, definition, write, self.cron_entries_max).map(
+                    |(record, created)| {
+                        let Record::CronPut { entry, .. } = &record else {
+                            unreachable!("decide_cron_put makes cron records")
+                        };
+                        let name = entry.definition.name.clone();
+                        self.apply(record, records, events);
+                        (self.state.crons().get(&name).cloned().expect("a cron entry just put is stored"), created)
+                    },
+                );
+                outgoing.push(Outgoing::CronPut(reply, outcome));
+            }
+            Command::CronDelete { name, reply } => {
+                let outcome = self.state.decide_cron_delete(now, &name).map(|record| {
+                    let entry = self.state.crons().get(&name).cloned().expect("a cron entry to delete is stored");
+                    self.apply(record, records, events);
+                    entry
+                });
+                outgoing.push(Outgoing::Cron(reply, outcome));
+            }
             Command::DeadLetterDelete { id, reply } => {
                 let outcome =
                     self.state.decide_dead_letter_delete(now, id).map(|record| self.apply(record, records, events));
@@ -388,6 +423,8 @@ impl Writer {
                     reply.send(Err(error.clone())).map_err(drop)
                 }
                 Command::DeadLetterDelete { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
+                Command::CronPut { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
+                Command::CronDelete { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Heartbeat { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::SignalWorker { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::ForgetWorker { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
@@ -415,6 +452,19 @@ impl Writer {
             .map(|worker| (worker.clone(), self.worker_entry(&worker)))
             .collect();
         self.view.publish_workers(workers.into_iter());
+        let crons: Vec<(String, Option<Arc<CronEntry>>)> = self
+            .state
+            .crons
+            .take_dirty()
+            .into_iter()
+            .map(|name| {
+                let entry = self.state.crons().get(&name).cloned();
+                (name, entry)
+            })
+            .collect();
+        if !crons.is_empty() {
+            self.view.publish_crons(crons.into_iter());
+        }
         let (dirty, queues_dirty) = self.state.take_dirty();
         self.view.publish_jobs(dirty.into_iter().map(|id| (id, self.state.job(id).cloned())));
         if queues_dirty {
@@ -430,10 +480,11 @@ impl Writer {
         for (time, kind, job) in pending {
             let job = match job {
                 super::events::JobRef::Id(id) => match self.state.job(id) {
-                    Some(job) => job.clone(),
+                    Some(job) => Some(job.clone()),
                     None => continue,
                 },
-                super::events::JobRef::Gone(job) => job,
+                super::events::JobRef::Gone(job) => Some(job),
+                super::events::JobRef::None => None,
             };
             self.event_seq += 1;
             let event_id = self.event_ids.next(time, rand::random());

@@ -173,6 +173,13 @@ impl From<EngineError> for ApiError {
             EngineError::WorkerConflict { worker_id, current_state } => {
                 ApiError::new("conflict", message).detail("worker_id", worker_id).detail("current_state", current_state)
             }
+            EngineError::CronNotFound { name } => ApiError::not_found("cron", name),
+            EngineError::CronChanged { name } => {
+                ApiError::new("conflict", message).detail("name", name).detail("reason", "concurrent_change")
+            }
+            EngineError::CronLimit { max_entries } => {
+                ApiError::new("conflict", message).detail("reason", "limit").detail("limit", max_entries)
+            }
             EngineError::Conflict { id, current_state, reason } => ApiError::new("conflict", message)
                 .detail("job_id", id.to_string())
                 .detail("current_state", current_state.as_str())

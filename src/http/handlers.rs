@@ -46,6 +46,11 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::DeadLetter => dead_letter(app, query),
         Route::DeadLetterRetry(id) => dead_letter_retry(app, &id, &body).await,
         Route::DeadLetterDelete(id) => dead_letter_delete(app, &id).await,
+        Route::Crons => super::cron::list(app, query),
+        Route::RegisterCron => super::cron::register(app, &body).await,
+        Route::GetCron(name) => super::cron::get(app, &name),
+        Route::PatchCron(name) => super::cron::patch(app, &name, &body).await,
+        Route::DeleteCron(name) => super::cron::delete(app, &name).await,
     }
 }
 
@@ -295,7 +300,7 @@ async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Repl
 }
 
 /// Query parameters, percent-decoded (`+` is a space).
-fn query_pairs(query: &str) -> Vec<(String, String)> {
+pub(super) fn query_pairs(query: &str) -> Vec<(String, String)> {
     query
         .split('&')
         .filter(|pair| !pair.is_empty())
@@ -307,11 +312,11 @@ fn query_pairs(query: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+pub(super) fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
     pairs.iter().find(|(name, _)| name == key).map(|(_, value)| value.as_str())
 }
 
-fn page_limit(pairs: &[(String, String)]) -> Result<usize, ApiError> {
+pub(super) fn page_limit(pairs: &[(String, String)]) -> Result<usize, ApiError> {
     match query_value(pairs, "limit") {
         None => Ok(PAGE_SIZE_DEFAULT),
         Some(text) => match text.parse::<i64>() {
@@ -324,12 +329,12 @@ fn page_limit(pairs: &[(String, String)]) -> Result<usize, ApiError> {
     }
 }
 
-fn encode_cursor(key: &str) -> String {
+pub(super) fn encode_cursor(key: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key)
 }
 
-fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
+pub(super) fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(cursor)
@@ -510,13 +515,13 @@ fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let subject = query_value(&pairs, "subject").map(str::to_string);
     let after = query_value(&pairs, "after").or_else(|| query_value(&pairs, "cursor")).filter(|id| !id.is_empty());
     let page = app.engine.events_page(after, limit, |event| {
-        let job = &event.job;
+        let job = event.job.as_ref();
         types.as_ref().is_none_or(|types| types.iter().any(|pattern| pattern_matches(pattern, event.kind.type_name())))
-            && queues.as_ref().is_none_or(|queues| queues.contains(&job.queue))
-            && job_types
-                .as_ref()
-                .is_none_or(|types| types.iter().any(|pattern| pattern_matches(pattern, &job.payload.job_type)))
-            && subject.as_ref().is_none_or(|subject| *subject == job.id.to_string())
+            && queues.as_ref().is_none_or(|queues| job.is_some_and(|job| queues.contains(&job.queue)))
+            && job_types.as_ref().is_none_or(|types| {
+                job.is_some_and(|job| types.iter().any(|pattern| pattern_matches(pattern, &job.payload.job_type)))
+            })
+            && subject.as_ref().is_none_or(|subject| *subject == event.subject())
     });
     let cursor = page.events.last().map(|event| event.id.clone()).or_else(|| after.map(str::to_string));
     let events: Vec<Value> = page.events.iter().map(|event| render_event(event)).collect();
@@ -585,14 +590,14 @@ pub fn manifest() -> Value {
         "specversion": SPEC_VERSION,
         "implementation": "svc",
         "implementation_version": env!("CARGO_PKG_VERSION"),
-        "conformance_level": 0,
-        "conformance": {"level": 0, "tier": "runtime"},
+        "conformance_level": 2,
+        "conformance": {"level": 2, "tier": "runtime"},
         "features": {
-            "batch_enqueue": true, "dead_letter": true, "cron": false, "workflows": false,
+            "batch_enqueue": true, "dead_letter": true, "cron": true, "workflows": false,
             "unique_jobs": false, "priority": true, "schemas": false, "webhooks": false,
             "events": true, "rate_limiting": false, "worker_signals": true
         },
-        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "dead-letter", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}],
+        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "dead-letter", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}, {"name": "cron", "version": "1.0.0"}],
         "protocols": ["http"],
         "backend": "wal",
         "authentication": {"schemes": [], "required": false},

@@ -30,6 +30,11 @@ pub enum Route {
     DeadLetter,
     DeadLetterRetry(String),
     DeadLetterDelete(String),
+    Crons,
+    RegisterCron,
+    GetCron(String),
+    PatchCron(String),
+    DeleteCron(String),
 }
 
 impl Route {
@@ -83,6 +88,12 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["svc", "v1", "dead-letter", id, "retry"] if !id.is_empty() => {
             vec![(Method::POST, Route::DeadLetterRetry(decoded(id)))]
         }
+        ["svc", "v1", "cron"] => vec![(Method::GET, Route::Crons), (Method::POST, Route::RegisterCron)],
+        ["svc", "v1", "cron", name] if !name.is_empty() => vec![
+            (Method::GET, Route::GetCron(decoded(name))),
+            (Method::PATCH, Route::PatchCron(decoded(name))),
+            (Method::DELETE, Route::DeleteCron(decoded(name))),
+        ],
         _ => Vec::new(),
     };
     if choices.is_empty() {

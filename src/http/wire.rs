@@ -4,10 +4,10 @@
 
 use serde_json::Value;
 
-use crate::engine::{Event, EventKind};
+use crate::engine::{CronInfo, Event, EventKind};
 use crate::job::json::push_json_string;
 use crate::job::time::format_timestamp;
-use crate::job::{FailureReport, Job};
+use crate::job::{FailureReport, Job, JobId, JobState};
 
 /// Builds a JSON object by appending text.
 pub struct ObjectWriter {
@@ -192,7 +192,59 @@ fn report_value(report: &FailureReport, with_retryable: bool) -> Value {
 
 /// The event envelope (decisions §20.1).
 pub fn render_event(event: &Event) -> Value {
-    let job = &event.job;
+    let (component, data) = match (&event.kind, &event.job) {
+        (EventKind::CronTriggered { cron, run_count }, job) => {
+            let mut data = cron_data(cron);
+            if let Some(job) = job {
+                data["job_id"] = job.id.to_string().into();
+                data["job_type"] = job.payload.job_type.clone().into();
+                data["queue"] = job.queue.clone().into();
+            }
+            data["run_count"] = (*run_count).into();
+            ("cron", data)
+        }
+        (EventKind::CronSkipped { cron, reason, existing_job_id, missed_count }, _) => {
+            let mut data = cron_data(cron);
+            data["reason"] = (*reason).into();
+            if let Some(id) = existing_job_id {
+                data["existing_job_id"] = id.to_string().into();
+            }
+            if let Some(count) = missed_count {
+                data["missed_count"] = (*count).into();
+            }
+            ("cron", data)
+        }
+        (EventKind::WorkerStarted { worker_id }, _) => ("api", serde_json::json!({"worker_id": worker_id})),
+        (EventKind::WorkerSignalled { worker_id, active_job_ids, by, .. }, _) => {
+            let ids: Vec<String> = active_job_ids.iter().map(JobId::to_string).collect();
+            ("api", serde_json::json!({"worker_id": worker_id, "active_job_ids": ids, "by": by}))
+        }
+        (_, Some(job)) => ("api", job_event_data(event, job)),
+        (_, None) => ("api", serde_json::json!({})),
+    };
+    serde_json::json!({
+        "specversion": "1.0",
+        "id": event.id,
+        "type": event.kind.type_name(),
+        "source": format!("svc://svc/{component}"),
+        "time": format_timestamp(event.time),
+        "subject": event.subject(),
+        "datacontenttype": "application/json",
+        "data": data,
+    })
+}
+
+fn cron_data(cron: &CronInfo) -> Value {
+    serde_json::json!({
+        "cron_name": cron.name,
+        "schedule": cron.schedule,
+        "timezone": cron.timezone,
+        "scheduled_time": format_timestamp(cron.scheduled_time),
+    })
+}
+
+/// `data` of a `job.*` event.
+fn job_event_data(event: &Event, job: &Job) -> Value {
     let mut data = serde_json::json!({
         "job_id": job.id.to_string(),
         "job_type": job.payload.job_type,
@@ -209,7 +261,9 @@ pub fn render_event(event: &Event) -> Value {
             let mut fields = vec![
                 (
                     "state",
-                    Value::from(if job.scheduled_at.is_some_and(|at| at > event.time) {
+                    Value::from(if job.state == JobState::Pending {
+                        "pending"
+                    } else if job.scheduled_at.is_some_and(|at| at > event.time) {
                         "scheduled"
                     } else {
                         "available"
@@ -255,8 +309,8 @@ pub fn render_event(event: &Event) -> Value {
             ("reason", (*reason).into()),
             ("last_error", job.error.as_ref().map(|report| report_value(report, false)).into()),
         ],
-        EventKind::Cancelled { previous_state } => {
-            vec![("previous_state", previous_state.as_str().into()), ("reason", "api".into())]
+        EventKind::Cancelled { previous_state, reason } => {
+            vec![("previous_state", previous_state.as_str().into()), ("reason", (*reason).into())]
         }
         EventKind::Revived => vec![
             ("state", "available".into()),
@@ -269,18 +323,14 @@ pub fn render_event(event: &Event) -> Value {
             ("expired_at", format_timestamp(event.time).into()),
             ("ttl_ms", job.expires_at.map(|at| at - job.created_at).into()),
         ],
+        // Not job events; rendered by `render_event`.
+        EventKind::CronTriggered { .. }
+        | EventKind::CronSkipped { .. }
+        | EventKind::WorkerStarted { .. }
+        | EventKind::WorkerSignalled { .. } => Vec::new(),
     };
     for (key, value) in fields {
         data[key] = value;
     }
-    serde_json::json!({
-        "specversion": "1.0",
-        "id": event.id,
-        "type": event.kind.type_name(),
-        "source": "svc://svc/api",
-        "time": format_timestamp(event.time),
-        "subject": job.id.to_string(),
-        "datacontenttype": "application/json",
-        "data": data,
-    })
+    data
 }

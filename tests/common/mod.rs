@@ -85,6 +85,15 @@ impl TestServer {
         Self::answer(request.send().expect("request sent"))
     }
 
+    pub fn patch(&self, path: &str, body: Value) -> Answer {
+        let request = self
+            .client
+            .patch(format!("{}{path}", self.base))
+            .body(body.to_string())
+            .header("content-type", "application/svc+json");
+        Self::answer(request.send().expect("request sent"))
+    }
+
     /// Enqueues and returns the job id, asserting 201.
     pub fn enqueue(&self, body: Value) -> String {
         let answer = self.post("/svc/v1/jobs", body);

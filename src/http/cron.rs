@@ -1,0 +1,115 @@
+//! The cron endpoints (decisions §17.6) and the cron object.
+
+use bytes::Bytes;
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::handlers::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::{AppState, Reply};
+use crate::cron::{is_valid_cron_name, parse_cron_body, patch_cron_body};
+use crate::engine::{CronEntry, EngineError};
+use crate::job::time::format_timestamp;
+
+/// How often a `PATCH` retries when the entry changed between read and write.
+const PATCH_ATTEMPTS_MAX: usize = 3;
+
+/// The cron object.
+pub fn render_cron(entry: &CronEntry) -> Value {
+    let definition = &entry.definition;
+    let raw = |text: &str| serde_json::from_str::<Value>(text).unwrap_or(Value::Null);
+    let mut cron = json!({
+        "name": definition.name,
+        "schedule": definition.schedule,
+        "expression": definition.schedule,
+        "timezone": definition.timezone,
+        "type": definition.job.payload.job_type,
+        "args": raw(&definition.job.payload.args),
+        "queue": definition.job.queue,
+        "meta": raw(&definition.job.payload.meta),
+        "options": raw(&definition.options),
+        "overlap_policy": definition.overlap.as_str(),
+        "enabled": definition.enabled,
+        "status": if definition.enabled { "active" } else { "disabled" },
+        "run_count": entry.run_count,
+        "created_at": format_timestamp(entry.created_at),
+        "updated_at": format_timestamp(entry.updated_at),
+    });
+    if let Some(at) = entry.next_run_at {
+        cron["next_run_at"] = format_timestamp(at).into();
+    }
+    if let Some(description) = &definition.description {
+        cron["description"] = description.clone().into();
+    }
+    if let Some(at) = entry.last_run_at {
+        cron["last_run_at"] = format_timestamp(at).into();
+    }
+    if let Some(id) = entry.last_job_id {
+        cron["last_job_id"] = id.to_string().into();
+    }
+    cron
+}
+
+fn cron_body(entry: &CronEntry) -> String {
+    json!({"cron": render_cron(entry)}).to_string()
+}
+
+/// A path name that is not a valid cron name cannot exist: 404.
+fn known_name(name: &str) -> Result<&str, ApiError> {
+    if is_valid_cron_name(name) { Ok(name) } else { Err(ApiError::not_found("cron", name)) }
+}
+
+pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
+    let definition = parse_cron_body(body, app.engine.defaults())?;
+    let (entry, created) = app.engine.cron_put(definition).outcome().await?;
+    let reply = Reply::ok(cron_body(&entry));
+    Ok(if created {
+        reply.with_status(StatusCode::CREATED).header("location", format!("/svc/v1/cron/{}", entry.definition.name))
+    } else {
+        reply
+    })
+}
+
+pub fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let enabled = match query_value(&pairs, "enabled").filter(|value| !value.is_empty()) {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(_) => return Err(ApiError::invalid_request(Some("enabled"), "enabled must be true or false")),
+    };
+    let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
+    let (page, has_more) = app
+        .engine
+        .crons_page(after.as_deref(), limit, |entry| enabled.is_none_or(|enabled| entry.definition.enabled == enabled));
+    let cursor =
+        if has_more { page.last().map(|entry| Value::from(encode_cursor(&entry.definition.name))) } else { None };
+    let crons: Vec<Value> = page.iter().map(|entry| render_cron(entry)).collect();
+    Ok(Reply::ok(json!({"crons": crons, "cursor": cursor, "has_more": has_more}).to_string()))
+}
+
+pub fn get(app: &AppState, name: &str) -> Result<Reply, ApiError> {
+    let entry = app.engine.cron(known_name(name)?).ok_or_else(|| ApiError::not_found("cron", name))?;
+    Ok(Reply::ok(cron_body(&entry)))
+}
+
+pub async fn patch(app: &AppState, name: &str, body: &Bytes) -> Result<Reply, ApiError> {
+    let name = known_name(name)?;
+    for _ in 0..PATCH_ATTEMPTS_MAX {
+        let current = app.engine.cron(name).ok_or_else(|| ApiError::not_found("cron", name))?;
+        let definition = patch_cron_body(&current.definition, body, app.engine.defaults())?;
+        match app.engine.cron_patch(definition, current.revision).outcome().await {
+            Ok((entry, _)) => return Ok(Reply::ok(cron_body(&entry))),
+            // Changed meanwhile: apply the patch to the newer entry.
+            Err(EngineError::CronChanged { .. }) => continue,
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(EngineError::CronChanged { name: name.to_string() }.into())
+}
+
+pub async fn delete(app: &AppState, name: &str) -> Result<Reply, ApiError> {
+    let entry = app.engine.cron_delete(known_name(name)?.to_string()).outcome().await?;
+    Ok(Reply::ok(json!({"cron": render_cron(&entry), "deleted": true}).to_string()))
+}
