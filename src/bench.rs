@@ -6,8 +6,10 @@
 //! (producers at a fixed total rate while consumers fetch + ack, for a
 //! duration), `retry` (every job fails once, then succeeds), `backlog` (loads
 //! another queue with jobs half in flight, half waiting to retry in an hour,
-//! to measure the others against), and `ping` (the enqueue request against
-//! any server, e.g. the hello-world ceiling in `examples/hello_ceiling.rs`).
+//! to measure the others against), `schedules` (registers `--crons` cron
+//! entries spread over the day and loads `--jobs` delayed jobs due over the
+//! next hour, to measure the others against), and `ping` (the enqueue request
+//! against any server, e.g. the hello-world ceiling in `examples/hello_ceiling.rs`).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -29,6 +31,7 @@ pub enum Workload {
     Steady,
     Retry,
     Backlog,
+    Schedules,
     Ping,
 }
 
@@ -44,6 +47,8 @@ pub struct BenchOptions {
     pub duration: Duration,
     /// Total enqueue rate of `steady`, jobs per second.
     pub rate: u64,
+    /// Cron entries registered by `schedules`.
+    pub crons: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -220,6 +225,68 @@ async fn build_backlog(options: &BenchOptions) -> Result<BenchReport, String> {
     })
 }
 
+/// Registers `options.crons` cron entries (one a minute somewhere in the day,
+/// spread evenly) over all connections, then loads `options.jobs` delayed
+/// jobs into queue `delayed`, due evenly over the next hour.
+async fn build_schedules(options: &BenchOptions) -> Result<BenchReport, String> {
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..options.connections {
+        let mut connection = Connection::open(&options.address).await?;
+        let (next, total) = (next.clone(), options.crons);
+        tasks.push(tokio::spawn(async move {
+            let mut requests = 0u64;
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= total {
+                    return Ok::<u64, String>(requests);
+                }
+                let body = format!(
+                    r#"{{"name":"bench-cron-{n}","type":"bench.cron","schedule":"{} {} * * *","queue":"cron-bench"}}"#,
+                    n % 60,
+                    (n / 60) % 24
+                );
+                let (status, answer, _) = connection.post("/svc/v1/cron", body).await?;
+                if !status.is_success() {
+                    return Err(format!("cron registration answered {status}: {}", String::from_utf8_lossy(&answer)));
+                }
+                requests += 1;
+            }
+        }));
+    }
+    let mut requests = 0;
+    for task in tasks {
+        requests += task.await.map_err(|error| error.to_string())??;
+    }
+    let mut connection = Connection::open(&options.address).await?;
+    let mut loaded = 0u64;
+    while loaded < options.jobs {
+        let size = (options.jobs - loaded).min(1000);
+        let items: Vec<String> = (loaded..loaded + size)
+            .map(|n| {
+                let delay_s = 1 + n * 3600 / options.jobs.max(1);
+                format!(r#"{{"type":"bench.delayed","args":[],"options":{{"queue":"delayed","delay_until":"+PT{delay_s}S"}}}}"#)
+            })
+            .collect();
+        let (status, body, _) =
+            connection.post("/svc/v1/jobs/batch", format!(r#"{{"jobs":[{}]}}"#, items.join(","))).await?;
+        if status != StatusCode::CREATED {
+            return Err(format!("batch enqueue answered {status}: {}", String::from_utf8_lossy(&body)));
+        }
+        loaded += size;
+        requests += 1;
+    }
+    Ok(BenchReport {
+        workload: Workload::Schedules,
+        connections: options.connections,
+        jobs: loaded,
+        requests,
+        elapsed: started.elapsed(),
+        latencies_us: Vec::new(),
+    })
+}
+
 fn micros(duration: Duration) -> u32 {
     duration.as_micros().min(u128::from(u32::MAX)) as u32
 }
@@ -238,6 +305,9 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
     if options.workload == Workload::Backlog {
         return build_backlog(&options).await;
     }
+    if options.workload == Workload::Schedules {
+        return build_schedules(&options).await;
+    }
     let counter = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
@@ -252,7 +322,7 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
                 Workload::Enqueue | Workload::Ping => enqueue_loop(&mut connection, &options, &counter).await,
                 Workload::Drain => drain_loop(&mut connection, None).await,
                 Workload::Retry => retry_loop(&mut connection, &options, &counter).await,
-                Workload::Backlog => unreachable!("built before the loop"),
+                Workload::Backlog | Workload::Schedules => unreachable!("built before the loop"),
                 Workload::Steady if worker % 2 == 0 => paced_enqueue(&mut connection, &options, &stop).await,
                 Workload::Steady => drain_loop(&mut connection, Some(&stop)).await,
             }

@@ -18,8 +18,8 @@ svc — a durable job-queue server
 usage:
   svc serve [--listen ADDR] [--data-dir DIR] [--config FILE] [--snapshot-log-bytes N] [--insecure-no-auth]
   svc inspect DATA_DIR
-  svc bench --workload enqueue|drain|steady|retry|backlog|ping [--address HOST:PORT] [--connections N]
-            [--jobs N] [--duration SECONDS] [--rate JOBS_PER_SECOND]
+  svc bench --workload enqueue|drain|steady|retry|backlog|schedules|ping [--address HOST:PORT] [--connections N]
+            [--jobs N] [--duration SECONDS] [--rate JOBS_PER_SECOND] [--crons N]
   svc version
 ";
 
@@ -105,6 +105,7 @@ fn bench_options(args: &[String]) -> Result<BenchOptions, String> {
         jobs: 100_000,
         duration: Duration::from_secs(10),
         rate: 500,
+        crons: 100_000,
     };
     let mut iter = args.iter();
     while let Some(flag) = iter.next() {
@@ -119,6 +120,7 @@ fn bench_options(args: &[String]) -> Result<BenchOptions, String> {
                     "steady" => Workload::Steady,
                     "retry" => Workload::Retry,
                     "backlog" => Workload::Backlog,
+                    "schedules" => Workload::Schedules,
                     "ping" => Workload::Ping,
                     other => return Err(format!("unknown workload {other}")),
                 }
@@ -127,6 +129,7 @@ fn bench_options(args: &[String]) -> Result<BenchOptions, String> {
             "--jobs" => options.jobs = number()?,
             "--duration" => options.duration = Duration::from_secs(number()?),
             "--rate" => options.rate = number()?,
+            "--crons" => options.crons = number()?,
             other => return Err(format!("unknown option {other}")),
         }
     }
