@@ -23,6 +23,10 @@ pub const FETCH_COUNT_MAX: usize = 100;
 pub const WORKERS_MAX: usize = 10_000;
 /// A worker not seen for this long is reported stale.
 pub const WORKER_STALE_MS: i64 = 90_000;
+/// A worker idle this long (no contact, no active jobs) is forgotten.
+pub const WORKER_FORGET_MS: i64 = 24 * 3_600_000;
+/// How often the engine looks for workers to forget.
+pub const WORKER_SWEEP_EVERY_MS: i64 = 60_000;
 /// Most job ids one heartbeat may list.
 pub const HEARTBEAT_JOBS_MAX: usize = 1000;
 /// Most queue names in one fetch.

@@ -218,7 +218,7 @@ async fn serve(
                 Some(Control::Drain) if drain_ends.is_none() => {
                     crate::logging::info("draining: no new claims; waiting for active jobs", &[("grace_ms", (grace.as_millis() as u64).into())]);
                     app.shutting_down.store(true, Ordering::SeqCst);
-                    app.engine.stop_cron();
+                    let _ = app.engine.begin_drain().outcome().await;
                     drain_ends = Some(tokio::time::Instant::now() + grace);
                 }
                 Some(Control::Drain) => {}

@@ -25,6 +25,10 @@ fn a_drain_serves_reports_and_stops_when_no_job_is_active() {
     let beat = server.post("/svc/v1/workers/heartbeat", json!({"worker_id": "w-1"}));
     assert_eq!((beat.body["state"].as_str(), beat.body["jobs_extended"].as_i64()), (Some("terminate"), Some(1)));
     let late = server.enqueue(json!({"type": "t", "args": [3]}));
+    let events = server.get("/svc/v1/events?types=worker.terminate");
+    let terminate = &events.body["events"][0];
+    assert_eq!((terminate["subject"].as_str(), terminate["data"]["by"].as_str()), (Some("w-1"), Some("shutdown")));
+    assert_eq!(terminate["data"]["active_job_ids"], json!([active]));
 
     let started = Instant::now();
     let answer = server.post("/svc/v1/workers/ack", json!({"job_id": active}));

@@ -84,3 +84,54 @@ fn quiet_and_terminate_stop_new_claims_and_survive_a_restart() {
     server.enqueue(json!({"type": "t", "args": ["more"]}));
     assert_eq!(fetch_as(&server, "w-2").len(), 1, "a forgotten worker starts afresh");
 }
+
+#[test]
+fn first_contact_and_signals_are_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    assert_eq!(fetch_as(&server, "w-1").len(), 1);
+    fetch_as(&server, "w-1");
+    server.post_raw("/svc/v1/workers/w-1/quiet", "", None);
+    let events = server.get("/svc/v1/events?types=worker.*");
+    let kinds: Vec<(&str, &str)> = events.body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| (event["type"].as_str().unwrap(), event["subject"].as_str().unwrap()))
+        .collect();
+    assert_eq!(kinds, [("worker.started", "w-1"), ("worker.quiet", "w-1")], "started once, on first contact");
+    let quiet = &events.body["events"][1];
+    assert_eq!((quiet["data"]["by"].as_str(), &quiet["data"]["active_job_ids"]), (Some("operator"), &json!([id])));
+    assert_eq!(quiet["data"]["worker_id"], "w-1");
+}
+
+#[test]
+fn workers_idle_for_a_day_are_forgotten_with_their_signals() {
+    use std::sync::Arc;
+    use svc::clock::ManualClock;
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::config_for(dir.path());
+    let clock = ManualClock::new(1_800_000_000_000);
+    let mut engine = svc::server::engine_config(&config);
+    engine.clock = Arc::new(clock.clone());
+    let server = TestServer::start_with(&config, engine);
+    fetch_as(&server, "steady");
+    fetch_as(&server, "idle");
+    server.post_raw("/svc/v1/workers/idle/terminate", "", None);
+    clock.advance_ms(23 * 3_600_000);
+    server.post("/svc/v1/workers/heartbeat", json!({"worker_id": "steady"}));
+    assert_eq!(server.get("/svc/v1/workers").body["workers"].as_array().unwrap().len(), 2, "a day has not passed");
+    clock.advance_ms(2 * 3_600_000);
+    server.engine().tick().wait().unwrap();
+    let ids: Vec<String> = server.get("/svc/v1/workers").body["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|worker| worker["worker_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["steady"], "the worker idle for 25 h is gone; the one seen 2 h ago stays");
+    assert_eq!(server.get("/svc/v1/workers/idle").status, 404);
+    let beat = server.post("/svc/v1/workers/heartbeat", json!({"worker_id": "idle"}));
+    assert_eq!(beat.body["state"], "running", "its terminate signal was forgotten with it");
+}

@@ -91,6 +91,10 @@ pub enum Command {
     Probe {
         reply: Reply<()>,
     },
+    /// A graceful shutdown begins: stop firing cron entries, tell workers to terminate.
+    BeginDrain {
+        reply: Reply<()>,
+    },
     /// Handle what is due now (used with a manual clock).
     Tick {
         reply: Reply<()>,

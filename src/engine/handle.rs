@@ -178,9 +178,10 @@ impl EngineHandle {
         self.view.cron(name)
     }
 
-    /// Stops firing cron entries (a drain has begun).
-    pub fn stop_cron(&self) {
-        self.view.stop_cron();
+    /// A graceful shutdown begins: no more cron firings; workers seen in the
+    /// last 90 s get a `worker.terminate` event.
+    pub fn begin_drain(&self) -> Pending<()> {
+        self.submit(|reply| Command::BeginDrain { reply })
     }
 
     pub fn cancel(&self, id: JobId) -> Pending<Cancelled> {

@@ -127,6 +127,8 @@ impl Engine {
             final_snapshot: true,
             contacts: workers::Contacts::default(),
             cron_entries_max: config.cron_entries_max,
+            draining: false,
+            last_worker_sweep: i64::MIN / 2,
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

@@ -484,6 +484,13 @@ impl State {
             Record::WorkerSignal { at, worker_id, signal } => {
                 self.worker_signals.insert(worker_id.clone(), (*signal, *at));
                 self.dirty_workers.insert(worker_id.clone());
+                let kind = EventKind::WorkerSignalled {
+                    worker_id: worker_id.clone(),
+                    terminate: *signal == WorkerSignal::Terminate,
+                    active_job_ids: self.active_of_worker(worker_id),
+                    by: "operator",
+                };
+                events.push_other(*at, kind);
             }
             Record::WorkerForget { worker_id, .. } => {
                 self.worker_signals.remove(worker_id);

@@ -59,8 +59,6 @@ pub struct ReadView {
     /// Cron entries by name.
     crons: RwLock<std::collections::BTreeMap<String, Arc<CronEntry>>>,
     storage_failed: AtomicBool,
-    /// Set when a drain begins: the writer fires no more cron entries.
-    cron_stopped: AtomicBool,
 }
 
 impl Default for ReadView {
@@ -73,7 +71,6 @@ impl Default for ReadView {
             events: Mutex::new(EventBuffer::default()),
             crons: RwLock::new(std::collections::BTreeMap::new()),
             storage_failed: AtomicBool::new(false),
-            cron_stopped: AtomicBool::new(false),
         }
     }
 }
@@ -169,14 +166,6 @@ impl ReadView {
                 None => crons.remove(&name),
             };
         }
-    }
-
-    pub fn stop_cron(&self) {
-        self.cron_stopped.store(true, Ordering::SeqCst);
-    }
-
-    pub fn cron_stopped(&self) -> bool {
-        self.cron_stopped.load(Ordering::SeqCst)
     }
 
     pub fn queues(&self) -> Arc<Vec<QueueSummary>> {

@@ -46,6 +46,15 @@ pub struct Contact {
     pub last_heartbeat_at: Option<Millis>,
 }
 
+/// What recording a contact did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Touched {
+    /// The worker was not known before.
+    pub new: bool,
+    /// A worker forgotten to make room.
+    pub forgotten: Option<String>,
+}
+
 /// The soft half of the registry, bounded: when full, the least recently
 /// seen worker without active jobs is forgotten.
 #[derive(Debug, Default)]
@@ -59,7 +68,7 @@ impl Contacts {
     }
 
     /// Records contact; `busy` says whether a worker holds active jobs (they
-    /// are never the ones forgotten). Returns a forgotten worker, if any.
+    /// are never the ones forgotten).
     pub fn touch(
         &mut self,
         worker_id: &str,
@@ -67,7 +76,7 @@ impl Contacts {
         heartbeat: bool,
         limit: usize,
         busy: impl Fn(&str) -> bool,
-    ) -> Option<String> {
+    ) -> Touched {
         let mut forgotten = None;
         if !self.seen.contains_key(worker_id) && self.seen.len() >= limit {
             let idle = self.seen.iter().filter(|(id, _)| !busy(id)).min_by_key(|(_, contact)| contact.last_seen_at);
@@ -76,6 +85,7 @@ impl Contacts {
                 forgotten = Some(id);
             }
         }
+        let new = !self.seen.contains_key(worker_id);
         let contact = self.seen.entry(worker_id.to_string()).or_insert(Contact {
             first_seen_at: now,
             last_seen_at: now,
@@ -85,7 +95,20 @@ impl Contacts {
         if heartbeat {
             contact.last_heartbeat_at = Some(now);
         }
-        forgotten
+        Touched { new, forgotten }
+    }
+
+    /// Workers last seen before `cutoff`.
+    pub fn seen_before(&self, cutoff: Millis) -> Vec<String> {
+        self.seen.iter().filter(|(_, contact)| contact.last_seen_at < cutoff).map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Workers seen at or after `since`, in id order.
+    pub fn seen_since(&self, since: Millis) -> Vec<String> {
+        let mut ids: Vec<String> =
+            self.seen.iter().filter(|(_, contact)| contact.last_seen_at >= since).map(|(id, _)| id.clone()).collect();
+        ids.sort();
+        ids
     }
 
     pub fn forget(&mut self, worker_id: &str) -> bool {
@@ -103,8 +126,10 @@ mod tests {
         contacts.touch("old-busy", 1, false, 3, |_| false);
         contacts.touch("old-idle", 2, false, 3, |_| false);
         contacts.touch("recent", 3, true, 3, |_| false);
-        let forgotten = contacts.touch("new", 4, false, 3, |id| id == "old-busy");
-        assert_eq!(forgotten.as_deref(), Some("old-idle"));
+        let touched = contacts.touch("new", 4, false, 3, |id| id == "old-busy");
+        assert_eq!(touched, Touched { new: true, forgotten: Some("old-idle".to_string()) });
+        assert!(!contacts.touch("new", 5, false, 3, |_| false).new);
+        assert_eq!(contacts.seen_before(3), vec!["old-busy".to_string()]);
         assert!(contacts.get("old-busy").is_some() && contacts.get("new").is_some());
         assert_eq!(contacts.get("recent").unwrap().last_heartbeat_at, Some(3));
     }

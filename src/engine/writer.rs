@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::command::{Cancelled, Command, EngineError, Reply};
 use super::cron::CronEntry;
 use super::decide::Entropy;
-use super::events::{Event, EventSink};
+use super::events::{Event, EventKind, EventSink};
 use super::record::{Record, encode_batch};
 use super::state::State;
 use super::view::{QueueSummary, ReadView};
@@ -91,6 +91,10 @@ pub(crate) struct Writer {
     /// When each worker was last seen (soft state; signals are in `state`).
     pub contacts: Contacts,
     pub cron_entries_max: usize,
+    /// Set when a graceful shutdown begins: no more cron firings.
+    pub draining: bool,
+    /// When idle workers were last looked for.
+    pub last_worker_sweep: Millis,
 }
 
 impl Writer {
@@ -160,8 +164,9 @@ impl Writer {
         for record in self.state.decide_due(now, DUE_JOBS_PER_TURN_MAX, self.entropy.as_mut()) {
             self.apply(record, &mut records, &mut events);
         }
+        self.forget_idle_workers(now, &mut records, &mut events);
         // A draining server fires no cron entries (decisions §26).
-        if !self.view.cron_stopped() {
+        if !self.draining {
             for record in self.state.decide_cron_due(now, DUE_CRONS_PER_TURN_MAX, self.entropy.as_mut()) {
                 self.apply(record, &mut records, &mut events);
             }
@@ -231,7 +236,7 @@ impl Writer {
             Command::Fetch { request, reply } => {
                 let mut claimed = Vec::new();
                 let signalled = request.worker_id.as_deref().is_some_and(|worker| {
-                    self.touch_worker(worker, now, false);
+                    self.touch_worker(worker, now, false, events);
                     self.state.worker_signal(worker).is_some()
                 });
                 // A quiet or terminating worker gets no new jobs.
@@ -263,7 +268,7 @@ impl Writer {
                 outgoing.push(Outgoing::Job(reply, outcome));
             }
             Command::Heartbeat { worker_id, active_jobs, visibility_timeout_ms, reply } => {
-                self.touch_worker(&worker_id, now, true);
+                self.touch_worker(&worker_id, now, true, events);
                 let signal = self.state.worker_signal(&worker_id).map(|(signal, _)| signal);
                 let record =
                     self.state.decide_heartbeat(now, &worker_id, active_jobs.as_deref(), visibility_timeout_ms);
@@ -336,6 +341,10 @@ impl Writer {
                 });
                 outgoing.push(Outgoing::Cancelled(reply, outcome));
             }
+            Command::BeginDrain { reply } => {
+                self.begin_drain(now, events);
+                outgoing.push(Outgoing::Unit(reply, Ok(())));
+            }
             Command::Probe { reply } | Command::Tick { reply } => outgoing.push(Outgoing::Unit(reply, Ok(()))),
             Command::Snapshot { .. } | Command::Shutdown { .. } | Command::Image { .. } => {
                 unreachable!("handled by the batch loop")
@@ -344,14 +353,58 @@ impl Writer {
     }
 
     /// Records contact with a worker, forgetting an idle one if the registry is full.
-    fn touch_worker(&mut self, worker_id: &str, now: Millis, heartbeat: bool) {
+    fn touch_worker(&mut self, worker_id: &str, now: Millis, heartbeat: bool, events: &mut EventSink) {
         let state = &self.state;
-        let forgotten = self.contacts.touch(worker_id, now, heartbeat, crate::limits::WORKERS_MAX, |worker| {
+        let touched = self.contacts.touch(worker_id, now, heartbeat, crate::limits::WORKERS_MAX, |worker| {
             !state.active_of_worker(worker).is_empty()
         });
+        if touched.new && self.state.worker_signal(worker_id).is_none() {
+            events.push_other(now, EventKind::WorkerStarted { worker_id: worker_id.to_string() });
+        }
         self.state.touch_worker(worker_id);
-        if let Some(forgotten) = forgotten {
+        if let Some(forgotten) = touched.forgotten {
             self.state.touch_worker(&forgotten);
+        }
+    }
+
+    /// Forgets workers idle for a day: no contact, no active jobs (decisions §16).
+    fn forget_idle_workers(&mut self, now: Millis, records: &mut Vec<Record>, events: &mut EventSink) {
+        if now - self.last_worker_sweep < crate::limits::WORKER_SWEEP_EVERY_MS {
+            return;
+        }
+        self.last_worker_sweep = now;
+        let cutoff = now - crate::limits::WORKER_FORGET_MS;
+        for worker_id in self.contacts.seen_before(cutoff) {
+            if self.state.active_of_worker(&worker_id).is_empty() {
+                self.contacts.forget(&worker_id);
+                self.state.touch_worker(&worker_id);
+            }
+        }
+        // Signals outlive contact; one given long ago to a worker not seen since goes too.
+        let signalled: Vec<String> = self
+            .state
+            .signalled_workers()
+            .filter(|worker_id| {
+                self.contacts.get(worker_id).is_none()
+                    && self.state.worker_signal(worker_id).is_some_and(|(_, at)| at < cutoff)
+                    && self.state.active_of_worker(worker_id).is_empty()
+            })
+            .cloned()
+            .collect();
+        for worker_id in signalled {
+            self.apply(Record::WorkerForget { at: now, worker_id }, records, events);
+        }
+    }
+
+    /// A drain began: fire no more cron entries, and tell each live worker to terminate.
+    fn begin_drain(&mut self, now: Millis, events: &mut EventSink) {
+        self.draining = true;
+        for worker_id in self.contacts.seen_since(now - crate::limits::WORKER_STALE_MS) {
+            let active_job_ids = self.state.active_of_worker(&worker_id);
+            events.push_other(
+                now,
+                EventKind::WorkerSignalled { worker_id, terminate: true, active_job_ids, by: "shutdown" },
+            );
         }
     }
 
@@ -429,9 +482,10 @@ impl Writer {
                 Command::SignalWorker { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::ForgetWorker { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Cancel { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
-                Command::Probe { reply } | Command::Tick { reply } | Command::Snapshot { reply } => {
-                    reply.send(Err(error.clone())).map_err(drop)
-                }
+                Command::Probe { reply }
+                | Command::Tick { reply }
+                | Command::Snapshot { reply }
+                | Command::BeginDrain { reply } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Image { reply } => reply.send(Err(error.clone())).map_err(drop),
                 Command::Shutdown { reply, .. } => {
                     stop = true;
