@@ -155,9 +155,28 @@ fn scheduled_jobs_wait_for_their_time_and_expired_ones_never_run() {
     let expired = harness.engine.handle().job(expiring).unwrap();
     assert_eq!((expired.state, expired.error.as_ref().unwrap().code.as_str()), (JobState::Discarded, "expired"));
     assert!(expired.completed_at.is_none());
+    let (listed, _) = harness.engine.handle().dead_letter_page(None, 10, None);
+    assert_eq!(
+        listed.iter().map(|job| job.id).collect::<Vec<_>>(),
+        [expiring],
+        "expired jobs are in the dead letter listing"
+    );
     harness.advance(7000);
     assert_eq!(harness.state(later), JobState::Available);
     assert_eq!(harness.fetch(1), [later]);
+}
+
+#[test]
+fn a_promoted_job_takes_its_priority_place_and_a_past_time_means_now() {
+    let harness = Harness::new();
+    let low = harness.enqueue(json!({"type": "t", "args": [], "options": {"priority": -5}}));
+    let high = harness.enqueue(json!({"type": "t", "args": [], "options": {"priority": 10, "delay_until": "+PT5S"}}));
+    let past = harness.enqueue(json!({"type": "t", "args": [], "options": {"delay_until": "2020-01-01T00:00:00Z"}}));
+    assert_eq!((harness.state(high), harness.state(past)), (JobState::Scheduled, JobState::Available));
+    harness.advance(4999);
+    assert_eq!(harness.state(high), JobState::Scheduled);
+    harness.advance(1);
+    assert_eq!(harness.fetch(3), [high, past, low], "priority first, then time entered available");
 }
 
 #[test]

@@ -754,3 +754,35 @@ pub fn timeout_report(job: &Job, kind: TimeoutKind, at: Millis) -> FailureReport
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout payload version 2 was written with.
+    #[derive(Serialize)]
+    struct WrittenV2 {
+        jobs: Vec<Job>,
+        paused_queues: Vec<String>,
+        ids: IdGenerator,
+        reserved: u64,
+        worker_signals: Vec<(String, WorkerSignal, Millis)>,
+    }
+
+    #[test]
+    fn a_version_2_snapshot_payload_still_decodes() {
+        let written = WrittenV2 {
+            jobs: Vec::new(),
+            paused_queues: vec!["paused".to_string()],
+            ids: IdGenerator::default(),
+            reserved: 0,
+            worker_signals: vec![("w-1".to_string(), WorkerSignal::Quiet, 42)],
+        };
+        let bytes = postcard::to_allocvec(&written).unwrap();
+        let image = decode_image(2, &bytes).expect("version 2 decodes");
+        assert_eq!(image.paused_queues, ["paused"]);
+        assert_eq!(image.worker_signals, [("w-1".to_string(), WorkerSignal::Quiet, 42)]);
+        assert!(image.crons.is_empty() && image.cron_waiters.is_empty());
+        assert!(decode_image(IMAGE_VERSION + 1, &bytes).is_err());
+    }
+}
