@@ -3,10 +3,11 @@
 //! without a snapshot, and a child process killed with SIGKILL right after a
 //! firing): a slot never fires twice and downtime gives at most one catch-up.
 
+mod common;
+
+use common::spawn_server;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 use svc::clock::ManualClock;
@@ -341,30 +342,6 @@ fn staged_runs_survive_a_restart_through_the_snapshot() {
     harness.crash_and_reopen();
     harness.handle().ack(first, None, None).wait().unwrap();
     assert_eq!(harness.job(second).state, JobState::Available, "the waiting run starts after a restart too");
-}
-
-/// Starts `svc serve` on the data dir and returns it with its address.
-fn spawn_server(dir: &Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_svc"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("svc starts");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(entry) = serde_json::from_str::<Value>(&line)
-                && entry["msg"] == "svc listening"
-            {
-                let _ = sender.send(entry["address"].as_str().unwrap_or_default().to_string());
-            }
-        }
-    });
-    let address = receiver.recv_timeout(Duration::from_secs(20)).expect("server reports its address");
-    (child, format!("http://{address}"))
 }
 
 #[test]

@@ -4,42 +4,17 @@
 
 mod common;
 
-use common::{TestServer, config_for};
+use common::{TestServer, config_for, spawn_server};
 use serde_json::{Value, json};
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use svc::engine::{Engine, EngineConfig, FetchRequest};
 use svc::job::JobDefaults;
 use svc::storage::{FaultyFileSystem, SEGMENT_HEADER_BYTES, list_segments};
-
-/// Starts `svc serve` as a child process and returns it with its address.
-fn spawn_server(dir: &Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_svc"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("svc starts");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(entry) = serde_json::from_str::<Value>(&line)
-                && entry["msg"] == "svc listening"
-            {
-                let _ = sender.send(entry["address"].as_str().unwrap_or_default().to_string());
-            }
-        }
-    });
-    let address = receiver.recv_timeout(Duration::from_secs(20)).expect("server reports its address");
-    (child, format!("http://{address}"))
-}
 
 #[test]
 fn sigkill_under_load_loses_no_acknowledged_write() {

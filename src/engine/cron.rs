@@ -17,7 +17,7 @@ use super::state::{ApplyError, State};
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, CronExpr, CronSchedule, OverlapPolicy, parse_timezone};
 use crate::job::time::format_timestamp;
-use crate::job::{Job, JobId, JobPayload, JobState};
+use crate::job::{Job, JobId, JobPayload, JobState, NewJob};
 use crate::limits::CRON_MISSED_COUNT_MAX;
 
 /// A registered cron entry as stored.
@@ -231,40 +231,33 @@ impl State {
             let next = schedule.next_fire(now.max(scheduled));
             let previous = entry.last_job_id.and_then(|id| self.job(id)).filter(|job| !job.state.is_terminal());
             let definition = &entry.definition;
-            let (state, cancelled, waits_for) = match (previous, definition.overlap) {
-                (None, _) | (Some(_), OverlapPolicy::Allow) => (JobState::Available, None, None),
-                (Some(previous), OverlapPolicy::CancelPrevious) => (JobState::Available, Some(previous.id), None),
-                (Some(previous), OverlapPolicy::Enqueue) if previous.state != JobState::Pending => {
-                    (JobState::Pending, None, Some(previous.id))
+            let outcome = match (previous, definition.overlap) {
+                (Some(previous), OverlapPolicy::Skip) => CronOutcome::Skipped { existing: previous.id },
+                // At most one run waits behind the previous one.
+                (Some(previous), OverlapPolicy::Enqueue) if previous.state == JobState::Pending => {
+                    CronOutcome::Skipped { existing: previous.id }
                 }
-                (Some(previous), OverlapPolicy::Skip | OverlapPolicy::Enqueue) => {
-                    records.push(Record::CronFire {
-                        at: now,
-                        name,
-                        fire: CronFire {
-                            scheduled,
-                            missed,
-                            skipped_gap: next.and_then(|next| next.skipped_gap),
-                            next_run_at: next.map(|next| next.at),
-                            outcome: CronOutcome::Skipped { existing: previous.id },
-                        },
-                    });
-                    continue;
+                (previous, policy) => {
+                    let (state, cancelled, waits_for) = match (previous, policy) {
+                        (Some(previous), OverlapPolicy::CancelPrevious) => {
+                            (JobState::Available, Some(previous.id), None)
+                        }
+                        (Some(previous), OverlapPolicy::Enqueue) => (JobState::Pending, None, Some(previous.id)),
+                        _ => (JobState::Available, None, None),
+                    };
+                    let id = self.ids.next(now, entropy.next_u128());
+                    let job = Box::new(fired_job(definition, id, state, now, scheduled));
+                    CronOutcome::Enqueued { job, cancelled, waits_for }
                 }
             };
-            let id = self.ids.next(now, entropy.next_u128());
-            let job = Box::new(fired_job(definition, id, state, now, scheduled));
-            records.push(Record::CronFire {
-                at: now,
-                name,
-                fire: CronFire {
-                    scheduled,
-                    missed,
-                    skipped_gap: next.and_then(|next| next.skipped_gap),
-                    next_run_at: next.map(|next| next.at),
-                    outcome: CronOutcome::Enqueued { job, cancelled, waits_for },
-                },
-            });
+            let fire = CronFire {
+                scheduled,
+                missed,
+                skipped_gap: next.and_then(|next| next.skipped_gap),
+                next_run_at: next.map(|next| next.at),
+                outcome,
+            };
+            records.push(Record::CronFire { at: now, name, fire });
         }
         records
     }
@@ -279,32 +272,16 @@ fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Milli
     meta.insert("cron_name".to_string(), definition.name.clone().into());
     meta.insert("cron_triggered_at".to_string(), format_timestamp(scheduled).into());
     let payload = JobPayload { meta: serde_json::Value::Object(meta).to_string(), ..template.payload.as_ref().clone() };
-    Job {
-        id,
+    let request = NewJob {
+        id: Some(id),
         payload: Arc::new(payload),
         queue: template.queue.clone(),
-        state,
         priority: template.priority,
         timeout_ms: template.timeout_ms,
         visibility_timeout_ms: template.visibility_timeout_ms,
-        retry: template.retry.clone(),
-        attempt: 0,
-        created_at: now,
         scheduled_at: None,
         expires_at: None,
-        enqueued_at: (state == JobState::Available).then_some(now),
-        started_at: None,
-        completed_at: None,
-        cancelled_at: None,
-        discarded_at: None,
-        retry_at: None,
-        retry_delay_ms: None,
-        worker_id: None,
-        result: None,
-        error: None,
-        errors: Vec::new(),
-        visibility_deadline: None,
-        execution_deadline: None,
-        claim_visibility_ms: 0,
-    }
+        retry: template.retry.clone(),
+    };
+    Job::accept(request, id, state, now, None, None)
 }

@@ -72,35 +72,8 @@ impl State {
                 None => self.ids.next(now, entropy.next_u128()),
             };
             seen.insert(id);
-            let delayed = scheduled_at.is_some_and(|at| at > now);
-            jobs.push(Job {
-                id,
-                payload: new_job.payload,
-                queue: new_job.queue,
-                state: if delayed { JobState::Scheduled } else { JobState::Available },
-                priority: new_job.priority,
-                timeout_ms: new_job.timeout_ms,
-                visibility_timeout_ms: new_job.visibility_timeout_ms,
-                retry: new_job.retry,
-                attempt: 0,
-                created_at: now,
-                scheduled_at,
-                expires_at,
-                enqueued_at: (!delayed).then_some(now),
-                started_at: None,
-                completed_at: None,
-                cancelled_at: None,
-                discarded_at: None,
-                retry_at: None,
-                retry_delay_ms: None,
-                worker_id: None,
-                result: None,
-                error: None,
-                errors: Vec::new(),
-                visibility_deadline: None,
-                execution_deadline: None,
-                claim_visibility_ms: 0,
-            });
+            let state = if scheduled_at.is_some_and(|at| at > now) { JobState::Scheduled } else { JobState::Available };
+            jobs.push(Job::accept(new_job, id, state, now, scheduled_at, expires_at));
         }
         Ok(Record::Enqueue { at: now, jobs })
     }

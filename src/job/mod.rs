@@ -137,6 +137,46 @@ pub struct Job {
 }
 
 impl Job {
+    /// A new job from a validated request: `state` is where it starts
+    /// (`available`, `scheduled` or `pending`); times are already resolved.
+    pub fn accept(
+        new_job: NewJob,
+        id: JobId,
+        state: JobState,
+        now: Millis,
+        scheduled_at: Option<Millis>,
+        expires_at: Option<Millis>,
+    ) -> Job {
+        Job {
+            id,
+            payload: new_job.payload,
+            queue: new_job.queue,
+            state,
+            priority: new_job.priority,
+            timeout_ms: new_job.timeout_ms,
+            visibility_timeout_ms: new_job.visibility_timeout_ms,
+            retry: new_job.retry,
+            attempt: 0,
+            created_at: now,
+            scheduled_at,
+            expires_at,
+            enqueued_at: (state == JobState::Available).then_some(now),
+            started_at: None,
+            completed_at: None,
+            cancelled_at: None,
+            discarded_at: None,
+            retry_at: None,
+            retry_delay_ms: None,
+            worker_id: None,
+            result: None,
+            error: None,
+            errors: Vec::new(),
+            visibility_deadline: None,
+            execution_deadline: None,
+            claim_visibility_ms: 0,
+        }
+    }
+
     pub fn max_attempts(&self) -> u32 {
         self.retry.max_attempts
     }

@@ -4,7 +4,10 @@
 
 use reqwest::blocking::{Client, Response};
 use serde_json::Value;
+use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 use svc::config::Config;
 use svc::engine::EngineConfig;
 use svc::server::{RunningServer, engine_config, start};
@@ -121,4 +124,28 @@ impl Drop for TestServer {
             let _ = server.stop();
         }
     }
+}
+
+/// Starts `svc serve` as a child process and returns it with its address.
+pub fn spawn_server(dir: &Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_svc"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("svc starts");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(entry) = serde_json::from_str::<Value>(&line)
+                && entry["msg"] == "svc listening"
+            {
+                let _ = sender.send(entry["address"].as_str().unwrap_or_default().to_string());
+            }
+        }
+    });
+    let address = receiver.recv_timeout(Duration::from_secs(20)).expect("server reports its address");
+    (child, format!("http://{address}"))
 }
