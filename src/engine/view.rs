@@ -96,13 +96,11 @@ impl ReadView {
         use std::ops::Bound;
         let listing = self.dead_letter.read();
         let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut matching = listing
+        let matching = listing
             .range((start, Bound::Unbounded))
             .map(|(_, job)| job)
             .filter(|job| queue.is_none_or(|queue| job.queue == queue));
-        let page: Vec<Arc<Job>> = matching.by_ref().take(limit).cloned().collect();
-        let has_more = matching.next().is_some();
-        (page, has_more)
+        take_page(matching, limit)
     }
 
     /// Up to `limit` workers after `after` (by id) that pass `keep`, and whether more follow.
@@ -115,11 +113,7 @@ impl ReadView {
         use std::ops::Bound;
         let registry = self.workers.read();
         let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_string()));
-        let mut matching =
-            registry.range((start, Bound::Unbounded)).map(|(_, entry)| entry).filter(|entry| keep(entry));
-        let page: Vec<WorkerEntry> = matching.by_ref().take(limit).cloned().collect();
-        let has_more = matching.next().is_some();
-        (page, has_more)
+        take_page(registry.range((start, Bound::Unbounded)).map(|(_, entry)| entry).filter(|entry| keep(entry)), limit)
     }
 
     pub fn worker(&self, worker_id: &str) -> Option<WorkerEntry> {
@@ -147,10 +141,7 @@ impl ReadView {
         use std::ops::Bound;
         let crons = self.crons.read();
         let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_string()));
-        let mut matching = crons.range((start, Bound::Unbounded)).map(|(_, entry)| entry).filter(|entry| keep(entry));
-        let page: Vec<Arc<CronEntry>> = matching.by_ref().take(limit).cloned().collect();
-        let has_more = matching.next().is_some();
-        (page, has_more)
+        take_page(crons.range((start, Bound::Unbounded)).map(|(_, entry)| entry).filter(|entry| keep(entry)), limit)
     }
 
     pub fn cron(&self, name: &str) -> Option<Arc<CronEntry>> {
@@ -223,4 +214,11 @@ impl ReadView {
         let mut buffer = self.events.lock();
         events.for_each(|event| buffer.push(event));
     }
+}
+
+/// The first `limit` items of a listing, and whether more follow.
+fn take_page<'a, T: Clone + 'a>(mut matching: impl Iterator<Item = &'a T>, limit: usize) -> (Vec<T>, bool) {
+    let page: Vec<T> = matching.by_ref().take(limit).cloned().collect();
+    let has_more = matching.next().is_some();
+    (page, has_more)
 }
