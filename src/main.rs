@@ -12,6 +12,24 @@ use svc::config::Config;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `mi_option_purge_delay` in mimalloc.h (v3): how long freed memory stays
+/// committed before it is returned to the operating system.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+/// mimalloc's default of 10 ms hands memory back between requests, and every
+/// later allocation on it pays a page fault and a zeroed page again; under
+/// load that was a quarter of the server's CPU time. Ten seconds keeps memory
+/// that is in steady use and still returns what a burst left behind.
+const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
+
+/// Applies allocator settings, unless the environment sets them.
+fn tune_allocator() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: setting an option is thread-safe in mimalloc and takes effect
+        // at the next purge decision.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
+    }
+}
+
 const USAGE: &str = "\
 svc — a durable job-queue server
 
@@ -24,6 +42,7 @@ usage:
 ";
 
 fn main() -> ExitCode {
+    tune_allocator();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(command) = args.first() else {
         eprint!("{USAGE}");

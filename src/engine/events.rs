@@ -96,11 +96,27 @@ impl EventKind {
     }
 }
 
-/// One event: `seq` orders the buffer, `id` is `evt_<uuidv7>`.
+/// An event's id: a UUIDv7, `evt_<uuidv7>` on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventId(pub crate::job::JobId);
+
+impl EventId {
+    pub fn parse(text: &str) -> Option<EventId> {
+        text.strip_prefix("evt_").and_then(crate::job::JobId::parse).map(EventId)
+    }
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "evt_{}", self.0)
+    }
+}
+
+/// One event: `seq` orders the buffer.
 #[derive(Debug, Clone)]
 pub struct Event {
     pub seq: u64,
-    pub id: String,
+    pub id: EventId,
     pub time: Millis,
     pub kind: EventKind,
     /// The job as it was right after the transition (job events and `cron.triggered`).
@@ -164,6 +180,10 @@ impl EventSink {
         }
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     pub fn take(&mut self) -> Vec<(Millis, EventKind, JobRef)> {
         std::mem::take(&mut self.pending)
     }
@@ -189,7 +209,7 @@ impl EventBuffer {
     pub fn page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {
         let (start, gap) = match after {
             None => (0, false),
-            Some(id) => match self.events.iter().position(|event| event.id == id) {
+            Some(id) => match EventId::parse(id).and_then(|id| self.events.iter().position(|event| event.id == id)) {
                 Some(position) => (position + 1, false),
                 None => (0, true),
             },

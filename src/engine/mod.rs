@@ -5,6 +5,7 @@
 //! writer thread. Everything else goes through the [`EngineHandle`].
 
 mod command;
+mod commit;
 pub mod cron;
 mod decide;
 mod events;
@@ -19,7 +20,7 @@ mod writer;
 pub use command::{Cancelled, EngineError, FetchRequest};
 pub use cron::{CronEntry, CronWrite};
 pub use decide::{Entropy, SystemEntropy};
-pub use events::{CronInfo, Event, EventKind, EventPage, EventSink};
+pub use events::{CronInfo, Event, EventId, EventKind, EventPage, EventSink};
 pub use handle::{EngineHandle, Pending};
 pub use state::{IMAGE_VERSION, Retention, State, StateImage, decode_image};
 pub use view::{DeadLetterKey, QueueSummary};
@@ -56,6 +57,9 @@ pub struct EngineConfig {
     pub cron_entries_max: usize,
     /// Verify every invariant after each batch (tests; costs O(jobs) per batch).
     pub check_invariants: bool,
+    /// How long a commit may wait for more requests to share its sync, when
+    /// the previous commit served several (group commit).
+    pub commit_delay: std::time::Duration,
 }
 
 impl EngineConfig {
@@ -71,6 +75,7 @@ impl EngineConfig {
             defaults: JobDefaults::default(),
             cron_entries_max: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
             check_invariants: false,
+            commit_delay: std::time::Duration::from_micros(crate::limits::COMMIT_DELAY_US),
         }
     }
 }
@@ -107,9 +112,10 @@ impl Engine {
         let (sender, inbox) = crossbeam_channel::bounded(ENGINE_INBOX_MAX);
         let view = Arc::new(ReadView::default());
         let handle = EngineHandle::new(sender, view.clone(), config.clock.clone(), config.defaults.clone());
+        let syncer = commit::Syncer::start(wal, view.clone(), config.commit_delay)
+            .map_err(|error| StorageError::Io { path: config.data_dir.clone(), error })?;
         let writer = Writer {
             state,
-            wal,
             clock: config.clock,
             entropy: config.entropy,
             inbox,
@@ -129,6 +135,7 @@ impl Engine {
             cron_entries_max: config.cron_entries_max,
             draining: false,
             last_worker_sweep: i64::MIN / 2,
+            syncer,
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

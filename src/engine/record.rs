@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId};
+use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 
 /// A claim made by a fetch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -181,11 +182,37 @@ pub fn encode_batch(records: &[Record], out: &mut Vec<u8>) {
     *out = encoded;
 }
 
-/// Decodes one commit batch. Never panics; allocation is bounded by the input.
-pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Record>, String> {
-    match postcard::take_from_bytes::<Vec<Record>>(bytes) {
-        Ok((records, [])) => Ok(records),
-        Ok((_, rest)) => Err(format!("{} bytes left after the records", rest.len())),
-        Err(error) => Err(format!("undecodable records: {error}")),
+/// Encodes records as one or more sequences, each at most half a frame, so
+/// that any one of them fits a frame with room to spare.
+pub fn encode_sequences(records: &[Record]) -> Vec<Vec<u8>> {
+    if records.is_empty() {
+        return Vec::new();
+    }
+    let mut encoded = Vec::new();
+    encode_batch(records, &mut encoded);
+    if encoded.len() <= FRAME_PAYLOAD_BYTES_MAX / 2 || records.len() == 1 {
+        return vec![encoded];
+    }
+    let (first, second) = records.split_at(records.len() / 2);
+    let mut sequences = encode_sequences(first);
+    sequences.extend(encode_sequences(second));
+    sequences
+}
+
+/// Decodes a frame's payload: one or more record sequences back to back.
+/// Never panics; allocation is bounded by the input.
+pub fn decode_batch(mut bytes: &[u8]) -> Result<Vec<Record>, String> {
+    let mut records = Vec::new();
+    loop {
+        match postcard::take_from_bytes::<Vec<Record>>(bytes) {
+            Ok((sequence, rest)) => {
+                records.extend(sequence);
+                if rest.is_empty() {
+                    return Ok(records);
+                }
+                bytes = rest;
+            }
+            Err(error) => return Err(format!("undecodable records: {error}")),
+        }
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! Each turn: wait for a command or the next deadline → take a batch of
 //! commands → one `now` → decide and apply due timers and each command →
-//! encode the batch's records as one frame → write + fdatasync once → publish
-//! the read view and events → reply. No reply leaves before its record is durable.
+//! encode the turn's records and queue them, with the view changes and
+//! replies, for the sync thread (`commit.rs`), which writes, syncs, publishes
+//! and replies. No reply leaves before its record is durable, and the engine
+//! never waits for the disk.
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::path::PathBuf;
@@ -11,18 +13,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::command::{Cancelled, Command, EngineError, Reply};
-use super::cron::CronEntry;
+use super::command::{Cancelled, Command, EngineError};
+use super::commit::{Chunk, Outgoing, Syncer, ViewDelta, storage_failed};
 use super::decide::Entropy;
-use super::events::{Event, EventKind, EventSink};
-use super::record::{Record, encode_batch};
+use super::events::{Event, EventId, EventKind, EventSink, JobRef};
+use super::record::{Record, encode_sequences};
 use super::state::State;
 use super::view::{QueueSummary, ReadView};
 use super::workers::{Contacts, WorkerEntry, WorkerSignal, state_name};
 use crate::clock::{Clock, Millis};
 use crate::job::{IdGenerator, Job};
 use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
-use crate::storage::{FileSystem, StorageError, WalWriter, remove_obsolete, write_snapshot};
+use crate::storage::{FileSystem, StorageError, remove_obsolete, write_snapshot};
 
 /// Most due jobs handled in one turn; the rest follow in the next turn at once.
 const DUE_JOBS_PER_TURN_MAX: usize = 10_000;
@@ -30,41 +32,6 @@ const DUE_JOBS_PER_TURN_MAX: usize = 10_000;
 const DUE_CRONS_PER_TURN_MAX: usize = 1_000;
 /// The longest the engine sleeps with nothing due.
 const IDLE_WAIT_MAX: Duration = Duration::from_secs(1);
-
-/// A reply that waits for the batch's commit.
-enum Outgoing {
-    Jobs(Reply<Vec<Arc<Job>>>, Result<Vec<Arc<Job>>, EngineError>),
-    Job(Reply<Arc<Job>>, Result<Arc<Job>, EngineError>),
-    Cancelled(Reply<Cancelled>, Result<Cancelled, EngineError>),
-    Unit(Reply<()>, Result<(), EngineError>),
-    Beat(Reply<(usize, Option<WorkerSignal>)>, Result<(usize, Option<WorkerSignal>), EngineError>),
-    Worker(Reply<WorkerEntry>, Result<WorkerEntry, EngineError>),
-    CronPut(Reply<(Arc<CronEntry>, bool)>, Result<(Arc<CronEntry>, bool), EngineError>),
-    Cron(Reply<Arc<CronEntry>>, Result<Arc<CronEntry>, EngineError>),
-}
-
-impl Outgoing {
-    /// Sends the outcome, or `failure` instead of a success when the commit failed.
-    fn send(self, failure: Option<&EngineError>) {
-        fn pick<T>(result: Result<T, EngineError>, failure: Option<&EngineError>) -> Result<T, EngineError> {
-            match (result, failure) {
-                (Ok(_), Some(error)) => Err(error.clone()),
-                (result, _) => result,
-            }
-        }
-        // A requester that went away (timeout, closed connection) is no error.
-        let _ = match self {
-            Outgoing::Jobs(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Job(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Cancelled(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Unit(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Beat(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Worker(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::CronPut(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Cron(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-        };
-    }
-}
 
 /// Where and how often snapshots are written.
 pub(crate) struct SnapshotPolicy {
@@ -75,7 +42,6 @@ pub(crate) struct SnapshotPolicy {
 
 pub(crate) struct Writer {
     pub state: State,
-    pub wal: WalWriter,
     pub clock: Arc<dyn Clock>,
     pub entropy: Box<dyn Entropy>,
     pub inbox: Receiver<Command>,
@@ -95,36 +61,58 @@ pub(crate) struct Writer {
     pub draining: bool,
     /// When idle workers were last looked for.
     pub last_worker_sweep: Millis,
+    /// The sync thread, which owns the log.
+    pub syncer: Syncer,
+}
+
+/// A turn's records, applied to the state, with the replies and events that
+/// wait for them.
+struct Staged {
+    records: Vec<Record>,
+    replies: Vec<Outgoing>,
+    events: EventSink,
+}
+
+impl Staged {
+    fn new() -> Staged {
+        Staged { records: Vec::new(), replies: Vec::new(), events: EventSink::enabled() }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.replies.is_empty() && self.events.is_empty()
+    }
 }
 
 impl Writer {
     pub fn run(mut self) {
-        self.publish(Vec::new().into_iter());
-        let mut encoded = Vec::new();
+        // The recovered state, for readers, before the first command.
+        let initial = self.collect_delta(Vec::new());
+        initial.publish(&self.view);
         loop {
             let Some(first) = self.next_command() else {
                 break;
             };
             let mut batch = Vec::with_capacity(64);
-            if let Some(command) = first {
-                batch.push(command);
-            }
+            batch.extend(first);
             while batch.len() < ENGINE_BATCH_COMMANDS_MAX {
                 match self.inbox.try_recv() {
                     Ok(command) => batch.push(command),
                     Err(_) => break,
                 }
             }
-            if self.turn(batch, &mut encoded) {
+            if self.turn(batch) {
                 break;
             }
         }
+        self.syncer.barrier();
         if self.final_snapshot
-            && !self.wal.is_poisoned()
+            && !self.syncer.failed()
             && let Err(error) = self.snapshot_now()
         {
             crate::logging::error("final snapshot failed", &[("error", error.to_string().into())]);
         }
+        // Every reply is out before the engine counts as stopped.
+        self.syncer.stop();
         // A background snapshot still writing must finish before the data dir
         // is unlocked.
         while self.snapshot_busy.load(Ordering::SeqCst) {
@@ -149,52 +137,50 @@ impl Writer {
     }
 
     /// Handles one batch; returns true when the engine should stop.
-    fn turn(&mut self, batch: Vec<Command>, encoded: &mut Vec<u8>) -> bool {
-        if self.wal.is_poisoned() {
+    fn turn(&mut self, batch: Vec<Command>) -> bool {
+        if self.syncer.failed() {
             return self.refuse_all(batch);
         }
         let now = self.clock.now_ms();
-        let mut records = Vec::new();
-        let mut events = EventSink::enabled();
-        let mut outgoing = Vec::with_capacity(batch.len());
+        let mut staged = Staged::new();
         let mut stop = false;
         let mut snapshot_requests = Vec::new();
         let mut image_requests = Vec::new();
-
-        for record in self.state.decide_due(now, DUE_JOBS_PER_TURN_MAX, self.entropy.as_mut()) {
-            self.apply(record, &mut records, &mut events);
-        }
-        self.forget_idle_workers(now, &mut records, &mut events);
-        // A draining server fires no cron entries (decisions §26).
-        if !self.draining {
-            for record in self.state.decide_cron_due(now, DUE_CRONS_PER_TURN_MAX, self.entropy.as_mut()) {
-                self.apply(record, &mut records, &mut events);
+        {
+            let Staged { records, replies, events } = &mut staged;
+            for record in self.state.decide_due(now, DUE_JOBS_PER_TURN_MAX, self.entropy.as_mut()) {
+                self.apply(record, records, events);
             }
-        }
-        for command in batch {
-            match command {
-                Command::Shutdown { snapshot, reply } => {
-                    stop = true;
-                    self.final_snapshot = snapshot;
-                    outgoing.push(Outgoing::Unit(reply, Ok(())));
+            self.forget_idle_workers(now, records, events);
+            // A draining server fires no cron entries (decisions §26).
+            if !self.draining {
+                for record in self.state.decide_cron_due(now, DUE_CRONS_PER_TURN_MAX, self.entropy.as_mut()) {
+                    self.apply(record, records, events);
                 }
-                Command::Image { reply } => image_requests.push(reply),
-                Command::Snapshot { reply } => snapshot_requests.push(reply),
-                command => self.handle(command, now, &mut records, &mut events, &mut outgoing),
             }
+            for command in batch {
+                match command {
+                    Command::Shutdown { snapshot, reply } => {
+                        stop = true;
+                        self.final_snapshot = snapshot;
+                        replies.push(Outgoing::Unit(reply, Ok(())));
+                    }
+                    Command::Image { reply } => image_requests.push(reply),
+                    Command::Snapshot { reply } => snapshot_requests.push(reply),
+                    command => self.handle(command, now, records, events, replies),
+                }
+            }
+        }
+        if self.check_invariants
+            && let Err(problem) = self.state.check_invariants()
+        {
+            panic!("engine invariant broken after a batch: {problem}");
         }
 
-        let failure = self.commit(&records, encoded).err();
-        if failure.is_none() {
-            let pending = events.take();
-            self.publish(pending.into_iter());
-            if self.check_invariants
-                && let Err(problem) = self.state.check_invariants()
-            {
-                panic!("engine invariant broken after a commit: {problem}");
-            }
+        self.commit(staged);
+        if !image_requests.is_empty() {
+            self.syncer.barrier();
         }
-        outgoing.into_iter().for_each(|reply| reply.send(failure.as_ref()));
         for reply in image_requests {
             let _ = reply.send(Ok(self.state.image()));
         }
@@ -202,7 +188,7 @@ impl Writer {
             let result = self.snapshot_now().map_err(|_| EngineError::Unavailable { reason: "snapshot_failed" });
             let _ = reply.send(result);
         }
-        if failure.is_none() {
+        if !stop {
             self.maybe_start_snapshot();
         }
         stop
@@ -442,30 +428,21 @@ impl Writer {
         self.state.job(id).cloned().expect("a job just decided on is stored")
     }
 
-    /// Writes the batch's records as one frame and syncs once.
-    fn commit(&mut self, records: &[Record], encoded: &mut Vec<u8>) -> Result<(), EngineError> {
-        if records.is_empty() {
-            return Ok(());
+    /// Encodes a turn's records and queues them, with the view changes and
+    /// replies that wait for them, for the sync thread.
+    fn commit(&mut self, staged: Staged) {
+        if staged.is_empty() {
+            return;
         }
-        encode_batch(records, encoded);
-        match self.wal.commit(encoded) {
-            Ok(bytes) => {
-                self.bytes_since_snapshot += bytes;
-                Ok(())
-            }
-            Err(error) => {
-                crate::logging::error(
-                    "write-ahead log failed; refusing all writes until restart",
-                    &[("error", error.to_string().into())],
-                );
-                self.view.set_storage_failed();
-                Err(EngineError::Unavailable { reason: "storage_failed" })
-            }
-        }
+        let Staged { records, replies, mut events } = staged;
+        let sequences = encode_sequences(&records);
+        self.bytes_since_snapshot += sequences.iter().map(|sequence| sequence.len() as u64).sum::<u64>();
+        let delta = self.collect_delta(events.take());
+        self.syncer.commit(Chunk { sequences, delta, replies });
     }
 
     fn refuse_all(&mut self, batch: Vec<Command>) -> bool {
-        let error = EngineError::Unavailable { reason: "storage_failed" };
+        let error = storage_failed();
         let mut stop = false;
         for command in batch {
             let _ = match command {
@@ -497,16 +474,19 @@ impl Writer {
         stop
     }
 
-    /// Copies what changed to the read view and appends the batch's events.
-    fn publish(&mut self, pending: impl Iterator<Item = (Millis, super::events::EventKind, super::events::JobRef)>) {
-        let workers: Vec<(String, Option<WorkerEntry>)> = self
+    /// Copies what changed since the last turn out of the state, and turns
+    /// the pending events into published ones.
+    fn collect_delta(&mut self, pending: Vec<(Millis, EventKind, JobRef)>) -> ViewDelta {
+        let workers = self
             .state
             .take_dirty_workers()
             .into_iter()
-            .map(|worker| (worker.clone(), self.worker_entry(&worker)))
+            .map(|worker| {
+                let entry = self.worker_entry(&worker);
+                (worker, entry)
+            })
             .collect();
-        self.view.publish_workers(workers.into_iter());
-        let crons: Vec<(String, Option<Arc<CronEntry>>)> = self
+        let crons = self
             .state
             .crons
             .take_dirty()
@@ -516,42 +496,36 @@ impl Writer {
                 (name, entry)
             })
             .collect();
-        if !crons.is_empty() {
-            self.view.publish_crons(crons.into_iter());
-        }
         let (dirty, queues_dirty) = self.state.take_dirty();
-        self.view.publish_jobs(dirty.into_iter().map(|id| (id, self.state.job(id).cloned())));
-        if queues_dirty {
-            let summaries = self
-                .state
+        let jobs = dirty.into_iter().map(|id| (id, self.state.job(id).cloned())).collect();
+        let queues = queues_dirty.then(|| {
+            self.state
                 .queues()
                 .iter()
                 .map(|(name, queue)| QueueSummary { name: name.clone(), paused: queue.paused, counts: queue.counts })
-                .collect();
-            self.view.publish_queues(summaries);
-        }
-        let mut events = Vec::new();
+                .collect()
+        });
+        let mut events = Vec::with_capacity(pending.len());
         for (time, kind, job) in pending {
             let job = match job {
-                super::events::JobRef::Id(id) => match self.state.job(id) {
+                JobRef::Id(id) => match self.state.job(id) {
                     Some(job) => Some(job.clone()),
                     None => continue,
                 },
-                super::events::JobRef::Gone(job) => Some(job),
-                super::events::JobRef::None => None,
+                JobRef::Gone(job) => Some(job),
+                JobRef::None => None,
             };
             self.event_seq += 1;
             let event_id = self.event_ids.next(time, rand::random());
-            events.push(Event { seq: self.event_seq, id: format!("evt_{event_id}"), time, kind, job });
+            events.push(Event { seq: self.event_seq, id: EventId(event_id), time, kind, job });
         }
-        if !events.is_empty() {
-            self.view.publish_events(events.into_iter());
-        }
+        ViewDelta { jobs, workers, crons, queues, events }
     }
 
     /// Encodes the state as of a fresh segment boundary.
     fn snapshot_payload(&mut self) -> Result<(u64, Vec<u8>), StorageError> {
-        let replay_from = self.wal.rotate()?;
+        // Every queued record lands before the boundary: the image includes them.
+        let replay_from = self.syncer.rotate()?;
         let image = self.state.image();
         let payload = postcard::to_allocvec(&image).expect("state images encode into a Vec without failing");
         self.bytes_since_snapshot = 0;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::error::{ApiError, ERROR_TABLE};
 use super::router::Route;
-use super::wire::{render_event, render_job};
+use super::wire::{job_body, jobs_object, render_event, render_job};
 use super::{AppState, Reply, SPEC_VERSION, is_empty_body};
 use crate::engine::{EngineError, FetchRequest};
 use crate::job::json::{minify, parse_object};
@@ -54,10 +54,6 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
     }
 }
 
-fn job_body(job: &Job) -> String {
-    format!("{{\"job\":{}}}", render_job(job, &[]))
-}
-
 /// A path or body id that is not a valid job id cannot exist: 404.
 fn job_id(text: &str) -> Result<JobId, ApiError> {
     JobId::parse(&text.to_ascii_lowercase()).ok_or_else(|| ApiError::not_found("job", text))
@@ -77,7 +73,10 @@ fn present<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
 }
 
 fn location(job: &Job) -> String {
-    format!("/svc/v1/jobs/{}", job.id)
+    let mut path = String::with_capacity(50);
+    path.push_str("/svc/v1/jobs/");
+    path.push_str(std::str::from_utf8(&job.id.to_hyphenated()).expect("ASCII"));
+    path
 }
 
 async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
@@ -117,9 +116,9 @@ async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
         new_jobs.push(parsed.map_err(|error| ApiError::from(error).detail("index", index))?);
     }
     let jobs = app.engine.enqueue(new_jobs).outcome().await?;
-    let rendered: Vec<String> = jobs.iter().map(|job| render_job(job, &[])).collect();
-    let body = format!("{{\"jobs\":[{}],\"count\":{}}}", rendered.join(","), jobs.len());
-    Ok(Reply::ok(body).with_status(StatusCode::CREATED))
+    let mut body = jobs_object("jobs", &jobs);
+    body.number("count", jobs.len());
+    Ok(Reply::ok(body.finish()).with_status(StatusCode::CREATED))
 }
 
 fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
@@ -203,8 +202,7 @@ async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
         return Ok(Reply::ok("{\"jobs\":[]}".to_string()));
     }
     let jobs = app.engine.fetch(request).outcome().await?;
-    let rendered: Vec<String> = jobs.iter().map(|job| render_job(job, &[])).collect();
-    Ok(Reply::ok(format!("{{\"jobs\":[{}]}}", rendered.join(","))))
+    Ok(Reply::ok(jobs_object("jobs", &jobs).finish()))
 }
 
 /// The job id of a worker report: from the path, or `job_id` in the body.
@@ -254,10 +252,10 @@ async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply
     }
     let job = app.engine.ack(id, result, worker_id(&map)?).outcome().await.map_err(report_error)?;
     let mut body = super::wire::ObjectWriter::default();
-    body.raw("job", &render_job(&job, &[]))
+    body.job("job", &job)
         .raw("acknowledged", "true")
-        .string("id", &job.id.to_string())
-        .string("job_id", &job.id.to_string())
+        .id("id", job.id)
+        .id("job_id", job.id)
         .string("state", job.state.as_str());
     if let Some(at) = job.completed_at {
         body.time("completed_at", at);
@@ -278,9 +276,9 @@ async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Repl
     };
     let job = app.engine.fail(id, report, requeue, worker_id(&map)?).outcome().await.map_err(report_error)?;
     let mut body = super::wire::ObjectWriter::default();
-    body.raw("job", &render_job(&job, &[]))
-        .string("id", &job.id.to_string())
-        .string("job_id", &job.id.to_string())
+    body.job("job", &job)
+        .id("id", job.id)
+        .id("job_id", job.id)
         .string("state", job.state.as_str())
         .number("attempt", job.attempt)
         .number("max_attempts", job.max_attempts());
@@ -475,8 +473,9 @@ fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {
         Some((at, id)) if has_more => format!("\"{}\"", encode_cursor(&format!("{at}/{id}"))),
         _ => "null".to_string(),
     };
-    let rendered: Vec<String> = jobs.iter().map(|job| render_job(job, &[])).collect();
-    Ok(Reply::ok(format!("{{\"jobs\":[{}],\"cursor\":{cursor},\"has_more\":{has_more}}}", rendered.join(","))))
+    let mut body = jobs_object("jobs", &jobs);
+    body.raw("cursor", &cursor).raw("has_more", if has_more { "true" } else { "false" });
+    Ok(Reply::ok(body.finish()))
 }
 
 async fn dead_letter_retry(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
@@ -523,7 +522,7 @@ fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
             })
             && subject.as_ref().is_none_or(|subject| *subject == event.subject())
     });
-    let cursor = page.events.last().map(|event| event.id.clone()).or_else(|| after.map(str::to_string));
+    let cursor = page.events.last().map(|event| event.id.to_string()).or_else(|| after.map(str::to_string));
     let events: Vec<Value> = page.events.iter().map(|event| render_event(event)).collect();
     let mut body = json!({"events": events, "cursor": cursor, "has_more": page.has_more});
     if page.gap {

@@ -120,7 +120,11 @@ fn request_id(app: &AppState, headers: &HeaderMap) -> String {
         }
         _ => {
             let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
-            format!("req_{}", app.request_ids.lock().next(now, rand::random()))
+            let id = app.request_ids.lock().next(now, rand::random());
+            let mut text = String::with_capacity(40);
+            text.push_str("req_");
+            text.push_str(std::str::from_utf8(&id.to_hyphenated()).expect("ASCII"));
+            text
         }
     }
 }
@@ -189,9 +193,12 @@ fn too_large(limit: usize, actual: u64) -> ApiError {
 
 /// An absent body, white space only, or `{}`.
 pub fn is_empty_body(body: &[u8]) -> bool {
-    let text = std::str::from_utf8(body).unwrap_or("x");
-    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-    compact.is_empty() || compact == "{}"
+    let mut significant = body.iter().filter(|byte| !byte.is_ascii_whitespace());
+    match significant.next() {
+        None => true,
+        Some(b'{') => significant.next() == Some(&b'}') && significant.next().is_none(),
+        Some(_) => false,
+    }
 }
 
 fn check_content_type(content_type: Option<&str>) -> Result<(), ApiError> {

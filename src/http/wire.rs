@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::engine::{CronInfo, Event, EventKind};
 use crate::job::json::push_json_string;
-use crate::job::time::format_timestamp;
+use crate::job::time::{format_timestamp, push_duration_ms, push_timestamp};
 use crate::job::{FailureReport, Job, JobId, JobState};
 
 /// Builds a JSON object by appending text.
@@ -17,18 +17,32 @@ pub struct ObjectWriter {
 
 impl Default for ObjectWriter {
     fn default() -> Self {
-        Self { out: String::from("{"), first: true }
+        Self::continuing(String::with_capacity(256))
     }
 }
 
 impl ObjectWriter {
+    /// An object written after what `out` already holds.
+    pub fn continuing(mut out: String) -> Self {
+        out.push('{');
+        Self { out, first: true }
+    }
+
     fn key(&mut self, key: &str) {
         if !self.first {
             self.out.push(',');
         }
         self.first = false;
-        push_json_string(&mut self.out, key);
-        self.out.push(':');
+        if key.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_') {
+            // The common case, every key of ours: nothing to escape.
+            self.out.reserve(key.len() + 3);
+            self.out.push('"');
+            self.out.push_str(key);
+            self.out.push_str("\":");
+        } else {
+            push_json_string(&mut self.out, key);
+            self.out.push(':');
+        }
     }
 
     pub fn raw(&mut self, key: &str, json: &str) -> &mut Self {
@@ -43,18 +57,72 @@ impl ObjectWriter {
         self
     }
 
-    pub fn number(&mut self, key: &str, number: impl std::fmt::Display) -> &mut Self {
+    pub fn number(&mut self, key: &str, number: impl itoa::Integer) -> &mut Self {
         self.key(key);
-        self.out.push_str(&number.to_string());
+        self.out.push_str(itoa::Buffer::new().format(number));
         self
     }
 
     pub fn time(&mut self, key: &str, ms: i64) -> &mut Self {
-        self.string(key, &format_timestamp(ms))
+        self.key(key);
+        self.out.push('"');
+        push_timestamp(&mut self.out, ms);
+        self.out.push('"');
+        self
+    }
+
+    pub fn duration(&mut self, key: &str, ms: i64) -> &mut Self {
+        self.key(key);
+        self.out.push('"');
+        push_duration_ms(&mut self.out, ms);
+        self.out.push('"');
+        self
     }
 
     pub fn value(&mut self, key: &str, value: &Value) -> &mut Self {
-        self.raw(key, &value.to_string())
+        self.key(key);
+        // Writing a Value into a String cannot fail.
+        let _ = serde_json::to_writer(StringWriter(&mut self.out), value);
+        self
+    }
+
+    /// A nested object under `key`, written in place.
+    pub fn object(&mut self, key: &str, fill: impl FnOnce(&mut ObjectWriter)) -> &mut Self {
+        self.key(key);
+        let mut inner = ObjectWriter::continuing(std::mem::take(&mut self.out));
+        fill(&mut inner);
+        self.out = inner.finish();
+        self
+    }
+
+    /// A job id as its hyphenated string.
+    pub fn id(&mut self, key: &str, id: JobId) -> &mut Self {
+        self.key(key);
+        self.out.push('"');
+        self.out.push_str(std::str::from_utf8(&id.to_hyphenated()).expect("ASCII"));
+        self.out.push('"');
+        self
+    }
+
+    /// The full job rendering under `key`.
+    pub fn job(&mut self, key: &str, job: &Job) -> &mut Self {
+        self.key(key);
+        push_job(&mut self.out, job, &[]);
+        self
+    }
+
+    /// An array of strings under `key`.
+    pub fn strings(&mut self, key: &str, items: &[String]) -> &mut Self {
+        self.key(key);
+        self.out.push('[');
+        for (index, item) in items.iter().enumerate() {
+            if index > 0 {
+                self.out.push(',');
+            }
+            push_json_string(&mut self.out, item);
+        }
+        self.out.push(']');
+        self
     }
 
     pub fn finish(mut self) -> String {
@@ -63,12 +131,59 @@ impl ObjectWriter {
     }
 }
 
+/// `io::Write` into a `String`, for serde_json's writer (which only writes UTF-8).
+struct StringWriter<'a>(&'a mut String);
+
+impl std::io::Write for StringWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let text = std::str::from_utf8(bytes).map_err(std::io::Error::other)?;
+        self.0.push_str(text);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The full job rendering; `extra` adds response-specific keys (e.g. `previous_state`).
 pub fn render_job(job: &Job, extra: &[(&str, Value)]) -> String {
-    let mut object = ObjectWriter::default();
+    let mut out = String::with_capacity(1024);
+    push_job(&mut out, job, extra);
+    out
+}
+
+/// `{"job": <the job>}`, the body of single-job responses.
+pub fn job_body(job: &Job) -> String {
+    let mut out = String::with_capacity(1024);
+    out.push_str("{\"job\":");
+    push_job(&mut out, job, &[]);
+    out.push('}');
+    out
+}
+
+/// `{"<key>": [<jobs>]` with the object left open for more keys.
+pub fn jobs_object(key: &str, jobs: &[std::sync::Arc<Job>]) -> ObjectWriter {
+    let mut out = String::with_capacity(64 + 1024 * jobs.len());
+    out.push('{');
+    push_json_string(&mut out, key);
+    out.push_str(":[");
+    for (index, job) in jobs.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        push_job(&mut out, job, &[]);
+    }
+    out.push(']');
+    ObjectWriter { out, first: false }
+}
+
+/// Appends the full job rendering to `out`.
+pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
+    let mut object = ObjectWriter::continuing(std::mem::take(out));
     object
         .string("specversion", "1.0")
-        .string("id", std::str::from_utf8(&job.id.to_hyphenated()).expect("ASCII"))
+        .id("id", job.id)
         .string("type", &job.payload.job_type)
         .string("queue", &job.queue)
         .raw("args", &job.payload.args)
@@ -81,8 +196,8 @@ pub fn render_job(job: &Job, extra: &[(&str, Value)]) -> String {
         .number("timeout_ms", job.timeout_ms)
         .number("visibility_timeout", job.visibility_timeout_ms.div_ceil(1000))
         .number("visibility_timeout_ms", job.visibility_timeout_ms)
-        .raw("retry", &render_retry(&job.retry))
-        .raw("tags", &render_strings(&job.payload.tags))
+        .object("retry", |retry| push_retry(retry, &job.retry))
+        .strings("tags", &job.payload.tags)
         .time("created_at", job.created_at);
     let times = [
         ("scheduled_at", job.scheduled_at),
@@ -131,34 +246,24 @@ pub fn render_job(job: &Job, extra: &[(&str, Value)]) -> String {
     for (key, value) in extra {
         object.value(key, value);
     }
-    object.finish()
+    *out = object.finish();
 }
 
 /// The effective retry policy, durations in ISO 8601.
-fn render_retry(policy: &crate::job::RetryPolicy) -> String {
-    use crate::job::time::format_duration_ms;
-    let mut object = ObjectWriter::default();
+fn push_retry(object: &mut ObjectWriter, policy: &crate::job::RetryPolicy) {
     object
         .number("max_attempts", policy.max_attempts)
-        .string("initial_interval", &format_duration_ms(policy.initial_interval_ms))
-        .raw("backoff_coefficient", &Value::from(policy.backoff_coefficient).to_string())
-        .string("max_interval", &format_duration_ms(policy.max_interval_ms))
+        .duration("initial_interval", policy.initial_interval_ms)
+        .raw("backoff_coefficient", render_float(policy.backoff_coefficient).as_str())
+        .duration("max_interval", policy.max_interval_ms)
         .raw("jitter", if policy.jitter { "true" } else { "false" })
-        .raw("non_retryable_errors", &render_strings(&policy.non_retryable_errors))
+        .strings("non_retryable_errors", &policy.non_retryable_errors)
         .string("on_exhaustion", policy.on_exhaustion.as_str());
-    object.finish()
 }
 
-fn render_strings(items: &[String]) -> String {
-    let mut out = String::from("[");
-    for (index, item) in items.iter().enumerate() {
-        if index > 0 {
-            out.push(',');
-        }
-        push_json_string(&mut out, item);
-    }
-    out.push(']');
-    out
+/// A finite float as serde_json writes it (`2.0`, `1.5`); `null` otherwise.
+fn render_float(value: f64) -> String {
+    if value.is_finite() { ryu::Buffer::new().format_finite(value).to_string() } else { "null".to_string() }
 }
 
 /// A failure as `{type, code, message, ...}`; history entries add attempt and time.
@@ -224,7 +329,7 @@ pub fn render_event(event: &Event) -> Value {
     };
     serde_json::json!({
         "specversion": "1.0",
-        "id": event.id,
+        "id": event.id.to_string(),
         "type": event.kind.type_name(),
         "source": format!("svc://svc/{component}"),
         "time": format_timestamp(event.time),

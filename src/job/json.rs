@@ -103,30 +103,33 @@ pub fn nesting_depth(bytes: &[u8]) -> usize {
 
 /// Removes insignificant white space from valid JSON text, keeping everything else.
 pub fn minify(text: &str) -> String {
+    let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len());
     let mut in_string = false;
     let mut escaped = false;
-    for character in text.chars() {
+    let mut run_start = 0;
+    for (index, &byte) in bytes.iter().enumerate() {
         if in_string {
-            out.push(character);
             if escaped {
                 escaped = false;
-            } else if character == '\\' {
+            } else if byte == b'\\' {
                 escaped = true;
-            } else if character == '"' {
+            } else if byte == b'"' {
                 in_string = false;
             }
             continue;
         }
-        match character {
-            ' ' | '\n' | '\r' | '\t' => {}
-            '"' => {
-                in_string = true;
-                out.push(character);
+        match byte {
+            b' ' | b'\n' | b'\r' | b'\t' => {
+                // White space is ASCII, so the run before it is whole UTF-8.
+                out.push_str(&text[run_start..index]);
+                run_start = index + 1;
             }
-            _ => out.push(character),
+            b'"' => in_string = true,
+            _ => {}
         }
     }
+    out.push_str(&text[run_start..]);
     out
 }
 
@@ -168,17 +171,36 @@ impl JsonKind {
 /// Appends `text` to `out` as a JSON string literal.
 pub fn push_json_string(out: &mut String, text: &str) {
     out.push('"');
-    for character in text.chars() {
-        match character {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
+    let bytes = text.as_bytes();
+    // Most strings need no escape at all: copy them whole.
+    if !bytes.iter().any(|&byte| byte < 0x20 || byte == b'"' || byte == b'\\') {
+        out.push_str(text);
+        out.push('"');
+        return;
     }
+    let mut run_start = 0;
+    for (index, &byte) in bytes.iter().enumerate() {
+        let escape = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        // Runs between escapes are whole UTF-8 sequences: escapes are ASCII.
+        out.push_str(&text[run_start..index]);
+        if escape.is_empty() {
+            out.push_str("\\u00");
+            out.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
+            out.push(char::from(b"0123456789abcdef"[usize::from(byte & 0xf)]));
+        } else {
+            out.push_str(escape);
+        }
+        run_start = index + 1;
+    }
+    out.push_str(&text[run_start..]);
     out.push('"');
 }
 

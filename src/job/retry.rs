@@ -87,7 +87,7 @@ impl RetryPolicy {
         }
         let initial_given = field("initial_interval").is_some();
         if let Some(value) = field("initial_interval") {
-            policy.initial_interval_ms = duration_field(value, &at("initial_interval"))?;
+            policy.initial_interval_ms = duration_field(value, || at("initial_interval"))?;
         }
         if let Some(value) = field("backoff_coefficient") {
             let coefficient = value.as_f64().filter(|c| (1.0..=BACKOFF_COEFFICIENT_MAX).contains(c));
@@ -100,7 +100,7 @@ impl RetryPolicy {
         }
         match field("max_interval") {
             Some(value) => {
-                policy.max_interval_ms = duration_field(value, &at("max_interval"))?;
+                policy.max_interval_ms = duration_field(value, || at("max_interval"))?;
                 if policy.max_interval_ms < policy.initial_interval_ms {
                     return Err(ValidationError::payload(
                         at("max_interval"),
@@ -148,11 +148,16 @@ impl RetryPolicy {
     }
 }
 
-fn duration_field(value: &Value, path: &str) -> Result<i64, ValidationError> {
+/// A duration field; `path` names it, built only for an error.
+fn duration_field(value: &Value, path: impl Fn() -> String) -> Result<i64, ValidationError> {
     let text = value.as_str().ok_or_else(|| {
-        ValidationError::payload(path, format!("{path} must be an ISO 8601 duration string such as \"PT1S\""))
+        let path = path();
+        ValidationError::payload(&path, format!("{path} must be an ISO 8601 duration string such as \"PT1S\""))
     })?;
-    parse_duration_ms(text).map_err(|message| ValidationError::payload(path, format!("{path}: {message}")))
+    parse_duration_ms(text).map_err(|message| {
+        let path = path();
+        ValidationError::payload(&path, format!("{path}: {message}"))
+    })
 }
 
 fn error_list(value: &Value, path: &str) -> Result<Vec<String>, ValidationError> {

@@ -4,32 +4,50 @@
 //! Input: RFC 3339 with `Z` or an offset, or `+<duration>` relative to now.
 
 use jiff::Timestamp;
-use jiff::tz::TimeZone;
 
 use crate::clock::Millis;
 use crate::limits::DURATION_MS_MAX;
 
 /// Formats milliseconds since the epoch as RFC 3339 UTC.
 pub fn format_timestamp(ms: Millis) -> String {
-    let Ok(timestamp) = Timestamp::from_millisecond(ms) else {
-        return "1970-01-01T00:00:00Z".to_string();
-    };
-    let civil = timestamp.to_zoned(TimeZone::UTC).datetime();
-    let millis = ms.rem_euclid(1000);
-    let mut text = format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
-        civil.year(),
-        civil.month(),
-        civil.day(),
-        civil.hour(),
-        civil.minute(),
-        civil.second()
-    );
-    if millis != 0 {
-        text.push_str(&format!(".{millis:03}"));
-    }
-    text.push('Z');
+    let mut text = String::with_capacity(24);
+    push_timestamp(&mut text, ms);
     text
+}
+
+/// Appends milliseconds since the epoch as RFC 3339 UTC, e.g.
+/// `2026-03-09T10:30:02.789Z` (the fraction omitted when zero).
+pub fn push_timestamp(out: &mut String, ms: Millis) {
+    let Ok(timestamp) = Timestamp::from_millisecond(ms) else {
+        out.push_str("1970-01-01T00:00:00Z");
+        return;
+    };
+    let civil = jiff::tz::Offset::UTC.to_datetime(timestamp);
+    let year = i32::from(civil.year());
+    // Years before 1000 do not occur in practice, but keep four digits anyway.
+    push_digits(out, year.unsigned_abs(), 4);
+    for (separator, value) in
+        [('-', civil.month()), ('-', civil.day()), ('T', civil.hour()), (':', civil.minute()), (':', civil.second())]
+    {
+        out.push(separator);
+        push_digits(out, value.unsigned_abs() as u32, 2);
+    }
+    let millis = ms.rem_euclid(1000) as u32;
+    if millis != 0 {
+        out.push('.');
+        push_digits(out, millis, 3);
+    }
+    out.push('Z');
+}
+
+/// Appends `value` in decimal, zero-padded to `width` digits.
+fn push_digits(out: &mut String, value: u32, width: usize) {
+    let mut buffer = itoa::Buffer::new();
+    let digits = buffer.format(value);
+    for _ in digits.len()..width {
+        out.push('0');
+    }
+    out.push_str(digits);
 }
 
 /// A point in time as a client gave it.
@@ -144,6 +162,13 @@ fn parse_number_scaled(number: &str, scale: i128, fraction_allowed: bool) -> Opt
 
 /// Formats milliseconds as the shortest ISO 8601 duration (`PT1S`, `PT5M`, `P1DT2H`).
 pub fn format_duration_ms(ms: Millis) -> String {
+    let mut text = String::with_capacity(16);
+    push_duration_ms(&mut text, ms);
+    text
+}
+
+/// Appends milliseconds as the shortest ISO 8601 duration.
+pub fn push_duration_ms(out: &mut String, ms: Millis) {
     let days = ms / 86_400_000;
     let mut rest = ms % 86_400_000;
     let hours = rest / 3_600_000;
@@ -152,26 +177,36 @@ pub fn format_duration_ms(ms: Millis) -> String {
     rest %= 60_000;
     let seconds = rest / 1000;
     let millis = rest % 1000;
-    let mut text = String::from("P");
+    let mut number = itoa::Buffer::new();
+    out.push('P');
     if days > 0 {
-        text.push_str(&format!("{days}D"));
+        out.push_str(number.format(days));
+        out.push('D');
     }
     if hours > 0 || minutes > 0 || seconds > 0 || millis > 0 || days == 0 {
-        text.push('T');
+        out.push('T');
         if hours > 0 {
-            text.push_str(&format!("{hours}H"));
+            out.push_str(number.format(hours));
+            out.push('H');
         }
         if minutes > 0 {
-            text.push_str(&format!("{minutes}M"));
+            out.push_str(number.format(minutes));
+            out.push('M');
         }
         if millis > 0 {
-            let fraction = format!("{millis:03}");
-            text.push_str(&format!("{seconds}.{}S", fraction.trim_end_matches('0')));
+            out.push_str(number.format(seconds));
+            out.push('.');
+            let mut fraction = [b'0'; 3];
+            let digits = number.format(millis).as_bytes();
+            fraction[3 - digits.len()..].copy_from_slice(digits);
+            let kept = fraction.iter().rposition(|digit| *digit != b'0').map_or(0, |last| last + 1);
+            out.push_str(std::str::from_utf8(&fraction[..kept]).expect("ASCII digits"));
+            out.push('S');
         } else if seconds > 0 || (hours == 0 && minutes == 0) {
-            text.push_str(&format!("{seconds}S"));
+            out.push_str(number.format(seconds));
+            out.push('S');
         }
     }
-    text
 }
 
 fn clip(text: &str) -> String {

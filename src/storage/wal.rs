@@ -107,9 +107,17 @@ impl WalWriter {
         self.poisoned
     }
 
+    /// Marks the log failed, e.g. after a sync on another thread failed.
+    pub fn poison(&mut self) {
+        self.poisoned = true;
+    }
+
     /// Writes `payload` as one frame without syncing; rotates when the segment
-    /// is full. The caller must sync the returned range before acknowledging.
-    fn write(&mut self, payload: &[u8]) -> Result<Written, StorageError> {
+    /// is full. The caller must sync the returned range before acknowledging
+    /// anything in it, and must not append again until that sync succeeded:
+    /// recovery relies on every frame being written after the previous one was
+    /// durable.
+    pub fn append(&mut self, payload: &[u8]) -> Result<Written, StorageError> {
         if self.poisoned {
             return Err(StorageError::Poisoned);
         }
@@ -143,7 +151,7 @@ impl WalWriter {
 
     /// Writes `payload` as one frame and syncs it. Returns the bytes written.
     pub fn commit(&mut self, payload: &[u8]) -> Result<u64, StorageError> {
-        let written = self.write(payload)?;
+        let written = self.append(payload)?;
         if let Err(error) = written.sync() {
             self.poisoned = true;
             return Err(error);
@@ -181,8 +189,9 @@ impl Drop for WalWriter {
     }
 }
 
-/// A frame written but not yet synced.
-struct Written {
+/// A frame written but not yet synced. It holds its own handle on the file,
+/// so it can be synced on another thread, even after the writer rotated.
+pub struct Written {
     file: Arc<dyn LogFile>,
     path: PathBuf,
     start: u64,
@@ -190,11 +199,16 @@ struct Written {
 }
 
 impl Written {
+    /// Bytes of the frame, header included.
+    pub fn bytes(&self) -> u64 {
+        self.end - self.start
+    }
+
     /// Syncs the file (and with it every earlier write to it). On failure the
     /// frame is zeroed, best effort, so a restart does not bring back a write
     /// whose client was told it failed; after a failed sync the kernel's view
     /// of the file is uncertain, which is why the log is poisoned either way.
-    fn sync(&self) -> Result<(), StorageError> {
+    pub fn sync(&self) -> Result<(), StorageError> {
         self.file.sync_data().map_err(|error| {
             let _ = self.file.write_at(self.start, &vec![0u8; (self.end - self.start) as usize]);
             StorageError::Io { path: self.path.clone(), error }
