@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use svc::engine::record::{Claim, FailOutcome, Record, decode_batch, encode_batch};
+use svc::engine::record::{Claim, FailOutcome, Record, decode_batch, encode_batch, encode_sequences};
 use svc::job::{FailureReport, JobId};
 use svc::storage::frame::{Decoded, decode_frame, encode_frame};
 
@@ -116,6 +116,19 @@ proptest! {
         let mut encoded = Vec::new();
         encode_batch(&records, &mut encoded);
         prop_assert_eq!(decode_batch(&encoded).unwrap(), records);
+    }
+
+    #[test]
+    fn a_payload_of_several_sequences_decodes_them_in_order(
+        first in proptest::collection::vec(record_strategy(), 1..8),
+        second in proptest::collection::vec(record_strategy(), 1..8),
+    ) {
+        let mut payload = Vec::new();
+        for sequence in encode_sequences(&first).into_iter().chain(encode_sequences(&second)) {
+            payload.extend(sequence);
+        }
+        let expected: Vec<Record> = first.iter().chain(&second).cloned().collect();
+        prop_assert_eq!(decode_batch(&payload).unwrap(), expected);
     }
 
     #[test]

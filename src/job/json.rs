@@ -237,4 +237,14 @@ mod tests {
         assert_eq!(out, r#""a\"b\\c\n\u0001""#);
         assert!(serde_json::from_str::<String>(&out).is_ok());
     }
+
+    #[test]
+    fn escaping_and_minifying_keep_other_characters_whole() {
+        for text in ["plain", "", "é\u{1f600}\t日本\u{1f}\"", "\\\\", "tab\tend"] {
+            let mut out = String::new();
+            push_json_string(&mut out, text);
+            assert_eq!(serde_json::from_str::<String>(&out).unwrap(), text);
+        }
+        assert_eq!(minify("[ \"é 日\" ,\n\t{ \"\u{1f600}\" : 1 } ]"), "[\"é 日\",{\"\u{1f600}\":1}]");
+    }
 }

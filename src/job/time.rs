@@ -24,7 +24,9 @@ pub fn push_timestamp(out: &mut String, ms: Millis) {
     };
     let civil = jiff::tz::Offset::UTC.to_datetime(timestamp);
     let year = i32::from(civil.year());
-    // Years before 1000 do not occur in practice, but keep four digits anyway.
+    if year < 0 {
+        out.push('-');
+    }
     push_digits(out, year.unsigned_abs(), 4);
     for (separator, value) in
         [('-', civil.month()), ('-', civil.day()), ('T', civil.hour()), (':', civil.minute()), (':', civil.second())]
@@ -222,6 +224,9 @@ mod tests {
         assert_eq!(format_timestamp(4_102_444_799_000), "2099-12-31T23:59:59Z");
         assert_eq!(format_timestamp(1_773_052_202_789), "2026-03-09T10:30:02.789Z");
         assert_eq!(format_timestamp(1_773_052_202_009), "2026-03-09T10:30:02.009Z");
+        assert_eq!(format_timestamp(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_timestamp(-62_135_596_800_000), "0001-01-01T00:00:00Z");
+        assert_eq!(format_timestamp(-1), "1969-12-31T23:59:59.999Z");
     }
 
     #[test]
