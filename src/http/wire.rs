@@ -71,27 +71,10 @@ impl ObjectWriter {
         self
     }
 
-    pub fn duration(&mut self, key: &str, ms: i64) -> &mut Self {
-        self.key(key);
-        self.out.push('"');
-        push_duration_ms(&mut self.out, ms);
-        self.out.push('"');
-        self
-    }
-
     pub fn value(&mut self, key: &str, value: &Value) -> &mut Self {
         self.key(key);
         // Writing a Value into a String cannot fail.
         let _ = serde_json::to_writer(StringWriter(&mut self.out), value);
-        self
-    }
-
-    /// A nested object under `key`, written in place.
-    pub fn object(&mut self, key: &str, fill: impl FnOnce(&mut ObjectWriter)) -> &mut Self {
-        self.key(key);
-        let mut inner = ObjectWriter::continuing(std::mem::take(&mut self.out));
-        fill(&mut inner);
-        self.out = inner.finish();
         self
     }
 
@@ -108,20 +91,6 @@ impl ObjectWriter {
     pub fn job(&mut self, key: &str, job: &Job) -> &mut Self {
         self.key(key);
         push_job(&mut self.out, job, &[]);
-        self
-    }
-
-    /// An array of strings under `key`.
-    pub fn strings(&mut self, key: &str, items: &[String]) -> &mut Self {
-        self.key(key);
-        self.out.push('[');
-        for (index, item) in items.iter().enumerate() {
-            if index > 0 {
-                self.out.push(',');
-            }
-            push_json_string(&mut self.out, item);
-        }
-        self.out.push(']');
         self
     }
 
@@ -178,57 +147,63 @@ pub fn jobs_object(key: &str, jobs: &[std::sync::Arc<Job>]) -> ObjectWriter {
     ObjectWriter { out, first: false }
 }
 
-/// Appends the full job rendering to `out`.
+/// `,"name":`, built at compile time.
+macro_rules! key {
+    ($name:literal) => {
+        concat!(",\"", $name, "\":")
+    };
+}
+
+/// Appends the full job rendering to `out`. The fixed fields are written
+/// with their keys as literals: this runs for every job in every response.
 pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
-    let mut object = ObjectWriter::continuing(std::mem::take(out));
-    object
-        .string("specversion", "1.0")
-        .id("id", job.id)
-        .string("type", &job.payload.job_type)
-        .string("queue", &job.queue)
-        .raw("args", &job.payload.args)
-        .raw("meta", &job.payload.meta)
-        .string("state", job.state.as_str())
-        .number("priority", job.priority)
-        .number("attempt", job.attempt)
-        .number("max_attempts", job.max_attempts())
-        .number("timeout", job.timeout_ms.div_ceil(1000))
-        .number("timeout_ms", job.timeout_ms)
-        .number("visibility_timeout", job.visibility_timeout_ms.div_ceil(1000))
-        .number("visibility_timeout_ms", job.visibility_timeout_ms)
-        .object("retry", |retry| push_retry(retry, &job.retry))
-        .strings("tags", &job.payload.tags)
-        .time("created_at", job.created_at);
-    let times = [
-        ("scheduled_at", job.scheduled_at),
-        ("expires_at", job.expires_at),
-        ("enqueued_at", job.enqueued_at),
-        ("started_at", job.started_at),
-    ];
-    for (key, time) in times {
-        if let Some(ms) = time {
-            object.time(key, ms);
-        }
-    }
+    out.reserve(1024);
+    out.push_str("{\"specversion\":\"1.0\",\"id\":\"");
+    out.push_str(std::str::from_utf8(&job.id.to_hyphenated()).expect("ASCII"));
+    out.push('"');
+    out.push_str(key!("type"));
+    push_json_string(out, &job.payload.job_type);
+    out.push_str(key!("queue"));
+    push_json_string(out, &job.queue);
+    out.push_str(key!("args"));
+    out.push_str(&job.payload.args);
+    out.push_str(key!("meta"));
+    out.push_str(&job.payload.meta);
+    out.push_str(key!("state"));
+    push_json_string(out, job.state.as_str());
+    push_number(out, key!("priority"), job.priority);
+    push_number(out, key!("attempt"), job.attempt);
+    push_number(out, key!("max_attempts"), job.max_attempts());
+    push_number(out, key!("timeout"), job.timeout_ms.div_ceil(1000));
+    push_number(out, key!("timeout_ms"), job.timeout_ms);
+    push_number(out, key!("visibility_timeout"), job.visibility_timeout_ms.div_ceil(1000));
+    push_number(out, key!("visibility_timeout_ms"), job.visibility_timeout_ms);
+    out.push_str(key!("retry"));
+    push_retry(out, &job.retry);
+    out.push_str(key!("tags"));
+    push_strings(out, &job.payload.tags);
+    push_time(out, key!("created_at"), Some(job.created_at));
+    push_time(out, key!("scheduled_at"), job.scheduled_at);
+    push_time(out, key!("expires_at"), job.expires_at);
+    push_time(out, key!("enqueued_at"), job.enqueued_at);
+    push_time(out, key!("started_at"), job.started_at);
     if let Some(worker) = &job.worker_id {
-        object.string("worker_id", worker);
+        out.push_str(key!("worker_id"));
+        push_json_string(out, worker);
     }
-    for (key, time) in [
-        ("completed_at", job.completed_at),
-        ("cancelled_at", job.cancelled_at),
-        ("discarded_at", job.discarded_at),
-        ("retry_at", job.retry_at),
-    ] {
-        if let Some(ms) = time {
-            object.time(key, ms);
-        }
-    }
+    push_time(out, key!("completed_at"), job.completed_at);
+    push_time(out, key!("cancelled_at"), job.cancelled_at);
+    push_time(out, key!("discarded_at"), job.discarded_at);
+    push_time(out, key!("retry_at"), job.retry_at);
     if let Some(delay) = job.retry_delay_ms {
-        object.number("retry_delay_ms", delay);
+        push_number(out, key!("retry_delay_ms"), delay);
     }
     if let Some(result) = &job.result {
-        object.raw("result", result);
+        out.push_str(key!("result"));
+        out.push_str(result);
     }
+    // The rest is rare: failures, unknown envelope fields, response extras.
+    let mut object = ObjectWriter { out: std::mem::take(out), first: false };
     if let Some(error) = &job.error {
         object.raw("error", &render_report(error, None));
     }
@@ -249,16 +224,53 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     *out = object.finish();
 }
 
+fn push_number(out: &mut String, key: &str, number: impl itoa::Integer) {
+    out.push_str(key);
+    out.push_str(itoa::Buffer::new().format(number));
+}
+
+/// A timestamp field, left out when absent.
+fn push_time(out: &mut String, key: &str, ms: Option<i64>) {
+    if let Some(ms) = ms {
+        out.push_str(key);
+        out.push('"');
+        push_timestamp(out, ms);
+        out.push('"');
+    }
+}
+
+fn push_strings(out: &mut String, items: &[String]) {
+    out.push('[');
+    for (index, item) in items.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        push_json_string(out, item);
+    }
+    out.push(']');
+}
+
 /// The effective retry policy, durations in ISO 8601.
-fn push_retry(object: &mut ObjectWriter, policy: &crate::job::RetryPolicy) {
-    object
-        .number("max_attempts", policy.max_attempts)
-        .duration("initial_interval", policy.initial_interval_ms)
-        .raw("backoff_coefficient", render_float(policy.backoff_coefficient).as_str())
-        .duration("max_interval", policy.max_interval_ms)
-        .raw("jitter", if policy.jitter { "true" } else { "false" })
-        .strings("non_retryable_errors", &policy.non_retryable_errors)
-        .string("on_exhaustion", policy.on_exhaustion.as_str());
+fn push_retry(out: &mut String, policy: &crate::job::RetryPolicy) {
+    out.push_str("{\"max_attempts\":");
+    out.push_str(itoa::Buffer::new().format(policy.max_attempts));
+    out.push_str(key!("initial_interval"));
+    out.push('"');
+    push_duration_ms(out, policy.initial_interval_ms);
+    out.push('"');
+    out.push_str(key!("backoff_coefficient"));
+    out.push_str(&render_float(policy.backoff_coefficient));
+    out.push_str(key!("max_interval"));
+    out.push('"');
+    push_duration_ms(out, policy.max_interval_ms);
+    out.push('"');
+    out.push_str(key!("jitter"));
+    out.push_str(if policy.jitter { "true" } else { "false" });
+    out.push_str(key!("non_retryable_errors"));
+    push_strings(out, &policy.non_retryable_errors);
+    out.push_str(key!("on_exhaustion"));
+    push_json_string(out, policy.on_exhaustion.as_str());
+    out.push('}');
 }
 
 /// A finite float as serde_json writes it (`2.0`, `1.5`); `null` otherwise.
