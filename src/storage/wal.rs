@@ -199,11 +199,6 @@ pub struct Written {
 }
 
 impl Written {
-    /// Bytes of the frame, header included.
-    pub fn bytes(&self) -> u64 {
-        self.end - self.start
-    }
-
     /// Syncs the file (and with it every earlier write to it). On failure the
     /// frame is zeroed, best effort, so a restart does not bring back a write
     /// whose client was told it failed; after a failed sync the kernel's view
