@@ -5,29 +5,15 @@
 
 mod common;
 
-use common::spawn_server;
+use common::{FixedEntropy, spawn_server};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use svc::clock::ManualClock;
 use svc::cron::{parse_cron_body, patch_cron_body};
-use svc::engine::{CronEntry, Engine, EngineConfig, Entropy, FetchRequest};
+use svc::engine::{CronEntry, Engine, EngineConfig, FetchRequest};
 use svc::job::{Job, JobDefaults, JobId, JobState};
-
-/// Ids from a counter; jitter fixed.
-struct CountingEntropy(u128);
-
-impl Entropy for CountingEntropy {
-    fn next_u128(&mut self) -> u128 {
-        self.0 += 1;
-        self.0
-    }
-
-    fn next_unit(&mut self) -> f64 {
-        0.5
-    }
-}
 
 fn ms(text: &str) -> i64 {
     text.parse::<jiff::Timestamp>().expect("timestamp").as_millisecond()
@@ -130,7 +116,7 @@ impl Harness {
 fn open(dir: &Path, clock: &ManualClock) -> Engine {
     let mut config = EngineConfig::new(dir);
     config.clock = Arc::new(clock.clone());
-    config.entropy = Box::new(CountingEntropy(0));
+    config.entropy = Box::new(FixedEntropy(0));
     config.check_invariants = true;
     Engine::open(config).unwrap()
 }

@@ -1,27 +1,16 @@
 //! Engine transitions driven by time, on a manual clock: no sleeping. The
 //! engine checks every invariant after each batch (`check_invariants`).
 
+mod common;
+
+use common::FixedEntropy;
 use serde_json::json;
 use std::sync::Arc;
 use svc::clock::ManualClock;
-use svc::engine::{Engine, EngineConfig, Entropy, FetchRequest, Retention};
+use svc::engine::{Engine, EngineConfig, FetchRequest, Retention};
 use svc::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body};
 
 const START: i64 = 1_800_000_000_000;
-
-/// Ids from a counter and jitter fixed at the middle of its range (factor 1.0).
-struct FixedEntropy(u128);
-
-impl Entropy for FixedEntropy {
-    fn next_u128(&mut self) -> u128 {
-        self.0 += 1;
-        self.0
-    }
-
-    fn next_unit(&mut self) -> f64 {
-        0.5
-    }
-}
 
 struct Harness {
     engine: Engine,

@@ -1,5 +1,5 @@
-//! Test support: a real server on 127.0.0.1:0 with a temp data dir, and a
-//! small blocking JSON client.
+//! Test support: a real server on 127.0.0.1:0 with a temp data dir, a small
+//! blocking JSON client, and fixed entropy for engines on a manual clock.
 #![allow(dead_code)]
 
 use reqwest::blocking::{Client, Response};
@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use svc::config::Config;
-use svc::engine::EngineConfig;
+use svc::engine::{EngineConfig, Entropy};
 use svc::server::{RunningServer, engine_config, start};
 
 pub struct TestServer {
@@ -148,4 +148,18 @@ pub fn spawn_server(dir: &Path) -> (Child, String) {
     });
     let address = receiver.recv_timeout(Duration::from_secs(20)).expect("server reports its address");
     (child, format!("http://{address}"))
+}
+
+/// Ids from a counter, and jitter fixed at the middle of its range (factor 1.0).
+pub struct FixedEntropy(pub u128);
+
+impl Entropy for FixedEntropy {
+    fn next_u128(&mut self) -> u128 {
+        self.0 += 1;
+        self.0
+    }
+
+    fn next_unit(&mut self) -> f64 {
+        0.5
+    }
 }
