@@ -11,9 +11,12 @@
 //! waits for the disk. A frame is only written after every earlier frame is
 //! durable, which the recovery rule relies on.
 //!
-//! Group commit needs company: when the last cycle answered several
-//! requests, a cycle waits up to a short delay for as many again before it
-//! writes, so one sync serves more requests. A lone client never waits.
+//! Group commit takes what the engine is about to queue: while the engine is
+//! in the middle of a turn, a cycle waits for that turn's chunk (at most a
+//! short delay) before it writes, so one sync serves the whole turn instead
+//! of the turn waiting a full extra sync. It never waits for requests that
+//! have not reached the engine yet: in a closed loop those come back only
+//! after a network round trip, and waiting for them leaves the disk idle.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -124,13 +127,11 @@ enum Task {
 #[derive(Default)]
 struct Queue {
     tasks: VecDeque<Task>,
-    /// Replies waiting in `tasks`.
-    replies: usize,
     /// When the oldest task was queued.
     since: Option<Instant>,
-    /// Replies the last cycle answered: how much company the next one waits for.
-    company: usize,
-    /// A rotation or barrier is queued: no waiting for company.
+    /// The engine is in a turn whose chunk is not queued yet.
+    engine_busy: bool,
+    /// A rotation or barrier is queued: no waiting for the engine.
     urgent: bool,
     stopping: bool,
 }
@@ -139,7 +140,7 @@ impl Queue {
     /// Whether the sync thread should take the queued tasks now.
     fn ready(&self, commit_delay: Duration) -> bool {
         let waited = self.since.map_or(Duration::ZERO, |since| since.elapsed());
-        self.urgent || self.stopping || self.replies >= self.company.max(1) || waited >= commit_delay
+        self.urgent || self.stopping || !self.engine_busy || waited >= commit_delay
     }
 }
 
@@ -174,40 +175,52 @@ impl Syncer {
         self.shared.failed.load(Ordering::SeqCst)
     }
 
-    /// Queues a turn's output.
+    /// Tells the sync thread that a turn began: a cycle about to start may
+    /// wait for its chunk.
+    pub fn turn_started(&self) {
+        self.shared.queue.lock().engine_busy = true;
+    }
+
+    /// Tells the sync thread that the turn ended without a chunk.
+    pub fn turn_ended(&self) {
+        let mut queue = self.shared.queue.lock();
+        let was_busy = std::mem::replace(&mut queue.engine_busy, false);
+        let waiting = !queue.tasks.is_empty();
+        drop(queue);
+        if was_busy && waiting {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Queues a turn's output; the turn is over.
     pub fn commit(&self, chunk: Chunk) {
-        let replies = chunk.replies.len();
-        self.push(Task::Commit(chunk), replies, false);
+        self.push(Task::Commit(chunk), false);
     }
 
     /// Starts a new segment once everything queued is durable; the new index.
     pub fn rotate(&self) -> Result<u64, StorageError> {
         let (answer, answered) = crossbeam_channel::bounded(1);
-        self.push(Task::Rotate(answer), 0, true);
+        self.push(Task::Rotate(answer), true);
         answered.recv().unwrap_or(Err(StorageError::Poisoned))
     }
 
     /// Waits until everything queued so far is durable (or failed).
     pub fn barrier(&self) {
         let (answer, answered) = crossbeam_channel::bounded(1);
-        self.push(Task::Barrier(answer), 0, true);
+        self.push(Task::Barrier(answer), true);
         let _ = answered.recv();
     }
 
-    fn push(&self, task: Task, replies: usize, urgent: bool) {
+    fn push(&self, task: Task, urgent: bool) {
         let mut queue = self.shared.queue.lock();
-        let first = queue.tasks.is_empty();
         queue.tasks.push_back(task);
-        queue.replies += replies;
         queue.urgent |= urgent;
         queue.since.get_or_insert_with(Instant::now);
-        // Wake the thread to start its wait, or when the wait is over; not
-        // for every chunk in between.
-        let wake = first || queue.urgent || queue.replies >= queue.company.max(1);
-        drop(queue);
-        if wake {
-            self.shared.wake.notify_one();
+        if !urgent {
+            queue.engine_busy = false;
         }
+        drop(queue);
+        self.shared.wake.notify_one();
     }
 
     /// Lets the thread finish what is queued and waits for it.
@@ -277,8 +290,6 @@ impl SyncThread {
             let waited = queue.since.map_or(Duration::ZERO, |since| since.elapsed());
             self.shared.wake.wait_for(&mut queue, self.commit_delay.saturating_sub(waited));
         }
-        // Most of this cycle's requesters come back; the next waits for about as many.
-        queue.company = std::mem::take(&mut queue.replies);
         queue.since = None;
         queue.urgent = false;
         Some(std::mem::take(&mut queue.tasks))

@@ -141,6 +141,7 @@ impl Writer {
         if self.syncer.failed() {
             return self.refuse_all(batch);
         }
+        self.syncer.turn_started();
         let now = self.clock.now_ms();
         let mut staged = Staged::new();
         let mut stop = false;
@@ -432,6 +433,7 @@ impl Writer {
     /// replies that wait for them, for the sync thread.
     fn commit(&mut self, staged: Staged) {
         if staged.is_empty() {
+            self.syncer.turn_ended();
             return;
         }
         let Staged { records, replies, mut events } = staged;

@@ -22,7 +22,9 @@ use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 
 /// Zeroed space is laid down in chunks of this size...
 const ZERO_CHUNK_BYTES: u64 = 1024 * 1024;
-/// ...and kept at least this far ahead of the write offset.
+/// ...up to this far ahead of the write offset, once the zeroed space ahead
+/// has shrunk below half of it. Topping up in whole chunks keeps the
+/// zeroer's syncs, which compete with the log's, to one per chunk.
 const ZERO_LOOKAHEAD_BYTES: u64 = 8 * 1024 * 1024;
 const ZEROER_POLL: Duration = Duration::from_millis(5);
 
@@ -251,18 +253,22 @@ impl Zeroer {
             .spawn(move || {
                 let chunk = vec![0u8; ZERO_CHUNK_BYTES as usize];
                 while !stopped.load(Ordering::Acquire) {
-                    let end = zeroed_end.load(Ordering::Acquire);
-                    let wanted = (write_offset.load(Ordering::Acquire) + ZERO_LOOKAHEAD_BYTES).min(segment_bytes_max);
-                    if end >= wanted {
+                    let mut end = zeroed_end.load(Ordering::Acquire);
+                    let offset = write_offset.load(Ordering::Acquire);
+                    if end >= segment_bytes_max || end >= offset + ZERO_LOOKAHEAD_BYTES / 2 {
                         std::thread::sleep(ZEROER_POLL);
                         continue;
                     }
-                    let length = (wanted - end).min(ZERO_CHUNK_BYTES) as usize;
-                    // A failure only means the writer appends more slowly.
-                    if file.write_at(end, &chunk[..length]).and_then(|()| file.sync_data()).is_err() {
-                        return;
+                    let wanted = (offset + ZERO_LOOKAHEAD_BYTES).min(segment_bytes_max);
+                    while end < wanted && !stopped.load(Ordering::Acquire) {
+                        let length = (wanted - end).min(ZERO_CHUNK_BYTES) as usize;
+                        // A failure only means the writer appends more slowly.
+                        if file.write_at(end, &chunk[..length]).and_then(|()| file.sync_data()).is_err() {
+                            return;
+                        }
+                        end += length as u64;
+                        zeroed_end.store(end, Ordering::Release);
                     }
-                    zeroed_end.store(end + length as u64, Ordering::Release);
                 }
             })
             .ok();
