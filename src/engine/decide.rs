@@ -1,8 +1,6 @@
 //! Live decisions: check a command against the state and turn it into a
 //! fully decided record. Nothing here changes the state; `State::apply` does.
 
-use std::collections::HashSet;
-
 use super::command::{EngineError, FetchRequest};
 use super::record::{Claim, FailOutcome, Record, TimeoutKind};
 use super::state::State;
@@ -44,7 +42,7 @@ impl State {
         }
         let batch = new_jobs.len() > 1;
         let index_of = |position: usize| batch.then_some(position);
-        let mut seen = HashSet::new();
+        let mut seen = crate::job::JobIdSet::default();
         let mut jobs = Vec::with_capacity(new_jobs.len());
         for (position, new_job) in new_jobs.into_iter().enumerate() {
             if let Some(id) = new_job.id

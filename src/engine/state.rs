@@ -13,7 +13,7 @@ use super::events::{CronInfo, EventKind, EventSink};
 use super::record::{FailOutcome, Record, TimeoutKind};
 use super::workers::WorkerSignal;
 use crate::clock::Millis;
-use crate::job::{ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobState};
+use crate::job::{ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdMap, JobIdSet, JobState};
 use crate::limits::ERROR_HISTORY_MAX;
 use crate::schedule::{ReadyKey, ReadyQueue, TimerSet};
 
@@ -137,7 +137,7 @@ type ActiveByWorker = HashMap<String, std::collections::BTreeSet<JobId>>;
 
 #[derive(Debug, Clone)]
 pub struct State {
-    pub(crate) jobs: HashMap<JobId, Arc<Job>>,
+    pub(crate) jobs: JobIdMap<Arc<Job>>,
     pub(crate) queues: BTreeMap<String, QueueState>,
     pub(crate) timers: TimerSet,
     pub(crate) ids: IdGenerator,
@@ -149,7 +149,7 @@ pub struct State {
     live_jobs: usize,
     retention: Retention,
     /// Jobs changed since the read view was last updated.
-    dirty: HashSet<JobId>,
+    dirty: JobIdSet,
     queues_dirty: bool,
     /// Cron entries and the runs waiting on earlier runs.
     pub(crate) crons: CronTable,
@@ -164,7 +164,7 @@ pub struct ApplyError(pub String);
 impl State {
     pub fn new(retention: Retention) -> Self {
         let mut state = Self {
-            jobs: HashMap::new(),
+            jobs: JobIdMap::default(),
             queues: BTreeMap::new(),
             timers: TimerSet::default(),
             ids: IdGenerator::default(),
@@ -173,7 +173,7 @@ impl State {
             dirty_workers: HashSet::new(),
             live_jobs: 0,
             retention,
-            dirty: HashSet::new(),
+            dirty: JobIdSet::default(),
             queues_dirty: true,
             crons: CronTable::default(),
             ended_with_waiter: Vec::new(),
@@ -236,8 +236,9 @@ impl State {
     }
 
     /// Ids changed since the last call, and whether queue figures changed.
-    pub fn take_dirty(&mut self) -> (HashSet<JobId>, bool) {
-        (std::mem::take(&mut self.dirty), std::mem::replace(&mut self.queues_dirty, false))
+    /// The set keeps its capacity for the next turn.
+    pub fn take_dirty(&mut self) -> (Vec<JobId>, bool) {
+        (self.dirty.drain().collect(), std::mem::replace(&mut self.queues_dirty, false))
     }
 
     /// The earliest deadline this job waits for in its current state.

@@ -3,14 +3,13 @@
 //! one lookup, so reads never wait behind a commit's I/O.
 
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::cron::CronEntry;
 use super::events::{Event, EventBuffer, EventPage};
 use super::workers::WorkerEntry;
-use crate::job::{Job, JobId, JobState};
+use crate::job::{Job, JobId, JobIdMap, JobState};
 
 const SHARDS: usize = 64;
 
@@ -49,7 +48,7 @@ impl DeadLetterKey {
 }
 
 pub struct ReadView {
-    shards: Vec<RwLock<HashMap<JobId, Arc<Job>>>>,
+    shards: Vec<RwLock<JobIdMap<Arc<Job>>>>,
     /// Discarded jobs in listing order, kept in step with the shards.
     dead_letter: RwLock<std::collections::BTreeMap<DeadLetterKey, Arc<Job>>>,
     /// The worker registry by worker id.
@@ -64,7 +63,7 @@ pub struct ReadView {
 impl Default for ReadView {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::new(JobIdMap::default())).collect(),
             dead_letter: RwLock::new(std::collections::BTreeMap::new()),
             workers: RwLock::new(std::collections::BTreeMap::new()),
             queues: RwLock::new(Arc::new(Vec::new())),
@@ -76,7 +75,7 @@ impl Default for ReadView {
 }
 
 impl ReadView {
-    fn shard(&self, id: JobId) -> &RwLock<HashMap<JobId, Arc<Job>>> {
+    fn shard(&self, id: JobId) -> &RwLock<JobIdMap<Arc<Job>>> {
         // The low bits of a UUIDv7 are random, so they spread jobs evenly.
         &self.shards[(id.0 as usize) % SHARDS]
     }

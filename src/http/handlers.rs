@@ -246,7 +246,7 @@ async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply
         .entries
         .iter()
         .filter(|(key, _)| key != "result")
-        .filter_map(|(key, raw)| Some((key.clone(), serde_json::from_str(raw.get()).ok()?)))
+        .filter_map(|(key, raw)| Some((key.to_string(), serde_json::from_str(raw.get()).ok()?)))
         .collect();
     let id = report_job_id(path_id, present(&map, "job_id"))?;
     let result = object.get_present("result").map(|raw| minify(raw.get()));

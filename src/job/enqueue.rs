@@ -196,10 +196,7 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
         (option("retry_policy"), "options.retry_policy"),
         (object.get_present("retry"), "retry"),
     ]) {
-        Some((raw, path)) => {
-            let value: serde_json::Value = serde_json::from_str(raw.get()).unwrap_or_default();
-            RetryPolicy::merged(&defaults.retry, &value, path)?
-        }
+        Some((raw, path)) => RetryPolicy::merged(&defaults.retry, raw, path)?,
         None => defaults.retry.clone(),
     };
     let tags = match first(&[(option("tags"), "options.tags"), (object.get_present("tags"), "tags")]) {
@@ -209,8 +206,8 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
     let extra = object
         .entries
         .iter()
-        .filter(|(name, _)| !KNOWN.contains(&name.as_str()) && !SYSTEM_MANAGED.contains(&name.as_str()))
-        .map(|(name, raw)| (name.clone(), minify(raw.get())))
+        .filter(|(name, _)| !KNOWN.contains(&name.as_ref()) && !SYSTEM_MANAGED.contains(&name.as_ref()))
+        .map(|(name, raw)| (name.to_string(), minify(raw.get())))
         .collect();
 
     Ok(NewJob {
@@ -324,7 +321,7 @@ fn merge_objects(base: RawObject, overlay: RawObject) -> String {
         let text = minify(value.get());
         match entries.iter_mut().find(|(existing, _)| *existing == key) {
             Some(entry) => entry.1 = text,
-            None => entries.push((key, text)),
+            None => entries.push((key.into_owned(), text)),
         }
     }
     let mut out = String::from("{");

@@ -3,6 +3,15 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// Hash state of maps keyed by job id: foldhash, much cheaper than the
+/// standard SipHash, and seeded at random so that client-chosen ids cannot
+/// be aimed at one bucket.
+pub type IdHashState = foldhash::fast::RandomState;
+/// A map keyed by job id.
+pub type JobIdMap<V> = std::collections::HashMap<JobId, V, IdHashState>;
+/// A set of job ids.
+pub type JobIdSet = std::collections::HashSet<JobId, IdHashState>;
+
 /// A UUIDv7 job id, kept as its 128-bit value.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct JobId(pub u128);

@@ -5,39 +5,66 @@
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 use std::fmt;
 
 use crate::limits::JSON_DEPTH_MAX;
 
-/// A JSON object as an ordered list of (key, raw value). The first of
-/// repeated keys wins when looked up.
+/// A JSON object as an ordered list of (key, raw value), borrowed from the
+/// text it was parsed from (a key with escapes is the only copy). The first
+/// of repeated keys wins when looked up.
 #[derive(Debug, Default)]
-pub struct RawObject {
-    pub entries: Vec<(String, Box<RawValue>)>,
+pub struct RawObject<'a> {
+    pub entries: Vec<(Cow<'a, str>, &'a RawValue)>,
 }
 
-impl RawObject {
-    pub fn get(&self, key: &str) -> Option<&RawValue> {
-        self.entries.iter().find(|(name, _)| name == key).map(|(_, value)| value.as_ref())
+impl<'a> RawObject<'a> {
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.entries.iter().find(|(name, _)| name == key).map(|(_, value)| *value)
     }
 
     /// Like `get`, but a JSON `null` counts as absent.
-    pub fn get_present(&self, key: &str) -> Option<&RawValue> {
+    pub fn get_present(&self, key: &str) -> Option<&'a RawValue> {
         self.get(key).filter(|value| value.get() != "null")
     }
 }
 
-impl<'de> Deserialize<'de> for RawObject {
+/// An object key, borrowed unless it had escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(text)))
+            }
+            fn visit_str<E>(self, text: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(text.to_string())))
+            }
+            fn visit_string<E>(self, text: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(text)))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawObject<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct ObjectVisitor;
         impl<'de> Visitor<'de> for ObjectVisitor {
-            type Value = RawObject;
+            type Value = RawObject<'de>;
             fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
                 formatter.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawObject, A::Error> {
-                let mut entries = Vec::new();
-                while let Some((key, value)) = map.next_entry::<String, Box<RawValue>>()? {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawObject<'de>, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8).min(16));
+                while let Some((Key(key), value)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
                     entries.push((key, value));
                 }
                 Ok(RawObject { entries })
@@ -56,7 +83,7 @@ pub enum BodyError {
 }
 
 /// Parses a request body that must be a JSON object.
-pub fn parse_object(bytes: &[u8]) -> Result<RawObject, BodyError> {
+pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
     if nesting_depth(bytes) > JSON_DEPTH_MAX {
         return Err(BodyError::TooDeep);
     }
@@ -67,7 +94,7 @@ pub fn parse_object(bytes: &[u8]) -> Result<RawObject, BodyError> {
 }
 
 /// Parses a raw value that must be an object.
-pub fn parse_raw_object(raw: &RawValue) -> Option<RawObject> {
+pub fn parse_raw_object(raw: &RawValue) -> Option<RawObject<'_>> {
     serde_json::from_str::<RawObject>(raw.get()).ok()
 }
 
@@ -211,7 +238,7 @@ mod tests {
     #[test]
     fn raw_object_keeps_order_and_number_text() {
         let object = parse_object(br#"{"b": 1.50, "a": [1e2, {"z":1,"y":2}]}"#).unwrap();
-        let keys: Vec<_> = object.entries.iter().map(|(key, _)| key.as_str()).collect();
+        let keys: Vec<_> = object.entries.iter().map(|(key, _)| key.as_ref()).collect();
         assert_eq!(keys, ["b", "a"]);
         assert_eq!(object.get("b").unwrap().get(), "1.50");
         assert_eq!(minify(object.get("a").unwrap().get()), r#"[1e2,{"z":1,"y":2}]"#);

@@ -14,7 +14,7 @@ pub use enqueue::{
 };
 pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
-pub use id::{IdGenerator, JobId};
+pub use id::{IdGenerator, JobId, JobIdMap, JobIdSet};
 pub use retry::{Exhaustion, RetryPolicy};
 
 use serde::{Deserialize, Serialize};

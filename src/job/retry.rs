@@ -2,8 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::error::ValidationError;
+use super::json::parse_raw_object;
 use super::time::{format_duration_ms, parse_duration_ms};
 use crate::limits::{BACKOFF_COEFFICIENT_MAX, ERROR_TYPE_CHARS_MAX, NON_RETRYABLE_ERRORS_MAX, RETRY_ATTEMPTS_MAX};
 
@@ -63,21 +65,22 @@ const FIELDS: [&str; 7] = [
 impl RetryPolicy {
     /// Merges a client policy object field by field over `base`. `path` names
     /// the object in error messages (e.g. `options.retry`).
-    pub fn merged(base: &RetryPolicy, object: &Value, path: &str) -> Result<RetryPolicy, ValidationError> {
-        let Value::Object(map) = object else {
+    pub fn merged(base: &RetryPolicy, raw: &RawValue, path: &str) -> Result<RetryPolicy, ValidationError> {
+        let Some(object) = parse_raw_object(raw) else {
             return Err(ValidationError::payload(path, format!("{path} must be an object")));
         };
-        if let Some(unknown) = map.keys().find(|key| !FIELDS.contains(&key.as_str())) {
+        if let Some((unknown, _)) = object.entries.iter().find(|(key, _)| !FIELDS.contains(&key.as_ref())) {
             return Err(ValidationError::payload(
                 format!("{path}.{unknown}"),
                 format!("{path}.{unknown} is not a retry policy field; allowed: {}", FIELDS.join(", ")),
             ));
         }
-        let field = |name: &str| map.get(name).filter(|value| !value.is_null());
+        let field = |name: &str| object.get_present(name).map(RawValue::get);
         let at = |name: &str| format!("{path}.{name}");
         let mut policy = base.clone();
-        if let Some(value) = field("max_attempts") {
-            let attempts = value.as_i64().filter(|n| value.is_i64() && (0..=RETRY_ATTEMPTS_MAX).contains(n));
+        if let Some(text) = field("max_attempts") {
+            // Integers only: "2.5" and "1e2" do not parse as i64.
+            let attempts = serde_json::from_str::<i64>(text).ok().filter(|n| (0..=RETRY_ATTEMPTS_MAX).contains(n));
             policy.max_attempts = attempts.ok_or_else(|| {
                 ValidationError::payload(
                     at("max_attempts"),
@@ -86,11 +89,12 @@ impl RetryPolicy {
             })? as u32;
         }
         let initial_given = field("initial_interval").is_some();
-        if let Some(value) = field("initial_interval") {
-            policy.initial_interval_ms = duration_field(value, || at("initial_interval"))?;
+        if let Some(text) = field("initial_interval") {
+            policy.initial_interval_ms = duration_field(text, || at("initial_interval"))?;
         }
-        if let Some(value) = field("backoff_coefficient") {
-            let coefficient = value.as_f64().filter(|c| (1.0..=BACKOFF_COEFFICIENT_MAX).contains(c));
+        if let Some(text) = field("backoff_coefficient") {
+            let coefficient =
+                serde_json::from_str::<f64>(text).ok().filter(|c| (1.0..=BACKOFF_COEFFICIENT_MAX).contains(c));
             policy.backoff_coefficient = coefficient.ok_or_else(|| {
                 ValidationError::payload(
                     at("backoff_coefficient"),
@@ -99,8 +103,8 @@ impl RetryPolicy {
             })?;
         }
         match field("max_interval") {
-            Some(value) => {
-                policy.max_interval_ms = duration_field(value, || at("max_interval"))?;
+            Some(text) => {
+                policy.max_interval_ms = duration_field(text, || at("max_interval"))?;
                 if policy.max_interval_ms < policy.initial_interval_ms {
                     return Err(ValidationError::payload(
                         at("max_interval"),
@@ -111,18 +115,17 @@ impl RetryPolicy {
             None if initial_given => policy.max_interval_ms = policy.max_interval_ms.max(policy.initial_interval_ms),
             None => {}
         }
-        if let Some(value) = field("jitter") {
-            policy.jitter = value
-                .as_bool()
-                .ok_or_else(|| ValidationError::payload(at("jitter"), format!("{} must be a boolean", at("jitter"))))?;
+        if let Some(text) = field("jitter") {
+            policy.jitter = serde_json::from_str::<bool>(text)
+                .map_err(|_| ValidationError::payload(at("jitter"), format!("{} must be a boolean", at("jitter"))))?;
         }
-        if let Some(value) = field("non_retryable_errors") {
-            policy.non_retryable_errors = error_list(value, &at("non_retryable_errors"))?;
+        if let Some(text) = field("non_retryable_errors") {
+            policy.non_retryable_errors = error_list(text, &at("non_retryable_errors"))?;
         }
-        if let Some(value) = field("on_exhaustion") {
-            policy.on_exhaustion = match value.as_str() {
-                Some("discard") => Exhaustion::Discard,
-                Some("dead_letter") => Exhaustion::DeadLetter,
+        if let Some(text) = field("on_exhaustion") {
+            policy.on_exhaustion = match serde_json::from_str::<String>(text).as_deref() {
+                Ok("discard") => Exhaustion::Discard,
+                Ok("dead_letter") => Exhaustion::DeadLetter,
                 _ => {
                     return Err(ValidationError::payload(
                         at("on_exhaustion"),
@@ -132,6 +135,13 @@ impl RetryPolicy {
             };
         }
         Ok(policy)
+    }
+
+    /// `merged` for a policy given as a JSON value (configuration).
+    pub fn merged_value(base: &RetryPolicy, value: &Value, path: &str) -> Result<RetryPolicy, ValidationError> {
+        let raw = serde_json::value::to_raw_value(value)
+            .map_err(|_| ValidationError::payload(path, format!("{path} must be an object")))?;
+        Self::merged(base, &raw, path)
     }
 
     /// The policy as a JSON object with durations in ISO 8601.
@@ -148,19 +158,20 @@ impl RetryPolicy {
     }
 }
 
-/// A duration field; `path` names it, built only for an error.
-fn duration_field(value: &Value, path: impl Fn() -> String) -> Result<i64, ValidationError> {
-    let text = value.as_str().ok_or_else(|| {
+/// A duration field given as raw JSON; `path` names it, built only for an error.
+fn duration_field(raw: &str, path: impl Fn() -> String) -> Result<i64, ValidationError> {
+    let text = serde_json::from_str::<String>(raw).map_err(|_| {
         let path = path();
         ValidationError::payload(&path, format!("{path} must be an ISO 8601 duration string such as \"PT1S\""))
     })?;
-    parse_duration_ms(text).map_err(|message| {
+    parse_duration_ms(&text).map_err(|message| {
         let path = path();
         ValidationError::payload(&path, format!("{path}: {message}"))
     })
 }
 
-fn error_list(value: &Value, path: &str) -> Result<Vec<String>, ValidationError> {
+fn error_list(raw: &str, path: &str) -> Result<Vec<String>, ValidationError> {
+    let value = serde_json::from_str::<Value>(raw).unwrap_or_default();
     let invalid = || {
         ValidationError::payload(
             path,
@@ -188,7 +199,7 @@ mod tests {
 
     #[test]
     fn partial_policy_merges_over_defaults() {
-        let policy = RetryPolicy::merged(
+        let policy = RetryPolicy::merged_value(
             &RetryPolicy::default(),
             &json!({"max_attempts": 5, "initial_interval": "PT2S"}),
             "retry",
@@ -203,7 +214,7 @@ mod tests {
     #[test]
     fn max_interval_follows_a_larger_initial_interval() {
         let policy =
-            RetryPolicy::merged(&RetryPolicy::default(), &json!({"initial_interval": "PT10M"}), "retry").unwrap();
+            RetryPolicy::merged_value(&RetryPolicy::default(), &json!({"initial_interval": "PT10M"}), "retry").unwrap();
         assert_eq!(policy.max_interval_ms, 600_000);
     }
 
@@ -220,7 +231,7 @@ mod tests {
             (json!({"non_retryable_errors": [""]}), "retry.non_retryable_errors"),
         ];
         for (object, field) in cases {
-            let error = RetryPolicy::merged(&RetryPolicy::default(), &object, "retry").unwrap_err();
+            let error = RetryPolicy::merged_value(&RetryPolicy::default(), &object, "retry").unwrap_err();
             assert_eq!(error.field.as_deref(), Some(field), "{object}");
         }
     }

@@ -140,19 +140,20 @@ fn parse_components(text: &str, units: &[(char, i128)], seconds_last: bool) -> O
 }
 
 fn parse_number_scaled(number: &str, scale: i128, fraction_allowed: bool) -> Option<i128> {
-    let number = number.replace(',', ".");
-    let (whole, fraction) = match number.split_once('.') {
-        Some((whole, fraction)) if fraction_allowed => (whole.to_string(), fraction.to_string()),
+    // ISO 8601 allows a comma as the decimal sign.
+    let (whole, fraction) = match number.find(['.', ',']) {
+        Some(at) if fraction_allowed => (&number[..at], Some(&number[at + 1..])),
         Some(_) => return None,
-        None => (number.clone(), String::new()),
+        None => (number, None),
     };
     if whole.is_empty() || whole.len() > 12 || !whole.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    if !fraction.bytes().all(|b| b.is_ascii_digit()) || (number.contains('.') && fraction.is_empty()) {
+    let fraction = fraction.unwrap_or_default();
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) || (number.len() > whole.len() && fraction.is_empty()) {
         return None;
     }
-    let mut value = whole.parse::<i128>().ok()? * scale;
+    let mut value = i128::from(whole.parse::<u64>().ok()?) * scale;
     // Milliseconds are the finest unit kept; further digits are truncated.
     let mut digit_scale = scale / 10;
     for digit in fraction.bytes() {
@@ -247,7 +248,12 @@ mod tests {
         assert_eq!(parse_duration_ms("P1DT2H"), Ok(93_600_000));
         assert_eq!(parse_duration_ms("P2W"), Ok(14 * 86_400_000));
         assert_eq!(parse_duration_ms("PT0.001S"), Ok(1));
-        for bad in ["P1Y", "P1M", "PT", "P", "1S", "PT1.5H", "PT0S", "P366D", "PT1S2M", "PTS", ""] {
+        assert_eq!(parse_duration_ms("PT1,25S"), Ok(1250));
+        assert_eq!(parse_duration_ms("pt0.0019s"), Ok(1));
+        for bad in [
+            "P1Y", "P1M", "PT", "P", "1S", "PT1.5H", "PT0S", "P366D", "PT1S2M", "PTS", "", "PT1.S", "PT.5S",
+            "PT1.2.3S", "PT1,2.3S", "PT-1S", "PT+1S",
+        ] {
             assert!(parse_duration_ms(bad).is_err(), "{bad} should be refused");
         }
     }
