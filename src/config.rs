@@ -168,6 +168,7 @@ impl Config {
             if let Some(policy) = jobs.default_retry {
                 let value = serde_json::to_value(policy).map_err(|error| error.to_string())?;
                 self.jobs.retry = RetryPolicy::merged_value(&RetryPolicy::default(), &value, "jobs.default_retry")
+                    .map(std::sync::Arc::new)
                     .map_err(|error| error.message)?;
             }
         }

@@ -55,7 +55,7 @@ pub struct JobTemplate {
     pub priority: i32,
     pub timeout_ms: u64,
     pub visibility_timeout_ms: u64,
-    pub retry: RetryPolicy,
+    pub retry: Arc<RetryPolicy>,
 }
 
 /// A validated registration.

@@ -689,7 +689,7 @@ fn push_error(job: &mut Job, report: FailureReport, at: Millis) {
     if job.errors.len() > ERROR_HISTORY_MAX {
         job.errors.remove(0);
     }
-    job.error = Some(report);
+    job.error = Some(Box::new(report));
 }
 
 /// The effects of a failed attempt (rows 9–14 of the state table).

@@ -20,7 +20,8 @@ use crate::limits::{
 /// Server-wide defaults applied to fields a client leaves out.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobDefaults {
-    pub retry: RetryPolicy,
+    /// Shared by every job that does not give its own policy.
+    pub retry: Arc<RetryPolicy>,
     pub timeout_ms: u64,
     pub visibility_timeout_ms: u64,
 }
@@ -28,7 +29,7 @@ pub struct JobDefaults {
 impl Default for JobDefaults {
     fn default() -> Self {
         Self {
-            retry: RetryPolicy::default(),
+            retry: Arc::new(RetryPolicy::default()),
             timeout_ms: crate::limits::TIMEOUT_MS_DEFAULT,
             visibility_timeout_ms: crate::limits::TIMEOUT_MS_DEFAULT,
         }
@@ -196,7 +197,7 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
         (option("retry_policy"), "options.retry_policy"),
         (object.get_present("retry"), "retry"),
     ]) {
-        Some((raw, path)) => RetryPolicy::merged(&defaults.retry, raw, path)?,
+        Some((raw, path)) => Arc::new(RetryPolicy::merged(&defaults.retry, raw, path)?),
         None => defaults.retry.clone(),
     };
     let tags = match first(&[(option("tags"), "options.tags"), (object.get_present("tags"), "tags")]) {
@@ -412,7 +413,7 @@ mod tests {
         assert_eq!(job.timeout_ms, 30_000);
         assert_eq!(job.payload.args, r#"["a@b.c"]"#);
         assert_eq!(job.payload.meta, "{}");
-        assert_eq!(job.retry, RetryPolicy::default());
+        assert_eq!(*job.retry, RetryPolicy::default());
     }
 
     #[test]

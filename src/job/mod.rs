@@ -96,7 +96,7 @@ pub struct NewJob {
     pub visibility_timeout_ms: u64,
     pub scheduled_at: Option<TimeSpec>,
     pub expires_at: Option<TimeSpec>,
-    pub retry: RetryPolicy,
+    pub retry: Arc<RetryPolicy>,
 }
 
 /// A job as the engine holds it.
@@ -109,7 +109,7 @@ pub struct Job {
     pub priority: i32,
     pub timeout_ms: u64,
     pub visibility_timeout_ms: u64,
-    pub retry: RetryPolicy,
+    pub retry: Arc<RetryPolicy>,
     /// Claims so far; only fetch raises it.
     pub attempt: u32,
     pub created_at: Millis,
@@ -125,7 +125,8 @@ pub struct Job {
     pub worker_id: Option<String>,
     /// Compact JSON text of the ack result.
     pub result: Option<String>,
-    pub error: Option<FailureReport>,
+    /// Boxed: most jobs never fail, and the job stays in a smaller size class.
+    pub error: Option<Box<FailureReport>>,
     pub errors: Vec<ErrorEntry>,
     /// While `active`: when the claim runs out unless extended.
     pub visibility_deadline: Option<Millis>,
