@@ -1,13 +1,13 @@
 //! The engine's only door: commands in, outcomes out, plus reads from the view.
 //! Both the HTTP front end and embedding programs use it.
 
-use crossbeam_channel::{Sender, TrySendError};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::command::{Cancelled, Command, EngineError, FetchRequest, Reply};
 use super::cron::{CronEntry, CronWrite};
 use super::events::{Event, EventPage};
+use super::inbox::{InboxSender, SendError};
 use super::view::{DeadLetterKey, QueueSummary, ReadView};
 use super::workers::{WorkerEntry, WorkerSignal};
 use crate::clock::Clock;
@@ -42,28 +42,23 @@ impl<T> Pending<T> {
 
 #[derive(Clone)]
 pub struct EngineHandle {
-    inbox: Sender<Command>,
+    inbox: InboxSender,
     view: Arc<ReadView>,
     clock: Arc<dyn Clock>,
     defaults: Arc<JobDefaults>,
 }
 
 impl EngineHandle {
-    pub(crate) fn new(
-        inbox: Sender<Command>,
-        view: Arc<ReadView>,
-        clock: Arc<dyn Clock>,
-        defaults: JobDefaults,
-    ) -> Self {
+    pub(crate) fn new(inbox: InboxSender, view: Arc<ReadView>, clock: Arc<dyn Clock>, defaults: JobDefaults) -> Self {
         Self { inbox, view, clock, defaults: Arc::new(defaults) }
     }
 
     fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Pending<T> {
         let (reply, receiver) = oneshot::channel();
-        let receiver = match self.inbox.try_send(make(reply)) {
+        let receiver = match self.inbox.send(make(reply)) {
             Ok(()) => Ok(receiver),
-            Err(TrySendError::Full(_)) => Err(EngineError::Unavailable { reason: "overloaded" }),
-            Err(TrySendError::Disconnected(_)) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
+            Err(SendError::Full) => Err(EngineError::Unavailable { reason: "overloaded" }),
+            Err(SendError::Stopped) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
         };
         Pending { receiver }
     }

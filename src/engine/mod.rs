@@ -10,6 +10,7 @@ pub mod cron;
 mod decide;
 mod events;
 mod handle;
+mod inbox;
 pub mod inspect;
 pub mod record;
 mod state;
@@ -109,7 +110,7 @@ impl Engine {
                 reason: format!("recovered state is inconsistent: {reason}"),
             })?;
         }
-        let (sender, inbox) = crossbeam_channel::bounded(ENGINE_INBOX_MAX);
+        let (sender, inbox) = inbox::inbox(ENGINE_INBOX_MAX);
         let view = Arc::new(ReadView::default());
         let handle = EngineHandle::new(sender, view.clone(), config.clock.clone(), config.defaults.clone());
         let syncer = commit::Syncer::start(wal, view.clone(), config.commit_delay)

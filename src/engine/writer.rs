@@ -7,7 +7,6 @@
 //! and replies. No reply leaves before its record is durable, and the engine
 //! never waits for the disk.
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +16,7 @@ use super::command::{Cancelled, Command, EngineError};
 use super::commit::{Chunk, Outgoing, Syncer, ViewDelta, storage_failed};
 use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
+use super::inbox::{InboxReceiver, Received};
 use super::record::{Record, encode_sequences};
 use super::state::State;
 use super::view::{QueueSummary, ReadView};
@@ -44,7 +44,7 @@ pub(crate) struct Writer {
     pub state: State,
     pub clock: Arc<dyn Clock>,
     pub entropy: Box<dyn Entropy>,
-    pub inbox: Receiver<Command>,
+    pub inbox: InboxReceiver,
     pub view: Arc<ReadView>,
     pub snapshots: SnapshotPolicy,
     pub bytes_since_snapshot: u64,
@@ -89,17 +89,11 @@ impl Writer {
         let initial = self.collect_delta(Vec::new());
         initial.publish(&self.view);
         loop {
-            let Some(first) = self.next_command() else {
+            let mut batch = Vec::new();
+            if self.inbox.receive(&mut batch, ENGINE_BATCH_COMMANDS_MAX, self.idle_wait()) == Received::Disconnected {
                 break;
-            };
-            let mut batch = Vec::with_capacity(64);
-            batch.extend(first);
-            while batch.len() < ENGINE_BATCH_COMMANDS_MAX {
-                match self.inbox.try_recv() {
-                    Ok(command) => batch.push(command),
-                    Err(_) => break,
-                }
             }
+            // An empty batch: a deadline came with no command.
             if self.turn(batch) {
                 break;
             }
@@ -120,19 +114,13 @@ impl Writer {
         }
     }
 
-    /// Waits for the next command or deadline. `None`: every handle is gone.
-    /// `Some(None)`: a deadline came with no command.
-    fn next_command(&self) -> Option<Option<Command>> {
+    /// How long to wait for commands before the next deadline is due.
+    fn idle_wait(&self) -> Duration {
         let now = self.clock.now_ms();
-        let wait = match self.state.next_deadline() {
+        match self.state.next_deadline() {
             Some(deadline) if deadline <= now => Duration::ZERO,
             Some(deadline) => Duration::from_millis((deadline - now) as u64).min(IDLE_WAIT_MAX),
             None => IDLE_WAIT_MAX,
-        };
-        match self.inbox.recv_timeout(wait) {
-            Ok(command) => Some(Some(command)),
-            Err(RecvTimeoutError::Timeout) => Some(None),
-            Err(RecvTimeoutError::Disconnected) => None,
         }
     }
 

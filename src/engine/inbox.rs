@@ -1,0 +1,215 @@
+//! The engine's inbox: commands from any number of handles to the one engine
+//! thread, bounded.
+//!
+//! A queue under a mutex that the engine empties a batch at a time, and a
+//! condvar it sleeps on. Unlike a general-purpose channel, the engine does
+//! not spin or yield before it sleeps: on a machine with few cores a yield is
+//! a context switch taken from the very threads that are about to submit,
+//! and a sender wakes the engine only when it is actually asleep.
+
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::command::Command;
+
+/// Why a command was not queued.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum SendError {
+    /// The inbox holds its capacity already.
+    Full,
+    /// The engine has stopped.
+    Stopped,
+}
+
+/// What a wait for commands ended with.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Received {
+    /// At least one command was taken.
+    Commands,
+    /// The wait ran out with nothing queued.
+    Timeout,
+    /// Nothing is queued and every sender is gone.
+    Disconnected,
+}
+
+struct Queue {
+    commands: VecDeque<Command>,
+    /// The engine sleeps and must be woken by the next command.
+    sleeping: bool,
+    senders: usize,
+    receiver_alive: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    capacity: usize,
+}
+
+/// A new inbox holding at most `capacity` commands.
+pub(crate) fn inbox(capacity: usize) -> (InboxSender, InboxReceiver) {
+    let shared = Arc::new(Shared {
+        queue: Mutex::new(Queue { commands: VecDeque::new(), sleeping: false, senders: 1, receiver_alive: true }),
+        wake: Condvar::new(),
+        capacity,
+    });
+    (InboxSender { shared: shared.clone() }, InboxReceiver { shared })
+}
+
+/// The submitting side; clones share the inbox.
+pub(crate) struct InboxSender {
+    shared: Arc<Shared>,
+}
+
+impl InboxSender {
+    pub fn send(&self, command: Command) -> Result<(), SendError> {
+        let mut queue = self.shared.queue.lock();
+        if !queue.receiver_alive {
+            return Err(SendError::Stopped);
+        }
+        if queue.commands.len() >= self.shared.capacity {
+            return Err(SendError::Full);
+        }
+        queue.commands.push_back(command);
+        let wake = std::mem::replace(&mut queue.sleeping, false);
+        drop(queue);
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+}
+
+impl Clone for InboxSender {
+    fn clone(&self) -> Self {
+        self.shared.queue.lock().senders += 1;
+        InboxSender { shared: self.shared.clone() }
+    }
+}
+
+impl Drop for InboxSender {
+    fn drop(&mut self) {
+        let mut queue = self.shared.queue.lock();
+        queue.senders -= 1;
+        let last = queue.senders == 0;
+        drop(queue);
+        if last {
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+/// The engine's side.
+pub(crate) struct InboxReceiver {
+    shared: Arc<Shared>,
+}
+
+impl InboxReceiver {
+    /// Moves up to `max` queued commands into `batch`, first waiting up to
+    /// `timeout` for one when none is queued.
+    pub fn receive(&self, batch: &mut Vec<Command>, max: usize, timeout: Duration) -> Received {
+        let deadline = Instant::now() + timeout;
+        let mut queue = self.shared.queue.lock();
+        while queue.commands.is_empty() {
+            if queue.senders == 0 {
+                return Received::Disconnected;
+            }
+            queue.sleeping = true;
+            if self.shared.wake.wait_until(&mut queue, deadline).timed_out() && queue.commands.is_empty() {
+                queue.sleeping = false;
+                return Received::Timeout;
+            }
+        }
+        queue.sleeping = false;
+        let count = queue.commands.len().min(max);
+        batch.extend(queue.commands.drain(..count));
+        Received::Commands
+    }
+}
+
+impl Drop for InboxReceiver {
+    fn drop(&mut self) {
+        let mut queue = self.shared.queue.lock();
+        queue.receiver_alive = false;
+        // Dropped outside the lock: each holds a reply whose requester learns
+        // that the engine stopped.
+        let left = std::mem::take(&mut queue.commands);
+        drop(queue);
+        drop(left);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::oneshot;
+
+    fn probe() -> (Command, oneshot::Receiver<Result<(), super::super::command::EngineError>>) {
+        let (reply, answer) = oneshot::channel();
+        (Command::Probe { reply }, answer)
+    }
+
+    #[test]
+    fn commands_come_out_in_order_up_to_the_batch_size() {
+        let (sender, receiver) = inbox(8);
+        let mut answers = Vec::new();
+        for _ in 0..5 {
+            let (command, answer) = probe();
+            sender.send(command).unwrap();
+            answers.push(answer);
+        }
+        let mut batch = Vec::new();
+        assert_eq!(receiver.receive(&mut batch, 3, Duration::ZERO), Received::Commands);
+        assert_eq!(batch.len(), 3);
+        assert_eq!(receiver.receive(&mut batch, 3, Duration::ZERO), Received::Commands);
+        assert_eq!(batch.len(), 5);
+    }
+
+    #[test]
+    fn a_full_inbox_refuses_and_a_stopped_engine_is_reported() {
+        let (sender, receiver) = inbox(1);
+        sender.send(probe().0).unwrap();
+        assert_eq!(sender.send(probe().0), Err(SendError::Full));
+        let (command, answer) = probe();
+        drop(receiver);
+        assert_eq!(sender.send(command), Err(SendError::Stopped));
+        drop(answer);
+    }
+
+    #[test]
+    fn queued_commands_are_dropped_with_the_receiver_so_requesters_hear_of_it() {
+        let (sender, receiver) = inbox(4);
+        let (command, answer) = probe();
+        sender.send(command).unwrap();
+        drop(receiver);
+        assert!(answer.blocking_recv().is_err(), "the reply was dropped, not left hanging");
+    }
+
+    #[test]
+    fn an_empty_wait_times_out_and_the_last_sender_gone_disconnects() {
+        let (sender, receiver) = inbox(4);
+        let mut batch = Vec::new();
+        assert_eq!(receiver.receive(&mut batch, 8, Duration::from_millis(1)), Received::Timeout);
+        let second = sender.clone();
+        drop(sender);
+        assert_eq!(receiver.receive(&mut batch, 8, Duration::ZERO), Received::Timeout);
+        drop(second);
+        assert_eq!(receiver.receive(&mut batch, 8, Duration::from_secs(60)), Received::Disconnected);
+    }
+
+    #[test]
+    fn a_sleeping_engine_is_woken_by_a_command_from_another_thread() {
+        let (sender, receiver) = inbox(4);
+        let submitter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            sender.send(probe().0).unwrap();
+            sender
+        });
+        let mut batch = Vec::new();
+        assert_eq!(receiver.receive(&mut batch, 8, Duration::from_secs(60)), Received::Commands);
+        assert_eq!(batch.len(), 1);
+        drop(submitter.join().unwrap());
+    }
+}
