@@ -236,9 +236,16 @@ impl State {
     }
 
     /// Ids changed since the last call, and whether queue figures changed.
-    /// The set keeps its capacity for the next turn.
     pub fn take_dirty(&mut self) -> (Vec<JobId>, bool) {
-        (self.dirty.drain().collect(), std::mem::replace(&mut self.queues_dirty, false))
+        // A small set keeps its capacity for the next turn. A large one (after
+        // recovery or a big batch) is dropped: draining scans every bucket,
+        // and it would be scanned again each turn.
+        let ids = if self.dirty.capacity() <= 1024 {
+            self.dirty.drain().collect()
+        } else {
+            std::mem::take(&mut self.dirty).into_iter().collect()
+        };
+        (ids, std::mem::replace(&mut self.queues_dirty, false))
     }
 
     /// The earliest deadline this job waits for in its current state.

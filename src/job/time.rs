@@ -27,29 +27,32 @@ pub fn push_timestamp(out: &mut String, ms: Millis) {
     if year < 0 {
         out.push('-');
     }
-    push_digits(out, year.unsigned_abs(), 4);
-    for (separator, value) in
-        [('-', civil.month()), ('-', civil.day()), ('T', civil.hour()), (':', civil.minute()), (':', civil.second())]
-    {
-        out.push(separator);
-        push_digits(out, value.unsigned_abs() as u32, 2);
-    }
+    // Filled in place and appended once: this runs several times per job rendered.
+    let mut text = *b"0000-00-00T00:00:00.000Z";
+    put_digits(&mut text[0..4], year.unsigned_abs());
+    put_digits(&mut text[5..7], civil.month().unsigned_abs() as u32);
+    put_digits(&mut text[8..10], civil.day().unsigned_abs() as u32);
+    put_digits(&mut text[11..13], civil.hour().unsigned_abs() as u32);
+    put_digits(&mut text[14..16], civil.minute().unsigned_abs() as u32);
+    put_digits(&mut text[17..19], civil.second().unsigned_abs() as u32);
     let millis = ms.rem_euclid(1000) as u32;
-    if millis != 0 {
-        out.push('.');
-        push_digits(out, millis, 3);
-    }
-    out.push('Z');
+    let length = if millis == 0 {
+        text[19] = b'Z';
+        20
+    } else {
+        put_digits(&mut text[20..23], millis);
+        24
+    };
+    out.push_str(std::str::from_utf8(&text[..length]).expect("ASCII digits"));
 }
 
-/// Appends `value` in decimal, zero-padded to `width` digits.
-fn push_digits(out: &mut String, value: u32, width: usize) {
-    let mut buffer = itoa::Buffer::new();
-    let digits = buffer.format(value);
-    for _ in digits.len()..width {
-        out.push('0');
+/// Writes `value` in decimal into `slot`, zero-padded on the left (years
+/// never exceed four digits).
+fn put_digits(slot: &mut [u8], mut value: u32) {
+    for byte in slot.iter_mut().rev() {
+        *byte = b'0' + (value % 10) as u8;
+        value /= 10;
     }
-    out.push_str(digits);
 }
 
 /// A point in time as a client gave it.
