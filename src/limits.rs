@@ -71,9 +71,6 @@ pub const EVENT_BUFFER_MAX: usize = 10_000;
 pub const ENGINE_INBOX_MAX: usize = 65_536;
 /// Most commands the engine applies in one batch (one write, one fsync).
 pub const ENGINE_BATCH_COMMANDS_MAX: usize = 4096;
-/// Longest a commit waits for the engine's turn in progress to queue its
-/// chunk, so the turn shares the commit's sync.
-pub const COMMIT_DELAY_US: u64 = 200;
 /// Largest payload of one log frame; the decoder refuses larger lengths before allocating.
 pub const FRAME_PAYLOAD_BYTES_MAX: usize = 128 * 1024 * 1024;
 /// A segment is closed and a new one started once it grows past this.

@@ -1,29 +1,17 @@
-//! The commit pipeline: what a write waits for between the engine deciding it
+//! Committing a turn: what a write waits for between the engine deciding it
 //! and the requester hearing of it.
 //!
-//! After each turn the engine queues a [`Chunk`]: the turn's records, already
-//! encoded, with the view changes and replies that wait for them. The sync
-//! thread owns the log. Each cycle it takes every queued chunk, writes them as
-//! one frame, runs `fdatasync` once, then publishes the chunks' changes to the
-//! read view and sends their replies, in queue order. While it syncs, the
-//! engine goes on deciding commands and queueing chunks, so a slow disk makes
-//! frames bigger instead of leaving the engine idle, and the engine never
-//! waits for the disk. A frame is only written after every earlier frame is
-//! durable, which the recovery rule relies on.
-//!
-//! Group commit takes what the engine is about to queue: while the engine is
-//! in the middle of a turn, a cycle waits for that turn's chunk (at most a
-//! short delay) before it writes, so one sync serves the whole turn instead
-//! of the turn waiting a full extra sync. It never waits for requests that
-//! have not reached the engine yet: in a closed loop those come back only
-//! after a network round trip, and waiting for them leaves the disk idle.
+//! At the end of each turn the engine hands its [`Committer`] the turn's
+//! encoded records, the view changes and the replies. The committer writes
+//! the records as one frame (more only when a turn outgrows a frame), runs
+//! `fdatasync` once, and only then publishes the changes to the read view and
+//! sends the replies. It runs on the engine thread: while it waits for the
+//! disk, new commands queue up in the inbox and the next turn takes them all,
+//! so a slow disk makes turns, and frames, bigger (group commit). A frame is
+//! only written after every earlier frame is durable, which the recovery rule
+//! relies on.
 
-use parking_lot::{Condvar, Mutex};
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use super::command::{Cancelled, EngineError, Reply};
 use super::cron::CronEntry;
@@ -105,214 +93,35 @@ impl ViewDelta {
     }
 }
 
-/// One turn's output: encoded record sequences (none when the turn changed
-/// nothing durable), then what to publish and answer once they are synced.
-pub(crate) struct Chunk {
-    /// Each at most half a frame, so any one fits a frame.
-    pub sequences: Vec<Vec<u8>>,
-    pub delta: ViewDelta,
-    pub replies: Vec<Outgoing>,
-}
-
-/// Work for the sync thread, in order.
-enum Task {
-    Commit(Chunk),
-    /// Once everything queued before is durable: start a new segment and
-    /// answer with its index (a snapshot boundary).
-    Rotate(crossbeam_channel::Sender<Result<u64, StorageError>>),
-    /// Answer once everything queued before is durable.
-    Barrier(crossbeam_channel::Sender<()>),
-}
-
-#[derive(Default)]
-struct Queue {
-    tasks: VecDeque<Task>,
-    /// When the oldest task was queued.
-    since: Option<Instant>,
-    /// The engine is in a turn whose chunk is not queued yet.
-    engine_busy: bool,
-    /// A rotation or barrier is queued: no waiting for the engine.
-    urgent: bool,
-    stopping: bool,
-}
-
-impl Queue {
-    /// Whether the sync thread should take the queued tasks now.
-    fn ready(&self, commit_delay: Duration) -> bool {
-        let waited = self.since.map_or(Duration::ZERO, |since| since.elapsed());
-        self.urgent || self.stopping || !self.engine_busy || waited >= commit_delay
-    }
-}
-
-struct Shared {
-    queue: Mutex<Queue>,
-    wake: Condvar,
+/// Owns the log on the engine thread: writes, syncs, then publishes and replies.
+pub(crate) struct Committer {
+    wal: WalWriter,
+    view: Arc<ReadView>,
+    /// The frame being assembled, kept to reuse its allocation.
+    payload: Vec<u8>,
     /// Set for good when a write or sync fails.
-    failed: AtomicBool,
+    failed: bool,
 }
 
-/// The sync thread's side of the pipeline, as the engine holds it.
-pub(crate) struct Syncer {
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Syncer {
-    /// Starts the sync thread, which takes over the log.
-    pub fn start(wal: WalWriter, view: Arc<ReadView>, commit_delay: Duration) -> std::io::Result<Syncer> {
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue::default()),
-            wake: Condvar::new(),
-            failed: AtomicBool::new(false),
-        });
-        let mut thread = SyncThread { shared: shared.clone(), wal, view, commit_delay, payload: Vec::new() };
-        let handle = std::thread::Builder::new().name("svc-wal-sync".into()).spawn(move || thread.run())?;
-        Ok(Syncer { shared, thread: Some(handle) })
+impl Committer {
+    pub fn new(wal: WalWriter, view: Arc<ReadView>) -> Committer {
+        Committer { wal, view, payload: Vec::new(), failed: false }
     }
 
     /// Whether a write or sync failed; the log then takes nothing more.
     pub fn failed(&self) -> bool {
-        self.shared.failed.load(Ordering::SeqCst)
+        self.failed
     }
 
-    /// Tells the sync thread that a turn began: a cycle about to start may
-    /// wait for its chunk.
-    pub fn turn_started(&self) {
-        self.shared.queue.lock().engine_busy = true;
-    }
-
-    /// Tells the sync thread that the turn ended without a chunk.
-    pub fn turn_ended(&self) {
-        let mut queue = self.shared.queue.lock();
-        let was_busy = std::mem::replace(&mut queue.engine_busy, false);
-        let waiting = !queue.tasks.is_empty();
-        drop(queue);
-        if was_busy && waiting {
-            self.shared.wake.notify_one();
-        }
-    }
-
-    /// Queues a turn's output; the turn is over.
-    pub fn commit(&self, chunk: Chunk) {
-        self.push(Task::Commit(chunk), false);
-    }
-
-    /// Starts a new segment once everything queued is durable; the new index.
-    pub fn rotate(&self) -> Result<u64, StorageError> {
-        let (answer, answered) = crossbeam_channel::bounded(1);
-        self.push(Task::Rotate(answer), true);
-        answered.recv().unwrap_or(Err(StorageError::Poisoned))
-    }
-
-    /// Waits until everything queued so far is durable (or failed).
-    pub fn barrier(&self) {
-        let (answer, answered) = crossbeam_channel::bounded(1);
-        self.push(Task::Barrier(answer), true);
-        let _ = answered.recv();
-    }
-
-    fn push(&self, task: Task, urgent: bool) {
-        let mut queue = self.shared.queue.lock();
-        queue.tasks.push_back(task);
-        queue.urgent |= urgent;
-        queue.since.get_or_insert_with(Instant::now);
-        if !urgent {
-            queue.engine_busy = false;
-        }
-        drop(queue);
-        self.shared.wake.notify_one();
-    }
-
-    /// Lets the thread finish what is queued and waits for it.
-    pub fn stop(&mut self) {
-        self.shared.queue.lock().stopping = true;
-        self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for Syncer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-struct SyncThread {
-    shared: Arc<Shared>,
-    wal: WalWriter,
-    view: Arc<ReadView>,
-    commit_delay: Duration,
-    payload: Vec<u8>,
-}
-
-impl SyncThread {
-    fn run(&mut self) {
-        while let Some(tasks) = self.next_tasks() {
-            let mut chunks = Vec::new();
-            for task in tasks {
-                match task {
-                    Task::Commit(chunk) => chunks.push(chunk),
-                    Task::Rotate(answer) => {
-                        self.commit(std::mem::take(&mut chunks));
-                        let result = if self.failed() { Err(StorageError::Poisoned) } else { self.wal.rotate() };
-                        if result.is_err() {
-                            self.fail();
-                        }
-                        let _ = answer.send(result);
-                    }
-                    Task::Barrier(answer) => {
-                        self.commit(std::mem::take(&mut chunks));
-                        let _ = answer.send(());
-                    }
-                }
-            }
-            self.commit(chunks);
-        }
-    }
-
-    /// Waits for work, and for company when the last cycle had some; `None`
-    /// once stopped with nothing left.
-    fn next_tasks(&mut self) -> Option<VecDeque<Task>> {
-        let mut queue = self.shared.queue.lock();
-        loop {
-            if queue.tasks.is_empty() {
-                if queue.stopping {
-                    return None;
-                }
-                self.shared.wake.wait(&mut queue);
-                continue;
-            }
-            if queue.ready(self.commit_delay) {
-                break;
-            }
-            let waited = queue.since.map_or(Duration::ZERO, |since| since.elapsed());
-            self.shared.wake.wait_for(&mut queue, self.commit_delay.saturating_sub(waited));
-        }
-        queue.since = None;
-        queue.urgent = false;
-        Some(std::mem::take(&mut queue.tasks))
-    }
-
-    fn failed(&self) -> bool {
-        self.shared.failed.load(Ordering::SeqCst)
-    }
-
-    fn fail(&self) {
-        self.shared.failed.store(true, Ordering::SeqCst);
-        self.view.set_storage_failed();
-    }
-
-    /// Writes the chunks' records as frames of at most the frame size, each
-    /// synced before the next is written, then publishes and replies.
-    fn commit(&mut self, chunks: Vec<Chunk>) {
-        if chunks.is_empty() {
-            return;
-        }
-        let mut ok = !self.failed();
+    /// Makes a turn durable, then publishes its changes and sends its
+    /// replies; on a failed write or sync, every reply becomes that failure.
+    /// `sequences` are the turn's encoded records, each at most half a frame
+    /// so that any one fits a frame; none when the turn changed nothing
+    /// durable.
+    pub fn commit(&mut self, sequences: &[Vec<u8>], delta: ViewDelta, replies: Vec<Outgoing>) {
+        let mut ok = !self.failed;
         self.payload.clear();
-        for sequence in chunks.iter().flat_map(|chunk| &chunk.sequences) {
+        for sequence in sequences {
             if !ok {
                 break;
             }
@@ -328,13 +137,28 @@ impl SyncThread {
         if !ok {
             self.fail();
         }
-        let failure = (!ok).then(storage_failed);
-        for chunk in chunks {
-            if ok {
-                chunk.delta.publish(&self.view);
-            }
-            chunk.replies.into_iter().for_each(|reply| reply.send(failure.as_ref()));
+        if ok {
+            delta.publish(&self.view);
         }
+        let failure = (!ok).then(storage_failed);
+        replies.into_iter().for_each(|reply| reply.send(failure.as_ref()));
+    }
+
+    /// Starts a new segment (a snapshot boundary); its index.
+    pub fn rotate(&mut self) -> Result<u64, StorageError> {
+        if self.failed {
+            return Err(StorageError::Poisoned);
+        }
+        let result = self.wal.rotate();
+        if result.is_err() {
+            self.fail();
+        }
+        result
+    }
+
+    fn fail(&mut self) {
+        self.failed = true;
+        self.view.set_storage_failed();
     }
 
     fn write_and_sync(&mut self) -> bool {

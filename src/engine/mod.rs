@@ -58,9 +58,6 @@ pub struct EngineConfig {
     pub cron_entries_max: usize,
     /// Verify every invariant after each batch (tests; costs O(jobs) per batch).
     pub check_invariants: bool,
-    /// How long a commit may wait for more requests to share its sync, when
-    /// the previous commit served several (group commit).
-    pub commit_delay: std::time::Duration,
 }
 
 impl EngineConfig {
@@ -76,7 +73,6 @@ impl EngineConfig {
             defaults: JobDefaults::default(),
             cron_entries_max: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
             check_invariants: false,
-            commit_delay: std::time::Duration::from_micros(crate::limits::COMMIT_DELAY_US),
         }
     }
 }
@@ -113,8 +109,7 @@ impl Engine {
         let (sender, inbox) = inbox::inbox(ENGINE_INBOX_MAX);
         let view = Arc::new(ReadView::default());
         let handle = EngineHandle::new(sender, view.clone(), config.clock.clone(), config.defaults.clone());
-        let syncer = commit::Syncer::start(wal, view.clone(), config.commit_delay)
-            .map_err(|error| StorageError::Io { path: config.data_dir.clone(), error })?;
+        let committer = commit::Committer::new(wal, view.clone());
         let writer = Writer {
             state,
             clock: config.clock,
@@ -136,7 +131,7 @@ impl Engine {
             cron_entries_max: config.cron_entries_max,
             draining: false,
             last_worker_sweep: i64::MIN / 2,
-            syncer,
+            committer,
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

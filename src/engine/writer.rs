@@ -2,10 +2,10 @@
 //!
 //! Each turn: wait for a command or the next deadline → take a batch of
 //! commands → one `now` → decide and apply due timers and each command →
-//! encode the turn's records and queue them, with the view changes and
-//! replies, for the sync thread (`commit.rs`), which writes, syncs, publishes
-//! and replies. No reply leaves before its record is durable, and the engine
-//! never waits for the disk.
+//! encode the turn's records, write them as one frame and `fdatasync` once
+//! (`commit.rs`) → publish the changes and send the replies. No reply leaves
+//! before its record is durable; commands that arrive during the sync form
+//! the next turn's batch.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::command::{Cancelled, Command, EngineError};
-use super::commit::{Chunk, Outgoing, Syncer, ViewDelta, storage_failed};
+use super::commit::{Committer, Outgoing, ViewDelta, storage_failed};
 use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::inbox::{InboxReceiver, Received};
@@ -61,8 +61,8 @@ pub(crate) struct Writer {
     pub draining: bool,
     /// When idle workers were last looked for.
     pub last_worker_sweep: Millis,
-    /// The sync thread, which owns the log.
-    pub syncer: Syncer,
+    /// Owns the log: writes, syncs, publishes and replies.
+    pub committer: Committer,
 }
 
 /// A turn's records, applied to the state, with the replies and events that
@@ -98,15 +98,12 @@ impl Writer {
                 break;
             }
         }
-        self.syncer.barrier();
         if self.final_snapshot
-            && !self.syncer.failed()
+            && !self.committer.failed()
             && let Err(error) = self.snapshot_now()
         {
             crate::logging::error("final snapshot failed", &[("error", error.to_string().into())]);
         }
-        // Every reply is out before the engine counts as stopped.
-        self.syncer.stop();
         // A background snapshot still writing must finish before the data dir
         // is unlocked.
         while self.snapshot_busy.load(Ordering::SeqCst) {
@@ -126,10 +123,9 @@ impl Writer {
 
     /// Handles one batch; returns true when the engine should stop.
     fn turn(&mut self, batch: Vec<Command>) -> bool {
-        if self.syncer.failed() {
+        if self.committer.failed() {
             return self.refuse_all(batch);
         }
-        self.syncer.turn_started();
         let now = self.clock.now_ms();
         let mut staged = Staged::new();
         let mut stop = false;
@@ -167,9 +163,6 @@ impl Writer {
         }
 
         self.commit(staged);
-        if !image_requests.is_empty() {
-            self.syncer.barrier();
-        }
         for reply in image_requests {
             let _ = reply.send(Ok(self.state.image()));
         }
@@ -417,18 +410,17 @@ impl Writer {
         self.state.job(id).cloned().expect("a job just decided on is stored")
     }
 
-    /// Encodes a turn's records and queues them, with the view changes and
-    /// replies that wait for them, for the sync thread.
+    /// Encodes a turn's records and makes them durable, then publishes the
+    /// view changes and sends the replies that waited for them.
     fn commit(&mut self, staged: Staged) {
         if staged.is_empty() {
-            self.syncer.turn_ended();
             return;
         }
         let Staged { records, replies, mut events } = staged;
         let sequences = encode_sequences(&records);
         self.bytes_since_snapshot += sequences.iter().map(|sequence| sequence.len() as u64).sum::<u64>();
         let delta = self.collect_delta(events.take());
-        self.syncer.commit(Chunk { sequences, delta, replies });
+        self.committer.commit(&sequences, delta, replies);
     }
 
     fn refuse_all(&mut self, batch: Vec<Command>) -> bool {
@@ -514,8 +506,8 @@ impl Writer {
 
     /// Encodes the state as of a fresh segment boundary.
     fn snapshot_payload(&mut self) -> Result<(u64, Vec<u8>), StorageError> {
-        // Every queued record lands before the boundary: the image includes them.
-        let replay_from = self.syncer.rotate()?;
+        // Every record so far is durable and before the boundary: the image includes them.
+        let replay_from = self.committer.rotate()?;
         let image = self.state.image();
         let payload = postcard::to_allocvec(&image).expect("state images encode into a Vec without failing");
         self.bytes_since_snapshot = 0;
