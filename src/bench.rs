@@ -85,7 +85,7 @@ impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "workload={:?} connections={} jobs={} requests={} elapsed={:.2}s jobs/s={:.0} requests/s={:.0} p50={:.2}ms p99={:.2}ms p999={:.2}ms",
+            "workload={:?} connections={} jobs={} requests={} elapsed={:.2}s jobs/s={:.0} requests/s={:.0} p50={:.2}ms p99={:.2}ms p999={:.2}ms max={:.2}ms",
             self.workload,
             self.connections,
             self.jobs,
@@ -95,7 +95,8 @@ impl fmt::Display for BenchReport {
             self.requests_per_second(),
             self.latency_ms(0.50),
             self.latency_ms(0.99),
-            self.latency_ms(0.999)
+            self.latency_ms(0.999),
+            self.latency_ms(1.0)
         )
     }
 }

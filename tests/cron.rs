@@ -64,7 +64,7 @@ impl Harness {
     }
 
     /// Every job in the state, oldest first.
-    fn jobs(&self) -> Vec<Job> {
+    fn jobs(&self) -> Vec<Arc<Job>> {
         let mut jobs = self.handle().image().wait().unwrap().jobs;
         jobs.sort_by_key(|job| job.created_at);
         jobs

@@ -50,7 +50,7 @@ pub enum CronWrite {
 pub enum CronOutcome {
     /// A job was created (`available`, or `pending` behind `waits_for`);
     /// `cancelled` is the previous run cancelled by `cancel_previous`.
-    Enqueued { job: Box<Job>, cancelled: Option<JobId>, waits_for: Option<JobId> },
+    Enqueued { job: Arc<Job>, cancelled: Option<JobId>, waits_for: Option<JobId> },
     /// The previous run is still going and the policy said skip.
     Skipped { existing: JobId },
 }
@@ -246,7 +246,7 @@ impl State {
                         _ => (JobState::Available, None, None),
                     };
                     let id = self.ids.next(now, entropy.next_u128());
-                    let job = Box::new(fired_job(definition, id, state, now, scheduled));
+                    let job = Arc::new(fired_job(definition, id, state, now, scheduled));
                     CronOutcome::Enqueued { job, cancelled, waits_for }
                 }
             };

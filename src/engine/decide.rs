@@ -8,6 +8,7 @@ use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, JobState, NewJob, ValidationError};
 use crate::limits::LIVE_JOBS_MAX;
 use crate::schedule::retry_delay_ms;
+use std::sync::Arc;
 
 /// Randomness the decisions need (ids, jitter); injected so tests can fix it.
 pub trait Entropy: Send {
@@ -71,7 +72,7 @@ impl State {
             };
             seen.insert(id);
             let state = if scheduled_at.is_some_and(|at| at > now) { JobState::Scheduled } else { JobState::Available };
-            jobs.push(Job::accept(new_job, id, state, now, scheduled_at, expires_at));
+            jobs.push(Arc::new(Job::accept(new_job, id, state, now, scheduled_at, expires_at)));
         }
         Ok(Record::Enqueue { at: now, jobs })
     }

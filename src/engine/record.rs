@@ -4,6 +4,7 @@
 //! postcard-encoded `Vec<Record>`.
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId};
@@ -39,10 +40,12 @@ pub enum TimeoutKind {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Record {
-    /// New jobs, complete with id, state and timestamps. A batch enqueue is one record.
+    /// New jobs, complete with id, state and timestamps. A batch enqueue is
+    /// one record. Shared with the state that applies it (encoded the same
+    /// as a plain `Job`).
     Enqueue {
         at: Millis,
-        jobs: Vec<Job>,
+        jobs: Vec<Arc<Job>>,
     },
     Claim {
         at: Millis,

@@ -59,9 +59,13 @@ impl QueueState {
 
 /// The serialisable form of the state, written in snapshots; also what tests
 /// compare to show that replay rebuilds the live state.
+///
+/// Jobs are shared with the live state, so taking an image copies pointers,
+/// not jobs; a job the engine changes afterwards is copied on write.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StateImage {
-    pub jobs: Vec<Job>,
+    /// In id order once [`StateImage::sort`] ran; snapshots are written sorted.
+    pub jobs: Vec<Arc<Job>>,
     pub paused_queues: Vec<String>,
     pub ids: IdGenerator,
     /// Unused; kept so that format version 1 still decodes.
@@ -72,6 +76,19 @@ pub struct StateImage {
     pub crons: Vec<CronEntry>,
     /// Cron runs waiting for the previous run to end: (previous, waiting).
     pub cron_waiters: Vec<(JobId, JobId)>,
+}
+
+impl StateImage {
+    /// Puts the jobs in id order, so that equal states compare and encode equal.
+    pub fn sort_jobs(&mut self) {
+        self.jobs.sort_unstable_by_key(|job| job.id);
+    }
+
+    /// The snapshot payload: the image with its jobs in id order.
+    pub fn encode(mut self) -> Vec<u8> {
+        self.sort_jobs();
+        postcard::to_allocvec(&self).expect("state images encode into a Vec without failing")
+    }
 }
 
 /// The snapshot payload version this build writes.
@@ -103,7 +120,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
             let old: StateImageV1 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
             let StateImageV1 { jobs, paused_queues, ids, reserved } = old;
             Ok(StateImage {
-                jobs,
+                jobs: jobs.into_iter().map(Arc::new).collect(),
                 paused_queues,
                 ids,
                 reserved,
@@ -116,7 +133,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
             let old: StateImageV2 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
             let StateImageV2 { jobs, paused_queues, ids, reserved, worker_signals } = old;
             Ok(StateImage {
-                jobs,
+                jobs: jobs.into_iter().map(Arc::new).collect(),
                 paused_queues,
                 ids,
                 reserved,
@@ -325,11 +342,11 @@ impl State {
     }
 
     /// Adds a job (new, or loaded from a snapshot).
-    fn insert_loaded(&mut self, job: Job) {
+    fn insert_loaded(&mut self, job: Arc<Job>) {
         self.ids.observe(job.id);
         self.index_job(&job);
         self.dirty.insert(job.id);
-        self.jobs.insert(job.id, Arc::new(job));
+        self.jobs.insert(job.id, job);
     }
 
     /// Changes one job through `change`, keeping every structure in step.
@@ -552,7 +569,7 @@ impl State {
                         if let Some(previous) = waits_for {
                             self.crons.waiters.insert(*previous, job.id);
                         }
-                        self.insert_loaded(job.as_ref().clone());
+                        self.insert_loaded(job.clone());
                     }
                     CronOutcome::Skipped { existing } => {
                         let kind = EventKind::CronSkipped {
@@ -588,9 +605,11 @@ impl State {
     }
 
     /// The full state in serialisable form, jobs in id order.
+    /// The state as an image, jobs in no particular order: cheap enough for
+    /// the engine thread (a pointer per job); sorting and encoding can
+    /// happen elsewhere.
     pub fn image(&self) -> StateImage {
-        let mut jobs: Vec<Job> = self.jobs.values().map(|job| job.as_ref().clone()).collect();
-        jobs.sort_by_key(|job| job.id);
+        let jobs = self.jobs.values().cloned().collect();
         let paused_queues =
             self.queues.iter().filter(|(_, queue)| queue.paused).map(|(name, _)| name.clone()).collect();
         let worker_signals =

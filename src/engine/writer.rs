@@ -18,7 +18,7 @@ use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::inbox::{InboxReceiver, Received};
 use super::record::{Record, encode_sequences};
-use super::state::State;
+use super::state::{State, StateImage};
 use super::view::{QueueSummary, ReadView};
 use super::workers::{Contacts, WorkerEntry, WorkerSignal, state_name};
 use crate::clock::{Clock, Millis};
@@ -164,7 +164,9 @@ impl Writer {
 
         self.commit(staged);
         for reply in image_requests {
-            let _ = reply.send(Ok(self.state.image()));
+            let mut image = self.state.image();
+            image.sort_jobs();
+            let _ = reply.send(Ok(image));
         }
         for reply in snapshot_requests {
             let result = self.snapshot_now().map_err(|_| EngineError::Unavailable { reason: "snapshot_failed" });
@@ -504,14 +506,15 @@ impl Writer {
         ViewDelta { jobs, workers, crons, queues, events }
     }
 
-    /// Encodes the state as of a fresh segment boundary.
-    fn snapshot_payload(&mut self) -> Result<(u64, Vec<u8>), StorageError> {
+    /// Starts a new segment and takes the state's image as of that boundary.
+    /// The image shares the jobs with the state, so this costs a pointer per
+    /// job; sorting and encoding it is left to whoever writes it.
+    fn snapshot_image(&mut self) -> Result<(u64, StateImage), StorageError> {
         // Every record so far is durable and before the boundary: the image includes them.
         let replay_from = self.committer.rotate()?;
         let image = self.state.image();
-        let payload = postcard::to_allocvec(&image).expect("state images encode into a Vec without failing");
         self.bytes_since_snapshot = 0;
-        Ok((replay_from, payload))
+        Ok((replay_from, image))
     }
 
     /// Writes a snapshot on this thread and waits for it to be durable.
@@ -519,7 +522,8 @@ impl Writer {
         while self.snapshot_busy.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let (replay_from, payload) = self.snapshot_payload()?;
+        let (replay_from, image) = self.snapshot_image()?;
+        let payload = image.encode();
         write_snapshot(
             self.snapshots.file_system.as_ref(),
             &self.snapshots.dir,
@@ -535,7 +539,7 @@ impl Writer {
         if self.bytes_since_snapshot < self.snapshots.log_bytes || self.snapshot_busy.load(Ordering::SeqCst) {
             return;
         }
-        let (replay_from, payload) = match self.snapshot_payload() {
+        let (replay_from, image) = match self.snapshot_image() {
             Ok(snapshot) => snapshot,
             Err(error) => {
                 crate::logging::error("could not start a snapshot", &[("error", error.to_string().into())]);
@@ -547,6 +551,7 @@ impl Writer {
         let file_system = self.snapshots.file_system.clone();
         let dir = self.snapshots.dir.clone();
         std::thread::spawn(move || {
+            let payload = image.encode();
             let result = write_snapshot(file_system.as_ref(), &dir, replay_from, super::state::IMAGE_VERSION, &payload)
                 .and_then(|()| remove_obsolete(&dir, replay_from));
             match result {
