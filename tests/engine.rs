@@ -9,6 +9,7 @@ use std::sync::Arc;
 use svc::clock::ManualClock;
 use svc::engine::{Engine, EngineConfig, FetchRequest, Retention};
 use svc::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body};
+use svc::storage::FaultyFileSystem;
 
 const START: i64 = 1_800_000_000_000;
 
@@ -279,5 +280,41 @@ fn a_heartbeat_extension_survives_a_crash() {
     let engine = Engine::open(config(&clock)).unwrap();
     engine.handle().tick().wait().unwrap();
     assert_eq!(engine.handle().job(id).unwrap().state, JobState::Active, "the extended deadline was replayed");
+    engine.close();
+}
+
+/// Group commit: commands that reach the engine while it waits for the disk
+/// are written and synced together, one sync for all of them.
+#[test]
+fn commands_queued_during_a_sync_share_the_next_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = FaultyFileSystem::failing_after(i64::MAX);
+    let mut config = EngineConfig::new(dir.path());
+    config.file_system = Arc::new(disk.clone());
+    config.check_invariants = true;
+    let engine = Engine::open(config).unwrap();
+    let handle = engine.handle();
+    let job = || parse_enqueue_body(br#"{"type":"t","args":[]}"#, &JobDefaults::default()).unwrap();
+
+    disk.hold_syncs("svc-engine");
+    let first = handle.enqueue(vec![job()]);
+    disk.wait_for_held_syncs(1);
+    let syncs_before = disk.data_syncs_by("svc-engine");
+    let queued: Vec<_> = (0..100).map(|_| handle.enqueue(vec![job()])).collect();
+    disk.release_syncs();
+
+    let first = first.wait().unwrap()[0].id;
+    let ids: std::collections::HashSet<JobId> =
+        queued.into_iter().map(|pending| pending.wait().unwrap()[0].id).collect();
+    assert_eq!(ids.len(), 100);
+    assert!(!ids.contains(&first));
+    assert_eq!(disk.data_syncs_by("svc-engine") - syncs_before, 1, "100 queued enqueues, one sync");
+    engine.close_without_snapshot();
+
+    // All of them were durable before they were answered.
+    let engine = Engine::open(EngineConfig::new(dir.path())).unwrap();
+    for id in ids.iter().chain([&first]) {
+        assert_eq!(engine.handle().job(*id).map(|job| job.state), Some(JobState::Available));
+    }
     engine.close();
 }

@@ -1,6 +1,8 @@
 //! The narrow file interface the log and snapshots write through, so tests can
-//! fail a sync on purpose. Reads go straight to `std::fs`.
+//! fail, hold or count syncs on purpose. Reads go straight to `std::fs`.
 
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -72,21 +74,75 @@ impl FileSystem for RealFileSystem {
 }
 
 /// A real file system whose syncs start failing after a set number of
-/// successes: the way tests prove that a failed fsync poisons the log.
+/// successes (the way tests prove that a failed fsync poisons the log), and
+/// whose data syncs can be held and counted by thread (the way tests show
+/// group commit).
 #[derive(Debug, Clone)]
 pub struct FaultyFileSystem {
     syncs_left: Arc<AtomicI64>,
+    data_syncs: Arc<(Mutex<DataSyncs>, Condvar)>,
+}
+
+#[derive(Debug, Default)]
+struct DataSyncs {
+    /// Data syncs on threads of this name wait until released.
+    held_thread: Option<String>,
+    /// Syncs waiting now.
+    waiting: usize,
+    /// Data syncs begun, by thread name.
+    begun: HashMap<String, u64>,
 }
 
 impl FaultyFileSystem {
     /// Lets `successful_syncs` syncs (data or directory) succeed, then fails every one.
     pub fn failing_after(successful_syncs: i64) -> Self {
-        Self { syncs_left: Arc::new(AtomicI64::new(successful_syncs)) }
+        Self { syncs_left: Arc::new(AtomicI64::new(successful_syncs)), data_syncs: Arc::default() }
     }
 
     /// Changes how many syncs still succeed.
     pub fn set_syncs_left(&self, successful_syncs: i64) {
         self.syncs_left.store(successful_syncs, Ordering::SeqCst);
+    }
+
+    /// Makes every later data sync on a thread named `thread` wait until
+    /// [`FaultyFileSystem::release_syncs`].
+    pub fn hold_syncs(&self, thread: &str) {
+        self.data_syncs.0.lock().held_thread = Some(thread.to_string());
+    }
+
+    /// Lets held and later syncs go on.
+    pub fn release_syncs(&self) {
+        self.data_syncs.0.lock().held_thread = None;
+        self.data_syncs.1.notify_all();
+    }
+
+    /// Blocks until `count` syncs are being held.
+    pub fn wait_for_held_syncs(&self, count: usize) {
+        let mut syncs = self.data_syncs.0.lock();
+        while syncs.waiting < count {
+            self.data_syncs.1.wait(&mut syncs);
+        }
+    }
+
+    /// Data syncs begun so far on threads named `thread`.
+    pub fn data_syncs_by(&self, thread: &str) -> u64 {
+        self.data_syncs.0.lock().begun.get(thread).copied().unwrap_or(0)
+    }
+
+    /// Counts a data sync and waits while its thread's syncs are held.
+    fn begin_data_sync(&self) {
+        let thread = std::thread::current().name().unwrap_or("").to_string();
+        let (syncs, changed) = &*self.data_syncs;
+        let mut syncs = syncs.lock();
+        *syncs.begun.entry(thread.clone()).or_default() += 1;
+        if syncs.held_thread.as_deref() == Some(thread.as_str()) {
+            syncs.waiting += 1;
+            changed.notify_all();
+            while syncs.held_thread.as_deref() == Some(thread.as_str()) {
+                changed.wait(&mut syncs);
+            }
+            syncs.waiting -= 1;
+        }
     }
 
     fn take_sync(&self) -> io::Result<()> {
@@ -109,6 +165,7 @@ impl LogFile for FaultyFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        self.owner.begin_data_sync();
         self.owner.take_sync()?;
         self.inner.sync_data()
     }
