@@ -64,7 +64,7 @@ impl QueueState {
 /// not jobs; a job the engine changes afterwards is copied on write.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StateImage {
-    /// In id order once [`StateImage::sort`] ran; snapshots are written sorted.
+    /// In id order once [`StateImage::sort_jobs`] ran; snapshots are written sorted.
     pub jobs: Vec<Arc<Job>>,
     pub paused_queues: Vec<String>,
     pub ids: IdGenerator,
@@ -604,7 +604,6 @@ impl State {
         Ok(())
     }
 
-    /// The full state in serialisable form, jobs in id order.
     /// The state as an image, jobs in no particular order: cheap enough for
     /// the engine thread (a pointer per job); sorting and encoding can
     /// happen elsewhere.
