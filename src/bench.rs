@@ -23,6 +23,30 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 const QUEUE: &str = "bench";
+/// The fetch request of the `drain`, `steady` and `retry` workloads.
+const FETCH_ONE: &str = r#"{"queues":["bench"],"count":1}"#;
+
+/// What the load generator reads of a fetch answer. Only these fields are
+/// decoded; the rest of each job is skipped without being built, so the
+/// client spends its share of the machine on requests, not on parsing.
+#[derive(serde::Deserialize)]
+struct Fetched<'a> {
+    #[serde(borrow)]
+    jobs: Vec<FetchedJob<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct FetchedJob<'a> {
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+    attempt: u32,
+}
+
+impl<'a> Fetched<'a> {
+    fn parse(body: &'a [u8]) -> Result<Fetched<'a>, String> {
+        serde_json::from_slice(body).map_err(|error| format!("unexpected fetch answer: {error}"))
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {
@@ -118,11 +142,11 @@ impl Connection {
     }
 
     /// Sends a POST and returns (status, body, latency).
-    async fn post(&mut self, path: &str, body: String) -> Result<(StatusCode, Bytes, Duration), String> {
+    async fn post(&mut self, path: &str, body: impl Into<Bytes>) -> Result<(StatusCode, Bytes, Duration), String> {
         let request = Request::post(path)
             .header("host", &self.host)
             .header("content-type", "application/svc+json")
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(body.into()))
             .map_err(|error| error.to_string())?;
         let started = Instant::now();
         self.sender.ready().await.map_err(|error| error.to_string())?;
@@ -144,20 +168,19 @@ async fn retry_loop(connection: &mut Connection, options: &BenchOptions, complet
     let mut latencies = Vec::new();
     let mut jobs = 0;
     while completed.load(Ordering::SeqCst) < options.jobs {
-        let (status, body, latency) =
-            connection.post("/svc/v1/workers/fetch", format!(r#"{{"queues":["{QUEUE}"],"count":1}}"#)).await?;
+        let (status, body, latency) = connection.post("/svc/v1/workers/fetch", FETCH_ONE).await?;
         if status != StatusCode::OK {
             return Err(format!("fetch answered {status}: {}", String::from_utf8_lossy(&body)));
         }
         latencies.push(micros(latency));
-        let value: serde_json::Value = serde_json::from_slice(&body).map_err(|error| error.to_string())?;
-        let Some(job) = value["jobs"].get(0) else {
+        let fetched = Fetched::parse(&body)?;
+        let Some(job) = fetched.jobs.first() else {
             // The failed ones come back after their 1 ms backoff.
             tokio::time::sleep(Duration::from_millis(1)).await;
             continue;
         };
-        let id = job["id"].as_str().unwrap_or_default();
-        let (path, body) = if job["attempt"] == 1 {
+        let id = &job.id;
+        let (path, body) = if job.attempt == 1 {
             (
                 "/svc/v1/workers/nack",
                 format!(r#"{{"job_id":"{id}","error":{{"type":"Flaky","message":"first try fails"}}}}"#),
@@ -383,13 +406,12 @@ async fn drain_loop(connection: &mut Connection, until: Option<&AtomicBool>) -> 
         if until.is_some_and(|stop| stop.load(Ordering::SeqCst)) {
             return Ok((jobs, latencies));
         }
-        let (status, body, latency) =
-            connection.post("/svc/v1/workers/fetch", format!(r#"{{"queues":["{QUEUE}"],"count":1}}"#)).await?;
+        let (status, body, latency) = connection.post("/svc/v1/workers/fetch", FETCH_ONE).await?;
         if status != StatusCode::OK {
             return Err(format!("fetch answered {status}: {}", String::from_utf8_lossy(&body)));
         }
         latencies.push(micros(latency));
-        let Some(id) = first_job_id(&body) else {
+        let Some(id) = Fetched::parse(&body)?.jobs.first().map(|job| job.id.to_string()) else {
             if steady {
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 continue;
@@ -425,11 +447,6 @@ async fn paced_enqueue(connection: &mut Connection, options: &BenchOptions, stop
     Ok((0, latencies))
 }
 
-fn first_job_id(body: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    value["jobs"].get(0)?.get("id")?.as_str().map(str::to_string)
-}
-
 /// Loads the jobs a `drain` run takes out, in batches.
 async fn preload(options: &BenchOptions) -> Result<(), String> {
     let mut connection = Connection::open(&options.address).await?;
@@ -445,4 +462,26 @@ async fn preload(options: &BenchOptions) -> Result<(), String> {
         loaded += size;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fetch_request_asks_the_bench_queue_for_one_job() {
+        let request: serde_json::Value = serde_json::from_str(FETCH_ONE).unwrap();
+        assert_eq!(request, serde_json::json!({"queues": [QUEUE], "count": 1}));
+    }
+
+    #[test]
+    fn a_fetch_answer_yields_each_jobs_id_and_attempt() {
+        let body = br#"{"jobs":[{"specversion":"1.0","id":"019539a4-aaaa-7000-8000-000000000001","type":"t",
+            "args":[{"id":"not this one"}],"meta":{},"attempt":2,"retry":{"max_attempts":3}}],"extra":1}"#;
+        let fetched = Fetched::parse(body).unwrap();
+        let ids: Vec<_> = fetched.jobs.iter().map(|job| (job.id.as_ref(), job.attempt)).collect();
+        assert_eq!(ids, vec![("019539a4-aaaa-7000-8000-000000000001", 2)]);
+        assert!(Fetched::parse(br#"{"jobs":[]}"#).unwrap().jobs.is_empty());
+        assert!(Fetched::parse(b"not json").is_err());
+    }
 }
