@@ -180,7 +180,7 @@ fn terminal_jobs_are_pruned_after_retention() {
     assert!(harness.engine.handle().job(id).is_some());
     harness.advance(1);
     assert!(harness.engine.handle().job(id).is_none());
-    assert_eq!(harness.engine.handle().queues().iter().find(|queue| queue.name == "default").unwrap().counts, [0; 8]);
+    assert_eq!(harness.engine.handle().queues()["default"].counts, [0; 8]);
 }
 
 #[test]
@@ -317,4 +317,57 @@ fn commands_queued_during_a_sync_share_the_next_sync() {
         assert_eq!(engine.handle().job(*id).map(|job| job.state), Some(JobState::Available));
     }
     engine.close();
+}
+
+/// The queue figures readers see, rebuilt from scratch out of every job the
+/// engine holds ("default" is always listed).
+fn queue_counts_from_jobs(engine: &Engine) -> std::collections::BTreeMap<String, [u64; 8]> {
+    let mut expected = std::collections::BTreeMap::from([("default".to_string(), [0; 8])]);
+    for job in engine.handle().image().wait().unwrap().jobs {
+        expected.entry(job.queue.clone()).or_insert([0; 8])[job.state.index()] += 1;
+    }
+    expected
+}
+
+fn queue_counts_seen(engine: &Engine) -> std::collections::BTreeMap<String, [u64; 8]> {
+    engine.handle().queues().iter().map(|(name, queue)| (name.clone(), queue.counts)).collect()
+}
+
+/// Each turn publishes only the queues it changed; what readers see must
+/// still match the whole state, including queues that come and go.
+#[test]
+fn queue_figures_follow_changes_across_many_queues() {
+    let retention = Retention { completed_ms: 10_000, ..Retention::default() };
+    let harness = Harness::with_retention(retention);
+    let engine = &harness.engine;
+    let ids: Vec<JobId> = (0..50)
+        .map(|n| harness.enqueue(json!({"type": "t", "args": [n], "options": {"queue": format!("q{n:02}")}})))
+        .collect();
+    harness.enqueue(json!({"type": "t", "args": []}));
+    assert_eq!(queue_counts_seen(engine).len(), 51);
+    assert_eq!(queue_counts_seen(engine), queue_counts_from_jobs(engine));
+
+    let claim = |queue: &str| {
+        let request =
+            FetchRequest { queues: vec![queue.into()], count: 1, worker_id: None, visibility_timeout_ms: None };
+        engine.handle().fetch(request).wait().unwrap()[0].id
+    };
+    assert_eq!(claim("q07"), ids[7]);
+    engine.handle().ack(ids[7], None, None).wait().unwrap();
+    assert_eq!(claim("q08"), ids[8]);
+    assert_eq!(queue_counts_seen(engine)["q07"][JobState::Completed.index()], 1);
+    assert_eq!(queue_counts_seen(engine)["q08"][JobState::Active.index()], 1);
+    assert_eq!(queue_counts_seen(engine), queue_counts_from_jobs(engine));
+
+    // Once its only job is pruned, q07 is gone; q08's job is still active.
+    harness.advance(10_000);
+    engine.handle().ack(ids[8], None, None).wait().unwrap();
+    let seen = queue_counts_seen(engine);
+    assert!(!seen.contains_key("q07"), "an emptied queue leaves the listing");
+    assert_eq!(seen, queue_counts_from_jobs(engine));
+
+    // A queue that comes back is listed again.
+    harness.enqueue(json!({"type": "t", "args": [], "options": {"queue": "q07"}}));
+    assert_eq!(queue_counts_seen(engine)["q07"][JobState::Available.index()], 1);
+    assert_eq!(queue_counts_seen(engine), queue_counts_from_jobs(engine));
 }

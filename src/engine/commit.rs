@@ -69,7 +69,7 @@ pub(crate) struct ViewDelta {
     pub jobs: Vec<(JobId, Option<Arc<Job>>)>,
     pub workers: Vec<(String, Option<WorkerEntry>)>,
     pub crons: Vec<(String, Option<Arc<CronEntry>>)>,
-    pub queues: Option<Vec<QueueSummary>>,
+    pub queues: Vec<(String, Option<QueueSummary>)>,
     pub events: Vec<Event>,
 }
 
@@ -84,8 +84,8 @@ impl ViewDelta {
         if !self.jobs.is_empty() {
             view.publish_jobs(self.jobs.into_iter());
         }
-        if let Some(queues) = self.queues {
-            view.publish_queues(queues);
+        if !self.queues.is_empty() {
+            view.publish_queues(self.queues.into_iter());
         }
         if !self.events.is_empty() {
             view.publish_events(self.events.into_iter());

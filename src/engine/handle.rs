@@ -8,7 +8,7 @@ use super::command::{Cancelled, Command, EngineError, FetchRequest, Reply};
 use super::cron::{CronEntry, CronWrite};
 use super::events::{Event, EventPage};
 use super::inbox::{InboxSender, SendError};
-use super::view::{DeadLetterKey, QueueSummary, ReadView};
+use super::view::{DeadLetterKey, QueueTable, ReadView};
 use super::workers::{WorkerEntry, WorkerSignal};
 use crate::clock::Clock;
 use crate::cron::CronDefinition;
@@ -219,7 +219,7 @@ impl EngineHandle {
     }
 
     /// Every queue as of the last commit, by name.
-    pub fn queues(&self) -> Arc<Vec<QueueSummary>> {
+    pub fn queues(&self) -> Arc<QueueTable> {
         self.view.queues()
     }
 

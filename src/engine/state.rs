@@ -11,6 +11,7 @@ use std::sync::Arc;
 use super::cron::{CronEntry, CronOutcome, CronTable};
 use super::events::{CronInfo, EventKind, EventSink};
 use super::record::{FailOutcome, Record, TimeoutKind};
+use super::view::QueueSummary;
 use super::workers::WorkerSignal;
 use crate::clock::Millis;
 use crate::job::{ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdMap, JobIdSet, JobState};
@@ -44,6 +45,8 @@ pub struct QueueState {
     pub ready: ReadyQueue,
     pub counts: [u64; 8],
     pub paused: bool,
+    /// Listed in `State::dirty_queues` since the view was last updated.
+    dirty: bool,
 }
 
 impl QueueState {
@@ -167,7 +170,11 @@ pub struct State {
     retention: Retention,
     /// Jobs changed since the read view was last updated.
     dirty: JobIdSet,
-    queues_dirty: bool,
+    /// Queues whose figures changed since the view was last updated, each
+    /// listed once (a queue removed and made again may be listed twice).
+    dirty_queues: Vec<String>,
+    /// Every queue is to be published (before the first update of the view).
+    all_queues_dirty: bool,
     /// Cron entries and the runs waiting on earlier runs.
     pub(crate) crons: CronTable,
     /// Jobs that ended during the record being applied while a cron run waited on them.
@@ -191,7 +198,8 @@ impl State {
             live_jobs: 0,
             retention,
             dirty: JobIdSet::default(),
-            queues_dirty: true,
+            dirty_queues: Vec::new(),
+            all_queues_dirty: true,
             crons: CronTable::default(),
             ended_with_waiter: Vec::new(),
         };
@@ -252,17 +260,45 @@ impl State {
         &self.crons
     }
 
-    /// Ids changed since the last call, and whether queue figures changed.
-    pub fn take_dirty(&mut self) -> (Vec<JobId>, bool) {
+    /// Queues whose figures changed since the last call (all of them the
+    /// first time), with their figures now, `None` for a queue now gone.
+    pub fn take_dirty_queues(&mut self) -> Vec<(String, Option<QueueSummary>)> {
+        let names = if std::mem::take(&mut self.all_queues_dirty) {
+            self.dirty_queues.clear();
+            self.queues.keys().cloned().collect()
+        } else {
+            std::mem::take(&mut self.dirty_queues)
+        };
+        names
+            .into_iter()
+            .map(|name| {
+                let summary = self.queues.get_mut(&name).map(|queue| {
+                    queue.dirty = false;
+                    QueueSummary { name: name.clone(), paused: queue.paused, counts: queue.counts }
+                });
+                (name, summary)
+            })
+            .collect()
+    }
+
+    /// Notes that a queue's figures changed, for the next view update.
+    fn queue_changed(dirty_queues: &mut Vec<String>, name: &str, queue: &mut QueueState) {
+        if !queue.dirty {
+            queue.dirty = true;
+            dirty_queues.push(name.to_string());
+        }
+    }
+
+    /// Ids changed since the last call.
+    pub fn take_dirty(&mut self) -> Vec<JobId> {
         // A small set keeps its capacity for the next turn. A large one (after
         // recovery or a big batch) is dropped: draining scans every bucket,
         // and it would be scanned again each turn.
-        let ids = if self.dirty.capacity() <= 1024 {
+        if self.dirty.capacity() <= 1024 {
             self.dirty.drain().collect()
         } else {
             std::mem::take(&mut self.dirty).into_iter().collect()
-        };
-        (ids, std::mem::replace(&mut self.queues_dirty, false))
+        }
     }
 
     /// The earliest deadline this job waits for in its current state.
@@ -294,11 +330,16 @@ impl State {
 
     /// Puts a job into the structures its state implies.
     fn index_job(&mut self, job: &Job) {
-        let queue = self.queues.entry(job.queue.clone()).or_default();
+        // The name is copied only when the queue is new.
+        if !self.queues.contains_key(&job.queue) {
+            self.queues.insert(job.queue.clone(), QueueState::default());
+        }
+        let queue = self.queues.get_mut(&job.queue).expect("inserted above");
         queue.counts[job.state.index()] += 1;
         if job.state == JobState::Available {
             queue.ready.push(Self::ready_key(job));
         }
+        Self::queue_changed(&mut self.dirty_queues, &job.queue, queue);
         if !job.state.is_terminal() {
             self.live_jobs += 1;
         }
@@ -309,7 +350,6 @@ impl State {
         if let Some(deadline) = self.deadline_of(job) {
             self.timers.insert(deadline, job.id);
         }
-        self.queues_dirty = true;
     }
 
     /// Takes a job out of every structure (the reverse of `index_job`).
@@ -334,11 +374,11 @@ impl State {
             if job.state == JobState::Available {
                 queue.ready.remove(&Self::ready_key(job));
             }
+            Self::queue_changed(&mut self.dirty_queues, &job.queue, queue);
             if queue.is_empty() && job.queue != "default" {
                 self.queues.remove(&job.queue);
             }
         }
-        self.queues_dirty = true;
     }
 
     /// Adds a job (new, or loaded from a snapshot).

@@ -47,13 +47,18 @@ impl DeadLetterKey {
     }
 }
 
+/// Every queue's figures by name, as readers get them.
+pub type QueueTable = std::collections::BTreeMap<String, QueueSummary>;
+
 pub struct ReadView {
     shards: Vec<RwLock<JobIdMap<Arc<Job>>>>,
     /// Discarded jobs in listing order, kept in step with the shards.
     dead_letter: RwLock<std::collections::BTreeMap<DeadLetterKey, Arc<Job>>>,
     /// The worker registry by worker id.
     workers: RwLock<std::collections::BTreeMap<String, WorkerEntry>>,
-    queues: RwLock<Arc<Vec<QueueSummary>>>,
+    /// Readers take the table by pointer; the writer changes it in place
+    /// unless a reader still holds it (copy on write).
+    queues: RwLock<Arc<QueueTable>>,
     events: Mutex<EventBuffer>,
     /// Cron entries by name.
     crons: RwLock<std::collections::BTreeMap<String, Arc<CronEntry>>>,
@@ -66,7 +71,7 @@ impl Default for ReadView {
             shards: (0..SHARDS).map(|_| RwLock::new(JobIdMap::default())).collect(),
             dead_letter: RwLock::new(std::collections::BTreeMap::new()),
             workers: RwLock::new(std::collections::BTreeMap::new()),
-            queues: RwLock::new(Arc::new(Vec::new())),
+            queues: RwLock::new(Arc::new(QueueTable::new())),
             events: Mutex::new(EventBuffer::default()),
             crons: RwLock::new(std::collections::BTreeMap::new()),
             storage_failed: AtomicBool::new(false),
@@ -158,7 +163,7 @@ impl ReadView {
         }
     }
 
-    pub fn queues(&self) -> Arc<Vec<QueueSummary>> {
+    pub fn queues(&self) -> Arc<QueueTable> {
         self.queues.read().clone()
     }
 
@@ -205,8 +210,16 @@ impl ReadView {
         }
     }
 
-    pub(crate) fn publish_queues(&self, summaries: Vec<QueueSummary>) {
-        *self.queues.write() = Arc::new(summaries);
+    /// Writer only: publishes changed queues (`None` removes).
+    pub(crate) fn publish_queues(&self, changes: impl Iterator<Item = (String, Option<QueueSummary>)>) {
+        let mut queues = self.queues.write();
+        let table = Arc::make_mut(&mut queues);
+        for (name, summary) in changes {
+            match summary {
+                Some(summary) => table.insert(name, summary),
+                None => table.remove(&name),
+            };
+        }
     }
 
     pub(crate) fn publish_events(&self, events: impl Iterator<Item = Event>) {

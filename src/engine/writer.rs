@@ -19,7 +19,7 @@ use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::inbox::{InboxReceiver, Received};
 use super::record::{Record, encode_sequences};
 use super::state::{State, StateImage};
-use super::view::{QueueSummary, ReadView};
+use super::view::ReadView;
 use super::workers::{Contacts, WorkerEntry, WorkerSignal, state_name};
 use crate::clock::{Clock, Millis};
 use crate::job::{IdGenerator, Job};
@@ -480,15 +480,8 @@ impl Writer {
                 (name, entry)
             })
             .collect();
-        let (dirty, queues_dirty) = self.state.take_dirty();
-        let jobs = dirty.into_iter().map(|id| (id, self.state.job(id).cloned())).collect();
-        let queues = queues_dirty.then(|| {
-            self.state
-                .queues()
-                .iter()
-                .map(|(name, queue)| QueueSummary { name: name.clone(), paused: queue.paused, counts: queue.counts })
-                .collect()
-        });
+        let jobs = self.state.take_dirty().into_iter().map(|id| (id, self.state.job(id).cloned())).collect();
+        let queues = self.state.take_dirty_queues();
         let mut events = Vec::with_capacity(pending.len());
         for (time, kind, job) in pending {
             let job = match job {

@@ -351,8 +351,11 @@ fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let limit = page_limit(&pairs)?;
     let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
     let summaries = app.engine.queues();
-    let mut remaining =
-        summaries.iter().filter(|queue| after.as_deref().is_none_or(|after| queue.name.as_str() > after));
+    let start = match &after {
+        Some(after) => std::ops::Bound::Excluded(after.as_str()),
+        None => std::ops::Bound::Unbounded,
+    };
+    let mut remaining = summaries.range::<str, _>((start, std::ops::Bound::Unbounded)).map(|(_, queue)| queue);
     let page: Vec<_> = remaining.by_ref().take(limit).collect();
     let has_more = remaining.next().is_some();
     let cursor = if has_more { page.last().map(|queue| Value::from(encode_cursor(&queue.name))) } else { None };
