@@ -189,7 +189,8 @@ impl EventSink {
     }
 }
 
-/// The newest events, oldest first.
+/// The newest events, oldest first. Their ids come from one generator and
+/// rise in that order, so a cursor is found by binary search.
 #[derive(Debug, Default)]
 pub struct EventBuffer {
     events: VecDeque<Arc<Event>>,
@@ -197,6 +198,7 @@ pub struct EventBuffer {
 
 impl EventBuffer {
     pub fn push(&mut self, event: Event) {
+        debug_assert!(self.events.back().is_none_or(|last| last.id.0 < event.id.0), "event ids rise");
         if self.events.len() == EVENT_BUFFER_MAX {
             self.events.pop_front();
         }
@@ -209,15 +211,20 @@ impl EventBuffer {
     pub fn page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {
         let (start, gap) = match after {
             None => (0, false),
-            Some(id) => match EventId::parse(id).and_then(|id| self.events.iter().position(|event| event.id == id)) {
+            Some(id) => match EventId::parse(id).and_then(|id| self.position(id)) {
                 Some(position) => (position + 1, false),
                 None => (0, true),
             },
         };
-        let mut matching = self.events.iter().skip(start).filter(|event| keep(event));
+        let mut matching = self.events.range(start..).filter(|event| keep(event));
         let events: Vec<Arc<Event>> = matching.by_ref().take(limit).cloned().collect();
         let has_more = matching.next().is_some();
         EventPage { events, has_more, gap }
+    }
+
+    /// Where the event with `id` is held, if it still is.
+    fn position(&self, id: EventId) -> Option<usize> {
+        self.events.binary_search_by_key(&id.0, |event| event.id.0).ok()
     }
 }
 
@@ -225,4 +232,61 @@ pub struct EventPage {
     pub events: Vec<Arc<Event>>,
     pub has_more: bool,
     pub gap: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{IdGenerator, JobId};
+
+    fn buffer_of(count: usize) -> (EventBuffer, Vec<EventId>) {
+        let mut ids = IdGenerator::default();
+        let mut buffer = EventBuffer::default();
+        let mut made = Vec::new();
+        for seq in 0..count as u64 {
+            // Several events share a millisecond, as in one engine turn.
+            let id = EventId(ids.next(1_800_000_000_000 + (seq / 3) as i64, u128::from(seq) * 7919));
+            buffer.push(Event { seq, id, time: 0, kind: EventKind::Enqueued, job: None });
+            made.push(id);
+        }
+        (buffer, made)
+    }
+
+    fn seqs(page: &EventPage) -> Vec<u64> {
+        page.events.iter().map(|event| event.seq).collect()
+    }
+
+    #[test]
+    fn a_page_starts_right_after_its_cursor() {
+        let (buffer, ids) = buffer_of(100);
+        for (position, id) in ids.iter().enumerate() {
+            let page = buffer.page(Some(&id.to_string()), 3, |_| true);
+            let expected: Vec<u64> = (position as u64 + 1..100).take(3).collect();
+            assert_eq!((seqs(&page), page.gap), (expected, false), "after event {position}");
+            assert_eq!(page.has_more, position + 4 < 100);
+        }
+        let first = buffer.page(None, 2, |_| true);
+        assert_eq!((seqs(&first), first.has_more, first.gap), (vec![0, 1], true, false));
+    }
+
+    #[test]
+    fn a_cursor_no_longer_held_starts_over_with_a_gap() {
+        let (mut buffer, ids) = buffer_of(EVENT_BUFFER_MAX);
+        let mut generator = IdGenerator::default();
+        generator.observe(ids[ids.len() - 1].0);
+        buffer.push(Event {
+            seq: EVENT_BUFFER_MAX as u64,
+            id: EventId(generator.next(1_900_000_000_000, 1)),
+            time: 0,
+            kind: EventKind::Enqueued,
+            job: None,
+        });
+        // The oldest event was dropped to make room.
+        let page = buffer.page(Some(&ids[0].to_string()), 1, |_| true);
+        assert_eq!((seqs(&page), page.gap), (vec![1], true));
+        let unknown = EventId(JobId(ids[5].0.0 + 1)).to_string();
+        assert!(buffer.page(Some(&unknown), 1, |_| true).gap);
+        let page = buffer.page(Some(&ids[1].to_string()), 1, |_| true);
+        assert_eq!((seqs(&page), page.gap), (vec![2], false));
+    }
 }
