@@ -111,3 +111,7 @@ const _: () = assert!(REQUEST_BODY_BYTES_MAX >= ENVELOPE_BYTES_MAX);
 const _: () = assert!(FRAME_PAYLOAD_BYTES_MAX >= 2 * BATCH_BODY_BYTES_MAX);
 const _: () = assert!(FRAME_PAYLOAD_BYTES_MAX as u64 <= SEGMENT_BYTES_MAX * 2);
 const _: () = assert!(PAGE_SIZE_DEFAULT <= PAGE_SIZE_MAX);
+/// How long opening a data dir keeps trying its lock before it reports the
+/// dir in use. A child process holds the lock for an instant between fork and
+/// exec: it inherits the lock's file descriptor, which exec then closes.
+pub const DATA_DIR_LOCK_WAIT_MS: u64 = 1000;

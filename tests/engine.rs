@@ -9,7 +9,7 @@ use std::sync::Arc;
 use svc::clock::ManualClock;
 use svc::engine::{Engine, EngineConfig, FetchRequest, Retention};
 use svc::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body};
-use svc::storage::FaultyFileSystem;
+use svc::storage::{FaultyFileSystem, StorageError};
 
 const START: i64 = 1_800_000_000_000;
 
@@ -370,4 +370,25 @@ fn queue_figures_follow_changes_across_many_queues() {
     harness.enqueue(json!({"type": "t", "args": [], "options": {"queue": "q07"}}));
     assert_eq!(queue_counts_seen(engine)["q07"][JobState::Available.index()], 1);
     assert_eq!(queue_counts_seen(engine), queue_counts_from_jobs(engine));
+}
+
+/// A data dir belongs to one engine at a time, but a lock held only for a
+/// moment (as a child process holds it between fork and exec, when any
+/// thread of the program spawns one) does not make an open fail.
+#[test]
+fn a_data_dir_opens_once_and_a_passing_hold_on_its_lock_is_waited_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(EngineConfig::new(dir.path())).unwrap();
+    assert!(matches!(Engine::open(EngineConfig::new(dir.path())), Err(StorageError::Locked(_))));
+    engine.close();
+
+    let passing = std::fs::File::options().write(true).open(dir.path().join("LOCK")).unwrap();
+    passing.try_lock().unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(passing);
+    });
+    let engine = Engine::open(EngineConfig::new(dir.path())).expect("a passing hold is waited out");
+    release.join().unwrap();
+    engine.close();
 }

@@ -6,8 +6,9 @@
 //! DATA_DIR/snapshot-00000000000000000007.snap state as of the start of segment 7
 //! ```
 
-use std::fs::{File, OpenOptions};
+use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use super::{StorageError, io_error};
 
@@ -91,10 +92,21 @@ impl DataDirLock {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let path = dir.join("LOCK");
         let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_error(&path))?;
-        match file.try_lock() {
-            Ok(()) => Ok(Self { _file: file }),
-            Err(std::fs::TryLockError::WouldBlock) => Err(StorageError::Locked(dir.to_path_buf())),
-            Err(std::fs::TryLockError::Error(error)) => Err(StorageError::Io { path, error }),
+        // A lock held by another process stays held; one held by a child
+        // between fork and exec (any thread of this process spawning a
+        // program) is gone in a moment.
+        let deadline = Instant::now() + Duration::from_millis(crate::limits::DATA_DIR_LOCK_WAIT_MS);
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(Self { _file: file }),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                Err(TryLockError::WouldBlock) => return Err(StorageError::Locked(dir.to_path_buf())),
+                Err(TryLockError::Error(error)) => return Err(StorageError::Io { path, error }),
+            }
         }
     }
 }
