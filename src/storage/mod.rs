@@ -1,6 +1,7 @@
 //! Durability: frames, log segments, snapshot files and the data-dir lock.
 //! Storage knows bytes, frames and files; it knows nothing about jobs.
 
+mod direct;
 pub mod frame;
 mod fs;
 mod layout;

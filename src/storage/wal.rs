@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::direct::DirectWriter;
 use super::frame::{Decoded, decode_frame, encode_frame};
 use super::layout::{SEGMENT_HEADER_BYTES, check_segment_header, encode_segment_header, list_segments, segment_path};
 use super::{FileSystem, LogFile, StorageError, io_error};
@@ -34,6 +35,10 @@ const ZEROER_POLL: Duration = Duration::from_millis(5);
 /// background thread, so a commit overwrites allocated blocks and its
 /// `fdatasync` has no file-size change to journal: about half the cost of
 /// an appending sync. Recovery reads an all-zero tail as a clean end.
+///
+/// Where the file system allows, frames go out as direct writes that are
+/// durable on return (see `direct.rs`); elsewhere through the page cache,
+/// made durable by the caller's sync.
 pub struct WalWriter {
     dir: PathBuf,
     fs: Arc<dyn FileSystem>,
@@ -45,6 +50,10 @@ pub struct WalWriter {
     poisoned: bool,
     frame_buffer: Vec<u8>,
     zeroer: Zeroer,
+    /// Frames go out through this when the file system offers direct writes.
+    direct: Option<DirectWriter>,
+    /// The file system turned a direct write down; no more are tried.
+    direct_refused: bool,
 }
 
 impl WalWriter {
@@ -56,7 +65,9 @@ impl WalWriter {
         segment_bytes_max: u64,
     ) -> Result<Self, StorageError> {
         let file = create_segment(fs.as_ref(), dir, index, segment_bytes_max)?;
-        let zeroed = file.size().map_err(io_error(segment_path(dir, index)))?;
+        let path = segment_path(dir, index);
+        let zeroed = file.size().map_err(io_error(&path))?;
+        let direct = open_direct(fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&encode_segment_header(index)))?;
         let zeroer = Zeroer::start(file.clone(), SEGMENT_HEADER_BYTES as u64, zeroed, segment_bytes_max);
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -68,6 +79,8 @@ impl WalWriter {
             poisoned: false,
             frame_buffer: Vec::new(),
             zeroer,
+            direct,
+            direct_refused: false,
         })
     }
 
@@ -87,6 +100,7 @@ impl WalWriter {
         }
         let file = fs.open_existing(&path).map_err(io_error(&path))?;
         let zeroed = file.size().map_err(io_error(&path))?;
+        let direct = open_direct(fs.as_ref(), &path, valid_bytes, None)?;
         let zeroer = Zeroer::start(file.clone(), valid_bytes, zeroed, segment_bytes_max);
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -98,6 +112,8 @@ impl WalWriter {
             poisoned: false,
             frame_buffer: Vec::new(),
             zeroer,
+            direct,
+            direct_refused: false,
         })
     }
 
@@ -133,22 +149,51 @@ impl WalWriter {
         self.frame_buffer.clear();
         encode_frame(payload, &mut self.frame_buffer);
         let length = self.frame_buffer.len() as u64;
-        if self.offset + length > self.zeroer.zeroed_end() {
+        let reach = match self.direct {
+            Some(_) => DirectWriter::padded_end(self.offset, length),
+            None => self.offset + length,
+        };
+        if reach > self.zeroer.zeroed_end() {
             // The zeroer fell behind: stop it so the two never write the same range.
             self.zeroer.stop();
         }
         let path = segment_path(&self.dir, self.segment_index);
-        if let Err(error) = self.file.write_at(self.offset, &self.frame_buffer) {
-            self.poisoned = true;
-            return Err(StorageError::Io { path, error });
-        }
-        let written = Written { file: self.file.clone(), path, start: self.offset, end: self.offset + length };
+        let durable = match self.write_frame() {
+            Ok(durable) => durable,
+            Err(error) => {
+                self.poisoned = true;
+                return Err(StorageError::Io { path, error });
+            }
+        };
+        let written = Written { file: self.file.clone(), path, start: self.offset, end: self.offset + length, durable };
         self.offset += length;
         self.zeroer.note_offset(self.offset);
         if self.offset >= self.segment_bytes_max {
             self.rotate()?;
         }
         Ok(written)
+    }
+
+    /// Writes the encoded frame at the offset; whether it is durable already.
+    fn write_frame(&mut self) -> std::io::Result<bool> {
+        if let Some(direct) = self.direct.as_mut() {
+            match direct.write(self.offset, &self.frame_buffer) {
+                Ok(()) => return Ok(true),
+                // Opened for direct I/O, but a direct write is refused (as
+                // some file systems do): nothing was written; use the page cache.
+                Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+                    crate::logging::warn(
+                        "the file system refuses direct writes; the log goes through the page cache",
+                        &[("file", segment_path(&self.dir, self.segment_index).display().to_string().into())],
+                    );
+                    self.direct = None;
+                    self.direct_refused = true;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        self.file.write_at(self.offset, &self.frame_buffer)?;
+        Ok(false)
     }
 
     /// Writes `payload` as one frame and syncs it. Returns the bytes written.
@@ -170,6 +215,13 @@ impl WalWriter {
         let next = self.segment_index + 1;
         match create_segment(self.fs.as_ref(), &self.dir, next, self.segment_bytes_max) {
             Ok(file) => {
+                self.direct = if self.direct_refused {
+                    None
+                } else {
+                    let (path, head) = (segment_path(&self.dir, next), encode_segment_header(next));
+                    open_direct(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&head))
+                        .inspect_err(|_| self.poisoned = true)?
+                };
                 let zeroed = file.size().unwrap_or(SEGMENT_HEADER_BYTES as u64);
                 self.zeroer = Zeroer::start(file.clone(), SEGMENT_HEADER_BYTES as u64, zeroed, self.segment_bytes_max);
                 self.file = file;
@@ -198,6 +250,8 @@ pub struct Written {
     path: PathBuf,
     start: u64,
     end: u64,
+    /// Written directly, and durable already.
+    durable: bool,
 }
 
 impl Written {
@@ -206,6 +260,9 @@ impl Written {
     /// whose client was told it failed; after a failed sync the kernel's view
     /// of the file is uncertain, which is why the log is poisoned either way.
     pub fn sync(&self) -> Result<(), StorageError> {
+        if self.durable {
+            return Ok(());
+        }
         self.file.sync_data().map_err(|error| {
             let _ = self.file.write_at(self.start, &vec![0u8; (self.end - self.start) as usize]);
             StorageError::Io { path: self.path.clone(), error }
@@ -230,6 +287,20 @@ fn create_segment(
     file.sync_data().map_err(io_error(&path))?;
     fs.sync_dir(dir).map_err(io_error(dir))?;
     Ok(file)
+}
+
+/// Opens the direct handle for the segment at `path`, whose bytes before
+/// `offset` are written, if the file system offers one.
+fn open_direct(
+    fs: &dyn FileSystem,
+    path: &Path,
+    offset: u64,
+    head: Option<&[u8]>,
+) -> Result<Option<DirectWriter>, StorageError> {
+    match fs.open_direct(path).map_err(io_error(path))? {
+        Some(file) => Ok(Some(DirectWriter::new(file, path, offset, head).map_err(io_error(path))?)),
+        None => Ok(None),
+    }
 }
 
 /// The background thread that keeps zeroed, synced space ahead of the writer.
@@ -435,7 +506,7 @@ pub fn replay_log(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::RealFileSystem;
+    use crate::storage::{FaultyFileSystem, RealFileSystem};
 
     fn collect(dir: &Path, policy: TailPolicy) -> Result<(Vec<Vec<u8>>, ReplayEnd), StorageError> {
         let mut frames = Vec::new();
@@ -505,6 +576,60 @@ mod tests {
         drop(writer);
         let (frames, _) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
         assert_eq!(frames, [b"one".to_vec(), b"two".to_vec()]);
+    }
+
+    /// Both ways of writing frames: direct where the file system offers it,
+    /// and through the page cache.
+    fn file_systems() -> [(FaultyFileSystem, &'static str); 2] {
+        let disk = FaultyFileSystem::failing_after(i64::MAX);
+        [(disk.clone(), "direct"), (disk.without_direct_writes(), "page cache")]
+    }
+
+    #[test]
+    fn frames_of_any_size_come_back_after_resuming_mid_block() {
+        // Sizes that end frames inside blocks, on a block boundary, across
+        // several blocks, and past the staging buffer kept between writes.
+        let sizes = [1, 100, 4096 - 32 - 8 - 101 - 8, 5000, 3 * 4096, 2 * 1024 * 1024, 7];
+        let payloads: Vec<Vec<u8>> =
+            sizes.iter().enumerate().map(|(n, size)| (0..*size).map(|i| (i * 31 + n) as u8).collect()).collect();
+        for (disk, mode) in file_systems() {
+            let dir = tempfile::tempdir().unwrap();
+            let (first, second) = payloads.split_at(4);
+            let mut writer = WalWriter::create(Arc::new(disk.clone()), dir.path(), 0, 64 << 20).unwrap();
+            for payload in first {
+                writer.commit(payload).unwrap();
+            }
+            drop(writer);
+            let (frames, end) = collect(dir.path(), TailPolicy::Truncate).unwrap();
+            assert_eq!(frames, first, "{mode}");
+            let (index, valid) = end.last_segment.unwrap();
+            assert_ne!(valid % 4096, 0, "{mode}: the writer resumes inside a block");
+            let mut writer = WalWriter::resume(Arc::new(disk), dir.path(), index, valid, 64 << 20).unwrap();
+            for payload in second {
+                writer.commit(payload).unwrap();
+            }
+            drop(writer);
+            let (frames, end) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
+            assert_eq!(frames, payloads, "{mode}");
+            assert!(end.scans.iter().all(|scan| scan.torn_at.is_none()), "{mode}: {:?}", end.scans);
+        }
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_frame_behind_and_poisons_the_writer() {
+        for (disk, mode) in file_systems() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut writer = WalWriter::create(Arc::new(disk.clone()), dir.path(), 0, 64 << 20).unwrap();
+            writer.commit(b"kept").unwrap();
+            disk.set_syncs_left(0);
+            assert!(writer.commit(b"lost").is_err(), "{mode}");
+            disk.set_syncs_left(i64::MAX);
+            assert!(matches!(writer.commit(b"later"), Err(StorageError::Poisoned)), "{mode}");
+            drop(writer);
+            let (frames, end) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
+            assert_eq!(frames, [b"kept".to_vec()], "{mode}");
+            assert_eq!(end.scans[0].torn_at, None, "{mode}: the failed frame was zeroed, not left torn");
+        }
     }
 
     #[test]
