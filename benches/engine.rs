@@ -1,5 +1,5 @@
-//! Engine apply (decide + apply, no I/O) of enqueue, fetch and ack, and the
-//! ready order's push/pop.
+//! Engine apply (decide + apply, no I/O) of enqueue, fetch and ack, the
+//! ready order's push/pop, and parsing an enqueue body.
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
@@ -101,5 +101,19 @@ fn ready_queue(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, engine_apply, ready_queue);
+/// Parsing and validating one enqueue body: a minimal job, and one with
+/// options and a retry policy as `svc bench` sends.
+fn parse_enqueue(c: &mut Criterion) {
+    let mut group = c.benchmark_group("parse_enqueue");
+    group.throughput(Throughput::Elements(1));
+    let defaults = JobDefaults::default();
+    let minimal = br#"{"type":"email.send","args":["user@example.com",7]}"#;
+    let with_options = br#"{"type":"bench.job","args":[7],"options":{"queue":"bench","retry":{"initial_interval":"PT0.001S","jitter":false}}}"#;
+    for (name, body) in [("minimal", &minimal[..]), ("with_options", &with_options[..])] {
+        group.bench_function(name, |b| b.iter(|| parse_enqueue_body(black_box(body), &defaults).expect("valid body")));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, engine_apply, ready_queue, parse_enqueue);
 criterion_main!(benches);

@@ -5,6 +5,9 @@
 //! listed wins, and unknown top-level fields are kept verbatim.
 
 use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::error::ValidationError;
@@ -197,7 +200,7 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
         (option("retry_policy"), "options.retry_policy"),
         (object.get_present("retry"), "retry"),
     ]) {
-        Some((raw, path)) => Arc::new(RetryPolicy::merged(&defaults.retry, raw, path)?),
+        Some((raw, path)) => client_policy(&defaults.retry, raw, path)?,
         None => defaults.retry.clone(),
     };
     let tags = match first(&[(option("tags"), "options.tags"), (object.get_present("tags"), "tags")]) {
@@ -224,6 +227,49 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
     })
 }
 
+/// Client retry policies parsed lately on one thread, by their JSON text.
+/// Clients tend to send the same policy with every job: a repeat costs a
+/// lookup instead of a parse, and its jobs share one allocation.
+struct RecentPolicies {
+    /// The defaults the policies were merged over.
+    base: Arc<RetryPolicy>,
+    by_text: HashMap<Box<str>, Arc<RetryPolicy>, foldhash::fast::RandomState>,
+}
+
+/// Policies remembered per thread; the memory is forgotten when full.
+const RECENT_POLICIES_MAX: usize = 64;
+/// Longer policy texts (long error lists) are parsed each time.
+const RECENT_POLICY_TEXT_MAX: usize = 512;
+
+thread_local! {
+    static RECENT_POLICIES: RefCell<Option<RecentPolicies>> = const { RefCell::new(None) };
+}
+
+/// The policy `raw` (at `path`) merged over `base`, shared with earlier jobs
+/// that sent the same text.
+fn client_policy(base: &Arc<RetryPolicy>, raw: &RawValue, path: &str) -> Result<Arc<RetryPolicy>, ValidationError> {
+    let text = raw.get();
+    if text.len() > RECENT_POLICY_TEXT_MAX {
+        return RetryPolicy::merged(base, raw, path).map(Arc::new);
+    }
+    RECENT_POLICIES.with_borrow_mut(|recent| {
+        let recent = match recent {
+            Some(recent) if Arc::ptr_eq(&recent.base, base) => recent,
+            _ => recent.insert(RecentPolicies { base: base.clone(), by_text: HashMap::default() }),
+        };
+        if let Some(policy) = recent.by_text.get(text) {
+            return Ok(policy.clone());
+        }
+        // Errors are not remembered: their messages name `path`.
+        let policy = Arc::new(RetryPolicy::merged(base, raw, path)?);
+        if recent.by_text.len() >= RECENT_POLICIES_MAX {
+            recent.by_text.clear();
+        }
+        recent.by_text.insert(text.into(), policy.clone());
+        Ok(policy)
+    })
+}
+
 /// The first present source and its path.
 fn first<'a>(sources: &[(Option<&'a RawValue>, &'static str)]) -> Option<(&'a RawValue, &'static str)> {
     sources.iter().find_map(|(raw, path)| raw.map(|raw| (raw, *path)))
@@ -239,9 +285,16 @@ fn unsupported(field: &str, feature: &str) -> ValidationError {
     }
 }
 
+/// A JSON string's text, borrowed when it has no escapes; `None` for any other value.
+fn string_value(raw: &RawValue) -> Option<Cow<'_, str>> {
+    match json::plain_string(raw) {
+        Some(text) => Some(Cow::Borrowed(text)),
+        None => serde_json::from_str::<String>(raw.get()).ok().map(Cow::Owned),
+    }
+}
+
 fn parse_id(raw: &RawValue) -> Result<JobId, ValidationError> {
-    let text: Option<String> = serde_json::from_str(raw.get()).ok();
-    text.as_deref().and_then(JobId::parse).ok_or_else(|| {
+    string_value(raw).as_deref().and_then(JobId::parse).ok_or_else(|| {
         ValidationError::payload("id", "id must be a lowercase UUIDv7 such as 019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f")
     })
 }
@@ -250,7 +303,7 @@ fn parse_type(raw: Option<&RawValue>) -> Result<String, ValidationError> {
     let Some(raw) = raw else {
         return Err(ValidationError::request(Some("type".to_string()), "type is required"));
     };
-    let Ok(text) = serde_json::from_str::<String>(raw.get()) else {
+    let Some(text) = string_value(raw) else {
         return Err(ValidationError::payload("type", "type must be a string"));
     };
     if !is_valid_type(&text) {
@@ -261,7 +314,7 @@ fn parse_type(raw: Option<&RawValue>) -> Result<String, ValidationError> {
             ),
         ));
     }
-    Ok(text)
+    Ok(text.into_owned())
 }
 
 /// `^[a-zA-Z][a-zA-Z0-9_]*([.][a-zA-Z][a-zA-Z0-9_]*)*$`, 1 to 255 characters.
@@ -339,8 +392,7 @@ fn merge_objects(base: RawObject, overlay: RawObject) -> String {
 }
 
 fn parse_queue_field(raw: &RawValue, path: &str) -> Result<String, ValidationError> {
-    let text: Option<String> = serde_json::from_str(raw.get()).ok();
-    text.filter(|text| is_valid_queue(text)).ok_or_else(|| {
+    string_value(raw).filter(|text| is_valid_queue(text)).map(Cow::into_owned).ok_or_else(|| {
         ValidationError::payload(path, format!("{path} must be 1 to {QUEUE_CHARS_MAX} characters of a-z, 0-9, '.' and '-', starting with a letter or digit"))
     })
 }
@@ -476,6 +528,33 @@ mod tests {
     fn oversized_meta_is_too_large() {
         let body = format!(r#"{{"type":"t","args":[],"meta":{{"k":"{}"}}}}"#, "x".repeat(70_000));
         assert_eq!(parse(&body).unwrap_err().kind, ValidationKind::TooLarge);
+    }
+
+    #[test]
+    fn jobs_sending_the_same_retry_policy_share_one() {
+        let defaults = JobDefaults::default();
+        let parse = |body: &str| parse_enqueue_body(body.as_bytes(), &defaults);
+        let body = r#"{"type":"t","args":[],"options":{"retry":{"max_attempts":7}}}"#;
+        let (first, second) = (parse(body).unwrap(), parse(body).unwrap());
+        assert_eq!(first.retry.max_attempts, 7);
+        assert!(Arc::ptr_eq(&first.retry, &second.retry));
+        let other = parse(r#"{"type":"t","args":[],"options":{"retry":{"max_attempts":8}}}"#).unwrap();
+        assert_eq!(other.retry.max_attempts, 8);
+
+        // Over other defaults, the same text is merged again.
+        let slow = Arc::new(RetryPolicy { initial_interval_ms: 5_000, ..RetryPolicy::default() });
+        let over_slow = JobDefaults { retry: slow, ..JobDefaults::default() };
+        let merged = parse_enqueue_body(body.as_bytes(), &over_slow).unwrap();
+        assert_eq!((merged.retry.max_attempts, merged.retry.initial_interval_ms), (7, 5_000));
+
+        // An invalid policy is refused every time, named where it was sent.
+        for (body, field) in [
+            (r#"{"type":"t","args":[],"options":{"retry":{"max_attempts":-1}}}"#, "options.retry.max_attempts"),
+            (r#"{"type":"t","args":[],"retry":{"max_attempts":-1}}"#, "retry.max_attempts"),
+            (r#"{"type":"t","args":[],"options":{"retry":{"max_attempts":-1}}}"#, "options.retry.max_attempts"),
+        ] {
+            assert_eq!(parse(body).unwrap_err().field.as_deref(), Some(field));
+        }
     }
 
     #[test]

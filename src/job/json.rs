@@ -84,7 +84,9 @@ pub enum BodyError {
 
 /// Parses a request body that must be a JSON object.
 pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
-    if nesting_depth(bytes) > JSON_DEPTH_MAX {
+    // Counting openers is a much cheaper pass than tracking depth, and a
+    // body with few of them cannot nest deeply.
+    if openers(bytes) > JSON_DEPTH_MAX && nesting_depth(bytes) > JSON_DEPTH_MAX {
         return Err(BodyError::TooDeep);
     }
     serde_json::from_slice::<RawObject>(bytes).map_err(|error| match error.classify() {
@@ -96,6 +98,21 @@ pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
 /// Parses a raw value that must be an object.
 pub fn parse_raw_object(raw: &RawValue) -> Option<RawObject<'_>> {
     serde_json::from_str::<RawObject>(raw.get()).ok()
+}
+
+/// How many `[` and `{` bytes `bytes` holds, in strings or not: an upper
+/// bound of the nesting depth.
+fn openers(bytes: &[u8]) -> usize {
+    bytes.iter().map(|&byte| usize::from(byte == b'[' || byte == b'{')).sum()
+}
+
+/// The text of a raw JSON string without escapes, borrowed; `None` for any
+/// other value or a string with escapes (which need decoding).
+pub fn plain_string(raw: &RawValue) -> Option<&str> {
+    let text = raw.get();
+    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+    // A raw value is valid JSON, so a string's only escapes start with `\`.
+    (!inner.contains('\\')).then_some(inner)
 }
 
 /// The deepest nesting of arrays and objects in `bytes`, ignoring string contents.
@@ -250,6 +267,23 @@ mod tests {
         assert_eq!(parse_object(b"[1,2]").unwrap_err(), BodyError::NotAnObject);
         let deep = format!("{}{}", "[".repeat(70), "]".repeat(70));
         assert_eq!(parse_object(deep.as_bytes()).unwrap_err(), BodyError::TooDeep);
+    }
+
+    #[test]
+    fn only_real_nesting_counts_toward_the_depth_limit() {
+        let brackets_in_a_string = format!(r#"{{"a":"{}"}}"#, "[{".repeat(100));
+        assert!(parse_object(brackets_in_a_string.as_bytes()).is_ok());
+        let nested = |depth: usize| format!(r#"{{"a":{}{}}}"#, "[".repeat(depth - 1), "]".repeat(depth - 1));
+        assert!(parse_object(nested(JSON_DEPTH_MAX).as_bytes()).is_ok());
+        assert_eq!(parse_object(nested(JSON_DEPTH_MAX + 1).as_bytes()).unwrap_err(), BodyError::TooDeep);
+    }
+
+    #[test]
+    fn plain_strings_are_borrowed_and_others_are_not() {
+        let object = parse_object(br#"{"a":"x.y","b":"x\"y","c":1,"d":"","e":["z"]}"#).unwrap();
+        let plain = |key: &str| plain_string(object.get(key).unwrap());
+        assert_eq!((plain("a"), plain("d")), (Some("x.y"), Some("")));
+        assert_eq!((plain("b"), plain("c"), plain("e")), (None, None, None));
     }
 
     #[test]
