@@ -56,14 +56,12 @@ impl JobId {
     /// The lowercase hyphenated form, without allocating.
     pub fn to_hyphenated(self) -> [u8; 36] {
         const HEX: &[u8; 16] = b"0123456789abcdef";
+        /// Where each byte's two digits go: 8-4-4-4-12 digits between hyphens.
+        const AT: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
         let mut out = [b'-'; 36];
-        let mut position = 0;
-        for nibble in 0..32 {
-            if matches!(position, 8 | 13 | 18 | 23) {
-                position += 1;
-            }
-            out[position] = HEX[((self.0 >> (124 - nibble * 4)) & 0xf) as usize];
-            position += 1;
+        for (byte, at) in self.0.to_be_bytes().into_iter().zip(AT) {
+            out[at] = HEX[usize::from(byte >> 4)];
+            out[at + 1] = HEX[usize::from(byte & 0xf)];
         }
         out
     }
@@ -140,6 +138,16 @@ mod tests {
             assert!(id > previous, "{id} after {previous}");
             assert_eq!(JobId::parse(&id.to_string()), Some(id));
             previous = id;
+        }
+    }
+
+    #[test]
+    fn ids_print_as_lowercase_hyphenated_uuids() {
+        for value in
+            [0u128, u128::MAX, 0x019461a8_1a2b_7c3d_8e4f_5a6b7c8d9e0f, 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210]
+        {
+            let expected = uuid::Uuid::from_u128(value).hyphenated().to_string();
+            assert_eq!(std::str::from_utf8(&JobId(value).to_hyphenated()).unwrap(), expected);
         }
     }
 
