@@ -141,7 +141,12 @@ async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
 
 /// `^[A-Za-z0-9._:@-]{1,256}$`, minus names that collide with worker routes.
 fn worker_id(map: &Map<String, Value>) -> Result<Option<String>, ApiError> {
-    let Some(value) = present(map, "worker_id") else {
+    worker_id_value(present(map, "worker_id"))
+}
+
+/// A present `worker_id` value, validated.
+fn worker_id_value(value: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let Some(value) = value else {
         return Ok(None);
     };
     let valid = value.as_str().filter(|text| {
@@ -242,20 +247,17 @@ async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply
     } else {
         parse_object(body).map_err(|error| ApiError::from(body_error(error)))?
     };
-    let map: Map<String, Value> = object
-        .entries
-        .iter()
-        .filter(|(key, _)| key != "result")
-        .filter_map(|(key, raw)| Some((key.to_string(), serde_json::from_str(raw.get()).ok()?)))
-        .collect();
-    let id = report_job_id(path_id, present(&map, "job_id"))?;
+    // Only these two fields are decoded; `result` is kept as its text.
+    let field = |key: &str| object.get_present(key).and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok());
+    let id = report_job_id(path_id, field("job_id").as_ref())?;
     let result = object.get_present("result").map(|raw| minify(raw.get()));
     if let Some(result) = &result
         && result.len() > RESULT_BYTES_MAX
     {
         return Err(ApiError::from(crate::job::ValidationError::too_large("result", RESULT_BYTES_MAX, result.len())));
     }
-    let job = app.engine.ack(id, result, worker_id(&map)?).outcome().await.map_err(report_error)?;
+    let worker = worker_id_value(field("worker_id").as_ref())?;
+    let job = app.engine.ack(id, result, worker).outcome().await.map_err(report_error)?;
     let mut body = super::wire::ObjectWriter::default();
     body.job("job", &job)
         .raw("acknowledged", "true")
