@@ -64,7 +64,9 @@ pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
     let (entry, created) = app.engine.cron_put(definition).outcome().await?;
     let reply = Reply::ok(cron_body(&entry));
     Ok(if created {
-        reply.with_status(StatusCode::CREATED).header("location", format!("/svc/v1/cron/{}", entry.definition.name))
+        reply
+            .with_status(StatusCode::CREATED)
+            .header(hyper::header::LOCATION, format!("/svc/v1/cron/{}", entry.definition.name))
     } else {
         reply
     })

@@ -2,6 +2,7 @@
 //! and the error body `{error: {code, message, retryable, details, request_id, hint, docs_url}}`.
 
 use hyper::StatusCode;
+use hyper::header::{HeaderName, RETRY_AFTER};
 use serde_json::{Map, Value};
 
 use crate::engine::EngineError;
@@ -86,7 +87,7 @@ pub struct ApiError {
     pub message: String,
     pub details: Map<String, Value>,
     /// Extra response headers (`Retry-After`, `Allow`).
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(HeaderName, String)>,
 }
 
 impl ApiError {
@@ -94,9 +95,9 @@ impl ApiError {
         debug_assert!(ERROR_TABLE.iter().any(|row| row.0 == code), "error code {code} is in the table");
         let mut error = Self { code, message: message.into(), details: Map::new(), headers: Vec::new() };
         if matches!(code, "backend_error" | "rate_limited") {
-            error.headers.push(("retry-after", "1".into()));
+            error.headers.push((RETRY_AFTER, "1".into()));
         } else if code == "queue_paused" {
-            error.headers.push(("retry-after", "5".into()));
+            error.headers.push((RETRY_AFTER, "5".into()));
         }
         error
     }

@@ -88,7 +88,7 @@ async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let new_job = parse_enqueue_body(body, app.engine.defaults())?;
     let jobs = app.engine.enqueue(vec![new_job]).outcome().await?;
     let job = &jobs[0];
-    Ok(Reply::ok(job_body(job)).with_status(StatusCode::CREATED).header("location", location(job)))
+    Ok(Reply::ok(job_body(job)).with_status(StatusCode::CREATED).header(hyper::header::LOCATION, location(job)))
 }
 
 async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
@@ -565,7 +565,9 @@ async fn health(app: &AppState) -> Result<Reply, ApiError> {
         .to_string();
     Ok(match problem {
         None => Reply::ok(body),
-        Some(_) => Reply::ok(body).with_status(StatusCode::SERVICE_UNAVAILABLE).header("retry-after", "1".into()),
+        Some(_) => {
+            Reply::ok(body).with_status(StatusCode::SERVICE_UNAVAILABLE).header(hyper::header::RETRY_AFTER, "1".into())
+        }
     })
 }
 
@@ -581,7 +583,7 @@ fn ready(app: &AppState) -> Result<Reply, ApiError> {
         None => Reply::ok(json!({"status": "ready"}).to_string()),
         Some(reason) => Reply::ok(json!({"status": "not_ready", "reason": reason}).to_string())
             .with_status(StatusCode::SERVICE_UNAVAILABLE)
-            .header("retry-after", "1".into()),
+            .header(hyper::header::RETRY_AFTER, "1".into()),
     })
 }
 

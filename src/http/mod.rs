@@ -16,7 +16,7 @@ pub use error::{ApiError, ERROR_TABLE};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue};
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,7 +60,7 @@ impl AppState {
 pub struct Reply {
     pub status: StatusCode,
     pub body: String,
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(HeaderName, String)>,
 }
 
 impl Reply {
@@ -73,11 +73,15 @@ impl Reply {
         self
     }
 
-    pub fn header(mut self, name: &'static str, value: String) -> Self {
+    pub fn header(mut self, name: HeaderName, value: String) -> Self {
         self.headers.push((name, value));
         self
     }
 }
+
+// Header names made once: a name given as text is parsed on every insert.
+const SVC_VERSION: HeaderName = HeaderName::from_static("svc-version");
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Serves one request; never fails (every error becomes an error body).
 pub async fn serve_request(
@@ -97,9 +101,9 @@ pub async fn serve_request(
     *response.status_mut() = status;
     let response_headers = response.headers_mut();
     response_headers.insert(CONTENT_TYPE, HeaderValue::from_static(MEDIA_TYPE));
-    response_headers.insert("svc-version", HeaderValue::from_static(SPEC_VERSION));
+    response_headers.insert(SVC_VERSION, HeaderValue::from_static(SPEC_VERSION));
     if let Ok(value) = HeaderValue::from_str(&request_id) {
-        response_headers.insert("x-request-id", value);
+        response_headers.insert(X_REQUEST_ID, value);
     }
     for (name, value) in headers {
         if let Ok(value) = HeaderValue::from_str(&value) {

@@ -109,7 +109,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
             let mut error =
                 ApiError::new("method_not_allowed", format!("{method} is not allowed on {path}; allowed: {allow}"))
                     .detail("allowed_methods", allowed);
-            error.headers.push(("allow", allow));
+            error.headers.push((hyper::header::ALLOW, allow));
             Err(error)
         }
     }
@@ -152,7 +152,7 @@ mod tests {
         assert_eq!(route(&Method::GET, "/nope").unwrap_err().code, "not_found");
         let error = route(&Method::GET, "/svc/v1/jobs").unwrap_err();
         assert_eq!(error.code, "method_not_allowed");
-        assert_eq!(error.headers, vec![("allow", "POST".to_string())]);
+        assert_eq!(error.headers, vec![(hyper::header::ALLOW, "POST".to_string())]);
     }
 
     #[test]
