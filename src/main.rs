@@ -21,12 +21,34 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// that is in steady use and still returns what a burst left behind.
 const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 
+/// `mi_option_allow_thp` in mimalloc.h (v3): whether new heap memory is
+/// marked for transparent huge pages.
+const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
+
 /// Applies allocator settings, unless the environment sets them.
 fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: setting an option is thread-safe in mimalloc and takes effect
         // at the next purge decision.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
+    }
+    // No transparent huge pages. The job store grows on the engine thread,
+    // and a huge page makes every 2 MiB of growth one fault that zeroes all
+    // of it while every writer waits. Without them, enqueue p99 and p999
+    // under load were about halved and peak memory about 10 % lower, at the
+    // same throughput.
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: as above; the option only steers how later OS memory is advised.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ALLOW_THP, 0) };
+        // mimalloc reads the option when it starts, before `main`, so the
+        // process-wide switch it would make is made here. Failure only
+        // leaves huge pages on.
+        #[cfg(target_os = "linux")]
+        // SAFETY: PR_SET_THP_DISABLE takes plain integer arguments and
+        // changes nothing but this process's huge-page policy.
+        unsafe {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0)
+        };
     }
 }
 
