@@ -392,3 +392,36 @@ fn a_data_dir_opens_once_and_a_passing_hold_on_its_lock_is_waited_out() {
     release.join().unwrap();
     engine.close();
 }
+
+#[test]
+fn jobs_read_back_after_a_restart_share_equal_retry_policies() {
+    let dir = tempfile::tempdir().unwrap();
+    let defaults = JobDefaults::default();
+    let job = |body: &str| parse_enqueue_body(body.as_bytes(), &defaults).unwrap();
+    let plain = r#"{"type":"t","args":[]}"#;
+    let custom = r#"{"type":"t","args":[],"options":{"retry":{"max_attempts":9}}}"#;
+    let enqueue_all = |engine: &Engine| -> Vec<JobId> {
+        let jobs = vec![job(plain), job(custom), job(plain), job(custom)];
+        engine.handle().enqueue(jobs).wait().unwrap().iter().map(|job| job.id).collect()
+    };
+    let shared = |engine: &Engine, ids: &[JobId]| {
+        let jobs: Vec<_> = ids.iter().map(|id| engine.handle().job(*id).expect("job stored")).collect();
+        assert_eq!((jobs[0].retry.max_attempts, jobs[1].retry.max_attempts), (defaults.retry.max_attempts, 9));
+        assert!(Arc::ptr_eq(&jobs[0].retry, &jobs[2].retry), "default policies share one allocation");
+        assert!(Arc::ptr_eq(&jobs[1].retry, &jobs[3].retry), "equal client policies share one allocation");
+        assert!(!Arc::ptr_eq(&jobs[0].retry, &jobs[1].retry));
+    };
+
+    // Read back from the log...
+    let engine = Engine::open(EngineConfig::new(dir.path())).unwrap();
+    let ids = enqueue_all(&engine);
+    shared(&engine, &ids);
+    engine.close_without_snapshot();
+    let engine = Engine::open(EngineConfig::new(dir.path())).unwrap();
+    shared(&engine, &ids);
+    // ...and from a snapshot.
+    engine.close();
+    let engine = Engine::open(EngineConfig::new(dir.path())).unwrap();
+    shared(&engine, &ids);
+    engine.close();
+}

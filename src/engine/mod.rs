@@ -32,13 +32,13 @@ use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 
 use crate::clock::{Clock, SystemClock};
-use crate::job::{IdGenerator, JobDefaults};
+use crate::job::{IdGenerator, JobDefaults, SharedPolicies};
 use crate::limits::{ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
 use crate::storage::{
     DataDirLock, FileSystem, RealFileSystem, StorageError, TailPolicy, WalWriter, list_snapshots, read_snapshot,
     remove_obsolete, replay_log,
 };
-use record::decode_batch;
+use record::{Record, decode_batch};
 use view::ReadView;
 use writer::{SnapshotPolicy, Writer};
 
@@ -195,9 +195,15 @@ pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageErr
     };
     let mut replayed_bytes = 0u64;
     let mut events = EventSink::disabled();
+    let mut policies = SharedPolicies::default();
     let end = replay_log(dir, replay_from, TailPolicy::Truncate, &mut |path, offset, payload| {
         let corrupt = |reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
-        let records = decode_batch(payload).map_err(corrupt)?;
+        let mut records = decode_batch(payload).map_err(corrupt)?;
+        for record in &mut records {
+            if let Record::Enqueue { jobs, .. } = record {
+                jobs.iter_mut().filter_map(Arc::get_mut).for_each(|job| policies.share(&mut job.retry));
+            }
+        }
         for record in &records {
             state.apply(record, &mut events).map_err(|error| corrupt(error.0))?;
         }

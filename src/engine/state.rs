@@ -14,7 +14,9 @@ use super::record::{FailOutcome, Record, TimeoutKind};
 use super::view::QueueSummary;
 use super::workers::WorkerSignal;
 use crate::clock::Millis;
-use crate::job::{ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdMap, JobIdSet, JobState};
+use crate::job::{
+    ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdMap, JobIdSet, JobState, SharedPolicies,
+};
 use crate::limits::ERROR_HISTORY_MAX;
 use crate::schedule::{ReadyKey, ReadyQueue, TimerSet};
 
@@ -664,7 +666,11 @@ impl State {
         for name in image.paused_queues {
             state.queues.entry(name).or_default().paused = true;
         }
-        for job in image.jobs {
+        let mut policies = SharedPolicies::default();
+        for mut job in image.jobs {
+            if let Some(loaded) = Arc::get_mut(&mut job) {
+                policies.share(&mut loaded.retry);
+            }
             state.insert_loaded(job);
         }
         for (worker, signal, at) in image.worker_signals {

@@ -15,7 +15,7 @@ pub use enqueue::{
 pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
 pub use id::{IdGenerator, JobId, JobIdMap, JobIdSet};
-pub use retry::{Exhaustion, RetryPolicy};
+pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;

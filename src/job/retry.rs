@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
+use std::sync::Arc;
 
 use super::error::ValidationError;
 use super::json::parse_raw_object;
@@ -61,6 +62,32 @@ const FIELDS: [&str; 7] = [
     "non_retryable_errors",
     "on_exhaustion",
 ];
+
+/// Makes equal retry policies of loaded jobs share one allocation again.
+/// Live jobs share theirs (the server default, or one per policy a client
+/// repeats), but each job read back from a snapshot or the log carries its
+/// own copy: about 80 bytes a job after every restart.
+#[derive(Debug, Default)]
+pub struct SharedPolicies {
+    /// The last few distinct policies seen; a server sees few.
+    recent: Vec<Arc<RetryPolicy>>,
+}
+
+const SHARED_POLICIES_MAX: usize = 16;
+
+impl SharedPolicies {
+    /// Points `policy` at an equal one seen before, or remembers it.
+    pub fn share(&mut self, policy: &mut Arc<RetryPolicy>) {
+        if let Some(known) = self.recent.iter().find(|known| Arc::ptr_eq(known, policy) || ***known == **policy) {
+            *policy = known.clone();
+            return;
+        }
+        if self.recent.len() == SHARED_POLICIES_MAX {
+            self.recent.remove(0);
+        }
+        self.recent.push(policy.clone());
+    }
+}
 
 impl RetryPolicy {
     /// Merges a client policy object field by field over `base`. `path` names
