@@ -7,6 +7,7 @@
 //! | data dir | `--data-dir` | `SVC_DATA_DIR` | `data_dir` | `./data` |
 //! | config file | `--config` | `SVC_CONFIG` | — | none |
 //! | log bytes between snapshots | `--snapshot-log-bytes` | `SVC_SNAPSHOT_LOG_BYTES` | `storage.snapshot_log_bytes` | 256 MiB |
+//! | direct (`O_DIRECT`) log writes where possible | — | `SVC_DIRECT_WRITES=0` turns off | `storage.direct_writes` | true |
 //! | bind beyond loopback without auth | `--insecure-no-auth` | `SVC_INSECURE_NO_AUTH=1` | `insecure_no_auth` | false |
 //!
 //! The file may also set `http.request_timeout_ms`, `jobs.default_timeout_ms`,
@@ -29,6 +30,8 @@ pub struct Config {
     pub listen: String,
     pub data_dir: PathBuf,
     pub snapshot_log_bytes: u64,
+    /// Log frames bypass the page cache where the file system allows it.
+    pub direct_writes: bool,
     pub request_timeout_ms: u64,
     pub insecure_no_auth: bool,
     /// How long a graceful shutdown waits for active jobs.
@@ -45,6 +48,7 @@ impl Default for Config {
             listen: "127.0.0.1:8080".to_string(),
             data_dir: PathBuf::from("./data"),
             snapshot_log_bytes: SNAPSHOT_LOG_BYTES_DEFAULT,
+            direct_writes: true,
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             insecure_no_auth: false,
             shutdown_grace_ms: 30_000,
@@ -85,6 +89,7 @@ struct ShutdownSection {
 #[serde(deny_unknown_fields)]
 struct StorageSection {
     snapshot_log_bytes: Option<u64>,
+    direct_writes: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -133,6 +138,13 @@ impl Config {
             config.snapshot_log_bytes =
                 bytes.parse().map_err(|_| format!("snapshot log bytes must be a whole number, not {bytes}"))?;
         }
+        if let Some(value) = env.get("SVC_DIRECT_WRITES") {
+            config.direct_writes = match value.as_str() {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                _ => return Err(format!("SVC_DIRECT_WRITES must be 1, 0, true or false, not {value}")),
+            };
+        }
         if flags.contains_key("insecure-no-auth")
             || env.get("SVC_INSECURE_NO_AUTH").is_some_and(|value| value == "1" || value == "true")
         {
@@ -152,8 +164,13 @@ impl Config {
         if let Some(flag) = file.insecure_no_auth {
             self.insecure_no_auth = flag;
         }
-        if let Some(bytes) = file.storage.and_then(|storage| storage.snapshot_log_bytes) {
-            self.snapshot_log_bytes = bytes;
+        if let Some(storage) = file.storage {
+            if let Some(bytes) = storage.snapshot_log_bytes {
+                self.snapshot_log_bytes = bytes;
+            }
+            if let Some(direct) = storage.direct_writes {
+                self.direct_writes = direct;
+            }
         }
         if let Some(ms) = file.http.and_then(|http| http.request_timeout_ms) {
             self.request_timeout_ms = ms;
@@ -282,6 +299,24 @@ mod tests {
         assert_eq!(config.listen, "127.0.0.1:9000");
         assert_eq!(config.data_dir, PathBuf::from("/from/env"));
         assert_eq!(config.jobs.retry.max_attempts, 9);
+    }
+
+    #[test]
+    fn direct_writes_can_be_turned_off_by_file_or_environment() {
+        let none = HashMap::new();
+        assert!(Config::load(&[], &none).unwrap().direct_writes, "on by default");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        std::fs::write(&file, "[storage]\ndirect_writes = false\n").unwrap();
+        let with_file = HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]);
+        assert!(!Config::load(&[], &with_file).unwrap().direct_writes);
+        let mut env = with_file.clone();
+        env.insert("SVC_DIRECT_WRITES".into(), "1".into());
+        assert!(Config::load(&[], &env).unwrap().direct_writes, "the environment beats the file");
+        env.insert("SVC_DIRECT_WRITES".into(), "0".into());
+        assert!(!Config::load(&[], &env).unwrap().direct_writes);
+        env.insert("SVC_DIRECT_WRITES".into(), "no".into());
+        assert!(Config::load(&[], &env).unwrap_err().contains("SVC_DIRECT_WRITES"));
     }
 
     #[test]

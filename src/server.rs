@@ -56,6 +56,9 @@ impl std::error::Error for ServerError {}
 pub fn engine_config(config: &Config) -> EngineConfig {
     let mut engine = EngineConfig::new(&config.data_dir);
     engine.snapshot_log_bytes = config.snapshot_log_bytes;
+    if !config.direct_writes {
+        engine.file_system = Arc::new(crate::storage::PageCacheFileSystem);
+    }
     engine.retention = config.retention;
     engine.defaults = config.jobs.clone();
     engine.cron_entries_max = config.cron_entries_max;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{TestServer, config_for, spawn_server};
+use common::{TestServer, config_for, spawn_server_with_env};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::path::Path;
@@ -18,8 +18,19 @@ use svc::storage::{FaultyFileSystem, SEGMENT_HEADER_BYTES, list_segments};
 
 #[test]
 fn sigkill_under_load_loses_no_acknowledged_write() {
+    sigkill_under_load(&[]);
+}
+
+#[test]
+fn sigkill_under_load_loses_no_acknowledged_write_through_the_page_cache() {
+    sigkill_under_load(&[("SVC_DIRECT_WRITES", "0")]);
+}
+
+/// Clients enqueue, fetch and ack until the server is killed; after a
+/// restart every acknowledged write is there and no completed job comes back.
+fn sigkill_under_load(env: &[(&str, &str)]) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, base) = spawn_server(dir.path());
+    let (mut child, base) = spawn_server_with_env(dir.path(), env);
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..4)
         .map(|client| {
@@ -81,7 +92,7 @@ fn sigkill_under_load_loses_no_acknowledged_write() {
         acked.len()
     );
 
-    let (mut child, base) = spawn_server(dir.path());
+    let (mut child, base) = spawn_server_with_env(dir.path(), env);
     let http = reqwest::blocking::Client::new();
     let acked_set: HashSet<&String> = acked.iter().collect();
     for id in &enqueued {

@@ -110,6 +110,25 @@ impl FileSystem for RealFileSystem {
     }
 }
 
+/// The operating system's file system without direct writes: log frames go
+/// through the page cache and `fdatasync` (`storage.direct_writes = false`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PageCacheFileSystem;
+
+impl FileSystem for PageCacheFileSystem {
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        RealFileSystem.create_new(path)
+    }
+
+    fn open_existing(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        RealFileSystem.open_existing(path)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        RealFileSystem.sync_dir(dir)
+    }
+}
+
 /// A real file system whose syncs start failing after a set number of
 /// successes (the way tests prove that a failed fsync poisons the log), and
 /// whose data syncs can be held and counted by thread (the way tests show

@@ -8,7 +8,7 @@ mod layout;
 mod snapshot;
 mod wal;
 
-pub use fs::{FaultyFileSystem, FileSystem, LogFile, RealFileSystem};
+pub use fs::{FaultyFileSystem, FileSystem, LogFile, PageCacheFileSystem, RealFileSystem};
 pub use layout::{DataDirLock, SEGMENT_HEADER_BYTES, list_segments, list_snapshots, segment_path, snapshot_path};
 pub use snapshot::{SNAPSHOT_HEADER_BYTES, SnapshotFile, read_snapshot, remove_obsolete, write_snapshot};
 pub use wal::{FrameVisitor, ReplayEnd, SegmentScan, TailPolicy, WalWriter, Written, replay_log, scan_segment};

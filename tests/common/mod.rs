@@ -128,9 +128,15 @@ impl Drop for TestServer {
 
 /// Starts `svc serve` as a child process and returns it with its address.
 pub fn spawn_server(dir: &Path) -> (Child, String) {
+    spawn_server_with_env(dir, &[])
+}
+
+/// `spawn_server` with extra environment variables.
+pub fn spawn_server_with_env(dir: &Path, env: &[(&str, &str)]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_svc"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
