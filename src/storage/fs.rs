@@ -138,6 +138,8 @@ pub struct FaultyFileSystem {
     syncs_left: Arc<AtomicI64>,
     data_syncs: Arc<(Mutex<DataSyncs>, Condvar)>,
     direct_writes: bool,
+    /// Direct handles open, but every direct write fails with `EINVAL`.
+    refuse_direct_writes: bool,
 }
 
 #[derive(Debug, Default)]
@@ -153,7 +155,19 @@ struct DataSyncs {
 impl FaultyFileSystem {
     /// Lets `successful_syncs` syncs (data or directory) succeed, then fails every one.
     pub fn failing_after(successful_syncs: i64) -> Self {
-        Self { syncs_left: Arc::new(AtomicI64::new(successful_syncs)), data_syncs: Arc::default(), direct_writes: true }
+        Self {
+            syncs_left: Arc::new(AtomicI64::new(successful_syncs)),
+            data_syncs: Arc::default(),
+            direct_writes: true,
+            refuse_direct_writes: false,
+        }
+    }
+
+    /// The same, but refusing every direct write with `EINVAL` once opened,
+    /// as some file systems do.
+    pub fn refusing_direct_writes(mut self) -> Self {
+        self.refuse_direct_writes = true;
+        self
     }
 
     /// The same, but offering no direct writes, as on a file system without
@@ -229,6 +243,9 @@ impl LogFile for FaultyFile {
     fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
         if !self.direct {
             return self.inner.write_at(offset, bytes);
+        }
+        if self.owner.refuse_direct_writes {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         // An injected failure comes after the bytes were written: the caller
         // cannot know whether they reached the disk, as with a real failure.

@@ -616,6 +616,24 @@ mod tests {
     }
 
     #[test]
+    fn a_file_system_refusing_direct_writes_gets_the_page_cache() {
+        let disk = FaultyFileSystem::failing_after(i64::MAX).refusing_direct_writes();
+        let dir = tempfile::tempdir().unwrap();
+        let payloads: Vec<Vec<u8>> = (0..6u8).map(|n| vec![n; 30]).collect();
+        let mut writer = WalWriter::create(Arc::new(disk.clone()), dir.path(), 0, 100).unwrap();
+        let syncs = || disk.data_syncs_by(std::thread::current().name().unwrap_or(""));
+        let before = syncs();
+        for payload in &payloads {
+            writer.commit(payload).unwrap();
+        }
+        assert!(syncs() - before >= payloads.len() as u64, "every commit was synced through the page cache");
+        drop(writer);
+        let (frames, end) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
+        assert_eq!(frames, payloads);
+        assert!(end.scans.len() > 1, "segments rotated, and stayed on the page cache");
+    }
+
+    #[test]
     fn a_failed_write_leaves_no_frame_behind_and_poisons_the_writer() {
         for (disk, mode) in file_systems() {
             let dir = tempfile::tempdir().unwrap();
