@@ -11,14 +11,14 @@ use super::router::Route;
 use super::wire::{job_body, jobs_object, render_event, render_job};
 use super::{AppState, Reply, SPEC_VERSION, is_empty_body};
 use crate::engine::{EngineError, FetchRequest};
-use crate::job::json::{BodyError, minify, nesting_depth, parse_object};
+use crate::job::json::{BodyError, minify, nests_too_deep, parse_object};
 use crate::job::time::format_timestamp;
 use crate::job::{
     Job, JobId, body_error, is_valid_queue, parse_enqueue_body, parse_enqueue_object, parse_failure_report, raw_integer,
 };
 use crate::limits::{
     BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX, FETCH_COUNT_MAX, FETCH_QUEUES_MAX, HEALTH_PROBE_MS, HEARTBEAT_JOBS_MAX,
-    JSON_DEPTH_MAX, PAGE_SIZE_DEFAULT, PAGE_SIZE_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX, WORKER_ID_CHARS_MAX,
+    PAGE_SIZE_DEFAULT, PAGE_SIZE_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX, WORKER_ID_CHARS_MAX,
 };
 
 pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> Result<Reply, ApiError> {
@@ -61,7 +61,7 @@ fn job_id(text: &str) -> Result<JobId, ApiError> {
 
 /// Parses a body that must be a JSON object into a map.
 fn object_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let error = if nesting_depth(body) > JSON_DEPTH_MAX {
+    let error = if nests_too_deep(body) {
         BodyError::TooDeep
     } else {
         match serde_json::from_slice::<Value>(body) {

@@ -84,9 +84,7 @@ pub enum BodyError {
 
 /// Parses a request body that must be a JSON object.
 pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
-    // Counting openers is a much cheaper pass than tracking depth, and a
-    // body with few of them cannot nest deeply.
-    if openers(bytes) > JSON_DEPTH_MAX && nesting_depth(bytes) > JSON_DEPTH_MAX {
+    if nests_too_deep(bytes) {
         return Err(BodyError::TooDeep);
     }
     serde_json::from_slice::<RawObject>(bytes).map_err(|error| match error.classify() {
@@ -98,6 +96,13 @@ pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
 /// Parses a raw value that must be an object.
 pub fn parse_raw_object(raw: &RawValue) -> Option<RawObject<'_>> {
     serde_json::from_str::<RawObject>(raw.get()).ok()
+}
+
+/// Whether `bytes` nests arrays and objects deeper than `JSON_DEPTH_MAX`.
+pub fn nests_too_deep(bytes: &[u8]) -> bool {
+    // Counting openers is a much cheaper pass than tracking depth, and a
+    // body with few of them cannot nest deeply.
+    openers(bytes) > JSON_DEPTH_MAX && nesting_depth(bytes) > JSON_DEPTH_MAX
 }
 
 /// How many `[` and `{` bytes `bytes` holds, in strings or not: an upper
@@ -116,7 +121,7 @@ pub fn plain_string(raw: &RawValue) -> Option<&str> {
 }
 
 /// The deepest nesting of arrays and objects in `bytes`, ignoring string contents.
-pub fn nesting_depth(bytes: &[u8]) -> usize {
+fn nesting_depth(bytes: &[u8]) -> usize {
     let mut depth = 0usize;
     let mut deepest = 0usize;
     let mut in_string = false;
