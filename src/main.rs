@@ -10,7 +10,69 @@ use svc::config::Config;
 // A server allocates and frees many small buffers per request; mimalloc does
 // that markedly cheaper than the system allocator.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: Mimalloc = Mimalloc;
+
+/// The alignment every mimalloc block has whatever its size: block sizes
+/// are whole machine words.
+const MI_MALLOC_ALIGN: usize = std::mem::size_of::<usize>();
+
+/// mimalloc as the global allocator. `mimalloc::MiMalloc` sends every
+/// allocation through `mi_malloc_aligned`, whose checks and fallback path
+/// cost about twice the instructions of `mi_malloc` (a request makes some
+/// forty allocations). Most allocations (bytes, strings, most structs) need
+/// no more than word alignment, which every block has; only the rest take
+/// the aligned calls.
+struct Mimalloc;
+
+// SAFETY: each method hands the request to the mimalloc call that honours
+// its size and alignment; blocks from any of them are freed by `mi_free`.
+unsafe impl std::alloc::GlobalAlloc for Mimalloc {
+    #[inline]
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use libmimalloc_sys::{mi_malloc, mi_malloc_aligned};
+        // SAFETY: plain calls into mimalloc; a null return is passed on as failure.
+        unsafe {
+            if layout.align() <= MI_MALLOC_ALIGN {
+                mi_malloc(layout.size()).cast()
+            } else {
+                mi_malloc_aligned(layout.size(), layout.align()).cast()
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use libmimalloc_sys::{mi_zalloc, mi_zalloc_aligned};
+        // SAFETY: as in `alloc`.
+        unsafe {
+            if layout.align() <= MI_MALLOC_ALIGN {
+                mi_zalloc(layout.size()).cast()
+            } else {
+                mi_zalloc_aligned(layout.size(), layout.align()).cast()
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from this allocator, so from mimalloc.
+        unsafe { libmimalloc_sys::mi_free(ptr.cast()) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        use libmimalloc_sys::{mi_realloc, mi_realloc_aligned};
+        // SAFETY: `ptr` came from this allocator with `layout`'s alignment,
+        // which the new block keeps.
+        unsafe {
+            if layout.align() <= MI_MALLOC_ALIGN {
+                mi_realloc(ptr.cast(), new_size).cast()
+            } else {
+                mi_realloc_aligned(ptr.cast(), new_size, layout.align()).cast()
+            }
+        }
+    }
+}
 
 /// `mi_option_purge_delay` in mimalloc.h (v3): how long freed memory stays
 /// committed before it is returned to the operating system.

@@ -121,6 +121,11 @@ fn invalid_enqueues_get_their_documented_errors_and_store_nothing() {
         assert!(error["details"].is_object() && error["hint"].is_string() && error["docs_url"].is_string());
         assert_eq!(error["request_id"].as_str(), answer.header("x-request-id"));
     }
+    // A body that is not UTF-8 is not JSON either.
+    let not_utf8 = b"{\"type\":\"t\",\"args\":[\"\xff\"]}".to_vec();
+    let answer = server.post_raw("/svc/v1/jobs", not_utf8, Some("application/svc+json"));
+    assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "{}", answer.body);
+    assert!(answer.body["error"]["message"].as_str().is_some_and(|m| m.contains("UTF-8")), "{}", answer.body);
     let queues = server.get("/svc/v1/queues");
     assert_eq!(queues.body["queues"], json!([{"name": "default", "size": 0, "paused": false}]));
 }

@@ -3,11 +3,13 @@
 //! `result`, unknown fields) is copied verbatim.
 
 use serde_json::Value;
+use std::cell::RefCell;
+use std::sync::Arc;
 
 use crate::engine::{CronInfo, Event, EventKind};
 use crate::job::json::push_json_string;
 use crate::job::time::{format_timestamp, push_duration_ms, push_timestamp};
-use crate::job::{FailureReport, Job, JobId, JobState};
+use crate::job::{FailureReport, Job, JobId, JobState, RetryPolicy};
 
 /// Builds a JSON object by appending text.
 pub struct ObjectWriter {
@@ -250,8 +252,39 @@ fn push_strings(out: &mut String, items: &[String]) {
     out.push(']');
 }
 
+/// Policies rendered lately on this thread, most recent first. Jobs share
+/// their policy (`Arc`), nearly all of them the server default or one a
+/// client sends with every job, so a few entries spare nearly every job the
+/// float and duration formatting. Holding the `Arc` keeps its address from
+/// being reused by another policy while it is remembered.
+struct RenderedPolicies(Vec<(Arc<RetryPolicy>, Box<str>)>);
+
+const RENDERED_POLICIES_MAX: usize = 8;
+
+thread_local! {
+    static RENDERED_POLICIES: RefCell<RenderedPolicies> = const { RefCell::new(RenderedPolicies(Vec::new())) };
+}
+
 /// The effective retry policy, durations in ISO 8601.
-fn push_retry(out: &mut String, policy: &crate::job::RetryPolicy) {
+fn push_retry(out: &mut String, policy: &Arc<RetryPolicy>) {
+    RENDERED_POLICIES.with_borrow_mut(|RenderedPolicies(recent)| {
+        if let Some(index) = recent.iter().position(|(known, _)| Arc::ptr_eq(known, policy)) {
+            out.push_str(&recent[index].1);
+            // Keep the ones in use near the front.
+            recent[..=index].rotate_right(1);
+            return;
+        }
+        let mut text = String::with_capacity(200);
+        render_retry(&mut text, policy);
+        out.push_str(&text);
+        if recent.len() == RENDERED_POLICIES_MAX {
+            recent.pop();
+        }
+        recent.insert(0, (policy.clone(), text.into_boxed_str()));
+    });
+}
+
+fn render_retry(out: &mut String, policy: &RetryPolicy) {
     out.push_str("{\"max_attempts\":");
     out.push_str(itoa::Buffer::new().format(policy.max_attempts));
     out.push_str(key!("initial_interval"));
@@ -450,4 +483,36 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
         data[key] = value;
     }
     data
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_retry_policy_renders_as_itself_however_many_take_turns() {
+        let policies: Vec<Arc<RetryPolicy>> = (0..20)
+            .map(|n| {
+                Arc::new(RetryPolicy {
+                    max_attempts: n + 1,
+                    backoff_coefficient: 1.5 + f64::from(n),
+                    non_retryable_errors: vec![format!("E{n}")],
+                    ..RetryPolicy::default()
+                })
+            })
+            .collect();
+        // Few policies in turn (all remembered), then more than are remembered.
+        let orders = [vec![0, 1, 0, 2, 1, 0], (0..20).collect(), (0..20).rev().collect(), vec![3, 3, 19, 3, 0]];
+        for index in orders.into_iter().flatten() {
+            let policy = &policies[index];
+            let mut cached = String::from("x");
+            push_retry(&mut cached, policy);
+            let mut fresh = String::from("x");
+            render_retry(&mut fresh, policy);
+            assert_eq!(cached, fresh);
+            let rendered: Value = serde_json::from_str(&cached[1..]).unwrap();
+            assert_eq!(rendered["max_attempts"], index + 1);
+            assert_eq!(rendered["non_retryable_errors"][0], format!("E{index}"));
+        }
+    }
 }

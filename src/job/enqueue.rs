@@ -119,91 +119,154 @@ pub fn body_error(error: BodyError) -> ValidationError {
 
 /// Validates one enqueue item already parsed as an object.
 pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Result<NewJob, ValidationError> {
-    let options = match object.get_present("options") {
-        Some(raw) => Some(
-            parse_raw_object(raw).ok_or_else(|| ValidationError::payload("options", "options must be an object"))?,
-        ),
-        None => None,
+    let [
+        options,
+        id,
+        specversion,
+        job_type,
+        args,
+        meta,
+        schema,
+        unique,
+        rate_limit,
+        queue,
+        priority,
+        timeout_ms,
+        timeout,
+        visibility_timeout_ms,
+        visibility_timeout,
+        scheduled_at,
+        delay_until,
+        expires_at,
+        retry,
+        tags,
+    ] = object.get_present_many(&[
+        "options",
+        "id",
+        "specversion",
+        "type",
+        "args",
+        "meta",
+        "schema",
+        "unique",
+        "rate_limit",
+        "queue",
+        "priority",
+        "timeout_ms",
+        "timeout",
+        "visibility_timeout_ms",
+        "visibility_timeout",
+        "scheduled_at",
+        "delay_until",
+        "expires_at",
+        "retry",
+        "tags",
+    ]);
+    let options = match options {
+        Some(raw) => {
+            parse_raw_object(raw).ok_or_else(|| ValidationError::payload("options", "options must be an object"))?
+        }
+        None => RawObject::default(),
     };
-    let option = |name: &str| options.as_ref().and_then(|options| options.get_present(name));
+    let [
+        option_metadata,
+        option_unique,
+        option_rate_limit,
+        option_pending,
+        option_queue,
+        option_priority,
+        option_timeout_ms,
+        option_visibility_timeout_ms,
+        option_delay_until,
+        option_scheduled_at,
+        option_expires_at,
+        option_retry,
+        option_retry_policy,
+        option_tags,
+    ] = options.get_present_many(&[
+        "metadata",
+        "unique",
+        "rate_limit",
+        "pending",
+        "queue",
+        "priority",
+        "timeout_ms",
+        "visibility_timeout_ms",
+        "delay_until",
+        "scheduled_at",
+        "expires_at",
+        "retry",
+        "retry_policy",
+        "tags",
+    ]);
 
-    let id = match object.get_present("id") {
+    let id = match id {
         Some(raw) => Some(parse_id(raw)?),
         None => None,
     };
-    if let Some(raw) = object.get_present("specversion")
+    if let Some(raw) = specversion
         && raw.get() != "\"1.0\""
     {
         return Err(ValidationError::payload("specversion", "specversion must be \"1.0\""));
     }
-    let job_type = parse_type(object.get_present("type"))?;
-    let args = parse_args(object.get_present("args"))?;
-    let meta = parse_meta(object.get_present("meta"), option("metadata"))?;
-    if object.get_present("schema").is_some() {
+    let job_type = parse_type(job_type)?;
+    let args = parse_args(args)?;
+    let meta = parse_meta(meta, option_metadata)?;
+    if schema.is_some() {
         return Err(unsupported("schema", "schema validation of args"));
     }
-    if let Some((_, path)) = first(&[(option("unique"), "options.unique"), (object.get_present("unique"), "unique")]) {
+    if let Some((_, path)) = first(&[(option_unique, "options.unique"), (unique, "unique")]) {
         return Err(unsupported(path, "unique jobs"));
     }
-    if let Some((_, path)) =
-        first(&[(option("rate_limit"), "options.rate_limit"), (object.get_present("rate_limit"), "rate_limit")])
-    {
+    if let Some((_, path)) = first(&[(option_rate_limit, "options.rate_limit"), (rate_limit, "rate_limit")]) {
         return Err(unsupported(path, "dispatch rate limits"));
     }
-    if option("pending").is_some() {
+    if option_pending.is_some() {
         return Err(unsupported("options.pending", "staged (pending) jobs"));
     }
 
-    let queue = match first(&[(option("queue"), "options.queue"), (object.get_present("queue"), "queue")]) {
+    let queue = match first(&[(option_queue, "options.queue"), (queue, "queue")]) {
         Some((raw, path)) => parse_queue_field(raw, path)?,
         None => "default".to_string(),
     };
-    let priority =
-        match first(&[(option("priority"), "options.priority"), (object.get_present("priority"), "priority")]) {
-            Some((raw, path)) => int_in_range(raw, path, PRIORITY_MIN, PRIORITY_MAX)? as i32,
-            None => 0,
-        };
+    let priority = match first(&[(option_priority, "options.priority"), (priority, "priority")]) {
+        Some((raw, path)) => int_in_range(raw, path, PRIORITY_MIN, PRIORITY_MAX)? as i32,
+        None => 0,
+    };
     let timeout_ms = millis_field(
-        &[
-            (option("timeout_ms"), "options.timeout_ms", 1),
-            (object.get_present("timeout_ms"), "timeout_ms", 1),
-            (object.get_present("timeout"), "timeout", 1000),
-        ],
+        &[(option_timeout_ms, "options.timeout_ms", 1), (timeout_ms, "timeout_ms", 1), (timeout, "timeout", 1000)],
         defaults.timeout_ms,
     )?;
     let visibility_timeout_ms = millis_field(
         &[
-            (option("visibility_timeout_ms"), "options.visibility_timeout_ms", 1),
-            (object.get_present("visibility_timeout_ms"), "visibility_timeout_ms", 1),
-            (object.get_present("visibility_timeout"), "visibility_timeout", 1000),
+            (option_visibility_timeout_ms, "options.visibility_timeout_ms", 1),
+            (visibility_timeout_ms, "visibility_timeout_ms", 1),
+            (visibility_timeout, "visibility_timeout", 1000),
         ],
         defaults.visibility_timeout_ms,
     )?;
     let scheduled_at = match first(&[
-        (option("delay_until"), "options.delay_until"),
-        (option("scheduled_at"), "options.scheduled_at"),
-        (object.get_present("scheduled_at"), "scheduled_at"),
-        (object.get_present("delay_until"), "delay_until"),
+        (option_delay_until, "options.delay_until"),
+        (option_scheduled_at, "options.scheduled_at"),
+        (scheduled_at, "scheduled_at"),
+        (delay_until, "delay_until"),
     ]) {
         Some((raw, path)) => Some(time_field(raw, path)?),
         None => None,
     };
-    let expires_at = match first(&[
-        (option("expires_at"), "options.expires_at"),
-        (object.get_present("expires_at"), "expires_at"),
-    ]) {
+    let expires_at = match first(&[(option_expires_at, "options.expires_at"), (expires_at, "expires_at")]) {
         Some((raw, path)) => Some(time_field(raw, path)?),
         None => None,
     };
     let retry = match first(&[
-        (option("retry"), "options.retry"),
-        (option("retry_policy"), "options.retry_policy"),
-        (object.get_present("retry"), "retry"),
+        (option_retry, "options.retry"),
+        (option_retry_policy, "options.retry_policy"),
+        (retry, "retry"),
     ]) {
         Some((raw, path)) => client_policy(&defaults.retry, raw, path)?,
         None => defaults.retry.clone(),
     };
-    let tags = match first(&[(option("tags"), "options.tags"), (object.get_present("tags"), "tags")]) {
+    let tags = match first(&[(option_tags, "options.tags"), (tags, "tags")]) {
         Some((raw, path)) => parse_tags(raw, path)?,
         None => Vec::new(),
     };
@@ -319,13 +382,23 @@ fn parse_type(raw: Option<&RawValue>) -> Result<String, ValidationError> {
 
 /// `^[a-zA-Z][a-zA-Z0-9_]*([.][a-zA-Z][a-zA-Z0-9_]*)*$`, 1 to 255 characters.
 pub fn is_valid_type(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= TYPE_CHARS_MAX
-        && text.split('.').all(|segment| {
-            let mut chars = segment.chars();
-            chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        })
+    if text.is_empty() || text.len() > TYPE_CHARS_MAX {
+        return false;
+    }
+    // Dot-separated segments, each a letter, then letters, digits and `_`.
+    let mut segment_start = true;
+    for &byte in text.as_bytes() {
+        let fits = if segment_start {
+            byte.is_ascii_alphabetic()
+        } else {
+            byte == b'.' || byte == b'_' || byte.is_ascii_alphanumeric()
+        };
+        if !fits {
+            return false;
+        }
+        segment_start = byte == b'.';
+    }
+    !segment_start
 }
 
 /// `^[a-z0-9][a-z0-9.-]*$`, 1 to 128 characters.
@@ -455,6 +528,36 @@ mod tests {
 
     fn parse(body: &str) -> Result<NewJob, ValidationError> {
         parse_enqueue_body(body.as_bytes(), &JobDefaults::default())
+    }
+
+    /// The job type rule as the interface states it: dot-separated segments,
+    /// each `[A-Za-z][A-Za-z0-9_]*`.
+    fn type_rule(text: &str) -> bool {
+        !text.is_empty()
+            && text.len() <= TYPE_CHARS_MAX
+            && text.split('.').all(|segment| {
+                let mut chars = segment.chars();
+                chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+                    && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn job_types_follow_the_segment_rule(text in "[aZ0_.é-]{0,6}") {
+            proptest::prop_assert_eq!(is_valid_type(&text), type_rule(&text), "{:?}", text);
+        }
+    }
+
+    #[test]
+    fn job_types_are_checked_segment_by_segment() {
+        for good in ["a", "email.send", "A_1.b2.C", "x_"] {
+            assert!(is_valid_type(good), "{good}");
+        }
+        let long = "a".repeat(TYPE_CHARS_MAX + 1);
+        for bad in ["", ".", "a.", ".a", "a..b", "1a", "a._b", "a-b", "é", long.as_str()] {
+            assert!(!is_valid_type(bad), "{bad}");
+        }
     }
 
     #[test]

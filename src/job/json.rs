@@ -27,6 +27,20 @@ impl<'a> RawObject<'a> {
     pub fn get_present(&self, key: &str) -> Option<&'a RawValue> {
         self.get(key).filter(|value| value.get() != "null")
     }
+
+    /// `get_present` for each of `keys`, in one pass over the entries.
+    pub fn get_present_many<const N: usize>(&self, keys: &[&str; N]) -> [Option<&'a RawValue>; N] {
+        let mut found: [Option<&'a RawValue>; N] = [None; N];
+        let mut seen = [false; N];
+        for (name, value) in &self.entries {
+            if let Some(index) = keys.iter().position(|key| key == name)
+                && !std::mem::replace(&mut seen[index], true)
+            {
+                found[index] = Some(*value).filter(|value| value.get() != "null");
+            }
+        }
+        found
+    }
 }
 
 /// An object key, borrowed unless it had escapes.
@@ -87,7 +101,11 @@ pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
     if nests_too_deep(bytes) {
         return Err(BodyError::TooDeep);
     }
-    serde_json::from_slice::<RawObject>(bytes).map_err(|error| match error.classify() {
+    // One UTF-8 check of the whole body: parsing from bytes would check each
+    // raw value again as it is kept, and nested objects are parsed once more.
+    let text = std::str::from_utf8(bytes)
+        .map_err(|error| BodyError::Malformed(format!("invalid UTF-8 at byte {} of the body", error.valid_up_to())))?;
+    serde_json::from_str::<RawObject>(text).map_err(|error| match error.classify() {
         serde_json::error::Category::Data => BodyError::NotAnObject,
         _ => BodyError::Malformed(error.to_string()),
     })
@@ -267,11 +285,27 @@ mod tests {
     }
 
     #[test]
+    fn many_keys_are_looked_up_as_one_at_a_time() {
+        let object = parse_object(br#"{"a":1,"b":null,"a":2,"c":"x","b":3,"d":null}"#).unwrap();
+        let keys = ["a", "b", "c", "d", "e"];
+        let one_by_one = keys.map(|key| object.get_present(key).map(RawValue::get));
+        assert_eq!(object.get_present_many(&keys).map(|value| value.map(RawValue::get)), one_by_one);
+        assert_eq!(one_by_one, [Some("1"), None, Some("\"x\""), None, None]);
+    }
+
+    #[test]
     fn body_errors_are_classified() {
         assert!(matches!(parse_object(b"{not json"), Err(BodyError::Malformed(_))));
         assert_eq!(parse_object(b"[1,2]").unwrap_err(), BodyError::NotAnObject);
         let deep = format!("{}{}", "[".repeat(70), "]".repeat(70));
         assert_eq!(parse_object(deep.as_bytes()).unwrap_err(), BodyError::TooDeep);
+        // Invalid UTF-8, in a string or not, is malformed JSON and names where it is.
+        let error = parse_object(b"{\"a\":\"\xff\"}").unwrap_err();
+        assert_eq!(error, BodyError::Malformed("invalid UTF-8 at byte 6 of the body".into()));
+        assert!(matches!(parse_object(b"{\"a\":1}\xc3"), Err(BodyError::Malformed(_))));
+        // Valid multi-byte text still parses, and keeps its bytes.
+        let object = parse_object("{\"é\":\"日本\"}".as_bytes()).unwrap();
+        assert_eq!(object.get("é").unwrap().get(), "\"日本\"");
     }
 
     #[test]
