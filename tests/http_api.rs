@@ -292,10 +292,21 @@ fn fetch_validation() {
         json!({"queues": ["default"], "worker_id": "has space"}),
         json!({"queues": ["default"], "worker_id": "fetch"}),
         json!({"queues": ["default"], "visibility_timeout_ms": 0}),
+        json!({"queues": "default"}),
+        json!({"queues": ["default", 1]}),
+        json!({"queues": ["default"], "count": "2"}),
+        json!({"queues": ["default"], "worker_id": 7}),
+        json!({"queues": ["default"], "visibility_timeout_ms": "60000"}),
     ] {
         let answer = server.post("/svc/v1/workers/fetch", body.clone());
         assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "{body}");
     }
+    // Escaped names are decoded before they are checked.
+    let escaped = r#"{"queues":["d\u0065fault"],"worker_id":"w\u002d1","count":1}"#;
+    let answer = server.post_raw("/svc/v1/workers/fetch", escaped, Some("application/svc+json"));
+    assert_eq!((answer.status, answer.body["jobs"].as_array().map(Vec::len)), (200, Some(0)), "{}", answer.body);
+    let worker = server.get("/svc/v1/workers/w-1");
+    assert_eq!(worker.status, 200, "the decoded worker id was recorded: {}", worker.body);
     for n in 0..120 {
         server.enqueue(json!({"type": "t", "args": [n]}));
     }
@@ -408,6 +419,9 @@ fn nack_errors() {
         json!({"job_id": id, "error": {"message": "m"}}),
         json!({"job_id": id, "error": {"type": "E"}}),
         json!({"job_id": id, "error": {"type": "E", "message": "m"}, "requeue": "yes"}),
+        json!({"job_id": id, "error": {"type": "E", "message": "m"}, "requeue": 1}),
+        json!({"job_id": 5, "error": {"type": "E", "message": "m"}}),
+        json!({"job_id": id, "error": "boom"}),
     ] {
         let answer = server.post("/svc/v1/workers/nack", body.clone());
         assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "{body}");
@@ -639,6 +653,9 @@ fn heartbeat_extends_and_reports() {
         json!({"worker_id": "bad id"}),
         json!({"worker_id": "w-1", "active_jobs": "x"}),
         json!({"worker_id": "w-1", "active_jobs": [1]}),
+        json!({"worker_id": "w-1", "active_jobs": -1}),
+        json!({"worker_id": "w-1", "active_jobs": 1.5}),
+        json!({"worker_id": "w-1", "active_jobs": {"id": id}}),
         json!({"worker_id": "w-1", "visibility_timeout_ms": 0}),
     ] {
         let answer = server.post("/svc/v1/workers/heartbeat", body.clone());

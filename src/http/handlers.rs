@@ -3,7 +3,9 @@
 
 use bytes::Bytes;
 use hyper::StatusCode;
-use serde_json::{Map, Value, json};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use super::error::{ApiError, ERROR_TABLE};
@@ -11,7 +13,7 @@ use super::router::Route;
 use super::wire::{job_body, jobs_object, render_event, render_job};
 use super::{AppState, Reply, SPEC_VERSION, is_empty_body};
 use crate::engine::{EngineError, FetchRequest};
-use crate::job::json::{BodyError, minify, nests_too_deep, parse_object};
+use crate::job::json::{JsonKind, RawObject, kind_of, minify, parse_object, string_value};
 use crate::job::time::format_timestamp;
 use crate::job::{
     Job, JobId, body_error, is_valid_queue, parse_enqueue_body, parse_enqueue_object, parse_failure_report, raw_integer,
@@ -59,22 +61,9 @@ fn job_id(text: &str) -> Result<JobId, ApiError> {
     JobId::parse(&text.to_ascii_lowercase()).ok_or_else(|| ApiError::not_found("job", text))
 }
 
-/// Parses a body that must be a JSON object into a map.
-fn object_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let error = if nests_too_deep(body) {
-        BodyError::TooDeep
-    } else {
-        match serde_json::from_slice::<Value>(body) {
-            Ok(Value::Object(map)) => return Ok(map),
-            Ok(_) => BodyError::NotAnObject,
-            Err(error) => BodyError::Malformed(error.to_string()),
-        }
-    };
-    Err(ApiError::from(body_error(error)))
-}
-
-fn present<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    map.get(key).filter(|value| !value.is_null())
+/// Parses a body that must be a JSON object; its values stay raw text.
+fn object_body(body: &[u8]) -> Result<RawObject<'_>, ApiError> {
+    parse_object(body).map_err(|error| ApiError::from(body_error(error)))
 }
 
 fn location(job: &Job) -> String {
@@ -140,23 +129,18 @@ async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
 }
 
 /// `^[A-Za-z0-9._:@-]{1,256}$`, minus names that collide with worker routes.
-fn worker_id(map: &Map<String, Value>) -> Result<Option<String>, ApiError> {
-    worker_id_value(present(map, "worker_id"))
-}
-
-/// A present `worker_id` value, validated.
-fn worker_id_value(value: Option<&Value>) -> Result<Option<String>, ApiError> {
-    let Some(value) = value else {
+fn worker_id(object: &RawObject) -> Result<Option<String>, ApiError> {
+    let Some(raw) = object.get_present("worker_id") else {
         return Ok(None);
     };
-    let valid = value.as_str().filter(|text| {
+    let valid = string_value(raw).filter(|text| {
         !text.is_empty()
             && text.len() <= WORKER_ID_CHARS_MAX
             && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
-            && !matches!(*text, "." | ".." | "fetch" | "ack" | "nack" | "heartbeat")
+            && !matches!(text.as_ref(), "." | ".." | "fetch" | "ack" | "nack" | "heartbeat")
     });
     match valid {
-        Some(text) => Ok(Some(text.to_string())),
+        Some(text) => Ok(Some(text.into_owned())),
         None => Err(ApiError::invalid_request(
             Some("worker_id"),
             "worker_id must be 1 to 256 characters of A-Z, a-z, 0-9, '.', '_', ':', '@' and '-'",
@@ -165,9 +149,9 @@ fn worker_id_value(value: Option<&Value>) -> Result<Option<String>, ApiError> {
 }
 
 /// The optional `visibility_timeout_ms` of fetch and heartbeat bodies.
-fn visibility_timeout(map: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
-    let Some(value) = present(map, "visibility_timeout_ms") else { return Ok(None) };
-    match integer(value) {
+fn visibility_timeout(object: &RawObject) -> Result<Option<u64>, ApiError> {
+    let Some(raw) = object.get_present("visibility_timeout_ms") else { return Ok(None) };
+    match raw_integer(raw) {
         Some(ms) if (1..=TIMEOUT_MS_MAX as i64).contains(&ms) => Ok(Some(ms as u64)),
         _ => Err(ApiError::invalid_request(
             Some("visibility_timeout_ms"),
@@ -176,37 +160,35 @@ fn visibility_timeout(map: &Map<String, Value>) -> Result<Option<u64>, ApiError>
     }
 }
 
-fn integer(value: &Value) -> Option<i64> {
-    let raw = serde_json::value::to_raw_value(value).ok()?;
-    raw_integer(&raw)
-}
-
 async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
-    let map = object_body(body)?;
+    let object = object_body(body)?;
     let queues_error = || {
         ApiError::invalid_request(
             Some("queues"),
             format!("queues is required: an array of 1 to {FETCH_QUEUES_MAX} queue names"),
         )
     };
-    let queues: Vec<String> = match present(&map, "queues") {
-        Some(Value::Array(items)) if !items.is_empty() && items.len() <= FETCH_QUEUES_MAX => items
+    let items = object.get_present("queues").and_then(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok());
+    let queues: Vec<String> = match items {
+        Some(items) if !items.is_empty() && items.len() <= FETCH_QUEUES_MAX => items
             .iter()
-            .map(|item| item.as_str().filter(|name| is_valid_queue(name)).map(str::to_string).ok_or_else(queues_error))
+            .map(|item| {
+                string_value(item).filter(|name| is_valid_queue(name)).map(Cow::into_owned).ok_or_else(queues_error)
+            })
             .collect::<Result<_, _>>()?,
         _ => return Err(queues_error()),
     };
-    let count = match present(&map, "count") {
+    let count = match object.get_present("count") {
         None => 1,
-        Some(value) => match integer(value) {
+        Some(raw) => match raw_integer(raw) {
             Some(count) if count >= 1 => (count as usize).min(FETCH_COUNT_MAX),
             _ => {
                 return Err(ApiError::invalid_request(Some("count"), "count must be an integer of at least 1"));
             }
         },
     };
-    let visibility_timeout_ms = visibility_timeout(&map)?;
-    let request = FetchRequest { queues, count, worker_id: worker_id(&map)?, visibility_timeout_ms };
+    let visibility_timeout_ms = visibility_timeout(&object)?;
+    let request = FetchRequest { queues, count, worker_id: worker_id(&object)?, visibility_timeout_ms };
     if app.is_shutting_down() {
         // A draining server hands out no new work (decisions §26).
         return Ok(Reply::ok("{\"jobs\":[]}".to_string()));
@@ -216,15 +198,15 @@ async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
 }
 
 /// The job id of a worker report: from the path, or `job_id` in the body.
-fn report_job_id(path_id: Option<&str>, body_id: Option<&Value>) -> Result<JobId, ApiError> {
-    let body_text = match body_id {
+fn report_job_id(path_id: Option<&str>, body_id: Option<&RawValue>) -> Result<JobId, ApiError> {
+    let body_text = match body_id.map(string_value) {
         None => None,
-        Some(Value::String(text)) => Some(text.as_str()),
-        Some(_) => {
+        Some(Some(text)) => Some(text),
+        Some(None) => {
             return Err(ApiError::invalid_request(Some("job_id"), "job_id must be a string"));
         }
     };
-    match (path_id, body_text) {
+    match (path_id, body_text.as_deref()) {
         (Some(path), Some(body)) if !path.eq_ignore_ascii_case(body) => {
             Err(ApiError::invalid_request(Some("job_id"), "job_id in the body differs from the id in the path"))
         }
@@ -242,21 +224,15 @@ fn report_error(error: EngineError) -> ApiError {
 }
 
 async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
-    let object = if path_id.is_some() && is_empty_body(body) {
-        Default::default()
-    } else {
-        parse_object(body).map_err(|error| ApiError::from(body_error(error)))?
-    };
-    // Only these two fields are decoded; `result` is kept as its text.
-    let field = |key: &str| object.get_present(key).and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok());
-    let id = report_job_id(path_id, field("job_id").as_ref())?;
+    let object = if path_id.is_some() && is_empty_body(body) { Default::default() } else { object_body(body)? };
+    let id = report_job_id(path_id, object.get_present("job_id"))?;
     let result = object.get_present("result").map(|raw| minify(raw.get()));
     if let Some(result) = &result
         && result.len() > RESULT_BYTES_MAX
     {
         return Err(ApiError::from(crate::job::ValidationError::too_large("result", RESULT_BYTES_MAX, result.len())));
     }
-    let worker = worker_id_value(field("worker_id").as_ref())?;
+    let worker = worker_id(&object)?;
     let job = app.engine.ack(id, result, worker).outcome().await.map_err(report_error)?;
     let mut body = super::wire::ObjectWriter::default();
     body.job("job", &job)
@@ -271,17 +247,20 @@ async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply
 }
 
 async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
-    let map = object_body(body)?;
-    let id = report_job_id(path_id, present(&map, "job_id"))?;
-    let report = parse_failure_report(present(&map, "error"))?;
-    let requeue = match present(&map, "requeue") {
+    let object = object_body(body)?;
+    let id = report_job_id(path_id, object.get_present("job_id"))?;
+    // The report is decoded whole: it is small, and its fields are checked one by one.
+    let error = object.get_present("error").map(|raw| serde_json::from_str::<Value>(raw.get())).transpose();
+    let report = parse_failure_report(error.expect("a raw value is valid JSON").as_ref())?;
+    let requeue = match object.get_present("requeue").map(RawValue::get) {
         None => false,
-        Some(Value::Bool(flag)) => *flag,
+        Some("true") => true,
+        Some("false") => false,
         Some(_) => {
             return Err(ApiError::invalid_request(Some("requeue"), "requeue must be a boolean"));
         }
     };
-    let job = app.engine.fail(id, report, requeue, worker_id(&map)?).outcome().await.map_err(report_error)?;
+    let job = app.engine.fail(id, report, requeue, worker_id(&object)?).outcome().await.map_err(report_error)?;
     let mut body = super::wire::ObjectWriter::default();
     body.job("job", &job)
         .id("id", job.id)
@@ -368,33 +347,40 @@ fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {
 
 /// `POST /workers/heartbeat` (decisions §7.4).
 async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
-    let map = object_body(body)?;
-    let Some(worker_id) = worker_id(&map)? else {
+    let object = object_body(body)?;
+    let Some(worker_id) = worker_id(&object)? else {
         return Err(ApiError::invalid_request(Some("worker_id"), "worker_id is required"));
     };
-    let listed = present(&map, "active_jobs").or_else(|| present(&map, "active_job_ids"));
-    let active_jobs = match listed {
+    let listed = object.get_present("active_jobs").or_else(|| object.get_present("active_job_ids"));
+    let active_jobs = match listed.map(|raw| (raw, kind_of(raw))) {
         None => None,
         // A bare count is accepted and extends nothing.
-        Some(Value::Number(count)) if count.is_u64() => Some(Vec::new()),
-        Some(Value::Array(items)) if items.len() <= HEARTBEAT_JOBS_MAX && items.iter().all(Value::is_string) => {
+        Some((raw, JsonKind::Number)) if raw.get().bytes().all(|byte| byte.is_ascii_digit()) => Some(Vec::new()),
+        Some((raw, JsonKind::Array)) => {
+            let ids: Option<Vec<_>> = serde_json::from_str::<Vec<&RawValue>>(raw.get())
+                .ok()
+                .filter(|items| items.len() <= HEARTBEAT_JOBS_MAX)
+                .and_then(|items| items.iter().map(|item| string_value(item)).collect());
+            let Some(ids) = ids else { return Err(active_jobs_error()) };
             // Ids that cannot exist are ignored like unknown ones.
-            Some(items.iter().filter_map(|item| JobId::parse(&item.as_str()?.to_ascii_lowercase())).collect())
+            Some(ids.iter().filter_map(|id| JobId::parse(&id.to_ascii_lowercase())).collect())
         }
-        Some(_) => {
-            return Err(ApiError::invalid_request(
-                Some("active_jobs"),
-                format!("active_jobs must be an array of at most {HEARTBEAT_JOBS_MAX} job ids"),
-            ));
-        }
+        Some(_) => return Err(active_jobs_error()),
     };
-    let visibility_timeout_ms = visibility_timeout(&map)?;
+    let visibility_timeout_ms = visibility_timeout(&object)?;
     let (extended, signal) = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
     let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
     // While the server drains, every worker is told to stop (decisions §26).
     let state = if app.is_shutting_down() { "terminate" } else { crate::engine::workers::state_name(signal) };
     let server_time = crate::job::time::format_timestamp(now);
     Ok(Reply::ok(json!({"state": state, "jobs_extended": extended, "server_time": server_time}).to_string()))
+}
+
+fn active_jobs_error() -> ApiError {
+    ApiError::invalid_request(
+        Some("active_jobs"),
+        format!("active_jobs must be an array of at most {HEARTBEAT_JOBS_MAX} job ids"),
+    )
 }
 
 fn render_worker(entry: &crate::engine::workers::WorkerEntry, now: i64) -> Value {

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::error::ValidationError;
-use super::json::{self, BodyError, JsonKind, RawObject, kind_of, minify, parse_raw_object};
+use super::json::{self, BodyError, JsonKind, RawObject, kind_of, minify, parse_raw_object, string_value};
 use super::retry::RetryPolicy;
 use super::time::{TimeSpec, parse_time_spec};
 use super::{JobId, JobPayload, NewJob};
@@ -345,14 +345,6 @@ fn unsupported(field: &str, feature: &str) -> ValidationError {
         field: Some(field.to_string()),
         reason: Some("feature_not_supported"),
         details: Vec::new(),
-    }
-}
-
-/// A JSON string's text, borrowed when it has no escapes; `None` for any other value.
-fn string_value(raw: &RawValue) -> Option<Cow<'_, str>> {
-    match json::plain_string(raw) {
-        Some(text) => Some(Cow::Borrowed(text)),
-        None => serde_json::from_str::<String>(raw.get()).ok().map(Cow::Owned),
     }
 }
 

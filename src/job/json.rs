@@ -138,6 +138,14 @@ pub fn plain_string(raw: &RawValue) -> Option<&str> {
     (!inner.contains('\\')).then_some(inner)
 }
 
+/// A JSON string's text, borrowed when it has no escapes; `None` for any other value.
+pub fn string_value(raw: &RawValue) -> Option<Cow<'_, str>> {
+    match plain_string(raw) {
+        Some(text) => Some(Cow::Borrowed(text)),
+        None => serde_json::from_str::<String>(raw.get()).ok().map(Cow::Owned),
+    }
+}
+
 /// The deepest nesting of arrays and objects in `bytes`, ignoring string contents.
 fn nesting_depth(bytes: &[u8]) -> usize {
     let mut depth = 0usize;
