@@ -115,7 +115,7 @@ pub async fn serve_request(
 
 /// A client's `X-Request-Id` (1–128 visible ASCII characters), else `req_<uuidv7>`.
 fn request_id(app: &AppState, headers: &HeaderMap) -> String {
-    let given = headers.get("x-request-id").and_then(|value| value.to_str().ok());
+    let given = headers.get(&X_REQUEST_ID).and_then(|value| value.to_str().ok());
     match given {
         Some(id)
             if !id.is_empty() && id.len() <= REQUEST_ID_CHARS_MAX && id.bytes().all(|b| (0x21..=0x7e).contains(&b)) =>
@@ -210,10 +210,11 @@ fn check_content_type(content_type: Option<&str>) -> Result<(), ApiError> {
         return Err(ApiError::invalid_request(None, format!("Content-Type is required: {MEDIA_TYPE}"))
             .detail("reason", "content_type_required"));
     };
-    let media_type = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    if media_type == MEDIA_TYPE || media_type == "application/json" {
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    if media_type.eq_ignore_ascii_case(MEDIA_TYPE) || media_type.eq_ignore_ascii_case("application/json") {
         return Ok(());
     }
+    let media_type = media_type.to_ascii_lowercase();
     Err(ApiError::invalid_request(None, format!("Content-Type {media_type} is not supported; send {MEDIA_TYPE}"))
         .detail("reason", "unsupported_media_type"))
 }
