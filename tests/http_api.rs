@@ -219,6 +219,13 @@ fn get_job_unknown_and_malformed_ids_are_404() {
         assert_eq!((answer.status, answer.error_code()), (404, "not_found"), "{id}");
         assert_eq!(answer.body["error"]["details"]["resource_type"], "job");
     }
+    // Hex digits in upper case name the same job, in a path or a body.
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    let upper = id.to_ascii_uppercase();
+    assert_eq!(server.get(&format!("/svc/v1/jobs/{upper}")).body["job"]["id"], id);
+    server.fetch(&["default"], 1);
+    let acked = server.post("/svc/v1/workers/ack", json!({"job_id": upper}));
+    assert_eq!((acked.status, acked.body["job"]["id"].as_str()), (200, Some(id.as_str())), "{}", acked.body);
 }
 
 #[test]

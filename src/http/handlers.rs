@@ -58,7 +58,7 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
 
 /// A path or body id that is not a valid job id cannot exist: 404.
 fn job_id(text: &str) -> Result<JobId, ApiError> {
-    JobId::parse(&text.to_ascii_lowercase()).ok_or_else(|| ApiError::not_found("job", text))
+    JobId::parse_any_case(text).ok_or_else(|| ApiError::not_found("job", text))
 }
 
 /// Parses a body that must be a JSON object; its values stay raw text.
@@ -363,7 +363,7 @@ async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
                 .and_then(|items| items.iter().map(|item| string_value(item)).collect());
             let Some(ids) = ids else { return Err(active_jobs_error()) };
             // Ids that cannot exist are ignored like unknown ones.
-            Some(ids.iter().filter_map(|id| JobId::parse(&id.to_ascii_lowercase())).collect())
+            Some(ids.iter().filter_map(|id| JobId::parse_any_case(id)).collect())
         }
         Some(_) => return Err(active_jobs_error()),
     };
@@ -440,7 +440,7 @@ async fn forget_worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
 
 /// A dead letter id: a malformed one cannot be listed, so it is not found.
 fn dead_letter_id(text: &str) -> Result<JobId, ApiError> {
-    JobId::parse(&text.to_ascii_lowercase()).ok_or_else(|| ApiError::not_found("dead_letter_job", text))
+    JobId::parse_any_case(text).ok_or_else(|| ApiError::not_found("dead_letter_job", text))
 }
 
 fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {

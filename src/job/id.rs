@@ -20,6 +20,15 @@ impl JobId {
     /// Parses the lowercase hyphenated form with version 7 and the RFC 4122 variant,
     /// exactly the pattern of the interface. Anything else is `None`.
     pub fn parse(text: &str) -> Option<JobId> {
+        Self::parse_hex(text, false)
+    }
+
+    /// Like [`JobId::parse`], but upper-case hex digits are read too.
+    pub fn parse_any_case(text: &str) -> Option<JobId> {
+        Self::parse_hex(text, true)
+    }
+
+    fn parse_hex(text: &str, upper_case: bool) -> Option<JobId> {
         let bytes = text.as_bytes();
         if bytes.len() != 36 {
             return None;
@@ -35,6 +44,7 @@ impl JobId {
             let digit = match byte {
                 b'0'..=b'9' => byte - b'0',
                 b'a'..=b'f' => byte - b'a' + 10,
+                b'A'..=b'F' if upper_case => byte - b'A' + 10,
                 _ => return None,
             };
             value = (value << 4) | u128::from(digit);
@@ -155,6 +165,11 @@ mod tests {
     fn parse_rejects_other_forms() {
         assert!(JobId::parse("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f").is_some());
         assert!(JobId::parse("019461A8-1A2B-7C3D-8E4F-5A6B7C8D9E0F").is_none());
+        assert_eq!(
+            JobId::parse_any_case("019461A8-1a2B-7C3D-8E4F-5A6B7C8D9E0F"),
+            JobId::parse("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f")
+        );
+        assert!(JobId::parse_any_case("019461G8-1A2B-7C3D-8E4F-5A6B7C8D9E0F").is_none());
         assert!(JobId::parse("550e8400-e29b-41d4-a716-446655440000").is_none());
         assert!(JobId::parse("019461a8-1a2b-7c3d-4e4f-5a6b7c8d9e0f").is_none());
         assert!(JobId::parse("").is_none());

@@ -18,32 +18,74 @@ pub fn format_timestamp(ms: Millis) -> String {
 /// Appends milliseconds since the epoch as RFC 3339 UTC, e.g.
 /// `2026-03-09T10:30:02.789Z` (the fraction omitted when zero).
 pub fn push_timestamp(out: &mut String, ms: Millis) {
-    let Ok(timestamp) = Timestamp::from_millisecond(ms) else {
+    if Timestamp::from_millisecond(ms).is_err() {
         out.push_str("1970-01-01T00:00:00Z");
         return;
-    };
-    let civil = jiff::tz::Offset::UTC.to_datetime(timestamp);
-    let year = i32::from(civil.year());
-    if year < 0 {
-        out.push('-');
     }
+    let day = ms.div_euclid(DAY_MS);
+    // Timestamps rendered together nearly always fall on one day, and the
+    // calendar date is most of the cost: each thread keeps the last one.
+    let date = match LAST_DATE.get() {
+        Some((known, date)) if known == day => date,
+        _ => {
+            let date = DateText::of(ms);
+            LAST_DATE.set(Some((day, date)));
+            date
+        }
+    };
+    out.push_str(date.as_str());
+    let in_day = ms.rem_euclid(DAY_MS);
     // Filled in place and appended once: this runs several times per job rendered.
-    let mut text = *b"0000-00-00T00:00:00.000Z";
-    put_digits(&mut text[0..4], year.unsigned_abs());
-    put_digits(&mut text[5..7], civil.month().unsigned_abs() as u32);
-    put_digits(&mut text[8..10], civil.day().unsigned_abs() as u32);
-    put_digits(&mut text[11..13], civil.hour().unsigned_abs() as u32);
-    put_digits(&mut text[14..16], civil.minute().unsigned_abs() as u32);
-    put_digits(&mut text[17..19], civil.second().unsigned_abs() as u32);
-    let millis = ms.rem_euclid(1000) as u32;
+    let mut text = *b"T00:00:00.000Z";
+    put_digits(&mut text[1..3], (in_day / 3_600_000) as u32);
+    put_digits(&mut text[4..6], (in_day / 60_000 % 60) as u32);
+    put_digits(&mut text[7..9], (in_day / 1000 % 60) as u32);
+    let millis = (in_day % 1000) as u32;
     let length = if millis == 0 {
-        text[19] = b'Z';
-        20
+        text[9] = b'Z';
+        10
     } else {
-        put_digits(&mut text[20..23], millis);
-        24
+        put_digits(&mut text[10..13], millis);
+        14
     };
     out.push_str(std::str::from_utf8(&text[..length]).expect("ASCII digits"));
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+thread_local! {
+    /// The date of the last timestamp rendered on this thread, by day number.
+    static LAST_DATE: std::cell::Cell<Option<(i64, DateText)>> = const { std::cell::Cell::new(None) };
+}
+
+/// `YYYY-MM-DD` of a UTC day, with a `-` before years below zero.
+#[derive(Clone, Copy)]
+struct DateText {
+    bytes: [u8; 11],
+    length: u8,
+}
+
+impl DateText {
+    /// The date of `ms`, which must be a valid timestamp.
+    fn of(ms: Millis) -> DateText {
+        let timestamp = Timestamp::from_millisecond(ms).expect("checked by the caller");
+        let civil = jiff::tz::Offset::UTC.to_datetime(timestamp);
+        let year = i32::from(civil.year());
+        let mut bytes = *b"-0000-00-00";
+        put_digits(&mut bytes[1..5], year.unsigned_abs());
+        put_digits(&mut bytes[6..8], civil.month().unsigned_abs() as u32);
+        put_digits(&mut bytes[9..11], civil.day().unsigned_abs() as u32);
+        if year < 0 {
+            DateText { bytes, length: 11 }
+        } else {
+            bytes.copy_within(1.., 0);
+            DateText { bytes, length: 10 }
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.length)]).expect("ASCII digits")
+    }
 }
 
 /// Writes `value` in decimal into `slot`, zero-padded on the left (years
@@ -223,6 +265,37 @@ fn clip(text: &str) -> String {
 mod tests {
     use super::*;
 
+    /// Timestamp text straight from jiff's calendar, for comparison.
+    fn reference_timestamp(ms: Millis) -> String {
+        let civil = jiff::tz::Offset::UTC.to_datetime(Timestamp::from_millisecond(ms).unwrap());
+        let sign = if civil.year() < 0 { "-" } else { "" };
+        let (year, millis) = (i32::from(civil.year()).unsigned_abs(), ms.rem_euclid(1000));
+        let fraction = if millis == 0 { String::new() } else { format!(".{millis:03}") };
+        format!(
+            "{sign}{year:04}-{:02}-{:02}T{:02}:{:02}:{:02}{fraction}Z",
+            civil.month(),
+            civil.day(),
+            civil.hour(),
+            civil.minute(),
+            civil.second()
+        )
+    }
+
+    proptest::proptest! {
+        /// Runs of nearby instants (the remembered date in use) and far ones.
+        #[test]
+        fn timestamps_match_the_calendar(
+            start in -377_000_000_000_000i64..253_000_000_000_000,
+            steps in proptest::collection::vec(-200_000_000i64..200_000_000, 1..20),
+        ) {
+            let mut ms = start;
+            for step in steps {
+                proptest::prop_assert_eq!(format_timestamp(ms), reference_timestamp(ms));
+                ms += step;
+            }
+        }
+    }
+
     #[test]
     fn timestamps_format_with_millis_only_when_needed() {
         assert_eq!(format_timestamp(4_102_444_799_000), "2099-12-31T23:59:59Z");
@@ -231,6 +304,7 @@ mod tests {
         assert_eq!(format_timestamp(0), "1970-01-01T00:00:00Z");
         assert_eq!(format_timestamp(-62_135_596_800_000), "0001-01-01T00:00:00Z");
         assert_eq!(format_timestamp(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(format_timestamp(-62_198_755_200_000), "-0001-01-01T00:00:00Z");
     }
 
     #[test]
