@@ -13,7 +13,7 @@ use super::router::Route;
 use super::wire::{job_body, jobs_object, render_event, render_job};
 use super::{AppState, Reply, SPEC_VERSION, is_empty_body};
 use crate::engine::{EngineError, FetchRequest};
-use crate::job::json::{JsonKind, RawObject, kind_of, minify, parse_object, string_value};
+use crate::job::json::{JsonKind, RawObject, kind_of, minify, parse_object, push_ascii, string_value};
 use crate::job::time::format_timestamp;
 use crate::job::{
     Job, JobId, body_error, is_valid_queue, parse_enqueue_body, parse_enqueue_object, parse_failure_report, raw_integer,
@@ -69,7 +69,7 @@ fn object_body(body: &[u8]) -> Result<RawObject<'_>, ApiError> {
 fn location(job: &Job) -> String {
     let mut path = String::with_capacity(50);
     path.push_str("/svc/v1/jobs/");
-    path.push_str(std::str::from_utf8(&job.id.to_hyphenated()).expect("ASCII"));
+    push_ascii(&mut path, &job.id.to_hyphenated());
     path
 }
 

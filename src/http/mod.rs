@@ -127,7 +127,7 @@ fn request_id(app: &AppState, headers: &HeaderMap) -> String {
             let id = app.request_ids.lock().next(now, rand::random());
             let mut text = String::with_capacity(40);
             text.push_str("req_");
-            text.push_str(std::str::from_utf8(&id.to_hyphenated()).expect("ASCII"));
+            crate::job::json::push_ascii(&mut text, &id.to_hyphenated());
             text
         }
     }

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::engine::{CronInfo, Event, EventKind};
-use crate::job::json::push_json_string;
+use crate::job::json::{push_ascii, push_json_string};
 use crate::job::time::{format_timestamp, push_duration_ms, push_timestamp};
 use crate::job::{FailureReport, Job, JobId, JobState, RetryPolicy};
 
@@ -84,7 +84,7 @@ impl ObjectWriter {
     pub fn id(&mut self, key: &str, id: JobId) -> &mut Self {
         self.key(key);
         self.out.push('"');
-        self.out.push_str(std::str::from_utf8(&id.to_hyphenated()).expect("ASCII"));
+        push_ascii(&mut self.out, &id.to_hyphenated());
         self.out.push('"');
         self
     }
@@ -161,7 +161,7 @@ macro_rules! key {
 pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     out.reserve(1024);
     out.push_str("{\"specversion\":\"1.0\",\"id\":\"");
-    out.push_str(std::str::from_utf8(&job.id.to_hyphenated()).expect("ASCII"));
+    push_ascii(out, &job.id.to_hyphenated());
     out.push('"');
     out.push_str(key!("type"));
     push_json_string(out, &job.payload.job_type);

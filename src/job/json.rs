@@ -208,6 +208,16 @@ pub fn minify(text: &str) -> String {
     out
 }
 
+/// Appends bytes that must be ASCII (digits, hex, punctuation we put
+/// together), without the general UTF-8 check `str::from_utf8` makes: for
+/// the short texts of every response (ids, timestamps) it cost as much as
+/// writing them.
+pub fn push_ascii(out: &mut String, bytes: &[u8]) {
+    assert!(bytes.is_ascii(), "push_ascii takes ASCII only");
+    // SAFETY: ASCII bytes are whole UTF-8 characters, so `out` stays valid UTF-8.
+    unsafe { out.as_mut_vec().extend_from_slice(bytes) }
+}
+
 /// The first character of a raw JSON value, which tells its kind.
 pub fn kind_of(raw: &RawValue) -> JsonKind {
     match raw.get().trim_start().as_bytes().first() {
@@ -331,6 +341,19 @@ mod tests {
         let plain = |key: &str| plain_string(object.get(key).unwrap());
         assert_eq!((plain("a"), plain("d")), (Some("x.y"), Some("")));
         assert_eq!((plain("b"), plain("c"), plain("e")), (None, None, None));
+    }
+
+    #[test]
+    fn ascii_is_appended_as_is() {
+        let mut out = String::from("é");
+        push_ascii(&mut out, b"2026-01-01T00:00:00Z");
+        assert_eq!(out, "é2026-01-01T00:00:00Z");
+    }
+
+    #[test]
+    #[should_panic(expected = "ASCII only")]
+    fn anything_but_ascii_is_refused() {
+        push_ascii(&mut String::new(), "é".as_bytes());
     }
 
     #[test]

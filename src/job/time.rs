@@ -5,6 +5,7 @@
 
 use jiff::Timestamp;
 
+use super::json::push_ascii;
 use crate::clock::Millis;
 use crate::limits::DURATION_MS_MAX;
 
@@ -33,7 +34,7 @@ pub fn push_timestamp(out: &mut String, ms: Millis) {
             date
         }
     };
-    out.push_str(date.as_str());
+    push_ascii(out, date.as_bytes());
     let in_day = ms.rem_euclid(DAY_MS);
     // Filled in place and appended once: this runs several times per job rendered.
     let mut text = *b"T00:00:00.000Z";
@@ -48,7 +49,7 @@ pub fn push_timestamp(out: &mut String, ms: Millis) {
         put_digits(&mut text[10..13], millis);
         14
     };
-    out.push_str(std::str::from_utf8(&text[..length]).expect("ASCII digits"));
+    push_ascii(out, &text[..length]);
 }
 
 const DAY_MS: i64 = 86_400_000;
@@ -83,8 +84,8 @@ impl DateText {
         }
     }
 
-    fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.bytes[..usize::from(self.length)]).expect("ASCII digits")
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.length)]
     }
 }
 
@@ -248,7 +249,7 @@ pub fn push_duration_ms(out: &mut String, ms: Millis) {
             let digits = number.format(millis).as_bytes();
             fraction[3 - digits.len()..].copy_from_slice(digits);
             let kept = fraction.iter().rposition(|digit| *digit != b'0').map_or(0, |last| last + 1);
-            out.push_str(std::str::from_utf8(&fraction[..kept]).expect("ASCII digits"));
+            push_ascii(out, &fraction[..kept]);
             out.push('S');
         } else if seconds > 0 || (hours == 0 && minutes == 0) {
             out.push_str(number.format(seconds));
