@@ -65,7 +65,8 @@ const SYSTEM_MANAGED: [&str; 22] = [
     "deduplicated",
 ];
 
-/// Top-level names with a meaning of their own (canonical fields and aliases).
+/// Top-level names with a meaning of their own (canonical fields and
+/// aliases), in the order `parse_enqueue_object` takes them apart.
 const KNOWN: [&str; 20] = [
     "id",
     "specversion",
@@ -120,48 +121,27 @@ pub fn body_error(error: BodyError) -> ValidationError {
 /// Validates one enqueue item already parsed as an object.
 pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Result<NewJob, ValidationError> {
     let [
-        options,
         id,
         specversion,
         job_type,
         args,
         meta,
         schema,
-        unique,
-        rate_limit,
+        options,
         queue,
         priority,
         timeout_ms,
         timeout,
-        visibility_timeout_ms,
-        visibility_timeout,
         scheduled_at,
         delay_until,
         expires_at,
         retry,
+        unique,
         tags,
-    ] = object.get_present_many(&[
-        "options",
-        "id",
-        "specversion",
-        "type",
-        "args",
-        "meta",
-        "schema",
-        "unique",
-        "rate_limit",
-        "queue",
-        "priority",
-        "timeout_ms",
-        "timeout",
-        "visibility_timeout_ms",
-        "visibility_timeout",
-        "scheduled_at",
-        "delay_until",
-        "expires_at",
-        "retry",
-        "tags",
-    ]);
+        visibility_timeout_ms,
+        visibility_timeout,
+        rate_limit,
+    ] = object.get_present_many(&KNOWN);
     let options = match options {
         Some(raw) => {
             parse_raw_object(raw).ok_or_else(|| ValidationError::payload("options", "options must be an object"))?
@@ -572,6 +552,34 @@ mod tests {
         assert_eq!(job.queue, "high");
         assert_eq!(job.priority, 7);
         assert_eq!(job.timeout_ms, 5000);
+    }
+
+    #[test]
+    fn each_top_level_field_lands_in_its_place() {
+        let job = parse(
+            r#"{"id":"019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f","specversion":"1.0","type":"a.b","args":[1],
+                "meta":{"m":1},"queue":"q","priority":3,"timeout_ms":4000,"visibility_timeout":6,
+                "scheduled_at":"2030-01-01T00:00:00Z","expires_at":"2031-01-01T00:00:00Z",
+                "retry":{"max_attempts":9},"tags":["x"]}"#,
+        )
+        .unwrap();
+        assert_eq!(job.id, JobId::parse("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f"));
+        assert_eq!((job.payload.job_type.as_str(), job.payload.args.as_str()), ("a.b", "[1]"));
+        assert_eq!(
+            (job.payload.meta.as_str(), job.payload.tags.as_slice()),
+            (r#"{"m":1}"#, ["x".to_string()].as_slice())
+        );
+        assert_eq!((job.queue.as_str(), job.priority), ("q", 3));
+        assert_eq!((job.timeout_ms, job.visibility_timeout_ms, job.retry.max_attempts), (4000, 6000, 9));
+        assert!(job.scheduled_at.is_some() && job.expires_at.is_some() && job.scheduled_at != job.expires_at);
+        let aliases = parse(r#"{"type":"t","args":[],"timeout":2,"visibility_timeout_ms":700,"delay_until":"+PT1M"}"#);
+        let aliases = aliases.unwrap();
+        assert_eq!((aliases.timeout_ms, aliases.visibility_timeout_ms), (2000, 700));
+        assert!(aliases.scheduled_at.is_some());
+        for (field, value) in [("schema", "{}"), ("unique", "{}"), ("rate_limit", "{}")] {
+            let error = parse(&format!(r#"{{"type":"t","args":[],"{field}":{value}}}"#)).unwrap_err();
+            assert_eq!(error.field.as_deref(), Some(field));
+        }
     }
 
     #[test]
