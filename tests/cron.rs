@@ -163,6 +163,23 @@ fn a_cron_entry_fires_at_each_slot_with_its_name_and_time_in_meta() {
 }
 
 #[test]
+fn runs_of_one_entry_share_its_retry_policy_after_a_restart_too() {
+    let mut harness = Harness::new("2027-01-15T10:02:00Z");
+    harness.register(every_five("reports", "allow"));
+    harness.at("2027-01-15T10:05:00Z");
+    harness.at("2027-01-15T10:10:00Z");
+    let shared = |harness: &Harness| {
+        let jobs = harness.jobs();
+        assert_eq!(jobs.len(), 2);
+        assert!(Arc::ptr_eq(&jobs[0].retry, &jobs[1].retry), "runs of one entry share one policy");
+    };
+    shared(&harness);
+    // Replayed from the log (no snapshot), each run's policy is decoded on its own.
+    harness.crash_and_reopen();
+    shared(&harness);
+}
+
+#[test]
 fn skip_enqueues_nothing_while_the_previous_run_is_going() {
     let harness = Harness::new("2027-01-15T10:02:00Z");
     harness.register(every_five("nightly", "skip"));

@@ -200,9 +200,16 @@ pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageErr
         let corrupt = |reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
         let mut records = decode_batch(payload).map_err(corrupt)?;
         for record in &mut records {
-            if let Record::Enqueue { jobs, .. } = record {
-                jobs.iter_mut().filter_map(Arc::get_mut).for_each(|job| policies.share(&mut job.retry));
-            }
+            // Jobs made live share equal policies; read back, each decoded its own.
+            let jobs = match record {
+                Record::Enqueue { jobs, .. } => jobs.as_mut_slice(),
+                Record::CronFire {
+                    fire: cron::CronFire { outcome: cron::CronOutcome::Enqueued { job, .. }, .. },
+                    ..
+                } => std::slice::from_mut(job),
+                _ => &mut [],
+            };
+            jobs.iter_mut().filter_map(Arc::get_mut).for_each(|job| policies.share(&mut job.retry));
         }
         for record in &records {
             state.apply(record, &mut events).map_err(|error| corrupt(error.0))?;
