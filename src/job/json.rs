@@ -309,6 +309,10 @@ mod tests {
         let one_by_one = keys.map(|key| object.get_present(key).map(RawValue::get));
         assert_eq!(object.get_present_many(&keys).map(|value| value.map(RawValue::get)), one_by_one);
         assert_eq!(one_by_one, [Some("1"), None, Some("\"x\""), None, None]);
+        // Raw values carry no surrounding white space, so `null` and `true` compare as text.
+        let spaced = parse_object(b"{ \"a\" :\n true , \"b\" :  null\t}").unwrap();
+        assert_eq!(spaced.get("a").map(RawValue::get), Some("true"));
+        assert!(spaced.get("b").is_some() && spaced.get_present("b").is_none());
     }
 
     #[test]
