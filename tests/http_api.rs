@@ -433,6 +433,14 @@ fn nack_errors() {
         let answer = server.post("/svc/v1/workers/nack", body.clone());
         assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "{body}");
     }
+    // A number JSON allows but no double holds, inside the report.
+    for body in [
+        format!(r#"{{"job_id":"{id}","error":{{"type":"E","message":"m","details":{{"n":1e400}}}}}}"#),
+        format!(r#"{{"job_id":"{id}","error":{{"type":"E","message":"m"}},"requeue":1e400}}"#),
+    ] {
+        let answer = server.post_raw("/svc/v1/workers/nack", body.clone(), Some("application/svc+json"));
+        assert_eq!((answer.status, answer.error_code()), (400, "invalid_request"), "{body}");
+    }
     assert_eq!(server.job(&id)["state"], "active");
 }
 

@@ -249,9 +249,16 @@ async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply
 async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
     let object = object_body(body)?;
     let id = report_job_id(path_id, object.get_present("job_id"))?;
-    // The report is decoded whole: it is small, and its fields are checked one by one.
-    let error = object.get_present("error").map(|raw| serde_json::from_str::<Value>(raw.get())).transpose();
-    let report = parse_failure_report(error.expect("a raw value is valid JSON").as_ref())?;
+    // The report is decoded whole: it is small, and its fields are checked one
+    // by one. Raw text that `Value` refuses (a number beyond f64) is malformed.
+    let error =
+        match object.get_present("error") {
+            None => None,
+            Some(raw) => Some(serde_json::from_str::<Value>(raw.get()).map_err(|error| {
+                ApiError::from(body_error(crate::job::json::BodyError::Malformed(error.to_string())))
+            })?),
+        };
+    let report = parse_failure_report(error.as_ref())?;
     let requeue = match object.get_present("requeue").map(RawValue::get) {
         None => false,
         Some("true") => true,
