@@ -101,8 +101,8 @@ pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
     if nests_too_deep(bytes) {
         return Err(BodyError::TooDeep);
     }
-    // One UTF-8 check of the whole body: parsing from bytes would check each
-    // raw value again as it is kept, and nested objects are parsed once more.
+    // One UTF-8 check of the whole body. Parsed from bytes, every raw value
+    // kept was checked again, and the values of nested objects once more.
     let text = std::str::from_utf8(bytes)
         .map_err(|error| BodyError::Malformed(format!("invalid UTF-8 at byte {} of the body", error.valid_up_to())))?;
     serde_json::from_str::<RawObject>(text).map_err(|error| match error.classify() {
