@@ -96,15 +96,19 @@ impl Model {
         job.visibility_deadline = None;
     }
 
+    /// The jobs a fetch must claim: every available job of the listed queues,
+    /// ranked by the first place its queue has in the list, then priority
+    /// (high first), then entry time, then id; the first `count` of them.
     fn choose(&self, queues: &[usize], count: usize) -> Vec<JobId> {
-        let mut chosen = Vec::new();
-        for queue in queues {
-            let mut ready: Vec<(&JobId, &ModelJob)> =
-                self.jobs.iter().filter(|(_, job)| job.queue == *queue && job.state == JobState::Available).collect();
-            ready.sort_by_key(|(id, job)| (-job.priority, job.entered_at, **id));
-            chosen.extend(ready.into_iter().take(count - chosen.len()).map(|(id, _)| *id));
-        }
-        chosen
+        let place = |queue: usize| queues.iter().position(|listed| *listed == queue);
+        let mut ranked: Vec<_> = self
+            .jobs
+            .iter()
+            .filter(|(_, job)| job.state == JobState::Available)
+            .filter_map(|(id, job)| Some(((place(job.queue)?, -job.priority, job.entered_at, *id), *id)))
+            .collect();
+        ranked.sort();
+        ranked.into_iter().take(count).map(|(_, id)| id).collect()
     }
 
     /// Everything that comes due when time reaches `now`.
@@ -357,7 +361,7 @@ pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
                     max_attempts: (value % 3) as u32 + 1,
                 },
                 2 => Op::Fetch {
-                    queues: [vec![0], vec![1], vec![0, 1], vec![1, 0]][value % 4].clone(),
+                    queues: [vec![0], vec![1], vec![0, 1], vec![1, 0], vec![0, 0], vec![1, 0, 1]][value % 6].clone(),
                     count: value % 3 + 1,
                 },
                 3 => Op::Ack { pick: value },

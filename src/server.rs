@@ -45,7 +45,9 @@ impl fmt::Display for ServerError {
             ServerError::Storage(error) => write!(f, "cannot open the data dir: {error}"),
             ServerError::Bind(address, error) => write!(f, "cannot listen on {address}: {error}"),
             ServerError::Runtime(error) => write!(f, "cannot start the runtime: {error}"),
-            ServerError::StorageFailed => f.write_str("the write-ahead log failed to sync; restart to recover"),
+            ServerError::StorageFailed => f.write_str(
+                "the engine accepts no more writes (the log failed, or the engine stopped); restart to recover",
+            ),
         }
     }
 }
@@ -252,7 +254,8 @@ async fn watch_storage(app: Arc<AppState>) {
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
         if app.engine.storage_failed() {
-            crate::logging::error("stopping: the write-ahead log failed", &[]);
+            let reason = app.engine.failure().map_or("unknown", |failure| failure.code());
+            crate::logging::error("stopping: the engine accepts no more writes", &[("reason", reason.into())]);
             tokio::time::sleep(Duration::from_millis(POISON_EXIT_DELAY_MS)).await;
             return;
         }

@@ -243,6 +243,46 @@ fn fetch_orders_by_priority_then_fifo_then_queue_order() {
 }
 
 #[test]
+fn a_queue_named_twice_in_one_fetch_hands_out_each_job_once() {
+    let (_dir, server) = server();
+    let id = server.enqueue(json!({"type": "t", "args": []}));
+    let other = server.enqueue(json!({"type": "t", "args": [], "options": {"queue": "q2"}}));
+    let answer = server.post("/svc/v1/workers/fetch", json!({"queues": ["default", "q2", "default"], "count": 5}));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let jobs = answer.body["jobs"].as_array().unwrap();
+    let claimed: Vec<(&str, i64)> =
+        jobs.iter().map(|job| (job["id"].as_str().unwrap(), job["attempt"].as_i64().unwrap())).collect();
+    assert_eq!(claimed, [(id.as_str(), 1), (other.as_str(), 1)]);
+    assert_eq!(server.job(&id)["attempt"], 1);
+}
+
+#[test]
+fn client_ids_at_the_end_of_time_cannot_make_generated_ids_collide() {
+    let (dir, server) = server();
+    // A client id far ahead of the clock is refused; it would move the generator.
+    let far =
+        server.post("/svc/v1/jobs", json!({"type": "t", "args": [], "id": "ffffffff-ffff-7000-8000-000000000000"}));
+    assert_eq!((far.status, far.error_code()), (400, "invalid_payload"), "{}", far.body);
+    assert_eq!(far.body["error"]["details"]["reason"], "id_in_future");
+    assert_eq!(server.get("/svc/v1/jobs/ffffffff-ffff-7000-8000-000000000000").status, 404);
+    // Ids a little ahead of the clock are taken, and generated ids still never collide.
+    let soon = svc::clock::Clock::now_ms(&svc::clock::SystemClock) + 60_000;
+    let near = format!("{:08x}-{:04x}-7fff-bfff-ffffffffffff", soon >> 16, soon & 0xffff);
+    assert_eq!(server.post("/svc/v1/jobs", json!({"type": "t", "args": [], "id": near})).status, 201);
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..3 {
+        let generated = server.enqueue(json!({"type": "t", "args": []}));
+        assert!(generated > near, "{generated} sorts after {near}");
+        assert!(ids.insert(generated));
+    }
+    assert_eq!(server.get("/svc/v1/health").status, 200);
+    server.stop();
+    let server = TestServer::start(dir.path());
+    assert_ne!(server.enqueue(json!({"type": "t", "args": []})), near);
+    assert_eq!(server.get("/svc/v1/health").status, 200);
+}
+
+#[test]
 fn fetch_claims_and_marks_active() {
     let (_dir, server) = server();
     let id = server.enqueue(json!({"type": "t", "args": []}));

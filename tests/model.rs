@@ -11,7 +11,7 @@ use svc::model::{Op, run};
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..2usize, -2..=2i32, 1..=3u32).prop_map(|(queue, priority, max_attempts)| Op::Enqueue { queue, priority, max_attempts }),
-        3 => (prop_oneof![Just(vec![0]), Just(vec![1]), Just(vec![0, 1]), Just(vec![1, 0])], 1..=3usize).prop_map(|(queues, count)| Op::Fetch { queues, count }),
+        3 => (proptest::collection::vec(0..2usize, 1..4), 1..=3usize).prop_map(|(queues, count)| Op::Fetch { queues, count }),
         2 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
         2 => (any::<usize>(), any::<bool>()).prop_map(|(pick, requeue)| Op::Nack { pick, requeue }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),

@@ -158,7 +158,7 @@ impl Committer {
 
     fn fail(&mut self) {
         self.failed = true;
-        self.view.set_storage_failed();
+        self.view.set_failure(super::view::EngineFailure::SyncFailed);
     }
 
     fn write_and_sync(&mut self) -> bool {

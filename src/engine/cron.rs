@@ -215,6 +215,7 @@ impl State {
     /// Fires every entry due at `now` (at most `max`), one record each.
     pub fn decide_cron_due(&mut self, now: Millis, max: usize, entropy: &mut dyn Entropy) -> Vec<Record> {
         let mut records = Vec::new();
+        let mut made = crate::job::JobIdSet::default();
         for name in self.crons.due(now, max) {
             let (Some(entry), Some(schedule)) = (self.crons.get(&name).cloned(), self.crons.schedule(&name).cloned())
             else {
@@ -245,7 +246,8 @@ impl State {
                         (Some(previous), OverlapPolicy::Enqueue) => (JobState::Pending, None, Some(previous.id)),
                         _ => (JobState::Available, None, None),
                     };
-                    let id = self.ids.next(now, entropy.next_u128());
+                    let id = self.fresh_id(now, entropy, &made);
+                    made.insert(id);
                     let job = Arc::new(fired_job(definition, id, state, now, scheduled));
                     CronOutcome::Enqueued { job, cancelled, waits_for }
                 }

@@ -6,7 +6,7 @@ use super::record::{Claim, FailOutcome, Record, TimeoutKind};
 use super::state::State;
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, JobState, NewJob, ValidationError};
-use crate::limits::LIVE_JOBS_MAX;
+use crate::limits::{CLIENT_ID_AHEAD_MS_MAX, LIVE_JOBS_MAX};
 use crate::schedule::retry_delay_ms;
 use std::sync::Arc;
 
@@ -46,10 +46,18 @@ impl State {
         let mut seen = crate::job::JobIdSet::default();
         let mut jobs = Vec::with_capacity(new_jobs.len());
         for (position, new_job) in new_jobs.into_iter().enumerate() {
-            if let Some(id) = new_job.id
-                && (self.job(id).is_some() || !seen.insert(id))
-            {
-                return Err(EngineError::Duplicate { id, index: index_of(position) });
+            if let Some(id) = new_job.id {
+                if self.job(id).is_some() || !seen.insert(id) {
+                    return Err(EngineError::Duplicate { id, index: index_of(position) });
+                }
+                if id.timestamp_ms() > now.saturating_add(CLIENT_ID_AHEAD_MS_MAX) {
+                    let error = ValidationError::payload(
+                        "id",
+                        "the id's timestamp is more than an hour ahead of the server's clock",
+                    )
+                    .with_reason("id_in_future");
+                    return Err(EngineError::Invalid { error, index: index_of(position) });
+                }
             }
             let scheduled_at = new_job.scheduled_at.map(|spec| spec.resolve(now));
             let expires_at = new_job.expires_at.map(|spec| spec.resolve(now));
@@ -68,7 +76,7 @@ impl State {
             }
             let id = match new_job.id {
                 Some(id) => id,
-                None => self.ids.next(now, entropy.next_u128()),
+                None => self.fresh_id(now, entropy, &seen),
             };
             seen.insert(id);
             let state = if scheduled_at.is_some_and(|at| at > now) { JobState::Scheduled } else { JobState::Available };
@@ -77,10 +85,26 @@ impl State {
         Ok(Record::Enqueue { at: now, jobs })
     }
 
+    /// A generated id that no stored job and none of `taken` uses. The
+    /// generator's ids increase past every id it has seen, so the loop turns
+    /// more than once only after the generator ran out of milliseconds.
+    pub(crate) fn fresh_id(&mut self, now: Millis, entropy: &mut dyn Entropy, taken: &crate::job::JobIdSet) -> JobId {
+        loop {
+            let id = self.ids.next(now, entropy.next_u128());
+            if self.job(id).is_none() && !taken.contains(&id) {
+                return id;
+            }
+        }
+    }
+
     /// Chooses jobs for a fetch without claiming them; `None` when nothing qualifies.
     pub fn decide_fetch(&self, now: Millis, request: &FetchRequest) -> Option<Record> {
         let mut claims = Vec::new();
-        for name in &request.queues {
+        for (position, name) in request.queues.iter().enumerate() {
+            // A queue named twice is taken once, at its first place.
+            if request.queues[..position].contains(name) {
+                continue;
+            }
             let Some(queue) = self.queue(name).filter(|queue| !queue.paused) else {
                 continue;
             };

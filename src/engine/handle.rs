@@ -227,9 +227,15 @@ impl EngineHandle {
         self.view.events_page(after, limit, keep)
     }
 
-    /// True once the log failed to sync; the process should restart.
+    /// True once the engine accepts no more writes (the log failed to sync,
+    /// or the engine thread stopped); the process should restart.
     pub fn storage_failed(&self) -> bool {
-        self.view.storage_failed()
+        self.view.failure().is_some()
+    }
+
+    /// Why the engine accepts no more writes, if it does not.
+    pub fn failure(&self) -> Option<super::view::EngineFailure> {
+        self.view.failure()
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {

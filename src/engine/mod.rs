@@ -24,7 +24,7 @@ pub use decide::{Entropy, SystemEntropy};
 pub use events::{CronInfo, Event, EventId, EventKind, EventPage, EventSink};
 pub use handle::{EngineHandle, Pending};
 pub use state::{IMAGE_VERSION, Retention, State, StateImage, decode_image};
-pub use view::{DeadLetterKey, QueueSummary, QueueTable};
+pub use view::{DeadLetterKey, EngineFailure, QueueSummary, QueueTable};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

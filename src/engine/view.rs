@@ -4,7 +4,7 @@
 
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::cron::CronEntry;
 use super::events::{Event, EventBuffer, EventPage};
@@ -62,7 +62,28 @@ pub struct ReadView {
     events: Mutex<EventBuffer>,
     /// Cron entries by name.
     crons: RwLock<std::collections::BTreeMap<String, Arc<CronEntry>>>,
-    storage_failed: AtomicBool,
+    /// Why the engine accepts no more writes: 0 while it does, else an
+    /// [`EngineFailure`] as `1 + its index`.
+    failure: AtomicU8,
+}
+
+/// Why the engine has stopped accepting writes; the process should restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineFailure {
+    /// A log write or sync failed.
+    SyncFailed,
+    /// The engine thread itself stopped (a bug: it panicked).
+    EngineStopped,
+}
+
+impl EngineFailure {
+    /// The short code health reports.
+    pub fn code(self) -> &'static str {
+        match self {
+            EngineFailure::SyncFailed => "sync_failed",
+            EngineFailure::EngineStopped => "engine_stopped",
+        }
+    }
 }
 
 impl Default for ReadView {
@@ -74,7 +95,7 @@ impl Default for ReadView {
             queues: RwLock::new(Arc::new(QueueTable::new())),
             events: Mutex::new(EventBuffer::default()),
             crons: RwLock::new(std::collections::BTreeMap::new()),
-            storage_failed: AtomicBool::new(false),
+            failure: AtomicU8::new(0),
         }
     }
 }
@@ -171,12 +192,21 @@ impl ReadView {
         self.events.lock().page(after, limit, keep)
     }
 
-    pub fn storage_failed(&self) -> bool {
-        self.storage_failed.load(Ordering::SeqCst)
+    pub fn failure(&self) -> Option<EngineFailure> {
+        match self.failure.load(Ordering::SeqCst) {
+            0 => None,
+            1 => Some(EngineFailure::SyncFailed),
+            _ => Some(EngineFailure::EngineStopped),
+        }
     }
 
-    pub(crate) fn set_storage_failed(&self) {
-        self.storage_failed.store(true, Ordering::SeqCst);
+    /// Records why the engine stopped; the first reason given stays.
+    pub(crate) fn set_failure(&self, failure: EngineFailure) {
+        let code = match failure {
+            EngineFailure::SyncFailed => 1,
+            EngineFailure::EngineStopped => 2,
+        };
+        let _ = self.failure.compare_exchange(0, code, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     /// Writer only: publishes changed jobs (`None` removes).

@@ -83,8 +83,22 @@ impl Staged {
     }
 }
 
+/// Marks the engine failed if the writer thread unwinds, so that health,
+/// readiness and the server see it at once instead of a silent inbox.
+struct FailOnUnwind(Arc<ReadView>);
+
+impl Drop for FailOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            crate::logging::error("the engine thread stopped; the server must restart", &[]);
+            self.0.set_failure(super::view::EngineFailure::EngineStopped);
+        }
+    }
+}
+
 impl Writer {
     pub fn run(mut self) {
+        let _fail_on_unwind = FailOnUnwind(self.view.clone());
         // The recovered state, for readers, before the first command.
         let initial = self.collect_delta(Vec::new());
         initial.publish(&self.view);

@@ -538,8 +538,8 @@ async fn health(app: &AppState) -> Result<Reply, ApiError> {
     let started = Instant::now();
     let probe = tokio::time::timeout(Duration::from_millis(HEALTH_PROBE_MS), app.engine.probe().outcome()).await;
     let latency_ms = started.elapsed().as_millis() as u64;
-    let problem = if app.engine.storage_failed() {
-        Some("sync_failed")
+    let problem = if let Some(failure) = app.engine.failure() {
+        Some(failure.code())
     } else {
         match probe {
             Ok(Ok(())) => None,

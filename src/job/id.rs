@@ -53,6 +53,11 @@ impl JobId {
         (id.version() == 7 && id.variant_ok()).then_some(id)
     }
 
+    /// The Unix millisecond the id carries in its first 48 bits.
+    pub fn timestamp_ms(self) -> i64 {
+        (self.0 >> 80) as i64
+    }
+
     fn version(self) -> u8 {
         ((self.0 >> 76) & 0xf) as u8
     }
@@ -91,7 +96,12 @@ impl fmt::Debug for JobId {
 }
 
 /// Makes UUIDv7 values that strictly increase, even within one millisecond or
-/// when the clock steps back.
+/// when the clock steps back: within one millisecond the 74-bit counter counts
+/// up, and when it runs out the id moves on to the next millisecond.
+///
+/// Only at the very end of the 48-bit millisecond range (the year 10889) can
+/// it not go on increasing; it then starts again at `now`, so its caller must
+/// check a fresh id against the ids in use (the engine does).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct IdGenerator {
     last: u128,
@@ -99,16 +109,24 @@ pub struct IdGenerator {
 
 const RANDOM_BITS: u32 = 74;
 const RANDOM_MASK: u128 = (1 << RANDOM_BITS) - 1;
+/// The largest millisecond a UUIDv7 holds.
+const MS_MAX: i64 = (1 << 48) - 1;
 
 impl IdGenerator {
     pub fn next(&mut self, now_ms: i64, random: u128) -> JobId {
         let last_ms = (self.last >> 80) as i64;
+        let last_counter = unpack_counter(self.last);
+        let fresh = |ms: i64| (ms, (random & RANDOM_MASK) >> 1);
         let (ms, counter) = if now_ms > last_ms {
             // Leave headroom in the counter so ids made in the same millisecond
             // can keep counting up.
-            (now_ms, (random & RANDOM_MASK) >> 1)
+            fresh(now_ms.min(MS_MAX))
+        } else if last_counter < RANDOM_MASK {
+            (last_ms, last_counter + 1)
+        } else if last_ms < MS_MAX {
+            (last_ms + 1, 0)
         } else {
-            (last_ms, (unpack_counter(self.last) + 1) & RANDOM_MASK)
+            fresh(now_ms.clamp(0, MS_MAX))
         };
         let value = pack(ms, counter);
         self.last = value;
@@ -149,6 +167,24 @@ mod tests {
             assert_eq!(JobId::parse(&id.to_string()), Some(id));
             previous = id;
         }
+    }
+
+    #[test]
+    fn a_full_counter_moves_on_to_the_next_millisecond() {
+        let mut generator = IdGenerator::default();
+        generator.observe(JobId::parse("ffffffff-fffe-7fff-bfff-ffffffffffff").unwrap());
+        let last_ms = generator.next(1_700_000_000_000, 0);
+        assert_eq!(last_ms.to_string(), "ffffffff-ffff-7000-8000-000000000000");
+        generator.observe(JobId::parse("ffffffff-ffff-7fff-bfff-ffffffffffff").unwrap());
+        // Past the last millisecond a UUIDv7 holds, it starts again at now.
+        let again = generator.next(1_700_000_000_000, 12345 << 1);
+        assert_eq!(again.timestamp_ms(), 1_700_000_000_000);
+        assert_eq!(JobId::parse(&again.to_string()), Some(again));
+
+        let mut generator = IdGenerator::default();
+        generator.observe(JobId::parse("01946000-0000-7fff-bfff-ffffffffffff").unwrap());
+        let next = generator.next(0, 0);
+        assert_eq!(next.to_string(), "01946000-0001-7000-8000-000000000000");
     }
 
     #[test]
