@@ -13,7 +13,8 @@
 //! The file may also set `http.request_timeout_ms`, `jobs.default_timeout_ms`,
 //! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
 //! table), `retention.{completed,cancelled,discarded,dead_letter}` and
-//! `shutdown.grace_period` (ISO 8601 durations), and `limits.max_cron`.
+//! `shutdown.grace_period` (ISO 8601 durations), `retention.max_terminal_jobs`
+//! and `retention.max_terminal_bytes` (integers, at least 1), and `limits.max_cron`.
 
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -113,6 +114,8 @@ struct RetentionSection {
     cancelled: Option<String>,
     discarded: Option<String>,
     dead_letter: Option<String>,
+    max_terminal_jobs: Option<u64>,
+    max_terminal_bytes: Option<u64>,
 }
 
 impl Config {
@@ -207,6 +210,18 @@ impl Config {
             self.retention.discarded_ms = duration(retention.discarded, self.retention.discarded_ms, "discarded")?;
             self.retention.dead_letter_ms =
                 duration(retention.dead_letter, self.retention.dead_letter_ms, "dead_letter")?;
+            if let Some(jobs) = retention.max_terminal_jobs {
+                if jobs == 0 {
+                    return Err("retention.max_terminal_jobs must be at least 1".to_string());
+                }
+                self.retention.max_terminal_jobs = usize::try_from(jobs).unwrap_or(usize::MAX);
+            }
+            if let Some(bytes) = retention.max_terminal_bytes {
+                if bytes == 0 {
+                    return Err("retention.max_terminal_bytes must be at least 1".to_string());
+                }
+                self.retention.max_terminal_bytes = bytes;
+            }
         }
         Ok(())
     }
@@ -317,6 +332,22 @@ mod tests {
         assert!(!Config::load(&[], &env).unwrap().direct_writes);
         env.insert("SVC_DIRECT_WRITES".into(), "no".into());
         assert!(Config::load(&[], &env).unwrap_err().contains("SVC_DIRECT_WRITES"));
+    }
+
+    #[test]
+    fn terminal_job_caps_come_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        let load = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            Config::load(&[], &HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]))
+        };
+        let defaults = Config::load(&[], &HashMap::new()).unwrap().retention;
+        assert_eq!((defaults.max_terminal_jobs, defaults.max_terminal_bytes), (1_000_000, 256 * 1024 * 1024));
+        let config = load("[retention]\nmax_terminal_jobs = 50\nmax_terminal_bytes = 4096\n").unwrap();
+        assert_eq!((config.retention.max_terminal_jobs, config.retention.max_terminal_bytes), (50, 4096));
+        assert!(load("[retention]\nmax_terminal_jobs = 0\n").unwrap_err().contains("max_terminal_jobs"));
+        assert!(load("[retention]\nmax_terminal_bytes = -1\n").is_err());
     }
 
     #[test]

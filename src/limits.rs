@@ -100,6 +100,10 @@ pub const RETENTION_COMPLETED_MS: i64 = 7 * 86_400_000;
 pub const RETENTION_CANCELLED_MS: i64 = 7 * 86_400_000;
 pub const RETENTION_DISCARDED_MS: i64 = 7 * 86_400_000;
 pub const RETENTION_DEAD_LETTER_MS: i64 = 30 * 86_400_000;
+/// Terminal jobs held for lookup, all terminal states together: past either
+/// bound the oldest are pruned first, dead-lettered ones last.
+pub const RETENTION_TERMINAL_JOBS_MAX: usize = 1_000_000;
+pub const RETENTION_TERMINAL_BYTES_MAX: u64 = 256 * 1024 * 1024;
 
 /// How long a health probe may wait for the engine.
 pub const HEALTH_PROBE_MS: u64 = 1000;

@@ -49,3 +49,80 @@ fn a_dead_engine_thread_turns_health_and_ready_503_and_stops_the_server_with_an_
     let server = TestServer::start(dir.path());
     assert_eq!(server.job(&kept)["state"], "available", "recovery brings back what was acknowledged");
 }
+
+/// Enqueues, claims and completes one job; returns its id.
+fn complete_one(server: &TestServer, queue: &str) -> String {
+    let id = server.enqueue(json!({"type": "t", "args": [], "options": {"queue": queue}}));
+    let claimed = server.fetch(&[queue], 1);
+    assert_eq!(claimed[0]["id"], id.as_str());
+    assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": id})).status, 200);
+    id
+}
+
+/// Sends a job to the dead letter listing; returns its id.
+fn dead_letter_one(server: &TestServer) -> String {
+    let body = json!({"type": "t", "args": [], "options": {"queue": "dlq", "retry": {"max_attempts": 1}}});
+    let id = server.enqueue(body);
+    server.fetch(&["dlq"], 1);
+    let error = json!({"type": "E", "message": "no"});
+    assert_eq!(server.post("/svc/v1/workers/nack", json!({"job_id": id, "error": error})).status, 200);
+    assert_eq!(server.job(&id)["state"], "discarded");
+    id
+}
+
+#[test]
+fn terminal_jobs_over_the_count_cap_are_pruned_oldest_first_dead_letter_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(dir.path());
+    config.retention.max_terminal_jobs = 3;
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let dead = dead_letter_one(&server);
+    let completed: Vec<String> = (0..4).map(|_| complete_one(&server, "default")).collect();
+    let live = server.enqueue(json!({"type": "t", "args": []}));
+    // Pruning happens at the start of the engine's next turn.
+    assert_eq!(server.get("/svc/v1/health").status, 200);
+
+    for gone in &completed[..2] {
+        assert_eq!(server.get(&format!("/svc/v1/jobs/{gone}")).status, 404, "oldest completed jobs go first");
+    }
+    for kept in &completed[2..] {
+        assert_eq!(server.job(kept)["state"], "completed");
+    }
+    assert_eq!(server.job(&dead)["state"], "discarded", "dead-lettered jobs go last");
+    assert_eq!(server.job(&live)["state"], "available", "live jobs are never pruned");
+    // One event per sweep that pruned (here each turn pruned one job).
+    let events = server.get("/svc/v1/events?types=jobs.pruned");
+    let sweeps = events.body["events"].as_array().unwrap();
+    let counted: u64 = sweeps.iter().map(|event| event["data"]["count"].as_u64().unwrap()).sum();
+    assert_eq!(counted, 2, "{}", events.body);
+    for sweep in sweeps {
+        assert_eq!(sweep["data"]["reason"], "cap");
+        assert!(sweep.get("subject").is_none(), "an event about many jobs has no subject");
+    }
+
+    // The pruning is durable: a restart (replaying the log) does not bring them back.
+    server.stop();
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    assert_eq!(server.get(&format!("/svc/v1/jobs/{}", completed[0])).status, 404);
+    assert_eq!(server.job(&completed[3])["state"], "completed");
+    assert_eq!(server.job(&dead)["state"], "discarded");
+}
+
+#[test]
+fn terminal_jobs_over_the_byte_cap_are_pruned_and_large_results_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(dir.path());
+    config.retention.max_terminal_bytes = 64 * 1024;
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let big = "x".repeat(40 * 1024);
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let id = server.enqueue(json!({"type": "t", "args": [big]}));
+        server.fetch(&["default"], 1);
+        assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": id})).status, 200);
+        ids.push(id);
+    }
+    assert_eq!(server.get("/svc/v1/health").status, 200);
+    let kept: Vec<&String> = ids.iter().filter(|id| server.get(&format!("/svc/v1/jobs/{id}")).status == 200).collect();
+    assert_eq!(kept, [&ids[3]], "only the newest 40 KiB job fits in 64 KiB");
+}

@@ -50,6 +50,10 @@ pub enum EventKind {
         existing_job_id: Option<JobId>,
         missed_count: Option<u32>,
     },
+    /// Terminal jobs pruned in one sweep to hold the retention caps.
+    Pruned {
+        count: u64,
+    },
     /// A worker seen for the first time.
     WorkerStarted {
         worker_id: String,
@@ -89,6 +93,7 @@ impl EventKind {
             EventKind::Deleted => "job.deleted",
             EventKind::CronTriggered { .. } => "cron.triggered",
             EventKind::CronSkipped { .. } => "cron.skipped",
+            EventKind::Pruned { .. } => "jobs.pruned",
             EventKind::WorkerStarted { .. } => "worker.started",
             EventKind::WorkerSignalled { terminate: false, .. } => "worker.quiet",
             EventKind::WorkerSignalled { terminate: true, .. } => "worker.terminate",
@@ -124,12 +129,16 @@ pub struct Event {
 }
 
 impl Event {
-    /// The envelope's `subject`: job id, cron name or worker id (decisions §20.1).
-    pub fn subject(&self) -> String {
+    /// The envelope's `subject`: job id, cron name or worker id; none for
+    /// an event about many jobs (`jobs.pruned`).
+    pub fn subject(&self) -> Option<String> {
         match &self.kind {
-            EventKind::CronTriggered { cron, .. } | EventKind::CronSkipped { cron, .. } => cron.name.clone(),
-            EventKind::WorkerStarted { worker_id } | EventKind::WorkerSignalled { worker_id, .. } => worker_id.clone(),
-            _ => self.job.as_ref().map(|job| job.id.to_string()).unwrap_or_default(),
+            EventKind::CronTriggered { cron, .. } | EventKind::CronSkipped { cron, .. } => Some(cron.name.clone()),
+            EventKind::WorkerStarted { worker_id } | EventKind::WorkerSignalled { worker_id, .. } => {
+                Some(worker_id.clone())
+            }
+            EventKind::Pruned { .. } => None,
+            _ => self.job.as_ref().map(|job| job.id.to_string()),
         }
     }
 }

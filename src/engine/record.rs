@@ -129,6 +129,12 @@ pub enum Record {
         name: String,
         fire: super::cron::CronFire,
     },
+    /// Terminal jobs pruned, oldest first, to hold the retention caps on
+    /// terminal jobs' count and bytes.
+    PruneCapped {
+        at: Millis,
+        ids: Vec<JobId>,
+    },
 }
 
 impl Record {
@@ -151,6 +157,7 @@ impl Record {
             Record::CronPut { .. } => "cron_put",
             Record::CronDelete { .. } => "cron_delete",
             Record::CronFire { .. } => "cron_fire",
+            Record::PruneCapped { .. } => "prune_capped",
         }
     }
 
@@ -173,7 +180,8 @@ impl Record {
             | Record::WorkerForget { at, .. }
             | Record::CronPut { at, .. }
             | Record::CronDelete { at, .. }
-            | Record::CronFire { at, .. } => *at,
+            | Record::CronFire { at, .. }
+            | Record::PruneCapped { at, .. } => *at,
         }
     }
 }

@@ -20,13 +20,18 @@ use crate::job::{
 use crate::limits::ERROR_HISTORY_MAX;
 use crate::schedule::{ReadyKey, ReadyQueue, TimerSet};
 
-/// How long terminal jobs are kept before they are pruned.
+/// How long terminal jobs are kept before they are pruned, and how many of
+/// them (and how many of their bytes) are held at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     pub completed_ms: i64,
     pub cancelled_ms: i64,
     pub discarded_ms: i64,
     pub dead_letter_ms: i64,
+    /// Most terminal jobs held, all terminal states together.
+    pub max_terminal_jobs: usize,
+    /// Most bytes held by terminal jobs ([`Job::held_bytes`]).
+    pub max_terminal_bytes: u64,
 }
 
 impl Default for Retention {
@@ -37,6 +42,8 @@ impl Default for Retention {
             cancelled_ms: RETENTION_CANCELLED_MS,
             discarded_ms: RETENTION_DISCARDED_MS,
             dead_letter_ms: RETENTION_DEAD_LETTER_MS,
+            max_terminal_jobs: RETENTION_TERMINAL_JOBS_MAX,
+            max_terminal_bytes: RETENTION_TERMINAL_BYTES_MAX,
         }
     }
 }
@@ -154,6 +161,10 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
     }
 }
 
+/// A terminal job's place in the order the caps prune in: jobs not in the
+/// dead letter listing first, then by when they ended, then by id.
+pub(crate) type TerminalKey = (bool, Millis, JobId);
+
 /// Active jobs by the worker that claimed them (for heartbeats).
 type ActiveByWorker = HashMap<String, std::collections::BTreeSet<JobId>>;
 
@@ -170,6 +181,10 @@ pub struct State {
     dirty_workers: HashSet<String>,
     live_jobs: usize,
     retention: Retention,
+    /// Terminal jobs in the order the caps prune them.
+    pub(crate) terminal: std::collections::BTreeSet<TerminalKey>,
+    /// The sum of [`Job::held_bytes`] over terminal jobs.
+    pub(crate) terminal_bytes: u64,
     /// Jobs changed since the read view was last updated.
     dirty: JobIdSet,
     /// Queues whose figures changed since the view was last updated, each
@@ -199,6 +214,8 @@ impl State {
             dirty_workers: HashSet::new(),
             live_jobs: 0,
             retention,
+            terminal: std::collections::BTreeSet::new(),
+            terminal_bytes: 0,
             dirty: JobIdSet::default(),
             dirty_queues: Vec::new(),
             all_queues_dirty: true,
@@ -326,6 +343,24 @@ impl State {
         }
     }
 
+    /// Where a terminal job stands in the caps' pruning order; `None` for a live job.
+    fn terminal_key(job: &Job) -> Option<TerminalKey> {
+        let ended_at = match job.state {
+            JobState::Completed => job.completed_at,
+            JobState::Cancelled => job.cancelled_at,
+            JobState::Discarded => job.discarded_at,
+            _ => return None,
+        };
+        // Every discarded job is in the dead letter listing, where an operator
+        // looks for what failed: they go last.
+        let dead_letter = job.state == JobState::Discarded;
+        Some((dead_letter, ended_at.unwrap_or(job.created_at), job.id))
+    }
+
+    pub fn retention(&self) -> &Retention {
+        &self.retention
+    }
+
     fn ready_key(job: &Job) -> ReadyKey {
         ReadyKey::new(job.priority, job.enqueued_at.unwrap_or(job.created_at), job.id)
     }
@@ -345,6 +380,10 @@ impl State {
         if !job.state.is_terminal() {
             self.live_jobs += 1;
         }
+        if let Some(key) = Self::terminal_key(job) {
+            self.terminal.insert(key);
+            self.terminal_bytes += job.held_bytes();
+        }
         if let (JobState::Active, Some(worker)) = (job.state, &job.worker_id) {
             self.active_by_worker.entry(worker.clone()).or_default().insert(job.id);
             self.dirty_workers.insert(worker.clone());
@@ -361,6 +400,10 @@ impl State {
         }
         if !job.state.is_terminal() {
             self.live_jobs -= 1;
+        }
+        if let Some(key) = Self::terminal_key(job) {
+            self.terminal.remove(&key);
+            self.terminal_bytes -= job.held_bytes();
         }
         if let (JobState::Active, Some(worker)) = (job.state, &job.worker_id)
             && let Some(active) = self.active_by_worker.get_mut(worker)
@@ -634,14 +677,26 @@ impl State {
                 }
                 self.crons.put(updated)?;
             }
-            Record::Prune { ids, .. } => {
-                for id in ids {
-                    let job =
-                        self.jobs.remove(id).ok_or_else(|| ApplyError(format!("record prunes unknown job {id}")))?;
-                    self.unindex_job(&job);
-                    self.dirty.insert(*id);
-                }
+            Record::Prune { ids, .. } => self.prune(ids)?,
+            Record::PruneCapped { at, ids } => {
+                self.prune(ids)?;
+                events.push_other(*at, EventKind::Pruned { count: ids.len() as u64 });
             }
+        }
+        Ok(())
+    }
+
+    /// Removes terminal jobs for good.
+    fn prune(&mut self, ids: &[JobId]) -> Result<(), ApplyError> {
+        for id in ids {
+            match self.jobs.get(id) {
+                Some(job) if job.state.is_terminal() => {}
+                Some(_) => return Err(ApplyError(format!("record prunes job {id}, which is not terminal"))),
+                None => return Err(ApplyError(format!("record prunes unknown job {id}"))),
+            }
+            let job = self.jobs.remove(id).expect("checked above");
+            self.unindex_job(&job);
+            self.dirty.insert(*id);
         }
         Ok(())
     }
@@ -729,6 +784,22 @@ impl State {
         }
         if live != self.live_jobs {
             return Err(format!("live count {} but {live} live jobs", self.live_jobs));
+        }
+        let terminal: Vec<&Job> =
+            self.jobs.values().filter(|job| job.state.is_terminal()).map(|job| job.as_ref()).collect();
+        let terminal_bytes: u64 = terminal.iter().map(|job| job.held_bytes()).sum();
+        if terminal.len() != self.terminal.len() || terminal_bytes != self.terminal_bytes {
+            return Err(format!(
+                "{} terminal jobs of {terminal_bytes} bytes, indexed {} of {} bytes",
+                terminal.len(),
+                self.terminal.len(),
+                self.terminal_bytes
+            ));
+        }
+        if let Some(job) =
+            terminal.iter().find(|job| Self::terminal_key(job).is_none_or(|key| !self.terminal.contains(&key)))
+        {
+            return Err(format!("terminal job {} is not in the pruning order", job.id));
         }
         self.crons.check_invariants()?;
         for (previous, waiting) in &self.crons.waiters {

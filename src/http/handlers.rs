@@ -523,7 +523,7 @@ fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
             && job_types.as_ref().is_none_or(|types| {
                 job.is_some_and(|job| types.iter().any(|pattern| pattern_matches(pattern, &job.payload.job_type)))
             })
-            && subject.as_ref().is_none_or(|subject| *subject == event.subject())
+            && subject.as_ref().is_none_or(|subject| event.subject().as_ref() == Some(subject))
     });
     let cursor = page.events.last().map(|event| event.id.to_string()).or_else(|| after.map(str::to_string));
     let events: Vec<Value> = page.events.iter().map(|event| render_event(event)).collect();

@@ -364,6 +364,7 @@ pub fn render_event(event: &Event) -> Value {
             }
             ("cron", data)
         }
+        (EventKind::Pruned { count }, _) => ("scheduler", serde_json::json!({"count": count, "reason": "cap"})),
         (EventKind::WorkerStarted { worker_id }, _) => ("api", serde_json::json!({"worker_id": worker_id})),
         (EventKind::WorkerSignalled { worker_id, active_job_ids, by, .. }, _) => {
             let ids: Vec<String> = active_job_ids.iter().map(JobId::to_string).collect();
@@ -372,16 +373,19 @@ pub fn render_event(event: &Event) -> Value {
         (_, Some(job)) => ("api", job_event_data(event, job)),
         (_, None) => ("api", serde_json::json!({})),
     };
-    serde_json::json!({
+    let mut envelope = serde_json::json!({
         "specversion": "1.0",
         "id": event.id.to_string(),
         "type": event.kind.type_name(),
         "source": format!("svc://svc/{component}"),
         "time": format_timestamp(event.time),
-        "subject": event.subject(),
         "datacontenttype": "application/json",
         "data": data,
-    })
+    });
+    if let Some(subject) = event.subject() {
+        envelope["subject"] = subject.into();
+    }
+    envelope
 }
 
 fn cron_data(cron: &CronInfo) -> Value {
@@ -476,6 +480,7 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
         // Not job events; rendered by `render_event`.
         EventKind::CronTriggered { .. }
         | EventKind::CronSkipped { .. }
+        | EventKind::Pruned { .. }
         | EventKind::WorkerStarted { .. }
         | EventKind::WorkerSignalled { .. } => Vec::new(),
     };

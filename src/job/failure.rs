@@ -28,6 +28,15 @@ pub struct ErrorEntry {
 }
 
 impl FailureReport {
+    /// The bytes of its texts (for [`super::Job::held_bytes`]).
+    pub fn held_bytes(&self) -> usize {
+        self.error_type.len()
+            + self.code.len()
+            + self.message.len()
+            + self.backtrace.iter().map(|frame| frame.len() + std::mem::size_of::<String>()).sum::<usize>()
+            + self.details.as_ref().map_or(0, String::len)
+    }
+
     /// A failure the server itself decided (`timeout`, `visibility_timeout`, `expired`).
     pub fn server(code: &str, message: impl Into<String>) -> Self {
         Self {

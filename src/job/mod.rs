@@ -181,4 +181,38 @@ impl Job {
     pub fn max_attempts(&self) -> u32 {
         self.retry.max_attempts
     }
+
+    /// About how many bytes of memory this job holds: its own fields, its
+    /// texts, and its entries in the engine's and the read view's maps. A pure
+    /// function of the job's contents, so adding and removing it balance.
+    pub fn held_bytes(&self) -> u64 {
+        /// A job's entries in the state's and the read view's id maps.
+        const INDEX_BYTES: usize = 96;
+        let payload = &self.payload;
+        let payload_bytes = std::mem::size_of::<JobPayload>()
+            + payload.job_type.len()
+            + payload.args.len()
+            + payload.meta.len()
+            + payload.tags.iter().map(|tag| tag.len() + std::mem::size_of::<String>()).sum::<usize>()
+            + payload
+                .extra
+                .iter()
+                .map(|(key, value)| key.len() + value.len() + 2 * std::mem::size_of::<String>())
+                .sum::<usize>();
+        let errors_bytes =
+            self.error.as_ref().map_or(0, |report| std::mem::size_of::<FailureReport>() + report.held_bytes())
+                + self
+                    .errors
+                    .iter()
+                    .map(|entry| std::mem::size_of::<ErrorEntry>() + entry.report.held_bytes())
+                    .sum::<usize>();
+        let bytes = std::mem::size_of::<Job>()
+            + INDEX_BYTES
+            + payload_bytes
+            + self.queue.len()
+            + self.worker_id.as_ref().map_or(0, String::len)
+            + self.result.as_ref().map_or(0, String::len)
+            + errors_bytes;
+        bytes as u64
+    }
 }
