@@ -70,6 +70,9 @@ pub const LIVE_JOBS_MAX: usize = 10_000_000;
 pub const CLIENT_ID_AHEAD_MS_MAX: i64 = 3_600_000;
 /// Events kept in memory for `GET /events`.
 pub const EVENT_BUFFER_MAX: usize = 10_000;
+/// Most bytes of jobs the event buffer may keep alive (an event holds the job
+/// as it was after its transition); past it the oldest events are dropped.
+pub const EVENT_BUFFER_BYTES_MAX: u64 = 64 * 1024 * 1024;
 
 /// Commands waiting for the engine; past this, requests get 503 `backend_error`.
 pub const ENGINE_INBOX_MAX: usize = 65_536;

@@ -126,3 +126,17 @@ fn terminal_jobs_over_the_byte_cap_are_pruned_and_large_results_count() {
     let kept: Vec<&String> = ids.iter().filter(|id| server.get(&format!("/svc/v1/jobs/{id}")).status == 200).collect();
     assert_eq!(kept, [&ids[3]], "only the newest 40 KiB job fits in 64 KiB");
 }
+
+#[test]
+fn a_batch_over_the_item_limit_is_refused_with_its_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    // Millions of tiny items: counted, not kept, then refused.
+    let items = vec!["0"; 3_000_000].join(",");
+    let body = format!(r#"{{"jobs":[{items}]}}"#);
+    let answer = server.post_raw("/svc/v1/jobs/batch", body, Some("application/svc+json"));
+    assert_eq!((answer.status, answer.error_code()), (413, "envelope_too_large"), "{}", answer.body);
+    assert_eq!(answer.body["error"]["details"]["received"], 3_000_000);
+    let queues = server.get("/svc/v1/queues");
+    assert_eq!(queues.body["queues"][0]["size"], 0, "nothing was enqueued");
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, JobState};
-use crate::limits::EVENT_BUFFER_MAX;
+use crate::limits::{EVENT_BUFFER_BYTES_MAX, EVENT_BUFFER_MAX};
 
 /// The details an event carries beyond its job.
 #[derive(Debug, Clone)]
@@ -198,20 +198,36 @@ impl EventSink {
     }
 }
 
-/// The newest events, oldest first. Their ids come from one generator and
-/// rise in that order, so a cursor is found by binary search.
+/// The newest events, oldest first, at most [`EVENT_BUFFER_MAX`] of them
+/// keeping at most [`EVENT_BUFFER_BYTES_MAX`] of jobs alive. Their ids come
+/// from one generator and rise in that order, so a cursor is found by binary
+/// search.
 #[derive(Debug, Default)]
 pub struct EventBuffer {
     events: VecDeque<Arc<Event>>,
+    /// The sum of [`Event::held_bytes`] over `events`.
+    held_bytes: u64,
+}
+
+impl Event {
+    /// The bytes this event keeps alive: itself and the job it holds (counted
+    /// whole, even where the job store still shares it).
+    fn held_bytes(&self) -> u64 {
+        std::mem::size_of::<Event>() as u64 + self.job.as_ref().map_or(0, |job| job.held_bytes())
+    }
 }
 
 impl EventBuffer {
     pub fn push(&mut self, event: Event) {
         debug_assert!(self.events.back().is_none_or(|last| last.id.0 < event.id.0), "event ids rise");
-        if self.events.len() == EVENT_BUFFER_MAX {
-            self.events.pop_front();
-        }
+        self.held_bytes += event.held_bytes();
         self.events.push_back(Arc::new(event));
+        while self.events.len() > EVENT_BUFFER_MAX
+            || (self.held_bytes > EVENT_BUFFER_BYTES_MAX && self.events.len() > 1)
+        {
+            let dropped = self.events.pop_front().expect("more than one event held");
+            self.held_bytes -= dropped.held_bytes();
+        }
     }
 
     /// Events after the one with id `after` (all when `None` or no longer held),
@@ -276,6 +292,41 @@ mod tests {
         }
         let first = buffer.page(None, 2, |_| true);
         assert_eq!((seqs(&first), first.has_more, first.gap), (vec![0, 1], true, false));
+    }
+
+    #[test]
+    fn events_of_large_jobs_are_dropped_oldest_first_past_the_byte_budget() {
+        let payload = crate::job::JobPayload {
+            job_type: "t".into(),
+            args: format!("[\"{}\"]", "x".repeat(1024 * 1024)),
+            meta: "{}".into(),
+            tags: Vec::new(),
+            extra: Vec::new(),
+        };
+        let new_job = crate::job::NewJob {
+            id: None,
+            payload: Arc::new(payload),
+            queue: "default".into(),
+            priority: 0,
+            timeout_ms: 1,
+            visibility_timeout_ms: 1,
+            scheduled_at: None,
+            expires_at: None,
+            retry: Arc::new(crate::job::RetryPolicy::default()),
+        };
+        let mut ids = IdGenerator::default();
+        let mut buffer = EventBuffer::default();
+        let events = 200u64;
+        for seq in 0..events {
+            let id = ids.next(1_800_000_000_000, u128::from(seq));
+            // Distinct jobs, as after a transition each event's job is its own copy.
+            let job = Job::accept(new_job.clone(), id, JobState::Available, 0, None, None);
+            buffer.push(Event { seq, id: EventId(id), time: 0, kind: EventKind::Enqueued, job: Some(Arc::new(job)) });
+        }
+        assert!(buffer.held_bytes <= EVENT_BUFFER_BYTES_MAX, "{} bytes held", buffer.held_bytes);
+        let held = buffer.page(None, EVENT_BUFFER_MAX, |_| true);
+        assert!(held.events.len() >= 60 && held.events.len() < 64, "{} events held", held.events.len());
+        assert_eq!(held.events.last().map(|event| event.seq), Some(events - 1), "the newest are kept");
     }
 
     #[test]

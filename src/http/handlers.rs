@@ -85,15 +85,16 @@ async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let Some(raw_jobs) = object.get_present("jobs") else {
         return Err(ApiError::invalid_request(Some("jobs"), "jobs is required: a non-empty array of enqueue items"));
     };
-    let items: Vec<&serde_json::value::RawValue> = serde_json::from_str(raw_jobs.get())
-        .map_err(|_| ApiError::invalid_request(Some("jobs"), "jobs must be a non-empty array of enqueue items"))?;
+    // Counted before it is kept: a body of tiny items must not become millions of entries.
+    let items = crate::job::json::raw_elements_at_most(raw_jobs, BATCH_JOBS_MAX)
+        .ok_or_else(|| ApiError::invalid_request(Some("jobs"), "jobs must be a non-empty array of enqueue items"))?
+        .map_err(|received| {
+            ApiError::new("envelope_too_large", format!("a batch holds at most {BATCH_JOBS_MAX} jobs"))
+                .detail("limit", BATCH_JOBS_MAX)
+                .detail("received", received)
+        })?;
     if items.is_empty() {
         return Err(ApiError::invalid_request(Some("jobs"), "jobs must not be empty"));
-    }
-    if items.len() > BATCH_JOBS_MAX {
-        return Err(ApiError::new("envelope_too_large", format!("a batch holds at most {BATCH_JOBS_MAX} jobs"))
-            .detail("limit", BATCH_JOBS_MAX)
-            .detail("received", items.len()));
     }
     let mut new_jobs = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {

@@ -111,6 +111,40 @@ pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
     })
 }
 
+/// The elements of a JSON array as raw values, if it has at most `max`;
+/// otherwise `Err(count)`, counted without keeping any element past `max`.
+/// `None` when `raw` is not an array.
+pub fn raw_elements_at_most(raw: &RawValue, max: usize) -> Option<Result<Vec<&RawValue>, usize>> {
+    struct Bounded {
+        max: usize,
+    }
+    impl<'de> Visitor<'de> for Bounded {
+        type Value = Result<Vec<&'de RawValue>, usize>;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+            formatter.write_str("an array")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut sequence: A) -> Result<Self::Value, A::Error> {
+            let mut elements = Vec::new();
+            while let Some(element) = sequence.next_element::<&RawValue>()? {
+                elements.push(element);
+                if elements.len() > self.max {
+                    let mut count = elements.len();
+                    drop(elements);
+                    while sequence.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                        count += 1;
+                    }
+                    return Ok(Err(count));
+                }
+            }
+            Ok(Ok(elements))
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+    deserializer.deserialize_seq(Bounded { max }).ok()
+}
+
 /// Parses a raw value that must be an object.
 pub fn parse_raw_object(raw: &RawValue) -> Option<RawObject<'_>> {
     serde_json::from_str::<RawObject>(raw.get()).ok()
@@ -292,6 +326,18 @@ pub fn push_json_string(out: &mut String, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn array_elements_are_kept_only_up_to_the_bound() {
+        let raw = |text: &str| RawValue::from_string(text.to_string()).unwrap();
+        let three = raw(r#"[1, {"a": [2]}, "x"]"#);
+        let kept = raw_elements_at_most(&three, 3).unwrap().unwrap();
+        assert_eq!(kept.iter().map(|value| value.get()).collect::<Vec<_>>(), ["1", r#"{"a": [2]}"#, r#""x""#]);
+        assert_eq!(raw_elements_at_most(&three, 2).unwrap().err(), Some(3));
+        assert_eq!(raw_elements_at_most(&raw("[]"), 0).unwrap().unwrap().len(), 0);
+        assert!(raw_elements_at_most(&raw(r#"{"a": 1}"#), 3).is_none());
+        assert!(raw_elements_at_most(&raw("7"), 3).is_none());
+    }
 
     #[test]
     fn raw_object_keeps_order_and_number_text() {
