@@ -10,7 +10,7 @@
 //! | direct (`O_DIRECT`) log writes where possible | — | `SVC_DIRECT_WRITES=0` turns off | `storage.direct_writes` | true |
 //! | bind beyond loopback without auth | `--insecure-no-auth` | `SVC_INSECURE_NO_AUTH=1` | `insecure_no_auth` | false |
 //!
-//! The file may also set `http.request_timeout_ms`, `jobs.default_timeout_ms`,
+//! The file may also set `http.request_timeout_ms`, `http.max_connections`, `jobs.default_timeout_ms`,
 //! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
 //! table), `retention.{completed,cancelled,discarded,dead_letter}` and
 //! `shutdown.grace_period` (ISO 8601 durations), `retention.max_terminal_jobs`
@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use crate::engine::Retention;
 use crate::job::time::parse_duration_ms;
 use crate::job::{JobDefaults, RetryPolicy};
-use crate::limits::{REQUEST_TIMEOUT_MS, SNAPSHOT_LOG_BYTES_DEFAULT, TIMEOUT_MS_MAX};
+use crate::limits::{CONNECTIONS_MAX_DEFAULT, REQUEST_TIMEOUT_MS, SNAPSHOT_LOG_BYTES_DEFAULT, TIMEOUT_MS_MAX};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -34,6 +34,8 @@ pub struct Config {
     /// Log frames bypass the page cache where the file system allows it.
     pub direct_writes: bool,
     pub request_timeout_ms: u64,
+    /// Connections served at once; more are answered 503 and closed.
+    pub max_connections: usize,
     pub insecure_no_auth: bool,
     /// How long a graceful shutdown waits for active jobs.
     pub shutdown_grace_ms: u64,
@@ -51,6 +53,7 @@ impl Default for Config {
             snapshot_log_bytes: SNAPSHOT_LOG_BYTES_DEFAULT,
             direct_writes: true,
             request_timeout_ms: REQUEST_TIMEOUT_MS,
+            max_connections: CONNECTIONS_MAX_DEFAULT,
             insecure_no_auth: false,
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
@@ -97,6 +100,7 @@ struct StorageSection {
 #[serde(deny_unknown_fields)]
 struct HttpSection {
     request_timeout_ms: Option<u64>,
+    max_connections: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -175,8 +179,13 @@ impl Config {
                 self.direct_writes = direct;
             }
         }
-        if let Some(ms) = file.http.and_then(|http| http.request_timeout_ms) {
-            self.request_timeout_ms = ms;
+        if let Some(http) = file.http {
+            if let Some(ms) = http.request_timeout_ms {
+                self.request_timeout_ms = ms;
+            }
+            if let Some(max) = http.max_connections {
+                self.max_connections = max;
+            }
         }
         if let Some(jobs) = file.jobs {
             if let Some(ms) = jobs.default_timeout_ms {
@@ -252,6 +261,9 @@ impl Config {
         }
         if self.request_timeout_ms == 0 {
             return Err("http.request_timeout_ms must be at least 1".to_string());
+        }
+        if self.max_connections == 0 {
+            return Err("http.max_connections must be at least 1".to_string());
         }
         if self.snapshot_log_bytes == 0 {
             return Err("storage.snapshot_log_bytes must be at least 1".to_string());

@@ -76,6 +76,9 @@ pub const EVENT_BUFFER_BYTES_MAX: u64 = 64 * 1024 * 1024;
 
 /// Commands waiting for the engine; past this, requests get 503 `backend_error`.
 pub const ENGINE_INBOX_MAX: usize = 65_536;
+/// Bytes the commands waiting for the engine may carry; past this, requests
+/// get 503 `backend_error` too.
+pub const ENGINE_INBOX_BYTES_MAX: u64 = 256 * 1024 * 1024;
 /// Most commands the engine applies in one batch (one write, one fsync).
 pub const ENGINE_BATCH_COMMANDS_MAX: usize = 4096;
 /// Largest payload of one log frame; the decoder refuses larger lengths before allocating.
@@ -110,6 +113,10 @@ pub const RETENTION_TERMINAL_BYTES_MAX: u64 = 256 * 1024 * 1024;
 
 /// How long a health probe may wait for the engine.
 pub const HEALTH_PROBE_MS: u64 = 1000;
+/// Connections served at once; more are answered 503 and closed.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
+/// How long writing an answer may wait for a client that does not read it.
+pub const WRITE_TIMEOUT_MS: u64 = 30_000;
 /// How long a request may take before it gets 504.
 pub const REQUEST_TIMEOUT_MS: u64 = 30_000;
 /// After the log is poisoned the process keeps answering (503) this long, then exits.

@@ -21,8 +21,9 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
+use crate::http::connection::{ConnectionSlots, WriteTimeout, refuse};
 use crate::http::{AppState, serve_request};
-use crate::limits::POISON_EXIT_DELAY_MS;
+use crate::limits::{POISON_EXIT_DELAY_MS, WRITE_TIMEOUT_MS};
 use crate::storage::StorageError;
 
 const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
@@ -133,11 +134,12 @@ pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServ
     let (control, controls) = mpsc::unbounded_channel();
     let timeout = Duration::from_millis(config.request_timeout_ms);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let max_connections = config.max_connections;
     let thread = std::thread::Builder::new()
         .name("svc-server".into())
         .spawn(move || {
             let app = Arc::new(AppState::new(engine.handle().clone(), timeout));
-            let outcome = runtime.block_on(serve(listener, app, controls, grace));
+            let outcome = runtime.block_on(serve(listener, app, controls, grace, max_connections));
             engine.close();
             outcome
         })
@@ -162,7 +164,7 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
     let outcome = runtime.block_on(async {
         let (control, controls) = mpsc::unbounded_channel();
         tokio::spawn(forward_signals(control));
-        serve(listener, app, controls, grace).await
+        serve(listener, app, controls, grace, config.max_connections).await
     });
     engine.close();
     crate::logging::info("svc stopped", &[]);
@@ -198,8 +200,10 @@ async fn serve(
     app: Arc<AppState>,
     mut controls: mpsc::UnboundedReceiver<Control>,
     grace: Duration,
+    max_connections: usize,
 ) -> Result<(), ServerError> {
     let graceful = GracefulShutdown::new();
+    let slots = ConnectionSlots::new(max_connections);
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).keep_alive(true);
     let storage_watch = watch_storage(app.clone());
@@ -211,12 +215,18 @@ async fn serve(
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
+                let Some(slot) = slots.take() else {
+                    tokio::spawn(refuse(stream));
+                    continue;
+                };
                 let app = app.clone();
                 let service = service_fn(move |request| serve_request(app.clone(), request));
+                let stream = WriteTimeout::new(stream, Duration::from_millis(WRITE_TIMEOUT_MS));
                 let connection = builder.serve_connection(TokioIo::new(stream), service);
                 let watched = graceful.watch(connection);
                 tokio::spawn(async move {
                     let _ = watched.await;
+                    drop(slot);
                 });
             }
             control = controls.recv() => match control {

@@ -140,3 +140,32 @@ fn a_batch_over_the_item_limit_is_refused_with_its_count() {
     let queues = server.get("/svc/v1/queues");
     assert_eq!(queues.body["queues"][0]["size"], 0, "nothing was enqueued");
 }
+
+#[test]
+fn connections_over_the_cap_get_a_clear_503_and_the_slot_comes_back() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(dir.path());
+    config.max_connections = 2;
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let address = server.base.trim_start_matches("http://").to_string();
+    let health = |stream: &mut std::net::TcpStream| {
+        let request = format!("GET /svc/v1/health HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let first = std::net::TcpStream::connect(&address).unwrap();
+    let mut second = std::net::TcpStream::connect(&address).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut third = std::net::TcpStream::connect(&address).unwrap();
+    let refused = health(&mut third);
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains(r#""reason":"connections""#), "{refused}");
+    assert!(health(&mut second).starts_with("HTTP/1.1 200"), "open connections are served");
+    drop(first);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut again = std::net::TcpStream::connect(&address).unwrap();
+    assert!(health(&mut again).starts_with("HTTP/1.1 200"), "closed connections free their slot");
+}

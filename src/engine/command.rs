@@ -115,6 +115,35 @@ pub enum Command {
 }
 
 /// Why the engine refused a command.
+impl Command {
+    /// About how many bytes this command carries, for the inbox's bound.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        let carried = match self {
+            Command::Enqueue { jobs, .. } => jobs
+                .iter()
+                .map(|job| {
+                    let payload = &job.payload;
+                    std::mem::size_of::<NewJob>()
+                        + job.queue.len()
+                        + payload.job_type.len()
+                        + payload.args.len()
+                        + payload.meta.len()
+                        + payload.tags.iter().map(String::len).sum::<usize>()
+                        + payload.extra.iter().map(|(key, value)| key.len() + value.len()).sum::<usize>()
+                })
+                .sum(),
+            Command::Ack { result, .. } => result.as_ref().map_or(0, String::len),
+            Command::Fail { report, .. } => report.held_bytes(),
+            Command::Heartbeat { active_jobs, .. } => {
+                active_jobs.as_ref().map_or(0, |ids| ids.len() * std::mem::size_of::<JobId>())
+            }
+            Command::Fetch { request, .. } => request.queues.iter().map(String::len).sum(),
+            _ => 0,
+        };
+        (std::mem::size_of::<Command>() + carried) as u64
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineError {
     NotFound {

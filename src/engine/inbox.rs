@@ -1,6 +1,9 @@
 //! The engine's inbox: commands from any number of handles to the one engine
 //! thread, bounded.
 //!
+//! Bounded by count and by the bytes the queued commands carry, so that a
+//! flood of large requests waits in the clients, not in the server's memory.
+//!
 //! A queue under a mutex that the engine empties a batch at a time, and a
 //! condvar it sleeps on. Unlike a general-purpose channel, the engine does
 //! not spin or yield before it sleeps: on a machine with few cores a yield is
@@ -35,7 +38,10 @@ pub(crate) enum Received {
 }
 
 struct Queue {
-    commands: VecDeque<Command>,
+    /// Each command with its [`Command::held_bytes`].
+    commands: VecDeque<(Command, u64)>,
+    /// The sum of the queued commands' bytes.
+    bytes: u64,
     /// The engine sleeps and must be woken by the next command.
     sleeping: bool,
     senders: usize,
@@ -46,15 +52,14 @@ struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
     capacity: usize,
+    bytes_capacity: u64,
 }
 
-/// A new inbox holding at most `capacity` commands.
-pub(crate) fn inbox(capacity: usize) -> (InboxSender, InboxReceiver) {
-    let shared = Arc::new(Shared {
-        queue: Mutex::new(Queue { commands: VecDeque::new(), sleeping: false, senders: 1, receiver_alive: true }),
-        wake: Condvar::new(),
-        capacity,
-    });
+/// A new inbox holding at most `capacity` commands and `bytes_capacity`
+/// bytes of them (one command is always taken into an empty inbox).
+pub(crate) fn inbox(capacity: usize, bytes_capacity: u64) -> (InboxSender, InboxReceiver) {
+    let queue = Queue { commands: VecDeque::new(), bytes: 0, sleeping: false, senders: 1, receiver_alive: true };
+    let shared = Arc::new(Shared { queue: Mutex::new(queue), wake: Condvar::new(), capacity, bytes_capacity });
     (InboxSender { shared: shared.clone() }, InboxReceiver { shared })
 }
 
@@ -65,14 +70,17 @@ pub(crate) struct InboxSender {
 
 impl InboxSender {
     pub fn send(&self, command: Command) -> Result<(), SendError> {
+        let bytes = command.held_bytes();
         let mut queue = self.shared.queue.lock();
         if !queue.receiver_alive {
             return Err(SendError::Stopped);
         }
-        if queue.commands.len() >= self.shared.capacity {
+        let over_bytes = !queue.commands.is_empty() && queue.bytes + bytes > self.shared.bytes_capacity;
+        if queue.commands.len() >= self.shared.capacity || over_bytes {
             return Err(SendError::Full);
         }
-        queue.commands.push_back(command);
+        queue.bytes += bytes;
+        queue.commands.push_back((command, bytes));
         let wake = std::mem::replace(&mut queue.sleeping, false);
         drop(queue);
         if wake {
@@ -124,7 +132,12 @@ impl InboxReceiver {
         }
         queue.sleeping = false;
         let count = queue.commands.len().min(max);
-        batch.extend(queue.commands.drain(..count));
+        let mut taken = 0;
+        batch.extend(queue.commands.drain(..count).map(|(command, bytes)| {
+            taken += bytes;
+            command
+        }));
+        queue.bytes -= taken;
         Received::Commands
     }
 }
@@ -153,7 +166,7 @@ mod tests {
 
     #[test]
     fn commands_come_out_in_order_up_to_the_batch_size() {
-        let (sender, receiver) = inbox(8);
+        let (sender, receiver) = inbox(8, u64::MAX);
         let mut answers = Vec::new();
         for _ in 0..5 {
             let (command, answer) = probe();
@@ -169,7 +182,7 @@ mod tests {
 
     #[test]
     fn a_full_inbox_refuses_and_a_stopped_engine_is_reported() {
-        let (sender, receiver) = inbox(1);
+        let (sender, receiver) = inbox(1, u64::MAX);
         sender.send(probe().0).unwrap();
         assert_eq!(sender.send(probe().0), Err(SendError::Full));
         let (command, answer) = probe();
@@ -178,9 +191,28 @@ mod tests {
         drop(answer);
     }
 
+    fn ack_with_result(bytes: usize) -> Command {
+        let (reply, _) = oneshot::channel();
+        let result = Some("1".repeat(bytes));
+        Command::Ack { id: crate::job::JobId(0), result, worker_id: None, reply }
+    }
+
+    #[test]
+    fn the_inbox_is_bounded_by_bytes_too_but_always_takes_one_command() {
+        let (sender, receiver) = inbox(100, 10_000);
+        sender.send(ack_with_result(50_000)).expect("an empty inbox takes any one command");
+        assert_eq!(sender.send(ack_with_result(10)), Err(SendError::Full));
+        let mut batch = Vec::new();
+        assert_eq!(receiver.receive(&mut batch, 8, Duration::ZERO), Received::Commands);
+        sender.send(ack_with_result(4_000)).unwrap();
+        sender.send(ack_with_result(4_000)).unwrap();
+        assert_eq!(sender.send(ack_with_result(4_000)), Err(SendError::Full), "past 10 000 bytes");
+        sender.send(probe().0).expect("small commands still fit");
+    }
+
     #[test]
     fn queued_commands_are_dropped_with_the_receiver_so_requesters_hear_of_it() {
-        let (sender, receiver) = inbox(4);
+        let (sender, receiver) = inbox(4, u64::MAX);
         let (command, answer) = probe();
         sender.send(command).unwrap();
         drop(receiver);
@@ -189,7 +221,7 @@ mod tests {
 
     #[test]
     fn an_empty_wait_times_out_and_the_last_sender_gone_disconnects() {
-        let (sender, receiver) = inbox(4);
+        let (sender, receiver) = inbox(4, u64::MAX);
         let mut batch = Vec::new();
         assert_eq!(receiver.receive(&mut batch, 8, Duration::from_millis(1)), Received::Timeout);
         let second = sender.clone();
@@ -201,7 +233,7 @@ mod tests {
 
     #[test]
     fn a_sleeping_engine_is_woken_by_a_command_from_another_thread() {
-        let (sender, receiver) = inbox(4);
+        let (sender, receiver) = inbox(4, u64::MAX);
         let submitter = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
             sender.send(probe().0).unwrap();

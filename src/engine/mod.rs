@@ -33,7 +33,7 @@ use std::thread::JoinHandle;
 
 use crate::clock::{Clock, SystemClock};
 use crate::job::{IdGenerator, JobDefaults, SharedPolicies};
-use crate::limits::{ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
+use crate::limits::{ENGINE_INBOX_BYTES_MAX, ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
 use crate::storage::{
     DataDirLock, FileSystem, RealFileSystem, StorageError, TailPolicy, WalWriter, list_snapshots, read_snapshot,
     remove_obsolete, replay_log,
@@ -106,7 +106,7 @@ impl Engine {
                 reason: format!("recovered state is inconsistent: {reason}"),
             })?;
         }
-        let (sender, inbox) = inbox::inbox(ENGINE_INBOX_MAX);
+        let (sender, inbox) = inbox::inbox(ENGINE_INBOX_MAX, ENGINE_INBOX_BYTES_MAX);
         let view = Arc::new(ReadView::default());
         let handle = EngineHandle::new(sender, view.clone(), config.clock.clone(), config.defaults.clone());
         let committer = commit::Committer::new(wal, view.clone());
