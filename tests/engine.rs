@@ -425,3 +425,34 @@ fn jobs_read_back_after_a_restart_share_equal_retry_policies() {
     shared(&engine, &ids);
     engine.close();
 }
+
+#[test]
+fn a_wall_clock_step_forward_of_an_hour_does_not_expire_every_claim_at_once() {
+    let harness = Harness::new();
+    let id = harness
+        .enqueue(json!({"type": "t", "args": [], "options": {"visibility_timeout_ms": 30_000, "timeout_ms": 600_000}}));
+    assert_eq!(harness.fetch(1), [id]);
+    harness.clock.step_wall_ms(3_600_000);
+    harness.advance(1);
+    assert_eq!(harness.state(id), JobState::Active, "the step alone expires nothing");
+    // The engine's time catches up a tenth faster than real time: the claim
+    // ends after 27.3 s instead of 30 s, not at once.
+    harness.advance(27_000);
+    assert_eq!(harness.state(id), JobState::Active);
+    harness.advance(400);
+    assert_eq!(harness.state(id), JobState::Available, "the claim ran out, a little early");
+}
+
+#[test]
+fn a_wall_clock_step_back_of_an_hour_does_not_stall_the_timers() {
+    let harness = Harness::new();
+    let id = harness.enqueue(json!({"type": "t", "args": [], "options": {"scheduled_at": "2027-01-15T08:01:00Z"}}));
+    let scheduled_at = harness.engine.handle().job(id).unwrap().scheduled_at.unwrap();
+    harness.clock.step_wall_ms(-3_600_000);
+    harness.advance(60_000);
+    assert_eq!(harness.state(id), JobState::Scheduled, "the engine's time ran a tenth slower");
+    harness.advance(6_700);
+    assert_eq!(harness.state(id), JobState::Available, "promoted after 66.7 s of real time, not an hour");
+    let job = harness.engine.handle().job(id).unwrap();
+    assert!(job.enqueued_at.unwrap() >= scheduled_at, "the engine's time never went back");
+}

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, SteadyClock, SystemClock};
 use crate::job::{IdGenerator, JobDefaults, SharedPolicies};
 use crate::limits::{ENGINE_INBOX_BYTES_MAX, ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
 use crate::storage::{
@@ -108,11 +108,13 @@ impl Engine {
         }
         let (sender, inbox) = inbox::inbox(ENGINE_INBOX_MAX, ENGINE_INBOX_BYTES_MAX);
         let view = Arc::new(ReadView::default());
-        let handle = EngineHandle::new(sender, view.clone(), config.clock.clone(), config.defaults.clone());
+        // The engine's time never goes back, not even across a restart.
+        let clock: Arc<dyn Clock> = Arc::new(SteadyClock::new(config.clock, state.latest_at()));
+        let handle = EngineHandle::new(sender, view.clone(), clock.clone(), config.defaults.clone());
         let committer = commit::Committer::new(wal, view.clone());
         let writer = Writer {
             state,
-            clock: config.clock,
+            clock,
             entropy: config.entropy,
             inbox,
             view,

@@ -196,6 +196,8 @@ pub struct State {
     pub(crate) crons: CronTable,
     /// Jobs that ended during the record being applied while a cron run waited on them.
     ended_with_waiter: Vec<JobId>,
+    /// The latest time any applied record or loaded job carries.
+    latest_at: Millis,
 }
 
 /// A record that does not fit the state (a damaged or foreign log).
@@ -221,6 +223,7 @@ impl State {
             all_queues_dirty: true,
             crons: CronTable::default(),
             ended_with_waiter: Vec::new(),
+            latest_at: Millis::MIN,
         };
         state.queues.insert("default".to_string(), QueueState::default());
         state
@@ -228,6 +231,11 @@ impl State {
 
     pub fn job(&self, id: JobId) -> Option<&Arc<Job>> {
         self.jobs.get(&id)
+    }
+
+    /// The latest time the state holds: the engine's clock starts no earlier.
+    pub fn latest_at(&self) -> Millis {
+        self.latest_at
     }
 
     pub fn live_jobs(&self) -> usize {
@@ -429,6 +437,9 @@ impl State {
     /// Adds a job (new, or loaded from a snapshot).
     fn insert_loaded(&mut self, job: Arc<Job>) {
         self.ids.observe(job.id);
+        let times = [job.created_at, job.enqueued_at.unwrap_or(Millis::MIN), job.started_at.unwrap_or(Millis::MIN)];
+        let ended = [job.completed_at, job.cancelled_at, job.discarded_at].map(|at| at.unwrap_or(Millis::MIN));
+        self.latest_at = times.into_iter().chain(ended).fold(self.latest_at, Millis::max);
         self.index_job(&job);
         self.dirty.insert(job.id);
         self.jobs.insert(job.id, job);
@@ -453,6 +464,7 @@ impl State {
     /// through here, so replay rebuilds exactly the live state.
     pub fn apply(&mut self, record: &Record, events: &mut EventSink) -> Result<(), ApplyError> {
         self.apply_record(record, events)?;
+        self.latest_at = self.latest_at.max(record.at());
         // A cron run staged behind a run that just ended starts now (rows 5/6).
         for previous in std::mem::take(&mut self.ended_with_waiter) {
             let Some(waiting) = self.crons.waiters.remove(&previous) else { continue };
