@@ -1,0 +1,213 @@
+//! Hostile requests against a real server: extreme and malformed ids, times,
+//! priorities, counts, timeouts and sizes, through every write route. Each
+//! answer must be a 2xx or a 4xx (never a 5xx), and after every sequence the
+//! engine still takes writes and reports itself healthy. The engine checks
+//! its invariants after every batch, so a broken invariant stops it too.
+
+mod common;
+
+use common::{TestServer, config_for};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use std::sync::OnceLock;
+
+/// One server for every case: state left by earlier cases makes later ones harder.
+fn server() -> &'static TestServer {
+    static SERVER: OnceLock<(tempfile::TempDir, TestServer)> = OnceLock::new();
+    &SERVER
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let config = config_for(dir.path());
+            let mut engine = svc::server::engine_config(&config);
+            engine.check_invariants = true;
+            // Small caps, so that pruning runs while the cases do.
+            engine.retention.max_terminal_jobs = 50;
+            engine.retention.max_terminal_bytes = 256 * 1024;
+            let server = TestServer::start_with(&config, engine);
+            (dir, server)
+        })
+        .1
+}
+
+fn hostile_id() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        3 => Just(json!("ffffffff-ffff-7000-8000-000000000000")),
+        3 => Just(json!("ffffffff-ffff-7fff-bfff-ffffffffffff")),
+        1 => Just(json!("00000000-0000-7000-8000-000000000000")),
+        1 => Just(json!("00000000-0000-7fff-bfff-ffffffffffff")),
+        // A valid UUIDv7 at any time, with any counter.
+        2 => (any::<u64>(), any::<u64>()).prop_map(|(high, low)| {
+            let value = (u128::from(high) << 64 | u128::from(low)) & !(0xf << 76) & !(0b11 << 62);
+            let value = value | (0x7 << 76) | (0b10 << 62);
+            json!(uuid::Uuid::from_u128(value).hyphenated().to_string())
+        }),
+        1 => Just(json!("019539a4-aaaa-4000-8000-000000000000")),
+        1 => Just(json!("not-an-id")),
+        1 => Just(json!(7)),
+        1 => Just(json!(null)),
+    ]
+}
+
+fn hostile_time() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!("0000-01-01T00:00:00Z")),
+        Just(json!("0001-01-01T00:00:00Z")),
+        Just(json!("1970-01-01T00:00:00Z")),
+        Just(json!("9999-12-31T23:59:59.999Z")),
+        Just(json!("2262-04-11T23:47:16.854Z")),
+        Just(json!("2026-02-30T10:00:00Z")),
+        Just(json!("2030-01-01T00:00:00+14:00")),
+        Just(json!("2030-01-01T00:00:00-23:59")),
+        Just(json!("PT1S")),
+        Just(json!("P100000Y")),
+        Just(json!(-1)),
+        Just(json!(1e308)),
+        (0i64..4_000_000_000_000).prop_map(|ms| json!(format!("{}", jiff_like(ms)))),
+    ]
+}
+
+/// An RFC 3339 timestamp for Unix milliseconds, without a date library.
+fn jiff_like(ms: i64) -> String {
+    let seconds = ms / 1000;
+    let days = seconds / 86_400;
+    let (year, month, day) = civil_from_days(days);
+    let rest = seconds % 86_400;
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z", rest / 3600, rest / 60 % 60, rest % 60, ms % 1000)
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+fn hostile_number() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!(0)),
+        Just(json!(1)),
+        Just(json!(-1)),
+        Just(json!(100)),
+        Just(json!(101)),
+        Just(json!(-101)),
+        Just(json!(86_400_000)),
+        Just(json!(86_400_001)),
+        Just(json!(i64::MAX)),
+        Just(json!(i64::MIN)),
+        Just(json!(u64::MAX)),
+        Just(json!(1.5)),
+        Just(json!(1e300)),
+        Just(json!("5")),
+        any::<i32>().prop_map(|n| json!(n)),
+    ]
+}
+
+fn queue_name() -> impl Strategy<Value = String> {
+    prop_oneof![Just("default".to_string()), Just("q1".to_string()), "[a-z]{1,3}", Just("x".repeat(129))]
+}
+
+/// A hostile enqueue body.
+fn enqueue_body() -> impl Strategy<Value = Value> {
+    // Each hostile field is rare enough that many bodies pass validation and
+    // reach the engine.
+    let rare = 0.15;
+    (
+        proptest::option::weighted(0.6, hostile_id()),
+        proptest::option::weighted(rare, hostile_time()),
+        proptest::option::weighted(rare, hostile_time()),
+        proptest::option::weighted(rare, hostile_number()),
+        proptest::option::weighted(rare, hostile_number()),
+        proptest::option::weighted(rare, hostile_number()),
+        queue_name(),
+        0usize..3000,
+    )
+        .prop_map(|(id, scheduled_at, expires_at, priority, timeout_ms, max_attempts, queue, size)| {
+            let mut options = json!({"queue": queue});
+            for (key, value) in [
+                ("scheduled_at", scheduled_at),
+                ("expires_at", expires_at),
+                ("priority", priority),
+                ("timeout_ms", timeout_ms.clone()),
+                ("visibility_timeout_ms", timeout_ms),
+            ] {
+                if let Some(value) = value {
+                    options[key] = value;
+                }
+            }
+            if let Some(attempts) = max_attempts {
+                options["retry"] = json!({"max_attempts": attempts, "initial_interval": "PT0.001S"});
+            }
+            let mut body = json!({"type": "t.hostile", "args": ["x".repeat(size)], "options": options});
+            if let Some(id) = id {
+                body["id"] = id;
+            }
+            body
+        })
+}
+
+/// One hostile request: (method, path, body).
+fn request() -> impl Strategy<Value = (&'static str, String, Value)> {
+    prop_oneof![
+        3 => enqueue_body().prop_map(|body| ("POST", "/svc/v1/jobs".to_string(), body)),
+        1 => proptest::collection::vec(enqueue_body(), 1..5).prop_map(|jobs| ("POST", "/svc/v1/jobs/batch".to_string(), json!({"jobs": jobs}))),
+        3 => (proptest::collection::vec(queue_name(), 0..5), proptest::option::of(hostile_number()), proptest::option::of(hostile_number()))
+            .prop_map(|(queues, count, visibility)| {
+                let mut body = json!({"queues": queues, "worker_id": "w-hostile"});
+                if let Some(count) = count { body["count"] = count; }
+                if let Some(visibility) = visibility { body["visibility_timeout_ms"] = visibility; }
+                ("POST", "/svc/v1/workers/fetch".to_string(), body)
+            }),
+        2 => hostile_id().prop_map(|id| ("POST", "/svc/v1/workers/ack".to_string(), json!({"job_id": id, "result": {"n": 1}}))),
+        2 => (hostile_id(), any::<bool>(), proptest::option::of(any::<bool>())).prop_map(|(id, requeue, retryable)| {
+            let mut error = json!({"type": "E", "message": "m"});
+            if let Some(retryable) = retryable { error["retryable"] = retryable.into(); }
+            ("POST", "/svc/v1/workers/nack".to_string(), json!({"job_id": id, "error": error, "requeue": requeue}))
+        }),
+        1 => (proptest::collection::vec(hostile_id(), 0..4), proptest::option::of(hostile_number())).prop_map(|(ids, visibility)| {
+            let mut body = json!({"worker_id": "w-hostile", "active_jobs": ids});
+            if let Some(visibility) = visibility { body["visibility_timeout_ms"] = visibility; }
+            ("POST", "/svc/v1/workers/heartbeat".to_string(), body)
+        }),
+        1 => hostile_id().prop_map(|id| ("DELETE", format!("/svc/v1/jobs/{}", id.as_str().unwrap_or("x")), Value::Null)),
+        1 => hostile_id().prop_map(|id| ("POST", format!("/svc/v1/dead-letter/{}/retry", id.as_str().unwrap_or("x")), Value::Null)),
+        1 => hostile_id().prop_map(|id| ("DELETE", format!("/svc/v1/dead-letter/{}", id.as_str().unwrap_or("x")), Value::Null)),
+        1 => (prop_oneof![Just("* * * * *"), Just("0 0 31 2 *"), Just("59 23 29 2 *"), Just("*/0 * * * *")],
+              prop_oneof![Just("UTC"), Just("Pacific/Kiritimati"), Just("America/Sao_Paulo"), Just("Mars/Base")])
+            .prop_map(|(schedule, timezone)| {
+                let body = json!({"name": "hostile", "schedule": schedule, "timezone": timezone, "job_template": {"type": "t.cron", "args": []}});
+                ("POST", "/svc/v1/cron".to_string(), body)
+            }),
+    ]
+}
+
+fn send(server: &TestServer, method: &str, path: &str, body: &Value) -> u16 {
+    let answer = match method {
+        "DELETE" => server.delete(path),
+        _ if body.is_null() => server.post_raw(path, "", None),
+        _ => server.post(path, body.clone()),
+    };
+    answer.status
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn no_request_stops_the_engine(requests in proptest::collection::vec(request(), 1..25)) {
+        let server = server();
+        for (method, path, body) in &requests {
+            let status = send(server, method, path, body);
+            prop_assert!(status < 500, "{method} {path} {body} answered {status}");
+        }
+        let health = server.get("/svc/v1/health");
+        prop_assert_eq!(health.status, 200, "{}", health.body);
+        let probe = server.post("/svc/v1/jobs", json!({"type": "t.probe", "args": []}));
+        prop_assert_eq!(probe.status, 201, "{}", probe.body);
+    }
+}
