@@ -5,7 +5,8 @@
 //! bytes with [`ops_from_bytes`].
 //!
 //! The model is deliberately plain: a map of jobs, each with its state,
-//! attempt count and deadlines, and the ordering rules of decisions §7.1.
+//! attempt count and deadlines, the ordering rules of decisions §7.1, and
+//! the cap on terminal jobs held (oldest pruned first, discarded ones last).
 
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -18,6 +19,8 @@ use crate::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body
 const START: i64 = 1_800_000_000_000;
 const VISIBILITY_MS: i64 = 2500;
 const QUEUES: [&str; 2] = ["q0", "q1"];
+/// The engine under test holds at most this many terminal jobs.
+const TERMINAL_JOBS_MAX: usize = 6;
 
 macro_rules! check {
     ($condition:expr, $($message:tt)+) => {
@@ -65,6 +68,8 @@ struct ModelJob {
     entered_at: i64,
     retry_at: Option<i64>,
     visibility_deadline: Option<i64>,
+    /// When it last became terminal.
+    ended_at: i64,
 }
 
 #[derive(Default)]
@@ -111,6 +116,21 @@ impl Model {
         ranked.into_iter().take(count).map(|(_, id)| id).collect()
     }
 
+    /// Terminal jobs past the cap go, oldest first, discarded ones last.
+    fn prune_to_cap(&mut self) {
+        let mut terminal: Vec<(bool, i64, JobId)> = self
+            .jobs
+            .iter()
+            .filter(|(_, job)| job.state.is_terminal())
+            .map(|(id, job)| (job.state == JobState::Discarded, job.ended_at, *id))
+            .collect();
+        terminal.sort();
+        let excess = terminal.len().saturating_sub(TERMINAL_JOBS_MAX);
+        for (_, _, id) in terminal.into_iter().take(excess) {
+            self.jobs.remove(&id);
+        }
+    }
+
     /// Everything that comes due when time reaches `now`.
     fn advance_to(&mut self, now: i64) {
         self.now = now;
@@ -123,6 +143,7 @@ impl Model {
                     } else {
                         job.state = JobState::Discarded;
                         job.visibility_deadline = None;
+                        job.ended_at = now;
                     }
                 }
                 _ => {}
@@ -152,6 +173,7 @@ fn open(dir: &std::path::Path, clock: &ManualClock) -> Engine {
     // Small bounds, so rotation and background snapshots happen too.
     config.segment_bytes = 8 * 1024;
     config.snapshot_log_bytes = 16 * 1024;
+    config.retention.max_terminal_jobs = TERMINAL_JOBS_MAX;
     Engine::open(config).expect("engine opens")
 }
 
@@ -186,6 +208,7 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                     entered_at: model.now,
                     retry_at: None,
                     visibility_deadline: None,
+                    ended_at: 0,
                 };
                 model.jobs.insert(id, model_job);
                 model.ids.push(id);
@@ -213,9 +236,11 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                 let outcome = handle.ack(id, None, None).wait();
                 check_eq!(outcome.as_ref().map(|_| ()).map_err(error_kind), expected);
                 if expected.is_ok() {
+                    let now = model.now;
                     let job = model.jobs.get_mut(&id).unwrap();
                     job.state = JobState::Completed;
                     job.visibility_deadline = None;
+                    job.ended_at = now;
                 }
             }
             Op::Nack { pick, requeue } => {
@@ -232,6 +257,7 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                         Model::make_available(job, now);
                     } else if job.attempt >= job.max_attempts.max(1) {
                         job.state = JobState::Discarded;
+                        job.ended_at = now;
                     } else {
                         job.state = JobState::Retryable;
                         job.retry_at = Some(now + 1000 * (1 << (job.attempt - 1)));
@@ -248,8 +274,10 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                 let outcome = handle.cancel(id).wait();
                 check_eq!(outcome.as_ref().map(|_| ()).map_err(error_kind), expected);
                 if expected.is_ok() {
+                    let now = model.now;
                     let job = model.jobs.get_mut(&id).unwrap();
                     job.state = JobState::Cancelled;
+                    job.ended_at = now;
                     job.visibility_deadline = None;
                     job.retry_at = None;
                 }
@@ -306,6 +334,7 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                 engine.as_ref().unwrap().handle().tick().wait().unwrap();
             }
         }
+        model.prune_to_cap();
         let handle = engine.as_ref().unwrap().handle();
         for id in &model.ids {
             let stored = handle.job(*id);

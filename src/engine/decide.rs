@@ -255,44 +255,29 @@ impl State {
         if !expire.is_empty() {
             records.push(Record::Expire { at: now, ids: expire });
         }
-        let capped = self.over_terminal_caps(&prune, limit);
         if !prune.is_empty() {
             records.push(Record::Prune { at: now, ids: prune });
-        }
-        if !capped.is_empty() {
-            records.push(Record::PruneCapped { at: now, ids: capped });
         }
         records
     }
 
     /// The oldest terminal jobs to prune (dead-lettered ones last) so that
-    /// the rest fit the retention caps, once `pruned` are gone; at most `limit`.
-    fn over_terminal_caps(&self, pruned: &[JobId], limit: usize) -> Vec<JobId> {
+    /// the rest fit the retention caps, at most `limit`; `None` when they fit.
+    pub fn decide_capped_prune(&self, now: Millis, limit: usize) -> Option<Record> {
         let retention = self.retention();
         let mut count = self.terminal.len();
         let mut bytes = self.terminal_bytes;
-        if count <= retention.max_terminal_jobs && bytes <= retention.max_terminal_bytes {
-            return Vec::new();
-        }
-        let pruned: crate::job::JobIdSet = pruned.iter().copied().collect();
-        for id in &pruned {
-            count -= 1;
-            bytes -= self.job(*id).map_or(0, |job| job.held_bytes());
-        }
         let mut capped = Vec::new();
         for (_, _, id) in &self.terminal {
             if (count <= retention.max_terminal_jobs && bytes <= retention.max_terminal_bytes) || capped.len() >= limit
             {
                 break;
             }
-            if pruned.contains(id) {
-                continue;
-            }
             count -= 1;
             bytes -= self.job(*id).map_or(0, |job| job.held_bytes());
             capped.push(*id);
         }
-        capped
+        (!capped.is_empty()).then_some(Record::PruneCapped { at: now, ids: capped })
     }
 }
 

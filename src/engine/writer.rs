@@ -233,6 +233,13 @@ impl Writer {
                     }
                 }
             }
+            // The caps on terminal jobs hold after every turn (with the disk
+            // full, pruning waits: it frees memory, not disk).
+            if budget.is_none()
+                && let Some(record) = self.state.decide_capped_prune(now, DUE_JOBS_PER_TURN_MAX)
+            {
+                self.apply(record, records, events);
+            }
         }
         if self.check_invariants
             && let Err(problem) = self.state.check_invariants()
