@@ -15,6 +15,7 @@ use std::sync::Arc;
 use crate::clock::ManualClock;
 use crate::engine::{Engine, EngineConfig, EngineError, Entropy, FetchRequest};
 use crate::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body};
+use crate::storage::PowerLossFileSystem;
 
 const START: i64 = 1_800_000_000_000;
 const VISIBILITY_MS: i64 = 2500;
@@ -165,8 +166,21 @@ impl Entropy for FixedEntropy {
     }
 }
 
-fn open(dir: &std::path::Path, clock: &ManualClock) -> Engine {
+/// The disk the engine runs on.
+enum Disk {
+    Real,
+    /// Loses what was not synced at every crash (a `Restart` that is not clean).
+    LosingPower {
+        file_system: PowerLossFileSystem,
+        seed: u64,
+    },
+}
+
+fn open(dir: &std::path::Path, clock: &ManualClock, disk: &Disk) -> Result<Engine, String> {
     let mut config = EngineConfig::new(dir);
+    if let Disk::LosingPower { file_system, .. } = disk {
+        config.file_system = Arc::new(file_system.clone());
+    }
     config.clock = Arc::new(clock.clone());
     config.entropy = Box::new(FixedEntropy(0));
     config.check_invariants = true;
@@ -174,7 +188,7 @@ fn open(dir: &std::path::Path, clock: &ManualClock) -> Engine {
     config.segment_bytes = 8 * 1024;
     config.snapshot_log_bytes = 16 * 1024;
     config.retention.max_terminal_jobs = TERMINAL_JOBS_MAX;
-    Engine::open(config).expect("engine opens")
+    Engine::open(config).map_err(|error| format!("the engine does not open its own data dir: {error}"))
 }
 
 fn error_kind(error: &EngineError) -> &'static str {
@@ -186,9 +200,21 @@ fn error_kind(error: &EngineError) -> &'static str {
 }
 
 pub fn run(ops: &[Op]) -> Result<(), String> {
+    run_on(ops, Disk::Real)
+}
+
+/// Like [`run`], but each crash (`Restart { clean: false }`) also loses
+/// power: what was written and not synced is lost, or a random prefix of it
+/// kept, chosen by `seed`. Every acknowledged change must survive, and the
+/// engine must open every data dir it left behind.
+pub fn run_losing_power(ops: &[Op], seed: u64) -> Result<(), String> {
+    run_on(ops, Disk::LosingPower { file_system: PowerLossFileSystem::new(), seed })
+}
+
+fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
     let dir = TempDir::new();
     let clock = ManualClock::new(START);
-    let mut engine = Some(open(&dir.0, &clock));
+    let mut engine = Some(open(&dir.0, &clock, &disk)?);
     let mut model = Model { now: START, ..Model::default() };
     for op in ops.iter().cloned() {
         let handle = engine.as_ref().expect("engine open").handle().clone();
@@ -327,9 +353,13 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                 if clean {
                     running.close()
                 } else {
-                    running.close_without_snapshot()
+                    running.close_without_snapshot();
+                    if let Disk::LosingPower { file_system, seed } = &mut disk {
+                        *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                        file_system.crash(*seed).map_err(|error| format!("crash: {error}"))?;
+                    }
                 }
-                engine = Some(open(&dir.0, &clock));
+                engine = Some(open(&dir.0, &clock, &disk)?);
                 // Overdue deadlines are handled at once after a restart.
                 engine.as_ref().unwrap().handle().tick().wait().unwrap();
             }

@@ -6,7 +6,7 @@
 //! model picks, and the engine checks its own invariants after every batch.
 
 use proptest::prelude::*;
-use svc::model::{Op, run};
+use svc::model::{Op, run, run_losing_power};
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -29,6 +29,15 @@ proptest! {
     #[test]
     fn engine_agrees_with_the_model(ops in proptest::collection::vec(op(), 1..60)) {
         if let Err(disagreement) = run(&ops) {
+            return Err(TestCaseError::fail(disagreement));
+        }
+    }
+
+    /// Every crash also loses power: unsynced writes are dropped or kept in
+    /// part. Nothing acknowledged may be lost, and the data dir must open.
+    #[test]
+    fn acknowledged_changes_survive_power_loss(ops in proptest::collection::vec(op(), 1..60), seed in any::<u64>()) {
+        if let Err(disagreement) = run_losing_power(&ops, seed) {
             return Err(TestCaseError::fail(disagreement));
         }
     }

@@ -34,6 +34,10 @@ pub trait FileSystem: Send + Sync + 'static {
     fn open_existing(&self, path: &Path) -> io::Result<Arc<dyn LogFile>>;
     /// Makes renames and new files in `dir` durable (fsync of the directory).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Renames a file; durable once its directory is synced.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
     /// Opens an existing file for direct writes: each write must start and
     /// end on a [`DIRECT_BLOCK_BYTES`] boundary from a buffer aligned the
     /// same way, and is durable when it returns (`sync_data` is then never

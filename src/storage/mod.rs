@@ -5,11 +5,13 @@ mod direct;
 pub mod frame;
 mod fs;
 mod layout;
+mod power_loss;
 mod snapshot;
 mod wal;
 
 pub use fs::{FaultyFileSystem, FileSystem, LogFile, PageCacheFileSystem, RealFileSystem};
 pub use layout::{DataDirLock, SEGMENT_HEADER_BYTES, list_segments, list_snapshots, segment_path, snapshot_path};
+pub use power_loss::PowerLossFileSystem;
 pub use snapshot::{SNAPSHOT_HEADER_BYTES, SnapshotFile, read_snapshot, remove_obsolete, write_snapshot};
 pub use wal::{FrameVisitor, ReplayEnd, SegmentScan, TailPolicy, WalWriter, Written, replay_log, scan_segment};
 

@@ -41,7 +41,7 @@ pub fn write_snapshot(
     file.write_at(SNAPSHOT_HEADER_BYTES as u64, payload).map_err(io_error(&temp_path))?;
     file.sync_data().map_err(io_error(&temp_path))?;
     drop(file);
-    std::fs::rename(&temp_path, &final_path).map_err(io_error(&final_path))?;
+    fs.rename(&temp_path, &final_path).map_err(io_error(&final_path))?;
     fs.sync_dir(dir).map_err(io_error(dir))
 }
 
