@@ -207,8 +207,8 @@ mod tests {
             assert!(b"durable and more"[7..].starts_with(&bytes[7..]), "{bytes:?}");
             outcomes.insert(bytes);
         }
-        assert!(outcomes.contains(&b"durable".to_vec()), "everything unsynced can be lost");
-        assert!(outcomes.contains(&b"DURABLE and more".to_vec()), "or everything kept");
+        assert!(outcomes.contains(b"durable".as_slice()), "everything unsynced can be lost");
+        assert!(outcomes.contains(b"DURABLE and more".as_slice()), "or everything kept");
         assert!(outcomes.len() > 3, "torn writes happen too: {outcomes:?}");
     }
 
