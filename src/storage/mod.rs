@@ -16,7 +16,7 @@ pub use snapshot::{SNAPSHOT_HEADER_BYTES, SnapshotFile, read_snapshot, remove_ob
 pub use wal::{FrameVisitor, ReplayEnd, SegmentScan, TailPolicy, WalWriter, Written, replay_log, scan_segment};
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// A storage failure. Corruption names the file and byte offset.
 #[derive(Debug)]
@@ -29,6 +29,12 @@ pub enum StorageError {
         path: PathBuf,
         offset: u64,
         reason: String,
+    },
+    /// Reading a file failed (an I/O error of the device, not bad data).
+    Read {
+        path: PathBuf,
+        offset: u64,
+        error: std::io::Error,
     },
     /// The log refused a write earlier; nothing more is written until restart.
     Poisoned,
@@ -43,6 +49,9 @@ impl fmt::Display for StorageError {
             StorageError::Corrupt { path, offset, reason } => {
                 write!(f, "corrupt data in {} at byte offset {offset}: {reason}", path.display())
             }
+            StorageError::Read { path, offset, error } => {
+                write!(f, "reading {} failed at byte offset {offset}: {error}", path.display())
+            }
             StorageError::Poisoned => {
                 f.write_str("the write-ahead log failed to sync earlier and accepts no more writes")
             }
@@ -55,7 +64,44 @@ impl fmt::Display for StorageError {
 
 impl std::error::Error for StorageError {}
 
+/// Reads a whole file with `read`, naming the offset of a failed read. (A
+/// memory map would turn a device error into SIGBUS and kill the process.)
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, StorageError> {
+    use std::os::unix::fs::FileExt;
+    /// Read in pieces, so that a failure is placed within a megabyte.
+    const PIECE_BYTES: usize = 1024 * 1024;
+    let file = std::fs::File::open(path).map_err(io_error(path))?;
+    let length = file.metadata().map_err(io_error(path))?.len() as usize;
+    let mut bytes = vec![0u8; length];
+    for (index, piece) in bytes.chunks_mut(PIECE_BYTES).enumerate() {
+        let offset = (index * PIECE_BYTES) as u64;
+        file.read_exact_at(piece, offset).map_err(|error| StorageError::Read {
+            path: path.to_path_buf(),
+            offset,
+            error,
+        })?;
+    }
+    Ok(bytes)
+}
+
 pub(crate) fn io_error(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StorageError {
     let path = path.into();
     move |error| StorageError::Io { path, error }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_read_names_the_file_and_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        std::fs::write(&path, vec![7u8; 3 * 1024 * 1024 + 5]).unwrap();
+        assert_eq!(read_file(&path).unwrap(), vec![7u8; 3 * 1024 * 1024 + 5]);
+        // A directory opens but does not read: a read error, not a crash.
+        let error = read_file(dir.path()).unwrap_err();
+        assert!(matches!(error, StorageError::Read { offset: 0, .. }), "{error:?}");
+        assert!(error.to_string().contains("at byte offset 0"), "{error}");
+    }
 }

@@ -61,7 +61,7 @@ pub fn read_snapshot(path: &Path) -> Result<SnapshotFile, StorageError> {
         offset,
         reason: reason.to_string(),
     };
-    let bytes = std::fs::read(path).map_err(io_error(path))?;
+    let bytes = super::read_file(path)?;
     if bytes.len() < SNAPSHOT_HEADER_BYTES || bytes[0..8] != SNAPSHOT_MAGIC[..] {
         return Err(corrupt(0, "not an svc snapshot (bad magic or short header)"));
     }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::direct::DirectWriter;
 use super::frame::{Decoded, decode_frame, encode_frame};
 use super::layout::{SEGMENT_HEADER_BYTES, check_segment_header, encode_segment_header, list_segments, segment_path};
-use super::{FileSystem, LogFile, StorageError, io_error};
+use super::{FileSystem, LogFile, StorageError, io_error, read_file};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 
 /// Zeroed space is laid down in chunks of this size...
@@ -403,8 +403,8 @@ pub fn scan_segment(
     is_last: bool,
     on_frame: &mut FrameVisitor<'_>,
 ) -> Result<SegmentScan, StorageError> {
-    let file = std::fs::File::open(path).map_err(io_error(path))?;
-    let file_bytes = file.metadata().map_err(io_error(path))?.len();
+    let bytes = read_file(path)?;
+    let file_bytes = bytes.len() as u64;
     let mut scan =
         SegmentScan { index, path: path.to_path_buf(), file_bytes, frames: 0, valid_bytes: 0, torn_at: None };
     let corrupt = |offset: u64, reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
@@ -415,10 +415,7 @@ pub fn scan_segment(
         }
         return Err(corrupt(0, "segment header incomplete".to_string()));
     }
-    // SAFETY: the data dir is locked by this process (or read by `inspect`
-    // while no writer runs), so the file does not change while mapped.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_error(path))?;
-    let bytes: &[u8] = &map;
+    let bytes: &[u8] = &bytes;
     check_segment_header(&bytes[..SEGMENT_HEADER_BYTES], index).map_err(|reason| corrupt(0, reason))?;
     let mut offset = SEGMENT_HEADER_BYTES;
     loop {
