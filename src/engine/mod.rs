@@ -35,8 +35,8 @@ use crate::clock::{Clock, SteadyClock, SystemClock};
 use crate::job::{IdGenerator, JobDefaults, SharedPolicies};
 use crate::limits::{ENGINE_INBOX_BYTES_MAX, ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
 use crate::storage::{
-    DataDirLock, FileSystem, RealFileSystem, StorageError, TailPolicy, WalWriter, list_snapshots, read_snapshot,
-    remove_obsolete, replay_log,
+    DataDirLock, FileSystem, RealFileSystem, SNAPSHOT_HEADER_BYTES, StorageError, TailPolicy, WalWriter, list_segments,
+    list_snapshots, read_snapshot, remove_obsolete, replay_log,
 };
 use record::{Record, decode_batch};
 use view::ReadView;
@@ -177,24 +177,53 @@ impl Drop for Engine {
 
 type Recovered = (State, u64, Option<(u64, u64)>, u64);
 
-/// Loads the newest snapshot and replays the log after it.
+/// Loads the newest snapshot and replays the log after it. A snapshot that
+/// does not read back (damaged on disk) is passed over for the one before
+/// it, whose log segments are kept for this (`remove_obsolete`), and if
+/// none reads back, for the whole log when it is all still there.
 pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageError> {
     std::fs::create_dir_all(dir).map_err(|error| StorageError::Io { path: dir.to_path_buf(), error })?;
-    let (mut state, replay_from) = match list_snapshots(dir)?.last() {
-        Some((_, path)) => {
-            let snapshot = read_snapshot(path)?;
-            let replay_from = snapshot.replay_from;
-            let corrupt = |reason: String| StorageError::Corrupt {
-                path: path.clone(),
-                offset: crate::storage::SNAPSHOT_HEADER_BYTES as u64,
-                reason,
-            };
-            let image = decode_image(snapshot.payload_version, &snapshot.payload)
-                .map_err(|error| corrupt(format!("snapshot does not decode: {error}")))?;
-            (State::from_image(image, retention).map_err(corrupt)?, replay_from)
+    let mut first_error: Option<StorageError> = None;
+    for (_, path) in list_snapshots(dir)?.iter().rev() {
+        let loaded = load_snapshot(path, retention).and_then(|(state, replay_from)| replay(dir, state, replay_from));
+        match loaded {
+            Ok(recovered) => {
+                if let Some(error) = &first_error {
+                    crate::logging::warn(
+                        "recovered from an older snapshot",
+                        &[("snapshot", path.display().to_string().into()), ("newer_one", error.to_string().into())],
+                    );
+                }
+                return Ok(recovered);
+            }
+            Err(error) => {
+                crate::logging::warn("a snapshot does not read back", &[("error", error.to_string().into())]);
+                first_error.get_or_insert(error);
+            }
         }
-        None => (State::new(retention), 0),
+    }
+    let whole_log = list_segments(dir)?.first().is_none_or(|(index, _)| *index == 0);
+    match first_error {
+        Some(error) if !whole_log => Err(error),
+        first_error => replay(dir, State::new(retention), 0).map_err(|error| first_error.unwrap_or(error)),
+    }
+}
+
+/// A snapshot's state and the first segment it does not cover.
+fn load_snapshot(path: &Path, retention: Retention) -> Result<(State, u64), StorageError> {
+    let snapshot = read_snapshot(path)?;
+    let corrupt = |reason: String| StorageError::Corrupt {
+        path: path.to_path_buf(),
+        offset: SNAPSHOT_HEADER_BYTES as u64,
+        reason,
     };
+    let image = decode_image(snapshot.payload_version, &snapshot.payload)
+        .map_err(|error| corrupt(format!("snapshot does not decode: {error}")))?;
+    Ok((State::from_image(image, retention).map_err(corrupt)?, snapshot.replay_from))
+}
+
+/// Replays the log from segment `replay_from` onto `state`.
+fn replay(dir: &Path, mut state: State, replay_from: u64) -> Result<Recovered, StorageError> {
     let mut replayed_bytes = 0u64;
     let mut events = EventSink::disabled();
     let mut policies = SharedPolicies::default();

@@ -87,16 +87,21 @@ pub fn read_snapshot(path: &Path) -> Result<SnapshotFile, StorageError> {
     Ok(SnapshotFile { replay_from, payload_version, payload: payload.to_vec() })
 }
 
-/// Deletes log segments wholly covered by the snapshot at `replay_from`, older
-/// snapshots, and leftover temp files.
+/// Once the snapshot at `replay_from` is durable: deletes the snapshots
+/// before the one preceding it, the log segments only those need, and
+/// leftover temp files. The preceding snapshot and its segments stay, so
+/// that recovery can fall back on them if the newest snapshot is damaged;
+/// with no preceding snapshot the whole log stays.
 pub fn remove_obsolete(dir: &Path, replay_from: u64) -> Result<(), StorageError> {
+    let snapshots = list_snapshots(dir)?;
+    let keep_from = snapshots.iter().map(|(index, _)| *index).filter(|index| *index < replay_from).max().unwrap_or(0);
     for (index, path) in list_segments(dir)? {
-        if index < replay_from {
+        if index < keep_from {
             std::fs::remove_file(&path).map_err(io_error(&path))?;
         }
     }
-    for (index, path) in list_snapshots(dir)? {
-        if index < replay_from {
+    for (index, path) in snapshots {
+        if index < keep_from {
             std::fs::remove_file(&path).map_err(io_error(&path))?;
         }
     }
