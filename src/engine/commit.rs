@@ -156,7 +156,8 @@ impl Committer {
             return Err(StorageError::Poisoned);
         }
         let result = self.wal.rotate();
-        if result.is_err() {
+        // A full disk leaves the log as it was; anything else poisons it.
+        if result.as_ref().is_err_and(|error| !matches!(error, StorageError::NoSpace { .. })) {
             self.fail();
         }
         result

@@ -144,6 +144,10 @@ pub struct FaultyFileSystem {
     direct_writes: bool,
     /// Direct handles open, but every direct write fails with `EINVAL`.
     refuse_direct_writes: bool,
+    /// The disk is full: a buffered write that grows a file fails with `ENOSPC`.
+    no_space: Arc<std::sync::atomic::AtomicBool>,
+    /// Syncs on threads of this name fail with an I/O error.
+    failing_thread: Arc<Mutex<Option<String>>>,
 }
 
 #[derive(Debug, Default)]
@@ -164,7 +168,21 @@ impl FaultyFileSystem {
             data_syncs: Arc::default(),
             direct_writes: true,
             refuse_direct_writes: false,
+            no_space: Arc::default(),
+            failing_thread: Arc::default(),
         }
+    }
+
+    /// Fills the disk (`true`) or frees space again: while full, a buffered
+    /// write that would grow a file fails with `ENOSPC`, as on a real full
+    /// disk; writes over a file's existing bytes still succeed.
+    pub fn set_no_space(&self, full: bool) {
+        self.no_space.store(full, Ordering::SeqCst);
+    }
+
+    /// Makes every later sync on threads named `thread` fail.
+    pub fn fail_syncs_on(&self, thread: &str) {
+        *self.failing_thread.lock() = Some(thread.to_string());
     }
 
     /// The same, but refusing every direct write with `EINVAL` once opened,
@@ -228,6 +246,10 @@ impl FaultyFileSystem {
     }
 
     fn take_sync(&self) -> io::Result<()> {
+        let failing = self.failing_thread.lock().clone();
+        if failing.is_some() && std::thread::current().name() == failing.as_deref() {
+            return Err(io::Error::other("injected fsync failure on this thread"));
+        }
         if self.syncs_left.fetch_sub(1, Ordering::SeqCst) > 0 {
             Ok(())
         } else {
@@ -246,6 +268,10 @@ struct FaultyFile {
 impl LogFile for FaultyFile {
     fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
         if !self.direct {
+            let grows = offset + bytes.len() as u64 > self.inner.size()?;
+            if grows && self.owner.no_space.load(Ordering::SeqCst) {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
             return self.inner.write_at(offset, bytes);
         }
         if self.owner.refuse_direct_writes {

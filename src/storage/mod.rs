@@ -36,6 +36,10 @@ pub enum StorageError {
         offset: u64,
         error: std::io::Error,
     },
+    /// The disk (or the user's quota) is full; nothing was written.
+    NoSpace {
+        path: PathBuf,
+    },
     /// The log refused a write earlier; nothing more is written until restart.
     Poisoned,
     /// Another process holds the data dir.
@@ -52,6 +56,7 @@ impl fmt::Display for StorageError {
             StorageError::Read { path, offset, error } => {
                 write!(f, "reading {} failed at byte offset {offset}: {error}", path.display())
             }
+            StorageError::NoSpace { path } => write!(f, "{}: no space left on the device", path.display()),
             StorageError::Poisoned => {
                 f.write_str("the write-ahead log failed to sync earlier and accepts no more writes")
             }

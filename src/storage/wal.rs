@@ -1,7 +1,10 @@
 //! The write-ahead log: segment files of CRC frames, one frame per commit batch.
 //!
 //! Writing: the engine appends a batch's frame and syncs once (group commit).
-//! Any write or sync error poisons the writer for good.
+//! Any write or sync error poisons the writer for good, except a full disk:
+//! then the writer goes on writing into the space laid down ahead of it
+//! ([`WalWriter::space_budget`] tells how much) and takes more once space is
+//! freed.
 //!
 //! Reading (recovery policy "truncate torn tail"): a frame that fails to decode
 //! in the last segment is a torn write — and cut off — only if no valid frame
@@ -28,6 +31,16 @@ const ZERO_CHUNK_BYTES: u64 = 1024 * 1024;
 /// zeroer's syncs, which compete with the log's, to one per chunk.
 const ZERO_LOOKAHEAD_BYTES: u64 = 8 * 1024 * 1024;
 const ZEROER_POLL: Duration = Duration::from_millis(5);
+/// With the disk full, how often the zeroer tries again.
+const ZEROER_FULL_RETRY: Duration = Duration::from_millis(500);
+/// Log bytes a frame needs beyond its records: its header, a sequence's
+/// count, and a direct write's padding to the next block.
+const FRAME_OVERHEAD_BYTES: u64 = 8 * 1024;
+
+/// Whether an I/O error means the disk (or the user's quota) is full.
+pub(crate) fn is_no_space(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
 
 /// Appends frames to the current segment and rotates segments.
 ///
@@ -54,6 +67,9 @@ pub struct WalWriter {
     direct: Option<DirectWriter>,
     /// The file system turned a direct write down; no more are tried.
     direct_refused: bool,
+    /// The segment is full but the next could not be made (no space); the
+    /// writer goes on past the segment's size into its zeroed reserve.
+    rotation_pending: bool,
 }
 
 impl WalWriter {
@@ -68,7 +84,7 @@ impl WalWriter {
         let path = segment_path(dir, index);
         let zeroed = file.size().map_err(io_error(&path))?;
         let direct = open_direct(fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&encode_segment_header(index)))?;
-        let zeroer = Zeroer::start(file.clone(), SEGMENT_HEADER_BYTES as u64, zeroed, segment_bytes_max);
+        let zeroer = Zeroer::start(fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, zeroed, segment_bytes_max)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             fs,
@@ -81,6 +97,7 @@ impl WalWriter {
             zeroer,
             direct,
             direct_refused: false,
+            rotation_pending: false,
         })
     }
 
@@ -101,7 +118,7 @@ impl WalWriter {
         let file = fs.open_existing(&path).map_err(io_error(&path))?;
         let zeroed = file.size().map_err(io_error(&path))?;
         let direct = open_direct(fs.as_ref(), &path, valid_bytes, None)?;
-        let zeroer = Zeroer::start(file.clone(), valid_bytes, zeroed, segment_bytes_max);
+        let zeroer = Zeroer::start(fs.as_ref(), &path, valid_bytes, zeroed, segment_bytes_max)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             fs,
@@ -114,6 +131,7 @@ impl WalWriter {
             zeroer,
             direct,
             direct_refused: false,
+            rotation_pending: valid_bytes >= segment_bytes_max,
         })
     }
 
@@ -124,7 +142,11 @@ impl WalWriter {
     /// With the disk full, how many more bytes of records fit in the space
     /// already laid down ahead of the writer; `None` while the log can grow.
     pub fn space_budget(&self) -> Option<u64> {
-        None
+        if !self.zeroer.is_full() && !self.rotation_pending {
+            return None;
+        }
+        let ahead = self.zeroer.zeroed_end().saturating_sub(self.offset);
+        Some(ahead.saturating_sub(FRAME_OVERHEAD_BYTES))
     }
 
     pub fn is_poisoned(&self) -> bool {
@@ -144,6 +166,19 @@ impl WalWriter {
     pub fn append(&mut self, payload: &[u8]) -> Result<Written, StorageError> {
         if self.poisoned {
             return Err(StorageError::Poisoned);
+        }
+        if let Some(error) = self.zeroer.take_failure() {
+            // The zeroer's own handle saw a write or sync fail: what the
+            // writer's syncs report can no longer be trusted.
+            self.poisoned = true;
+            return Err(StorageError::Io { path: segment_path(&self.dir, self.segment_index), error });
+        }
+        if self.rotation_pending {
+            match self.rotate() {
+                // Still no room for the next segment: go on in this one's reserve.
+                Ok(_) | Err(StorageError::NoSpace { .. }) => {}
+                Err(error) => return Err(error),
+            }
         }
         if payload.is_empty() || payload.len() > FRAME_PAYLOAD_BYTES_MAX {
             return Err(StorageError::Corrupt {
@@ -173,9 +208,20 @@ impl WalWriter {
         };
         let written = Written { file: self.file.clone(), path, start: self.offset, end: self.offset + length, durable };
         self.offset += length;
+        if self.zeroer.is_stopped() {
+            // Past the frame that outran it, zeroing starts again.
+            let zeroed = self.file.size().unwrap_or(self.offset).max(self.offset);
+            self.zeroer = Zeroer::start(self.fs.as_ref(), &written.path, self.offset, zeroed, self.segment_bytes_max)
+                .inspect_err(|_| self.poisoned = true)?;
+        }
         self.zeroer.note_offset(self.offset);
         if self.offset >= self.segment_bytes_max {
-            self.rotate()?;
+            // With the disk full the next segment waits; this one goes on
+            // into its reserve meanwhile.
+            match self.rotate() {
+                Ok(_) | Err(StorageError::NoSpace { .. }) => {}
+                Err(error) => return Err(error),
+            }
         }
         Ok(written)
     }
@@ -213,33 +259,42 @@ impl WalWriter {
     }
 
     /// Closes the current segment and starts the next; returns the new index.
+    /// With no space for the next segment, the current one stays open (the
+    /// log is not poisoned) and the next append or rotation tries again.
     pub fn rotate(&mut self) -> Result<u64, StorageError> {
         if self.poisoned {
             return Err(StorageError::Poisoned);
         }
-        self.zeroer.stop();
         let next = self.segment_index + 1;
-        match create_segment(self.fs.as_ref(), &self.dir, next, self.segment_bytes_max) {
-            Ok(file) => {
-                self.direct = if self.direct_refused {
-                    None
-                } else {
-                    let (path, head) = (segment_path(&self.dir, next), encode_segment_header(next));
-                    open_direct(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&head))
-                        .inspect_err(|_| self.poisoned = true)?
-                };
-                let zeroed = file.size().unwrap_or(SEGMENT_HEADER_BYTES as u64);
-                self.zeroer = Zeroer::start(file.clone(), SEGMENT_HEADER_BYTES as u64, zeroed, self.segment_bytes_max);
-                self.file = file;
-                self.segment_index = next;
-                self.offset = SEGMENT_HEADER_BYTES as u64;
-                Ok(next)
+        let file = match create_segment(self.fs.as_ref(), &self.dir, next, self.segment_bytes_max) {
+            Ok(file) => file,
+            Err(error @ StorageError::NoSpace { .. }) => {
+                self.rotation_pending = true;
+                return Err(error);
             }
             Err(error) => {
                 self.poisoned = true;
-                Err(error)
+                return Err(error);
             }
-        }
+        };
+        self.zeroer.stop();
+        let path = segment_path(&self.dir, next);
+        self.direct = if self.direct_refused {
+            None
+        } else {
+            let head = encode_segment_header(next);
+            open_direct(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&head))
+                .inspect_err(|_| self.poisoned = true)?
+        };
+        let zeroed = file.size().unwrap_or(SEGMENT_HEADER_BYTES as u64);
+        self.zeroer =
+            Zeroer::start(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, zeroed, self.segment_bytes_max)
+                .inspect_err(|_| self.poisoned = true)?;
+        self.file = file;
+        self.segment_index = next;
+        self.offset = SEGMENT_HEADER_BYTES as u64;
+        self.rotation_pending = false;
+        Ok(next)
     }
 }
 
@@ -285,12 +340,21 @@ fn create_segment(
     segment_bytes_max: u64,
 ) -> Result<Arc<dyn LogFile>, StorageError> {
     let path = segment_path(dir, index);
-    let file = fs.create_new(&path).map_err(io_error(&path))?;
+    let no_space = |error: std::io::Error| {
+        if is_no_space(&error) {
+            // Nothing half made stays behind to be read as a torn segment.
+            let _ = std::fs::remove_file(&path);
+            StorageError::NoSpace { path: path.clone() }
+        } else {
+            StorageError::Io { path: path.clone(), error }
+        }
+    };
+    let file = fs.create_new(&path).map_err(no_space)?;
     let header = SEGMENT_HEADER_BYTES as u64;
     let first_chunk = ZERO_CHUNK_BYTES.min(segment_bytes_max.saturating_sub(header));
-    file.write_at(0, &encode_segment_header(index)).map_err(io_error(&path))?;
-    file.write_at(header, &vec![0u8; first_chunk as usize]).map_err(io_error(&path))?;
-    file.sync_data().map_err(io_error(&path))?;
+    file.write_at(0, &encode_segment_header(index)).map_err(no_space)?;
+    file.write_at(header, &vec![0u8; first_chunk as usize]).map_err(no_space)?;
+    file.sync_data().map_err(no_space)?;
     fs.sync_dir(dir).map_err(io_error(dir))?;
     Ok(file)
 }
@@ -312,19 +376,45 @@ fn open_direct(
 /// The background thread that keeps zeroed, synced space ahead of the writer.
 /// It only ever writes at or beyond `zeroed_end`, and the writer only writes
 /// below it while the zeroer runs, so their ranges never meet.
+///
+/// It writes and syncs through a handle of its own: Linux reports a failed
+/// writeback once per open file, so an error it swallowed on a shared handle
+/// could let the writer's next sync succeed over lost data. Any error of its
+/// own is handed to the writer, which poisons the log, except a full disk:
+/// then it tries again every half second, and meanwhile the writer spends
+/// the space already laid down.
+///
+/// It lays space down up to a little past the segment's size (a quarter of
+/// it, at most half the lookahead), so that when the disk fills up the
+/// writer has room to finish what it accepted even at a segment's end.
 struct Zeroer {
     zeroed_end: Arc<AtomicU64>,
     write_offset: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    /// The last write or sync failed for lack of space.
+    full: Arc<AtomicBool>,
+    /// A failure other than a full disk; the writer takes it and poisons the log.
+    failure: Arc<parking_lot::Mutex<Option<std::io::Error>>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Zeroer {
-    fn start(file: Arc<dyn LogFile>, write_offset: u64, zeroed_end: u64, segment_bytes_max: u64) -> Zeroer {
+    fn start(
+        fs: &dyn FileSystem,
+        path: &Path,
+        write_offset: u64,
+        zeroed_end: u64,
+        segment_bytes_max: u64,
+    ) -> Result<Zeroer, StorageError> {
+        let file = fs.open_existing(path).map_err(io_error(path))?;
         let zeroed = Arc::new(AtomicU64::new(zeroed_end));
         let offset = Arc::new(AtomicU64::new(write_offset));
         let stop = Arc::new(AtomicBool::new(false));
+        let full = Arc::new(AtomicBool::new(false));
+        let failure = Arc::new(parking_lot::Mutex::new(None));
+        let limit = segment_bytes_max + (segment_bytes_max / 4).min(ZERO_LOOKAHEAD_BYTES / 2);
         let (zeroed_end, write_offset, stopped) = (zeroed.clone(), offset.clone(), stop.clone());
+        let (no_space, failed) = (full.clone(), failure.clone());
         let thread = std::thread::Builder::new()
             .name("svc-wal-zeroer".into())
             .spawn(move || {
@@ -332,28 +422,49 @@ impl Zeroer {
                 while !stopped.load(Ordering::Acquire) {
                     let mut end = zeroed_end.load(Ordering::Acquire);
                     let offset = write_offset.load(Ordering::Acquire);
-                    if end >= segment_bytes_max || end >= offset + ZERO_LOOKAHEAD_BYTES / 2 {
+                    if end >= limit || end >= offset + ZERO_LOOKAHEAD_BYTES / 2 {
                         std::thread::sleep(ZEROER_POLL);
                         continue;
                     }
-                    let wanted = (offset + ZERO_LOOKAHEAD_BYTES).min(segment_bytes_max);
+                    let wanted = (offset + ZERO_LOOKAHEAD_BYTES).min(limit);
                     while end < wanted && !stopped.load(Ordering::Acquire) {
                         let length = (wanted - end).min(ZERO_CHUNK_BYTES) as usize;
-                        // A failure only means the writer appends more slowly.
-                        if file.write_at(end, &chunk[..length]).and_then(|()| file.sync_data()).is_err() {
-                            return;
+                        match file.write_at(end, &chunk[..length]).and_then(|()| file.sync_data()) {
+                            Ok(()) => {
+                                no_space.store(false, Ordering::Release);
+                                end += length as u64;
+                                zeroed_end.store(end, Ordering::Release);
+                            }
+                            Err(error) if is_no_space(&error) => {
+                                no_space.store(true, Ordering::Release);
+                                std::thread::sleep(ZEROER_FULL_RETRY);
+                            }
+                            Err(error) => {
+                                *failed.lock() = Some(error);
+                                return;
+                            }
                         }
-                        end += length as u64;
-                        zeroed_end.store(end, Ordering::Release);
                     }
                 }
             })
             .ok();
-        Zeroer { zeroed_end: zeroed, write_offset: offset, stop, thread }
+        Ok(Zeroer { zeroed_end: zeroed, write_offset: offset, stop, full, failure, thread })
     }
 
     fn zeroed_end(&self) -> u64 {
         self.zeroed_end.load(Ordering::Acquire)
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.thread.is_none()
+    }
+
+    fn is_full(&self) -> bool {
+        self.full.load(Ordering::Acquire)
+    }
+
+    fn take_failure(&self) -> Option<std::io::Error> {
+        self.failure.lock().take()
     }
 
     fn note_offset(&self, offset: u64) {
@@ -650,6 +761,93 @@ mod tests {
             let (frames, end) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
             assert_eq!(frames, [b"kept".to_vec()], "{mode}");
             assert_eq!(end.scans[0].torn_at, None, "{mode}: the failed frame was zeroed, not left torn");
+        }
+    }
+
+    /// Waits up to five seconds for `done`.
+    fn eventually(mut done: impl FnMut() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !done() {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+
+    #[test]
+    fn a_failed_sync_of_the_zeroer_poisons_the_log() {
+        for (disk, mode) in file_systems() {
+            let dir = tempfile::tempdir().unwrap();
+            disk.fail_syncs_on("svc-wal-zeroer");
+            let mut writer = WalWriter::create(Arc::new(disk.clone()), dir.path(), 0, 64 << 20).unwrap();
+            let failed = eventually(|| writer.zeroer.failure.lock().is_some());
+            assert!(failed, "{mode}: the zeroer reached its first sync");
+            let error = writer.commit(b"after").unwrap_err();
+            assert!(error.to_string().contains("injected fsync failure"), "{mode}: {error}");
+            assert!(matches!(writer.commit(b"later"), Err(StorageError::Poisoned)), "{mode}");
+        }
+    }
+
+    #[test]
+    fn with_the_disk_full_the_writer_spends_the_space_laid_down_and_recovers() {
+        for (disk, mode) in file_systems() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut writer = WalWriter::create(Arc::new(disk.clone()), dir.path(), 0, 64 << 20).unwrap();
+            assert!(eventually(|| writer.zeroer.zeroed_end() >= ZERO_LOOKAHEAD_BYTES), "{mode}");
+            assert_eq!(writer.space_budget(), None, "{mode}: room to grow");
+            disk.set_no_space(true);
+            let payload = vec![7u8; 256 * 1024];
+            // Writing on brings the zeroer to the full disk.
+            let mut written = 0;
+            while writer.space_budget().is_none() {
+                writer.commit(&payload).unwrap();
+                written += 1;
+                assert!(written < 100, "{mode}: the zeroer never met the full disk");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let budget = writer.space_budget().unwrap();
+            assert!(budget >= 2 << 20, "{mode}: megabytes laid down are left: {budget}");
+            while writer.space_budget().unwrap() >= payload.len() as u64 {
+                writer.commit(&payload).unwrap();
+                written += 1;
+            }
+            disk.set_no_space(false);
+            assert!(eventually(|| writer.space_budget().is_none()), "{mode}: space is back");
+            writer.commit(b"after").unwrap();
+            drop(writer);
+            let (frames, _) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
+            assert_eq!(frames.len(), written + 1, "{mode}");
+        }
+    }
+
+    #[test]
+    fn with_no_space_for_the_next_segment_the_current_one_goes_on_into_its_reserve() {
+        for (disk, mode) in file_systems() {
+            let dir = tempfile::tempdir().unwrap();
+            let segment = 1 << 20;
+            let mut writer = WalWriter::create(Arc::new(disk.clone()), dir.path(), 0, segment).unwrap();
+            assert!(eventually(|| writer.zeroer.zeroed_end() >= segment + segment / 4), "{mode}");
+            disk.set_no_space(true);
+            let payload = vec![3u8; 64 * 1024];
+            let mut written = 0;
+            while writer.offset < segment {
+                writer.commit(&payload).unwrap();
+                written += 1;
+            }
+            assert_eq!(writer.segment_index(), 0, "{mode}: no room for segment 1");
+            assert!(list_segments(dir.path()).unwrap().len() == 1, "{mode}: nothing half made is left");
+            let budget = writer.space_budget().expect("a full disk shows");
+            assert!(budget > 0 && budget < segment / 4, "{mode}: {budget}");
+            writer.commit(&payload).unwrap();
+            written += 1;
+            disk.set_no_space(false);
+            writer.commit(b"next").unwrap();
+            assert_eq!(writer.segment_index(), 1, "{mode}: the next segment once there is room");
+            drop(writer);
+            let (frames, _) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
+            assert_eq!(frames.len(), written + 1, "{mode}");
         }
     }
 
