@@ -166,3 +166,74 @@ fn connections_over_the_cap_get_a_clear_503_and_the_slot_comes_back() {
     let mut again = std::net::TcpStream::connect(&address).unwrap();
     assert!(health(&mut again).starts_with("HTTP/1.1 200"), "closed connections free their slot");
 }
+
+/// Enqueues jobs of 64 KiB until one is refused; returns the refusal and the ids taken.
+fn enqueue_until_refused(server: &TestServer) -> (common::Answer, Vec<String>) {
+    let big = "x".repeat(64 * 1024);
+    let mut taken = Vec::new();
+    for _ in 0..200 {
+        let answer = server.post("/svc/v1/jobs", json!({"type": "t", "args": [big], "options": {"queue": "big"}}));
+        if answer.status != 201 {
+            return (answer, taken);
+        }
+        taken.push(answer.body["job"]["id"].as_str().unwrap().to_string());
+    }
+    panic!("the disk never filled up");
+}
+
+#[test]
+fn with_the_disk_full_new_work_gets_503_accepted_work_ends_and_space_freed_brings_writes_back() {
+    for direct in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = svc::storage::FaultyFileSystem::failing_after(i64::MAX);
+        let disk = if direct { disk } else { disk.without_direct_writes() };
+        let config = config_for(dir.path());
+        let engine_for = |disk: &svc::storage::FaultyFileSystem| {
+            let mut engine = svc::server::engine_config(&config);
+            engine.file_system = Arc::new(disk.clone());
+            engine.segment_bytes = 1 << 20;
+            engine
+        };
+        let mut server = TestServer::start_with(&config, engine_for(&disk));
+        let active = server.enqueue(json!({"type": "t", "args": [1]}));
+        assert_eq!(server.fetch(&["default"], 1)[0]["id"], active.as_str());
+
+        disk.set_no_space(true);
+        let (refused, taken) = enqueue_until_refused(&server);
+        assert_eq!((refused.status, refused.error_code()), (503, "backend_error"), "{}", refused.body);
+        assert_eq!(refused.body["error"]["details"]["reason"], "disk_full");
+        assert_eq!(refused.header("retry-after"), Some("1"));
+        let health = server.get("/svc/v1/health");
+        assert_eq!((health.status, health.body["backend"]["error"].as_str()), (503, Some("disk_full")));
+        assert_eq!(server.get("/ready").status, 200, "reads and acks are still served");
+        assert_eq!(server.job(&active)["state"], "active");
+        let acked = server.post("/svc/v1/workers/ack", json!({"job_id": active}));
+        assert_eq!(acked.status, 200, "accepted work can still end: {}", acked.body);
+        let cancelled = server.delete(&format!("/svc/v1/jobs/{}", taken[0]));
+        assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+        let small = server.post("/svc/v1/jobs", json!({"type": "t", "args": []}));
+        assert_eq!(small.status, 503);
+
+        // A restart on the full disk serves reads and refuses new work.
+        server.server.take().unwrap().stop().expect("a clean stop, even without room for a snapshot");
+        let server = TestServer::start_with(&config, engine_for(&disk));
+        assert_eq!(server.job(&active)["state"], "completed");
+        assert_eq!(server.job(&taken[0])["state"], "cancelled");
+        assert_eq!(server.post("/svc/v1/jobs", json!({"type": "t", "args": []})).status, 503);
+
+        disk.set_no_space(false);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let answer = server.post("/svc/v1/jobs", json!({"type": "t", "args": ["back"]}));
+            if answer.status == 201 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "writes came back once space was freed: {}", answer.body);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert_eq!(server.get("/svc/v1/health").status, 200, "direct={direct}");
+        for id in &taken[1..] {
+            assert_eq!(server.job(id)["state"], "available", "nothing acknowledged was lost");
+        }
+    }
+}

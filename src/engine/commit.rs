@@ -146,7 +146,7 @@ impl Committer {
 
     /// With the disk full, the log bytes a turn may still write; `None`
     /// while the log has room to grow.
-    pub fn space_budget(&self) -> Option<u64> {
+    pub fn space_budget(&mut self) -> Option<u64> {
         if self.failed { None } else { self.wal.space_budget() }
     }
 

@@ -70,6 +70,8 @@ pub struct WalWriter {
     /// The segment is full but the next could not be made (no space); the
     /// writer goes on past the segment's size into its zeroed reserve.
     rotation_pending: bool,
+    /// When a pending segment change was last tried.
+    last_rotation_try: std::time::Instant,
 }
 
 impl WalWriter {
@@ -98,6 +100,7 @@ impl WalWriter {
             direct,
             direct_refused: false,
             rotation_pending: false,
+            last_rotation_try: std::time::Instant::now(),
         })
     }
 
@@ -132,6 +135,7 @@ impl WalWriter {
             direct,
             direct_refused: false,
             rotation_pending: valid_bytes >= segment_bytes_max,
+            last_rotation_try: std::time::Instant::now(),
         })
     }
 
@@ -141,7 +145,13 @@ impl WalWriter {
 
     /// With the disk full, how many more bytes of records fit in the space
     /// already laid down ahead of the writer; `None` while the log can grow.
-    pub fn space_budget(&self) -> Option<u64> {
+    /// A segment change that waits for space is tried again here, at most
+    /// twice a second.
+    pub fn space_budget(&mut self) -> Option<u64> {
+        if self.rotation_pending && self.last_rotation_try.elapsed() >= ZEROER_FULL_RETRY {
+            self.last_rotation_try = std::time::Instant::now();
+            let _ = self.rotate();
+        }
         if !self.zeroer.is_full() && !self.rotation_pending {
             return None;
         }
