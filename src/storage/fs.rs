@@ -24,6 +24,11 @@ pub trait LogFile: Send + Sync {
     fn sync_data(&self) -> io::Result<()>;
     /// The file's current size in bytes.
     fn size(&self) -> io::Result<u64>;
+    /// Bytes this process may still add to the file system the file is on
+    /// (root may use the blocks a file system reserves for it).
+    fn free_space(&self) -> io::Result<u64> {
+        Ok(u64::MAX)
+    }
 }
 
 /// Creates and opens files, and makes directory entries durable.
@@ -68,6 +73,19 @@ impl LogFile for RealFile {
 
     fn size(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
+    }
+
+    fn free_space(&self) -> io::Result<u64> {
+        use std::os::fd::AsRawFd;
+        let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: the descriptor is open for as long as `self`, and `stats`
+        // is a valid place for the kernel to write to.
+        if unsafe { libc::fstatvfs(self.0.as_raw_fd(), &mut stats) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: geteuid has no preconditions.
+        let blocks = if unsafe { libc::geteuid() } == 0 { stats.f_bfree } else { stats.f_bavail };
+        Ok((blocks as u64).saturating_mul(stats.f_frsize as u64))
     }
 }
 
@@ -292,6 +310,10 @@ impl LogFile for FaultyFile {
 
     fn size(&self) -> io::Result<u64> {
         self.inner.size()
+    }
+
+    fn free_space(&self) -> io::Result<u64> {
+        if self.owner.no_space.load(Ordering::SeqCst) { Ok(0) } else { self.inner.free_space() }
     }
 }
 

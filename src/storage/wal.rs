@@ -33,6 +33,10 @@ const ZERO_LOOKAHEAD_BYTES: u64 = 8 * 1024 * 1024;
 const ZEROER_POLL: Duration = Duration::from_millis(5);
 /// With the disk full, how often the zeroer tries again.
 const ZEROER_FULL_RETRY: Duration = Duration::from_millis(500);
+/// The disk counts as full once less than this is free on it: new work
+/// stops while the space laid down ahead is still there for the work
+/// already accepted.
+const FREE_SPACE_MIN_BYTES: u64 = ZERO_LOOKAHEAD_BYTES;
 /// Log bytes a frame needs beyond its records: its header, a sequence's
 /// count, and a direct write's padding to the next block.
 const FRAME_OVERHEAD_BYTES: u64 = 8 * 1024;
@@ -420,7 +424,8 @@ impl Zeroer {
         let zeroed = Arc::new(AtomicU64::new(zeroed_end));
         let offset = Arc::new(AtomicU64::new(write_offset));
         let stop = Arc::new(AtomicBool::new(false));
-        let full = Arc::new(AtomicBool::new(false));
+        // Known before the first write: a server started on a full disk says so at once.
+        let full = Arc::new(AtomicBool::new(file.free_space().is_ok_and(|free| free < FREE_SPACE_MIN_BYTES)));
         let failure = Arc::new(parking_lot::Mutex::new(None));
         let limit = segment_bytes_max + (segment_bytes_max / 4).min(ZERO_LOOKAHEAD_BYTES / 2);
         let (zeroed_end, write_offset, stopped) = (zeroed.clone(), offset.clone(), stop.clone());
@@ -429,10 +434,19 @@ impl Zeroer {
             .name("svc-wal-zeroer".into())
             .spawn(move || {
                 let chunk = vec![0u8; ZERO_CHUNK_BYTES as usize];
+                let mut space_checked: Option<std::time::Instant> = None;
                 while !stopped.load(Ordering::Acquire) {
                     let mut end = zeroed_end.load(Ordering::Acquire);
                     let offset = write_offset.load(Ordering::Acquire);
                     if end >= limit || end >= offset + ZERO_LOOKAHEAD_BYTES / 2 {
+                        // Idle: whether the next top-up would find room (so a
+                        // server started on a full disk knows at once).
+                        if space_checked.is_none_or(|at| at.elapsed() >= ZEROER_FULL_RETRY) {
+                            space_checked = Some(std::time::Instant::now());
+                            if let Ok(free) = file.free_space() {
+                                no_space.store(free < FREE_SPACE_MIN_BYTES, Ordering::Release);
+                            }
+                        }
                         std::thread::sleep(ZEROER_POLL);
                         continue;
                     }
@@ -441,7 +455,8 @@ impl Zeroer {
                         let length = (wanted - end).min(ZERO_CHUNK_BYTES) as usize;
                         match file.write_at(end, &chunk[..length]).and_then(|()| file.sync_data()) {
                             Ok(()) => {
-                                no_space.store(false, Ordering::Release);
+                                let free = file.free_space().unwrap_or(u64::MAX);
+                                no_space.store(free < FREE_SPACE_MIN_BYTES, Ordering::Release);
                                 end += length as u64;
                                 zeroed_end.store(end, Ordering::Release);
                             }
