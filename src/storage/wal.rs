@@ -138,7 +138,7 @@ impl WalWriter {
             zeroer,
             direct,
             direct_refused: false,
-            rotation_pending: valid_bytes >= segment_bytes_max,
+            rotation_pending: false,
             last_rotation_try: std::time::Instant::now(),
         })
     }
@@ -149,11 +149,11 @@ impl WalWriter {
 
     /// With the disk full, how many more bytes of records fit in the space
     /// already laid down ahead of the writer; `None` while the log can grow.
-    /// A segment change that waits for space is tried again here, at most
-    /// twice a second.
+    /// A full segment is closed here (every frame before a turn is durable),
+    /// or at the next append; one that waits for space is tried again at
+    /// most twice a second.
     pub fn space_budget(&mut self) -> Option<u64> {
-        if self.rotation_pending && self.last_rotation_try.elapsed() >= ZEROER_FULL_RETRY {
-            self.last_rotation_try = std::time::Instant::now();
+        if self.offset >= self.segment_bytes_max && !self.rotation_waits() {
             let _ = self.rotate();
         }
         if !self.zeroer.is_full() && !self.rotation_pending {
@@ -187,9 +187,12 @@ impl WalWriter {
             self.poisoned = true;
             return Err(StorageError::Io { path: segment_path(&self.dir, self.segment_index), error });
         }
-        if self.rotation_pending {
+        // A full segment is closed only now, when every frame in it is
+        // durable: closing it right after writing its last frame would let a
+        // crash before that frame's sync leave it torn in a sealed segment.
+        if self.offset >= self.segment_bytes_max && !self.rotation_waits() {
             match self.rotate() {
-                // Still no room for the next segment: go on in this one's reserve.
+                // No room for the next segment: go on in this one's reserve.
                 Ok(_) | Err(StorageError::NoSpace { .. }) => {}
                 Err(error) => return Err(error),
             }
@@ -229,14 +232,6 @@ impl WalWriter {
                 .inspect_err(|_| self.poisoned = true)?;
         }
         self.zeroer.note_offset(self.offset);
-        if self.offset >= self.segment_bytes_max {
-            // With the disk full the next segment waits; this one goes on
-            // into its reserve meanwhile.
-            match self.rotate() {
-                Ok(_) | Err(StorageError::NoSpace { .. }) => {}
-                Err(error) => return Err(error),
-            }
-        }
         Ok(written)
     }
 
@@ -272,6 +267,12 @@ impl WalWriter {
         Ok(written.end - written.start)
     }
 
+    /// Whether a segment change that found no space was tried less than
+    /// half a second ago (it is not tried again sooner).
+    fn rotation_waits(&self) -> bool {
+        self.rotation_pending && self.last_rotation_try.elapsed() < ZEROER_FULL_RETRY
+    }
+
     /// Closes the current segment and starts the next; returns the new index.
     /// With no space for the next segment, the current one stays open (the
     /// log is not poisoned) and the next append or rotation tries again.
@@ -284,6 +285,7 @@ impl WalWriter {
             Ok(file) => file,
             Err(error @ StorageError::NoSpace { .. }) => {
                 self.rotation_pending = true;
+                self.last_rotation_try = std::time::Instant::now();
                 return Err(error);
             }
             Err(error) => {
@@ -868,11 +870,34 @@ mod tests {
             writer.commit(&payload).unwrap();
             written += 1;
             disk.set_no_space(false);
+            let moved_on = eventually(|| writer.space_budget().is_none() && writer.segment_index() == 1);
+            assert!(moved_on, "{mode}: the next segment once there is room");
             writer.commit(b"next").unwrap();
-            assert_eq!(writer.segment_index(), 1, "{mode}: the next segment once there is room");
             drop(writer);
             let (frames, _) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
             assert_eq!(frames.len(), written + 1, "{mode}");
+        }
+    }
+
+    #[test]
+    fn power_lost_before_the_sync_of_a_segments_last_frame_leaves_a_dir_that_opens() {
+        for seed in 0..16 {
+            let dir = tempfile::tempdir().unwrap();
+            let disk = crate::storage::PowerLossFileSystem::new();
+            let segment = 64 * 1024;
+            let mut writer = WalWriter::create(Arc::new(disk.clone()), dir.path(), 0, segment).unwrap();
+            let payload = vec![5u8; 10_000];
+            let mut synced = 0;
+            while writer.offset + 10_100 < segment {
+                writer.commit(&payload).unwrap();
+                synced += 1;
+            }
+            // This frame fills the segment; power goes before its sync.
+            let _unsynced = writer.append(&payload).unwrap();
+            drop(writer);
+            disk.crash(seed).unwrap();
+            let (frames, _) = collect(dir.path(), TailPolicy::Truncate).expect("the data dir opens");
+            assert!(frames.len() == synced || frames.len() == synced + 1, "seed {seed}: {} frames", frames.len());
         }
     }
 
