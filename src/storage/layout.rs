@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::{StorageError, io_error};
 
-/// `magic[8] | version u32 | reserved u32 | segment index u64 | crc32 u32 | reserved u32`.
+/// `magic[8] | version u32 | previous segment's length u32 | segment index u64 | crc32 u32 | reserved u32`.
 pub const SEGMENT_HEADER_BYTES: usize = 32;
 pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"SVCWAL\r\n";
 pub(crate) const FORMAT_VERSION: u32 = 1;
@@ -51,14 +51,26 @@ pub fn list_snapshots(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
     list_numbered(dir, "snapshot-", ".snap")
 }
 
-pub(crate) fn encode_segment_header(index: u64) -> [u8; SEGMENT_HEADER_BYTES] {
+/// The header of segment `index`. `previous_length` is where the frames of
+/// segment `index - 1` end, when the writer knows it (0 in the header
+/// otherwise): recovery checks it, so a write lost at the end of a sealed
+/// segment is found instead of read as its clean end.
+pub(crate) fn encode_segment_header(index: u64, previous_length: Option<u64>) -> [u8; SEGMENT_HEADER_BYTES] {
     let mut header = [0u8; SEGMENT_HEADER_BYTES];
     header[0..8].copy_from_slice(SEGMENT_MAGIC);
     header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let previous = previous_length.and_then(|length| u32::try_from(length).ok()).unwrap_or(0);
+    header[12..16].copy_from_slice(&previous.to_le_bytes());
     header[16..24].copy_from_slice(&index.to_le_bytes());
     let crc = crc32fast::hash(&header[0..24]);
     header[24..28].copy_from_slice(&crc.to_le_bytes());
     header
+}
+
+/// Where the previous segment's frames end, as a (checked) header records it.
+pub(crate) fn previous_segment_length(header: &[u8]) -> Option<u64> {
+    let length = u32::from_le_bytes(header[12..16].try_into().expect("four bytes"));
+    (length != 0).then_some(u64::from(length))
 }
 
 /// Checks a segment header; returns the reason it is unusable.

@@ -20,7 +20,10 @@ use std::time::Duration;
 
 use super::direct::DirectWriter;
 use super::frame::{Decoded, decode_frame, encode_frame};
-use super::layout::{SEGMENT_HEADER_BYTES, check_segment_header, encode_segment_header, list_segments, segment_path};
+use super::layout::{
+    SEGMENT_HEADER_BYTES, check_segment_header, encode_segment_header, list_segments, previous_segment_length,
+    segment_path,
+};
 use super::{FileSystem, LogFile, StorageError, io_error, read_file};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 
@@ -86,10 +89,11 @@ impl WalWriter {
         index: u64,
         segment_bytes_max: u64,
     ) -> Result<Self, StorageError> {
-        let file = create_segment(fs.as_ref(), dir, index, segment_bytes_max)?;
+        let header = encode_segment_header(index, None);
+        let file = create_segment(fs.as_ref(), dir, index, segment_bytes_max, &header)?;
         let path = segment_path(dir, index);
         let zeroed = file.size().map_err(io_error(&path))?;
-        let direct = open_direct(fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&encode_segment_header(index)))?;
+        let direct = open_direct(fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&header))?;
         let zeroer = Zeroer::start(fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, zeroed, segment_bytes_max)?;
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -281,7 +285,8 @@ impl WalWriter {
             return Err(StorageError::Poisoned);
         }
         let next = self.segment_index + 1;
-        let file = match create_segment(self.fs.as_ref(), &self.dir, next, self.segment_bytes_max) {
+        let header = encode_segment_header(next, Some(self.offset));
+        let file = match create_segment(self.fs.as_ref(), &self.dir, next, self.segment_bytes_max, &header) {
             Ok(file) => file,
             Err(error @ StorageError::NoSpace { .. }) => {
                 self.rotation_pending = true;
@@ -298,8 +303,7 @@ impl WalWriter {
         self.direct = if self.direct_refused {
             None
         } else {
-            let head = encode_segment_header(next);
-            open_direct(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&head))
+            open_direct(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&header))
                 .inspect_err(|_| self.poisoned = true)?
         };
         let zeroed = file.size().unwrap_or(SEGMENT_HEADER_BYTES as u64);
@@ -354,6 +358,7 @@ fn create_segment(
     dir: &Path,
     index: u64,
     segment_bytes_max: u64,
+    header: &[u8; SEGMENT_HEADER_BYTES],
 ) -> Result<Arc<dyn LogFile>, StorageError> {
     let path = segment_path(dir, index);
     let no_space = |error: std::io::Error| {
@@ -366,10 +371,10 @@ fn create_segment(
         }
     };
     let file = fs.create_new(&path).map_err(no_space)?;
-    let header = SEGMENT_HEADER_BYTES as u64;
-    let first_chunk = ZERO_CHUNK_BYTES.min(segment_bytes_max.saturating_sub(header));
-    file.write_at(0, &encode_segment_header(index)).map_err(no_space)?;
-    file.write_at(header, &vec![0u8; first_chunk as usize]).map_err(no_space)?;
+    let header_end = SEGMENT_HEADER_BYTES as u64;
+    let first_chunk = ZERO_CHUNK_BYTES.min(segment_bytes_max.saturating_sub(header_end));
+    file.write_at(0, header).map_err(no_space)?;
+    file.write_at(header_end, &vec![0u8; first_chunk as usize]).map_err(no_space)?;
     file.sync_data().map_err(no_space)?;
     fs.sync_dir(dir).map_err(io_error(dir))?;
     Ok(file)
@@ -587,6 +592,29 @@ pub fn scan_segment(
     Ok(scan)
 }
 
+/// Checks that the segment before the one at `path` ends where that one's
+/// header says it did: frames lost at the end of a sealed segment would
+/// otherwise read as its clean end.
+fn check_continuity(previous: &SegmentScan, path: &Path) -> Result<(), StorageError> {
+    use std::io::Read;
+    let mut header = [0u8; SEGMENT_HEADER_BYTES];
+    let read = std::fs::File::open(path).and_then(|mut file| file.read_exact(&mut header));
+    // A header that does not read back is reported by the segment's own scan.
+    let Some(recorded) = read.ok().and_then(|()| previous_segment_length(&header)) else { return Ok(()) };
+    if previous.valid_bytes != recorded {
+        return Err(StorageError::Corrupt {
+            path: previous.path.clone(),
+            offset: previous.valid_bytes,
+            reason: format!(
+                "the segment's frames end at byte {}, but the next segment records that they ended at byte {recorded}: \
+                 written frames were lost",
+                previous.valid_bytes
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn next_valid_frame(bytes: &[u8], from: usize) -> Option<usize> {
     (from..bytes.len()).find(|&start| matches!(decode_frame(&bytes[start..]), Decoded::Frame { .. }))
 }
@@ -619,6 +647,9 @@ pub fn replay_log(
             });
         }
         let is_last = position + 1 == segments.len();
+        if let Some(previous) = end.scans.last() {
+            check_continuity(previous, path)?;
+        }
         let scan = scan_segment(path, *index, is_last, on_frame)?;
         if let Some((offset, reason)) = &scan.torn_at
             && policy == TailPolicy::Truncate
@@ -899,6 +930,31 @@ mod tests {
             let (frames, _) = collect(dir.path(), TailPolicy::Truncate).expect("the data dir opens");
             assert!(frames.len() == synced || frames.len() == synced + 1, "seed {seed}: {} frames", frames.len());
         }
+    }
+
+    #[test]
+    fn frames_lost_at_the_end_of_a_sealed_segment_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let payloads: Vec<Vec<u8>> = (0..12u8).map(|n| vec![n + 1; 3000]).collect();
+        let refs: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
+        write_frames(dir.path(), &refs, 8 * 1024);
+        let (frames, end) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
+        assert_eq!(frames.len(), 12);
+        assert!(end.scans.len() > 2, "several segments");
+        // The device loses the last frame of segment 0: it reads as zeros.
+        let first = &end.scans[0];
+        let mut start = 0;
+        scan_segment(&first.path, 0, false, &mut |_, offset, _| {
+            start = offset;
+            Ok(())
+        })
+        .unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&first.path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &vec![0u8; (first.valid_bytes - start) as usize], start)
+            .unwrap();
+        let error = collect(dir.path(), TailPolicy::ReadOnly).unwrap_err().to_string();
+        assert!(error.contains("segment-00000000000000000000.wal") && error.contains("were lost"), "{error}");
+        assert!(error.contains(&format!("offset {start}")), "{error}");
     }
 
     #[test]
