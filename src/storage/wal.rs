@@ -932,6 +932,48 @@ mod tests {
         }
     }
 
+    /// A device that loses power during a direct write leaves each sector of
+    /// it either old or new. The write repeats the bytes of earlier frames in
+    /// its first block unchanged, so every mix keeps those frames whole.
+    #[test]
+    fn a_direct_write_torn_at_any_sectors_keeps_the_earlier_frames_of_its_block() {
+        const SECTOR: usize = 512;
+        let dir = tempfile::tempdir().unwrap();
+        let disk = FaultyFileSystem::failing_after(i64::MAX);
+        let mut writer = WalWriter::create(Arc::new(disk), dir.path(), 0, 1 << 20).unwrap();
+        if writer.direct.is_none() {
+            eprintln!("skipped: no direct writes on this file system");
+            return;
+        }
+        let path = segment_path(dir.path(), 0);
+        writer.commit(&[1u8; 700]).unwrap();
+        writer.commit(&[2u8; 1500]).unwrap();
+        let before = std::fs::read(&path).unwrap();
+        // Starts inside the block the earlier frames end in, and spans several blocks.
+        writer.commit(&[3u8; 9000]).unwrap();
+        let after = std::fs::read(&path).unwrap();
+        drop(writer);
+        let changed: Vec<usize> = (0..after.len() / SECTOR)
+            .filter(|sector| {
+                before[sector * SECTOR..(sector + 1) * SECTOR] != after[sector * SECTOR..(sector + 1) * SECTOR]
+            })
+            .collect();
+        assert!(!changed.is_empty());
+        for seed in 0u64..64 {
+            let mut torn = before.clone();
+            for (position, sector) in changed.iter().enumerate() {
+                if (seed >> (position % 64)) & 1 == 1 || seed.wrapping_mul(31).wrapping_add(position as u64) % 3 == 0 {
+                    torn[sector * SECTOR..(sector + 1) * SECTOR]
+                        .copy_from_slice(&after[sector * SECTOR..(sector + 1) * SECTOR]);
+                }
+            }
+            std::fs::write(&path, &torn).unwrap();
+            let (frames, _) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
+            assert!(frames.len() >= 2, "seed {seed}: the acknowledged frames are whole");
+            assert_eq!((frames[0].as_slice(), frames[1].as_slice()), (&[1u8; 700][..], &[2u8; 1500][..]));
+        }
+    }
+
     #[test]
     fn frames_lost_at_the_end_of_a_sealed_segment_are_found() {
         let dir = tempfile::tempdir().unwrap();
