@@ -192,7 +192,8 @@ impl Writer {
         let mut image_requests = Vec::new();
         // With the disk full, the log bytes this turn may still use.
         let mut budget = self.committer.space_budget();
-        self.note_disk_full(budget.is_some());
+        let full_disk = budget.is_some();
+        self.note_disk_full(full_disk);
         {
             let Staged { records, replies, events } = &mut staged;
             let due_limit = budget.map_or(DUE_JOBS_PER_TURN_MAX, |bytes| {
@@ -257,7 +258,8 @@ impl Writer {
             let result = self.snapshot_now().map_err(|_| EngineError::Unavailable { reason: "snapshot_failed" });
             let _ = reply.send(result);
         }
-        if !stop {
+        // A snapshot needs a new segment and room for its file: not while the disk is full.
+        if !stop && !full_disk {
             self.maybe_start_snapshot();
         }
         stop
