@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::engine::{Cancelled, Engine, EngineConfig, EngineError, EngineHandle, FetchRequest};
+use crate::engine::{Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, FetchRequest};
 use crate::job::{FailureReport, Job, JobId, NewJob, ValidationError, parse_enqueue_body};
 use crate::storage::StorageError;
 
@@ -93,6 +93,19 @@ impl Svc {
 
     pub fn get(&self, id: JobId) -> Option<Arc<Job>> {
         self.handle().job(id)
+    }
+
+    /// Whether the disk is full: new work (enqueue) is refused with
+    /// `EngineError::Unavailable { reason: "disk_full" }` until space is
+    /// freed, while work already accepted can still end.
+    pub fn disk_full(&self) -> bool {
+        self.handle().disk_full()
+    }
+
+    /// Why the engine takes no more writes at all, if it does not (a failed
+    /// sync, or its thread stopped): reopen the data dir to recover.
+    pub fn failure(&self) -> Option<EngineFailure> {
+        self.handle().failure()
     }
 
     /// Stops cleanly: queued commands finish and a final snapshot is written.

@@ -37,4 +37,4 @@ pub mod storage;
 
 mod embed;
 
-pub use embed::Svc;
+pub use embed::{Svc, SvcError};

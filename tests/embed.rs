@@ -30,3 +30,41 @@ fn embedded_queue_round_trip_survives_reopen() {
     assert!(svc.fetch(&["mail", "default"], 10, None).unwrap().is_empty());
     svc.close();
 }
+
+#[test]
+fn an_embedded_queue_caps_its_finished_jobs_and_reports_a_full_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = svc::storage::FaultyFileSystem::failing_after(i64::MAX);
+    let mut config = svc::engine::EngineConfig::new(dir.path());
+    config.retention.max_terminal_jobs = 2;
+    config.file_system = std::sync::Arc::new(disk.clone());
+    let svc = Svc::open_with(config).unwrap();
+    let mut done = Vec::new();
+    for n in 0..4 {
+        let job = svc.enqueue_json(&format!(r#"{{"type":"t","args":[{n}]}}"#)).unwrap();
+        svc.fetch(&["default"], 1, None).unwrap();
+        svc.ack(job.id, None).unwrap();
+        done.push(job.id);
+    }
+    assert!(svc.get(done[0]).is_none() && svc.get(done[1]).is_none(), "the oldest finished jobs are pruned");
+    assert!(svc.get(done[2]).is_some() && svc.get(done[3]).is_some());
+
+    let active = svc.enqueue_json(r#"{"type":"t","args":[]}"#).unwrap();
+    svc.fetch(&["default"], 1, None).unwrap();
+    disk.set_no_space(true);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let refused = loop {
+        match svc.enqueue_json(r#"{"type":"t","args":[]}"#) {
+            Err(error) => break error,
+            Ok(_) => assert!(std::time::Instant::now() < deadline, "the full disk was noticed"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(
+        matches!(refused, svc::SvcError::Engine(svc::engine::EngineError::Unavailable { reason: "disk_full" })),
+        "{refused:?}"
+    );
+    assert!(svc.disk_full() && svc.failure().is_none());
+    assert_eq!(svc.ack(active.id, None).unwrap().state, JobState::Completed, "accepted work still ends");
+    svc.close();
+}
