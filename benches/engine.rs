@@ -24,7 +24,7 @@ fn apply(state: &mut State, record: &Record) {
 fn state_with(available: usize) -> State {
     let mut state = State::new(Retention::default());
     let mut entropy = SystemEntropy;
-    let record = state.decide_enqueue(NOW, (0..available).map(new_job).collect(), &mut entropy).expect("accepted");
+    let (record, _) = state.decide_enqueue(NOW, (0..available).map(new_job).collect(), &mut entropy).expect("accepted");
     apply(&mut state, &record);
     state
 }
@@ -42,7 +42,7 @@ fn engine_apply(c: &mut Criterion) {
                 new_job(n)
             },
             |job| {
-                let record = state.decide_enqueue(NOW, vec![job], entropy.as_mut()).expect("accepted");
+                let (record, _) = state.decide_enqueue(NOW, vec![job], entropy.as_mut()).expect("accepted");
                 apply(&mut state, &record);
             },
             BatchSize::SmallInput,
@@ -57,7 +57,7 @@ fn engine_apply(c: &mut Criterion) {
             || state_with(1000),
             |state| {
                 for _ in 0..1000 {
-                    let record = state.decide_fetch(NOW, &request).expect("a job is ready");
+                    let (record, _) = state.decide_fetch(NOW, &request).expect("a job is ready");
                     apply(state, black_box(&record));
                 }
             },
@@ -69,10 +69,9 @@ fn engine_apply(c: &mut Criterion) {
             || state_with(1000),
             |state| {
                 for _ in 0..1000 {
-                    let claim = state.decide_fetch(NOW, &request).expect("a job is ready");
+                    let (claim, ids) = state.decide_fetch(NOW, &request).expect("a job is ready");
                     apply(state, &claim);
-                    let Record::Claim { claims, .. } = &claim else { unreachable!() };
-                    let ack = state.decide_ack(NOW, claims[0].id, None, None).expect("active");
+                    let ack = state.decide_ack(NOW, ids[0], None, None).expect("active");
                     apply(state, &ack);
                 }
             },

@@ -299,11 +299,11 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                 };
                 let outcome = handle.cancel(id).wait();
                 check_eq!(outcome.as_ref().map(|_| ()).map_err(error_kind), expected);
-                if expected.is_ok() {
-                    let now = model.now;
-                    let job = model.jobs.get_mut(&id).unwrap();
+                // Cancelling a cancelled job again changes nothing.
+                let job = model.jobs.get_mut(&id);
+                if let Some(job) = job.filter(|job| expected.is_ok() && job.state != JobState::Cancelled) {
                     job.state = JobState::Cancelled;
-                    job.ended_at = now;
+                    job.ended_at = model.now;
                     job.visibility_deadline = None;
                     job.retry_at = None;
                 }
@@ -337,7 +337,7 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                     .collect();
                 expected.sort();
                 expected.dedup();
-                check_eq!(extended, (expected.len(), None));
+                check_eq!((extended.extended, extended.signal), (expected.len(), None));
                 let now = model.now;
                 for id in expected {
                     model.jobs.get_mut(&id).unwrap().visibility_deadline = Some(now + VISIBILITY_MS);

@@ -217,7 +217,7 @@ fn heartbeats_extend_claims_by_the_claims_own_visibility() {
     assert_eq!(harness.engine.handle().fetch(request("w-1", 2000)).wait().unwrap()[0].id, id);
     assert_eq!(harness.engine.handle().fetch(request("w-2", 2000)).wait().unwrap()[0].id, other);
     harness.advance(1500);
-    let extended = harness.engine.handle().heartbeat("w-1".into(), None, None).wait().unwrap().0;
+    let extended = harness.engine.handle().heartbeat("w-1".into(), None, None).wait().unwrap().extended;
     assert_eq!(extended, 1, "only w-1's own job");
     assert_eq!(
         harness.engine.handle().job(id).unwrap().visibility_deadline,
@@ -233,17 +233,17 @@ fn heartbeats_extend_claims_by_the_claims_own_visibility() {
 
     let listed = vec![id, other, JobId(42)];
     assert_eq!(
-        harness.engine.handle().heartbeat("w-1".into(), Some(listed), Some(10_000)).wait().unwrap().0,
+        harness.engine.handle().heartbeat("w-1".into(), Some(listed), Some(10_000)).wait().unwrap().extended,
         1,
         "only active jobs are extended"
     );
     assert_eq!(
-        harness.engine.handle().heartbeat("w-1".into(), Some(Vec::new()), None).wait().unwrap().0,
+        harness.engine.handle().heartbeat("w-1".into(), Some(Vec::new()), None).wait().unwrap().extended,
         0,
         "an empty list extends nothing"
     );
     assert_eq!(
-        harness.engine.handle().heartbeat("w-2".into(), Some(vec![id]), None).wait().unwrap().0,
+        harness.engine.handle().heartbeat("w-2".into(), Some(vec![id]), None).wait().unwrap().extended,
         0,
         "another worker's claim is not extended"
     );

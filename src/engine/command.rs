@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-use crate::job::{FailureReport, Job, JobId, JobState, NewJob, ValidationError};
+use crate::job::{Job, JobId, JobState, ValidationError};
 
 /// Where the engine sends one command's outcome.
 pub type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
@@ -24,123 +24,22 @@ pub struct Cancelled {
     pub previous_state: JobState,
 }
 
-pub enum Command {
-    Enqueue {
-        jobs: Vec<NewJob>,
-        reply: Reply<Vec<Arc<Job>>>,
-    },
-    Fetch {
-        request: FetchRequest,
-        reply: Reply<Vec<Arc<Job>>>,
-    },
-    Ack {
-        id: JobId,
-        result: Option<String>,
-        worker_id: Option<String>,
-        reply: Reply<Arc<Job>>,
-    },
-    Fail {
-        id: JobId,
-        report: FailureReport,
-        requeue: bool,
-        worker_id: Option<String>,
-        reply: Reply<Arc<Job>>,
-    },
-    /// Extends claims; replies with how many were extended and the worker's signal.
-    Heartbeat {
-        worker_id: String,
-        active_jobs: Option<Vec<JobId>>,
-        visibility_timeout_ms: Option<u64>,
-        reply: Reply<(usize, Option<super::workers::WorkerSignal>)>,
-    },
-    /// An operator's signal to a known worker.
-    SignalWorker {
-        worker_id: String,
-        signal: super::workers::WorkerSignal,
-        reply: Reply<super::workers::WorkerEntry>,
-    },
-    /// Forgets a known worker's entry and signal.
-    ForgetWorker {
-        worker_id: String,
-        reply: Reply<()>,
-    },
-    DeadLetterRetry {
-        id: JobId,
-        reply: Reply<Arc<Job>>,
-    },
-    /// Registers or changes a cron entry; replies with it and whether it is new.
-    CronPut {
-        definition: crate::cron::CronDefinition,
-        write: super::cron::CronWrite,
-        reply: Reply<(Arc<super::cron::CronEntry>, bool)>,
-    },
-    /// Removes a cron entry; replies with it as it was.
-    CronDelete {
-        name: String,
-        reply: Reply<Arc<super::cron::CronEntry>>,
-    },
-    DeadLetterDelete {
-        id: JobId,
-        reply: Reply<()>,
-    },
-    Cancel {
-        id: JobId,
-        reply: Reply<Cancelled>,
-    },
-    /// A round trip through the engine, for health checks.
-    Probe {
-        reply: Reply<()>,
-    },
-    /// A graceful shutdown begins: stop firing cron entries, tell workers to terminate.
-    BeginDrain {
-        reply: Reply<()>,
-    },
-    /// Handle what is due now (used with a manual clock).
-    Tick {
-        reply: Reply<()>,
-    },
-    /// Write a snapshot now and wait until it is durable.
-    Snapshot {
-        reply: Reply<()>,
-    },
-    /// Stop; with `snapshot` a final snapshot is written first.
-    Shutdown {
-        snapshot: bool,
-        reply: Reply<()>,
-    },
-    /// The full committed state (tests and tools).
-    Image {
-        reply: Reply<super::state::StateImage>,
-    },
+/// What waits in the engine's inbox: a request, or one of the controls the
+/// batch loop itself handles around the turn's commit.
+pub(crate) enum Command {
+    Request(Box<dyn super::requests::Queued>),
+    Shutdown { snapshot: bool, reply: Reply<()> },
+    Image { reply: Reply<super::state::StateImage> },
+    Snapshot { reply: Reply<()> },
 }
 
-/// Why the engine refused a command.
 impl Command {
     /// About how many bytes this command carries, for the inbox's bound.
     pub(crate) fn held_bytes(&self) -> u64 {
-        let carried = match self {
-            Command::Enqueue { jobs, .. } => jobs
-                .iter()
-                .map(|job| {
-                    let payload = &job.payload;
-                    std::mem::size_of::<NewJob>()
-                        + job.queue.len()
-                        + payload.job_type.len()
-                        + payload.args.len()
-                        + payload.meta.len()
-                        + payload.tags.iter().map(String::len).sum::<usize>()
-                        + payload.extra.iter().map(|(key, value)| key.len() + value.len()).sum::<usize>()
-                })
-                .sum(),
-            Command::Ack { result, .. } => result.as_ref().map_or(0, String::len),
-            Command::Fail { report, .. } => report.held_bytes(),
-            Command::Heartbeat { active_jobs, .. } => {
-                active_jobs.as_ref().map_or(0, |ids| ids.len() * std::mem::size_of::<JobId>())
-            }
-            Command::Fetch { request, .. } => request.queues.iter().map(String::len).sum(),
-            _ => 0,
-        };
-        (std::mem::size_of::<Command>() + carried) as u64
+        match self {
+            Command::Request(request) => request.held_bytes(),
+            _ => std::mem::size_of::<Command>() as u64,
+        }
     }
 }
 

@@ -13,49 +13,15 @@
 
 use std::sync::Arc;
 
-use super::command::{Cancelled, EngineError, Reply};
+use super::command::EngineError;
 use super::cron::CronEntry;
 use super::events::Event;
+use super::requests::Responder;
 use super::view::{QueueSummary, ReadView};
-use super::workers::{WorkerEntry, WorkerSignal};
+use super::workers::WorkerEntry;
 use crate::job::{Job, JobId};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 use crate::storage::{StorageError, WalWriter};
-
-/// A reply that waits for its commit.
-pub(crate) enum Outgoing {
-    Jobs(Reply<Vec<Arc<Job>>>, Result<Vec<Arc<Job>>, EngineError>),
-    Job(Reply<Arc<Job>>, Result<Arc<Job>, EngineError>),
-    Cancelled(Reply<Cancelled>, Result<Cancelled, EngineError>),
-    Unit(Reply<()>, Result<(), EngineError>),
-    Beat(Reply<(usize, Option<WorkerSignal>)>, Result<(usize, Option<WorkerSignal>), EngineError>),
-    Worker(Reply<WorkerEntry>, Result<WorkerEntry, EngineError>),
-    CronPut(Reply<(Arc<CronEntry>, bool)>, Result<(Arc<CronEntry>, bool), EngineError>),
-    Cron(Reply<Arc<CronEntry>>, Result<Arc<CronEntry>, EngineError>),
-}
-
-impl Outgoing {
-    /// Sends the outcome, or `failure` instead of a success when the commit failed.
-    pub fn send(self, failure: Option<&EngineError>) {
-        fn pick<T>(result: Result<T, EngineError>, failure: Option<&EngineError>) -> Result<T, EngineError> {
-            match (result, failure) {
-                (Ok(_), Some(error)) => Err(error.clone()),
-                (result, _) => result,
-            }
-        }
-        // A requester that went away (timeout, closed connection) is no error.
-        let _ = match self {
-            Outgoing::Jobs(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Job(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Cancelled(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Unit(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Beat(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Worker(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::CronPut(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-            Outgoing::Cron(reply, result) => reply.send(pick(result, failure)).map_err(drop),
-        };
-    }
-}
 
 /// The error every reply of a failed commit gets.
 pub(crate) fn storage_failed() -> EngineError {
@@ -118,7 +84,7 @@ impl Committer {
     /// `sequences` are the turn's encoded records, each at most half a frame
     /// so that any one fits a frame; none when the turn changed nothing
     /// durable.
-    pub fn commit(&mut self, sequences: &[Vec<u8>], delta: ViewDelta, replies: Vec<Outgoing>) {
+    pub fn commit(&mut self, sequences: &[Vec<u8>], delta: ViewDelta, replies: Vec<Responder>) {
         let mut ok = !self.failed;
         self.payload.clear();
         for sequence in sequences {
@@ -141,7 +107,7 @@ impl Committer {
             delta.publish(&self.view);
         }
         let failure = (!ok).then(storage_failed);
-        replies.into_iter().for_each(|reply| reply.send(failure.as_ref()));
+        replies.into_iter().for_each(|reply| reply(failure.as_ref()));
     }
 
     /// With the disk full, the log bytes a turn may still write; `None`

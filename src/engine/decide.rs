@@ -37,7 +37,7 @@ impl State {
         now: Millis,
         new_jobs: Vec<NewJob>,
         entropy: &mut dyn Entropy,
-    ) -> Result<Record, EngineError> {
+    ) -> Result<(Record, Vec<JobId>), EngineError> {
         if self.live_jobs() + new_jobs.len() > LIVE_JOBS_MAX {
             return Err(EngineError::Unavailable { reason: "capacity" });
         }
@@ -82,7 +82,8 @@ impl State {
             let state = if scheduled_at.is_some_and(|at| at > now) { JobState::Scheduled } else { JobState::Available };
             jobs.push(Arc::new(Job::accept(new_job, id, state, now, scheduled_at, expires_at)));
         }
-        Ok(Record::Enqueue { at: now, jobs })
+        let ids = jobs.iter().map(|job| job.id).collect();
+        Ok((Record::Enqueue { at: now, jobs }, ids))
     }
 
     /// A generated id that no stored job and none of `taken` uses. The
@@ -97,8 +98,9 @@ impl State {
         }
     }
 
-    /// Chooses jobs for a fetch without claiming them; `None` when nothing qualifies.
-    pub fn decide_fetch(&self, now: Millis, request: &FetchRequest) -> Option<Record> {
+    /// Chooses jobs for a fetch without claiming them, with their ids in
+    /// claim order; `None` when nothing qualifies.
+    pub fn decide_fetch(&self, now: Millis, request: &FetchRequest) -> Option<(Record, Vec<JobId>)> {
         let mut claims = Vec::new();
         for (position, name) in request.queues.iter().enumerate() {
             // A queue named twice is taken once, at its first place.
@@ -122,7 +124,8 @@ impl State {
                 break;
             }
         }
-        (!claims.is_empty()).then(|| Record::Claim { at: now, worker_id: request.worker_id.clone(), claims })
+        let ids = claims.iter().map(|claim| claim.id).collect();
+        (!claims.is_empty()).then(|| (Record::Claim { at: now, worker_id: request.worker_id.clone(), claims }, ids))
     }
 
     /// Finds the active job a worker reports on, checking the claim's owner.
@@ -178,15 +181,15 @@ impl State {
 
     /// Extends the claims a worker's heartbeat covers (decisions §7.4): the
     /// listed ids that are active and claimed by no worker or this one, or,
-    /// with no list, every active job this worker holds. `None` when there is
-    /// nothing to extend.
+    /// with no list, every active job this worker holds; with how many.
+    /// `None` when there is nothing to extend.
     pub fn decide_heartbeat(
         &self,
         now: Millis,
         worker_id: &str,
         listed: Option<&[JobId]>,
         visibility_ms: Option<u64>,
-    ) -> Option<Record> {
+    ) -> Option<(Record, usize)> {
         let covered = |job: &Job| {
             job.state == JobState::Active && job.worker_id.as_deref().is_none_or(|owner| owner == worker_id)
         };
@@ -209,7 +212,8 @@ impl State {
                 (id, now.saturating_add(visibility_ms.unwrap_or(claim) as i64))
             })
             .collect();
-        (!extensions.is_empty()).then_some(Record::Heartbeat { at: now, extensions })
+        let extended = extensions.len();
+        (extended > 0).then_some((Record::Heartbeat { at: now, extensions }, extended))
     }
 
     /// A job in the dead letter listing (state `discarded`), else not found.

@@ -8,6 +8,7 @@ use super::command::{Cancelled, Command, EngineError, FetchRequest, Reply};
 use super::cron::{CronEntry, CronWrite};
 use super::events::{Event, EventPage};
 use super::inbox::{InboxSender, SendError};
+use super::requests::{self, Envelope, HeartbeatOutcome, Request};
 use super::view::{DeadLetterKey, QueueTable, ReadView};
 use super::workers::{WorkerEntry, WorkerSignal};
 use crate::clock::Clock;
@@ -53,7 +54,13 @@ impl EngineHandle {
         Self { inbox, view, clock, defaults: Arc::new(defaults) }
     }
 
-    fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Pending<T> {
+    /// Sends a request to the engine; its outcome comes once the change is
+    /// durable (see [`super::requests`] for every request).
+    pub fn submit<R: Request>(&self, request: R) -> Pending<R::Output> {
+        self.send(|reply| Command::Request(Box::new(Envelope { request, reply })))
+    }
+
+    fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Pending<T> {
         let (reply, receiver) = oneshot::channel();
         let receiver = match self.inbox.send(make(reply)) {
             Ok(()) => Ok(receiver),
@@ -65,17 +72,17 @@ impl EngineHandle {
 
     /// Enqueues jobs atomically: all of them or none.
     pub fn enqueue(&self, jobs: Vec<NewJob>) -> Pending<Vec<Arc<Job>>> {
-        self.submit(|reply| Command::Enqueue { jobs, reply })
+        self.submit(requests::Enqueue { jobs })
     }
 
     /// Claims up to `request.count` available jobs.
     pub fn fetch(&self, request: FetchRequest) -> Pending<Vec<Arc<Job>>> {
-        self.submit(|reply| Command::Fetch { request, reply })
+        self.submit(requests::Fetch { request })
     }
 
     /// Completes an active job; `result` is compact JSON text.
     pub fn ack(&self, id: JobId, result: Option<String>, worker_id: Option<String>) -> Pending<Arc<Job>> {
-        self.submit(|reply| Command::Ack { id, result, worker_id, reply })
+        self.submit(requests::Ack { id, result, worker_id })
     }
 
     /// Reports a failed attempt; the retry policy decides what follows.
@@ -86,28 +93,28 @@ impl EngineHandle {
         requeue: bool,
         worker_id: Option<String>,
     ) -> Pending<Arc<Job>> {
-        self.submit(|reply| Command::Fail { id, report, requeue, worker_id, reply })
+        self.submit(requests::Fail { id, report, requeue, worker_id })
     }
 
     /// Extends the visibility of a worker's active jobs; answers how many,
-    /// and the signal an operator gave the worker.
+    /// and what the worker should do.
     pub fn heartbeat(
         &self,
         worker_id: String,
         active_jobs: Option<Vec<JobId>>,
         visibility_timeout_ms: Option<u64>,
-    ) -> Pending<(usize, Option<WorkerSignal>)> {
-        self.submit(|reply| Command::Heartbeat { worker_id, active_jobs, visibility_timeout_ms, reply })
+    ) -> Pending<HeartbeatOutcome> {
+        self.submit(requests::Heartbeat { worker_id, active_jobs, visibility_timeout_ms })
     }
 
     /// Gives a known worker a signal (`quiet` or `terminate`).
     pub fn signal_worker(&self, worker_id: String, signal: WorkerSignal) -> Pending<WorkerEntry> {
-        self.submit(|reply| Command::SignalWorker { worker_id, signal, reply })
+        self.submit(requests::SignalWorker { worker_id, signal })
     }
 
     /// Forgets a worker's entry and signal; its jobs are untouched.
     pub fn forget_worker(&self, worker_id: String) -> Pending<()> {
-        self.submit(|reply| Command::ForgetWorker { worker_id, reply })
+        self.submit(requests::ForgetWorker { worker_id })
     }
 
     /// The worker registry by id, as of the last commit.
@@ -126,12 +133,12 @@ impl EngineHandle {
 
     /// Sends a discarded job back to `available` with its attempts reset.
     pub fn dead_letter_retry(&self, id: JobId) -> Pending<Arc<Job>> {
-        self.submit(|reply| Command::DeadLetterRetry { id, reply })
+        self.submit(requests::DeadLetterRetry { id })
     }
 
     /// Removes a discarded job for good.
     pub fn dead_letter_delete(&self, id: JobId) -> Pending<()> {
-        self.submit(|reply| Command::DeadLetterDelete { id, reply })
+        self.submit(requests::DeadLetterDelete { id })
     }
 
     /// The dead letter listing, newest first, from the last commit.
@@ -146,17 +153,17 @@ impl EngineHandle {
 
     /// Registers a cron entry, or replaces the one of the same name; says whether it is new.
     pub fn cron_put(&self, definition: CronDefinition) -> Pending<(Arc<CronEntry>, bool)> {
-        self.submit(|reply| Command::CronPut { definition, write: CronWrite::Upsert, reply })
+        self.submit(requests::CronPut { definition, write: CronWrite::Upsert })
     }
 
     /// Changes a cron entry, provided it is still at `revision`.
     pub fn cron_patch(&self, definition: CronDefinition, revision: u64) -> Pending<(Arc<CronEntry>, bool)> {
-        self.submit(|reply| Command::CronPut { definition, write: CronWrite::Patch { revision }, reply })
+        self.submit(requests::CronPut { definition, write: CronWrite::Patch { revision } })
     }
 
     /// Removes a cron entry; jobs it already created are untouched.
     pub fn cron_delete(&self, name: String) -> Pending<Arc<CronEntry>> {
-        self.submit(|reply| Command::CronDelete { name, reply })
+        self.submit(requests::CronDelete { name })
     }
 
     /// Cron entries by name, as of the last commit.
@@ -176,31 +183,31 @@ impl EngineHandle {
     /// A graceful shutdown begins: no more cron firings; workers seen in the
     /// last 90 s get a `worker.terminate` event.
     pub fn begin_drain(&self) -> Pending<()> {
-        self.submit(|reply| Command::BeginDrain { reply })
+        self.submit(requests::BeginDrain)
     }
 
     pub fn cancel(&self, id: JobId) -> Pending<Cancelled> {
-        self.submit(|reply| Command::Cancel { id, reply })
+        self.submit(requests::Cancel { id })
     }
 
     /// A round trip through the engine (health checks).
     pub fn probe(&self) -> Pending<()> {
-        self.submit(|reply| Command::Probe { reply })
+        self.submit(requests::Probe)
     }
 
     /// Makes the engine handle what is due now; useful with a manual clock.
     pub fn tick(&self) -> Pending<()> {
-        self.submit(|reply| Command::Tick { reply })
+        self.submit(requests::Probe)
     }
 
     /// Writes a snapshot and returns once it is durable.
     pub fn snapshot(&self) -> Pending<()> {
-        self.submit(|reply| Command::Snapshot { reply })
+        self.send(|reply| Command::Snapshot { reply })
     }
 
     /// The full committed state, as a snapshot would hold it.
     pub fn image(&self) -> Pending<super::state::StateImage> {
-        self.submit(|reply| Command::Image { reply })
+        self.send(|reply| Command::Image { reply })
     }
 
     pub(crate) fn shutdown(&self, snapshot: bool) -> Pending<()> {

@@ -161,7 +161,8 @@ mod tests {
 
     fn probe() -> (Command, oneshot::Receiver<Result<(), super::super::command::EngineError>>) {
         let (reply, answer) = oneshot::channel();
-        (Command::Probe { reply }, answer)
+        let request = super::super::requests::Envelope { request: super::super::requests::Probe, reply };
+        (Command::Request(Box::new(request)), answer)
     }
 
     #[test]
@@ -194,7 +195,8 @@ mod tests {
     fn ack_with_result(bytes: usize) -> Command {
         let (reply, _) = oneshot::channel();
         let result = Some("1".repeat(bytes));
-        Command::Ack { id: crate::job::JobId(0), result, worker_id: None, reply }
+        let ack = super::super::requests::Ack { id: crate::job::JobId(0), result, worker_id: None };
+        Command::Request(Box::new(super::super::requests::Envelope { request: ack, reply }))
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod handle;
 mod inbox;
 pub mod inspect;
 pub mod record;
+pub mod requests;
 mod state;
 mod view;
 pub mod workers;
@@ -23,6 +24,7 @@ pub use cron::{CronEntry, CronWrite};
 pub use decide::{Entropy, SystemEntropy};
 pub use events::{CronInfo, Event, EventId, EventKind, EventPage, EventSink};
 pub use handle::{EngineHandle, Pending};
+pub use requests::{HeartbeatOutcome, Request};
 pub use state::{IMAGE_VERSION, Retention, State, StateImage, decode_image};
 pub use view::{DeadLetterKey, EngineFailure, QueueSummary, QueueTable};
 

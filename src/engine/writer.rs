@@ -12,17 +12,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::command::{Cancelled, Command, EngineError};
-use super::commit::{Committer, Outgoing, ViewDelta, storage_failed};
+use super::command::{Command, EngineError};
+use super::commit::{Committer, ViewDelta, storage_failed};
 use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::inbox::{InboxReceiver, Received};
 use super::record::{Record, encode_sequences};
+use super::requests::{RECORD_BYTES_PER_JOB, Responder, Turn};
 use super::state::{State, StateImage};
 use super::view::ReadView;
 use super::workers::{Contacts, WorkerEntry, WorkerSignal, state_name};
 use crate::clock::{Clock, Millis};
-use crate::job::{IdGenerator, Job};
+use crate::job::IdGenerator;
 use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
 use crate::storage::{FileSystem, StorageError, remove_obsolete, write_snapshot};
 
@@ -30,12 +31,6 @@ use crate::storage::{FileSystem, StorageError, remove_obsolete, write_snapshot};
 const DUE_JOBS_PER_TURN_MAX: usize = 10_000;
 /// Most due cron entries fired in one turn; the rest follow in the next turn at once.
 const DUE_CRONS_PER_TURN_MAX: usize = 1_000;
-/// The most log bytes one due job's record takes (a promotion, a claim's
-/// timeout with its outcome), used to size turns while the disk is full.
-const DUE_RECORD_BYTES_MAX: u64 = 64;
-/// With the disk full, claims stop while this much log space is left, so
-/// that the jobs already claimed can still be acked.
-const FULL_DISK_ACK_RESERVE_BYTES: u64 = 1024 * 1024;
 /// The longest the engine sleeps with nothing due.
 const IDLE_WAIT_MAX: Duration = Duration::from_secs(1);
 
@@ -71,35 +66,6 @@ pub(crate) struct Writer {
     pub committer: Committer,
 }
 
-/// Answers `command` with `error` without handling it; true for a shutdown
-/// (which is answered `Ok`: the engine stops).
-fn refuse(command: Command, error: &EngineError) -> bool {
-    let error = error.clone();
-    let _ = match command {
-        Command::Enqueue { reply, .. } | Command::Fetch { reply, .. } => reply.send(Err(error)).map_err(drop),
-        Command::Ack { reply, .. } | Command::Fail { reply, .. } | Command::DeadLetterRetry { reply, .. } => {
-            reply.send(Err(error)).map_err(drop)
-        }
-        Command::DeadLetterDelete { reply, .. } => reply.send(Err(error)).map_err(drop),
-        Command::CronPut { reply, .. } => reply.send(Err(error)).map_err(drop),
-        Command::CronDelete { reply, .. } => reply.send(Err(error)).map_err(drop),
-        Command::Heartbeat { reply, .. } => reply.send(Err(error)).map_err(drop),
-        Command::SignalWorker { reply, .. } => reply.send(Err(error)).map_err(drop),
-        Command::ForgetWorker { reply, .. } => reply.send(Err(error)).map_err(drop),
-        Command::Cancel { reply, .. } => reply.send(Err(error)).map_err(drop),
-        Command::Probe { reply }
-        | Command::Tick { reply }
-        | Command::Snapshot { reply }
-        | Command::BeginDrain { reply } => reply.send(Err(error)).map_err(drop),
-        Command::Image { reply } => reply.send(Err(error)).map_err(drop),
-        Command::Shutdown { reply, .. } => {
-            let _ = reply.send(Ok(()));
-            return true;
-        }
-    };
-    false
-}
-
 /// The error of a write refused because the disk is full.
 fn disk_full() -> EngineError {
     EngineError::Unavailable { reason: "disk_full" }
@@ -114,7 +80,7 @@ fn encoded_bytes(records: &[Record]) -> u64 {
 /// wait for them.
 struct Staged {
     records: Vec<Record>,
-    replies: Vec<Outgoing>,
+    replies: Vec<Responder>,
     events: EventSink,
 }
 
@@ -197,7 +163,7 @@ impl Writer {
         {
             let Staged { records, replies, events } = &mut staged;
             let due_limit = budget.map_or(DUE_JOBS_PER_TURN_MAX, |bytes| {
-                DUE_JOBS_PER_TURN_MAX.min((bytes / DUE_RECORD_BYTES_MAX) as usize)
+                DUE_JOBS_PER_TURN_MAX.min((bytes / RECORD_BYTES_PER_JOB) as usize)
             });
             for record in self.state.decide_due(now, due_limit, self.entropy.as_mut()) {
                 self.apply(record, records, events);
@@ -219,18 +185,25 @@ impl Writer {
                     Command::Shutdown { snapshot, reply } => {
                         stop = true;
                         self.final_snapshot = snapshot;
-                        replies.push(Outgoing::Unit(reply, Ok(())));
+                        replies.push(Box::new(move |failure| {
+                            let _ = reply.send(failure.map_or(Ok(()), |error| Err(error.clone())));
+                        }));
                     }
                     Command::Image { reply } => image_requests.push(reply),
                     Command::Snapshot { reply } => snapshot_requests.push(reply),
-                    command => {
-                        if let Some(bytes) = budget.as_mut()
-                            && !self.admit_on_full_disk(&command, bytes)
-                        {
-                            stop |= refuse(command, &disk_full());
-                            continue;
+                    Command::Request(request) => {
+                        let mut turn = Turn { writer: self, now, records, events };
+                        if let Some(bytes) = budget.as_mut() {
+                            // With the disk full, a request runs only if its records fit.
+                            match request.full_disk_bytes(&turn) {
+                                Some(needed) if needed <= *bytes => *bytes -= needed,
+                                _ => {
+                                    request.refuse(disk_full());
+                                    continue;
+                                }
+                            }
                         }
-                        self.handle(command, now, records, events, replies)
+                        replies.push(request.run(&mut turn));
                     }
                 }
             }
@@ -265,152 +238,13 @@ impl Writer {
         stop
     }
 
-    fn apply(&mut self, record: Record, records: &mut Vec<Record>, events: &mut EventSink) {
+    pub(crate) fn apply(&mut self, record: Record, records: &mut Vec<Record>, events: &mut EventSink) {
         self.state.apply(&record, events).expect("a record decided against this state applies to it");
         records.push(record);
     }
 
-    fn handle(
-        &mut self,
-        command: Command,
-        now: Millis,
-        records: &mut Vec<Record>,
-        events: &mut EventSink,
-        outgoing: &mut Vec<Outgoing>,
-    ) {
-        match command {
-            Command::Enqueue { jobs, reply } => {
-                let result = self.state.decide_enqueue(now, jobs, self.entropy.as_mut()).map(|record| {
-                    let Record::Enqueue { jobs, .. } = &record else {
-                        unreachable!("decide_enqueue makes enqueue records")
-                    };
-                    let ids: Vec<_> = jobs.iter().map(|job| job.id).collect();
-                    self.apply(record, records, events);
-                    ids.iter().map(|id| self.current(*id)).collect()
-                });
-                outgoing.push(Outgoing::Jobs(reply, result));
-            }
-            Command::Fetch { request, reply } => {
-                let mut claimed = Vec::new();
-                let signalled = request.worker_id.as_deref().is_some_and(|worker| {
-                    self.touch_worker(worker, now, false, events);
-                    self.state.worker_signal(worker).is_some()
-                });
-                // A quiet or terminating worker gets no new jobs.
-                if let Some(record) = self.state.decide_fetch(now, &request).filter(|_| !signalled) {
-                    let Record::Claim { claims, .. } = &record else {
-                        unreachable!("decide_fetch makes claim records")
-                    };
-                    let ids: Vec<_> = claims.iter().map(|claim| claim.id).collect();
-                    self.apply(record, records, events);
-                    claimed = ids.iter().map(|id| self.current(*id)).collect();
-                }
-                outgoing.push(Outgoing::Jobs(reply, Ok(claimed)));
-            }
-            Command::Ack { id, result, worker_id, reply } => {
-                let outcome = self.state.decide_ack(now, id, result, worker_id.as_deref()).map(|record| {
-                    self.apply(record, records, events);
-                    self.current(id)
-                });
-                outgoing.push(Outgoing::Job(reply, outcome));
-            }
-            Command::Fail { id, report, requeue, worker_id, reply } => {
-                let outcome = self
-                    .state
-                    .decide_fail(now, id, report, requeue, worker_id.as_deref(), self.entropy.as_mut())
-                    .map(|record| {
-                        self.apply(record, records, events);
-                        self.current(id)
-                    });
-                outgoing.push(Outgoing::Job(reply, outcome));
-            }
-            Command::Heartbeat { worker_id, active_jobs, visibility_timeout_ms, reply } => {
-                self.touch_worker(&worker_id, now, true, events);
-                let signal = self.state.worker_signal(&worker_id).map(|(signal, _)| signal);
-                let record =
-                    self.state.decide_heartbeat(now, &worker_id, active_jobs.as_deref(), visibility_timeout_ms);
-                let extended = match &record {
-                    Some(Record::Heartbeat { extensions, .. }) => extensions.len(),
-                    _ => 0,
-                };
-                if let Some(record) = record {
-                    self.apply(record, records, events);
-                }
-                outgoing.push(Outgoing::Beat(reply, Ok((extended, signal))));
-            }
-            Command::SignalWorker { worker_id, signal, reply } => {
-                let outcome = self.decide_signal(now, &worker_id, signal).map(|record| {
-                    self.apply(record, records, events);
-                    self.worker_entry(&worker_id).expect("a signalled worker has an entry")
-                });
-                outgoing.push(Outgoing::Worker(reply, outcome));
-            }
-            Command::ForgetWorker { worker_id, reply } => {
-                let outcome = if self.worker_entry(&worker_id).is_some() {
-                    self.contacts.forget(&worker_id);
-                    self.apply(Record::WorkerForget { at: now, worker_id }, records, events);
-                    Ok(())
-                } else {
-                    Err(EngineError::WorkerNotFound { worker_id })
-                };
-                outgoing.push(Outgoing::Unit(reply, outcome));
-            }
-            Command::DeadLetterRetry { id, reply } => {
-                let outcome = self.state.decide_dead_letter_retry(now, id).map(|record| {
-                    self.apply(record, records, events);
-                    self.current(id)
-                });
-                outgoing.push(Outgoing::Job(reply, outcome));
-            }
-            Command::CronPut { definition, write, reply } => {
-                let outcome = self.state.decide_cron_put(now, definition, write, self.cron_entries_max).map(
-                    |(record, created)| {
-                        let Record::CronPut { entry, .. } = &record else {
-                            unreachable!("decide_cron_put makes cron records")
-                        };
-                        let name = entry.definition.name.clone();
-                        self.apply(record, records, events);
-                        (self.state.crons().get(&name).cloned().expect("a cron entry just put is stored"), created)
-                    },
-                );
-                outgoing.push(Outgoing::CronPut(reply, outcome));
-            }
-            Command::CronDelete { name, reply } => {
-                let outcome = self.state.decide_cron_delete(now, &name).map(|record| {
-                    let entry = self.state.crons().get(&name).cloned().expect("a cron entry to delete is stored");
-                    self.apply(record, records, events);
-                    entry
-                });
-                outgoing.push(Outgoing::Cron(reply, outcome));
-            }
-            Command::DeadLetterDelete { id, reply } => {
-                let outcome =
-                    self.state.decide_dead_letter_delete(now, id).map(|record| self.apply(record, records, events));
-                outgoing.push(Outgoing::Unit(reply, outcome));
-            }
-            Command::Cancel { id, reply } => {
-                let outcome = self.state.decide_cancel(now, id).map(|record| {
-                    let previous_state = self.current(id).state;
-                    if let Some(record) = record {
-                        self.apply(record, records, events);
-                    }
-                    Cancelled { job: self.current(id), previous_state }
-                });
-                outgoing.push(Outgoing::Cancelled(reply, outcome));
-            }
-            Command::BeginDrain { reply } => {
-                self.begin_drain(now, events);
-                outgoing.push(Outgoing::Unit(reply, Ok(())));
-            }
-            Command::Probe { reply } | Command::Tick { reply } => outgoing.push(Outgoing::Unit(reply, Ok(()))),
-            Command::Snapshot { .. } | Command::Shutdown { .. } | Command::Image { .. } => {
-                unreachable!("handled by the batch loop")
-            }
-        }
-    }
-
     /// Records contact with a worker, forgetting an idle one if the registry is full.
-    fn touch_worker(&mut self, worker_id: &str, now: Millis, heartbeat: bool, events: &mut EventSink) {
+    pub(crate) fn touch_worker(&mut self, worker_id: &str, now: Millis, heartbeat: bool, events: &mut EventSink) {
         let state = &self.state;
         let touched = self.contacts.touch(worker_id, now, heartbeat, crate::limits::WORKERS_MAX, |worker| {
             !state.active_of_worker(worker).is_empty()
@@ -454,7 +288,7 @@ impl Writer {
     }
 
     /// A drain began: fire no more cron entries, and tell each live worker to terminate.
-    fn begin_drain(&mut self, now: Millis, events: &mut EventSink) {
+    pub(crate) fn begin_drain(&mut self, now: Millis, events: &mut EventSink) {
         self.draining = true;
         for worker_id in self.contacts.seen_since(now - crate::limits::WORKER_STALE_MS) {
             let active_job_ids = self.state.active_of_worker(&worker_id);
@@ -466,7 +300,12 @@ impl Writer {
     }
 
     /// Checks a signal against the worker's state (decisions §7.6).
-    fn decide_signal(&self, now: Millis, worker_id: &str, signal: WorkerSignal) -> Result<Record, EngineError> {
+    pub(crate) fn decide_signal(
+        &self,
+        now: Millis,
+        worker_id: &str,
+        signal: WorkerSignal,
+    ) -> Result<Record, EngineError> {
         let Some(entry) = self.worker_entry(worker_id) else {
             return Err(EngineError::WorkerNotFound { worker_id: worker_id.to_string() });
         };
@@ -477,7 +316,7 @@ impl Writer {
     }
 
     /// The registry entry of a worker seen since start or holding a signal.
-    fn worker_entry(&self, worker_id: &str) -> Option<WorkerEntry> {
+    pub(crate) fn worker_entry(&self, worker_id: &str) -> Option<WorkerEntry> {
         let contact = self.contacts.get(worker_id);
         let signal = self.state.worker_signal(worker_id);
         let (first_seen_at, last_seen_at) = match (contact, signal) {
@@ -493,10 +332,6 @@ impl Writer {
             last_heartbeat_at: contact.and_then(|contact| contact.last_heartbeat_at),
             active_job_ids: self.state.active_of_worker(worker_id),
         })
-    }
-
-    fn current(&self, id: crate::job::JobId) -> Arc<Job> {
-        self.state.job(id).cloned().expect("a job just decided on is stored")
     }
 
     /// Encodes a turn's records and makes them durable, then publishes the
@@ -516,9 +351,15 @@ impl Writer {
         let error = storage_failed();
         let mut stop = false;
         for command in batch {
-            if refuse(command, &error) {
-                stop = true;
-                self.final_snapshot = false;
+            match command {
+                Command::Request(request) => request.refuse(error.clone()),
+                Command::Image { reply } => drop(reply.send(Err(error.clone()))),
+                Command::Snapshot { reply } => drop(reply.send(Err(error.clone()))),
+                Command::Shutdown { reply, .. } => {
+                    stop = true;
+                    self.final_snapshot = false;
+                    let _ = reply.send(Ok(()));
+                }
             }
         }
         stop
@@ -534,42 +375,6 @@ impl Writer {
             }
             self.view.set_disk_full(full);
         }
-    }
-
-    /// With the disk full, whether `command` may use some of the `budget`
-    /// of log bytes left (and takes its share). Work already accepted may
-    /// still end (ack, nack, cancel, heartbeats, the dead letter's delete);
-    /// new work may not (enqueue, cron changes, dead letter retries), and
-    /// claims leave room for the acks they will need.
-    fn admit_on_full_disk(&self, command: &Command, budget: &mut u64) -> bool {
-        /// A record's fixed part: its kind, times and ids, generously.
-        const FIXED: u64 = 96;
-        let bound = match command {
-            Command::Enqueue { .. } | Command::CronPut { .. } | Command::DeadLetterRetry { .. } => return false,
-            // These write nothing.
-            Command::Probe { .. } | Command::Tick { .. } | Command::BeginDrain { .. } => return true,
-            Command::Fetch { request, .. } => {
-                let claims = request.count as u64 * DUE_RECORD_BYTES_MAX;
-                let bound = FIXED + claims + request.worker_id.as_ref().map_or(0, |id| id.len() as u64);
-                if bound.saturating_add(FULL_DISK_ACK_RESERVE_BYTES) > *budget {
-                    return false;
-                }
-                bound
-            }
-            Command::Heartbeat { worker_id, active_jobs, .. } => {
-                let listed = match active_jobs {
-                    Some(ids) => ids.len(),
-                    None => self.state.active_of_worker(worker_id).len(),
-                };
-                FIXED + listed as u64 * DUE_RECORD_BYTES_MAX
-            }
-            other => FIXED + other.held_bytes(),
-        };
-        if bound > *budget {
-            return false;
-        }
-        *budget -= bound;
-        true
     }
 
     /// Copies what changed since the last turn out of the state, and turns

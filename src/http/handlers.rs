@@ -190,10 +190,7 @@ async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     };
     let visibility_timeout_ms = visibility_timeout(&object)?;
     let request = FetchRequest { queues, count, worker_id: worker_id(&object)?, visibility_timeout_ms };
-    if app.is_shutting_down() {
-        // A draining server hands out no new work (decisions §26).
-        return Ok(Reply::ok("{\"jobs\":[]}".to_string()));
-    }
+    // A draining engine hands out no new work (decisions §26).
     let jobs = app.engine.fetch(request).outcome().await?;
     Ok(Reply::ok(jobs_object("jobs", &jobs).finish()))
 }
@@ -376,10 +373,11 @@ async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
         Some(_) => return Err(active_jobs_error()),
     };
     let visibility_timeout_ms = visibility_timeout(&object)?;
-    let (extended, signal) = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
+    let beat = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
+    let (extended, signal) = (beat.extended, beat.signal);
     let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
-    // While the server drains, every worker is told to stop (decisions §26).
-    let state = if app.is_shutting_down() { "terminate" } else { crate::engine::workers::state_name(signal) };
+    // While the engine drains, the signal is `terminate` (decisions §26).
+    let state = crate::engine::workers::state_name(signal);
     let server_time = crate::job::time::format_timestamp(now);
     Ok(Reply::ok(json!({"state": state, "jobs_extended": extended, "server_time": server_time}).to_string()))
 }

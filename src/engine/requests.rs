@@ -1,0 +1,494 @@
+//! Every command the engine takes, one type each, and the one way they travel.
+//!
+//! A request is a plain struct implementing [`Request`]: what it carries,
+//! what it answers (`Output`), and `run`, which decides it against the state
+//! and applies the decided record within the engine's turn. Front ends send
+//! any request with [`EngineHandle::submit`](super::EngineHandle::submit); the
+//! engine runs it in a turn and answers after the turn's commit, through one
+//! generic responder. Adding a command adds a struct and its `run` here (and
+//! its decision and record), and nothing else in the engine.
+
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+use super::command::{Cancelled, EngineError, FetchRequest};
+use super::cron::{CronEntry, CronWrite};
+use super::decide::Entropy;
+use super::events::EventSink;
+use super::record::Record;
+use super::state::State;
+use super::workers::{WorkerEntry, WorkerSignal};
+use super::writer::Writer;
+use crate::clock::Millis;
+use crate::cron::CronDefinition;
+use crate::job::{FailureReport, Job, JobId, NewJob};
+
+mod sealed {
+    /// Only this crate's requests can be sent to the engine.
+    pub trait Sealed {}
+}
+
+/// A command for the engine: what it answers, and how it runs in a turn.
+pub trait Request: sealed::Sealed + Send + 'static {
+    type Output: Send + 'static;
+
+    /// Decides the request against the state and applies what it decided.
+    #[doc(hidden)]
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError>;
+
+    /// With the disk full: the most log bytes the request's records may
+    /// take, or `None` for new work, which is refused then.
+    #[doc(hidden)]
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        Some(RECORD_FIXED_BYTES)
+    }
+
+    /// About how many bytes the request carries, for the inbox's bound.
+    #[doc(hidden)]
+    fn held_bytes(&self) -> u64 {
+        0
+    }
+}
+
+/// A record's fixed part (its kind, times and ids), generously.
+const RECORD_FIXED_BYTES: u64 = 96;
+/// The most log bytes one job's share of a record takes (a claim, a
+/// promotion, a heartbeat's extension).
+pub(crate) const RECORD_BYTES_PER_JOB: u64 = 64;
+/// With the disk full, claims stop while this much log space is left, so
+/// that the jobs already claimed can still be acked.
+const FULL_DISK_ACK_RESERVE_BYTES: u64 = 1024 * 1024;
+
+/// The engine's side of one turn, as a request sees it.
+pub struct Turn<'a> {
+    pub(crate) writer: &'a mut Writer,
+    pub(crate) now: Millis,
+    pub(crate) records: &'a mut Vec<Record>,
+    pub(crate) events: &'a mut EventSink,
+}
+
+impl Turn<'_> {
+    pub(crate) fn state(&self) -> &State {
+        &self.writer.state
+    }
+
+    /// The state with the entropy decisions draw on.
+    pub(crate) fn state_and_entropy(&mut self) -> (&mut State, &mut dyn Entropy) {
+        (&mut self.writer.state, self.writer.entropy.as_mut())
+    }
+
+    /// Applies a decided record and keeps it for the turn's commit.
+    pub(crate) fn apply(&mut self, record: Record) {
+        self.writer.apply(record, self.records, self.events);
+    }
+
+    /// A job as it is now (after what was applied).
+    pub(crate) fn current(&self, id: JobId) -> Arc<Job> {
+        self.writer.state.job(id).cloned().expect("a job just decided on is stored")
+    }
+}
+
+/// Sends a request's answer once its turn is committed: the outcome, or the
+/// commit's failure in place of a success.
+pub(crate) type Responder = Box<dyn FnOnce(Option<&EngineError>) + Send>;
+
+/// A request with its reply channel, as it waits in the inbox.
+pub(crate) trait Queued: Send {
+    fn run(self: Box<Self>, turn: &mut Turn<'_>) -> Responder;
+    fn refuse(self: Box<Self>, error: EngineError);
+    fn full_disk_bytes(&self, turn: &Turn<'_>) -> Option<u64>;
+    fn held_bytes(&self) -> u64;
+}
+
+pub(crate) struct Envelope<R: Request> {
+    pub request: R,
+    pub reply: oneshot::Sender<Result<R::Output, EngineError>>,
+}
+
+impl<R: Request> Queued for Envelope<R> {
+    fn run(self: Box<Self>, turn: &mut Turn<'_>) -> Responder {
+        let Envelope { request, reply } = *self;
+        let outcome = request.run(turn);
+        Box::new(move |failure| {
+            let outcome = match (outcome, failure) {
+                (Ok(_), Some(error)) => Err(error.clone()),
+                (outcome, _) => outcome,
+            };
+            // A requester that went away (timeout, closed connection) is no error.
+            let _ = reply.send(outcome);
+        })
+    }
+
+    fn refuse(self: Box<Self>, error: EngineError) {
+        let _ = self.reply.send(Err(error));
+    }
+
+    fn full_disk_bytes(&self, turn: &Turn<'_>) -> Option<u64> {
+        self.request.full_disk_bytes(turn)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        (std::mem::size_of::<Self>() as u64).saturating_add(self.request.held_bytes())
+    }
+}
+
+macro_rules! sealed {
+    ($($request:ty),* $(,)?) => {
+        $(impl sealed::Sealed for $request {})*
+    };
+}
+
+sealed!(
+    Enqueue,
+    Fetch,
+    Ack,
+    Fail,
+    Cancel,
+    Heartbeat,
+    SignalWorker,
+    ForgetWorker,
+    DeadLetterRetry,
+    DeadLetterDelete,
+    CronPut,
+    CronDelete,
+    BeginDrain,
+    Probe,
+);
+
+/// Enqueues jobs atomically: all of them or none.
+pub struct Enqueue {
+    pub jobs: Vec<NewJob>,
+}
+
+impl Request for Enqueue {
+    type Output = Vec<Arc<Job>>;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let now = turn.now;
+        let (state, entropy) = turn.state_and_entropy();
+        let (record, ids) = state.decide_enqueue(now, self.jobs, entropy)?;
+        turn.apply(record);
+        Ok(ids.into_iter().map(|id| turn.current(id)).collect())
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        None
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.jobs
+            .iter()
+            .map(|job| {
+                let payload = &job.payload;
+                std::mem::size_of::<NewJob>()
+                    + job.queue.len()
+                    + payload.job_type.len()
+                    + payload.args.len()
+                    + payload.meta.len()
+                    + payload.tags.iter().map(String::len).sum::<usize>()
+                    + payload.extra.iter().map(|(key, value)| key.len() + value.len()).sum::<usize>()
+            })
+            .sum::<usize>() as u64
+    }
+}
+
+/// Claims up to `count` available jobs from the listed queues. A draining
+/// engine, or a worker told to go quiet or terminate, gets none.
+pub struct Fetch {
+    pub request: FetchRequest,
+}
+
+impl Request for Fetch {
+    type Output = Vec<Arc<Job>>;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let now = turn.now;
+        let request = self.request;
+        let signalled = request.worker_id.as_deref().is_some_and(|worker| {
+            turn.writer.touch_worker(worker, now, false, turn.events);
+            turn.state().worker_signal(worker).is_some()
+        });
+        if signalled || turn.writer.draining {
+            return Ok(Vec::new());
+        }
+        let Some((record, ids)) = turn.state().decide_fetch(now, &request) else { return Ok(Vec::new()) };
+        turn.apply(record);
+        Ok(ids.into_iter().map(|id| turn.current(id)).collect())
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        let claims = self.request.count as u64 * RECORD_BYTES_PER_JOB;
+        let worker = self.request.worker_id.as_ref().map_or(0, |id| id.len() as u64);
+        // Claims also set aside room for the acks they will need (for the
+        // rest of the turn; the next turn measures the space again).
+        Some(RECORD_FIXED_BYTES + claims + worker + FULL_DISK_ACK_RESERVE_BYTES)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.request.queues.iter().map(String::len).sum::<usize>() as u64
+    }
+}
+
+/// Completes an active job; `result` is compact JSON text.
+pub struct Ack {
+    pub id: JobId,
+    pub result: Option<String>,
+    pub worker_id: Option<String>,
+}
+
+impl Request for Ack {
+    type Output = Arc<Job>;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let record = turn.state().decide_ack(turn.now, self.id, self.result, self.worker_id.as_deref())?;
+        turn.apply(record);
+        Ok(turn.current(self.id))
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        Some(RECORD_FIXED_BYTES + self.held_bytes())
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.result.as_ref().map_or(0, String::len) as u64
+    }
+}
+
+/// Reports a failed attempt; the retry policy decides what follows (or,
+/// with `requeue`, the job goes back at once and the attempt does not count).
+pub struct Fail {
+    pub id: JobId,
+    pub report: FailureReport,
+    pub requeue: bool,
+    pub worker_id: Option<String>,
+}
+
+impl Request for Fail {
+    type Output = Arc<Job>;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let now = turn.now;
+        let worker = self.worker_id.as_deref();
+        let (state, entropy) = turn.state_and_entropy();
+        let record = state.decide_fail(now, self.id, self.report, self.requeue, worker, entropy)?;
+        turn.apply(record);
+        Ok(turn.current(self.id))
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        Some(RECORD_FIXED_BYTES + self.held_bytes())
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.report.held_bytes() as u64
+    }
+}
+
+/// Cancels a job that has not ended (again: no change, same answer).
+pub struct Cancel {
+    pub id: JobId,
+}
+
+impl Request for Cancel {
+    type Output = Cancelled;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let record = turn.state().decide_cancel(turn.now, self.id)?;
+        let previous_state = turn.current(self.id).state;
+        if let Some(record) = record {
+            turn.apply(record);
+        }
+        Ok(Cancelled { job: turn.current(self.id), previous_state })
+    }
+}
+
+/// What a heartbeat answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    /// Claims extended.
+    pub extended: usize,
+    /// What the worker should do: an operator's signal, or `Terminate` while
+    /// the engine drains.
+    pub signal: Option<WorkerSignal>,
+}
+
+/// Extends the claims of a worker's active jobs (the listed ones, or all).
+pub struct Heartbeat {
+    pub worker_id: String,
+    pub active_jobs: Option<Vec<JobId>>,
+    pub visibility_timeout_ms: Option<u64>,
+}
+
+impl Request for Heartbeat {
+    type Output = HeartbeatOutcome;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let now = turn.now;
+        turn.writer.touch_worker(&self.worker_id, now, true, turn.events);
+        let signal = turn.state().worker_signal(&self.worker_id).map(|(signal, _)| signal);
+        let listed = self.active_jobs.as_deref();
+        let record = turn.state().decide_heartbeat(now, &self.worker_id, listed, self.visibility_timeout_ms);
+        let extended = match &record {
+            Some((_, extended)) => *extended,
+            None => 0,
+        };
+        if let Some((record, _)) = record {
+            turn.apply(record);
+        }
+        let signal = if turn.writer.draining { Some(WorkerSignal::Terminate) } else { signal };
+        Ok(HeartbeatOutcome { extended, signal })
+    }
+
+    fn full_disk_bytes(&self, turn: &Turn<'_>) -> Option<u64> {
+        let listed = match &self.active_jobs {
+            Some(ids) => ids.len(),
+            None => turn.state().active_of_worker(&self.worker_id).len(),
+        };
+        Some(RECORD_FIXED_BYTES + listed as u64 * RECORD_BYTES_PER_JOB)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.active_jobs.as_ref().map_or(0, |ids| ids.len() * std::mem::size_of::<JobId>()) as u64
+    }
+}
+
+/// Gives a known worker a signal (`quiet` or `terminate`).
+pub struct SignalWorker {
+    pub worker_id: String,
+    pub signal: WorkerSignal,
+}
+
+impl Request for SignalWorker {
+    type Output = WorkerEntry;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let record = turn.writer.decide_signal(turn.now, &self.worker_id, self.signal)?;
+        turn.apply(record);
+        Ok(turn.writer.worker_entry(&self.worker_id).expect("a signalled worker has an entry"))
+    }
+}
+
+/// Forgets a worker's entry and signal; its jobs are untouched.
+pub struct ForgetWorker {
+    pub worker_id: String,
+}
+
+impl Request for ForgetWorker {
+    type Output = ();
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        if turn.writer.worker_entry(&self.worker_id).is_none() {
+            return Err(EngineError::WorkerNotFound { worker_id: self.worker_id });
+        }
+        turn.writer.contacts.forget(&self.worker_id);
+        turn.apply(Record::WorkerForget { at: turn.now, worker_id: self.worker_id });
+        Ok(())
+    }
+}
+
+/// Sends a discarded job back to `available` with its attempts reset.
+pub struct DeadLetterRetry {
+    pub id: JobId,
+}
+
+impl Request for DeadLetterRetry {
+    type Output = Arc<Job>;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let record = turn.state().decide_dead_letter_retry(turn.now, self.id)?;
+        turn.apply(record);
+        Ok(turn.current(self.id))
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        None
+    }
+}
+
+/// Removes a discarded job for good.
+pub struct DeadLetterDelete {
+    pub id: JobId,
+}
+
+impl Request for DeadLetterDelete {
+    type Output = ();
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let record = turn.state().decide_dead_letter_delete(turn.now, self.id)?;
+        turn.apply(record);
+        Ok(())
+    }
+}
+
+/// Registers a cron entry, replaces one, or changes one still at a revision;
+/// answers the entry and whether it is new.
+pub struct CronPut {
+    pub definition: CronDefinition,
+    pub write: CronWrite,
+}
+
+impl Request for CronPut {
+    type Output = (Arc<CronEntry>, bool);
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let name = self.definition.name.clone();
+        let limit = turn.writer.cron_entries_max;
+        let (record, created) = turn.state().decide_cron_put(turn.now, self.definition, self.write, limit)?;
+        turn.apply(record);
+        Ok((turn.state().crons().get(&name).cloned().expect("a cron entry just put is stored"), created))
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        None
+    }
+}
+
+/// Removes a cron entry; jobs it already created are untouched.
+pub struct CronDelete {
+    pub name: String,
+}
+
+impl Request for CronDelete {
+    type Output = Arc<CronEntry>;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let record = turn.state().decide_cron_delete(turn.now, &self.name)?;
+        let entry = turn.state().crons().get(&self.name).cloned().expect("a cron entry to delete is stored");
+        turn.apply(record);
+        Ok(entry)
+    }
+}
+
+/// A graceful shutdown begins: fetches hand out nothing, heartbeats answer
+/// `terminate`, cron entries stop firing, and workers seen lately get a
+/// `worker.terminate` event.
+pub struct BeginDrain;
+
+impl Request for BeginDrain {
+    type Output = ();
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        turn.writer.begin_drain(turn.now, turn.events);
+        Ok(())
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        Some(0)
+    }
+}
+
+/// A round trip through the engine: a health probe, or with a manual clock
+/// a tick that makes the engine handle what is due.
+pub struct Probe;
+
+impl Request for Probe {
+    type Output = ();
+
+    fn run(self, _turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        Ok(())
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        Some(0)
+    }
+}
