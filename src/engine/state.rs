@@ -498,204 +498,274 @@ impl State {
         Ok(())
     }
 
+    /// One function per record kind.
     fn apply_record(&mut self, record: &Record, events: &mut EventSink) -> Result<(), ApplyError> {
         match record {
-            Record::Enqueue { at, jobs } => {
-                for job in jobs {
-                    if self.jobs.contains_key(&job.id) {
-                        return Err(ApplyError(format!("record enqueues job {} twice", job.id)));
-                    }
-                    let job = job.clone();
-                    events.push(*at, EventKind::Enqueued, job.id);
-                    if job.state == JobState::Scheduled {
-                        events.push(*at, EventKind::Scheduled, job.id);
-                    }
-                    self.insert_loaded(job);
-                }
-            }
-            Record::Claim { at, worker_id, claims } => {
-                for claim in claims {
-                    self.update(claim.id, |job| {
-                        job.state = JobState::Active;
-                        job.attempt += 1;
-                        job.started_at = Some(*at);
-                        job.worker_id = worker_id.clone();
-                        job.visibility_deadline = Some(claim.visibility_deadline);
-                        job.execution_deadline = Some(claim.execution_deadline);
-                        job.claim_visibility_ms = (claim.visibility_deadline - at).max(0) as u64;
-                    })?;
-                    events.push(*at, EventKind::Started, claim.id);
-                }
-            }
-            Record::Ack { at, id, result } => {
-                self.update(*id, |job| {
-                    job.state = JobState::Completed;
-                    job.completed_at = Some(*at);
-                    job.result = result.clone();
-                    job.error = None;
-                    clear_claim(job);
-                })?;
-                events.push(*at, EventKind::Completed, *id);
-            }
-            Record::Fail { at, id, report, outcome } => {
-                let attempt = self.jobs.get(id).map_or(0, |job| job.attempt);
-                self.update(*id, |job| fail(job, *at, report, *outcome))?;
-                if *outcome != FailOutcome::Requeue {
-                    events.push(*at, EventKind::Failed { report: report.clone(), attempt }, *id);
-                }
-                push_outcome_event(events, *at, *id, report, *outcome, "nack_requeue");
-            }
-            Record::Cancel { at, id } => self.cancel(*at, *id, "api", events)?,
-            Record::Promote { at, ids } => {
-                for id in ids {
-                    self.update(*id, |job| {
-                        job.state = JobState::Available;
-                        job.enqueued_at = Some(*at);
-                        job.retry_at = None;
-                    })?;
-                }
-            }
-            Record::Expire { at, ids } => {
-                for id in ids {
-                    self.update(*id, |job| {
-                        let report = FailureReport::server("expired", "the job expired before a worker claimed it");
-                        job.state = JobState::Discarded;
-                        job.discarded_at = Some(*at);
-                        job.retry_at = None;
-                        push_error(job, report, *at);
-                    })?;
-                    events.push(*at, EventKind::Expired, *id);
-                    events.push(*at, EventKind::Discarded { reason: "expired" }, *id);
-                }
-            }
-            Record::Timeout { at, id, kind, outcome } => {
-                let job = self.jobs.get(id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
-                let report = timeout_report(job, *kind, *at);
-                let attempt = job.attempt;
-                self.update(*id, |job| fail(job, *at, &report, *outcome))?;
-                events.push(*at, EventKind::Failed { report: report.clone(), attempt }, *id);
-                push_outcome_event(events, *at, *id, &report, *outcome, "visibility_timeout");
-            }
-            Record::DeadLetterRetry { at, id } => {
-                self.update(*id, |job| {
-                    job.state = JobState::Available;
-                    job.attempt = 0;
-                    job.enqueued_at = Some(*at);
-                    job.error = None;
-                    job.completed_at = None;
-                    job.discarded_at = None;
-                    job.retry_at = None;
-                    // Else an expired job would expire again at once.
-                    job.expires_at = None;
-                    job.worker_id = None;
-                    clear_claim(job);
-                })?;
-                events.push(*at, EventKind::Revived, *id);
-            }
-            Record::Delete { at, id } => {
-                let job = self.jobs.remove(id).ok_or_else(|| ApplyError(format!("record deletes unknown job {id}")))?;
-                self.unindex_job(&job);
-                self.dirty.insert(*id);
-                events.push_gone(*at, EventKind::Deleted, job);
-            }
-            Record::Heartbeat { extensions, .. } => {
-                for (id, deadline) in extensions {
-                    self.update(*id, |job| job.visibility_deadline = Some(*deadline))?;
-                }
-            }
-            Record::WorkerSignal { at, worker_id, signal } => {
-                self.worker_signals.insert(worker_id.clone(), (*signal, *at));
-                self.dirty_workers.insert(worker_id.clone());
-                let kind = EventKind::WorkerSignalled {
-                    worker_id: worker_id.clone(),
-                    terminate: *signal == WorkerSignal::Terminate,
-                    active_job_ids: self.active_of_worker(worker_id),
-                    by: "operator",
-                };
-                events.push_other(*at, kind);
-            }
+            Record::Enqueue { at, jobs } => self.apply_enqueue(*at, jobs, events),
+            Record::Claim { at, worker_id, claims } => self.apply_claim(*at, worker_id, claims, events),
+            Record::Ack { at, id, result } => self.apply_ack(*at, *id, result, events),
+            Record::Fail { at, id, report, outcome } => self.apply_fail(*at, *id, report, *outcome, events),
+            Record::Cancel { at, id } => self.cancel(*at, *id, "api", events),
+            Record::Promote { at, ids } => self.apply_promote(*at, ids),
+            Record::Expire { at, ids } => self.apply_expire(*at, ids, events),
+            Record::Timeout { at, id, kind, outcome } => self.apply_timeout(*at, *id, *kind, *outcome, events),
+            Record::DeadLetterRetry { at, id } => self.apply_dead_letter_retry(*at, *id, events),
+            Record::Delete { at, id } => self.apply_delete(*at, *id, events),
+            Record::Heartbeat { extensions, .. } => self.apply_heartbeat(extensions),
+            Record::WorkerSignal { at, worker_id, signal } => self.apply_worker_signal(*at, worker_id, *signal, events),
             Record::WorkerForget { worker_id, .. } => {
                 self.worker_signals.remove(worker_id);
                 self.dirty_workers.insert(worker_id.clone());
+                Ok(())
             }
-            Record::CronPut { entry, .. } => self.crons.put(entry.clone())?,
-            Record::CronDelete { name, .. } => {
-                self.crons
-                    .remove(name)
-                    .ok_or_else(|| ApplyError(format!("record deletes unknown cron entry {name}")))?;
-            }
-            Record::CronFire { at, name, fire } => {
-                let entry = self
-                    .crons
-                    .get(name)
-                    .cloned()
-                    .ok_or_else(|| ApplyError(format!("record fires unknown cron {name}")))?;
-                let definition = &entry.definition;
-                let info = |scheduled_time| CronInfo {
-                    name: name.clone(),
-                    schedule: definition.schedule.clone(),
-                    timezone: definition.timezone.clone(),
-                    scheduled_time,
-                };
-                if fire.missed > 0 {
-                    let kind = EventKind::CronSkipped {
-                        cron: info(fire.scheduled),
-                        reason: "misfire",
-                        existing_job_id: None,
-                        missed_count: Some(fire.missed),
-                    };
-                    events.push_other(*at, kind);
-                }
-                let mut updated = entry.as_ref().clone();
-                updated.next_run_at = fire.next_run_at;
-                match &fire.outcome {
-                    CronOutcome::Enqueued { job, cancelled, waits_for } => {
-                        if let Some(previous) = cancelled {
-                            self.cancel(*at, *previous, "cron_cancel_previous", events)?;
-                        }
-                        if self.jobs.contains_key(&job.id) {
-                            return Err(ApplyError(format!("cron record enqueues job {} twice", job.id)));
-                        }
-                        updated.run_count += 1;
-                        updated.last_run_at = Some(fire.scheduled);
-                        updated.last_job_id = Some(job.id);
-                        let kind =
-                            EventKind::CronTriggered { cron: info(fire.scheduled), run_count: updated.run_count };
-                        events.push(*at, kind, job.id);
-                        events.push(*at, EventKind::Enqueued, job.id);
-                        if let Some(previous) = waits_for {
-                            self.crons.waiters.insert(*previous, job.id);
-                        }
-                        self.insert_loaded(job.clone());
-                    }
-                    CronOutcome::Skipped { existing } => {
-                        let kind = EventKind::CronSkipped {
-                            cron: info(fire.scheduled),
-                            reason: "overlap_skip",
-                            existing_job_id: Some(*existing),
-                            missed_count: None,
-                        };
-                        events.push_other(*at, kind);
-                    }
-                }
-                if let Some(gap) = fire.skipped_gap {
-                    let kind = EventKind::CronSkipped {
-                        cron: info(gap),
-                        reason: "dst_skip",
-                        existing_job_id: None,
-                        missed_count: None,
-                    };
-                    events.push_other(*at, kind);
-                }
-                self.crons.put(updated)?;
-            }
-            Record::Prune { ids, .. } => self.prune(ids)?,
+            Record::CronPut { entry, .. } => self.crons.put(entry.clone()),
+            Record::CronDelete { name, .. } => self
+                .crons
+                .remove(name)
+                .map(drop)
+                .ok_or_else(|| ApplyError(format!("record deletes unknown cron entry {name}"))),
+            Record::CronFire { at, name, fire } => self.apply_cron_fire(*at, name, fire, events),
+            Record::Prune { ids, .. } => self.prune(ids),
             Record::PruneCapped { at, ids } => {
                 self.prune(ids)?;
                 events.push_other(*at, EventKind::Pruned { count: ids.len() as u64 });
+                Ok(())
             }
         }
+    }
+
+    fn apply_enqueue(&mut self, at: Millis, jobs: &[Arc<Job>], events: &mut EventSink) -> Result<(), ApplyError> {
+        for job in jobs {
+            if self.jobs.contains_key(&job.id) {
+                return Err(ApplyError(format!("record enqueues job {} twice", job.id)));
+            }
+            events.push(at, EventKind::Enqueued, job.id);
+            if job.state == JobState::Scheduled {
+                events.push(at, EventKind::Scheduled, job.id);
+            }
+            self.insert_loaded(job.clone());
+        }
         Ok(())
+    }
+
+    fn apply_claim(
+        &mut self,
+        at: Millis,
+        worker_id: &Option<String>,
+        claims: &[super::record::Claim],
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        for claim in claims {
+            self.update(claim.id, |job| {
+                job.state = JobState::Active;
+                job.attempt += 1;
+                job.started_at = Some(at);
+                job.worker_id = worker_id.clone();
+                job.visibility_deadline = Some(claim.visibility_deadline);
+                job.execution_deadline = Some(claim.execution_deadline);
+                job.claim_visibility_ms = (claim.visibility_deadline - at).max(0) as u64;
+            })?;
+            events.push(at, EventKind::Started, claim.id);
+        }
+        Ok(())
+    }
+
+    fn apply_ack(
+        &mut self,
+        at: Millis,
+        id: JobId,
+        result: &Option<String>,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        self.update(id, |job| {
+            job.state = JobState::Completed;
+            job.completed_at = Some(at);
+            job.result = result.clone();
+            job.error = None;
+            clear_claim(job);
+        })?;
+        events.push(at, EventKind::Completed, id);
+        Ok(())
+    }
+
+    fn apply_fail(
+        &mut self,
+        at: Millis,
+        id: JobId,
+        report: &FailureReport,
+        outcome: FailOutcome,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        let attempt = self.jobs.get(&id).map_or(0, |job| job.attempt);
+        self.update(id, |job| fail(job, at, report, outcome))?;
+        if outcome != FailOutcome::Requeue {
+            events.push(at, EventKind::Failed { report: report.clone(), attempt }, id);
+        }
+        push_outcome_event(events, at, id, report, outcome, "nack_requeue");
+        Ok(())
+    }
+
+    fn apply_promote(&mut self, at: Millis, ids: &[JobId]) -> Result<(), ApplyError> {
+        for id in ids {
+            self.update(*id, |job| {
+                job.state = JobState::Available;
+                job.enqueued_at = Some(at);
+                job.retry_at = None;
+            })?;
+        }
+        Ok(())
+    }
+
+    fn apply_expire(&mut self, at: Millis, ids: &[JobId], events: &mut EventSink) -> Result<(), ApplyError> {
+        for id in ids {
+            self.update(*id, |job| {
+                let report = FailureReport::server("expired", "the job expired before a worker claimed it");
+                job.state = JobState::Discarded;
+                job.discarded_at = Some(at);
+                job.retry_at = None;
+                push_error(job, report, at);
+            })?;
+            events.push(at, EventKind::Expired, *id);
+            events.push(at, EventKind::Discarded { reason: "expired" }, *id);
+        }
+        Ok(())
+    }
+
+    fn apply_timeout(
+        &mut self,
+        at: Millis,
+        id: JobId,
+        kind: TimeoutKind,
+        outcome: FailOutcome,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        let job = self.jobs.get(&id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
+        let report = timeout_report(job, kind, at);
+        let attempt = job.attempt;
+        self.update(id, |job| fail(job, at, &report, outcome))?;
+        events.push(at, EventKind::Failed { report: report.clone(), attempt }, id);
+        push_outcome_event(events, at, id, &report, outcome, "visibility_timeout");
+        Ok(())
+    }
+
+    fn apply_dead_letter_retry(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
+        self.update(id, |job| {
+            job.state = JobState::Available;
+            job.attempt = 0;
+            job.enqueued_at = Some(at);
+            job.error = None;
+            job.completed_at = None;
+            job.discarded_at = None;
+            job.retry_at = None;
+            // Else an expired job would expire again at once.
+            job.expires_at = None;
+            job.worker_id = None;
+            clear_claim(job);
+        })?;
+        events.push(at, EventKind::Revived, id);
+        Ok(())
+    }
+
+    fn apply_delete(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
+        let job = self.jobs.remove(&id).ok_or_else(|| ApplyError(format!("record deletes unknown job {id}")))?;
+        self.unindex_job(&job);
+        self.dirty.insert(id);
+        events.push_gone(at, EventKind::Deleted, job);
+        Ok(())
+    }
+
+    fn apply_heartbeat(&mut self, extensions: &[(JobId, Millis)]) -> Result<(), ApplyError> {
+        for (id, deadline) in extensions {
+            self.update(*id, |job| job.visibility_deadline = Some(*deadline))?;
+        }
+        Ok(())
+    }
+
+    fn apply_worker_signal(
+        &mut self,
+        at: Millis,
+        worker_id: &str,
+        signal: WorkerSignal,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        self.worker_signals.insert(worker_id.to_string(), (signal, at));
+        self.dirty_workers.insert(worker_id.to_string());
+        let kind = EventKind::WorkerSignalled {
+            worker_id: worker_id.to_string(),
+            terminate: signal == WorkerSignal::Terminate,
+            active_job_ids: self.active_of_worker(worker_id),
+            by: "operator",
+        };
+        events.push_other(at, kind);
+        Ok(())
+    }
+
+    fn apply_cron_fire(
+        &mut self,
+        at: Millis,
+        name: &str,
+        fire: &super::cron::CronFire,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        let entry =
+            self.crons.get(name).cloned().ok_or_else(|| ApplyError(format!("record fires unknown cron {name}")))?;
+        let definition = &entry.definition;
+        let info = |scheduled_time| CronInfo {
+            name: name.to_string(),
+            schedule: definition.schedule.clone(),
+            timezone: definition.timezone.clone(),
+            scheduled_time,
+        };
+        if fire.missed > 0 {
+            let kind = EventKind::CronSkipped {
+                cron: info(fire.scheduled),
+                reason: "misfire",
+                existing_job_id: None,
+                missed_count: Some(fire.missed),
+            };
+            events.push_other(at, kind);
+        }
+        let mut updated = entry.as_ref().clone();
+        updated.next_run_at = fire.next_run_at;
+        match &fire.outcome {
+            CronOutcome::Enqueued { job, cancelled, waits_for } => {
+                if let Some(previous) = cancelled {
+                    self.cancel(at, *previous, "cron_cancel_previous", events)?;
+                }
+                if self.jobs.contains_key(&job.id) {
+                    return Err(ApplyError(format!("cron record enqueues job {} twice", job.id)));
+                }
+                updated.run_count += 1;
+                updated.last_run_at = Some(fire.scheduled);
+                updated.last_job_id = Some(job.id);
+                let kind = EventKind::CronTriggered { cron: info(fire.scheduled), run_count: updated.run_count };
+                events.push(at, kind, job.id);
+                events.push(at, EventKind::Enqueued, job.id);
+                if let Some(previous) = waits_for {
+                    self.crons.waiters.insert(*previous, job.id);
+                }
+                self.insert_loaded(job.clone());
+            }
+            CronOutcome::Skipped { existing } => {
+                let kind = EventKind::CronSkipped {
+                    cron: info(fire.scheduled),
+                    reason: "overlap_skip",
+                    existing_job_id: Some(*existing),
+                    missed_count: None,
+                };
+                events.push_other(at, kind);
+            }
+        }
+        if let Some(gap) = fire.skipped_gap {
+            let kind = EventKind::CronSkipped {
+                cron: info(gap),
+                reason: "dst_skip",
+                existing_job_id: None,
+                missed_count: None,
+            };
+            events.push_other(at, kind);
+        }
+        self.crons.put(updated)
     }
 
     /// Removes terminal jobs for good.
