@@ -5,7 +5,7 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::handlers::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
 use super::{AppState, Reply};
 use crate::cron::{is_valid_cron_name, parse_cron_body, patch_cron_body};
 use crate::engine::{CronEntry, EngineError};

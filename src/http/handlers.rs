@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use super::error::{ApiError, ERROR_TABLE};
+use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
 use super::router::Route;
 use super::wire::{job_body, jobs_object, render_event, render_job};
 use super::{AppState, Reply, SPEC_VERSION, is_empty_body};
@@ -286,50 +287,6 @@ async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Repl
         body.time("completed_at", at);
     }
     Ok(Reply::ok(body.finish()))
-}
-
-/// Query parameters, percent-decoded (`+` is a space).
-pub(super) fn query_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let decode = |text: &str| super::router::percent_decode(&text.replace('+', " "));
-            (decode(key), decode(value))
-        })
-        .collect()
-}
-
-pub(super) fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs.iter().find(|(name, _)| name == key).map(|(_, value)| value.as_str())
-}
-
-pub(super) fn page_limit(pairs: &[(String, String)]) -> Result<usize, ApiError> {
-    match query_value(pairs, "limit") {
-        None => Ok(PAGE_SIZE_DEFAULT),
-        Some(text) => match text.parse::<i64>() {
-            Ok(limit) if limit >= 1 => Ok((limit as usize).min(PAGE_SIZE_MAX)),
-            _ => Err(ApiError::invalid_request(
-                Some("limit"),
-                format!("limit must be an integer from 1 to {PAGE_SIZE_MAX}"),
-            )),
-        },
-    }
-}
-
-pub(super) fn encode_cursor(key: &str) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key)
-}
-
-pub(super) fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
-    use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(cursor)
-        .ok()
-        .and_then(|bytes| String::from_utf8(bytes).ok())
-        .ok_or_else(|| ApiError::invalid_request(Some("cursor"), "cursor is not one this server issued"))
 }
 
 fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {

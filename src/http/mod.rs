@@ -9,6 +9,7 @@ pub mod connection;
 mod cron;
 mod error;
 mod handlers;
+mod paging;
 mod router;
 pub mod wire;
 
