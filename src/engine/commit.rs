@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
-use super::command::EngineError;
-use super::cron::CronEntry;
+use super::api::EngineError;
+use super::cron_table::CronEntry;
 use super::events::Event;
 use super::requests::Responder;
 use super::view::{QueueSummary, ReadView};

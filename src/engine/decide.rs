@@ -1,7 +1,7 @@
 //! Live decisions: check a command against the state and turn it into a
 //! fully decided record. Nothing here changes the state; `State::apply` does.
 
-use super::command::{EngineError, FetchRequest};
+use super::api::{EngineError, FetchRequest};
 use super::record::{Claim, FailOutcome, Record, TimeoutKind};
 use super::state::State;
 use crate::clock::Millis;

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-use super::command::{Cancelled, Command, EngineError, FetchRequest, Reply};
-use super::cron::{CronEntry, CronWrite};
+use super::api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome};
+use super::cron_table::{CronEntry, CronWrite};
 use super::events::{Event, EventPage};
+use super::inbox::Command;
 use super::inbox::{InboxSender, SendError};
-use super::requests::{self, Envelope, HeartbeatOutcome, Request};
+use super::requests::{self, Envelope, Reply, Request};
 use super::view::{DeadLetterKey, QueueTable, ReadView};
 use super::workers::{WorkerEntry, WorkerSignal};
 use crate::clock::Clock;
@@ -206,7 +207,7 @@ impl EngineHandle {
     }
 
     /// The full committed state, as a snapshot would hold it.
-    pub fn image(&self) -> Pending<super::state::StateImage> {
+    pub fn image(&self) -> Pending<super::image::StateImage> {
         self.send(|reply| Command::Image { reply })
     }
 

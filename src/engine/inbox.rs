@@ -15,7 +15,27 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::command::Command;
+use super::image::StateImage;
+use super::requests::{Queued, Reply};
+
+/// What waits in the engine's inbox: a request, or one of the controls the
+/// batch loop itself handles around the turn's commit.
+pub(crate) enum Command {
+    Request(Box<dyn Queued>),
+    Shutdown { snapshot: bool, reply: Reply<()> },
+    Image { reply: Reply<StateImage> },
+    Snapshot { reply: Reply<()> },
+}
+
+impl Command {
+    /// About how many bytes this command carries, for the inbox's bound.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        match self {
+            Command::Request(request) => request.held_bytes(),
+            _ => std::mem::size_of::<Command>() as u64,
+        }
+    }
+}
 
 /// Why a command was not queued.
 #[derive(Debug, PartialEq, Eq)]
@@ -159,7 +179,7 @@ mod tests {
     use super::*;
     use tokio::sync::oneshot;
 
-    fn probe() -> (Command, oneshot::Receiver<Result<(), super::super::command::EngineError>>) {
+    fn probe() -> (Command, oneshot::Receiver<Result<(), super::super::api::EngineError>>) {
         let (reply, answer) = oneshot::channel();
         let request = super::super::requests::Envelope { request: super::super::requests::Probe, reply };
         (Command::Request(Box::new(request)), answer)

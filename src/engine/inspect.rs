@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
+use super::image::decode_image;
 use super::record::decode_batch;
-use super::state::decode_image;
 use crate::storage::{StorageError, list_segments, list_snapshots, read_snapshot, scan_segment};
 
 #[derive(Debug, Default)]

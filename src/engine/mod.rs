@@ -4,12 +4,14 @@
 //! log after it through the same `apply` the live engine uses, and starts the
 //! writer thread. Everything else goes through the [`EngineHandle`].
 
-mod command;
+mod api;
 mod commit;
-pub mod cron;
+mod cron;
+mod cron_table;
 mod decide;
 mod events;
 mod handle;
+mod image;
 mod inbox;
 pub mod inspect;
 pub mod record;
@@ -19,13 +21,14 @@ mod view;
 pub mod workers;
 mod writer;
 
-pub use command::{Cancelled, EngineError, FetchRequest};
-pub use cron::{CronEntry, CronWrite};
+pub use api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome};
+pub use cron_table::{CronEntry, CronWrite};
 pub use decide::{Entropy, SystemEntropy};
 pub use events::{CronInfo, Event, EventId, EventKind, EventPage, EventSink};
 pub use handle::{EngineHandle, Pending};
-pub use requests::{HeartbeatOutcome, Request};
-pub use state::{IMAGE_VERSION, Retention, State, StateImage, decode_image};
+pub use image::{IMAGE_VERSION, StateImage, decode_image};
+pub use requests::Request;
+pub use state::{Retention, State};
 pub use view::{DeadLetterKey, EngineFailure, QueueSummary, QueueTable};
 
 use std::path::{Path, PathBuf};
@@ -237,7 +240,7 @@ fn replay(dir: &Path, mut state: State, replay_from: u64) -> Result<Recovered, S
             let jobs = match record {
                 Record::Enqueue { jobs, .. } => jobs.as_mut_slice(),
                 Record::CronFire {
-                    fire: cron::CronFire { outcome: cron::CronOutcome::Enqueued { job, .. }, .. },
+                    fire: cron_table::CronFire { outcome: cron_table::CronOutcome::Enqueued { job, .. }, .. },
                     ..
                 } => std::slice::from_mut(job),
                 _ => &mut [],

@@ -117,7 +117,7 @@ pub enum Record {
     /// A cron entry registered or changed, complete with its next run.
     CronPut {
         at: Millis,
-        entry: super::cron::CronEntry,
+        entry: super::cron_table::CronEntry,
     },
     CronDelete {
         at: Millis,
@@ -127,7 +127,7 @@ pub enum Record {
     CronFire {
         at: Millis,
         name: String,
-        fire: super::cron::CronFire,
+        fire: super::cron_table::CronFire,
     },
     /// Terminal jobs pruned, oldest first, to hold the retention caps on
     /// terminal jobs' count and bytes.

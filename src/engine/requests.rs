@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-use super::command::{Cancelled, EngineError, FetchRequest};
-use super::cron::{CronEntry, CronWrite};
+use super::api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome};
+use super::cron_table::{CronEntry, CronWrite};
 use super::decide::Entropy;
 use super::events::EventSink;
 use super::record::Record;
@@ -88,6 +88,9 @@ impl Turn<'_> {
     }
 }
 
+/// Where the engine sends one request's outcome.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
 /// Sends a request's answer once its turn is committed: the outcome, or the
 /// commit's failure in place of a success.
 pub(crate) type Responder = Box<dyn FnOnce(Option<&EngineError>) + Send>;
@@ -102,7 +105,7 @@ pub(crate) trait Queued: Send {
 
 pub(crate) struct Envelope<R: Request> {
     pub request: R,
-    pub reply: oneshot::Sender<Result<R::Output, EngineError>>,
+    pub reply: Reply<R::Output>,
 }
 
 impl<R: Request> Queued for Envelope<R> {
@@ -300,16 +303,6 @@ impl Request for Cancel {
         }
         Ok(Cancelled { job: turn.current(self.id), previous_state })
     }
-}
-
-/// What a heartbeat answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeartbeatOutcome {
-    /// Claims extended.
-    pub extended: usize,
-    /// What the worker should do: an operator's signal, or `Terminate` while
-    /// the engine drains.
-    pub signal: Option<WorkerSignal>,
 }
 
 /// Extends the claims of a worker's active jobs (the listed ones, or all).

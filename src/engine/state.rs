@@ -4,12 +4,12 @@
 //! job in its queue's ready order, every job with a pending deadline in the
 //! timer set under that deadline. [`State::check_invariants`] verifies this.
 
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::cron::{CronEntry, CronOutcome, CronTable};
+use super::cron_table::{CronOutcome, CronTable};
 use super::events::{CronInfo, EventKind, EventSink};
+use super::image::StateImage;
 use super::record::{FailOutcome, Record, TimeoutKind};
 use super::view::QueueSummary;
 use super::workers::WorkerSignal;
@@ -66,98 +66,6 @@ impl QueueState {
 
     fn is_empty(&self) -> bool {
         self.counts.iter().all(|count| *count == 0) && !self.paused
-    }
-}
-
-/// The serialisable form of the state, written in snapshots; also what tests
-/// compare to show that replay rebuilds the live state.
-///
-/// Jobs are shared with the live state, so taking an image copies pointers,
-/// not jobs; a job the engine changes afterwards is copied on write.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StateImage {
-    /// In id order once [`StateImage::sort_jobs`] ran; snapshots are written sorted.
-    pub jobs: Vec<Arc<Job>>,
-    pub paused_queues: Vec<String>,
-    pub ids: IdGenerator,
-    /// Unused; kept so that format version 1 still decodes.
-    pub reserved: u64,
-    /// Operator signals by worker id, with when they were given.
-    pub worker_signals: Vec<(String, WorkerSignal, Millis)>,
-    /// Cron entries by name.
-    pub crons: Vec<CronEntry>,
-    /// Cron runs waiting for the previous run to end: (previous, waiting).
-    pub cron_waiters: Vec<(JobId, JobId)>,
-}
-
-impl StateImage {
-    /// Puts the jobs in id order, so that equal states compare and encode equal.
-    pub fn sort_jobs(&mut self) {
-        self.jobs.sort_unstable_by_key(|job| job.id);
-    }
-
-    /// The snapshot payload: the image with its jobs in id order.
-    pub fn encode(mut self) -> Vec<u8> {
-        self.sort_jobs();
-        postcard::to_allocvec(&self).expect("state images encode into a Vec without failing")
-    }
-}
-
-/// The snapshot payload version this build writes.
-pub const IMAGE_VERSION: u32 = 3;
-
-/// The image of payload version 2 (before cron).
-#[derive(Deserialize)]
-struct StateImageV2 {
-    jobs: Vec<Job>,
-    paused_queues: Vec<String>,
-    ids: IdGenerator,
-    reserved: u64,
-    worker_signals: Vec<(String, WorkerSignal, Millis)>,
-}
-
-/// The image of payload version 0/1 (before worker signals).
-#[derive(Deserialize)]
-struct StateImageV1 {
-    jobs: Vec<Job>,
-    paused_queues: Vec<String>,
-    ids: IdGenerator,
-    reserved: u64,
-}
-
-/// Decodes a snapshot payload of any version this build knows.
-pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, String> {
-    match payload_version {
-        0 | 1 => {
-            let old: StateImageV1 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
-            let StateImageV1 { jobs, paused_queues, ids, reserved } = old;
-            Ok(StateImage {
-                jobs: jobs.into_iter().map(Arc::new).collect(),
-                paused_queues,
-                ids,
-                reserved,
-                worker_signals: Vec::new(),
-                crons: Vec::new(),
-                cron_waiters: Vec::new(),
-            })
-        }
-        2 => {
-            let old: StateImageV2 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
-            let StateImageV2 { jobs, paused_queues, ids, reserved, worker_signals } = old;
-            Ok(StateImage {
-                jobs: jobs.into_iter().map(Arc::new).collect(),
-                paused_queues,
-                ids,
-                reserved,
-                worker_signals,
-                crons: Vec::new(),
-                cron_waiters: Vec::new(),
-            })
-        }
-        IMAGE_VERSION => postcard::from_bytes(bytes).map_err(|error| error.to_string()),
-        other => {
-            Err(format!("snapshot payload version {other} is not supported (this build reads up to {IMAGE_VERSION})"))
-        }
     }
 }
 
@@ -518,7 +426,7 @@ impl State {
                 self.dirty_workers.insert(worker_id.clone());
                 Ok(())
             }
-            Record::CronPut { entry, .. } => self.crons.put(entry.clone()),
+            Record::CronPut { entry, .. } => self.crons.put(entry.clone()).map_err(ApplyError),
             Record::CronDelete { name, .. } => self
                 .crons
                 .remove(name)
@@ -704,7 +612,7 @@ impl State {
         &mut self,
         at: Millis,
         name: &str,
-        fire: &super::cron::CronFire,
+        fire: &super::cron_table::CronFire,
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
         let entry =
@@ -765,7 +673,7 @@ impl State {
             };
             events.push_other(at, kind);
         }
-        self.crons.put(updated)
+        self.crons.put(updated).map_err(ApplyError)
     }
 
     /// Removes terminal jobs for good.
@@ -816,7 +724,7 @@ impl State {
         }
         for entry in image.crons {
             let name = entry.definition.name.clone();
-            state.crons.put(entry).map_err(|error| format!("snapshot cron entry {name}: {}", error.0))?;
+            state.crons.put(entry).map_err(|error| format!("snapshot cron entry {name}: {error}"))?;
         }
         state.crons.waiters = image.cron_waiters.into_iter().collect();
         state.ids = image.ids;
@@ -977,37 +885,5 @@ pub fn timeout_report(job: &Job, kind: TimeoutKind, at: Millis) -> FailureReport
             report.details = Some(format!("{{\"limit_ms\":{},\"elapsed_ms\":{elapsed}}}", job.timeout_ms));
             report
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The layout payload version 2 was written with.
-    #[derive(Serialize)]
-    struct WrittenV2 {
-        jobs: Vec<Job>,
-        paused_queues: Vec<String>,
-        ids: IdGenerator,
-        reserved: u64,
-        worker_signals: Vec<(String, WorkerSignal, Millis)>,
-    }
-
-    #[test]
-    fn a_version_2_snapshot_payload_still_decodes() {
-        let written = WrittenV2 {
-            jobs: Vec::new(),
-            paused_queues: vec!["paused".to_string()],
-            ids: IdGenerator::default(),
-            reserved: 0,
-            worker_signals: vec![("w-1".to_string(), WorkerSignal::Quiet, 42)],
-        };
-        let bytes = postcard::to_allocvec(&written).unwrap();
-        let image = decode_image(2, &bytes).expect("version 2 decodes");
-        assert_eq!(image.paused_queues, ["paused"]);
-        assert_eq!(image.worker_signals, [("w-1".to_string(), WorkerSignal::Quiet, 42)]);
-        assert!(image.crons.is_empty() && image.cron_waiters.is_empty());
-        assert!(decode_image(IMAGE_VERSION + 1, &bytes).is_err());
     }
 }

@@ -6,7 +6,7 @@ use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-use super::cron::CronEntry;
+use super::cron_table::CronEntry;
 use super::events::{Event, EventBuffer, EventPage};
 use super::workers::WorkerEntry;
 use crate::job::{Job, JobId, JobIdMap, JobState};

@@ -12,14 +12,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::command::{Command, EngineError};
+use super::api::EngineError;
 use super::commit::{Committer, ViewDelta, storage_failed};
 use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
-use super::inbox::{InboxReceiver, Received};
+use super::image::{IMAGE_VERSION, StateImage};
+use super::inbox::{Command, InboxReceiver, Received};
 use super::record::{Record, encode_sequences};
 use super::requests::{RECORD_BYTES_PER_JOB, Responder, Turn};
-use super::state::{State, StateImage};
+use super::state::State;
 use super::view::ReadView;
 use super::workers::{Contacts, WorkerEntry, WorkerSignal, state_name};
 use crate::clock::{Clock, Millis};
@@ -436,13 +437,7 @@ impl Writer {
         }
         let (replay_from, image) = self.snapshot_image()?;
         let payload = image.encode();
-        write_snapshot(
-            self.snapshots.file_system.as_ref(),
-            &self.snapshots.dir,
-            replay_from,
-            super::state::IMAGE_VERSION,
-            &payload,
-        )?;
+        write_snapshot(self.snapshots.file_system.as_ref(), &self.snapshots.dir, replay_from, IMAGE_VERSION, &payload)?;
         remove_obsolete(&self.snapshots.dir, replay_from)
     }
 
@@ -464,7 +459,7 @@ impl Writer {
         let dir = self.snapshots.dir.clone();
         std::thread::spawn(move || {
             let payload = image.encode();
-            let result = write_snapshot(file_system.as_ref(), &dir, replay_from, super::state::IMAGE_VERSION, &payload)
+            let result = write_snapshot(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, &payload)
                 .and_then(|()| remove_obsolete(&dir, replay_from));
             match result {
                 Ok(()) => crate::logging::info(

@@ -1,12 +1,10 @@
-//! What the front ends send the engine, and what comes back.
+//! The plain types that cross the engine's boundary besides the requests
+//! themselves: what some requests carry and answer, and the one error type.
 
 use std::sync::Arc;
-use tokio::sync::oneshot;
 
+use super::workers::WorkerSignal;
 use crate::job::{Job, JobId, JobState, ValidationError};
-
-/// Where the engine sends one command's outcome.
-pub type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
 /// A fetch request, already validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,23 +22,14 @@ pub struct Cancelled {
     pub previous_state: JobState,
 }
 
-/// What waits in the engine's inbox: a request, or one of the controls the
-/// batch loop itself handles around the turn's commit.
-pub(crate) enum Command {
-    Request(Box<dyn super::requests::Queued>),
-    Shutdown { snapshot: bool, reply: Reply<()> },
-    Image { reply: Reply<super::state::StateImage> },
-    Snapshot { reply: Reply<()> },
-}
-
-impl Command {
-    /// About how many bytes this command carries, for the inbox's bound.
-    pub(crate) fn held_bytes(&self) -> u64 {
-        match self {
-            Command::Request(request) => request.held_bytes(),
-            _ => std::mem::size_of::<Command>() as u64,
-        }
-    }
+/// What a heartbeat answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    /// Claims extended.
+    pub extended: usize,
+    /// What the worker should do: an operator's signal, or `Terminate` while
+    /// the engine drains.
+    pub signal: Option<WorkerSignal>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
