@@ -15,6 +15,7 @@ mod image;
 mod inbox;
 pub mod inspect;
 pub mod record;
+mod registry;
 pub mod requests;
 mod state;
 mod view;

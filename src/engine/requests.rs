@@ -16,9 +16,9 @@ use super::cron_table::{CronEntry, CronWrite};
 use super::decide::Entropy;
 use super::events::EventSink;
 use super::record::Record;
+use super::registry;
 use super::state::State;
-use super::workers::{WorkerEntry, WorkerSignal};
-use super::writer::Writer;
+use super::workers::{Contacts, WorkerEntry, WorkerSignal};
 use crate::clock::Millis;
 use crate::cron::CronDefinition;
 use crate::job::{FailureReport, Job, JobId, NewJob};
@@ -59,9 +59,15 @@ pub(crate) const RECORD_BYTES_PER_JOB: u64 = 64;
 /// that the jobs already claimed can still be acked.
 const FULL_DISK_ACK_RESERVE_BYTES: u64 = 1024 * 1024;
 
-/// The engine's side of one turn, as a request sees it.
+/// What a request may use of the engine during its turn.
 pub struct Turn<'a> {
-    pub(crate) writer: &'a mut Writer,
+    pub(crate) state: &'a mut State,
+    pub(crate) entropy: &'a mut dyn Entropy,
+    /// When each worker was last seen (soft state beside the state).
+    pub(crate) contacts: &'a mut Contacts,
+    /// A graceful shutdown has begun.
+    pub(crate) draining: &'a mut bool,
+    pub(crate) cron_entries_max: usize,
     pub(crate) now: Millis,
     pub(crate) records: &'a mut Vec<Record>,
     pub(crate) events: &'a mut EventSink,
@@ -69,22 +75,28 @@ pub struct Turn<'a> {
 
 impl Turn<'_> {
     pub(crate) fn state(&self) -> &State {
-        &self.writer.state
+        self.state
     }
 
     /// The state with the entropy decisions draw on.
     pub(crate) fn state_and_entropy(&mut self) -> (&mut State, &mut dyn Entropy) {
-        (&mut self.writer.state, self.writer.entropy.as_mut())
+        (&mut *self.state, &mut *self.entropy)
     }
 
     /// Applies a decided record and keeps it for the turn's commit.
     pub(crate) fn apply(&mut self, record: Record) {
-        self.writer.apply(record, self.records, self.events);
+        self.state.apply(&record, self.events).expect("a record decided against this state applies to it");
+        self.records.push(record);
     }
 
     /// A job as it is now (after what was applied).
     pub(crate) fn current(&self, id: JobId) -> Arc<Job> {
-        self.writer.state.job(id).cloned().expect("a job just decided on is stored")
+        self.state.job(id).cloned().expect("a job just decided on is stored")
+    }
+
+    /// Records contact with a worker.
+    pub(crate) fn touch_worker(&mut self, worker_id: &str, heartbeat: bool) {
+        registry::touch(self.state, self.contacts, worker_id, self.now, heartbeat, self.events);
     }
 }
 
@@ -208,10 +220,10 @@ impl Request for Fetch {
         let now = turn.now;
         let request = self.request;
         let signalled = request.worker_id.as_deref().is_some_and(|worker| {
-            turn.writer.touch_worker(worker, now, false, turn.events);
+            turn.touch_worker(worker, false);
             turn.state().worker_signal(worker).is_some()
         });
-        if signalled || turn.writer.draining {
+        if signalled || *turn.draining {
             return Ok(Vec::new());
         }
         let Some((record, ids)) = turn.state().decide_fetch(now, &request) else { return Ok(Vec::new()) };
@@ -317,7 +329,7 @@ impl Request for Heartbeat {
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
         let now = turn.now;
-        turn.writer.touch_worker(&self.worker_id, now, true, turn.events);
+        turn.touch_worker(&self.worker_id, true);
         let signal = turn.state().worker_signal(&self.worker_id).map(|(signal, _)| signal);
         let listed = self.active_jobs.as_deref();
         let record = turn.state().decide_heartbeat(now, &self.worker_id, listed, self.visibility_timeout_ms);
@@ -328,7 +340,7 @@ impl Request for Heartbeat {
         if let Some((record, _)) = record {
             turn.apply(record);
         }
-        let signal = if turn.writer.draining { Some(WorkerSignal::Terminate) } else { signal };
+        let signal = if *turn.draining { Some(WorkerSignal::Terminate) } else { signal };
         Ok(HeartbeatOutcome { extended, signal })
     }
 
@@ -355,9 +367,9 @@ impl Request for SignalWorker {
     type Output = WorkerEntry;
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        let record = turn.writer.decide_signal(turn.now, &self.worker_id, self.signal)?;
+        let record = registry::decide_signal(turn.state, turn.contacts, turn.now, &self.worker_id, self.signal)?;
         turn.apply(record);
-        Ok(turn.writer.worker_entry(&self.worker_id).expect("a signalled worker has an entry"))
+        Ok(registry::entry(turn.state, turn.contacts, &self.worker_id).expect("a signalled worker has an entry"))
     }
 }
 
@@ -370,10 +382,10 @@ impl Request for ForgetWorker {
     type Output = ();
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        if turn.writer.worker_entry(&self.worker_id).is_none() {
+        if registry::entry(turn.state, turn.contacts, &self.worker_id).is_none() {
             return Err(EngineError::WorkerNotFound { worker_id: self.worker_id });
         }
-        turn.writer.contacts.forget(&self.worker_id);
+        turn.contacts.forget(&self.worker_id);
         turn.apply(Record::WorkerForget { at: turn.now, worker_id: self.worker_id });
         Ok(())
     }
@@ -425,7 +437,7 @@ impl Request for CronPut {
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
         let name = self.definition.name.clone();
-        let limit = turn.writer.cron_entries_max;
+        let limit = turn.cron_entries_max;
         let (record, created) = turn.state().decide_cron_put(turn.now, self.definition, self.write, limit)?;
         turn.apply(record);
         Ok((turn.state().crons().get(&name).cloned().expect("a cron entry just put is stored"), created))
@@ -461,7 +473,8 @@ impl Request for BeginDrain {
     type Output = ();
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        turn.writer.begin_drain(turn.now, turn.events);
+        *turn.draining = true;
+        registry::farewell(turn.state, turn.contacts, turn.now, turn.events);
         Ok(())
     }
 

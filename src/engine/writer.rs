@@ -19,10 +19,11 @@ use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::image::{IMAGE_VERSION, StateImage};
 use super::inbox::{Command, InboxReceiver, Received};
 use super::record::{Record, encode_sequences};
+use super::registry;
 use super::requests::{RECORD_BYTES_PER_JOB, Responder, Turn};
 use super::state::State;
 use super::view::ReadView;
-use super::workers::{Contacts, WorkerEntry, WorkerSignal, state_name};
+use super::workers::Contacts;
 use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
 use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
@@ -193,7 +194,16 @@ impl Writer {
                     Command::Image { reply } => image_requests.push(reply),
                     Command::Snapshot { reply } => snapshot_requests.push(reply),
                     Command::Request(request) => {
-                        let mut turn = Turn { writer: self, now, records, events };
+                        let mut turn = Turn {
+                            state: &mut self.state,
+                            entropy: self.entropy.as_mut(),
+                            contacts: &mut self.contacts,
+                            draining: &mut self.draining,
+                            cron_entries_max: self.cron_entries_max,
+                            now,
+                            records,
+                            events,
+                        };
                         if let Some(bytes) = budget.as_mut() {
                             // With the disk full, a request runs only if its records fit.
                             match request.full_disk_bytes(&turn) {
@@ -244,95 +254,16 @@ impl Writer {
         records.push(record);
     }
 
-    /// Records contact with a worker, forgetting an idle one if the registry is full.
-    pub(crate) fn touch_worker(&mut self, worker_id: &str, now: Millis, heartbeat: bool, events: &mut EventSink) {
-        let state = &self.state;
-        let touched = self.contacts.touch(worker_id, now, heartbeat, crate::limits::WORKERS_MAX, |worker| {
-            !state.active_of_worker(worker).is_empty()
-        });
-        if touched.new && self.state.worker_signal(worker_id).is_none() {
-            events.push_other(now, EventKind::WorkerStarted { worker_id: worker_id.to_string() });
-        }
-        self.state.touch_worker(worker_id);
-        if let Some(forgotten) = touched.forgotten {
-            self.state.touch_worker(&forgotten);
-        }
-    }
-
-    /// Forgets workers idle for a day: no contact, no active jobs (decisions §16).
+    /// Forgets workers idle for a day (no contact, no active jobs), at most
+    /// once a minute.
     fn forget_idle_workers(&mut self, now: Millis, records: &mut Vec<Record>, events: &mut EventSink) {
         if now - self.last_worker_sweep < crate::limits::WORKER_SWEEP_EVERY_MS {
             return;
         }
         self.last_worker_sweep = now;
-        let cutoff = now - crate::limits::WORKER_FORGET_MS;
-        for worker_id in self.contacts.seen_before(cutoff) {
-            if self.state.active_of_worker(&worker_id).is_empty() {
-                self.contacts.forget(&worker_id);
-                self.state.touch_worker(&worker_id);
-            }
+        for record in registry::forget_idle(&mut self.state, &mut self.contacts, now) {
+            self.apply(record, records, events);
         }
-        // Signals outlive contact; one given long ago to a worker not seen since goes too.
-        let signalled: Vec<String> = self
-            .state
-            .signalled_workers()
-            .filter(|worker_id| {
-                self.contacts.get(worker_id).is_none()
-                    && self.state.worker_signal(worker_id).is_some_and(|(_, at)| at < cutoff)
-                    && self.state.active_of_worker(worker_id).is_empty()
-            })
-            .cloned()
-            .collect();
-        for worker_id in signalled {
-            self.apply(Record::WorkerForget { at: now, worker_id }, records, events);
-        }
-    }
-
-    /// A drain began: fire no more cron entries, and tell each live worker to terminate.
-    pub(crate) fn begin_drain(&mut self, now: Millis, events: &mut EventSink) {
-        self.draining = true;
-        for worker_id in self.contacts.seen_since(now - crate::limits::WORKER_STALE_MS) {
-            let active_job_ids = self.state.active_of_worker(&worker_id);
-            events.push_other(
-                now,
-                EventKind::WorkerSignalled { worker_id, terminate: true, active_job_ids, by: "shutdown" },
-            );
-        }
-    }
-
-    /// Checks a signal against the worker's state (decisions §7.6).
-    pub(crate) fn decide_signal(
-        &self,
-        now: Millis,
-        worker_id: &str,
-        signal: WorkerSignal,
-    ) -> Result<Record, EngineError> {
-        let Some(entry) = self.worker_entry(worker_id) else {
-            return Err(EngineError::WorkerNotFound { worker_id: worker_id.to_string() });
-        };
-        if signal == WorkerSignal::Quiet && entry.state == "terminate" {
-            return Err(EngineError::WorkerConflict { worker_id: worker_id.to_string(), current_state: entry.state });
-        }
-        Ok(Record::WorkerSignal { at: now, worker_id: worker_id.to_string(), signal })
-    }
-
-    /// The registry entry of a worker seen since start or holding a signal.
-    pub(crate) fn worker_entry(&self, worker_id: &str) -> Option<WorkerEntry> {
-        let contact = self.contacts.get(worker_id);
-        let signal = self.state.worker_signal(worker_id);
-        let (first_seen_at, last_seen_at) = match (contact, signal) {
-            (Some(contact), _) => (contact.first_seen_at, contact.last_seen_at),
-            (None, Some((_, at))) => (at, at),
-            (None, None) => return None,
-        };
-        Some(WorkerEntry {
-            worker_id: worker_id.to_string(),
-            state: state_name(signal.map(|(signal, _)| signal)),
-            first_seen_at,
-            last_seen_at,
-            last_heartbeat_at: contact.and_then(|contact| contact.last_heartbeat_at),
-            active_job_ids: self.state.active_of_worker(worker_id),
-        })
     }
 
     /// Encodes a turn's records and makes them durable, then publishes the
@@ -386,7 +317,7 @@ impl Writer {
             .take_dirty_workers()
             .into_iter()
             .map(|worker| {
-                let entry = self.worker_entry(&worker);
+                let entry = registry::entry(&self.state, &self.contacts, &worker);
                 (worker, entry)
             })
             .collect();
