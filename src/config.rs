@@ -16,6 +16,7 @@
 //! `shutdown.grace_period` (ISO 8601 durations), `retention.max_terminal_jobs`
 //! and `retention.max_terminal_bytes` (integers, at least 1), and `limits.max_cron`.
 
+use clap::Parser;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -126,7 +127,15 @@ impl Config {
     /// Builds the configuration from flags (`args`, without the subcommand) and
     /// environment variables (`env`), reading the config file they name.
     pub fn load(args: &[String], env: &HashMap<String, String>) -> Result<Config, String> {
-        let flags = parse_flags(args)?;
+        let command = std::iter::once("serve".to_string()).chain(args.iter().cloned());
+        let flags = ServeFlags::try_parse_from(command).map_err(|error| error.to_string())?;
+        Self::from_flags(&flags, env)
+    }
+
+    /// The one place settings are merged: defaults, then the file, then
+    /// environment variables, then flags.
+    pub fn from_flags(flags: &ServeFlags, env: &HashMap<String, String>) -> Result<Config, String> {
+        let flags = flags.as_map();
         let setting = |flag: &str, variable: &str| flags.get(flag).cloned().or_else(|| env.get(variable).cloned());
         let mut config = Config::default();
         if let Some(path) = setting("config", "SVC_CONFIG") {
@@ -277,28 +286,47 @@ fn is_loopback(ip: IpAddr) -> bool {
 }
 
 /// `--name value`, `--name=value` and bare `--flag` (for `insecure-no-auth`).
-fn parse_flags(args: &[String]) -> Result<HashMap<String, String>, String> {
-    const WITH_VALUE: [&str; 4] = ["listen", "data-dir", "config", "snapshot-log-bytes"];
-    let mut flags = HashMap::new();
-    let mut iter = args.iter();
-    while let Some(arg) = iter.next() {
-        let Some(name) = arg.strip_prefix("--") else {
-            return Err(format!("unexpected argument {arg}"));
-        };
-        let (name, inline) = match name.split_once('=') {
-            Some((name, value)) => (name, Some(value.to_string())),
-            None => (name, None),
-        };
-        if name == "insecure-no-auth" {
-            flags.insert(name.to_string(), "true".to_string());
-        } else if WITH_VALUE.contains(&name) {
-            let value = inline.or_else(|| iter.next().cloned()).ok_or_else(|| format!("--{name} needs a value"))?;
-            flags.insert(name.to_string(), value);
-        } else {
-            return Err(format!("unknown option --{name}"));
+/// The flags of `svc serve`.
+#[derive(Debug, Clone, Default, clap::Parser)]
+#[command(name = "serve", about = "Run the server in the foreground until SIGTERM or SIGINT")]
+pub struct ServeFlags {
+    /// Address to listen on [env: SVC_LISTEN] [default: 127.0.0.1:8080]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Where the log and snapshots live [env: SVC_DATA_DIR] [default: ./data]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<String>,
+    /// A TOML settings file (see data/svc.example.toml) [env: SVC_CONFIG]
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<String>,
+    /// Log bytes written between snapshots [env: SVC_SNAPSHOT_LOG_BYTES] [default: 256 MiB]
+    #[arg(long, value_name = "BYTES")]
+    pub snapshot_log_bytes: Option<String>,
+    /// Listen beyond loopback although svc has no authentication yet [env: SVC_INSECURE_NO_AUTH=1]
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+}
+
+impl ServeFlags {
+    /// The flags given, by name.
+    fn as_map(&self) -> HashMap<String, String> {
+        let mut flags = HashMap::new();
+        let given = [
+            ("listen", &self.listen),
+            ("data-dir", &self.data_dir),
+            ("config", &self.config),
+            ("snapshot-log-bytes", &self.snapshot_log_bytes),
+        ];
+        for (name, value) in given {
+            if let Some(value) = value {
+                flags.insert(name.to_string(), value.clone());
+            }
         }
+        if self.insecure_no_auth {
+            flags.insert("insecure-no-auth".to_string(), "true".to_string());
+        }
+        flags
     }
-    Ok(flags)
 }
 
 #[cfg(test)]

@@ -5,10 +5,7 @@ use serde_json::{Map, Value};
 
 fn emit(level: &str, message: &str, fields: &[(&str, Value)]) {
     let mut line = Map::new();
-    line.insert(
-        "ts".into(),
-        crate::job::time::format_timestamp(crate::clock::Clock::now_ms(&crate::clock::SystemClock)).into(),
-    );
+    line.insert("ts".into(), jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string().into());
     line.insert("level".into(), level.into());
     line.insert("msg".into(), message.into());
     for (key, value) in fields {

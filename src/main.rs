@@ -4,8 +4,10 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
 use svc::bench::{BenchOptions, Workload};
-use svc::config::Config;
+use svc::config::{Config, ServeFlags};
 
 // A server allocates and frees many small buffers per request; mimalloc does
 // that markedly cheaper than the system allocator.
@@ -114,47 +116,94 @@ fn tune_allocator() {
     }
 }
 
-const USAGE: &str = "\
-svc — a durable job-queue server
+/// svc: a durable job-queue server (HTTP + JSON under /svc/v1).
+#[derive(Parser)]
+#[command(name = "svc", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
 
-usage:
-  svc serve [--listen ADDR] [--data-dir DIR] [--config FILE] [--snapshot-log-bytes N] [--insecure-no-auth]
-  svc inspect DATA_DIR
-  svc bench --workload enqueue|drain|steady|retry|backlog|schedules|ping [--address HOST:PORT] [--connections N]
-            [--jobs N] [--duration SECONDS] [--rate JOBS_PER_SECOND] [--crons N]
-  svc version
-";
+#[derive(Subcommand)]
+enum Commands {
+    /// Run the server in the foreground until SIGTERM or SIGINT.
+    ///
+    /// Settings, in rising precedence: the config file, environment
+    /// variables, these flags.
+    Serve(ServeFlags),
+    /// Check a data dir without changing it: segments, snapshots, record
+    /// counts and every checksum. Exits 1 if anything is damaged.
+    Inspect {
+        /// The data dir to read.
+        data_dir: PathBuf,
+    },
+    /// Drive a running server over HTTP and report jobs/s and latency.
+    Bench(BenchFlags),
+    /// Print the version.
+    Version,
+}
+
+/// What `svc bench` drives: a workload against one address.
+#[derive(Args)]
+struct BenchFlags {
+    /// The workload to run.
+    #[arg(long, value_enum, default_value = "enqueue")]
+    workload: WorkloadName,
+    /// The server, as HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    address: String,
+    /// Keep-alive connections in parallel.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    connections: u64,
+    /// Jobs to run through (enqueue, drain, retry, backlog, schedules, ping).
+    #[arg(long, default_value_t = 100_000)]
+    jobs: u64,
+    /// How long the steady workload runs, in seconds.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    /// Jobs per second the steady workload's producers enqueue.
+    #[arg(long, default_value_t = 500)]
+    rate: u64,
+    /// Cron entries the schedules workload registers.
+    #[arg(long, default_value_t = 100_000)]
+    crons: u64,
+}
+
+/// The workloads of `svc bench`.
+#[derive(Clone, Copy, ValueEnum)]
+enum WorkloadName {
+    /// One job per request.
+    Enqueue,
+    /// Load jobs with batch enqueue, then fetch and ack until the queue is empty.
+    Drain,
+    /// Producers at a fixed rate while consumers fetch and ack, for a duration.
+    Steady,
+    /// Every job fails once, then succeeds.
+    Retry,
+    /// Load another queue with jobs half in flight, half waiting to retry.
+    Backlog,
+    /// Register cron entries and delayed jobs spread over time.
+    Schedules,
+    /// The enqueue request against any server (e.g. the hello-world ceiling).
+    Ping,
+}
 
 fn main() -> ExitCode {
     tune_allocator();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(command) = args.first() else {
-        eprint!("{USAGE}");
-        return ExitCode::from(2);
-    };
-    let rest = &args[1..];
-    match command.as_str() {
-        "serve" => serve(rest),
-        "inspect" => inspect(rest),
-        "bench" => bench(rest),
-        "version" | "--version" => {
+    match Cli::parse().command {
+        Commands::Serve(flags) => serve(&flags),
+        Commands::Inspect { data_dir } => inspect(&data_dir),
+        Commands::Bench(flags) => bench(flags),
+        Commands::Version => {
             println!("svc {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
-        }
-        "help" | "--help" | "-h" => {
-            print!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        other => {
-            eprintln!("unknown command {other}\n\n{USAGE}");
-            ExitCode::from(2)
         }
     }
 }
 
-fn serve(args: &[String]) -> ExitCode {
+fn serve(flags: &ServeFlags) -> ExitCode {
     let env: HashMap<String, String> = std::env::vars().collect();
-    let config = match Config::load(args, &env) {
+    let config = match Config::from_flags(flags, &env) {
         Ok(config) => config,
         Err(error) => {
             eprintln!("svc: {error}");
@@ -170,12 +219,8 @@ fn serve(args: &[String]) -> ExitCode {
     }
 }
 
-fn inspect(args: &[String]) -> ExitCode {
-    let [dir] = args else {
-        eprintln!("usage: svc inspect DATA_DIR");
-        return ExitCode::from(2);
-    };
-    match svc::engine::inspect::inspect(std::path::Path::new(dir)) {
+fn inspect(dir: &std::path::Path) -> ExitCode {
+    match svc::engine::inspect::inspect(dir) {
         Ok(report) => {
             print!("{report}");
             if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) }
@@ -187,8 +232,26 @@ fn inspect(args: &[String]) -> ExitCode {
     }
 }
 
-fn bench(args: &[String]) -> ExitCode {
-    match bench_options(args).and_then(svc::bench::run) {
+fn bench(flags: BenchFlags) -> ExitCode {
+    let workload = match flags.workload {
+        WorkloadName::Enqueue => Workload::Enqueue,
+        WorkloadName::Drain => Workload::Drain,
+        WorkloadName::Steady => Workload::Steady,
+        WorkloadName::Retry => Workload::Retry,
+        WorkloadName::Backlog => Workload::Backlog,
+        WorkloadName::Schedules => Workload::Schedules,
+        WorkloadName::Ping => Workload::Ping,
+    };
+    let options = BenchOptions {
+        address: flags.address,
+        workload,
+        connections: flags.connections as usize,
+        jobs: flags.jobs,
+        duration: Duration::from_secs(flags.duration),
+        rate: flags.rate,
+        crons: flags.crons,
+    };
+    match svc::bench::run(options) {
         Ok(report) => {
             println!("{report}");
             ExitCode::SUCCESS
@@ -198,43 +261,4 @@ fn bench(args: &[String]) -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-fn bench_options(args: &[String]) -> Result<BenchOptions, String> {
-    let mut options = BenchOptions {
-        address: "127.0.0.1:8080".to_string(),
-        workload: Workload::Enqueue,
-        connections: 32,
-        jobs: 100_000,
-        duration: Duration::from_secs(10),
-        rate: 500,
-        crons: 100_000,
-    };
-    let mut iter = args.iter();
-    while let Some(flag) = iter.next() {
-        let value = iter.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let number = || value.parse::<u64>().map_err(|_| format!("{flag} takes a whole number, not {value}"));
-        match flag.as_str() {
-            "--address" => options.address = value.clone(),
-            "--workload" => {
-                options.workload = match value.as_str() {
-                    "enqueue" => Workload::Enqueue,
-                    "drain" => Workload::Drain,
-                    "steady" => Workload::Steady,
-                    "retry" => Workload::Retry,
-                    "backlog" => Workload::Backlog,
-                    "schedules" => Workload::Schedules,
-                    "ping" => Workload::Ping,
-                    other => return Err(format!("unknown workload {other}")),
-                }
-            }
-            "--connections" => options.connections = number()?.max(1) as usize,
-            "--jobs" => options.jobs = number()?,
-            "--duration" => options.duration = Duration::from_secs(number()?),
-            "--rate" => options.rate = number()?,
-            "--crons" => options.crons = number()?,
-            other => return Err(format!("unknown option {other}")),
-        }
-    }
-    Ok(options)
 }
