@@ -1,16 +1,16 @@
 //! svc: a durable, single-node job-queue server, and the same engine as a library.
 //!
-//! Crate map:
-//! - [`limits`], [`clock`]: named bounds; the only reader of OS time.
-//! - [`job`]: domain types and enqueue validation (pure data).
-//! - [`schedule`]: ready order, deadline set, backoff (pure, `now` passed in).
-//! - [`cron`]: cron expressions, firing times in time zones, registrations (pure).
-//! - [`storage`]: frames, log segments, snapshots (bytes only, no jobs).
-//! - [`engine`]: the single writer — state, decisions, batch loop, recovery.
-//! - [`http`]: the hyper front end, translation only.
-//! - [`config`], [`server`]: settings and wiring for `svc serve`.
+//! Embedding: open a data dir with [`Svc::open`] (or [`Svc::open_with`] and an
+//! [`engine::EngineConfig`]) and call it directly, no HTTP. For async code,
+//! [`Svc::handle`] is the [`engine::EngineHandle`] the server itself uses: it
+//! takes every [`engine::Request`] and reads the durable state.
 //!
-//! Embedding: open a data dir with [`Svc::open`] and call it directly — no HTTP.
+//! What an embedding program uses is documented here: [`Svc`], [`engine`]
+//! (the handle, its requests and answers, the configuration), [`job`] (jobs
+//! and their parts), [`cron`] (cron registrations), [`clock`] (to inject
+//! time) and [`storage`] (the file system the log writes through). The
+//! modules behind the `svc` binary (`server`, `http`, `config` and the
+//! rest) are public for it and for the tests, and hidden from these docs.
 //!
 //! ```no_run
 //! let svc = svc::Svc::open("./data").expect("data dir opens");
@@ -21,17 +21,21 @@
 //! svc.close();
 //! ```
 
-pub mod bench;
 pub mod clock;
+#[doc(hidden)]
 pub mod config;
 pub mod cron;
 pub mod engine;
+#[doc(hidden)]
 pub mod http;
 pub mod job;
+#[doc(hidden)]
 pub mod limits;
+#[doc(hidden)]
 pub mod logging;
-pub mod model;
+#[doc(hidden)]
 pub mod schedule;
+#[doc(hidden)]
 pub mod server;
 pub mod storage;
 

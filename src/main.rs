@@ -4,9 +4,11 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod bench;
+
+use bench::{BenchOptions, Workload};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
-use svc::bench::{BenchOptions, Workload};
 use svc::config::{Config, ServeFlags};
 
 // A server allocates and frees many small buffers per request; mimalloc does
@@ -251,7 +253,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         rate: flags.rate,
         crons: flags.crons,
     };
-    match svc::bench::run(options) {
+    match bench::run(options) {
         Ok(report) => {
             println!("{report}");
             ExitCode::SUCCESS

@@ -1,12 +1,15 @@
 //! Model-based test: random sequences of enqueue / fetch / ack / nack /
 //! cancel / heartbeat / dead-letter retry and delete / clock advance /
 //! restart (clean and crash) run against the engine and the reference model
-//! in `svc::model`. After every step each job's state, attempt count, entry
+//! in `support/model.rs`. After every step each job's state, attempt count, entry
 //! time and deadlines must agree, every fetch must claim exactly the jobs the
 //! model picks, and the engine checks its own invariants after every batch.
 
 use proptest::prelude::*;
-use svc::model::{Op, run, run_losing_power};
+#[path = "support/model.rs"]
+mod model;
+
+use model::{Op, run, run_losing_power};
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -47,7 +50,7 @@ proptest! {
 fn byte_decoded_sequences_agree_too() {
     // The fuzz target's decoder, on a fixed spread of inputs.
     let bytes: Vec<u8> = (0u32..600).map(|n| (n * 37 % 251) as u8).collect();
-    let ops = svc::model::ops_from_bytes(&bytes);
+    let ops = model::ops_from_bytes(&bytes);
     assert!(ops.len() > 100);
     run(&ops).unwrap();
 }

@@ -13,7 +13,9 @@ mod events;
 mod handle;
 mod image;
 mod inbox;
+#[doc(hidden)]
 pub mod inspect;
+#[doc(hidden)]
 pub mod record;
 mod registry;
 pub mod requests;
@@ -25,11 +27,16 @@ mod writer;
 pub use api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome};
 pub use cron_table::{CronEntry, CronWrite};
 pub use decide::{Entropy, SystemEntropy};
-pub use events::{CronInfo, Event, EventId, EventKind, EventPage, EventSink};
+#[doc(hidden)]
+pub use events::EventSink;
+pub use events::{CronInfo, Event, EventId, EventKind, EventPage};
 pub use handle::{EngineHandle, Pending};
+#[doc(hidden)]
 pub use image::{IMAGE_VERSION, StateImage, decode_image};
 pub use requests::Request;
-pub use state::{Retention, State};
+pub use state::Retention;
+#[doc(hidden)]
+pub use state::State;
 pub use view::{DeadLetterKey, EngineFailure, QueueSummary, QueueTable};
 
 use std::path::{Path, PathBuf};

@@ -44,7 +44,7 @@ pub trait FileSystem: Send + Sync + 'static {
         std::fs::rename(from, to)
     }
     /// Opens an existing file for direct writes: each write must start and
-    /// end on a [`DIRECT_BLOCK_BYTES`] boundary from a buffer aligned the
+    /// end on a `DIRECT_BLOCK_BYTES` (4 KiB) boundary from a buffer aligned the
     /// same way, and is durable when it returns (`sync_data` is then never
     /// needed). `None` where the file system does not offer them.
     fn open_direct(&self, _path: &Path) -> io::Result<Option<Arc<dyn LogFile>>> {

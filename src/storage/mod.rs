@@ -2,6 +2,7 @@
 //! Storage knows bytes, frames and files; it knows nothing about jobs.
 
 mod direct;
+#[doc(hidden)]
 pub mod frame;
 mod fs;
 mod layout;
@@ -9,10 +10,16 @@ mod power_loss;
 mod snapshot;
 mod wal;
 
-pub use fs::{FaultyFileSystem, FileSystem, LogFile, PageCacheFileSystem, RealFileSystem};
+#[doc(hidden)]
+pub use fs::FaultyFileSystem;
+pub use fs::{FileSystem, LogFile, PageCacheFileSystem, RealFileSystem};
+#[doc(hidden)]
 pub use layout::{DataDirLock, SEGMENT_HEADER_BYTES, list_segments, list_snapshots, segment_path, snapshot_path};
+#[doc(hidden)]
 pub use power_loss::PowerLossFileSystem;
+#[doc(hidden)]
 pub use snapshot::{SNAPSHOT_HEADER_BYTES, SnapshotFile, read_snapshot, remove_obsolete, write_snapshot};
+#[doc(hidden)]
 pub use wal::{FrameVisitor, ReplayEnd, SegmentScan, TailPolicy, WalWriter, Written, replay_log, scan_segment};
 
 use std::fmt;

@@ -1,5 +1,6 @@
 //! A reference model of the engine, and a runner that applies the same
-//! operations to both and reports the first disagreement. The model-based
+//! operations to both and reports the first disagreement. Shared by the
+//! model-based test and the fuzz target; not part of the library. The model-based
 //! test (`tests/model.rs`) feeds it random sequences from proptest; the fuzz
 //! target `fuzz/fuzz_targets/engine_model.rs` feeds it sequences decoded from
 //! bytes with [`ops_from_bytes`].
@@ -12,10 +13,10 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::clock::ManualClock;
-use crate::engine::{Engine, EngineConfig, EngineError, Entropy, FetchRequest};
-use crate::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body};
-use crate::storage::PowerLossFileSystem;
+use svc::clock::ManualClock;
+use svc::engine::{Engine, EngineConfig, EngineError, Entropy, FetchRequest};
+use svc::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body};
+use svc::storage::PowerLossFileSystem;
 
 const START: i64 = 1_800_000_000_000;
 const VISIBILITY_MS: i64 = 2500;
