@@ -61,7 +61,10 @@ fn an_embedded_queue_caps_its_finished_jobs_and_reports_a_full_disk() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     assert!(
-        matches!(refused, svc::SvcError::Engine(svc::engine::EngineError::Unavailable { reason: "disk_full" })),
+        matches!(
+            refused,
+            svc::SvcError::Engine(svc::engine::EngineError::Unavailable { reason: svc::engine::Unavailable::DiskFull })
+        ),
         "{refused:?}"
     );
     assert!(svc.disk_full() && svc.failure().is_none());

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::workers::WorkerSignal;
+use super::workers::{WorkerSignal, WorkerState};
 use crate::job::{Job, JobId, JobState, ValidationError};
 
 /// A fetch request, already validated.
@@ -48,7 +48,7 @@ pub enum EngineError {
     /// The signal does not apply in the worker's state (quiet after terminate).
     WorkerConflict {
         worker_id: String,
-        current_state: &'static str,
+        current_state: WorkerState,
     },
     /// No cron entry has this name.
     CronNotFound {
@@ -62,12 +62,12 @@ pub enum EngineError {
     CronLimit {
         max_entries: usize,
     },
-    /// The job is not in a state the command applies to; `reason` is
-    /// `invalid_state` or `not_owner`.
+    /// The job is not in a state the command applies to, or is claimed by
+    /// another worker.
     Conflict {
         id: JobId,
         current_state: JobState,
-        reason: &'static str,
+        reason: ConflictReason,
     },
     /// The client-supplied id is taken; `index` is the batch position.
     Duplicate {
@@ -79,10 +79,58 @@ pub enum EngineError {
         error: ValidationError,
         index: Option<usize>,
     },
-    /// Storage failed, the engine is overloaded or stopped, or capacity is reached.
+    /// The engine cannot take the request now; `reason` says why.
     Unavailable {
-        reason: &'static str,
+        reason: Unavailable,
     },
+}
+
+/// Why a job is in the way of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConflictReason {
+    /// The job is not in a state the request applies to.
+    InvalidState,
+    /// The job is claimed by another worker.
+    NotOwner,
+}
+
+impl ConflictReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConflictReason::InvalidState => "invalid_state",
+            ConflictReason::NotOwner => "not_owner",
+        }
+    }
+}
+
+/// Why the engine cannot take a request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// Too many requests wait already; retry shortly.
+    Overloaded,
+    /// The engine holds as many live jobs as it may.
+    Capacity,
+    /// The disk is full: new work waits until space is freed.
+    DiskFull,
+    /// A write or sync of the log failed; the engine takes no more writes.
+    StorageFailed,
+    /// The engine has stopped.
+    EngineStopped,
+    /// A requested snapshot could not be written.
+    SnapshotFailed,
+}
+
+impl Unavailable {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unavailable::Overloaded => "overloaded",
+            Unavailable::Capacity => "capacity",
+            Unavailable::DiskFull => "disk_full",
+            Unavailable::StorageFailed => "storage_failed",
+            Unavailable::EngineStopped => "engine_stopped",
+            Unavailable::SnapshotFailed => "snapshot_failed",
+        }
+    }
 }
 
 impl std::fmt::Display for EngineError {
@@ -92,7 +140,7 @@ impl std::fmt::Display for EngineError {
             EngineError::NotInDeadLetter { id } => write!(f, "job {id} is not in the dead letter listing"),
             EngineError::WorkerNotFound { worker_id } => write!(f, "worker {worker_id} not found"),
             EngineError::WorkerConflict { worker_id, current_state } => {
-                write!(f, "worker {worker_id} is {current_state}; a terminating worker cannot be made quiet")
+                write!(f, "worker {worker_id} is {}; a terminating worker cannot be made quiet", current_state.as_str())
             }
             EngineError::CronNotFound { name } => write!(f, "cron entry {name} not found"),
             EngineError::CronChanged { name } => write!(f, "cron entry {name} changed meanwhile; retry"),
@@ -100,11 +148,11 @@ impl std::fmt::Display for EngineError {
                 write!(f, "{max_entries} cron entries are registered, the most this server allows")
             }
             EngineError::Conflict { id, current_state, reason } => {
-                write!(f, "job {id} is {} ({reason})", current_state.as_str())
+                write!(f, "job {id} is {} ({})", current_state.as_str(), reason.as_str())
             }
             EngineError::Duplicate { id, .. } => write!(f, "job id {id} is already in use"),
             EngineError::Invalid { error, .. } => write!(f, "{error}"),
-            EngineError::Unavailable { reason } => write!(f, "engine unavailable: {reason}"),
+            EngineError::Unavailable { reason } => write!(f, "engine unavailable: {}", reason.as_str()),
         }
     }
 }

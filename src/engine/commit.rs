@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use super::api::EngineError;
+use super::api::{EngineError, Unavailable};
 use super::cron_table::CronEntry;
 use super::events::Event;
 use super::requests::Responder;
@@ -25,7 +25,7 @@ use crate::storage::{StorageError, WalWriter};
 
 /// The error every reply of a failed commit gets.
 pub(crate) fn storage_failed() -> EngineError {
-    EngineError::Unavailable { reason: "storage_failed" }
+    EngineError::Unavailable { reason: Unavailable::StorageFailed }
 }
 
 /// What changed in the read view during one turn, copied out of the state at

@@ -1,7 +1,7 @@
 //! Live decisions: check a command against the state and turn it into a
 //! fully decided record. Nothing here changes the state; `State::apply` does.
 
-use super::api::{EngineError, FetchRequest};
+use super::api::{ConflictReason, EngineError, FetchRequest, Unavailable};
 use super::record::{Claim, FailOutcome, Record, TimeoutKind};
 use super::state::State;
 use crate::clock::Millis;
@@ -39,7 +39,7 @@ impl State {
         entropy: &mut dyn Entropy,
     ) -> Result<(Record, Vec<JobId>), EngineError> {
         if self.live_jobs() + new_jobs.len() > LIVE_JOBS_MAX {
-            return Err(EngineError::Unavailable { reason: "capacity" });
+            return Err(EngineError::Unavailable { reason: Unavailable::Capacity });
         }
         let batch = new_jobs.len() > 1;
         let index_of = |position: usize| batch.then_some(position);
@@ -132,12 +132,12 @@ impl State {
     fn active_job(&self, id: JobId, worker_id: Option<&str>) -> Result<&Job, EngineError> {
         let job = self.job(id).ok_or(EngineError::NotFound { id })?;
         if job.state != JobState::Active {
-            return Err(EngineError::Conflict { id, current_state: job.state, reason: "invalid_state" });
+            return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::InvalidState });
         }
         if let (Some(sender), Some(owner)) = (worker_id, job.worker_id.as_deref())
             && sender != owner
         {
-            return Err(EngineError::Conflict { id, current_state: job.state, reason: "not_owner" });
+            return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::NotOwner });
         }
         Ok(job)
     }
@@ -173,7 +173,7 @@ impl State {
         match job.state {
             JobState::Cancelled => Ok(None),
             JobState::Completed | JobState::Discarded => {
-                Err(EngineError::Conflict { id, current_state: job.state, reason: "invalid_state" })
+                Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::InvalidState })
             }
             _ => Ok(Some(Record::Cancel { at: now, id })),
         }

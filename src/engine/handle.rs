@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-use super::api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome};
+use super::api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome, Unavailable};
 use super::cron_table::{CronEntry, CronWrite};
 use super::events::{Event, EventPage};
 use super::inbox::Command;
@@ -25,7 +25,9 @@ pub struct Pending<T> {
 impl<T> Pending<T> {
     pub async fn outcome(self) -> Result<T, EngineError> {
         match self.receiver {
-            Ok(receiver) => receiver.await.unwrap_or(Err(EngineError::Unavailable { reason: "engine_stopped" })),
+            Ok(receiver) => {
+                receiver.await.unwrap_or(Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }))
+            }
             Err(error) => Err(error),
         }
     }
@@ -35,7 +37,7 @@ impl<T> Pending<T> {
     pub fn wait(self) -> Result<T, EngineError> {
         match self.receiver {
             Ok(receiver) => {
-                receiver.blocking_recv().unwrap_or(Err(EngineError::Unavailable { reason: "engine_stopped" }))
+                receiver.blocking_recv().unwrap_or(Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }))
             }
             Err(error) => Err(error),
         }
@@ -65,8 +67,8 @@ impl EngineHandle {
         let (reply, receiver) = oneshot::channel();
         let receiver = match self.inbox.send(make(reply)) {
             Ok(()) => Ok(receiver),
-            Err(SendError::Full) => Err(EngineError::Unavailable { reason: "overloaded" }),
-            Err(SendError::Stopped) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
+            Err(SendError::Full) => Err(EngineError::Unavailable { reason: Unavailable::Overloaded }),
+            Err(SendError::Stopped) => Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }),
         };
         Pending { receiver }
     }
@@ -216,7 +218,7 @@ impl EngineHandle {
         // Shutdown waits for room rather than failing on a full inbox.
         let receiver = match self.inbox.send(Command::Shutdown { snapshot, reply }) {
             Ok(()) => Ok(receiver),
-            Err(_) => Err(EngineError::Unavailable { reason: "engine_stopped" }),
+            Err(_) => Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }),
         };
         Pending { receiver }
     }

@@ -24,7 +24,7 @@ mod view;
 pub mod workers;
 mod writer;
 
-pub use api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome};
+pub use api::{Cancelled, ConflictReason, EngineError, FetchRequest, HeartbeatOutcome, Unavailable};
 pub use cron_table::{CronEntry, CronWrite};
 pub use decide::{Entropy, SystemEntropy};
 #[doc(hidden)]
@@ -38,6 +38,7 @@ pub use state::Retention;
 #[doc(hidden)]
 pub use state::State;
 pub use view::{DeadLetterKey, EngineFailure, QueueSummary, QueueTable};
+pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

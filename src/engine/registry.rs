@@ -7,7 +7,7 @@ use super::api::EngineError;
 use super::events::{EventKind, EventSink};
 use super::record::Record;
 use super::state::State;
-use super::workers::{Contacts, WorkerEntry, WorkerSignal, state_name};
+use super::workers::{Contacts, WorkerEntry, WorkerSignal, WorkerState};
 use crate::clock::Millis;
 use crate::limits::{WORKER_FORGET_MS, WORKER_STALE_MS, WORKERS_MAX};
 
@@ -43,7 +43,7 @@ pub(crate) fn entry(state: &State, contacts: &Contacts, worker_id: &str) -> Opti
     };
     Some(WorkerEntry {
         worker_id: worker_id.to_string(),
-        state: state_name(signal.map(|(signal, _)| signal)),
+        state: WorkerState::of(signal.map(|(signal, _)| signal)),
         first_seen_at,
         last_seen_at,
         last_heartbeat_at: contact.and_then(|contact| contact.last_heartbeat_at),
@@ -63,7 +63,7 @@ pub(crate) fn decide_signal(
     let Some(entry) = entry(state, contacts, worker_id) else {
         return Err(EngineError::WorkerNotFound { worker_id: worker_id.to_string() });
     };
-    if signal == WorkerSignal::Quiet && entry.state == "terminate" {
+    if signal == WorkerSignal::Quiet && entry.state == WorkerState::Terminate {
         return Err(EngineError::WorkerConflict { worker_id: worker_id.to_string(), current_state: entry.state });
     }
     Ok(Record::WorkerSignal { at: now, worker_id: worker_id.to_string(), signal })

@@ -18,24 +18,42 @@ pub enum WorkerSignal {
     Terminate,
 }
 
+/// What a worker is to do, as the registry reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerState {
+    Running,
+    Quiet,
+    Terminate,
+}
+
+impl WorkerState {
+    /// The state a signal (or none) leaves a worker in.
+    pub fn of(signal: Option<WorkerSignal>) -> WorkerState {
+        match signal {
+            None => WorkerState::Running,
+            Some(WorkerSignal::Quiet) => WorkerState::Quiet,
+            Some(WorkerSignal::Terminate) => WorkerState::Terminate,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Running => "running",
+            WorkerState::Quiet => "quiet",
+            WorkerState::Terminate => "terminate",
+        }
+    }
+}
+
 /// A worker as the registry reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerEntry {
     pub worker_id: String,
-    /// `running`, `quiet` or `terminate`.
-    pub state: &'static str,
+    pub state: WorkerState,
     pub first_seen_at: Millis,
     pub last_seen_at: Millis,
     pub last_heartbeat_at: Option<Millis>,
     pub active_job_ids: Vec<JobId>,
-}
-
-pub fn state_name(signal: Option<WorkerSignal>) -> &'static str {
-    match signal {
-        None => "running",
-        Some(WorkerSignal::Quiet) => "quiet",
-        Some(WorkerSignal::Terminate) => "terminate",
-    }
 }
 
 /// When each worker was first and last seen, and last sent a heartbeat.

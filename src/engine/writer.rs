@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::api::EngineError;
+use super::api::{EngineError, Unavailable};
 use super::commit::{Committer, ViewDelta, storage_failed};
 use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
@@ -70,7 +70,7 @@ pub(crate) struct Writer {
 
 /// The error of a write refused because the disk is full.
 fn disk_full() -> EngineError {
-    EngineError::Unavailable { reason: "disk_full" }
+    EngineError::Unavailable { reason: Unavailable::DiskFull }
 }
 
 /// The bytes `records` take encoded.
@@ -239,7 +239,8 @@ impl Writer {
             let _ = reply.send(Ok(image));
         }
         for reply in snapshot_requests {
-            let result = self.snapshot_now().map_err(|_| EngineError::Unavailable { reason: "snapshot_failed" });
+            let result =
+                self.snapshot_now().map_err(|_| EngineError::Unavailable { reason: Unavailable::SnapshotFailed });
             let _ = reply.send(result);
         }
         // A snapshot needs a new segment and room for its file: not while the disk is full.

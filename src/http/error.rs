@@ -5,7 +5,7 @@ use hyper::StatusCode;
 use hyper::header::{HeaderName, RETRY_AFTER};
 use serde_json::{Map, Value};
 
-use crate::engine::EngineError;
+use crate::engine::{EngineError, Unavailable};
 use crate::job::{ValidationError, ValidationKind};
 
 /// (code, status, retryable, meaning, hint)
@@ -171,9 +171,9 @@ impl From<EngineError> for ApiError {
             EngineError::NotFound { id } => ApiError::not_found("job", id.to_string()),
             EngineError::NotInDeadLetter { id } => ApiError::not_found("dead_letter_job", id.to_string()),
             EngineError::WorkerNotFound { worker_id } => ApiError::not_found("worker", worker_id),
-            EngineError::WorkerConflict { worker_id, current_state } => {
-                ApiError::new("conflict", message).detail("worker_id", worker_id).detail("current_state", current_state)
-            }
+            EngineError::WorkerConflict { worker_id, current_state } => ApiError::new("conflict", message)
+                .detail("worker_id", worker_id)
+                .detail("current_state", current_state.as_str()),
             EngineError::CronNotFound { name } => ApiError::not_found("cron", name),
             EngineError::CronChanged { name } => {
                 ApiError::new("conflict", message).detail("name", name).detail("reason", "concurrent_change")
@@ -184,7 +184,7 @@ impl From<EngineError> for ApiError {
             EngineError::Conflict { id, current_state, reason } => ApiError::new("conflict", message)
                 .detail("job_id", id.to_string())
                 .detail("current_state", current_state.as_str())
-                .detail("reason", reason),
+                .detail("reason", reason.as_str()),
             EngineError::Duplicate { id, index } => {
                 let error = ApiError::new("duplicate", message).detail("existing_job_id", id.to_string());
                 match index {
@@ -201,13 +201,13 @@ impl From<EngineError> for ApiError {
             }
             EngineError::Unavailable { reason } => {
                 let text = match reason {
-                    "overloaded" => "the server is overloaded; retry shortly",
-                    "capacity" => "the server holds as many live jobs as it may",
-                    "storage_failed" => "storage failed; the server accepts no writes until it restarts",
-                    "disk_full" => "the disk is full; new work is refused until space is freed",
-                    _ => "the engine is not available",
+                    Unavailable::Overloaded => "the server is overloaded; retry shortly",
+                    Unavailable::Capacity => "the server holds as many live jobs as it may",
+                    Unavailable::StorageFailed => "storage failed; the server accepts no writes until it restarts",
+                    Unavailable::DiskFull => "the disk is full; new work is refused until space is freed",
+                    Unavailable::EngineStopped | Unavailable::SnapshotFailed => "the engine is not available",
                 };
-                ApiError::new("backend_error", text).detail("reason", reason)
+                ApiError::new("backend_error", text).detail("reason", reason.as_str())
             }
         }
     }

@@ -217,7 +217,8 @@ fn report_job_id(path_id: Option<&str>, body_id: Option<&RawValue>) -> Result<Jo
 
 /// A 409 for a report on a job that is not active, with the expected state.
 fn report_error(error: EngineError) -> ApiError {
-    let is_state_conflict = matches!(error, EngineError::Conflict { reason: "invalid_state", .. });
+    let is_state_conflict =
+        matches!(error, EngineError::Conflict { reason: crate::engine::ConflictReason::InvalidState, .. });
     let api = ApiError::from(error);
     if is_state_conflict { api.detail("expected_state", "active") } else { api }
 }
@@ -334,7 +335,7 @@ async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let (extended, signal) = (beat.extended, beat.signal);
     let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
     // While the engine drains, the signal is `terminate` (decisions §26).
-    let state = crate::engine::workers::state_name(signal);
+    let state = crate::engine::WorkerState::of(signal).as_str();
     let server_time = crate::job::time::format_timestamp(now);
     Ok(Reply::ok(json!({"state": state, "jobs_extended": extended, "server_time": server_time}).to_string()))
 }
@@ -349,7 +350,7 @@ fn active_jobs_error() -> ApiError {
 fn render_worker(entry: &crate::engine::workers::WorkerEntry, now: i64) -> Value {
     let mut value = json!({
         "worker_id": entry.worker_id,
-        "state": entry.state,
+        "state": entry.state.as_str(),
         "first_seen_at": format_timestamp(entry.first_seen_at),
         "last_seen_at": format_timestamp(entry.last_seen_at),
         "active_job_ids": entry.active_job_ids.iter().map(|id| id.to_string()).collect::<Vec<_>>(),
@@ -375,9 +376,9 @@ fn workers(app: &AppState, query: &str) -> Result<Reply, ApiError> {
         None => None,
     };
     let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
-    let (page, has_more) = app
-        .engine
-        .workers_page(after.as_deref(), limit, |entry| state.as_deref().is_none_or(|state| entry.state == state));
+    let (page, has_more) = app.engine.workers_page(after.as_deref(), limit, |entry| {
+        state.as_deref().is_none_or(|state| entry.state.as_str() == state)
+    });
     let now = now_ms(app);
     let cursor = if has_more { page.last().map(|entry| Value::from(encode_cursor(&entry.worker_id))) } else { None };
     let workers: Vec<Value> = page.iter().map(|entry| render_worker(entry, now)).collect();
