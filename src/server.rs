@@ -240,7 +240,7 @@ async fn serve(
                 Some(Control::Stop) | None => break,
             },
             () = tokio::time::sleep(DRAIN_POLL), if drain_ends.is_some() => {
-                let active: u64 = app.engine.queues().values().map(|queue| queue.count(crate::job::JobState::Active)).sum();
+                let active = app.engine.active_jobs();
                 if active == 0 || drain_ends.is_some_and(|ends| tokio::time::Instant::now() >= ends) {
                     crate::logging::info("drain finished", &[("active_jobs", active.into())]);
                     break;

@@ -180,7 +180,7 @@ fn terminal_jobs_are_pruned_after_retention() {
     assert!(harness.engine.handle().job(id).is_some());
     harness.advance(1);
     assert!(harness.engine.handle().job(id).is_none());
-    assert_eq!(harness.engine.handle().queues()["default"].counts, [0; 8]);
+    assert_eq!(harness.engine.handle().queue("default").unwrap().counts, [0; 8]);
 }
 
 #[test]
@@ -330,7 +330,8 @@ fn queue_counts_from_jobs(engine: &Engine) -> std::collections::BTreeMap<String,
 }
 
 fn queue_counts_seen(engine: &Engine) -> std::collections::BTreeMap<String, [u64; 8]> {
-    engine.handle().queues().iter().map(|(name, queue)| (name.clone(), queue.counts)).collect()
+    let (queues, _) = engine.handle().queues_page(None, usize::MAX);
+    queues.into_iter().map(|queue| (queue.name, queue.counts)).collect()
 }
 
 /// Each turn publishes only the queues it changed; what readers see must

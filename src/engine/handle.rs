@@ -10,7 +10,7 @@ use super::events::{Event, EventPage};
 use super::inbox::Command;
 use super::inbox::{InboxSender, SendError};
 use super::requests::{self, Envelope, Reply, Request};
-use super::view::{DeadLetterKey, QueueTable, ReadView};
+use super::view::{DeadLetterCursor, QueueSummary, ReadView};
 use super::workers::{WorkerEntry, WorkerSignal};
 use crate::clock::Clock;
 use crate::cron::CronDefinition;
@@ -144,13 +144,14 @@ impl EngineHandle {
         self.submit(requests::DeadLetterDelete { id })
     }
 
-    /// The dead letter listing, newest first, from the last commit.
+    /// The dead letter listing, newest first, from the last commit: up to
+    /// `limit` jobs after `after`, and the cursor of the next page if more follow.
     pub fn dead_letter_page(
         &self,
-        after: Option<DeadLetterKey>,
+        after: Option<DeadLetterCursor>,
         limit: usize,
         queue: Option<&str>,
-    ) -> (Vec<Arc<Job>>, bool) {
+    ) -> (Vec<Arc<Job>>, Option<DeadLetterCursor>) {
         self.view.dead_letter_page(after, limit, queue)
     }
 
@@ -228,9 +229,20 @@ impl EngineHandle {
         self.view.job(id)
     }
 
-    /// Every queue as of the last commit, by name.
-    pub fn queues(&self) -> Arc<QueueTable> {
-        self.view.queues()
+    /// Up to `limit` queues after the one named `after`, by name, as of the
+    /// last commit, and whether more follow.
+    pub fn queues_page(&self, after: Option<&str>, limit: usize) -> (Vec<QueueSummary>, bool) {
+        self.view.queues_page(after, limit)
+    }
+
+    /// One queue's figures as of the last commit.
+    pub fn queue(&self, name: &str) -> Option<QueueSummary> {
+        self.view.queues().get(name).cloned()
+    }
+
+    /// Jobs claimed by workers and not yet reported on, across all queues.
+    pub fn active_jobs(&self) -> u64 {
+        self.view.queues().values().map(|queue| queue.count(crate::job::JobState::Active)).sum()
     }
 
     pub fn events_page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {

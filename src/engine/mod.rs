@@ -37,7 +37,7 @@ pub use requests::Request;
 pub use state::Retention;
 #[doc(hidden)]
 pub use state::State;
-pub use view::{DeadLetterKey, EngineFailure, QueueSummary, QueueTable};
+pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
 
 use std::path::{Path, PathBuf};

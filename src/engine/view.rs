@@ -35,20 +35,44 @@ impl QueueSummary {
 /// Position in the dead letter listing: newest `discarded_at` first, then
 /// the higher id first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct DeadLetterKey {
-    pub discarded_at: std::cmp::Reverse<i64>,
-    pub id: std::cmp::Reverse<JobId>,
+pub(crate) struct DeadLetterKey {
+    discarded_at: std::cmp::Reverse<i64>,
+    id: std::cmp::Reverse<JobId>,
 }
 
 impl DeadLetterKey {
-    pub fn of(job: &Job) -> Option<DeadLetterKey> {
+    pub(crate) fn of(job: &Job) -> Option<DeadLetterKey> {
         let discarded_at = job.discarded_at.filter(|_| job.state == JobState::Discarded)?;
         Some(DeadLetterKey { discarded_at: std::cmp::Reverse(discarded_at), id: std::cmp::Reverse(job.id) })
     }
 }
 
+/// Where a page of the dead letter listing ended: an opaque position that
+/// reads and prints as text, to hand to a client and back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadLetterCursor(DeadLetterKey);
+
+impl DeadLetterCursor {
+    /// Reads a cursor printed by [`DeadLetterCursor`]'s `Display`.
+    pub fn parse(text: &str) -> Option<DeadLetterCursor> {
+        let (at, id) = text.split_once('/')?;
+        let discarded_at = at.parse::<i64>().ok()?;
+        let id = JobId::parse(id)?;
+        Some(DeadLetterCursor(DeadLetterKey {
+            discarded_at: std::cmp::Reverse(discarded_at),
+            id: std::cmp::Reverse(id),
+        }))
+    }
+}
+
+impl std::fmt::Display for DeadLetterCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.0.discarded_at.0, self.0.id.0)
+    }
+}
+
 /// Every queue's figures by name, as readers get them.
-pub type QueueTable = std::collections::BTreeMap<String, QueueSummary>;
+pub(crate) type QueueTable = std::collections::BTreeMap<String, QueueSummary>;
 
 pub struct ReadView {
     shards: Vec<RwLock<JobIdMap<Arc<Job>>>>,
@@ -117,18 +141,31 @@ impl ReadView {
     /// and whether more follow.
     pub fn dead_letter_page(
         &self,
-        after: Option<DeadLetterKey>,
+        after: Option<DeadLetterCursor>,
         limit: usize,
         queue: Option<&str>,
-    ) -> (Vec<Arc<Job>>, bool) {
+    ) -> (Vec<Arc<Job>>, Option<DeadLetterCursor>) {
         use std::ops::Bound;
         let listing = self.dead_letter.read();
-        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let start = after.map_or(Bound::Unbounded, |cursor| Bound::Excluded(cursor.0));
         let matching = listing
             .range((start, Bound::Unbounded))
             .map(|(_, job)| job)
             .filter(|job| queue.is_none_or(|queue| job.queue == queue));
-        take_page(matching, limit)
+        let (jobs, has_more) = take_page(matching, limit);
+        let next = jobs.last().and_then(|job| DeadLetterKey::of(job)).filter(|_| has_more).map(DeadLetterCursor);
+        (jobs, next)
+    }
+
+    /// Up to `limit` queues after the one named `after`, by name, and whether more follow.
+    pub fn queues_page(&self, after: Option<&str>, limit: usize) -> (Vec<QueueSummary>, bool) {
+        use std::ops::Bound;
+        let table = self.queues();
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut remaining = table.range::<str, _>((start, Bound::Unbounded)).map(|(_, queue)| queue.clone());
+        let page: Vec<QueueSummary> = remaining.by_ref().take(limit).collect();
+        let has_more = remaining.next().is_some();
+        (page, has_more)
     }
 
     /// Up to `limit` workers after `after` (by id) that pass `keep`, and whether more follow.
@@ -187,7 +224,7 @@ impl ReadView {
         }
     }
 
-    pub fn queues(&self) -> Arc<QueueTable> {
+    pub(crate) fn queues(&self) -> Arc<QueueTable> {
         self.queues.read().clone()
     }
 

@@ -294,14 +294,7 @@ fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
-    let summaries = app.engine.queues();
-    let start = match &after {
-        Some(after) => std::ops::Bound::Excluded(after.as_str()),
-        None => std::ops::Bound::Unbounded,
-    };
-    let mut remaining = summaries.range::<str, _>((start, std::ops::Bound::Unbounded)).map(|(_, queue)| queue);
-    let page: Vec<_> = remaining.by_ref().take(limit).collect();
-    let has_more = remaining.next().is_some();
+    let (page, has_more) = app.engine.queues_page(after.as_deref(), limit);
     let cursor = if has_more { page.last().map(|queue| Value::from(encode_cursor(&queue.name))) } else { None };
     let queues: Vec<Value> =
         page.iter().map(|queue| json!({"name": queue.name, "size": queue.size(), "paused": queue.paused})).collect();
@@ -408,8 +401,7 @@ fn dead_letter_id(text: &str) -> Result<JobId, ApiError> {
 }
 
 fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {
-    use crate::engine::DeadLetterKey;
-    use std::cmp::Reverse;
+    use crate::engine::DeadLetterCursor;
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let queue = match query_value(&pairs, "queue").filter(|queue| !queue.is_empty()) {
@@ -421,17 +413,14 @@ fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {
         None => None,
         Some(cursor) => {
             let invalid = || ApiError::invalid_request(Some("cursor"), "cursor is not one this server issued");
-            let text = decode_cursor(cursor)?;
-            let (at, id) = text.split_once('/').ok_or_else(invalid)?;
-            let discarded_at = at.parse::<i64>().map_err(|_| invalid())?;
-            let id = JobId::parse(id).ok_or_else(invalid)?;
-            Some(DeadLetterKey { discarded_at: Reverse(discarded_at), id: Reverse(id) })
+            Some(DeadLetterCursor::parse(&decode_cursor(cursor)?).ok_or_else(invalid)?)
         }
     };
-    let (jobs, has_more) = app.engine.dead_letter_page(after, limit, queue);
-    let cursor = match jobs.last().and_then(|job| Some((job.discarded_at?, job.id))) {
-        Some((at, id)) if has_more => format!("\"{}\"", encode_cursor(&format!("{at}/{id}"))),
-        _ => "null".to_string(),
+    let (jobs, next) = app.engine.dead_letter_page(after, limit, queue);
+    let has_more = next.is_some();
+    let cursor = match next {
+        Some(next) => format!("\"{}\"", encode_cursor(&next.to_string())),
+        None => "null".to_string(),
     };
     let mut body = jobs_object("jobs", &jobs);
     body.raw("cursor", &cursor).raw("has_more", if has_more { "true" } else { "false" });
