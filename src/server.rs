@@ -71,7 +71,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
 /// What the server is told from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
-    /// Begin a graceful shutdown: drain, then stop (decisions §26).
+    /// Begin a graceful shutdown: drain, then stop (docs/api.md, "Shutting down").
     Drain,
     /// Stop now: close the listener, give in-flight requests 5 s, snapshot.
     Stop,

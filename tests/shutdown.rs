@@ -1,4 +1,4 @@
-//! Graceful shutdown (decisions §26): a drain stops handing out work, tells
+//! Graceful shutdown (docs/api.md, "Shutting down"): a drain stops handing out work, tells
 //! workers to terminate, keeps serving everything else, and stops once no job
 //! is active or the grace period ends; SIGTERM starts it and exits 0.
 

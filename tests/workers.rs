@@ -1,4 +1,4 @@
-//! The worker registry and operator signals (decisions §7.6): workers appear
+//! The worker registry and operator signals (docs/api.md, "The worker registry and signals"): workers appear
 //! on contact, quiet and terminate stop new claims, signals survive restarts,
 //! and forgetting a worker clears its signal.
 

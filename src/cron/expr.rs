@@ -1,4 +1,4 @@
-//! Cron expressions in the dialect of decisions §17.2: five fields (minute,
+//! Cron expressions in the dialect of docs/api.md, "Expressions": five fields (minute,
 //! hour, day of month, month, day of week), `*` `,` `-` `/`, month and weekday
 //! names, the `@hourly`-style macros, and the Vixie rule for days.
 //!

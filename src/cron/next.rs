@@ -1,4 +1,4 @@
-//! When a cron expression fires in a time zone (decisions §17.3): local
+//! When a cron expression fires in a time zone (docs/api.md, "Time zones"): local
 //! wall-clock evaluation; a local time that does not exist (spring forward)
 //! does not fire; a repeated local time (fall back) fires once, at its first
 //! occurrence. All instants are UTC milliseconds.

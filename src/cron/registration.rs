@@ -1,4 +1,4 @@
-//! The cron registration body (decisions §17.1) → a validated [`CronDefinition`].
+//! The cron registration body (docs/api.md, "Registering") → a validated [`CronDefinition`].
 //!
 //! Aliases are resolved first (`expression`/`cron` for `schedule`,
 //! `job_template` for the flat job fields, flat fields winning), giving the
@@ -16,7 +16,7 @@ use crate::job::json::{self, minify};
 use crate::job::{JobDefaults, JobPayload, RetryPolicy, ValidationError, body_error, parse_enqueue_object};
 use crate::limits::{CRON_DESCRIPTION_CHARS_MAX, CRON_NAME_CHARS_MAX, CRON_SCHEDULE_CHARS_MAX};
 
-/// What a cron entry does when its previous job is still going (decisions §17.4).
+/// What a cron entry does when its previous job is still going (docs/api.md, "When the previous run is still going").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OverlapPolicy {
     Skip,

@@ -42,7 +42,7 @@ impl State {
             error: crate::job::ValidationError::request(Some("schedule".to_string()), problem),
             index: None,
         })?;
-        // No backfill: the first run is strictly after now (decisions §17.5).
+        // No backfill: the first run is strictly after now (docs/api.md, "Firing").
         let next_run_at = if definition.enabled { schedule.next_fire(now).map(|next| next.at) } else { None };
         let entry = CronEntry {
             created_at: existing.map_or(now, |entry| entry.created_at),

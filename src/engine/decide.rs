@@ -179,7 +179,7 @@ impl State {
         }
     }
 
-    /// Extends the claims a worker's heartbeat covers (decisions §7.4): the
+    /// Extends the claims a worker's heartbeat covers (docs/api.md, "Heartbeat"): the
     /// listed ids that are active and claimed by no worker or this one, or,
     /// with no list, every active job this worker holds; with how many.
     /// `None` when there is nothing to extend.
@@ -285,7 +285,7 @@ impl State {
     }
 }
 
-/// Which deadline of an active job ran out, and what follows (decisions §9).
+/// Which deadline of an active job ran out, and what follows (docs/api.md, "Visibility and execution timeouts").
 fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Record {
     let visibility = job.visibility_deadline.unwrap_or(Millis::MAX);
     let execution = job.execution_deadline.unwrap_or(Millis::MAX);
@@ -301,7 +301,7 @@ fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Record {
     Record::Timeout { at: now, id: job.id, kind, outcome }
 }
 
-/// The decision on a failed attempt (decisions §8.2).
+/// The decision on a failed attempt (docs/api.md, "What a failure leads to").
 pub fn failure_outcome(job: &Job, report: &FailureReport, now: Millis, entropy: &mut dyn Entropy) -> FailOutcome {
     if report.retryable == Some(false) || matches_non_retryable(&job.retry.non_retryable_errors, report) {
         return FailOutcome::Discard;

@@ -1,4 +1,4 @@
-//! The worker registry's decisions (decisions §7.6): recording contact,
+//! The worker registry's decisions (docs/api.md, "The worker registry and signals"): recording contact,
 //! the entry a worker is reported with, operator signals, the drain's
 //! farewell, and forgetting idle workers. Signals are durable state
 //! (`State`); contact is soft state (`Contacts`) the engine keeps beside it.

@@ -1,4 +1,4 @@
-//! The worker registry (decisions §7.6): who has been seen, and the signals
+//! The worker registry (docs/api.md, "The worker registry and signals"): who has been seen, and the signals
 //! operators gave them. Signals are durable engine state; when a worker was
 //! last seen is soft state kept by the writer, rebuilt by contact after a
 //! restart.

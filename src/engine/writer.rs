@@ -174,7 +174,7 @@ impl Writer {
                 *bytes = bytes.saturating_sub(encoded_bytes(records));
             } else {
                 self.forget_idle_workers(now, records, events);
-                // A draining server fires no cron entries (decisions §26), nor
+                // A draining server fires no cron entries (docs/api.md, "Shutting down"), nor
                 // does one whose disk is full (the entry fires late, as after downtime).
                 if !self.draining {
                     for record in self.state.decide_cron_due(now, DUE_CRONS_PER_TURN_MAX, self.entropy.as_mut()) {

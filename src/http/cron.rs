@@ -1,4 +1,4 @@
-//! The cron endpoints (decisions §17.6) and the cron object.
+//! The cron endpoints (docs/api.md, "The other cron routes") and the cron object.
 
 use bytes::Bytes;
 use hyper::StatusCode;

@@ -191,7 +191,7 @@ async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     };
     let visibility_timeout_ms = visibility_timeout(&object)?;
     let request = FetchRequest { queues, count, worker_id: worker_id(&object)?, visibility_timeout_ms };
-    // A draining engine hands out no new work (decisions §26).
+    // A draining engine hands out no new work (docs/api.md, "Shutting down").
     let jobs = app.engine.fetch(request).outcome().await?;
     Ok(Reply::ok(jobs_object("jobs", &jobs).finish()))
 }
@@ -301,7 +301,7 @@ fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     Ok(Reply::ok(json!({"queues": queues, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
-/// `POST /workers/heartbeat` (decisions §7.4).
+/// `POST /workers/heartbeat` (docs/api.md, "Heartbeat").
 async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let object = object_body(body)?;
     let Some(worker_id) = worker_id(&object)? else {
@@ -327,7 +327,7 @@ async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let beat = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
     let (extended, signal) = (beat.extended, beat.signal);
     let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
-    // While the engine drains, the signal is `terminate` (decisions §26).
+    // While the engine drains, the signal is `terminate` (docs/api.md, "Shutting down").
     let state = crate::engine::WorkerState::of(signal).as_str();
     let server_time = crate::job::time::format_timestamp(now);
     Ok(Reply::ok(json!({"state": state, "jobs_extended": extended, "server_time": server_time}).to_string()))
@@ -536,7 +536,7 @@ fn error_catalog() -> Value {
     json!({"errors": errors})
 }
 
-/// What this build implements (decisions §22); features of later levels are false.
+/// What this build implements (docs/api.md, "Discovery and probes"); features of later levels are false.
 pub fn manifest() -> Value {
     json!({
         "specversion": SPEC_VERSION,

@@ -1,5 +1,5 @@
 //! The hyper front end. It only translates: HTTP + JSON in, engine commands
-//! through the handle, JSON out. Order of checks follows decisions §1.8.
+//! through the handle, JSON out. Order of checks follows docs/api.md, "Order of checks".
 
 // `ApiError` is a few words larger than clippy likes inside `Result`; it only
 // travels the cold error path once per request, so boxing it buys nothing.

@@ -1,4 +1,4 @@
-//! Exact-path routing (decisions §1.2): literal segments win over parameters,
+//! Exact-path routing (docs/api.md, "Routing"): literal segments win over parameters,
 //! no trailing-slash normalisation, path parameters percent-decoded once.
 
 use hyper::Method;

@@ -1,5 +1,5 @@
 //! Wire rendering: the one full job rendering used by every response
-//! (decisions §3.1) and the event envelope. Raw JSON (`args`, `meta`,
+//! (docs/api.md, "The job object") and the event envelope. Raw JSON (`args`, `meta`,
 //! `result`, unknown fields) is copied verbatim.
 
 use serde_json::Value;
@@ -340,7 +340,7 @@ fn report_value(report: &FailureReport, with_retryable: bool) -> Value {
     value
 }
 
-/// The event envelope (decisions §20.1).
+/// The event envelope (docs/api.md, "Events").
 pub fn render_event(event: &Event) -> Value {
     let (component, data) = match (&event.kind, &event.job) {
         (EventKind::CronTriggered { cron, run_count }, job) => {

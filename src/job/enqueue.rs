@@ -1,4 +1,4 @@
-//! Turns an enqueue body (decisions §2) into a validated [`NewJob`].
+//! Turns an enqueue body (docs/api.md, "Enqueue") into a validated [`NewJob`].
 //!
 //! The interface form `{type, args, meta?, schema?, options?}` is canonical;
 //! upstream top-level spellings are accepted as aliases, the first source

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use crate::clock::Millis;
 use time::TimeSpec;
 
-/// The states a job moves through (decisions §4).
+/// The states a job moves through (docs/api.md, "States").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum JobState {
     Scheduled,

@@ -27,7 +27,7 @@ impl Exhaustion {
     }
 }
 
-/// The effective retry policy of a job (decisions §8.3).
+/// The effective retry policy of a job (docs/api.md, "The retry policy").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RetryPolicy {
     pub max_attempts: u32,

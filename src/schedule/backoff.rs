@@ -1,4 +1,4 @@
-//! Retry delays (decisions §8.1).
+//! Retry delays (docs/api.md, "What a failure leads to").
 
 use crate::job::RetryPolicy;
 

@@ -1,5 +1,5 @@
 //! Per-queue ready order: priority descending, then the time a job entered
-//! `available`, then id (decisions §7.1).
+//! `available`, then id (docs/api.md, "Fetch").
 //!
 //! An ordered set rather than a binary heap: cancel and expiry must take a job
 //! out of the middle, and an exact set keeps `check_invariants` exact too.

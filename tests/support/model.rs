@@ -6,7 +6,7 @@
 //! bytes with [`ops_from_bytes`].
 //!
 //! The model is deliberately plain: a map of jobs, each with its state,
-//! attempt count and deadlines, the ordering rules of decisions §7.1, and
+//! attempt count and deadlines, the ordering rules of docs/api.md, "Fetch", and
 //! the cap on terminal jobs held (oldest pruned first, discarded ones last).
 
 use serde_json::json;
