@@ -4,7 +4,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::engine::{Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, FetchRequest};
+use crate::engine::{
+    Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, FetchRequest, QueueStats, QueueSummary,
+};
 use crate::job::{FailureReport, Job, JobId, NewJob, ValidationError, parse_enqueue_body};
 use crate::storage::StorageError;
 
@@ -93,6 +95,22 @@ impl Svc {
 
     pub fn get(&self, id: JobId) -> Option<Arc<Job>> {
         self.handle().job(id)
+    }
+
+    /// Pauses a queue: new jobs for it are refused
+    /// (`EngineError::QueuePaused`), fetches skip it, its timers run on.
+    pub fn pause_queue(&self, queue: &str) -> Result<QueueSummary, SvcError> {
+        Ok(self.handle().pause_queue(queue.to_string(), true).wait()?)
+    }
+
+    /// Resumes a paused queue.
+    pub fn resume_queue(&self, queue: &str) -> Result<QueueSummary, SvcError> {
+        Ok(self.handle().pause_queue(queue.to_string(), false).wait()?)
+    }
+
+    /// A queue's figures and what it completed and failed in the last minute.
+    pub fn queue_stats(&self, queue: &str) -> Option<QueueStats> {
+        self.handle().queue_stats(queue)
     }
 
     /// Whether the disk is full: new work (enqueue) is refused with

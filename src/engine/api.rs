@@ -22,6 +22,16 @@ pub struct Cancelled {
     pub previous_state: JobState,
 }
 
+/// A queue's figures, with what it completed and failed lately.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueStats {
+    pub summary: super::view::QueueSummary,
+    /// Jobs completed in the last 60 s.
+    pub completed_last_minute: u64,
+    /// Attempts failed in the last 60 s (nacks without requeue, and timeouts).
+    pub failed_last_minute: u64,
+}
+
 /// What a heartbeat answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeartbeatOutcome {
@@ -77,6 +87,11 @@ pub enum EngineError {
     /// A request that only the engine can judge invalid (e.g. already expired).
     Invalid {
         error: ValidationError,
+        index: Option<usize>,
+    },
+    /// The queue is paused: it takes no new work until resumed.
+    QueuePaused {
+        queue: String,
         index: Option<usize>,
     },
     /// The engine cannot take the request now; `reason` says why.
@@ -152,6 +167,7 @@ impl std::fmt::Display for EngineError {
             }
             EngineError::Duplicate { id, .. } => write!(f, "job id {id} is already in use"),
             EngineError::Invalid { error, .. } => write!(f, "{error}"),
+            EngineError::QueuePaused { queue, .. } => write!(f, "queue {queue} is paused"),
             EngineError::Unavailable { reason } => write!(f, "engine unavailable: {}", reason.as_str()),
         }
     }

@@ -84,7 +84,9 @@ impl State {
             let next = schedule.next_fire(now.max(scheduled));
             let previous = entry.last_job_id.and_then(|id| self.job(id)).filter(|job| !job.state.is_terminal());
             let definition = &entry.definition;
+            let paused = self.queue(&definition.job.queue).is_some_and(|queue| queue.paused);
             let outcome = match (previous, definition.overlap) {
+                _ if paused => CronOutcome::QueuePaused,
                 (Some(previous), OverlapPolicy::Skip) => CronOutcome::Skipped { existing: previous.id },
                 // At most one run waits behind the previous one.
                 (Some(previous), OverlapPolicy::Enqueue) if previous.state == JobState::Pending => {

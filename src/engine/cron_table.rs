@@ -44,6 +44,9 @@ pub enum CronOutcome {
     Enqueued { job: Arc<Job>, cancelled: Option<JobId>, waits_for: Option<JobId> },
     /// The previous run is still going and the policy said skip.
     Skipped { existing: JobId },
+    /// The target queue is paused: nothing was created (not a missed run;
+    /// it is never caught up).
+    QueuePaused,
 }
 
 /// One evaluation of a due entry, fully decided.

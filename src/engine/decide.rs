@@ -46,6 +46,9 @@ impl State {
         let mut seen = crate::job::JobIdSet::default();
         let mut jobs = Vec::with_capacity(new_jobs.len());
         for (position, new_job) in new_jobs.into_iter().enumerate() {
+            if self.queue(&new_job.queue).is_some_and(|queue| queue.paused) {
+                return Err(EngineError::QueuePaused { queue: new_job.queue, index: index_of(position) });
+            }
             if let Some(id) = new_job.id {
                 if self.job(id).is_some() || !seen.insert(id) {
                     return Err(EngineError::Duplicate { id, index: index_of(position) });
@@ -84,6 +87,12 @@ impl State {
         }
         let ids = jobs.iter().map(|job| job.id).collect();
         Ok((Record::Enqueue { at: now, jobs }, ids))
+    }
+
+    /// Pauses or resumes a queue: `None` when it already is (no record, no event).
+    pub fn decide_queue_pause(&self, now: Millis, queue: &str, paused: bool) -> Option<Record> {
+        let current = self.queue(queue).is_some_and(|state| state.paused);
+        (current != paused).then(|| Record::QueuePause { at: now, queue: queue.to_string(), paused })
     }
 
     /// A generated id that no stored job and none of `taken` uses. The

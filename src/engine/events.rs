@@ -54,6 +54,10 @@ pub enum EventKind {
     Pruned {
         count: u64,
     },
+    /// A queue was paused.
+    QueuePaused(String),
+    /// A queue was resumed.
+    QueueResumed(String),
     /// A worker seen for the first time.
     WorkerStarted {
         worker_id: String,
@@ -94,6 +98,8 @@ impl EventKind {
             EventKind::CronTriggered { .. } => "cron.triggered",
             EventKind::CronSkipped { .. } => "cron.skipped",
             EventKind::Pruned { .. } => "jobs.pruned",
+            EventKind::QueuePaused(_) => "queue.paused",
+            EventKind::QueueResumed(_) => "queue.resumed",
             EventKind::WorkerStarted { .. } => "worker.started",
             EventKind::WorkerSignalled { terminate: false, .. } => "worker.quiet",
             EventKind::WorkerSignalled { terminate: true, .. } => "worker.terminate",
@@ -138,6 +144,7 @@ impl Event {
                 Some(worker_id.clone())
             }
             EventKind::Pruned { .. } => None,
+            EventKind::QueuePaused(queue) | EventKind::QueueResumed(queue) => Some(queue.clone()),
             _ => self.job.as_ref().map(|job| job.id.to_string()),
         }
     }

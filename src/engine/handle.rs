@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-use super::api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome, Unavailable};
+use super::api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable};
 use super::cron_table::{CronEntry, CronWrite};
 use super::events::{Event, EventPage};
 use super::inbox::Command;
@@ -238,6 +238,19 @@ impl EngineHandle {
     /// One queue's figures as of the last commit.
     pub fn queue(&self, name: &str) -> Option<QueueSummary> {
         self.view.queues().get(name).cloned()
+    }
+
+    /// A queue's figures and its last minute, or `None` for a queue that
+    /// holds nothing and is not paused.
+    pub fn queue_stats(&self, name: &str) -> Option<QueueStats> {
+        let summary = self.queue(name)?;
+        let (completed_last_minute, failed_last_minute) = self.view.throughput(name, self.clock.now_ms());
+        Some(QueueStats { summary, completed_last_minute, failed_last_minute })
+    }
+
+    /// Pauses (`true`) or resumes a queue; answers its figures.
+    pub fn pause_queue(&self, queue: String, paused: bool) -> Pending<QueueSummary> {
+        self.submit(requests::PauseQueue { queue, paused })
     }
 
     /// Jobs claimed by workers and not yet reported on, across all queues.

@@ -24,7 +24,7 @@ mod view;
 pub mod workers;
 mod writer;
 
-pub use api::{Cancelled, ConflictReason, EngineError, FetchRequest, HeartbeatOutcome, Unavailable};
+pub use api::{Cancelled, ConflictReason, EngineError, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable};
 pub use cron_table::{CronEntry, CronWrite};
 pub use decide::{Entropy, SystemEntropy};
 #[doc(hidden)]

@@ -135,6 +135,12 @@ pub enum Record {
         at: Millis,
         ids: Vec<JobId>,
     },
+    /// A queue paused (new work refused, fetches skip it) or resumed.
+    QueuePause {
+        at: Millis,
+        queue: String,
+        paused: bool,
+    },
 }
 
 impl Record {
@@ -158,6 +164,7 @@ impl Record {
             Record::CronDelete { .. } => "cron_delete",
             Record::CronFire { .. } => "cron_fire",
             Record::PruneCapped { .. } => "prune_capped",
+            Record::QueuePause { .. } => "queue_pause",
         }
     }
 
@@ -181,7 +188,8 @@ impl Record {
             | Record::CronPut { at, .. }
             | Record::CronDelete { at, .. }
             | Record::CronFire { at, .. }
-            | Record::PruneCapped { at, .. } => *at,
+            | Record::PruneCapped { at, .. }
+            | Record::QueuePause { at, .. } => *at,
         }
     }
 }

@@ -154,6 +154,12 @@ impl State {
         self.queues.get(name)
     }
 
+    /// A queue's figures now (all zero for a queue that holds nothing).
+    pub fn queue_summary(&self, name: &str) -> QueueSummary {
+        let (paused, counts) = self.queues.get(name).map_or((false, [0; 8]), |queue| (queue.paused, queue.counts));
+        QueueSummary { name: name.to_string(), paused, counts }
+    }
+
     pub fn queues(&self) -> &BTreeMap<String, QueueState> {
         &self.queues
     }
@@ -439,6 +445,23 @@ impl State {
                 events.push_other(*at, EventKind::Pruned { count: ids.len() as u64 });
                 Ok(())
             }
+            Record::QueuePause { at, queue, paused } => {
+                self.apply_queue_pause(queue, *paused);
+                let kind = if *paused { EventKind::QueuePaused } else { EventKind::QueueResumed };
+                events.push_other(*at, kind(queue.clone()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Pauses or resumes a queue, making its record if needed (and dropping
+    /// it again when it is resumed holding nothing).
+    fn apply_queue_pause(&mut self, name: &str, paused: bool) {
+        let queue = self.queues.entry(name.to_string()).or_default();
+        queue.paused = paused;
+        Self::queue_changed(&mut self.dirty_queues, name, queue);
+        if queue.is_empty() && name != "default" {
+            self.queues.remove(name);
         }
     }
 
@@ -659,6 +682,15 @@ impl State {
                     cron: info(fire.scheduled),
                     reason: "overlap_skip",
                     existing_job_id: Some(*existing),
+                    missed_count: None,
+                };
+                events.push_other(at, kind);
+            }
+            CronOutcome::QueuePaused => {
+                let kind = EventKind::CronSkipped {
+                    cron: info(fire.scheduled),
+                    reason: "queue_paused",
+                    existing_job_id: None,
                     missed_count: None,
                 };
                 events.push_other(at, kind);

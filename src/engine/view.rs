@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use super::cron_table::CronEntry;
-use super::events::{Event, EventBuffer, EventPage};
+use super::events::{Event, EventBuffer, EventKind, EventPage};
 use super::workers::WorkerEntry;
+use crate::clock::Millis;
 use crate::job::{Job, JobId, JobIdMap, JobState};
 
 const SHARDS: usize = 64;
@@ -29,6 +30,39 @@ impl QueueSummary {
     /// Jobs not yet finished.
     pub fn size(&self) -> u64 {
         JobState::ALL.iter().filter(|state| !state.is_terminal()).map(|state| self.count(*state)).sum()
+    }
+}
+
+/// Jobs completed and attempts failed in a queue, per second over the last
+/// minute (soft state: it starts empty after a restart).
+#[derive(Debug, Clone)]
+struct Throughput {
+    /// (second, completed, failed), one slot per second modulo 60.
+    slots: [(i64, u64, u64); 60],
+}
+
+impl Default for Throughput {
+    fn default() -> Self {
+        Throughput { slots: [(i64::MIN, 0, 0); 60] }
+    }
+}
+
+impl Throughput {
+    fn count(&mut self, at: Millis, completed: u64, failed: u64) {
+        let second = at.div_euclid(1000);
+        let slot = &mut self.slots[second.rem_euclid(60) as usize];
+        if slot.0 != second {
+            *slot = (second, 0, 0);
+        }
+        slot.1 += completed;
+        slot.2 += failed;
+    }
+
+    /// (completed, failed) in the 60 s up to `now`.
+    fn last_minute(&self, now: Millis) -> (u64, u64) {
+        let second = now.div_euclid(1000);
+        let recent = self.slots.iter().filter(|slot| slot.0 > second - 60 && slot.0 <= second);
+        recent.fold((0, 0), |(completed, failed), slot| (completed + slot.1, failed + slot.2))
     }
 }
 
@@ -84,6 +118,8 @@ pub struct ReadView {
     /// unless a reader still holds it (copy on write).
     queues: RwLock<Arc<QueueTable>>,
     events: Mutex<EventBuffer>,
+    /// Per queue, what completed and failed lately (for queue stats).
+    throughput: Mutex<std::collections::HashMap<String, Throughput>>,
     /// Cron entries by name.
     crons: RwLock<std::collections::BTreeMap<String, Arc<CronEntry>>>,
     /// Why the engine accepts no more writes: 0 while it does, else an
@@ -120,6 +156,7 @@ impl Default for ReadView {
             workers: RwLock::new(std::collections::BTreeMap::new()),
             queues: RwLock::new(Arc::new(QueueTable::new())),
             events: Mutex::new(EventBuffer::default()),
+            throughput: Mutex::new(std::collections::HashMap::new()),
             crons: RwLock::new(std::collections::BTreeMap::new()),
             failure: AtomicU8::new(0),
             disk_full: AtomicBool::new(false),
@@ -295,14 +332,33 @@ impl ReadView {
         for (name, summary) in changes {
             match summary {
                 Some(summary) => table.insert(name, summary),
-                None => table.remove(&name),
+                None => {
+                    self.throughput.lock().remove(&name);
+                    table.remove(&name)
+                }
             };
         }
     }
 
     pub(crate) fn publish_events(&self, events: impl Iterator<Item = Event>) {
         let mut buffer = self.events.lock();
-        events.for_each(|event| buffer.push(event));
+        let mut throughput = self.throughput.lock();
+        for event in events {
+            let counts = match event.kind {
+                EventKind::Completed => Some((1, 0)),
+                EventKind::Failed { .. } => Some((0, 1)),
+                _ => None,
+            };
+            if let (Some((completed, failed)), Some(job)) = (counts, &event.job) {
+                throughput.entry(job.queue.clone()).or_default().count(event.time, completed, failed);
+            }
+            buffer.push(event);
+        }
+    }
+
+    /// A queue's jobs completed and attempts failed in the 60 s up to `now`.
+    pub fn throughput(&self, queue: &str, now: Millis) -> (u64, u64) {
+        self.throughput.lock().get(queue).map_or((0, 0), |throughput| throughput.last_minute(now))
     }
 }
 

@@ -199,6 +199,13 @@ impl From<EngineError> for ApiError {
                     None => api,
                 }
             }
+            EngineError::QueuePaused { queue, index } => {
+                let error = ApiError::new("queue_paused", message).detail("queue", queue);
+                match index {
+                    Some(index) => error.detail("index", index),
+                    None => error,
+                }
+            }
             EngineError::Unavailable { reason } => {
                 let text = match reason {
                     Unavailable::Overloaded => "the server is overloaded; retry shortly",

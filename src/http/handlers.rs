@@ -39,7 +39,9 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::AckById(id) => ack(app, Some(&id), &body).await,
         Route::Nack => nack(app, None, &body).await,
         Route::FailById(id) => nack(app, Some(&id), &body).await,
-        Route::Queues => queues(app, query),
+        Route::Queues => super::queues::list(app, query),
+        Route::QueueStats(name) => super::queues::stats(app, &name),
+        Route::PauseQueue(name, paused) => super::queues::pause(app, &name, paused, &body).await,
         Route::Events => events(app, query),
         Route::Heartbeat => heartbeat(app, &body).await,
         Route::Workers => workers(app, query),
@@ -288,17 +290,6 @@ async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Repl
         body.time("completed_at", at);
     }
     Ok(Reply::ok(body.finish()))
-}
-
-fn queues(app: &AppState, query: &str) -> Result<Reply, ApiError> {
-    let pairs = query_pairs(query);
-    let limit = page_limit(&pairs)?;
-    let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
-    let (page, has_more) = app.engine.queues_page(after.as_deref(), limit);
-    let cursor = if has_more { page.last().map(|queue| Value::from(encode_cursor(&queue.name))) } else { None };
-    let queues: Vec<Value> =
-        page.iter().map(|queue| json!({"name": queue.name, "size": queue.size(), "paused": queue.paused})).collect();
-    Ok(Reply::ok(json!({"queues": queues, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
 /// `POST /workers/heartbeat` (docs/api.md, "Heartbeat").

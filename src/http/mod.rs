@@ -10,6 +10,7 @@ mod cron;
 mod error;
 mod handlers;
 mod paging;
+mod queues;
 mod router;
 pub mod wire;
 

@@ -21,6 +21,9 @@ pub enum Route {
     AckById(String),
     FailById(String),
     Queues,
+    QueueStats(String),
+    /// Pause (`true`) or resume a queue.
+    PauseQueue(String, bool),
     Events,
     Heartbeat,
     Workers,
@@ -80,6 +83,12 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
             vec![(Method::POST, Route::FailById(decoded(id)))]
         }
         ["svc", "v1", "queues"] => vec![(Method::GET, Route::Queues)],
+        ["svc", "v1", "queues", name, "stats"] if !name.is_empty() => {
+            vec![(Method::GET, Route::QueueStats(decoded(name)))]
+        }
+        ["svc", "v1", "queues", name, action @ ("pause" | "resume")] if !name.is_empty() => {
+            vec![(Method::POST, Route::PauseQueue(decoded(name), *action == "pause"))]
+        }
         ["svc", "v1", "events"] => vec![(Method::GET, Route::Events)],
         ["svc", "v1", "dead-letter"] => vec![(Method::GET, Route::DeadLetter)],
         ["svc", "v1", "dead-letter", id] if !id.is_empty() => {

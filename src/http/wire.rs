@@ -365,6 +365,9 @@ pub fn render_event(event: &Event) -> Value {
             ("cron", data)
         }
         (EventKind::Pruned { count }, _) => ("scheduler", serde_json::json!({"count": count, "reason": "cap"})),
+        (EventKind::QueuePaused(queue) | EventKind::QueueResumed(queue), _) => {
+            ("api", serde_json::json!({"queue": queue}))
+        }
         (EventKind::WorkerStarted { worker_id }, _) => ("api", serde_json::json!({"worker_id": worker_id})),
         (EventKind::WorkerSignalled { worker_id, active_job_ids, by, .. }, _) => {
             let ids: Vec<String> = active_job_ids.iter().map(JobId::to_string).collect();
@@ -481,6 +484,8 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
         EventKind::CronTriggered { .. }
         | EventKind::CronSkipped { .. }
         | EventKind::Pruned { .. }
+        | EventKind::QueuePaused(_)
+        | EventKind::QueueResumed(_)
         | EventKind::WorkerStarted { .. }
         | EventKind::WorkerSignalled { .. } => Vec::new(),
     };
