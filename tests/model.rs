@@ -23,6 +23,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => proptest::collection::vec(any::<usize>(), 0..3).prop_map(|picks| Op::Heartbeat { picks }),
         2 => (0..4000i64).prop_map(|ms| Op::Advance { ms }),
         1 => any::<bool>().prop_map(|clean| Op::Restart { clean }),
+        1 => (0..2usize, any::<bool>()).prop_map(|(queue, paused)| Op::Pause { queue, paused }),
     ]
 }
 

@@ -57,6 +57,7 @@ pub enum Op {
     Heartbeat { picks: Vec<usize> },
     Advance { ms: i64 },
     Restart { clean: bool },
+    Pause { queue: usize, paused: bool },
 }
 
 /// The model's view of one job.
@@ -78,6 +79,8 @@ struct ModelJob {
 struct Model {
     now: i64,
     jobs: BTreeMap<JobId, ModelJob>,
+    /// Which of `QUEUES` are paused.
+    paused: [bool; 2],
     /// Every id ever made, deleted ones included, for picking targets.
     ids: Vec<JobId>,
 }
@@ -111,7 +114,7 @@ impl Model {
         let mut ranked: Vec<_> = self
             .jobs
             .iter()
-            .filter(|(_, job)| job.state == JobState::Available)
+            .filter(|(_, job)| job.state == JobState::Available && !self.paused[job.queue])
             .filter_map(|(id, job)| Some(((place(job.queue)?, -job.priority, job.entered_at, *id), *id)))
             .collect();
         ranked.sort();
@@ -225,7 +228,12 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                     "queue": QUEUES[queue], "priority": priority, "visibility_timeout_ms": VISIBILITY_MS, "timeout_ms": 600_000,
                     "retry": {"max_attempts": max_attempts, "initial_interval": "PT1S", "backoff_coefficient": 2.0, "jitter": false}}});
                 let job = parse_enqueue_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
-                let id = handle.enqueue(vec![job]).wait().unwrap()[0].id;
+                let outcome = handle.enqueue(vec![job]).wait();
+                if model.paused[queue] {
+                    check!(matches!(outcome, Err(EngineError::QueuePaused { .. })), "enqueue into a paused queue");
+                    continue;
+                }
+                let id = outcome.map_err(|error| format!("enqueue: {error}"))?[0].id;
                 let model_job = ModelJob {
                     queue,
                     priority,
@@ -344,6 +352,11 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                     model.jobs.get_mut(&id).unwrap().visibility_deadline = Some(now + VISIBILITY_MS);
                 }
             }
+            Op::Pause { queue, paused } => {
+                let summary = handle.pause_queue(QUEUES[queue].to_string(), paused).wait().unwrap();
+                check_eq!(summary.paused, paused, "queue {} paused", QUEUES[queue]);
+                model.paused[queue] = paused;
+            }
             Op::Advance { ms } => {
                 clock.advance_ms(ms);
                 handle.tick().wait().unwrap();
@@ -413,7 +426,7 @@ pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
         .chunks_exact(2)
         .take(200)
         .map(|pair| {
-            let (kind, value) = (pair[0] % 10, pair[1] as usize);
+            let (kind, value) = (pair[0] % 11, pair[1] as usize);
             match kind {
                 0 | 1 => Op::Enqueue {
                     queue: value % 2,
@@ -431,6 +444,7 @@ pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
                 6 => Op::DeadLetterDelete { pick: value / 2 },
                 7 => Op::Heartbeat { picks: vec![value, value / 3] },
                 8 => Op::Advance { ms: (value as i64) * 16 },
+                9 => Op::Pause { queue: value % 2, paused: value % 3 != 0 },
                 _ => Op::Restart { clean: value % 2 == 0 },
             }
         })
