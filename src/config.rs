@@ -14,7 +14,9 @@
 //! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
 //! table), `retention.{completed,cancelled,discarded,dead_letter}` and
 //! `shutdown.grace_period` (ISO 8601 durations), `retention.max_terminal_jobs`
-//! and `retention.max_terminal_bytes` (integers, at least 1), and `limits.max_cron`.
+//! and `retention.max_terminal_bytes` (integers, at least 1), `limits.max_cron`,
+//! and `rate_limit.requests` with `rate_limit.window_s` (the request rate limit
+//! per client; off unless both are set).
 
 use clap::Parser;
 use serde::Deserialize;
@@ -37,6 +39,8 @@ pub struct Config {
     pub request_timeout_ms: u64,
     /// Connections served at once; more are answered 503 and closed.
     pub max_connections: usize,
+    /// The request rate limit per client: (requests, window in seconds); off when `None`.
+    pub rate_limit: Option<(u64, u64)>,
     pub insecure_no_auth: bool,
     /// How long a graceful shutdown waits for active jobs.
     pub shutdown_grace_ms: u64,
@@ -55,6 +59,7 @@ impl Default for Config {
             direct_writes: true,
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             max_connections: CONNECTIONS_MAX_DEFAULT,
+            rate_limit: None,
             insecure_no_auth: false,
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
@@ -74,6 +79,7 @@ struct FileConfig {
     http: Option<HttpSection>,
     jobs: Option<JobsSection>,
     retention: Option<RetentionSection>,
+    rate_limit: Option<RateLimitSection>,
     shutdown: Option<ShutdownSection>,
     limits: Option<LimitsSection>,
 }
@@ -110,6 +116,13 @@ struct JobsSection {
     default_timeout_ms: Option<u64>,
     default_visibility_timeout_ms: Option<u64>,
     default_retry: Option<toml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitSection {
+    requests: u64,
+    window_s: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -216,6 +229,12 @@ impl Config {
         if let Some(grace) = file.shutdown.and_then(|shutdown| shutdown.grace_period) {
             self.shutdown_grace_ms =
                 parse_duration_ms(&grace).map_err(|message| format!("shutdown.grace_period: {message}"))? as u64;
+        }
+        if let Some(limit) = file.rate_limit {
+            if limit.requests == 0 || limit.window_s == 0 {
+                return Err("rate_limit.requests and rate_limit.window_s must be at least 1".to_string());
+            }
+            self.rate_limit = Some((limit.requests, limit.window_s));
         }
         if let Some(retention) = file.retention {
             let duration = |text: Option<String>, current: i64, key: &str| -> Result<i64, String> {
@@ -388,6 +407,20 @@ mod tests {
         assert_eq!((config.retention.max_terminal_jobs, config.retention.max_terminal_bytes), (50, 4096));
         assert!(load("[retention]\nmax_terminal_jobs = 0\n").unwrap_err().contains("max_terminal_jobs"));
         assert!(load("[retention]\nmax_terminal_bytes = -1\n").is_err());
+    }
+
+    #[test]
+    fn the_request_rate_limit_is_off_unless_configured() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        let load = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            Config::load(&[], &HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]))
+        };
+        assert_eq!(Config::load(&[], &HashMap::new()).unwrap().rate_limit, None);
+        assert_eq!(load("[rate_limit]\nrequests = 1000\nwindow_s = 1\n").unwrap().rate_limit, Some((1000, 1)));
+        assert!(load("[rate_limit]\nrequests = 0\nwindow_s = 1\n").is_err());
+        assert!(load("[rate_limit]\nrequests = 10\n").is_err(), "both are needed");
     }
 
     #[test]

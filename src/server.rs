@@ -135,10 +135,11 @@ pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServ
     let timeout = Duration::from_millis(config.request_timeout_ms);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let max_connections = config.max_connections;
+    let rate_limit = config.rate_limit;
     let thread = std::thread::Builder::new()
         .name("svc-server".into())
         .spawn(move || {
-            let app = Arc::new(AppState::new(engine.handle().clone(), timeout));
+            let app = Arc::new(app_state(engine.handle().clone(), timeout, rate_limit));
             let outcome = runtime.block_on(serve(listener, app, controls, grace, max_connections));
             engine.close();
             outcome
@@ -159,7 +160,8 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
         "svc listening",
         &[("address", addr.to_string().into()), ("data_dir", config.data_dir.display().to_string().into())],
     );
-    let app = Arc::new(AppState::new(engine.handle().clone(), Duration::from_millis(config.request_timeout_ms)));
+    let timeout = Duration::from_millis(config.request_timeout_ms);
+    let app = Arc::new(app_state(engine.handle().clone(), timeout, config.rate_limit));
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let outcome = runtime.block_on(async {
         let (control, controls) = mpsc::unbounded_channel();
@@ -169,6 +171,15 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
     engine.close();
     crate::logging::info("svc stopped", &[]);
     outcome
+}
+
+/// The handlers' shared state; `rate_limit` is (requests, window in seconds).
+fn app_state(engine: crate::engine::EngineHandle, timeout: Duration, rate_limit: Option<(u64, u64)>) -> AppState {
+    let app = AppState::new(engine, timeout);
+    match rate_limit {
+        Some((requests, window_s)) => app.with_rate_limit(requests, window_s),
+        None => app,
+    }
 }
 
 fn build_runtime() -> Result<tokio::runtime::Runtime, ServerError> {
@@ -213,14 +224,15 @@ async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((stream, peer)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
                 let Some(slot) = slots.take() else {
                     tokio::spawn(refuse(stream));
                     continue;
                 };
                 let app = app.clone();
-                let service = service_fn(move |request| serve_request(app.clone(), request));
+                let principal = app.principal(peer.ip());
+                let service = service_fn(move |request| serve_request(app.clone(), principal.clone(), request));
                 let stream = WriteTimeout::new(stream, Duration::from_millis(WRITE_TIMEOUT_MS));
                 let connection = builder.serve_connection(TokioIo::new(stream), service);
                 let watched = graceful.watch(connection);

@@ -237,3 +237,31 @@ fn with_the_disk_full_new_work_gets_503_accepted_work_ends_and_space_freed_bring
         }
     }
 }
+
+#[test]
+fn the_request_rate_limit_counts_each_client_and_answers_429_with_when_to_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(dir.path());
+    // A day-long window, so that the test never straddles two.
+    config.rate_limit = Some((3, 86_400));
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let mut remaining = Vec::new();
+    for _ in 0..3 {
+        let answer = server.get("/svc/v1/queues");
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("x-ratelimit-limit"), Some("3"));
+        assert!(answer.header("x-ratelimit-reset").is_some_and(|reset| reset.parse::<u64>().is_ok()));
+        remaining.push(answer.header("x-ratelimit-remaining").unwrap().to_string());
+    }
+    assert_eq!(remaining, ["2", "1", "0"]);
+    let refused = server.post("/svc/v1/jobs", json!({"type": "t", "args": []}));
+    assert_eq!((refused.status, refused.error_code()), (429, "rate_limited"), "{}", refused.body);
+    let details = &refused.body["error"]["details"];
+    assert_eq!((details["limit"].as_u64(), details["window_seconds"].as_u64()), (Some(3), Some(86_400)));
+    let retry_after: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=86_400).contains(&retry_after));
+    assert_eq!(details["retry_after_seconds"].as_u64(), Some(retry_after));
+    assert_eq!(server.get("/svc/v1/queues").body["queues"], serde_json::Value::Null, "still refused");
+    let health = server.get("/svc/v1/health");
+    assert_eq!((health.status, health.header("x-ratelimit-limit")), (200, None), "probes are not counted");
+}

@@ -11,6 +11,7 @@ mod error;
 mod handlers;
 mod paging;
 mod queues;
+pub mod rate_limit;
 mod router;
 pub mod wire;
 
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 use crate::engine::EngineHandle;
 use crate::job::IdGenerator;
 use crate::limits::{BATCH_BODY_BYTES_MAX, REQUEST_BODY_BYTES_MAX, REQUEST_ID_CHARS_MAX};
+use rate_limit::{RateLimiter, Window};
 use router::Route;
 
 pub const SPEC_VERSION: &str = "1.0.0-rc.1";
@@ -41,6 +43,8 @@ pub struct AppState {
     /// Set once shutdown begins (`/ready` turns 503).
     pub shutting_down: AtomicBool,
     request_ids: parking_lot::Mutex<IdGenerator>,
+    /// The request rate limit, when configured.
+    pub rate_limiter: Option<RateLimiter>,
 }
 
 impl AppState {
@@ -51,7 +55,19 @@ impl AppState {
             request_timeout,
             shutting_down: AtomicBool::new(false),
             request_ids: parking_lot::Mutex::new(IdGenerator::default()),
+            rate_limiter: None,
         }
+    }
+
+    /// Limits each client to `requests` per `window_s` seconds.
+    pub fn with_rate_limit(mut self, requests: u64, window_s: u64) -> Self {
+        self.rate_limiter = Some(RateLimiter::new(requests, window_s));
+        self
+    }
+
+    /// The rate-limit window of a client connecting from `address`, if requests are limited.
+    pub fn principal(&self, address: std::net::IpAddr) -> Option<Arc<Window>> {
+        self.rate_limiter.as_ref().map(|limiter| limiter.principal(address))
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -85,14 +101,20 @@ impl Reply {
 // Header names made once: a name given as text is parsed on every insert.
 const SVC_VERSION: HeaderName = HeaderName::from_static("svc-version");
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Serves one request; never fails (every error becomes an error body).
+/// `principal` is the client's rate-limit window, when requests are limited.
 pub async fn serve_request(
     app: Arc<AppState>,
+    principal: Option<Arc<Window>>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let request_id = request_id(&app, request.headers());
-    let outcome = match tokio::time::timeout(app.request_timeout, dispatch(&app, request)).await {
+    let dispatched = dispatch(&app, principal.as_deref(), request);
+    let outcome = match tokio::time::timeout(app.request_timeout, dispatched).await {
         Ok(outcome) => outcome,
         Err(_) => Err(ApiError::new("timeout", "the request was not completed in time; its outcome is unknown")),
     };
@@ -136,8 +158,48 @@ fn request_id(app: &AppState, headers: &HeaderMap) -> String {
     }
 }
 
-async fn dispatch(app: &AppState, request: Request<Incoming>) -> Result<Reply, ApiError> {
+async fn dispatch(app: &AppState, principal: Option<&Window>, request: Request<Incoming>) -> Result<Reply, ApiError> {
     let route = router::route(request.method(), request.uri().path())?;
+    if route.is_public() {
+        return respond(app, route, request).await;
+    }
+    let (Some(limiter), Some(window)) = (&app.rate_limiter, principal) else {
+        return respond(app, route, request).await;
+    };
+    let now_s = crate::clock::Clock::now_ms(&crate::clock::SystemClock).max(0) as u64 / 1000;
+    let quota = limiter.take(window, now_s);
+    let headers = [
+        (X_RATELIMIT_LIMIT, quota.limit.to_string()),
+        (X_RATELIMIT_REMAINING, quota.remaining.to_string()),
+        (X_RATELIMIT_RESET, quota.reset_at.to_string()),
+    ];
+    let outcome = if quota.allowed {
+        respond(app, route, request).await
+    } else {
+        let retry_after = quota.reset_at.saturating_sub(now_s).max(1);
+        let mut error =
+            ApiError::new("rate_limited", format!("more than {} requests in {} s", quota.limit, limiter.window_s()))
+                .detail("limit", quota.limit)
+                .detail("window_seconds", limiter.window_s())
+                .detail("retry_after_seconds", retry_after);
+        error.headers.retain(|(name, _)| *name != hyper::header::RETRY_AFTER);
+        error.headers.push((hyper::header::RETRY_AFTER, retry_after.to_string()));
+        Err(error)
+    };
+    match outcome {
+        Ok(mut reply) => {
+            reply.headers.extend(headers);
+            Ok(reply)
+        }
+        Err(mut error) => {
+            error.headers.extend(headers);
+            Err(error)
+        }
+    }
+}
+
+/// Checks the version and reads the body, then hands the request to its handler.
+async fn respond(app: &AppState, route: Route, request: Request<Incoming>) -> Result<Reply, ApiError> {
     if !route.is_public() {
         check_version(request.headers())?;
     }
