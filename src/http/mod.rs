@@ -7,13 +7,19 @@
 
 pub mod connection;
 mod cron;
+mod dead_letter;
 mod error;
+mod events;
+mod extract;
 mod handlers;
+mod jobs;
 mod paging;
+mod probes;
 mod queues;
 pub mod rate_limit;
 mod router;
 pub mod wire;
+mod workers;
 
 pub use error::{ApiError, ERROR_TABLE};
 

@@ -1,0 +1,56 @@
+//! The dead letter routes: list, retry, delete (docs/api.md, "Dead letter").
+
+use serde_json::json;
+
+use super::error::ApiError;
+use super::extract::object_body;
+use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::wire::{job_body, jobs_object};
+use super::{AppState, Reply, is_empty_body};
+use crate::job::{JobId, is_valid_queue};
+
+/// A dead letter id: a malformed one cannot be listed, so it is not found.
+pub(super) fn dead_letter_id(text: &str) -> Result<JobId, ApiError> {
+    JobId::parse_any_case(text).ok_or_else(|| ApiError::not_found("dead_letter_job", text))
+}
+
+pub(super) fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    use crate::engine::DeadLetterCursor;
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let queue = match query_value(&pairs, "queue").filter(|queue| !queue.is_empty()) {
+        Some(queue) if is_valid_queue(queue) => Some(queue),
+        Some(_) => return Err(ApiError::invalid_request(Some("queue"), "queue is not a valid queue name")),
+        None => None,
+    };
+    let after = match query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()) {
+        None => None,
+        Some(cursor) => {
+            let invalid = || ApiError::invalid_request(Some("cursor"), "cursor is not one this server issued");
+            Some(DeadLetterCursor::parse(&decode_cursor(cursor)?).ok_or_else(invalid)?)
+        }
+    };
+    let (jobs, next) = app.engine.dead_letter_page(after, limit, queue);
+    let has_more = next.is_some();
+    let cursor = match next {
+        Some(next) => format!("\"{}\"", encode_cursor(&next.to_string())),
+        None => "null".to_string(),
+    };
+    let mut body = jobs_object("jobs", &jobs);
+    body.raw("cursor", &cursor).raw("has_more", if has_more { "true" } else { "false" });
+    Ok(Reply::ok(body.finish()))
+}
+
+pub(super) async fn dead_letter_retry(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
+    if !is_empty_body(body) {
+        object_body(body)?;
+    }
+    let job = app.engine.dead_letter_retry(dead_letter_id(id)?).outcome().await?;
+    Ok(Reply::ok(job_body(&job)))
+}
+
+pub(super) async fn dead_letter_delete(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = dead_letter_id(id)?;
+    app.engine.dead_letter_delete(id).outcome().await?;
+    Ok(Reply::ok(json!({"deleted": true, "job_id": id.to_string()}).to_string()))
+}

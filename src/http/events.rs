@@ -1,0 +1,47 @@
+//! The event listing and its filters (docs/api.md, "Events").
+
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::paging::{page_limit, query_pairs, query_value};
+use super::wire::render_event;
+use super::{AppState, Reply};
+
+/// `exact`, `prefix.*` or `*`.
+pub(super) fn pattern_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some("") => true,
+        Some(prefix) if prefix.ends_with('.') => name.starts_with(prefix),
+        _ => pattern == name,
+    }
+}
+
+pub(super) fn list_filter(pairs: &[(String, String)], key: &str) -> Option<Vec<String>> {
+    query_value(pairs, key).map(|text| text.split(',').filter(|item| !item.is_empty()).map(str::to_string).collect())
+}
+
+pub(super) fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let types = list_filter(&pairs, "types");
+    let queues = list_filter(&pairs, "queues");
+    let job_types = list_filter(&pairs, "job_types");
+    let subject = query_value(&pairs, "subject").map(str::to_string);
+    let after = query_value(&pairs, "after").or_else(|| query_value(&pairs, "cursor")).filter(|id| !id.is_empty());
+    let page = app.engine.events_page(after, limit, |event| {
+        let job = event.job.as_ref();
+        types.as_ref().is_none_or(|types| types.iter().any(|pattern| pattern_matches(pattern, event.kind.type_name())))
+            && queues.as_ref().is_none_or(|queues| job.is_some_and(|job| queues.contains(&job.queue)))
+            && job_types.as_ref().is_none_or(|types| {
+                job.is_some_and(|job| types.iter().any(|pattern| pattern_matches(pattern, &job.payload.job_type)))
+            })
+            && subject.as_ref().is_none_or(|subject| event.subject().as_ref() == Some(subject))
+    });
+    let cursor = page.events.last().map(|event| event.id.to_string()).or_else(|| after.map(str::to_string));
+    let events: Vec<Value> = page.events.iter().map(|event| render_event(event)).collect();
+    let mut body = json!({"events": events, "cursor": cursor, "has_more": page.has_more});
+    if page.gap {
+        body["gap"] = true.into();
+    }
+    Ok(Reply::ok(body.to_string()))
+}

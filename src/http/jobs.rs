@@ -1,0 +1,68 @@
+//! The job routes: enqueue, batch, read and cancel (docs/api.md, "Jobs").
+
+use hyper::StatusCode;
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::extract::{job_id, location};
+use super::wire::{job_body, jobs_object, render_job};
+use super::{AppState, Reply};
+use crate::job::json::{minify, parse_object};
+use crate::job::{body_error, parse_enqueue_body, parse_enqueue_object};
+use crate::limits::{BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX};
+
+pub(super) async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let new_job = parse_enqueue_body(body, app.engine.defaults())?;
+    let jobs = app.engine.enqueue(vec![new_job]).outcome().await?;
+    let job = &jobs[0];
+    Ok(Reply::ok(job_body(job)).with_status(StatusCode::CREATED).header(hyper::header::LOCATION, location(job)))
+}
+
+pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let object = parse_object(body).map_err(|error| ApiError::from(body_error(error)))?;
+    let Some(raw_jobs) = object.get_present("jobs") else {
+        return Err(ApiError::invalid_request(Some("jobs"), "jobs is required: a non-empty array of enqueue items"));
+    };
+    // Counted before it is kept: a body of tiny items must not become millions of entries.
+    let items = crate::job::json::raw_elements_at_most(raw_jobs, BATCH_JOBS_MAX)
+        .ok_or_else(|| ApiError::invalid_request(Some("jobs"), "jobs must be a non-empty array of enqueue items"))?
+        .map_err(|received| {
+            ApiError::new("envelope_too_large", format!("a batch holds at most {BATCH_JOBS_MAX} jobs"))
+                .detail("limit", BATCH_JOBS_MAX)
+                .detail("received", received)
+        })?;
+    if items.is_empty() {
+        return Err(ApiError::invalid_request(Some("jobs"), "jobs must not be empty"));
+    }
+    let mut new_jobs = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let prefix = format!("jobs[{index}]");
+        let parsed = crate::job::json::parse_raw_object(item)
+            .ok_or_else(|| crate::job::ValidationError::payload(prefix.clone(), format!("{prefix} must be an object")))
+            .and_then(|object| {
+                let compact = minify(item.get()).len();
+                if compact > ENVELOPE_BYTES_MAX {
+                    return Err(crate::job::ValidationError::too_large(prefix.clone(), ENVELOPE_BYTES_MAX, compact));
+                }
+                parse_enqueue_object(&object, app.engine.defaults()).map_err(|error| error.within(&prefix))
+            });
+        new_jobs.push(parsed.map_err(|error| ApiError::from(error).detail("index", index))?);
+    }
+    let jobs = app.engine.enqueue(new_jobs).outcome().await?;
+    let mut body = jobs_object("jobs", &jobs);
+    body.number("count", jobs.len());
+    Ok(Reply::ok(body.finish()).with_status(StatusCode::CREATED))
+}
+
+pub(super) fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = job_id(id)?;
+    let job = app.engine.job(id).ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
+    Ok(Reply::ok(job_body(&job)))
+}
+
+pub(super) async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = job_id(id)?;
+    let cancelled = app.engine.cancel(id).outcome().await?;
+    let extra = [("previous_state", Value::from(cancelled.previous_state.as_str()))];
+    Ok(Reply::ok(format!("{{\"job\":{}}}", render_job(&cancelled.job, &extra))))
+}

@@ -1,0 +1,93 @@
+//! Discovery and probes: health, ready, the error catalogue and the
+//! manifest (docs/api.md, "Discovery and probes").
+
+use hyper::StatusCode;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+use super::error::{ApiError, ERROR_TABLE};
+use super::{AppState, Reply, SPEC_VERSION};
+use crate::limits::{
+    BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX, FETCH_COUNT_MAX, HEALTH_PROBE_MS, PAGE_SIZE_DEFAULT, PAGE_SIZE_MAX,
+};
+
+pub(super) async fn health(app: &AppState) -> Result<Reply, ApiError> {
+    let started = Instant::now();
+    let probe = tokio::time::timeout(Duration::from_millis(HEALTH_PROBE_MS), app.engine.probe().outcome()).await;
+    let latency_ms = started.elapsed().as_millis() as u64;
+    let problem = if let Some(failure) = app.engine.failure() {
+        Some(failure.code())
+    } else if app.engine.disk_full() {
+        Some("disk_full")
+    } else {
+        match probe {
+            Ok(Ok(())) => None,
+            Ok(Err(_)) => Some("sync_failed"),
+            Err(_) => Some("probe_timeout"),
+        }
+    };
+    let uptime_seconds = app.started.elapsed().as_secs();
+    let (status, backend) = match problem {
+        None => ("ok", json!({"type": "wal", "status": "ok", "latency_ms": latency_ms})),
+        Some(error) => {
+            ("unhealthy", json!({"type": "wal", "status": "unhealthy", "latency_ms": latency_ms, "error": error}))
+        }
+    };
+    let body = json!({"status": status, "version": SPEC_VERSION, "uptime_seconds": uptime_seconds, "backend": backend})
+        .to_string();
+    Ok(match problem {
+        None => Reply::ok(body),
+        Some(_) => {
+            Reply::ok(body).with_status(StatusCode::SERVICE_UNAVAILABLE).header(hyper::header::RETRY_AFTER, "1".into())
+        }
+    })
+}
+
+pub(super) fn ready(app: &AppState) -> Result<Reply, ApiError> {
+    let reason = if app.is_shutting_down() {
+        Some("shutting_down")
+    } else if app.engine.storage_failed() {
+        Some("backend_unavailable")
+    } else {
+        None
+    };
+    Ok(match reason {
+        None => Reply::ok(json!({"status": "ready"}).to_string()),
+        Some(reason) => Reply::ok(json!({"status": "not_ready", "reason": reason}).to_string())
+            .with_status(StatusCode::SERVICE_UNAVAILABLE)
+            .header(hyper::header::RETRY_AFTER, "1".into()),
+    })
+}
+
+pub(super) fn error_catalog() -> Value {
+    let errors: Vec<Value> = ERROR_TABLE
+        .iter()
+        .map(|(code, status, retryable, meaning, _)| json!({"code": code, "status": status, "retryable": retryable, "meaning": meaning}))
+        .collect();
+    json!({"errors": errors})
+}
+
+/// What this build implements (docs/api.md, "Discovery and probes"); features of later levels are false.
+pub(super) fn manifest() -> Value {
+    json!({
+        "specversion": SPEC_VERSION,
+        "implementation": "svc",
+        "implementation_version": env!("CARGO_PKG_VERSION"),
+        "conformance_level": 2,
+        "conformance": {"level": 2, "tier": "runtime"},
+        "features": {
+            "batch_enqueue": true, "dead_letter": true, "cron": true, "workflows": false,
+            "unique_jobs": false, "priority": true, "schemas": false, "webhooks": false,
+            "events": true, "rate_limiting": false, "worker_signals": true
+        },
+        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "dead-letter", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}, {"name": "cron", "version": "1.0.0"}],
+        "protocols": ["http"],
+        "backend": "wal",
+        "authentication": {"schemes": [], "required": false},
+        "limits": {
+            "max_envelope_bytes": ENVELOPE_BYTES_MAX, "max_meta_bytes": crate::limits::META_BYTES_MAX,
+            "max_batch_jobs": BATCH_JOBS_MAX, "max_fetch_count": FETCH_COUNT_MAX,
+            "default_page_size": PAGE_SIZE_DEFAULT, "max_page_size": PAGE_SIZE_MAX
+        }
+    })
+}

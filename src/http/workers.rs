@@ -1,0 +1,273 @@
+//! The worker routes: fetch, ack, nack, heartbeat, and the worker registry
+//! with its signals (docs/api.md, "Workers").
+
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use std::borrow::Cow;
+
+use super::error::ApiError;
+use super::extract::{job_id, object_body};
+use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::wire::jobs_object;
+use super::{AppState, Reply, is_empty_body};
+use crate::engine::{EngineError, FetchRequest};
+use crate::job::json::{JsonKind, RawObject, kind_of, minify, string_value};
+use crate::job::time::format_timestamp;
+use crate::job::{JobId, body_error, is_valid_queue, parse_failure_report, raw_integer};
+use crate::limits::{
+    FETCH_COUNT_MAX, FETCH_QUEUES_MAX, HEARTBEAT_JOBS_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX, WORKER_ID_CHARS_MAX,
+};
+
+/// `^[A-Za-z0-9._:@-]{1,256}$`, minus names that collide with worker routes.
+pub(super) fn worker_id(object: &RawObject) -> Result<Option<String>, ApiError> {
+    let Some(raw) = object.get_present("worker_id") else {
+        return Ok(None);
+    };
+    let valid = string_value(raw).filter(|text| {
+        !text.is_empty()
+            && text.len() <= WORKER_ID_CHARS_MAX
+            && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
+            && !matches!(text.as_ref(), "." | ".." | "fetch" | "ack" | "nack" | "heartbeat")
+    });
+    match valid {
+        Some(text) => Ok(Some(text.into_owned())),
+        None => Err(ApiError::invalid_request(
+            Some("worker_id"),
+            "worker_id must be 1 to 256 characters of A-Z, a-z, 0-9, '.', '_', ':', '@' and '-'",
+        )),
+    }
+}
+
+/// The optional `visibility_timeout_ms` of fetch and heartbeat bodies.
+pub(super) fn visibility_timeout(object: &RawObject) -> Result<Option<u64>, ApiError> {
+    let Some(raw) = object.get_present("visibility_timeout_ms") else { return Ok(None) };
+    match raw_integer(raw) {
+        Some(ms) if (1..=TIMEOUT_MS_MAX as i64).contains(&ms) => Ok(Some(ms as u64)),
+        _ => Err(ApiError::invalid_request(
+            Some("visibility_timeout_ms"),
+            format!("visibility_timeout_ms must be an integer from 1 to {TIMEOUT_MS_MAX}"),
+        )),
+    }
+}
+
+pub(super) async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let object = object_body(body)?;
+    let queues_error = || {
+        ApiError::invalid_request(
+            Some("queues"),
+            format!("queues is required: an array of 1 to {FETCH_QUEUES_MAX} queue names"),
+        )
+    };
+    let items = object.get_present("queues").and_then(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok());
+    let queues: Vec<String> = match items {
+        Some(items) if !items.is_empty() && items.len() <= FETCH_QUEUES_MAX => items
+            .iter()
+            .map(|item| {
+                string_value(item).filter(|name| is_valid_queue(name)).map(Cow::into_owned).ok_or_else(queues_error)
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(queues_error()),
+    };
+    let count = match object.get_present("count") {
+        None => 1,
+        Some(raw) => match raw_integer(raw) {
+            Some(count) if count >= 1 => (count as usize).min(FETCH_COUNT_MAX),
+            _ => {
+                return Err(ApiError::invalid_request(Some("count"), "count must be an integer of at least 1"));
+            }
+        },
+    };
+    let visibility_timeout_ms = visibility_timeout(&object)?;
+    let request = FetchRequest { queues, count, worker_id: worker_id(&object)?, visibility_timeout_ms };
+    // A draining engine hands out no new work (docs/api.md, "Shutting down").
+    let jobs = app.engine.fetch(request).outcome().await?;
+    Ok(Reply::ok(jobs_object("jobs", &jobs).finish()))
+}
+
+/// The job id of a worker report: from the path, or `job_id` in the body.
+pub(super) fn report_job_id(path_id: Option<&str>, body_id: Option<&RawValue>) -> Result<JobId, ApiError> {
+    let body_text = match body_id.map(string_value) {
+        None => None,
+        Some(Some(text)) => Some(text),
+        Some(None) => {
+            return Err(ApiError::invalid_request(Some("job_id"), "job_id must be a string"));
+        }
+    };
+    match (path_id, body_text.as_deref()) {
+        (Some(path), Some(body)) if !path.eq_ignore_ascii_case(body) => {
+            Err(ApiError::invalid_request(Some("job_id"), "job_id in the body differs from the id in the path"))
+        }
+        (Some(path), _) => job_id(path),
+        (None, Some(body)) => job_id(body),
+        (None, None) => Err(ApiError::invalid_request(Some("job_id"), "job_id is required")),
+    }
+}
+
+/// A 409 for a report on a job that is not active, with the expected state.
+pub(super) fn report_error(error: EngineError) -> ApiError {
+    let is_state_conflict =
+        matches!(error, EngineError::Conflict { reason: crate::engine::ConflictReason::InvalidState, .. });
+    let api = ApiError::from(error);
+    if is_state_conflict { api.detail("expected_state", "active") } else { api }
+}
+
+pub(super) async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
+    let object = if path_id.is_some() && is_empty_body(body) { Default::default() } else { object_body(body)? };
+    let id = report_job_id(path_id, object.get_present("job_id"))?;
+    let result = object.get_present("result").map(|raw| minify(raw.get()));
+    if let Some(result) = &result
+        && result.len() > RESULT_BYTES_MAX
+    {
+        return Err(ApiError::from(crate::job::ValidationError::too_large("result", RESULT_BYTES_MAX, result.len())));
+    }
+    let worker = worker_id(&object)?;
+    let job = app.engine.ack(id, result, worker).outcome().await.map_err(report_error)?;
+    let mut body = super::wire::ObjectWriter::default();
+    body.job("job", &job)
+        .raw("acknowledged", "true")
+        .id("id", job.id)
+        .id("job_id", job.id)
+        .string("state", job.state.as_str());
+    if let Some(at) = job.completed_at {
+        body.time("completed_at", at);
+    }
+    Ok(Reply::ok(body.finish()))
+}
+
+pub(super) async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
+    let object = object_body(body)?;
+    let id = report_job_id(path_id, object.get_present("job_id"))?;
+    // The report is decoded whole: it is small, and its fields are checked one
+    // by one. Raw text that `Value` refuses (a number beyond f64) is malformed.
+    let error =
+        match object.get_present("error") {
+            None => None,
+            Some(raw) => Some(serde_json::from_str::<Value>(raw.get()).map_err(|error| {
+                ApiError::from(body_error(crate::job::json::BodyError::Malformed(error.to_string())))
+            })?),
+        };
+    let report = parse_failure_report(error.as_ref())?;
+    let requeue = match object.get_present("requeue").map(RawValue::get) {
+        None => false,
+        Some("true") => true,
+        Some("false") => false,
+        Some(_) => {
+            return Err(ApiError::invalid_request(Some("requeue"), "requeue must be a boolean"));
+        }
+    };
+    let job = app.engine.fail(id, report, requeue, worker_id(&object)?).outcome().await.map_err(report_error)?;
+    let mut body = super::wire::ObjectWriter::default();
+    body.job("job", &job)
+        .id("id", job.id)
+        .id("job_id", job.id)
+        .string("state", job.state.as_str())
+        .number("attempt", job.attempt)
+        .number("max_attempts", job.max_attempts());
+    if let Some(at) = job.retry_at {
+        body.time("retry_at", at).time("next_attempt_at", at);
+        if let Some(delay) = job.retry_delay_ms {
+            body.number("retry_delay_ms", delay);
+        }
+    }
+    if let Some(at) = job.discarded_at {
+        body.time("discarded_at", at);
+    }
+    if let Some(at) = job.completed_at {
+        body.time("completed_at", at);
+    }
+    Ok(Reply::ok(body.finish()))
+}
+
+/// `POST /workers/heartbeat` (docs/api.md, "Heartbeat").
+pub(super) async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let object = object_body(body)?;
+    let Some(worker_id) = worker_id(&object)? else {
+        return Err(ApiError::invalid_request(Some("worker_id"), "worker_id is required"));
+    };
+    let listed = object.get_present("active_jobs").or_else(|| object.get_present("active_job_ids"));
+    let active_jobs = match listed.map(|raw| (raw, kind_of(raw))) {
+        None => None,
+        // A bare count is accepted and extends nothing.
+        Some((raw, JsonKind::Number)) if raw.get().bytes().all(|byte| byte.is_ascii_digit()) => Some(Vec::new()),
+        Some((raw, JsonKind::Array)) => {
+            let ids: Option<Vec<_>> = serde_json::from_str::<Vec<&RawValue>>(raw.get())
+                .ok()
+                .filter(|items| items.len() <= HEARTBEAT_JOBS_MAX)
+                .and_then(|items| items.iter().map(|item| string_value(item)).collect());
+            let Some(ids) = ids else { return Err(active_jobs_error()) };
+            // Ids that cannot exist are ignored like unknown ones.
+            Some(ids.iter().filter_map(|id| JobId::parse_any_case(id)).collect())
+        }
+        Some(_) => return Err(active_jobs_error()),
+    };
+    let visibility_timeout_ms = visibility_timeout(&object)?;
+    let beat = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
+    let (extended, signal) = (beat.extended, beat.signal);
+    let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
+    // While the engine drains, the signal is `terminate` (docs/api.md, "Shutting down").
+    let state = crate::engine::WorkerState::of(signal).as_str();
+    let server_time = crate::job::time::format_timestamp(now);
+    Ok(Reply::ok(json!({"state": state, "jobs_extended": extended, "server_time": server_time}).to_string()))
+}
+
+pub(super) fn active_jobs_error() -> ApiError {
+    ApiError::invalid_request(
+        Some("active_jobs"),
+        format!("active_jobs must be an array of at most {HEARTBEAT_JOBS_MAX} job ids"),
+    )
+}
+
+pub(super) fn render_worker(entry: &crate::engine::workers::WorkerEntry, now: i64) -> Value {
+    let mut value = json!({
+        "worker_id": entry.worker_id,
+        "state": entry.state.as_str(),
+        "first_seen_at": format_timestamp(entry.first_seen_at),
+        "last_seen_at": format_timestamp(entry.last_seen_at),
+        "active_job_ids": entry.active_job_ids.iter().map(|id| id.to_string()).collect::<Vec<_>>(),
+        "stale": now - entry.last_seen_at > crate::limits::WORKER_STALE_MS,
+    });
+    if let Some(at) = entry.last_heartbeat_at {
+        value["last_heartbeat_at"] = format_timestamp(at).into();
+    }
+    value
+}
+
+pub(super) fn now_ms(app: &AppState) -> i64 {
+    crate::clock::Clock::now_ms(app.engine.clock().as_ref())
+}
+
+/// `GET /workers`: by worker id, paged, optionally filtered by `state`.
+pub(super) fn workers(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let state = match query_value(&pairs, "state").filter(|state| !state.is_empty()) {
+        Some(state @ ("running" | "quiet" | "terminate")) => Some(state.to_string()),
+        Some(_) => return Err(ApiError::invalid_request(Some("state"), "state must be running, quiet or terminate")),
+        None => None,
+    };
+    let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
+    let (page, has_more) = app.engine.workers_page(after.as_deref(), limit, |entry| {
+        state.as_deref().is_none_or(|state| entry.state.as_str() == state)
+    });
+    let now = now_ms(app);
+    let cursor = if has_more { page.last().map(|entry| Value::from(encode_cursor(&entry.worker_id))) } else { None };
+    let workers: Vec<Value> = page.iter().map(|entry| render_worker(entry, now)).collect();
+    Ok(Reply::ok(json!({"workers": workers, "cursor": cursor, "has_more": has_more}).to_string()))
+}
+
+pub(super) fn worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let entry = app.engine.worker(id).ok_or_else(|| ApiError::not_found("worker", id))?;
+    Ok(Reply::ok(json!({"worker": render_worker(&entry, now_ms(app))}).to_string()))
+}
+
+pub(super) async fn signal_worker(app: &AppState, id: &str, signal: &str) -> Result<Reply, ApiError> {
+    use crate::engine::workers::WorkerSignal;
+    let signal = if signal == "quiet" { WorkerSignal::Quiet } else { WorkerSignal::Terminate };
+    let entry = app.engine.signal_worker(id.to_string(), signal).outcome().await?;
+    Ok(Reply::ok(json!({"worker": render_worker(&entry, now_ms(app))}).to_string()))
+}
+
+pub(super) async fn forget_worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    app.engine.forget_worker(id.to_string()).outcome().await?;
+    Ok(Reply::ok(json!({"deleted": true, "worker_id": id}).to_string()))
+}
