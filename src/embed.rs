@@ -78,6 +78,25 @@ impl Svc {
         Ok(self.handle().fetch(request).wait()?)
     }
 
+    /// Like [`Svc::fetch`], but when no job qualifies, waits up to `wait_ms`
+    /// for one to appear in `queues` (answered empty when the time is up).
+    pub fn fetch_waiting(
+        &self,
+        queues: &[&str],
+        count: usize,
+        worker_id: Option<&str>,
+        wait_ms: u64,
+    ) -> Result<Vec<Arc<Job>>, SvcError> {
+        let request = FetchRequest {
+            queues: queues.iter().map(|queue| queue.to_string()).collect(),
+            count: count.clamp(1, crate::limits::FETCH_COUNT_MAX),
+            worker_id: worker_id.map(str::to_string),
+            visibility_timeout_ms: None,
+        };
+        let wait_ms = wait_ms.min(crate::limits::FETCH_WAIT_MS_MAX);
+        Ok(self.handle().fetch_waiting(request, wait_ms).wait()?)
+    }
+
     /// Completes an active job; `result` is JSON text.
     pub fn ack(&self, id: JobId, result: Option<String>) -> Result<Arc<Job>, SvcError> {
         Ok(self.handle().ack(id, result, None).wait()?)

@@ -29,6 +29,9 @@ pub const WORKER_FORGET_MS: i64 = 24 * 3_600_000;
 pub const WORKER_SWEEP_EVERY_MS: i64 = 60_000;
 /// Most job ids one heartbeat may list.
 pub const HEARTBEAT_JOBS_MAX: usize = 1000;
+/// Longest a fetch may wait for a job (`wait_ms`); below the request timeout.
+pub const FETCH_WAIT_MS_MAX: u64 = 20_000;
+const _: () = assert!(FETCH_WAIT_MS_MAX < REQUEST_TIMEOUT_MS);
 /// Most queue names in one fetch.
 pub const FETCH_QUEUES_MAX: usize = 32;
 /// Default and largest page size of list endpoints.

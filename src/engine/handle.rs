@@ -80,7 +80,13 @@ impl EngineHandle {
 
     /// Claims up to `request.count` available jobs.
     pub fn fetch(&self, request: FetchRequest) -> Pending<Vec<Arc<Job>>> {
-        self.submit(requests::Fetch { request })
+        self.submit(requests::Fetch { request, wait_ms: 0 })
+    }
+
+    /// Like [`EngineHandle::fetch`], but when no job qualifies, waits up to
+    /// `wait_ms` for one to appear in the listed queues (long polling).
+    pub fn fetch_waiting(&self, request: FetchRequest, wait_ms: u64) -> Pending<Vec<Arc<Job>>> {
+        self.submit(requests::Fetch { request, wait_ms })
     }
 
     /// Completes an active job; `result` is compact JSON text.

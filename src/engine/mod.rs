@@ -148,6 +148,7 @@ impl Engine {
             draining: false,
             last_worker_sweep: i64::MIN / 2,
             committer,
+            parked: std::collections::VecDeque::new(),
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

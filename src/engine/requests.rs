@@ -49,6 +49,117 @@ pub trait Request: sealed::Sealed + Send + 'static {
     fn held_bytes(&self) -> u64 {
         0
     }
+
+    /// Runs the request, or, for one that may wait for work and found none,
+    /// hands it back to be parked until `until` (see [`Parked`]).
+    #[doc(hidden)]
+    fn run_or_wait(self, turn: &mut Turn<'_>) -> RunOutcome<Self>
+    where
+        Self: Sized,
+    {
+        RunOutcome::Done(self.run(turn))
+    }
+
+    /// The answer of a parked request given up on (its time ran out, the
+    /// engine drains, its worker was told to stop).
+    #[doc(hidden)]
+    fn released(&self) -> Result<Self::Output, EngineError> {
+        Err(EngineError::Unavailable { reason: super::api::Unavailable::EngineStopped })
+    }
+
+    /// Whether a parked request is to be given up on now.
+    #[doc(hidden)]
+    fn give_up(&self, _turn: &Turn<'_>) -> bool {
+        false
+    }
+
+    /// The queues whose work a parked request waits for.
+    #[doc(hidden)]
+    fn waits_on(&self) -> &[String] {
+        &[]
+    }
+}
+
+/// What running a request that may wait came to.
+#[doc(hidden)]
+pub enum RunOutcome<R: Request> {
+    Done(Result<R::Output, EngineError>),
+    /// Nothing to answer yet: park `request` until `until` at the latest.
+    Wait {
+        request: R,
+        until: Millis,
+    },
+}
+
+/// A request waiting in the engine for work to appear (a long-poll fetch).
+/// It costs nothing while it waits but a look at its queues at the end of
+/// each turn; parked requests are served first come, first served.
+pub(crate) trait Parked: Send {
+    fn until(&self) -> Millis;
+    fn queues(&self) -> &[String];
+    fn give_up(&self, turn: &Turn<'_>) -> bool;
+    /// Runs again: an answer, or itself to wait on.
+    fn retry(self: Box<Self>, turn: &mut Turn<'_>) -> Result<Responder, Box<dyn Parked>>;
+    /// Answers as given up on.
+    fn release(self: Box<Self>) -> Responder;
+    /// Answers with an error (the log failed).
+    fn refuse(self: Box<Self>, error: EngineError);
+}
+
+/// What running a queued request came to.
+pub(crate) enum Ran {
+    Answer(Responder),
+    Park(Box<dyn Parked>),
+}
+
+struct ParkedEnvelope<R: Request> {
+    request: R,
+    reply: Reply<R::Output>,
+    until: Millis,
+}
+
+/// The responder that sends `outcome`, or the commit's failure in place of a success.
+fn responder<T: Send + 'static>(reply: Reply<T>, outcome: Result<T, EngineError>) -> Responder {
+    Box::new(move |failure| {
+        let outcome = match (outcome, failure) {
+            (Ok(_), Some(error)) => Err(error.clone()),
+            (outcome, _) => outcome,
+        };
+        // A requester that went away (timeout, closed connection) is no error.
+        let _ = reply.send(outcome);
+    })
+}
+
+impl<R: Request> Parked for ParkedEnvelope<R> {
+    fn until(&self) -> Millis {
+        self.until
+    }
+
+    fn queues(&self) -> &[String] {
+        self.request.waits_on()
+    }
+
+    fn give_up(&self, turn: &Turn<'_>) -> bool {
+        turn.now >= self.until || self.request.give_up(turn) || self.reply.is_closed()
+    }
+
+    fn retry(self: Box<Self>, turn: &mut Turn<'_>) -> Result<Responder, Box<dyn Parked>> {
+        let ParkedEnvelope { request, reply, until } = *self;
+        match request.run_or_wait(turn) {
+            RunOutcome::Done(outcome) => Ok(responder(reply, outcome)),
+            // Still nothing: wait on, to the first deadline.
+            RunOutcome::Wait { request, .. } => Err(Box::new(ParkedEnvelope { request, reply, until })),
+        }
+    }
+
+    fn release(self: Box<Self>) -> Responder {
+        let outcome = self.request.released();
+        responder(self.reply, outcome)
+    }
+
+    fn refuse(self: Box<Self>, error: EngineError) {
+        let _ = self.reply.send(Err(error));
+    }
 }
 
 /// A record's fixed part (its kind, times and ids), generously.
@@ -110,7 +221,7 @@ pub(crate) type Responder = Box<dyn FnOnce(Option<&EngineError>) + Send>;
 
 /// A request with its reply channel, as it waits in the inbox.
 pub(crate) trait Queued: Send {
-    fn run(self: Box<Self>, turn: &mut Turn<'_>) -> Responder;
+    fn run(self: Box<Self>, turn: &mut Turn<'_>) -> Ran;
     fn refuse(self: Box<Self>, error: EngineError);
     fn full_disk_bytes(&self, turn: &Turn<'_>) -> Option<u64>;
     fn held_bytes(&self) -> u64;
@@ -122,17 +233,12 @@ pub(crate) struct Envelope<R: Request> {
 }
 
 impl<R: Request> Queued for Envelope<R> {
-    fn run(self: Box<Self>, turn: &mut Turn<'_>) -> Responder {
+    fn run(self: Box<Self>, turn: &mut Turn<'_>) -> Ran {
         let Envelope { request, reply } = *self;
-        let outcome = request.run(turn);
-        Box::new(move |failure| {
-            let outcome = match (outcome, failure) {
-                (Ok(_), Some(error)) => Err(error.clone()),
-                (outcome, _) => outcome,
-            };
-            // A requester that went away (timeout, closed connection) is no error.
-            let _ = reply.send(outcome);
-        })
+        match request.run_or_wait(turn) {
+            RunOutcome::Done(outcome) => Ran::Answer(responder(reply, outcome)),
+            RunOutcome::Wait { request, until } => Ran::Park(Box::new(ParkedEnvelope { request, reply, until })),
+        }
     }
 
     fn refuse(self: Box<Self>, error: EngineError) {
@@ -210,9 +316,20 @@ impl Request for Enqueue {
 }
 
 /// Claims up to `count` available jobs from the listed queues. A draining
-/// engine, or a worker told to go quiet or terminate, gets none.
+/// engine, or a worker told to go quiet or terminate, gets none. With
+/// `wait_ms`, a fetch that finds nothing waits up to that long for a job to
+/// appear in one of its queues (long polling).
 pub struct Fetch {
     pub request: FetchRequest,
+    pub wait_ms: u64,
+}
+
+impl Fetch {
+    /// Told to stop: the engine drains, or the worker was signalled.
+    fn stopped(&self, turn: &Turn<'_>) -> bool {
+        *turn.draining
+            || self.request.worker_id.as_deref().is_some_and(|worker| turn.state().worker_signal(worker).is_some())
+    }
 }
 
 impl Request for Fetch {
@@ -243,6 +360,32 @@ impl Request for Fetch {
 
     fn held_bytes(&self) -> u64 {
         self.request.queues.iter().map(String::len).sum::<usize>() as u64
+    }
+
+    fn run_or_wait(self, turn: &mut Turn<'_>) -> RunOutcome<Self> {
+        if self.wait_ms == 0 {
+            return RunOutcome::Done(self.run(turn));
+        }
+        let wait_ms = self.wait_ms;
+        let again = Fetch { request: self.request.clone(), wait_ms };
+        match self.run(turn) {
+            Ok(jobs) if jobs.is_empty() && !again.stopped(turn) => {
+                RunOutcome::Wait { request: again, until: turn.now.saturating_add(wait_ms as i64) }
+            }
+            outcome => RunOutcome::Done(outcome),
+        }
+    }
+
+    fn released(&self) -> Result<Self::Output, EngineError> {
+        Ok(Vec::new())
+    }
+
+    fn give_up(&self, turn: &Turn<'_>) -> bool {
+        self.stopped(turn)
+    }
+
+    fn waits_on(&self) -> &[String] {
+        &self.request.queues
     }
 }
 

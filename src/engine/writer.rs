@@ -20,7 +20,7 @@ use super::image::{IMAGE_VERSION, StateImage};
 use super::inbox::{Command, InboxReceiver, Received};
 use super::record::{Record, encode_sequences};
 use super::registry;
-use super::requests::{RECORD_BYTES_PER_JOB, Responder, Turn};
+use super::requests::{Parked, RECORD_BYTES_PER_JOB, Ran, Responder, Turn};
 use super::state::State;
 use super::view::ReadView;
 use super::workers::Contacts;
@@ -66,6 +66,8 @@ pub(crate) struct Writer {
     pub last_worker_sweep: Millis,
     /// Owns the log: writes, syncs, publishes and replies.
     pub committer: Committer,
+    /// Long-poll fetches waiting for work, oldest first.
+    pub parked: std::collections::VecDeque<Box<dyn Parked>>,
 }
 
 /// The error of a write refused because the disk is full.
@@ -141,7 +143,12 @@ impl Writer {
     /// How long to wait for commands before the next deadline is due.
     fn idle_wait(&self) -> Duration {
         let now = self.clock.now_ms();
-        match self.state.next_deadline() {
+        let parked = self.parked.iter().map(|parked| parked.until()).min();
+        let next = match (self.state.next_deadline(), parked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match next {
             Some(deadline) if deadline <= now => Duration::ZERO,
             Some(deadline) => Duration::from_millis((deadline - now) as u64).min(IDLE_WAIT_MAX),
             None => IDLE_WAIT_MAX,
@@ -214,8 +221,43 @@ impl Writer {
                                 }
                             }
                         }
-                        replies.push(request.run(&mut turn));
+                        match request.run(&mut turn) {
+                            Ran::Answer(responder) => replies.push(responder),
+                            Ran::Park(parked) => self.parked.push_back(parked),
+                        }
                     }
+                }
+            }
+            // Parked fetches get what appeared this turn, first come first
+            // served; each is answered empty once its time is up or it is told
+            // to stop. With the disk full they wait without claiming.
+            for parked in std::mem::take(&mut self.parked) {
+                let mut turn = Turn {
+                    state: &mut self.state,
+                    entropy: self.entropy.as_mut(),
+                    contacts: &mut self.contacts,
+                    draining: &mut self.draining,
+                    cron_entries_max: self.cron_entries_max,
+                    now,
+                    records,
+                    events,
+                };
+                if stop || parked.give_up(&turn) {
+                    replies.push(parked.release());
+                    continue;
+                }
+                let state = &*turn.state;
+                let ready = parked
+                    .queues()
+                    .iter()
+                    .any(|name| state.queue(name).is_some_and(|queue| !queue.paused && !queue.ready.is_empty()));
+                if !ready || budget.is_some() {
+                    self.parked.push_back(parked);
+                    continue;
+                }
+                match parked.retry(&mut turn) {
+                    Ok(responder) => replies.push(responder),
+                    Err(parked) => self.parked.push_back(parked),
                 }
             }
             // The caps on terminal jobs hold after every turn (with the disk
@@ -283,6 +325,9 @@ impl Writer {
     fn refuse_all(&mut self, batch: Vec<Command>) -> bool {
         let error = storage_failed();
         let mut stop = false;
+        for parked in self.parked.drain(..) {
+            parked.refuse(error.clone());
+        }
         for command in batch {
             match command {
                 Command::Request(request) => request.refuse(error.clone()),

@@ -15,7 +15,8 @@ use crate::job::json::{JsonKind, RawObject, kind_of, minify, string_value};
 use crate::job::time::format_timestamp;
 use crate::job::{JobId, body_error, is_valid_queue, parse_failure_report, raw_integer};
 use crate::limits::{
-    FETCH_COUNT_MAX, FETCH_QUEUES_MAX, HEARTBEAT_JOBS_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX, WORKER_ID_CHARS_MAX,
+    FETCH_COUNT_MAX, FETCH_QUEUES_MAX, FETCH_WAIT_MS_MAX, HEARTBEAT_JOBS_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX,
+    WORKER_ID_CHARS_MAX,
 };
 
 /// `^[A-Za-z0-9._:@-]{1,256}$`, minus names that collide with worker routes.
@@ -78,9 +79,19 @@ pub(super) async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError
         },
     };
     let visibility_timeout_ms = visibility_timeout(&object)?;
+    let wait_ms = match object.get_present("wait_ms") {
+        None => 0,
+        Some(raw) => match raw_integer(raw) {
+            Some(wait) if (0..=FETCH_WAIT_MS_MAX as i64).contains(&wait) => wait as u64,
+            _ => {
+                let message = format!("wait_ms must be an integer from 0 to {FETCH_WAIT_MS_MAX}");
+                return Err(ApiError::invalid_request(Some("wait_ms"), message));
+            }
+        },
+    };
     let request = FetchRequest { queues, count, worker_id: worker_id(&object)?, visibility_timeout_ms };
     // A draining engine hands out no new work (docs/api.md, "Shutting down").
-    let jobs = app.engine.fetch(request).outcome().await?;
+    let jobs = app.engine.fetch_waiting(request, wait_ms).outcome().await?;
     Ok(Reply::ok(jobs_object("jobs", &jobs).finish()))
 }
 
