@@ -40,6 +40,17 @@ struct FetchedJob<'a> {
     #[serde(borrow)]
     id: std::borrow::Cow<'a, str>,
     attempt: u32,
+    /// For `steady`'s jobs `[n, sent]` (see `since_start_us`); kept raw,
+    /// as other jobs carry anything.
+    #[serde(default, borrow)]
+    args: Option<&'a serde_json::value::RawValue>,
+}
+
+impl FetchedJob<'_> {
+    /// When a stamped job was sent, in `since_start_us` time.
+    fn sent_us(&self) -> Option<u64> {
+        serde_json::from_str::<(u64, u64)>(self.args?.get()).ok().map(|(_, sent)| sent)
+    }
 }
 
 impl<'a> Fetched<'a> {
@@ -73,6 +84,9 @@ pub struct BenchOptions {
     pub rate: u64,
     /// Cron entries registered by `schedules`.
     pub crons: u64,
+    /// How long `steady`'s consumers let a fetch wait for a job (long
+    /// polling); 0 polls an empty queue every millisecond instead.
+    pub wait_ms: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -84,6 +98,9 @@ pub struct BenchReport {
     pub elapsed: Duration,
     /// Request latencies in microseconds, sorted.
     pub latencies_us: Vec<u32>,
+    /// `steady`: from sending a job's enqueue to a consumer's fetch getting
+    /// it, in microseconds, sorted.
+    pub end_to_end_us: Vec<u32>,
 }
 
 impl BenchReport {
@@ -97,12 +114,17 @@ impl BenchReport {
 
     /// Latency at quantile `q` (0..1) in milliseconds.
     pub fn latency_ms(&self, q: f64) -> f64 {
-        if self.latencies_us.is_empty() {
-            return 0.0;
-        }
-        let index = ((self.latencies_us.len() as f64 * q) as usize).min(self.latencies_us.len() - 1);
-        f64::from(self.latencies_us[index]) / 1000.0
+        quantile_ms(&self.latencies_us, q)
     }
+}
+
+/// The `q` quantile of sorted microseconds, in milliseconds.
+fn quantile_ms(sorted_us: &[u32], q: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted_us.len() as f64 * q) as usize).min(sorted_us.len() - 1);
+    f64::from(sorted_us[index]) / 1000.0
 }
 
 impl fmt::Display for BenchReport {
@@ -121,7 +143,12 @@ impl fmt::Display for BenchReport {
             self.latency_ms(0.99),
             self.latency_ms(0.999),
             self.latency_ms(1.0)
-        )
+        )?;
+        if !self.end_to_end_us.is_empty() {
+            let e2e = |q| quantile_ms(&self.end_to_end_us, q);
+            write!(f, " end_to_end_p50={:.2}ms end_to_end_p99={:.2}ms", e2e(0.5), e2e(0.99))?;
+        }
+        Ok(())
     }
 }
 
@@ -161,6 +188,12 @@ fn enqueue_body(n: u64) -> String {
     format!(
         r#"{{"type":"bench.job","args":[{n}],"options":{{"queue":"{QUEUE}","retry":{{"initial_interval":"PT0.001S","jitter":false}}}}}}"#
     )
+}
+
+/// An enqueue body stamped with when it was sent, for end-to-end latency.
+fn stamped_enqueue_body(n: u64) -> String {
+    let sent = since_start_us();
+    format!(r#"{{"type":"bench.job","args":[{n},{sent}],"options":{{"queue":"{QUEUE}"}}}}"#)
 }
 
 /// Fetch; fail every first attempt, ack the second; until all jobs are done.
@@ -246,6 +279,7 @@ async fn build_backlog(options: &BenchOptions) -> Result<BenchReport, String> {
         requests,
         elapsed: started.elapsed(),
         latencies_us: Vec::new(),
+        end_to_end_us: Vec::new(),
     })
 }
 
@@ -308,6 +342,7 @@ async fn build_schedules(options: &BenchOptions) -> Result<BenchReport, String> 
         requests,
         elapsed: started.elapsed(),
         latencies_us: Vec::new(),
+        end_to_end_us: Vec::new(),
     })
 }
 
@@ -334,6 +369,7 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
     }
     let counter = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let end_to_end = Arc::new(std::sync::Mutex::new(Vec::new()));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for worker in 0..options.connections {
@@ -341,14 +377,15 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
         let options = options.clone();
         let counter = counter.clone();
         let stop = stop.clone();
+        let end_to_end = end_to_end.clone();
         tasks.push(tokio::spawn(async move {
             match options.workload {
                 Workload::Enqueue | Workload::Ping => enqueue_loop(&mut connection, &options, &counter).await,
-                Workload::Drain => drain_loop(&mut connection, None).await,
+                Workload::Drain => drain_loop(&mut connection, None, 0, &end_to_end).await,
                 Workload::Retry => retry_loop(&mut connection, &options, &counter).await,
                 Workload::Backlog | Workload::Schedules => unreachable!("built before the loop"),
                 Workload::Steady if worker % 2 == 0 => paced_enqueue(&mut connection, &options, &stop).await,
-                Workload::Steady => drain_loop(&mut connection, Some(&stop)).await,
+                Workload::Steady => drain_loop(&mut connection, Some(&stop), options.wait_ms, &end_to_end).await,
             }
         }));
     }
@@ -363,6 +400,7 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
         requests: 0,
         elapsed: Duration::ZERO,
         latencies_us: Vec::new(),
+        end_to_end_us: Vec::new(),
     };
     for task in tasks {
         let (jobs, latencies) = task.await.map_err(|error| error.to_string())??;
@@ -372,6 +410,8 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
     }
     report.elapsed = started.elapsed();
     report.latencies_us.sort_unstable();
+    report.end_to_end_us = std::mem::take(&mut *end_to_end.lock().map_err(|_| "a consumer panicked".to_string())?);
+    report.end_to_end_us.sort_unstable();
     if options.workload == Workload::Steady {
         report.jobs = report.jobs.min(report.requests);
     }
@@ -397,27 +437,52 @@ async fn enqueue_loop(connection: &mut Connection, options: &BenchOptions, count
 }
 
 /// Fetch + ack until the queue is empty; with `until` (the `steady`
-/// workload), keep polling an empty queue until it is set.
-async fn drain_loop(connection: &mut Connection, until: Option<&AtomicBool>) -> LoopResult {
+/// workload), keep fetching from an empty queue until it is set: polling
+/// every millisecond, or with `wait_ms`, letting each fetch wait.
+async fn drain_loop(
+    connection: &mut Connection,
+    until: Option<&AtomicBool>,
+    wait_ms: u64,
+    end_to_end: &std::sync::Mutex<Vec<u32>>,
+) -> LoopResult {
     let mut latencies = Vec::new();
+    let mut delays = Vec::new();
     let mut jobs = 0;
     let steady = until.is_some();
+    let fetch = if wait_ms > 0 {
+        format!(r#"{{"queues":["{QUEUE}"],"count":1,"wait_ms":{wait_ms}}}"#)
+    } else {
+        FETCH_ONE.to_string()
+    };
+    let finish = |jobs, latencies, delays: Vec<u32>| {
+        if let Ok(mut all) = end_to_end.lock() {
+            all.extend(delays);
+        }
+        Ok((jobs, latencies))
+    };
     loop {
         if until.is_some_and(|stop| stop.load(Ordering::SeqCst)) {
-            return Ok((jobs, latencies));
+            return finish(jobs, latencies, delays);
         }
-        let (status, body, latency) = connection.post("/svc/v1/workers/fetch", FETCH_ONE).await?;
+        let (status, body, latency) = connection.post("/svc/v1/workers/fetch", fetch.clone()).await?;
         if status != StatusCode::OK {
             return Err(format!("fetch answered {status}: {}", String::from_utf8_lossy(&body)));
         }
         latencies.push(micros(latency));
-        let Some(id) = Fetched::parse(&body)?.jobs.first().map(|job| job.id.to_string()) else {
+        let fetched = Fetched::parse(&body)?;
+        let Some(job) = fetched.jobs.first() else {
             if steady {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                if wait_ms == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 continue;
             }
-            return Ok((jobs, latencies));
+            return finish(jobs, latencies, delays);
         };
+        if let Some(sent) = job.sent_us() {
+            delays.push(since_start_us().saturating_sub(sent).min(u64::from(u32::MAX)) as u32);
+        }
+        let id = job.id.to_string();
         let (status, body, latency) = connection.post("/svc/v1/workers/ack", format!(r#"{{"job_id":"{id}"}}"#)).await?;
         if status != StatusCode::OK {
             return Err(format!("ack answered {status}: {}", String::from_utf8_lossy(&body)));
@@ -425,6 +490,13 @@ async fn drain_loop(connection: &mut Connection, until: Option<&AtomicBool>) -> 
         latencies.push(micros(latency));
         jobs += 1;
     }
+}
+
+/// Microseconds since the load generator started (the clock producers
+/// stamp jobs with and consumers read).
+fn since_start_us() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
 }
 
 /// Enqueues at this connection's share of the total rate until `stop`.
@@ -437,7 +509,7 @@ async fn paced_enqueue(connection: &mut Connection, options: &BenchOptions, stop
     let mut n = 0;
     while !stop.load(Ordering::SeqCst) {
         ticker.tick().await;
-        let (status, body, latency) = connection.post("/svc/v1/jobs", enqueue_body(n)).await?;
+        let (status, body, latency) = connection.post("/svc/v1/jobs", stamped_enqueue_body(n)).await?;
         if status != StatusCode::CREATED {
             return Err(format!("enqueue answered {status}: {}", String::from_utf8_lossy(&body)));
         }
@@ -481,6 +553,9 @@ mod tests {
         let fetched = Fetched::parse(body).unwrap();
         let ids: Vec<_> = fetched.jobs.iter().map(|job| (job.id.as_ref(), job.attempt)).collect();
         assert_eq!(ids, vec![("019539a4-aaaa-7000-8000-000000000001", 2)]);
+        assert_eq!(fetched.jobs[0].sent_us(), None);
+        let stamped = Fetched::parse(br#"{"jobs":[{"id":"x","attempt":1,"args":[7,1234]}]}"#).unwrap();
+        assert_eq!(stamped.jobs[0].sent_us(), Some(1234));
         assert!(Fetched::parse(br#"{"jobs":[]}"#).unwrap().jobs.is_empty());
         assert!(Fetched::parse(b"not json").is_err());
     }

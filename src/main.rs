@@ -169,6 +169,10 @@ struct BenchFlags {
     /// Cron entries the schedules workload registers.
     #[arg(long, default_value_t = 100_000)]
     crons: u64,
+    /// The steady workload's consumers let each fetch wait this long for a
+    /// job (long polling), instead of polling every millisecond.
+    #[arg(long, default_value_t = 0)]
+    wait_ms: u64,
 }
 
 /// The workloads of `svc bench`.
@@ -252,6 +256,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         duration: Duration::from_secs(flags.duration),
         rate: flags.rate,
         crons: flags.crons,
+        wait_ms: flags.wait_ms,
     };
     match bench::run(options) {
         Ok(report) => {
