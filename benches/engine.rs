@@ -24,7 +24,11 @@ fn apply(state: &mut State, record: &Record) {
 fn state_with(available: usize) -> State {
     let mut state = State::new(Retention::default());
     let mut entropy = SystemEntropy;
-    let (record, _) = state.decide_enqueue(NOW, (0..available).map(new_job).collect(), &mut entropy).expect("accepted");
+    let record = state
+        .decide_enqueue(NOW, (0..available).map(new_job).collect(), &mut entropy)
+        .expect("accepted")
+        .0
+        .expect("a record");
     apply(&mut state, &record);
     state
 }
@@ -42,7 +46,8 @@ fn engine_apply(c: &mut Criterion) {
                 new_job(n)
             },
             |job| {
-                let (record, _) = state.decide_enqueue(NOW, vec![job], entropy.as_mut()).expect("accepted");
+                let record =
+                    state.decide_enqueue(NOW, vec![job], entropy.as_mut()).expect("accepted").0.expect("a record");
                 apply(&mut state, &record);
             },
             BatchSize::SmallInput,

@@ -19,7 +19,7 @@ fn enqueue_records(count: usize) -> Vec<Record> {
         .map(|n| {
             let body = json!({"type": "email.send", "args": ["user@example.com", n], "meta": {"trace_id": "abc"}});
             let job = parse_enqueue_body(body.to_string().as_bytes(), &JobDefaults::default()).expect("valid body");
-            state.decide_enqueue(1_800_000_000_000, vec![job], entropy.as_mut()).expect("accepted").0
+            state.decide_enqueue(1_800_000_000_000, vec![job], entropy.as_mut()).expect("accepted").0.expect("a record")
         })
         .collect()
 }

@@ -3,20 +3,41 @@
 //! Run with `cargo run --example embed`.
 
 use svc::Svc;
+use svc::job::{DispatchLimit, JobBuilder, OnConflict, RateWindow, UniquePolicy};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("svc-embed-example-{}", std::process::id()));
     let svc = Svc::open(&dir)?;
 
-    let job = svc.enqueue_json(r#"{"type":"email.send","args":["ada@example.com"],"options":{"queue":"mail"}}"#)?;
-    println!("enqueued {} ({})", job.id, job.state.as_str());
+    // A job: type, serde-serializable args, options.
+    let welcome = JobBuilder::new("email.send").args(("ada@example.com", "welcome")).queue("mail");
+    let first = svc.enqueue(welcome.clone())?;
+    println!("enqueued {} ({})", first.job.id, first.job.state.as_str());
+
+    // At most one held job per recipient: a second enqueue answers with the first.
+    let once = UniquePolicy { key: Some(vec!["0".into()]), on_conflict: OnConflict::Ignore, ..Default::default() };
+    let unique = svc.enqueue(welcome.clone().unique(once.clone()))?;
+    let again = svc.enqueue(welcome.unique(once))?;
+    println!("unique job {}; the same again is deduplicated: {}", unique.job.id, again.deduplicated);
+
+    // A staged job waits as `pending` until it is activated.
+    let staged = svc.enqueue(JobBuilder::new("report.build").args([2026]).queue("mail").pending())?;
+    svc.activate(staged.job.id)?;
+
+    // At most two report builds per second, whatever the number of workers.
+    let two_per_second = DispatchLimit {
+        key: Some("reports".into()),
+        concurrency: None,
+        rate: Some(RateWindow { count: 2, period_ms: 1000 }),
+    };
+    svc.enqueue(JobBuilder::new("report.build").args([2027]).queue("mail").rate_limit(two_per_second))?;
 
     for claimed in svc.fetch(&["mail"], 10, Some("example-worker"))? {
-        println!("working on {} with args {}", claimed.id, claimed.payload.args);
-        svc.ack(claimed.id, Some(r#"{"delivered":true}"#.to_string()))?;
+        println!("working on {} {} with args {}", claimed.payload.job_type, claimed.id, claimed.payload.args);
+        svc.ack(claimed.id, Some(r#"{"done":true}"#.to_string()))?;
     }
 
-    let done = svc.get(job.id).expect("the job is stored");
+    let done = svc.get(first.job.id).expect("the job is stored");
     println!("{} is {} with result {}", done.id, done.state.as_str(), done.result.as_deref().unwrap_or("none"));
     svc.close();
     std::fs::remove_dir_all(&dir)?;

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::{
-    Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, FetchRequest, QueueStats, QueueSummary,
+    Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued, FetchRequest, QueueStats,
+    QueueSummary,
 };
-use crate::job::{FailureReport, Job, JobId, NewJob, ValidationError, parse_enqueue_body};
+use crate::job::{FailureReport, Job, JobBuilder, JobId, NewJob, ValidationError, parse_enqueue_body};
 use crate::storage::StorageError;
 
 /// Why an embedded call failed.
@@ -56,15 +57,41 @@ impl Svc {
         self.engine.handle()
     }
 
-    /// Enqueues a job given as an enqueue body (`{type, args, meta?, options?}`).
-    pub fn enqueue_json(&self, body: &str) -> Result<Arc<Job>, SvcError> {
-        let new_job = parse_enqueue_body(body.as_bytes(), self.handle().defaults()).map_err(SvcError::Invalid)?;
-        self.enqueue(new_job)
+    /// Enqueues a job. With a unique policy that meets a held job, the
+    /// answer is that job (`deduplicated`) or an error, as the policy says.
+    pub fn enqueue(&self, job: JobBuilder) -> Result<Enqueued, SvcError> {
+        let new_job = job.build(self.handle().defaults()).map_err(SvcError::Invalid)?;
+        self.enqueue_new(new_job)
     }
 
-    pub fn enqueue(&self, job: NewJob) -> Result<Arc<Job>, SvcError> {
+    /// Enqueues jobs atomically: all of them or none; the answers in order.
+    pub fn enqueue_batch(&self, jobs: impl IntoIterator<Item = JobBuilder>) -> Result<Vec<Enqueued>, SvcError> {
+        let defaults = self.handle().defaults();
+        let new_jobs = jobs
+            .into_iter()
+            .map(|job| job.build(defaults))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(SvcError::Invalid)?;
+        Ok(self.handle().enqueue(new_jobs).wait()?)
+    }
+
+    /// Enqueues a job given as an enqueue body (`{type, args, meta?, options?}`),
+    /// the JSON an HTTP client sends.
+    pub fn enqueue_json(&self, body: &str) -> Result<Enqueued, SvcError> {
+        let new_job = parse_enqueue_body(body.as_bytes(), self.handle().defaults()).map_err(SvcError::Invalid)?;
+        self.enqueue_new(new_job)
+    }
+
+    /// Enqueues an already validated job.
+    pub fn enqueue_new(&self, job: NewJob) -> Result<Enqueued, SvcError> {
         let mut jobs = self.handle().enqueue(vec![job]).wait()?;
         Ok(jobs.remove(0))
+    }
+
+    /// Activates a staged job (enqueued with [`JobBuilder::pending`]): it
+    /// becomes available, or scheduled until its time.
+    pub fn activate(&self, id: JobId) -> Result<Arc<Job>, SvcError> {
+        Ok(self.handle().activate(id).wait()?)
     }
 
     /// Claims up to `count` jobs from `queues`, in the order given.

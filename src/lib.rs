@@ -14,10 +14,11 @@
 //!
 //! ```no_run
 //! let svc = svc::Svc::open("./data").expect("data dir opens");
-//! let job = svc.enqueue_json(r#"{"type":"email.send","args":["a@example.com"]}"#).expect("enqueued");
+//! let job = svc::job::JobBuilder::new("email.send").args(["a@example.com"]);
+//! let enqueued = svc.enqueue(job).expect("enqueued");
 //! let claimed = svc.fetch(&["default"], 1, Some("worker-1")).expect("fetched");
 //! svc.ack(claimed[0].id, Some(r#"{"sent":true}"#.into())).expect("acked");
-//! assert_eq!(svc.get(job.id).expect("stored").state, svc::job::JobState::Completed);
+//! assert_eq!(svc.get(enqueued.job.id).expect("stored").state, svc::job::JobState::Completed);
 //! svc.close();
 //! ```
 

@@ -63,6 +63,8 @@ pub const BACKTRACE_FRAMES_MAX: usize = 50;
 pub const BACKTRACE_CHARS_MAX: usize = 10_000;
 /// Newest failures kept in a job's error history.
 pub const ERROR_HISTORY_MAX: usize = 20;
+/// The longest window of a dispatch rate limit (`period: "hour"`).
+pub const DISPATCH_WINDOW_MS_MAX: i64 = 3_600_000;
 /// Client `X-Request-Id` values echoed back.
 pub const REQUEST_ID_CHARS_MAX: usize = 128;
 /// Non-terminal jobs the server holds at once.

@@ -7,13 +7,15 @@ use svc::job::JobState;
 fn embedded_queue_round_trip_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let svc = Svc::open(dir.path()).unwrap();
-    let job = svc.enqueue_json(r#"{"type":"email.send","args":["a@example.com"],"options":{"queue":"mail"}}"#).unwrap();
+    let job =
+        svc.enqueue_json(r#"{"type":"email.send","args":["a@example.com"],"options":{"queue":"mail"}}"#).unwrap().job;
     let failing = svc
         .enqueue_json(
             r#"{"type":"email.send","args":["b@example.com"],"options":{"queue":"mail","retry":{"max_attempts":1}}}"#,
         )
-        .unwrap();
-    let cancelled = svc.enqueue_json(r#"{"type":"email.send","args":[]}"#).unwrap();
+        .unwrap()
+        .job;
+    let cancelled = svc.enqueue_json(r#"{"type":"email.send","args":[]}"#).unwrap().job;
     let claimed = svc.fetch(&["mail"], 2, Some("worker-1")).unwrap();
     assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), [job.id, failing.id]);
     svc.ack(job.id, Some(r#"{"sent":true}"#.into())).unwrap();
@@ -41,7 +43,7 @@ fn an_embedded_queue_caps_its_finished_jobs_and_reports_a_full_disk() {
     let svc = Svc::open_with(config).unwrap();
     let mut done = Vec::new();
     for n in 0..4 {
-        let job = svc.enqueue_json(&format!(r#"{{"type":"t","args":[{n}]}}"#)).unwrap();
+        let job = svc.enqueue_json(&format!(r#"{{"type":"t","args":[{n}]}}"#)).unwrap().job;
         svc.fetch(&["default"], 1, None).unwrap();
         svc.ack(job.id, None).unwrap();
         done.push(job.id);
@@ -49,7 +51,7 @@ fn an_embedded_queue_caps_its_finished_jobs_and_reports_a_full_disk() {
     assert!(svc.get(done[0]).is_none() && svc.get(done[1]).is_none(), "the oldest finished jobs are pruned");
     assert!(svc.get(done[2]).is_some() && svc.get(done[3]).is_some());
 
-    let active = svc.enqueue_json(r#"{"type":"t","args":[]}"#).unwrap();
+    let active = svc.enqueue_json(r#"{"type":"t","args":[]}"#).unwrap().job;
     svc.fetch(&["default"], 1, None).unwrap();
     disk.set_no_space(true);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

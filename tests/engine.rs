@@ -37,7 +37,7 @@ impl Harness {
 
     fn enqueue(&self, body: serde_json::Value) -> JobId {
         let job = parse_enqueue_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
-        self.engine.handle().enqueue(vec![job]).wait().unwrap()[0].id
+        self.engine.handle().enqueue(vec![job]).wait().unwrap()[0].job.id
     }
 
     fn fetch(&self, count: usize) -> Vec<JobId> {
@@ -195,7 +195,8 @@ fn many_due_jobs_are_all_handled() {
             .unwrap()
         })
         .collect();
-    let ids: Vec<JobId> = harness.engine.handle().enqueue(jobs).wait().unwrap().iter().map(|job| job.id).collect();
+    let ids: Vec<JobId> =
+        harness.engine.handle().enqueue(jobs).wait().unwrap().iter().map(|item| item.job.id).collect();
     harness.advance(1000);
     // Due work past one turn's limit is picked up by the following turns.
     harness.engine.handle().tick().wait().unwrap();
@@ -265,7 +266,7 @@ fn a_heartbeat_extension_survives_a_crash() {
     };
     let engine = Engine::open(config(&clock)).unwrap();
     let job = parse_enqueue_body(br#"{"type":"t","args":[]}"#, &JobDefaults::default()).unwrap();
-    let id = engine.handle().enqueue(vec![job]).wait().unwrap()[0].id;
+    let id = engine.handle().enqueue(vec![job]).wait().unwrap()[0].job.id;
     let request = FetchRequest {
         queues: vec!["default".into()],
         count: 1,
@@ -303,9 +304,9 @@ fn commands_queued_during_a_sync_share_the_next_sync() {
     let queued: Vec<_> = (0..100).map(|_| handle.enqueue(vec![job()])).collect();
     disk.release_syncs();
 
-    let first = first.wait().unwrap()[0].id;
+    let first = first.wait().unwrap()[0].job.id;
     let ids: std::collections::HashSet<JobId> =
-        queued.into_iter().map(|pending| pending.wait().unwrap()[0].id).collect();
+        queued.into_iter().map(|pending| pending.wait().unwrap()[0].job.id).collect();
     assert_eq!(ids.len(), 100);
     assert!(!ids.contains(&first));
     assert_eq!(disk.data_syncs_by("svc-engine") - syncs_before, 1, "100 queued enqueues, one sync");
@@ -403,7 +404,7 @@ fn jobs_read_back_after_a_restart_share_equal_retry_policies() {
     let custom = r#"{"type":"t","args":[],"options":{"retry":{"max_attempts":9}}}"#;
     let enqueue_all = |engine: &Engine| -> Vec<JobId> {
         let jobs = vec![job(plain), job(custom), job(plain), job(custom)];
-        engine.handle().enqueue(jobs).wait().unwrap().iter().map(|job| job.id).collect()
+        engine.handle().enqueue(jobs).wait().unwrap().iter().map(|item| item.job.id).collect()
     };
     let shared = |engine: &Engine, ids: &[JobId]| {
         let jobs: Vec<_> = ids.iter().map(|id| engine.handle().job(*id).expect("job stored")).collect();

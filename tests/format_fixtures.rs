@@ -40,7 +40,7 @@ fn config(dir: &Path) -> EngineConfig {
 
 fn enqueue(engine: &Engine, body: impl ToString) -> JobId {
     let job = parse_enqueue_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
-    engine.handle().enqueue(vec![job]).wait().unwrap()[0].id
+    engine.handle().enqueue(vec![job]).wait().unwrap()[0].job.id
 }
 
 fn fetch(engine: &Engine, count: usize) -> Vec<JobId> {

@@ -97,11 +97,18 @@ fn invalid_enqueues_get_their_documented_errors_and_store_nothing() {
             "invalid_payload",
         ),
         (
-            r#"{"type":"t","args":[],"options":{"unique":{"key":["a"]}}}"#.into(),
+            r#"{"type":"t","args":[],"options":{"unique":{"keys":["a"]}}}"#.into(),
             Some("application/svc+json"),
-            422,
-            "unsupported",
+            400,
+            "invalid_payload",
         ),
+        (
+            r#"{"type":"t","args":[],"options":{"rate_limit":{"concurrency":0}}}"#.into(),
+            Some("application/svc+json"),
+            400,
+            "invalid_payload",
+        ),
+        (r#"{"type":"t","args":[],"schema":"urn:example:s"}"#.into(), Some("application/svc+json"), 422, "unsupported"),
         (r#"{"type":"t","args":[]}"#.into(), None, 400, "invalid_request"),
         (r#"{"type":"t","args":[]}"#.into(), Some("text/plain"), 400, "invalid_request"),
         (

@@ -35,7 +35,7 @@ fn request(queue: &str, worker: Option<&str>) -> FetchRequest {
 fn enqueue(engine: &Engine, queue: &str) -> JobId {
     let body = json!({"type": "t", "args": [], "options": {"queue": queue}}).to_string();
     let job = parse_enqueue_body(body.as_bytes(), &JobDefaults::default()).unwrap();
-    engine.handle().enqueue(vec![job]).wait().unwrap()[0].id
+    engine.handle().enqueue(vec![job]).wait().unwrap()[0].job.id
 }
 
 #[test]

@@ -165,7 +165,7 @@ fn a_torn_tail_is_cut_off_and_earlier_writes_survive() {
     let engine = Engine::open(engine_config(dir.path())).unwrap();
     let mut ids = Vec::new();
     for n in 0..5 {
-        ids.push(engine.handle().enqueue(vec![new_job(n)]).wait().unwrap()[0].id);
+        ids.push(engine.handle().enqueue(vec![new_job(n)]).wait().unwrap()[0].job.id);
     }
     engine.close_without_snapshot();
     let segment = last_segment(dir.path());
@@ -180,7 +180,7 @@ fn a_torn_tail_is_cut_off_and_earlier_writes_survive() {
         assert!(engine.handle().job(*id).is_some());
     }
     assert!(engine.handle().job(ids[4]).is_none(), "the torn frame is gone");
-    let after = engine.handle().enqueue(vec![new_job(9)]).wait().unwrap()[0].id;
+    let after = engine.handle().enqueue(vec![new_job(9)]).wait().unwrap()[0].job.id;
     engine.close_without_snapshot();
     let engine = Engine::open(engine_config(dir.path())).unwrap();
     assert!(engine.handle().job(after).is_some(), "writes after the cut replay too");
@@ -191,7 +191,7 @@ fn a_torn_tail_is_cut_off_and_earlier_writes_survive() {
 fn garbage_after_the_last_frame_is_cut_off() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(engine_config(dir.path())).unwrap();
-    let id = engine.handle().enqueue(vec![new_job(1)]).wait().unwrap()[0].id;
+    let id = engine.handle().enqueue(vec![new_job(1)]).wait().unwrap()[0].job.id;
     engine.close_without_snapshot();
     let segment = last_segment(dir.path());
     let (_, end) = last_frame(&segment);
@@ -383,11 +383,11 @@ fn a_damaged_newest_snapshot_falls_back_to_the_one_before() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(engine_config(dir.path())).unwrap();
     let handle = engine.handle();
-    let first = handle.enqueue(vec![new_job(1)]).wait().unwrap()[0].id;
+    let first = handle.enqueue(vec![new_job(1)]).wait().unwrap()[0].job.id;
     handle.snapshot().wait().unwrap();
-    let second = handle.enqueue(vec![new_job(2)]).wait().unwrap()[0].id;
+    let second = handle.enqueue(vec![new_job(2)]).wait().unwrap()[0].job.id;
     handle.snapshot().wait().unwrap();
-    let third = handle.enqueue(vec![new_job(3)]).wait().unwrap()[0].id;
+    let third = handle.enqueue(vec![new_job(3)]).wait().unwrap()[0].job.id;
     let live = handle.image().wait().unwrap();
     engine.close_without_snapshot();
 

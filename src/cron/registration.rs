@@ -13,7 +13,10 @@ use std::sync::Arc;
 use super::expr::CronExpr;
 use super::next::parse_timezone;
 use crate::job::json::{self, minify};
-use crate::job::{JobDefaults, JobPayload, RetryPolicy, ValidationError, body_error, parse_enqueue_object};
+use crate::job::{
+    DispatchLimit, JobDefaults, JobPayload, RetryPolicy, UniquePolicy, ValidationError, body_error,
+    parse_enqueue_object,
+};
 use crate::limits::{CRON_DESCRIPTION_CHARS_MAX, CRON_NAME_CHARS_MAX, CRON_SCHEDULE_CHARS_MAX};
 
 /// What a cron entry does when its previous job is still going (docs/api.md, "When the previous run is still going").
@@ -58,6 +61,21 @@ pub struct JobTemplate {
     pub retry: Arc<RetryPolicy>,
 }
 
+impl CronDefinition {
+    /// The unique policy and dispatch limit of the jobs this entry fires,
+    /// from its registered `options` (validated at registration).
+    pub fn job_controls(&self) -> (Option<Arc<UniquePolicy>>, Option<Arc<DispatchLimit>>) {
+        let Ok(object) = json::parse_object(self.options.as_bytes()) else { return (None, None) };
+        let unique =
+            object.get_present("unique").and_then(|raw| UniquePolicy::parse(raw, "options.unique").ok()).map(Arc::new);
+        let rate_limit = object
+            .get_present("rate_limit")
+            .and_then(|raw| DispatchLimit::parse(raw, "options.rate_limit").ok())
+            .map(Arc::new);
+        (unique, rate_limit)
+    }
+}
+
 /// A validated registration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CronDefinition {
@@ -95,7 +113,7 @@ const FIELDS: [&str; 15] = [
 ];
 const TEMPLATE_FIELDS: [&str; 4] = ["type", "args", "meta", "options"];
 /// Options that would pin a fired job to one instant.
-const NOT_ALLOWED_IN_CRON: [&str; 3] = ["delay_until", "scheduled_at", "expires_at"];
+const NOT_ALLOWED_IN_CRON: [&str; 4] = ["delay_until", "scheduled_at", "expires_at", "pending"];
 
 /// Parses a `POST /cron` body.
 pub fn parse_cron_body(bytes: &[u8], defaults: &JobDefaults) -> Result<CronDefinition, ValidationError> {

@@ -4,7 +4,15 @@
 use std::sync::Arc;
 
 use super::workers::{WorkerSignal, WorkerState};
-use crate::job::{Job, JobId, JobState, ValidationError};
+use crate::job::{Job, JobId, JobState, UniqueKey, ValidationError};
+
+/// One enqueued item: the job stored, or for a unique `ignore` policy that
+/// met a conflicting job, that job (`deduplicated`).
+#[derive(Debug, Clone)]
+pub struct Enqueued {
+    pub job: Arc<Job>,
+    pub deduplicated: bool,
+}
 
 /// A fetch request, already validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +92,13 @@ pub enum EngineError {
         id: JobId,
         index: Option<usize>,
     },
+    /// A job with the same unique key is held (unique policy `reject`).
+    UniqueConflict {
+        existing: JobId,
+        existing_state: JobState,
+        key: UniqueKey,
+        index: Option<usize>,
+    },
     /// A request that only the engine can judge invalid (e.g. already expired).
     Invalid {
         error: ValidationError,
@@ -107,6 +122,10 @@ pub enum ConflictReason {
     InvalidState,
     /// The job is claimed by another worker.
     NotOwner,
+    /// Activation of a job that is not `pending`.
+    NotPending,
+    /// Activation of a `pending` job that a cron entry (or workflow) will activate itself.
+    Owned,
 }
 
 impl ConflictReason {
@@ -114,6 +133,8 @@ impl ConflictReason {
         match self {
             ConflictReason::InvalidState => "invalid_state",
             ConflictReason::NotOwner => "not_owner",
+            ConflictReason::NotPending => "not_pending",
+            ConflictReason::Owned => "owned",
         }
     }
 }
@@ -166,6 +187,9 @@ impl std::fmt::Display for EngineError {
                 write!(f, "job {id} is {} ({})", current_state.as_str(), reason.as_str())
             }
             EngineError::Duplicate { id, .. } => write!(f, "job id {id} is already in use"),
+            EngineError::UniqueConflict { existing, existing_state, .. } => {
+                write!(f, "a job with the same unique key is held: {existing} ({})", existing_state.as_str())
+            }
             EngineError::Invalid { error, .. } => write!(f, "{error}"),
             EngineError::QueuePaused { queue, .. } => write!(f, "queue {queue} is paused"),
             EngineError::Unavailable { reason } => write!(f, "engine unavailable: {}", reason.as_str()),

@@ -15,7 +15,7 @@ use super::state::State;
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, OverlapPolicy};
 use crate::job::time::format_timestamp;
-use crate::job::{Job, JobId, JobPayload, JobState, NewJob};
+use crate::job::{Job, JobId, JobPayload, JobState, NewJob, OnConflict};
 use crate::limits::CRON_MISSED_COUNT_MAX;
 
 impl State {
@@ -68,6 +68,7 @@ impl State {
     pub fn decide_cron_due(&mut self, now: Millis, max: usize, entropy: &mut dyn Entropy) -> Vec<Record> {
         let mut records = Vec::new();
         let mut made = crate::job::JobIdSet::default();
+        let mut made_jobs: Vec<Arc<Job>> = Vec::new();
         for name in self.crons.due(now, max) {
             let (Some(entry), Some(schedule)) = (self.crons.get(&name).cloned(), self.crons.schedule(&name).cloned())
             else {
@@ -101,9 +102,19 @@ impl State {
                         _ => (JobState::Available, None, None),
                     };
                     let id = self.fresh_id(now, entropy, &made);
-                    made.insert(id);
-                    let job = Arc::new(fired_job(definition, id, state, now, scheduled));
-                    CronOutcome::Enqueued { job, cancelled, waits_for }
+                    let job = fired_job(definition, id, state, now, scheduled);
+                    match self.unique_holders(&job, now, &made_jobs, &[]) {
+                        Some((OnConflict::Reject | OnConflict::Ignore, holders)) => {
+                            CronOutcome::Duplicate { existing: holders[0] }
+                        }
+                        found => {
+                            let replaced = found.map(|(_, holders)| holders).unwrap_or_default();
+                            made.insert(id);
+                            let job = Arc::new(job);
+                            made_jobs.push(job.clone());
+                            CronOutcome::Enqueued { job, cancelled, waits_for, replaced }
+                        }
+                    }
                 }
             };
             let fire = CronFire {
@@ -128,6 +139,7 @@ fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Milli
     meta.insert("cron_name".to_string(), definition.name.clone().into());
     meta.insert("cron_triggered_at".to_string(), format_timestamp(scheduled).into());
     let payload = JobPayload { meta: serde_json::Value::Object(meta).to_string(), ..template.payload.as_ref().clone() };
+    let (unique, rate_limit) = definition.job_controls();
     let request = NewJob {
         id: Some(id),
         payload: Arc::new(payload),
@@ -138,6 +150,9 @@ fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Milli
         scheduled_at: None,
         expires_at: None,
         retry: template.retry.clone(),
+        unique,
+        rate_limit,
+        pending: false,
     };
     Job::accept(request, id, state, now, None, None)
 }

@@ -41,12 +41,15 @@ pub enum CronWrite {
 pub enum CronOutcome {
     /// A job was created (`available`, or `pending` behind `waits_for`);
     /// `cancelled` is the previous run cancelled by `cancel_previous`.
-    Enqueued { job: Arc<Job>, cancelled: Option<JobId>, waits_for: Option<JobId> },
+    Enqueued { job: Arc<Job>, cancelled: Option<JobId>, waits_for: Option<JobId>, replaced: Vec<JobId> },
     /// The previous run is still going and the policy said skip.
     Skipped { existing: JobId },
     /// The target queue is paused: nothing was created (not a missed run;
     /// it is never caught up).
     QueuePaused,
+    /// The job's unique policy (`reject` or `ignore`) met a held job with
+    /// the same key: nothing was created.
+    Duplicate { existing: JobId },
 }
 
 /// One evaluation of a due entry, fully decided.

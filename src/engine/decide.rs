@@ -3,11 +3,13 @@
 
 use super::api::{ConflictReason, EngineError, FetchRequest, Unavailable};
 use super::record::{Claim, FailOutcome, Record, TimeoutKind};
-use super::state::State;
+use super::state::{QueueState, State};
 use crate::clock::Millis;
-use crate::job::{FailureReport, Job, JobId, JobState, NewJob, ValidationError};
+use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, ValidationError};
 use crate::limits::{CLIENT_ID_AHEAD_MS_MAX, LIVE_JOBS_MAX};
+use crate::schedule::ReadyKey;
 use crate::schedule::retry_delay_ms;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// Randomness the decisions need (ids, jitter); injected so tests can fix it.
@@ -31,20 +33,33 @@ impl Entropy for SystemEntropy {
     }
 }
 
+/// What answers one enqueued item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnqueueSlot {
+    /// The job this request stores.
+    New(JobId),
+    /// A job already held that a unique `ignore` policy answers with.
+    Existing(JobId),
+}
+
 impl State {
+    /// Decides an enqueue (one job or a batch, all or nothing): the record,
+    /// if anything is stored, and for each item the job that answers it.
     pub fn decide_enqueue(
         &mut self,
         now: Millis,
         new_jobs: Vec<NewJob>,
         entropy: &mut dyn Entropy,
-    ) -> Result<(Record, Vec<JobId>), EngineError> {
+    ) -> Result<(Option<Record>, Vec<EnqueueSlot>), EngineError> {
         if self.live_jobs() + new_jobs.len() > LIVE_JOBS_MAX {
             return Err(EngineError::Unavailable { reason: Unavailable::Capacity });
         }
         let batch = new_jobs.len() > 1;
         let index_of = |position: usize| batch.then_some(position);
         let mut seen = crate::job::JobIdSet::default();
-        let mut jobs = Vec::with_capacity(new_jobs.len());
+        let mut jobs: Vec<Arc<Job>> = Vec::with_capacity(new_jobs.len());
+        let mut slots = Vec::with_capacity(new_jobs.len());
+        let mut replaced = Vec::new();
         for (position, new_job) in new_jobs.into_iter().enumerate() {
             if self.queue(&new_job.queue).is_some_and(|queue| queue.paused) {
                 return Err(EngineError::QueuePaused { queue: new_job.queue, index: index_of(position) });
@@ -81,12 +96,81 @@ impl State {
                 Some(id) => id,
                 None => self.fresh_id(now, entropy, &seen),
             };
+            let state = if new_job.pending {
+                JobState::Pending
+            } else if scheduled_at.is_some_and(|at| at > now) {
+                JobState::Scheduled
+            } else {
+                JobState::Available
+            };
+            let job = Job::accept(new_job, id, state, now, scheduled_at, expires_at);
+            if let Some((on_conflict, holders)) = self.unique_holders(&job, now, &jobs, &replaced) {
+                match on_conflict {
+                    OnConflict::Reject => {
+                        let existing = holders[0];
+                        let existing_state = self
+                            .job(existing)
+                            .or_else(|| jobs.iter().find(|job| job.id == existing))
+                            .map_or(JobState::Available, |job| job.state);
+                        let key = job.unique().expect("a unique job").1;
+                        return Err(EngineError::UniqueConflict {
+                            existing,
+                            existing_state,
+                            key,
+                            index: index_of(position),
+                        });
+                    }
+                    OnConflict::Ignore => {
+                        slots.push(EnqueueSlot::Existing(holders[0]));
+                        continue;
+                    }
+                    OnConflict::Replace => replaced.extend(holders),
+                }
+            }
             seen.insert(id);
-            let state = if scheduled_at.is_some_and(|at| at > now) { JobState::Scheduled } else { JobState::Available };
-            jobs.push(Arc::new(Job::accept(new_job, id, state, now, scheduled_at, expires_at)));
+            slots.push(EnqueueSlot::New(id));
+            jobs.push(Arc::new(job));
         }
-        let ids = jobs.iter().map(|job| job.id).collect();
-        Ok((Record::Enqueue { at: now, jobs }, ids))
+        let record = (!jobs.is_empty() || !replaced.is_empty()).then_some(Record::Enqueue { at: now, jobs, replaced });
+        Ok((record, slots))
+    }
+
+    /// The jobs a new job's unique policy conflicts with (docs/api.md,
+    /// "Unique jobs"): held ones oldest first, then those of `batch` (earlier
+    /// items of the same request), leaving out `replaced`; with what the
+    /// policy says to do. `None` when there is no policy or no conflict.
+    pub(crate) fn unique_holders(
+        &self,
+        job: &Job,
+        now: Millis,
+        batch: &[Arc<Job>],
+        replaced: &[JobId],
+    ) -> Option<(OnConflict, Vec<JobId>)> {
+        let (policy, key) = job.unique()?;
+        let stored = self.jobs_with_unique_key(&key).iter().filter_map(|id| self.job(*id));
+        let in_batch = batch.iter().filter(|earlier| earlier.unique().is_some_and(|(_, k)| k == key));
+        let holders: Vec<JobId> = stored
+            .chain(in_batch)
+            .filter(|holder| !replaced.contains(&holder.id))
+            .filter(|holder| policy.covers(holder.state))
+            .filter(|holder| {
+                policy.period_ms.is_none_or(|period| holder.created_at.saturating_add(period as i64) > now)
+            })
+            .map(|holder| holder.id)
+            .collect();
+        (!holders.is_empty()).then_some((policy.on_conflict, holders))
+    }
+
+    /// Activates a staged job (`POST /jobs/{id}/activate`).
+    pub fn decide_activate(&self, now: Millis, id: JobId) -> Result<Record, EngineError> {
+        let job = self.job(id).ok_or(EngineError::NotFound { id })?;
+        if job.state != JobState::Pending {
+            return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::NotPending });
+        }
+        if self.crons.waiters.values().any(|waiting| *waiting == id) {
+            return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::Owned });
+        }
+        Ok(Record::Activate { at: now, id })
     }
 
     /// Pauses or resumes a queue: `None` when it already is (no record, no event).
@@ -111,6 +195,7 @@ impl State {
     /// claim order; `None` when nothing qualifies.
     pub fn decide_fetch(&self, now: Millis, request: &FetchRequest) -> Option<(Record, Vec<JobId>)> {
         let mut claims = Vec::new();
+        let mut taken = HashMap::new();
         for (position, name) in request.queues.iter().enumerate() {
             // A queue named twice is taken once, at its first place.
             if request.queues[..position].contains(name) {
@@ -120,11 +205,11 @@ impl State {
                 continue;
             };
             let wanted = request.count - claims.len();
-            for key in queue.ready.iter().take(wanted) {
-                let job = self.job(key.id).expect("every ready key names a stored job");
+            for id in self.pick_ready(queue, wanted, now, &mut taken) {
+                let job = self.job(id).expect("every ready key names a stored job");
                 let visibility = request.visibility_timeout_ms.unwrap_or(job.visibility_timeout_ms);
                 claims.push(Claim {
-                    id: key.id,
+                    id,
                     visibility_deadline: now.saturating_add(visibility as i64),
                     execution_deadline: now.saturating_add(job.timeout_ms as i64),
                 });
@@ -135,6 +220,81 @@ impl State {
         }
         let ids = claims.iter().map(|claim| claim.id).collect();
         (!claims.is_empty()).then(|| (Record::Claim { at: now, worker_id: request.worker_id.clone(), claims }, ids))
+    }
+
+    /// Up to `wanted` available jobs of `queue` in fetch order, skipping the
+    /// keys at their dispatch limit. `taken` counts this fetch's claims by
+    /// key (a key may span queues). Only the first job of each key is looked
+    /// at until that key yields one, so a key at its limit costs one look,
+    /// however many jobs wait behind it.
+    fn pick_ready<'a>(
+        &'a self,
+        queue: &'a QueueState,
+        wanted: usize,
+        now: Millis,
+        taken: &mut HashMap<&'a str, u32>,
+    ) -> Vec<JobId> {
+        if queue.limited.is_empty() {
+            return queue.ready.iter().take(wanted).map(|key| key.id).collect();
+        }
+        let open = |job: &ReadyKey, key: &str, taken: &HashMap<&str, u32>| {
+            let limit = self.job(job.id).and_then(|job| job.dispatch_limit()).expect("limited jobs have a limit");
+            self.dispatch.allowance(key, limit, taken.get(key).copied().unwrap_or(0), now) > 0
+        };
+        let mut plain = queue.ready.iter().peekable();
+        let mut heads = queue.limited.heads().peekable();
+        // The next job of each key already taken from, if it may go too.
+        let mut next_of_taken: BTreeSet<(ReadyKey, &str)> = BTreeSet::new();
+        let mut picked = Vec::new();
+        while picked.len() < wanted {
+            while let Some((job, key)) = heads.peek() {
+                if open(job, key, taken) {
+                    break;
+                }
+                heads.next();
+            }
+            let best_limited = match (heads.peek(), next_of_taken.first()) {
+                (Some((head, key)), Some((next, next_key))) => {
+                    Some(if *head < next { (**head, *key) } else { (*next, *next_key) })
+                }
+                (Some((head, key)), None) => Some((**head, *key)),
+                (None, Some((next, next_key))) => Some((*next, *next_key)),
+                (None, None) => None,
+            };
+            let (job, limited_key) = match (plain.peek(), best_limited) {
+                (Some(plain_job), Some((job, key))) if job < **plain_job => (job, Some(key)),
+                (Some(_), _) => (*plain.next().expect("peeked"), None),
+                (None, Some((job, key))) => (job, Some(key)),
+                (None, None) => break,
+            };
+            picked.push(job.id);
+            let Some(key) = limited_key else { continue };
+            if !next_of_taken.remove(&(job, key)) {
+                heads.next();
+            }
+            *taken.entry(key).or_default() += 1;
+            if let Some(next) = queue.limited.next_after(key, &job)
+                && open(&next, key, taken)
+            {
+                next_of_taken.insert((next, key));
+            }
+        }
+        picked
+    }
+
+    /// When a parked fetch of `queues` may find work that a rate window
+    /// holds back now: the earliest time such a window opens.
+    pub fn dispatch_opening(&self, queues: &[String], now: Millis) -> Option<Millis> {
+        let mut earliest: Option<Millis> = None;
+        for queue in queues.iter().filter_map(|name| self.queue(name)).filter(|queue| !queue.paused) {
+            for (head, key) in queue.limited.heads() {
+                let Some(limit) = self.job(head.id).and_then(|job| job.dispatch_limit()) else { continue };
+                if let Some(at) = self.dispatch.opens_at(key, limit, now) {
+                    earliest = Some(earliest.map_or(at, |earliest| earliest.min(at)));
+                }
+            }
+        }
+        earliest
     }
 
     /// Finds the active job a worker reports on, checking the claim's owner.

@@ -320,6 +320,9 @@ mod tests {
             scheduled_at: None,
             expires_at: None,
             retry: Arc::new(crate::job::RetryPolicy::default()),
+            unique: None,
+            rate_limit: None,
+            pending: false,
         };
         let mut ids = IdGenerator::default();
         let mut buffer = EventBuffer::default();

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-use super::api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable};
+use super::api::{Cancelled, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable};
 use super::cron_table::{CronEntry, CronWrite};
 use super::events::{Event, EventPage};
 use super::inbox::Command;
@@ -74,8 +74,13 @@ impl EngineHandle {
     }
 
     /// Enqueues jobs atomically: all of them or none.
-    pub fn enqueue(&self, jobs: Vec<NewJob>) -> Pending<Vec<Arc<Job>>> {
+    pub fn enqueue(&self, jobs: Vec<NewJob>) -> Pending<Vec<Enqueued>> {
         self.submit(requests::Enqueue { jobs })
+    }
+
+    /// Activates a staged (`pending`) job.
+    pub fn activate(&self, id: JobId) -> Pending<Arc<Job>> {
+        self.submit(requests::Activate { id })
     }
 
     /// Claims up to `request.count` available jobs.

@@ -5,9 +5,14 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use super::cron_table::CronEntry;
+use super::legacy::JobV1;
 use super::workers::WorkerSignal;
 use crate::clock::Millis;
 use crate::job::{IdGenerator, Job, JobId};
+
+fn upgraded(jobs: Vec<JobV1>) -> Vec<Arc<Job>> {
+    jobs.into_iter().map(|job| Arc::new(job.into())).collect()
+}
 
 /// The serialisable form of the state, written in snapshots; also what tests
 /// compare to show that replay rebuilds the live state.
@@ -28,6 +33,9 @@ pub struct StateImage {
     pub crons: Vec<CronEntry>,
     /// Cron runs waiting for the previous run to end: (previous, waiting).
     pub cron_waiters: Vec<(JobId, JobId)>,
+    /// Recent claims under each dispatch-limit key, oldest first, as far
+    /// back as a rate limit can look.
+    pub dispatch_claims: Vec<(String, Vec<Millis>)>,
 }
 
 impl StateImage {
@@ -44,12 +52,24 @@ impl StateImage {
 }
 
 /// The snapshot payload version this build writes.
-pub const IMAGE_VERSION: u32 = 3;
+pub const IMAGE_VERSION: u32 = 4;
+
+/// The image of payload version 3 (before job extras and dispatch limits).
+#[derive(Deserialize)]
+struct StateImageV3 {
+    jobs: Vec<JobV1>,
+    paused_queues: Vec<String>,
+    ids: IdGenerator,
+    reserved: u64,
+    worker_signals: Vec<(String, WorkerSignal, Millis)>,
+    crons: Vec<CronEntry>,
+    cron_waiters: Vec<(JobId, JobId)>,
+}
 
 /// The image of payload version 2 (before cron).
 #[derive(Deserialize)]
 struct StateImageV2 {
-    jobs: Vec<Job>,
+    jobs: Vec<JobV1>,
     paused_queues: Vec<String>,
     ids: IdGenerator,
     reserved: u64,
@@ -59,7 +79,7 @@ struct StateImageV2 {
 /// The image of payload version 0/1 (before worker signals).
 #[derive(Deserialize)]
 struct StateImageV1 {
-    jobs: Vec<Job>,
+    jobs: Vec<JobV1>,
     paused_queues: Vec<String>,
     ids: IdGenerator,
     reserved: u64,
@@ -72,26 +92,42 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
             let old: StateImageV1 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
             let StateImageV1 { jobs, paused_queues, ids, reserved } = old;
             Ok(StateImage {
-                jobs: jobs.into_iter().map(Arc::new).collect(),
+                jobs: upgraded(jobs),
                 paused_queues,
                 ids,
                 reserved,
                 worker_signals: Vec::new(),
                 crons: Vec::new(),
                 cron_waiters: Vec::new(),
+                dispatch_claims: Vec::new(),
             })
         }
         2 => {
             let old: StateImageV2 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
             let StateImageV2 { jobs, paused_queues, ids, reserved, worker_signals } = old;
             Ok(StateImage {
-                jobs: jobs.into_iter().map(Arc::new).collect(),
+                jobs: upgraded(jobs),
                 paused_queues,
                 ids,
                 reserved,
                 worker_signals,
                 crons: Vec::new(),
                 cron_waiters: Vec::new(),
+                dispatch_claims: Vec::new(),
+            })
+        }
+        3 => {
+            let old: StateImageV3 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
+            let StateImageV3 { jobs, paused_queues, ids, reserved, worker_signals, crons, cron_waiters } = old;
+            Ok(StateImage {
+                jobs: upgraded(jobs),
+                paused_queues,
+                ids,
+                reserved,
+                worker_signals,
+                crons,
+                cron_waiters,
+                dispatch_claims: Vec::new(),
             })
         }
         IMAGE_VERSION => postcard::from_bytes(bytes).map_err(|error| error.to_string()),
@@ -108,7 +144,7 @@ mod tests {
     /// The layout payload version 2 was written with.
     #[derive(Serialize)]
     struct WrittenV2 {
-        jobs: Vec<Job>,
+        jobs: Vec<JobV1>,
         paused_queues: Vec<String>,
         ids: IdGenerator,
         reserved: u64,

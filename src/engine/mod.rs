@@ -15,6 +15,7 @@ mod image;
 mod inbox;
 #[doc(hidden)]
 pub mod inspect;
+mod legacy;
 #[doc(hidden)]
 pub mod record;
 mod registry;
@@ -24,7 +25,9 @@ mod view;
 pub mod workers;
 mod writer;
 
-pub use api::{Cancelled, ConflictReason, EngineError, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable};
+pub use api::{
+    Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable,
+};
 pub use cron_table::{CronEntry, CronWrite};
 pub use decide::{Entropy, SystemEntropy};
 #[doc(hidden)]

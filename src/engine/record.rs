@@ -10,6 +10,8 @@ use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 
+use super::legacy::{CronFireV1, JobV1};
+
 /// A claim made by a fetch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Claim {
@@ -40,12 +42,10 @@ pub enum TimeoutKind {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Record {
-    /// New jobs, complete with id, state and timestamps. A batch enqueue is
-    /// one record. Shared with the state that applies it (encoded the same
-    /// as a plain `Job`).
-    Enqueue {
+    /// `Enqueue` as logged before jobs carried extras; upgraded when read.
+    EnqueueV1 {
         at: Millis,
-        jobs: Vec<Arc<Job>>,
+        jobs: Vec<JobV1>,
     },
     Claim {
         at: Millis,
@@ -123,11 +123,11 @@ pub enum Record {
         at: Millis,
         name: String,
     },
-    /// One evaluation of a due cron entry.
-    CronFire {
+    /// `CronFire` as logged before jobs carried extras; upgraded when read.
+    CronFireV1 {
         at: Millis,
         name: String,
-        fire: super::cron_table::CronFire,
+        fire: Box<CronFireV1>,
     },
     /// Terminal jobs pruned, oldest first, to hold the retention caps on
     /// terminal jobs' count and bytes.
@@ -141,12 +141,45 @@ pub enum Record {
         queue: String,
         paused: bool,
     },
+    /// New jobs, complete with id, state and timestamps; a batch enqueue is
+    /// one record. `replaced` are the jobs a unique `replace` policy cancels
+    /// first. The jobs are shared with the state that applies them.
+    Enqueue {
+        at: Millis,
+        jobs: Vec<Arc<Job>>,
+        replaced: Vec<JobId>,
+    },
+    /// One evaluation of a due cron entry.
+    CronFire {
+        at: Millis,
+        name: String,
+        fire: super::cron_table::CronFire,
+    },
+    /// A staged (`pending`) job activated: `available`, or `scheduled` when
+    /// its time has not come.
+    Activate {
+        at: Millis,
+        id: JobId,
+    },
 }
 
 impl Record {
+    /// The current form of a record read from the log.
+    fn upgrade(self) -> Record {
+        match self {
+            Record::EnqueueV1 { at, jobs } => Record::Enqueue {
+                at,
+                jobs: jobs.into_iter().map(|job| Arc::new(job.into())).collect(),
+                replaced: Vec::new(),
+            },
+            Record::CronFireV1 { at, name, fire } => Record::CronFire { at, name, fire: (*fire).into() },
+            current => current,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
-            Record::Enqueue { .. } => "enqueue",
+            Record::Enqueue { .. } | Record::EnqueueV1 { .. } => "enqueue",
             Record::Claim { .. } => "claim",
             Record::Ack { .. } => "ack",
             Record::Fail { .. } => "fail",
@@ -162,9 +195,10 @@ impl Record {
             Record::WorkerForget { .. } => "worker_forget",
             Record::CronPut { .. } => "cron_put",
             Record::CronDelete { .. } => "cron_delete",
-            Record::CronFire { .. } => "cron_fire",
+            Record::CronFire { .. } | Record::CronFireV1 { .. } => "cron_fire",
             Record::PruneCapped { .. } => "prune_capped",
             Record::QueuePause { .. } => "queue_pause",
+            Record::Activate { .. } => "activate",
         }
     }
 
@@ -172,6 +206,9 @@ impl Record {
     pub fn at(&self) -> Millis {
         match self {
             Record::Enqueue { at, .. }
+            | Record::EnqueueV1 { at, .. }
+            | Record::CronFireV1 { at, .. }
+            | Record::Activate { at, .. }
             | Record::Claim { at, .. }
             | Record::Ack { at, .. }
             | Record::Fail { at, .. }
@@ -225,7 +262,7 @@ pub fn decode_batch(mut bytes: &[u8]) -> Result<Vec<Record>, String> {
     loop {
         match postcard::take_from_bytes::<Vec<Record>>(bytes) {
             Ok((sequence, rest)) => {
-                records.extend(sequence);
+                records.extend(sequence.into_iter().map(Record::upgrade));
                 if rest.is_empty() {
                     return Ok(records);
                 }

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-use super::api::{Cancelled, EngineError, FetchRequest, HeartbeatOutcome};
+use super::api::{Cancelled, EngineError, Enqueued, FetchRequest, HeartbeatOutcome};
 use super::cron_table::{CronEntry, CronWrite};
-use super::decide::Entropy;
+use super::decide::{EnqueueSlot, Entropy};
 use super::events::EventSink;
 use super::record::Record;
 use super::registry;
@@ -276,7 +276,23 @@ sealed!(
     BeginDrain,
     Probe,
     PauseQueue,
+    Activate,
 );
+
+/// Activates a staged (`pending`) job: `available`, or `scheduled` until its time.
+pub struct Activate {
+    pub id: JobId,
+}
+
+impl Request for Activate {
+    type Output = Arc<Job>;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let record = turn.state().decide_activate(turn.now, self.id)?;
+        turn.apply(record);
+        Ok(turn.current(self.id))
+    }
+}
 
 /// Enqueues jobs atomically: all of them or none.
 pub struct Enqueue {
@@ -284,14 +300,22 @@ pub struct Enqueue {
 }
 
 impl Request for Enqueue {
-    type Output = Vec<Arc<Job>>;
+    type Output = Vec<Enqueued>;
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
         let now = turn.now;
         let (state, entropy) = turn.state_and_entropy();
-        let (record, ids) = state.decide_enqueue(now, self.jobs, entropy)?;
-        turn.apply(record);
-        Ok(ids.into_iter().map(|id| turn.current(id)).collect())
+        let (record, slots) = state.decide_enqueue(now, self.jobs, entropy)?;
+        if let Some(record) = record {
+            turn.apply(record);
+        }
+        Ok(slots
+            .into_iter()
+            .map(|slot| match slot {
+                EnqueueSlot::New(id) => Enqueued { job: turn.current(id), deduplicated: false },
+                EnqueueSlot::Existing(id) => Enqueued { job: turn.current(id), deduplicated: true },
+            })
+            .collect())
     }
 
     fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {

@@ -16,9 +16,11 @@ use super::workers::WorkerSignal;
 use crate::clock::Millis;
 use crate::job::{
     ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdMap, JobIdSet, JobState, SharedPolicies,
+    UniqueKey,
 };
+use crate::limits::DISPATCH_WINDOW_MS_MAX;
 use crate::limits::ERROR_HISTORY_MAX;
-use crate::schedule::{ReadyKey, ReadyQueue, TimerSet};
+use crate::schedule::{DispatchTable, KeyedReady, ReadyKey, ReadyQueue, TimerSet};
 
 /// How long terminal jobs are kept before they are pruned, and how many of
 /// them (and how many of their bytes) are held at most.
@@ -51,7 +53,10 @@ impl Default for Retention {
 /// One queue: its ready order and a count of its jobs per state.
 #[derive(Debug, Default, Clone)]
 pub struct QueueState {
+    /// Available jobs without a dispatch limit, in fetch order.
     pub ready: ReadyQueue,
+    /// Available jobs with a dispatch limit, by limit key.
+    pub limited: KeyedReady,
     pub counts: [u64; 8],
     pub paused: bool,
     /// Listed in `State::dirty_queues` since the view was last updated.
@@ -59,6 +64,10 @@ pub struct QueueState {
 }
 
 impl QueueState {
+    /// Whether any job is available (dispatch limits aside).
+    pub fn has_available(&self) -> bool {
+        !self.ready.is_empty() || !self.limited.is_empty()
+    }
     /// Jobs not yet finished: scheduled, available, pending, active, retryable.
     pub fn size(&self) -> u64 {
         JobState::ALL.iter().filter(|state| !state.is_terminal()).map(|state| self.counts[state.index()]).sum()
@@ -106,6 +115,12 @@ pub struct State {
     ended_with_waiter: Vec<JobId>,
     /// The latest time any applied record or loaded job carries.
     latest_at: Millis,
+    /// Live (non-terminal) jobs by unique key.
+    unique_index: HashMap<UniqueKey, Vec<JobId>>,
+    /// Active jobs and recent claims per dispatch-limit key.
+    pub(crate) dispatch: DispatchTable,
+    /// Claims under a limit since old claims were last forgotten.
+    claims_since_forget: u32,
 }
 
 /// A record that does not fit the state (a damaged or foreign log).
@@ -132,6 +147,9 @@ impl State {
             crons: CronTable::default(),
             ended_with_waiter: Vec::new(),
             latest_at: Millis::MIN,
+            unique_index: HashMap::new(),
+            dispatch: DispatchTable::default(),
+            claims_since_forget: 0,
         };
         state.queues.insert("default".to_string(), QueueState::default());
         state
@@ -199,6 +217,11 @@ impl State {
 
     pub fn crons(&self) -> &CronTable {
         &self.crons
+    }
+
+    /// Live jobs holding `key`, oldest first.
+    pub fn jobs_with_unique_key(&self, key: &UniqueKey) -> &[JobId] {
+        self.unique_index.get(key).map_or(&[], Vec::as_slice)
     }
 
     /// Queues whose figures changed since the last call (all of them the
@@ -296,11 +319,24 @@ impl State {
         let queue = self.queues.get_mut(&job.queue).expect("inserted above");
         queue.counts[job.state.index()] += 1;
         if job.state == JobState::Available {
-            queue.ready.push(Self::ready_key(job));
+            match job.dispatch_key() {
+                Some(key) => queue.limited.push(key, Self::ready_key(job)),
+                None => queue.ready.push(Self::ready_key(job)),
+            }
         }
         Self::queue_changed(&mut self.dirty_queues, &job.queue, queue);
         if !job.state.is_terminal() {
             self.live_jobs += 1;
+            if let Some((_, key)) = job.unique() {
+                let holders = self.unique_index.entry(key).or_default();
+                let at = holders.partition_point(|id| *id < job.id);
+                holders.insert(at, job.id);
+            }
+        }
+        if job.state == JobState::Active
+            && let Some(key) = job.dispatch_key()
+        {
+            self.dispatch.activated(key);
         }
         if let Some(key) = Self::terminal_key(job) {
             self.terminal.insert(key);
@@ -322,6 +358,19 @@ impl State {
         }
         if !job.state.is_terminal() {
             self.live_jobs -= 1;
+            if let Some((_, key)) = job.unique()
+                && let Some(holders) = self.unique_index.get_mut(&key)
+            {
+                holders.retain(|id| *id != job.id);
+                if holders.is_empty() {
+                    self.unique_index.remove(&key);
+                }
+            }
+        }
+        if job.state == JobState::Active
+            && let Some(key) = job.dispatch_key()
+        {
+            self.dispatch.deactivated(key);
         }
         if let Some(key) = Self::terminal_key(job) {
             self.terminal.remove(&key);
@@ -339,7 +388,10 @@ impl State {
         if let Some(queue) = self.queues.get_mut(&job.queue) {
             queue.counts[job.state.index()] -= 1;
             if job.state == JobState::Available {
-                queue.ready.remove(&Self::ready_key(job));
+                match job.dispatch_key() {
+                    Some(key) => queue.limited.remove(key, &Self::ready_key(job)),
+                    None => queue.ready.remove(&Self::ready_key(job)),
+                };
             }
             Self::queue_changed(&mut self.dirty_queues, &job.queue, queue);
             if queue.is_empty() && job.queue != "default" {
@@ -384,10 +436,7 @@ impl State {
             let Some(waiting) = self.crons.waiters.remove(&previous) else { continue };
             if self.jobs.get(&waiting).is_some_and(|job| job.state == JobState::Pending) {
                 let at = record.at();
-                self.update(waiting, |job| {
-                    job.state = JobState::Available;
-                    job.enqueued_at = Some(at);
-                })?;
+                self.update(waiting, |job| activate(job, at))?;
             }
         }
         Ok(())
@@ -415,7 +464,11 @@ impl State {
     /// One function per record kind.
     fn apply_record(&mut self, record: &Record, events: &mut EventSink) -> Result<(), ApplyError> {
         match record {
-            Record::Enqueue { at, jobs } => self.apply_enqueue(*at, jobs, events),
+            Record::Enqueue { at, jobs, replaced } => self.apply_enqueue(*at, jobs, replaced, events),
+            Record::Activate { at, id } => self.apply_activate(*at, *id, events),
+            Record::EnqueueV1 { .. } | Record::CronFireV1 { .. } => {
+                Err(ApplyError(format!("a {} record of an earlier format was not upgraded", record.kind())))
+            }
             Record::Claim { at, worker_id, claims } => self.apply_claim(*at, worker_id, claims, events),
             Record::Ack { at, id, result } => self.apply_ack(*at, *id, result, events),
             Record::Fail { at, id, report, outcome } => self.apply_fail(*at, *id, report, *outcome, events),
@@ -465,7 +518,41 @@ impl State {
         }
     }
 
-    fn apply_enqueue(&mut self, at: Millis, jobs: &[Arc<Job>], events: &mut EventSink) -> Result<(), ApplyError> {
+    fn apply_enqueue(
+        &mut self,
+        at: Millis,
+        jobs: &[Arc<Job>],
+        replaced: &[JobId],
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        // Jobs a unique `replace` cancels: stored ones first, then any of
+        // this same batch once it is stored.
+        let (stored, in_batch): (Vec<JobId>, Vec<JobId>) = replaced.iter().partition(|id| self.jobs.contains_key(id));
+        for id in stored {
+            self.cancel(at, id, "unique_replace", events)?;
+        }
+        self.insert_new(at, jobs, events)?;
+        for id in in_batch {
+            self.cancel(at, id, "unique_replace", events)?;
+        }
+        Ok(())
+    }
+
+    /// Stages no longer: `available`, or `scheduled` until its time (rows 5/6).
+    fn apply_activate(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
+        match self.jobs.get(&id) {
+            Some(job) if job.state == JobState::Pending => {}
+            Some(job) => return Err(ApplyError(format!("record activates job {id}, which is {}", job.state.as_str()))),
+            None => return Err(ApplyError(format!("record activates unknown job {id}"))),
+        }
+        let job = self.update(id, |job| activate(job, at))?;
+        if job.state == JobState::Scheduled {
+            events.push(at, EventKind::Scheduled, id);
+        }
+        Ok(())
+    }
+
+    fn insert_new(&mut self, at: Millis, jobs: &[Arc<Job>], events: &mut EventSink) -> Result<(), ApplyError> {
         for job in jobs {
             if self.jobs.contains_key(&job.id) {
                 return Err(ApplyError(format!("record enqueues job {} twice", job.id)));
@@ -487,7 +574,7 @@ impl State {
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
         for claim in claims {
-            self.update(claim.id, |job| {
+            let job = self.update(claim.id, |job| {
                 job.state = JobState::Active;
                 job.attempt += 1;
                 job.started_at = Some(at);
@@ -496,7 +583,17 @@ impl State {
                 job.execution_deadline = Some(claim.execution_deadline);
                 job.claim_visibility_ms = (claim.visibility_deadline - at).max(0) as u64;
             })?;
+            if let (Some(limit), Some(key)) = (job.dispatch_limit(), job.dispatch_key()) {
+                self.dispatch.claimed(key, limit, at);
+                self.claims_since_forget += 1;
+            }
             events.push(at, EventKind::Started, claim.id);
+        }
+        // Claims older than the longest window decide nothing: forget them
+        // now and then, so keys used once do not stay forever.
+        if self.claims_since_forget >= 4096 {
+            self.claims_since_forget = 0;
+            self.dispatch.forget_before(at, DISPATCH_WINDOW_MS_MAX);
         }
         Ok(())
     }
@@ -659,9 +756,14 @@ impl State {
         let mut updated = entry.as_ref().clone();
         updated.next_run_at = fire.next_run_at;
         match &fire.outcome {
-            CronOutcome::Enqueued { job, cancelled, waits_for } => {
+            CronOutcome::Enqueued { job, cancelled, waits_for, replaced } => {
                 if let Some(previous) = cancelled {
                     self.cancel(at, *previous, "cron_cancel_previous", events)?;
+                }
+                for id in replaced {
+                    if self.jobs.get(id).is_some_and(|job| !job.state.is_terminal()) {
+                        self.cancel(at, *id, "unique_replace", events)?;
+                    }
                 }
                 if self.jobs.contains_key(&job.id) {
                     return Err(ApplyError(format!("cron record enqueues job {} twice", job.id)));
@@ -681,6 +783,15 @@ impl State {
                 let kind = EventKind::CronSkipped {
                     cron: info(fire.scheduled),
                     reason: "overlap_skip",
+                    existing_job_id: Some(*existing),
+                    missed_count: None,
+                };
+                events.push_other(at, kind);
+            }
+            CronOutcome::Duplicate { existing } => {
+                let kind = EventKind::CronSkipped {
+                    cron: info(fire.scheduled),
+                    reason: "duplicate",
                     existing_job_id: Some(*existing),
                     missed_count: None,
                 };
@@ -734,7 +845,26 @@ impl State {
             self.worker_signals.iter().map(|(worker, (signal, at))| (worker.clone(), *signal, *at)).collect();
         let crons = self.crons.entries().map(|entry| entry.as_ref().clone()).collect();
         let cron_waiters = self.crons.waiters.iter().map(|(previous, waiting)| (*previous, *waiting)).collect();
-        StateImage { jobs, paused_queues, ids: self.ids.clone(), reserved: 0, worker_signals, crons, cron_waiters }
+        // Claims too old to decide anything are left out, so the image does
+        // not depend on when they were last forgotten.
+        let since = self.latest_at.saturating_sub(DISPATCH_WINDOW_MS_MAX);
+        let dispatch_claims = self
+            .dispatch
+            .claims_image()
+            .into_iter()
+            .map(|(key, claims)| (key, claims.into_iter().filter(|at| *at > since).collect::<Vec<_>>()))
+            .filter(|(_, claims)| !claims.is_empty())
+            .collect();
+        StateImage {
+            jobs,
+            paused_queues,
+            ids: self.ids.clone(),
+            reserved: 0,
+            worker_signals,
+            crons,
+            cron_waiters,
+            dispatch_claims,
+        }
     }
 
     /// Rebuilds the state from a snapshot image.
@@ -759,6 +889,9 @@ impl State {
             state.crons.put(entry).map_err(|error| format!("snapshot cron entry {name}: {error}"))?;
         }
         state.crons.waiters = image.cron_waiters.into_iter().collect();
+        for (key, claims) in image.dispatch_claims {
+            state.dispatch.load_claims(key, claims);
+        }
         state.ids = image.ids;
         Ok(state)
     }
@@ -778,7 +911,10 @@ impl State {
             }
             let queue =
                 self.queues.get(&job.queue).ok_or_else(|| format!("job {id} in unknown queue {}", job.queue))?;
-            let in_ready = queue.ready.contains(&Self::ready_key(job));
+            let in_ready = match job.dispatch_key() {
+                Some(key) => queue.limited.contains(key, &Self::ready_key(job)),
+                None => queue.ready.contains(&Self::ready_key(job)),
+            };
             if in_ready != (job.state == JobState::Available) {
                 return Err(format!("job {id} is {} but in_ready={in_ready}", job.state.as_str()));
             }
@@ -823,6 +959,26 @@ impl State {
         {
             return Err(format!("terminal job {} is not in the pruning order", job.id));
         }
+        let mut unique: HashMap<UniqueKey, Vec<JobId>> = HashMap::new();
+        let mut active: HashMap<&str, u32> = HashMap::new();
+        for job in self.jobs.values().filter(|job| !job.state.is_terminal()) {
+            if let Some((_, key)) = job.unique() {
+                unique.entry(key).or_default().push(job.id);
+            }
+            if job.state == JobState::Active
+                && let Some(key) = job.dispatch_key()
+            {
+                *active.entry(key).or_default() += 1;
+            }
+        }
+        unique.values_mut().for_each(|ids| ids.sort());
+        if unique != self.unique_index {
+            return Err("the unique index does not match the live jobs' unique keys".to_string());
+        }
+        let indexed: HashMap<&str, u32> = self.dispatch.active_counts().collect();
+        if indexed != active {
+            return Err(format!("dispatch keys count {indexed:?} active jobs, jobs say {active:?}"));
+        }
         self.crons.check_invariants()?;
         for (previous, waiting) in &self.crons.waiters {
             if self.jobs.get(previous).is_none_or(|job| job.state.is_terminal()) {
@@ -834,12 +990,24 @@ impl State {
             if queue.counts != expected {
                 return Err(format!("queue {name} counts {:?}, jobs say {expected:?}", queue.counts));
             }
-            if queue.ready.len() as u64 != expected[JobState::Available.index()] {
-                return Err(format!("queue {name} ready order holds {} jobs", queue.ready.len()));
+            let ready = (queue.ready.len() + queue.limited.len()) as u64;
+            if ready != expected[JobState::Available.index()] {
+                return Err(format!("queue {name} ready order holds {ready} jobs"));
             }
         }
         Ok(())
     }
+}
+
+/// Rows 5/6: a `pending` job becomes `scheduled` until its time, else `available`.
+fn activate(job: &mut Job, at: Millis) {
+    if job.scheduled_at.is_some_and(|scheduled| scheduled > at) {
+        job.state = JobState::Scheduled;
+    } else {
+        job.state = JobState::Available;
+        job.enqueued_at = Some(at);
+    }
+    job.set_activated_at(at);
 }
 
 fn clear_claim(job: &mut Job) {

@@ -143,7 +143,15 @@ impl Writer {
     /// How long to wait for commands before the next deadline is due.
     fn idle_wait(&self) -> Duration {
         let now = self.clock.now_ms();
-        let parked = self.parked.iter().map(|parked| parked.until()).min();
+        // A parked fetch held back by a dispatch rate wakes when the window opens.
+        let parked = self
+            .parked
+            .iter()
+            .map(|parked| match self.state.dispatch_opening(parked.queues(), now) {
+                Some(opening) => opening.min(parked.until()),
+                None => parked.until(),
+            })
+            .min();
         let next = match (self.state.next_deadline(), parked) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -250,7 +258,7 @@ impl Writer {
                 let ready = parked
                     .queues()
                     .iter()
-                    .any(|name| state.queue(name).is_some_and(|queue| !queue.paused && !queue.ready.is_empty()));
+                    .any(|name| state.queue(name).is_some_and(|queue| !queue.paused && queue.has_available()));
                 if !ready || budget.is_some() {
                     self.parked.push_back(parked);
                     continue;

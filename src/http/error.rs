@@ -192,6 +192,17 @@ impl From<EngineError> for ApiError {
                     None => error,
                 }
             }
+            EngineError::UniqueConflict { existing, existing_state, key, index } => {
+                let error = ApiError::new("duplicate", message)
+                    .detail("existing_job_id", existing.to_string())
+                    .detail("existing_job_state", existing_state.as_str())
+                    .detail("unique_key", key.to_string())
+                    .detail("reason", "unique_conflict");
+                match index {
+                    Some(index) => error.detail("index", index),
+                    None => error,
+                }
+            }
             EngineError::Invalid { error, index } => {
                 let api = ApiError::from(error);
                 match index {

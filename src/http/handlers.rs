@@ -19,6 +19,7 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::BatchJobs => super::jobs::batch_jobs(app, &body).await,
         Route::GetJob(id) => super::jobs::get_job(app, &id),
         Route::CancelJob(id) => super::jobs::cancel_job(app, &id).await,
+        Route::ActivateJob(id) => super::jobs::activate_job(app, &id, &body).await,
         Route::Fetch => super::workers::fetch(app, &body).await,
         Route::Ack => super::workers::ack(app, None, &body).await,
         Route::AckById(id) => super::workers::ack(app, Some(&id), &body).await,

@@ -1,21 +1,30 @@
-//! The job routes: enqueue, batch, read and cancel (docs/api.md, "Jobs").
+//! The job routes: enqueue, batch, read, cancel and activate (docs/api.md, "Jobs").
 
 use hyper::StatusCode;
 use serde_json::Value;
 
 use super::error::ApiError;
+use super::extract::object_body;
 use super::extract::{job_id, location};
-use super::wire::{job_body, jobs_object, render_job};
-use super::{AppState, Reply};
+use super::wire::{job_body, push_job, render_job};
+use super::{AppState, Reply, is_empty_body};
+use crate::engine::Enqueued;
 use crate::job::json::{minify, parse_object};
 use crate::job::{body_error, parse_enqueue_body, parse_enqueue_object};
 use crate::limits::{BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX};
 
 pub(super) async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let new_job = parse_enqueue_body(body, app.engine.defaults())?;
-    let jobs = app.engine.enqueue(vec![new_job]).outcome().await?;
-    let job = &jobs[0];
-    Ok(Reply::ok(job_body(job)).with_status(StatusCode::CREATED).header(hyper::header::LOCATION, location(job)))
+    let mut enqueued = app.engine.enqueue(vec![new_job]).outcome().await?;
+    let Enqueued { job, deduplicated } = enqueued.swap_remove(0);
+    if deduplicated {
+        // A unique `ignore` policy met a held job: that job answers, once in
+        // the job and once beside it.
+        let extra = [("deduplicated", Value::Bool(true))];
+        let body = format!("{{\"job\":{},\"deduplicated\":true}}", render_job(&job, &extra));
+        return Ok(Reply::ok(body).header(hyper::header::LOCATION, location(&job)));
+    }
+    Ok(Reply::ok(job_body(&job)).with_status(StatusCode::CREATED).header(hyper::header::LOCATION, location(&job)))
 }
 
 pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
@@ -48,10 +57,20 @@ pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, Api
             });
         new_jobs.push(parsed.map_err(|error| ApiError::from(error).detail("index", index))?);
     }
-    let jobs = app.engine.enqueue(new_jobs).outcome().await?;
-    let mut body = jobs_object("jobs", &jobs);
-    body.number("count", jobs.len());
-    Ok(Reply::ok(body.finish()).with_status(StatusCode::CREATED))
+    let enqueued = app.engine.enqueue(new_jobs).outcome().await?;
+    let mut body = String::with_capacity(64 + 1024 * enqueued.len());
+    body.push_str("{\"jobs\":[");
+    let deduplicated = [("deduplicated", Value::Bool(true))];
+    for (index, item) in enqueued.iter().enumerate() {
+        if index > 0 {
+            body.push(',');
+        }
+        push_job(&mut body, &item.job, if item.deduplicated { &deduplicated } else { &[] });
+    }
+    body.push_str("],\"count\":");
+    body.push_str(itoa::Buffer::new().format(enqueued.len()));
+    body.push('}');
+    Ok(Reply::ok(body).with_status(StatusCode::CREATED))
 }
 
 pub(super) fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
@@ -65,4 +84,13 @@ pub(super) async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiErr
     let cancelled = app.engine.cancel(id).outcome().await?;
     let extra = [("previous_state", Value::from(cancelled.previous_state.as_str()))];
     Ok(Reply::ok(format!("{{\"job\":{}}}", render_job(&cancelled.job, &extra))))
+}
+
+/// Activates a staged (`pending`) job; the body, if any, must be an object.
+pub(super) async fn activate_job(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
+    if !is_empty_body(body) {
+        object_body(body)?;
+    }
+    let job = app.engine.activate(job_id(id)?).outcome().await?;
+    Ok(Reply::ok(job_body(&job)))
 }

@@ -15,6 +15,7 @@ pub enum Route {
     BatchJobs,
     GetJob(String),
     CancelJob(String),
+    ActivateJob(String),
     Fetch,
     Ack,
     Nack,
@@ -75,6 +76,9 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         }
         ["svc", "v1", "jobs", id] if !id.is_empty() => {
             vec![(Method::GET, Route::GetJob(decoded(id))), (Method::DELETE, Route::CancelJob(decoded(id)))]
+        }
+        ["svc", "v1", "jobs", id, "activate"] if !id.is_empty() => {
+            vec![(Method::POST, Route::ActivateJob(decoded(id)))]
         }
         ["svc", "v1", "jobs", id, "ack"] if !id.is_empty() => {
             vec![(Method::POST, Route::AckById(decoded(id)))]

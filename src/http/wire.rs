@@ -185,9 +185,13 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     out.push_str(key!("tags"));
     push_strings(out, &job.payload.tags);
     push_time(out, key!("created_at"), Some(job.created_at));
+    if !job.extras.is_empty() {
+        push_extras(out, job);
+    }
     push_time(out, key!("scheduled_at"), job.scheduled_at);
     push_time(out, key!("expires_at"), job.expires_at);
     push_time(out, key!("enqueued_at"), job.enqueued_at);
+    push_time(out, key!("activated_at"), job.activated_at());
     push_time(out, key!("started_at"), job.started_at);
     if let Some(worker) = &job.worker_id {
         out.push_str(key!("worker_id"));
@@ -224,6 +228,22 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
         object.value(key, value);
     }
     *out = object.finish();
+}
+
+/// The attributes few jobs carry: unique policy and key, dispatch limit.
+fn push_extras(out: &mut String, job: &Job) {
+    if let Some((policy, key)) = job.unique() {
+        out.push_str(key!("unique"));
+        policy.push_json(out);
+        out.push_str(key!("unique_key"));
+        out.push('"');
+        out.push_str(&key.to_string());
+        out.push('"');
+    }
+    if let Some(limit) = job.dispatch_limit() {
+        out.push_str(key!("rate_limit"));
+        limit.push_json(out);
+    }
 }
 
 fn push_number(out: &mut String, key: &str, number: impl itoa::Integer) {
@@ -430,6 +450,9 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
             ];
             if let Some(at) = job.scheduled_at {
                 fields.push(("scheduled_at", format_timestamp(at).into()));
+            }
+            if let Some((_, key)) = job.unique() {
+                fields.push(("unique_key", key.to_string().into()));
             }
             fields
         }

@@ -14,7 +14,7 @@ use super::error::ValidationError;
 use super::json::{self, BodyError, JsonKind, RawObject, kind_of, minify, parse_raw_object, string_value};
 use super::retry::RetryPolicy;
 use super::time::{TimeSpec, parse_time_spec};
-use super::{JobId, JobPayload, NewJob};
+use super::{DispatchLimit, JobId, JobPayload, NewJob, UniquePolicy};
 use crate::limits::{
     ENVELOPE_BYTES_MAX, META_BYTES_MAX, PRIORITY_MAX, PRIORITY_MIN, QUEUE_CHARS_MAX, TAG_CHARS_MAX, TAGS_MAX,
     TIMEOUT_MS_MAX, TYPE_CHARS_MAX,
@@ -195,15 +195,19 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
     if schema.is_some() {
         return Err(unsupported("schema", "schema validation of args"));
     }
-    if let Some((_, path)) = first(&[(option_unique, "options.unique"), (unique, "unique")]) {
-        return Err(unsupported(path, "unique jobs"));
-    }
-    if let Some((_, path)) = first(&[(option_rate_limit, "options.rate_limit"), (rate_limit, "rate_limit")]) {
-        return Err(unsupported(path, "dispatch rate limits"));
-    }
-    if option_pending.is_some() {
-        return Err(unsupported("options.pending", "staged (pending) jobs"));
-    }
+    let unique = match first(&[(option_unique, "options.unique"), (unique, "unique")]) {
+        Some((raw, path)) => Some(Arc::new(UniquePolicy::parse(raw, path)?)),
+        None => None,
+    };
+    let rate_limit = match first(&[(option_rate_limit, "options.rate_limit"), (rate_limit, "rate_limit")]) {
+        Some((raw, path)) => Some(Arc::new(DispatchLimit::parse(raw, path)?)),
+        None => None,
+    };
+    let pending = match option_pending {
+        Some(raw) => serde_json::from_str::<bool>(raw.get())
+            .map_err(|_| ValidationError::payload("options.pending", "options.pending must be a boolean"))?,
+        None => false,
+    };
 
     let queue = match first(&[(option_queue, "options.queue"), (queue, "queue")]) {
         Some((raw, path)) => parse_queue_field(raw, path)?,
@@ -267,6 +271,9 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
         scheduled_at,
         expires_at,
         retry,
+        unique,
+        rate_limit,
+        pending,
     })
 }
 
@@ -576,10 +583,20 @@ mod tests {
         let aliases = aliases.unwrap();
         assert_eq!((aliases.timeout_ms, aliases.visibility_timeout_ms), (2000, 700));
         assert!(aliases.scheduled_at.is_some());
-        for (field, value) in [("schema", "{}"), ("unique", "{}"), ("rate_limit", "{}")] {
-            let error = parse(&format!(r#"{{"type":"t","args":[],"{field}":{value}}}"#)).unwrap_err();
-            assert_eq!(error.field.as_deref(), Some(field));
-        }
+        let error = parse(r#"{"type":"t","args":[],"schema":"urn:s"}"#).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("schema"));
+        let controls = parse(
+            r#"{"type":"t","args":[],"unique":{"on_conflict":"ignore"},"rate_limit":{"concurrency":2},
+                "options":{"pending":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(controls.unique.unwrap().on_conflict, super::super::OnConflict::Ignore);
+        assert_eq!(controls.rate_limit.unwrap().concurrency, Some(2));
+        assert!(controls.pending);
+        let error = parse(r#"{"type":"t","args":[],"options":{"pending":"yes"}}"#).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("options.pending"));
+        let error = parse(r#"{"type":"t","args":[],"options":{"unique":{"keys":["a"]}}}"#).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("options.unique.keys"));
     }
 
     #[test]

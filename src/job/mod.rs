@@ -1,6 +1,8 @@
 //! Domain types: pure data, no I/O. A [`Job`] is what the engine stores;
 //! [`NewJob`] is a validated enqueue request that the engine has not yet accepted.
 
+mod builder;
+mod dispatch_limit;
 mod enqueue;
 mod error;
 mod failure;
@@ -8,7 +10,10 @@ mod id;
 pub mod json;
 mod retry;
 pub mod time;
+mod unique;
 
+pub use builder::JobBuilder;
+pub use dispatch_limit::{DISPATCH_KEY_CHARS_MAX, DISPATCH_LIMIT_MAX, DispatchLimit, RateWindow};
 pub use enqueue::{
     JobDefaults, body_error, is_valid_queue, is_valid_type, parse_enqueue_body, parse_enqueue_object, raw_integer,
 };
@@ -16,6 +21,7 @@ pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
 pub use id::{IdGenerator, JobId, JobIdMap, JobIdSet};
 pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
+pub use unique::{OnConflict, UNIQUE_KEY_NAME_CHARS_MAX, UNIQUE_KEY_NAMES_MAX, UniqueKey, UniquePolicy};
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -97,6 +103,23 @@ pub struct NewJob {
     pub scheduled_at: Option<TimeSpec>,
     pub expires_at: Option<TimeSpec>,
     pub retry: Arc<RetryPolicy>,
+    pub unique: Option<Arc<UniquePolicy>>,
+    pub rate_limit: Option<Arc<DispatchLimit>>,
+    /// Staged: stored `pending` until activated.
+    pub pending: bool,
+}
+
+/// An attribute few jobs carry, kept out of line so that the rest pay
+/// nothing for it. A list of variants rather than a struct of options: a
+/// variant added later leaves every stored job readable as it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum JobExtra {
+    /// The job's unique policy and its fingerprint (docs/api.md, "Unique jobs").
+    Unique { policy: Arc<UniquePolicy>, key: UniqueKey },
+    /// The job's dispatch limit (docs/api.md, "Dispatch limits").
+    RateLimit(Arc<DispatchLimit>),
+    /// When the job last left `pending`.
+    ActivatedAt(Millis),
 }
 
 /// A job as the engine holds it.
@@ -135,6 +158,8 @@ pub struct Job {
     /// While `active`: the visibility timeout of this claim (a fetch may
     /// override the job's), which heartbeats extend by. 0 when unknown.
     pub claim_visibility_ms: u64,
+    /// Attributes few jobs carry; empty for most.
+    pub extras: Box<[JobExtra]>,
 }
 
 impl Job {
@@ -148,6 +173,14 @@ impl Job {
         scheduled_at: Option<Millis>,
         expires_at: Option<Millis>,
     ) -> Job {
+        let mut extras = Vec::new();
+        if let Some(policy) = new_job.unique {
+            let key = policy.fingerprint(&new_job.payload.job_type, &new_job.payload.args);
+            extras.push(JobExtra::Unique { policy, key });
+        }
+        if let Some(limit) = new_job.rate_limit {
+            extras.push(JobExtra::RateLimit(limit));
+        }
         Job {
             id,
             payload: new_job.payload,
@@ -175,7 +208,44 @@ impl Job {
             visibility_deadline: None,
             execution_deadline: None,
             claim_visibility_ms: 0,
+            extras: extras.into_boxed_slice(),
         }
+    }
+
+    /// The unique policy and fingerprint, if the job has one.
+    pub fn unique(&self) -> Option<(&UniquePolicy, UniqueKey)> {
+        self.extras.iter().find_map(|extra| match extra {
+            JobExtra::Unique { policy, key } => Some((&**policy, *key)),
+            _ => None,
+        })
+    }
+
+    /// The dispatch limit, if the job has one.
+    pub fn dispatch_limit(&self) -> Option<&DispatchLimit> {
+        self.extras.iter().find_map(|extra| match extra {
+            JobExtra::RateLimit(limit) => Some(&**limit),
+            _ => None,
+        })
+    }
+
+    /// The key the job's dispatch limit counts under: its own, or its queue's name.
+    pub fn dispatch_key(&self) -> Option<&str> {
+        self.dispatch_limit().map(|limit| limit.key.as_deref().unwrap_or(&self.queue))
+    }
+
+    /// When the job last left `pending`.
+    pub fn activated_at(&self) -> Option<Millis> {
+        self.extras.iter().find_map(|extra| match extra {
+            JobExtra::ActivatedAt(at) => Some(*at),
+            _ => None,
+        })
+    }
+
+    pub fn set_activated_at(&mut self, at: Millis) {
+        let mut extras: Vec<JobExtra> =
+            self.extras.iter().filter(|extra| !matches!(extra, JobExtra::ActivatedAt(_))).cloned().collect();
+        extras.push(JobExtra::ActivatedAt(at));
+        self.extras = extras.into_boxed_slice();
     }
 
     pub fn max_attempts(&self) -> u32 {
@@ -188,6 +258,8 @@ impl Job {
     pub fn held_bytes(&self) -> u64 {
         /// A job's entries in the state's and the read view's id maps.
         const INDEX_BYTES: usize = 96;
+        /// What an extra holds out of line (a policy) and its index entry.
+        const EXTRA_BYTES: usize = 128;
         let payload = &self.payload;
         let payload_bytes = std::mem::size_of::<JobPayload>()
             + payload.job_type.len()
@@ -212,7 +284,8 @@ impl Job {
             + self.queue.len()
             + self.worker_id.as_ref().map_or(0, String::len)
             + self.result.as_ref().map_or(0, String::len)
-            + errors_bytes;
+            + errors_bytes
+            + self.extras.len() * (std::mem::size_of::<JobExtra>() + EXTRA_BYTES);
         bytes as u64
     }
 }

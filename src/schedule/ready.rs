@@ -4,7 +4,8 @@
 //! An ordered set rather than a binary heap: cancel and expiry must take a job
 //! out of the middle, and an exact set keeps `check_invariants` exact too.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crate::job::JobId;
 
@@ -35,6 +36,16 @@ impl ReadyQueue {
         self.keys.insert(key);
     }
 
+    pub fn first(&self) -> Option<ReadyKey> {
+        self.keys.first().copied()
+    }
+
+    /// The job after `key` in fetch order.
+    pub fn next_after(&self, key: &ReadyKey) -> Option<ReadyKey> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        self.keys.range((Excluded(*key), Unbounded)).next().copied()
+    }
+
     pub fn pop(&mut self) -> Option<ReadyKey> {
         self.keys.pop_first()
     }
@@ -61,9 +72,111 @@ impl ReadyQueue {
     }
 }
 
+/// The available jobs of one queue that carry a dispatch limit, by limit
+/// key, each key in fetch order; and the first job of every key, in fetch
+/// order, so a fetch finds the best job of an open key without looking at
+/// the jobs behind each key's first.
+#[derive(Debug, Default, Clone)]
+pub struct KeyedReady {
+    by_key: HashMap<Arc<str>, ReadyQueue>,
+    heads: BTreeSet<(ReadyKey, Arc<str>)>,
+    len: usize,
+}
+
+impl KeyedReady {
+    pub fn push(&mut self, key: &str, job: ReadyKey) {
+        let name: Arc<str> = match self.by_key.get_key_value(key) {
+            Some((name, _)) => name.clone(),
+            None => Arc::from(key),
+        };
+        let queue = self.by_key.entry(name.clone()).or_default();
+        let old_head = queue.first();
+        queue.push(job);
+        self.len += 1;
+        if old_head.is_none_or(|head| job < head) {
+            if let Some(head) = old_head {
+                self.heads.remove(&(head, name.clone()));
+            }
+            self.heads.insert((job, name));
+        }
+    }
+
+    pub fn remove(&mut self, key: &str, job: &ReadyKey) -> bool {
+        let Some((name, _)) = self.by_key.get_key_value(key) else { return false };
+        let name = name.clone();
+        let queue = self.by_key.get_mut(key).expect("found above");
+        let was_head = queue.first() == Some(*job);
+        if !queue.remove(job) {
+            return false;
+        }
+        self.len -= 1;
+        if was_head {
+            self.heads.remove(&(*job, name.clone()));
+            match queue.first() {
+                Some(next) => {
+                    self.heads.insert((next, name));
+                }
+                None => {
+                    self.by_key.remove(key);
+                }
+            }
+        }
+        true
+    }
+
+    pub fn contains(&self, key: &str, job: &ReadyKey) -> bool {
+        self.by_key.get(key).is_some_and(|queue| queue.contains(job))
+    }
+
+    /// The first job of each key, in fetch order.
+    pub fn heads(&self) -> impl Iterator<Item = (&ReadyKey, &str)> {
+        self.heads.iter().map(|(job, key)| (job, &**key))
+    }
+
+    /// The job after `job` under `key`, in fetch order.
+    pub fn next_after(&self, key: &str, job: &ReadyKey) -> Option<ReadyKey> {
+        self.by_key.get(key)?.next_after(job)
+    }
+
+    /// One key's jobs in fetch order.
+    pub fn of_key(&self, key: &str) -> impl Iterator<Item = &ReadyKey> {
+        self.by_key.get(key).into_iter().flat_map(ReadyQueue::iter)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keyed_heads_follow_each_keys_first_job() {
+        let mut ready = KeyedReady::default();
+        let jobs: Vec<_> = (0..6).map(|n| ReadyKey::new(0, n, JobId(n as u128))).collect();
+        ready.push("b", jobs[3]);
+        ready.push("a", jobs[1]);
+        ready.push("b", jobs[2]);
+        ready.push("a", jobs[4]);
+        let heads: Vec<_> = ready.heads().map(|(job, key)| (job.id.0, key.to_string())).collect();
+        assert_eq!(heads, [(1, "a".to_string()), (2, "b".to_string())]);
+        assert!(ready.remove("a", &jobs[1]));
+        assert!(!ready.remove("a", &jobs[1]));
+        let heads: Vec<_> = ready.heads().map(|(job, key)| (job.id.0, key.to_string())).collect();
+        assert_eq!(heads, [(2, "b".to_string()), (4, "a".to_string())]);
+        assert_eq!(ready.of_key("b").map(|job| job.id.0).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(ready.len(), 3);
+        ready.remove("a", &jobs[4]);
+        ready.remove("b", &jobs[3]);
+        ready.remove("b", &jobs[2]);
+        assert!(ready.is_empty() && ready.heads().next().is_none());
+    }
 
     #[test]
     fn priority_then_fifo() {

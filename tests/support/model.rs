@@ -233,7 +233,7 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                     check!(matches!(outcome, Err(EngineError::QueuePaused { .. })), "enqueue into a paused queue");
                     continue;
                 }
-                let id = outcome.map_err(|error| format!("enqueue: {error}"))?[0].id;
+                let id = outcome.map_err(|error| format!("enqueue: {error}"))?[0].job.id;
                 let model_job = ModelJob {
                     queue,
                     priority,
