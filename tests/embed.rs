@@ -73,3 +73,35 @@ fn an_embedded_queue_caps_its_finished_jobs_and_reports_a_full_disk() {
     assert_eq!(svc.ack(active.id, None).unwrap().state, JobState::Completed, "accepted work still ends");
     svc.close();
 }
+
+#[test]
+fn embedded_programs_use_unique_policies_and_dispatch_limits_through_typed_values() {
+    use svc::job::{DispatchLimit, JobBuilder, OnConflict, UniquePolicy};
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let per_user = UniquePolicy { key: Some(vec!["user".into()]), ..UniquePolicy::default() };
+    let job = |user: &str, n: u32| JobBuilder::new("welcome.send").args([serde_json::json!({"user": user, "n": n})]);
+    let first = svc.enqueue(job("ada", 1).unique(per_user.clone())).unwrap();
+    assert!(!first.deduplicated && first.job.unique().is_some());
+    match svc.enqueue(job("ada", 2).unique(per_user.clone())) {
+        Err(svc::SvcError::Engine(svc::engine::EngineError::UniqueConflict { existing, .. })) => {
+            assert_eq!(existing, first.job.id)
+        }
+        other => panic!("a second job for ada is refused, got {other:?}"),
+    }
+    let ignore = UniquePolicy { on_conflict: OnConflict::Ignore, ..per_user };
+    let batch = svc.enqueue_batch([job("ada", 3).unique(ignore.clone()), job("bob", 1).unique(ignore)]).unwrap();
+    assert_eq!((batch[0].job.id, batch[0].deduplicated, batch[1].deduplicated), (first.job.id, true, false));
+
+    let one_at_a_time = DispatchLimit { key: Some("mailer".into()), concurrency: Some(1), rate: None };
+    for n in 0..2 {
+        svc.enqueue(JobBuilder::new("bulk.send").args([n]).queue("bulk").rate_limit(one_at_a_time.clone())).unwrap();
+    }
+    let claimed = svc.fetch(&["bulk"], 10, None).unwrap();
+    assert_eq!(claimed.len(), 1, "one at a time under the key");
+    svc.ack(claimed[0].id, None).unwrap();
+    assert_eq!(svc.fetch(&["bulk"], 10, None).unwrap().len(), 1);
+    let invalid = DispatchLimit { key: None, concurrency: Some(0), rate: None };
+    assert!(matches!(svc.enqueue(JobBuilder::new("t").rate_limit(invalid)), Err(svc::SvcError::Invalid(_))));
+    svc.close();
+}

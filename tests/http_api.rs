@@ -667,6 +667,11 @@ fn health_manifest_and_error_catalogue() {
     );
     assert_eq!(manifest.body["conformance_level"], 2);
     assert_eq!(manifest.body["features"]["cron"], true);
+    let features = &manifest.body["features"];
+    assert_eq!(
+        (&features["unique_jobs"], &features["rate_limiting"], &features["workflows"]),
+        (&json!(true), &json!(true), &json!(false))
+    );
     let catalogue = server.get("/svc/v1/errors");
     let codes: Vec<&str> =
         catalogue.body["errors"].as_array().unwrap().iter().map(|row| row["code"].as_str().unwrap()).collect();

@@ -67,7 +67,9 @@ pub(super) fn error_catalog() -> Value {
     json!({"errors": errors})
 }
 
-/// What this build implements (docs/api.md, "Discovery and probes"); features of later levels are false.
+/// What this build implements (docs/api.md, "Discovery and probes"). Levels
+/// are cumulative: without workflows (level 3) the level stays 2, while the
+/// level-4 features already built show in `features`.
 pub(super) fn manifest() -> Value {
     json!({
         "specversion": SPEC_VERSION,
@@ -77,12 +79,13 @@ pub(super) fn manifest() -> Value {
         "conformance": {"level": 2, "tier": "runtime"},
         "features": {
             "batch_enqueue": true, "dead_letter": true, "cron": true, "workflows": false,
-            "unique_jobs": false, "priority": true, "schemas": false, "webhooks": false,
-            "events": true, "rate_limiting": false, "worker_signals": true
+            "unique_jobs": true, "priority": true, "schemas": false, "webhooks": false,
+            "events": true, "rate_limiting": true, "worker_signals": true
         },
-        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "dead-letter", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}, {"name": "cron", "version": "1.0.0"}],
+        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "dead-letter", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}, {"name": "cron", "version": "1.0.0"}, {"name": "unique-jobs", "version": "1.0.0"}],
         "protocols": ["http"],
         "backend": "wal",
+        "unique_job_strength": "strong",
         "authentication": {"schemes": [], "required": false},
         "limits": {
             "max_envelope_bytes": ENVELOPE_BYTES_MAX, "max_meta_bytes": crate::limits::META_BYTES_MAX,

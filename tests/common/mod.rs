@@ -51,6 +51,23 @@ impl TestServer {
         TestServer { server: Some(server), base, client: Client::new() }
     }
 
+    /// A server whose engine reads `clock` and checks its invariants after
+    /// every turn; `advance` moves time.
+    pub fn start_at(dir: &Path, clock: &svc::clock::ManualClock) -> TestServer {
+        let config = config_for(dir);
+        let mut engine = engine_config(&config);
+        engine.clock = std::sync::Arc::new(clock.clone());
+        engine.entropy = Box::new(FixedEntropy(0));
+        engine.check_invariants = true;
+        Self::start_with(&config, engine)
+    }
+
+    /// Moves `clock` on and lets the engine handle what became due.
+    pub fn advance(&self, clock: &svc::clock::ManualClock, ms: i64) {
+        clock.advance_ms(ms);
+        self.engine().tick().wait().expect("tick");
+    }
+
     pub fn engine(&self) -> &svc::engine::EngineHandle {
         &self.server.as_ref().expect("server running").engine
     }

@@ -7,7 +7,9 @@
 //!
 //! The model is deliberately plain: a map of jobs, each with its state,
 //! attempt count and deadlines, the ordering rules of docs/api.md, "Fetch", and
-//! the cap on terminal jobs held (oldest pruned first, discarded ones last).
+//! the cap on terminal jobs held (oldest pruned first, discarded ones last),
+//! unique policies (one of three keys, each conflict policy, every live
+//! state covered) and staged jobs with their activation.
 
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -47,17 +49,50 @@ macro_rules! check_eq {
 /// One step of a sequence. `pick` values choose among the jobs made so far.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
-    Enqueue { queue: usize, priority: i32, max_attempts: u32 },
-    Fetch { queues: Vec<usize>, count: usize },
-    Ack { pick: usize },
-    Nack { pick: usize, requeue: bool },
-    Cancel { pick: usize },
-    DeadLetterRetry { pick: usize },
-    DeadLetterDelete { pick: usize },
-    Heartbeat { picks: Vec<usize> },
-    Advance { ms: i64 },
-    Restart { clean: bool },
-    Pause { queue: usize, paused: bool },
+    /// `unique`: (key 0..3, policy 0 reject / 1 ignore / 2 replace).
+    Enqueue {
+        queue: usize,
+        priority: i32,
+        max_attempts: u32,
+        unique: Option<(u8, u8)>,
+        staged: bool,
+    },
+    Activate {
+        pick: usize,
+    },
+    Fetch {
+        queues: Vec<usize>,
+        count: usize,
+    },
+    Ack {
+        pick: usize,
+    },
+    Nack {
+        pick: usize,
+        requeue: bool,
+    },
+    Cancel {
+        pick: usize,
+    },
+    DeadLetterRetry {
+        pick: usize,
+    },
+    DeadLetterDelete {
+        pick: usize,
+    },
+    Heartbeat {
+        picks: Vec<usize>,
+    },
+    Advance {
+        ms: i64,
+    },
+    Restart {
+        clean: bool,
+    },
+    Pause {
+        queue: usize,
+        paused: bool,
+    },
 }
 
 /// The model's view of one job.
@@ -73,6 +108,7 @@ struct ModelJob {
     visibility_deadline: Option<i64>,
     /// When it last became terminal.
     ended_at: i64,
+    unique_key: Option<u8>,
 }
 
 #[derive(Default)]
@@ -199,6 +235,7 @@ fn error_kind(error: &EngineError) -> &'static str {
     match error {
         EngineError::NotFound { .. } | EngineError::NotInDeadLetter { .. } => "not_found",
         EngineError::Conflict { .. } => "conflict",
+        EngineError::UniqueConflict { .. } => "duplicate",
         other => panic!("unexpected engine error {other:?}"),
     }
 }
@@ -223,27 +260,70 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
     for op in ops.iter().cloned() {
         let handle = engine.as_ref().expect("engine open").handle().clone();
         match op {
-            Op::Enqueue { queue, priority, max_attempts } => {
-                let body = json!({"type": "t", "args": [], "options": {
+            Op::Enqueue { queue, priority, max_attempts, unique, staged } => {
+                let mut body = json!({"type": "t", "args": [], "options": {
                     "queue": QUEUES[queue], "priority": priority, "visibility_timeout_ms": VISIBILITY_MS, "timeout_ms": 600_000,
-                    "retry": {"max_attempts": max_attempts, "initial_interval": "PT1S", "backoff_coefficient": 2.0, "jitter": false}}});
+                    "retry": {"max_attempts": max_attempts, "initial_interval": "PT1S", "backoff_coefficient": 2.0, "jitter": false},
+                    "pending": staged}});
+                if let Some((key, policy)) = unique {
+                    body["args"] = json!([key]);
+                    let on_conflict = ["reject", "ignore", "replace"][policy as usize % 3];
+                    body["options"]["unique"] = json!({ "on_conflict": on_conflict });
+                }
                 let job = parse_enqueue_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
                 let outcome = handle.enqueue(vec![job]).wait();
                 if model.paused[queue] {
                     check!(matches!(outcome, Err(EngineError::QueuePaused { .. })), "enqueue into a paused queue");
                     continue;
                 }
-                let id = outcome.map_err(|error| format!("enqueue: {error}"))?[0].job.id;
+                // Live holders of the same key, oldest first.
+                let holders: Vec<JobId> = match unique {
+                    Some((key, _)) => model
+                        .jobs
+                        .iter()
+                        .filter(|(_, job)| job.unique_key == Some(key) && !job.state.is_terminal())
+                        .map(|(id, _)| *id)
+                        .collect(),
+                    None => Vec::new(),
+                };
+                match (unique.map(|(_, policy)| policy % 3), holders.first()) {
+                    (Some(0), Some(holder)) => {
+                        let rejected =
+                            matches!(&outcome, Err(EngineError::UniqueConflict { existing, .. }) if existing == holder);
+                        check!(rejected, "a unique reject answers with the holder {holder}: {outcome:?}");
+                        continue;
+                    }
+                    (Some(1), Some(holder)) => {
+                        let answer = outcome.map_err(|error| format!("enqueue: {error}"))?;
+                        check_eq!((answer[0].job.id, answer[0].deduplicated), (*holder, true), "a unique ignore");
+                        continue;
+                    }
+                    (Some(_), Some(_)) => {
+                        let now = model.now;
+                        for holder in &holders {
+                            let job = model.jobs.get_mut(holder).unwrap();
+                            job.state = JobState::Cancelled;
+                            job.ended_at = now;
+                            job.visibility_deadline = None;
+                            job.retry_at = None;
+                        }
+                    }
+                    _ => {}
+                }
+                let answer = outcome.map_err(|error| format!("enqueue: {error}"))?;
+                check!(!answer[0].deduplicated, "a new job is not deduplicated");
+                let id = answer[0].job.id;
                 let model_job = ModelJob {
                     queue,
                     priority,
                     max_attempts,
-                    state: JobState::Available,
+                    state: if staged { JobState::Pending } else { JobState::Available },
                     attempt: 0,
                     entered_at: model.now,
                     retry_at: None,
                     visibility_deadline: None,
                     ended_at: 0,
+                    unique_key: unique.map(|(key, _)| key),
                 };
                 model.jobs.insert(id, model_job);
                 model.ids.push(id);
@@ -315,6 +395,20 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                     job.ended_at = model.now;
                     job.visibility_deadline = None;
                     job.retry_at = None;
+                }
+            }
+            Op::Activate { pick } => {
+                let Some(id) = model.pick(pick) else { continue };
+                let expected = match model.jobs.get(&id).map(|job| job.state) {
+                    None => Err("not_found"),
+                    Some(JobState::Pending) => Ok(()),
+                    Some(_) => Err("conflict"),
+                };
+                let outcome = handle.activate(id).wait();
+                check_eq!(outcome.as_ref().map(|_| ()).map_err(error_kind), expected);
+                if expected.is_ok() {
+                    let now = model.now;
+                    Model::make_available(model.jobs.get_mut(&id).unwrap(), now);
                 }
             }
             Op::DeadLetterRetry { pick } => {
@@ -426,13 +520,16 @@ pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
         .chunks_exact(2)
         .take(200)
         .map(|pair| {
-            let (kind, value) = (pair[0] % 11, pair[1] as usize);
+            let (kind, value) = (pair[0] % 12, pair[1] as usize);
             match kind {
                 0 | 1 => Op::Enqueue {
                     queue: value % 2,
                     priority: (value % 5) as i32 - 2,
                     max_attempts: (value % 3) as u32 + 1,
+                    unique: (pair[0] % 3 == 0).then_some(((value / 7 % 3) as u8, (value / 21 % 3) as u8)),
+                    staged: value % 11 == 0,
                 },
+                10 => Op::Activate { pick: value },
                 2 => Op::Fetch {
                     queues: [vec![0], vec![1], vec![0, 1], vec![1, 0], vec![0, 0], vec![1, 0, 1]][value % 6].clone(),
                     count: value % 3 + 1,
