@@ -87,6 +87,9 @@ pub struct BenchOptions {
     /// How long `steady`'s consumers let a fetch wait for a job (long
     /// polling); 0 polls an empty queue every millisecond instead.
     pub wait_ms: u64,
+    /// `enqueue` gives every job a unique policy, each with a key of its
+    /// own (distinct across runs too), so the server's fingerprint index grows.
+    pub unique: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -184,11 +187,22 @@ impl Connection {
     }
 }
 
-fn enqueue_body(n: u64) -> String {
+fn enqueue_body(n: u64, unique: bool) -> String {
+    if unique {
+        // The run's start keeps the keys of one run apart from an earlier one's.
+        let run = *RUN_NONCE.get_or_init(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_micros())
+        });
+        return format!(
+            r#"{{"type":"bench.job","args":[{n},{run}],"options":{{"queue":"{QUEUE}","unique":{{}},"retry":{{"initial_interval":"PT0.001S","jitter":false}}}}}}"#
+        );
+    }
     format!(
         r#"{{"type":"bench.job","args":[{n}],"options":{{"queue":"{QUEUE}","retry":{{"initial_interval":"PT0.001S","jitter":false}}}}}}"#
     )
 }
+
+static RUN_NONCE: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
 
 /// An enqueue body stamped with when it was sent, for end-to-end latency.
 fn stamped_enqueue_body(n: u64) -> String {
@@ -428,7 +442,7 @@ async fn enqueue_loop(connection: &mut Connection, options: &BenchOptions, count
         if n >= options.jobs {
             return Ok((latencies.len() as u64, latencies));
         }
-        let (status, body, latency) = connection.post("/svc/v1/jobs", enqueue_body(n)).await?;
+        let (status, body, latency) = connection.post("/svc/v1/jobs", enqueue_body(n, options.unique)).await?;
         if status != accepted && status != StatusCode::CREATED {
             return Err(format!("enqueue answered {status}: {}", String::from_utf8_lossy(&body)));
         }
@@ -525,7 +539,7 @@ async fn preload(options: &BenchOptions) -> Result<(), String> {
     let mut loaded = 0;
     while loaded < options.jobs {
         let size = (options.jobs - loaded).min(1000);
-        let items: Vec<String> = (loaded..loaded + size).map(enqueue_body).collect();
+        let items: Vec<String> = (loaded..loaded + size).map(|n| enqueue_body(n, false)).collect();
         let (status, body, _) =
             connection.post("/svc/v1/jobs/batch", format!(r#"{{"jobs":[{}]}}"#, items.join(","))).await?;
         if status != StatusCode::CREATED {

@@ -173,6 +173,9 @@ struct BenchFlags {
     /// job (long polling), instead of polling every millisecond.
     #[arg(long, default_value_t = 0)]
     wait_ms: u64,
+    /// The enqueue workload gives every job a unique policy with a key of its own.
+    #[arg(long)]
+    unique: bool,
 }
 
 /// The workloads of `svc bench`.
@@ -257,6 +260,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         rate: flags.rate,
         crons: flags.crons,
         wait_ms: flags.wait_ms,
+        unique: flags.unique,
     };
     match bench::run(options) {
         Ok(report) => {

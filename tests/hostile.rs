@@ -126,9 +126,15 @@ fn enqueue_body() -> impl Strategy<Value = Value> {
         proptest::option::weighted(rare, hostile_number()),
         queue_name(),
         0usize..3000,
+        proptest::option::weighted(0.3, job_controls()),
     )
-        .prop_map(|(id, scheduled_at, expires_at, priority, timeout_ms, max_attempts, queue, size)| {
+        .prop_map(|(id, scheduled_at, expires_at, priority, timeout_ms, max_attempts, queue, size, controls)| {
             let mut options = json!({"queue": queue});
+            if let Some((unique, rate_limit, pending)) = controls {
+                options["unique"] = unique;
+                options["rate_limit"] = rate_limit;
+                options["pending"] = pending;
+            }
             for (key, value) in [
                 ("scheduled_at", scheduled_at),
                 ("expires_at", expires_at),
@@ -149,6 +155,26 @@ fn enqueue_body() -> impl Strategy<Value = Value> {
             }
             body
         })
+}
+
+/// A unique policy, a dispatch limit and the staging flag, each with hostile
+/// values now and then.
+fn job_controls() -> impl Strategy<Value = (Value, Value, Value)> {
+    let unique = prop_oneof![
+        Just(json!({})),
+        Just(json!({"on_conflict": "replace", "key": ["0"]})),
+        Just(json!({"on_conflict": "ignore", "states": ["available", "active"]})),
+        hostile_number().prop_map(|period| json!({"period": period})),
+        Just(json!({"key": ["x".repeat(300)]})),
+    ];
+    let rate_limit = prop_oneof![
+        Just(json!({"concurrency": 1})),
+        Just(json!({"key": "k", "rate": 100000, "period": "hour"})),
+        hostile_number().prop_map(|n| json!({"max_per_second": n})),
+        hostile_number().prop_map(|n| json!({"concurrency": n, "rate": n, "period": "second"})),
+    ];
+    let pending = prop_oneof![Just(json!(false)), Just(json!(true)), Just(json!("yes"))];
+    (unique, rate_limit, pending)
 }
 
 /// One hostile request: (method, path, body).
@@ -175,6 +201,7 @@ fn request() -> impl Strategy<Value = (&'static str, String, Value)> {
             ("POST", "/svc/v1/workers/heartbeat".to_string(), body)
         }),
         1 => hostile_id().prop_map(|id| ("DELETE", format!("/svc/v1/jobs/{}", id.as_str().unwrap_or("x")), Value::Null)),
+        1 => hostile_id().prop_map(|id| ("POST", format!("/svc/v1/jobs/{}/activate", id.as_str().unwrap_or("x")), Value::Null)),
         1 => hostile_id().prop_map(|id| ("POST", format!("/svc/v1/dead-letter/{}/retry", id.as_str().unwrap_or("x")), Value::Null)),
         1 => hostile_id().prop_map(|id| ("DELETE", format!("/svc/v1/dead-letter/{}", id.as_str().unwrap_or("x")), Value::Null)),
         1 => (prop_oneof![Just("* * * * *"), Just("0 0 31 2 *"), Just("59 23 29 2 *"), Just("*/0 * * * *")],
