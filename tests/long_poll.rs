@@ -100,6 +100,87 @@ fn a_drain_or_a_signal_releases_waiting_fetches_and_a_paused_queue_keeps_them_wa
     engine.close();
 }
 
+/// Enqueues a job with `options` into `queue`.
+fn enqueue_with(engine: &Engine, queue: &str, mut options: serde_json::Value) -> JobId {
+    options["queue"] = json!(queue);
+    let body = json!({"type": "t", "args": [], "options": options}).to_string();
+    let job = parse_enqueue_body(body.as_bytes(), &JobDefaults::default()).unwrap();
+    engine.handle().enqueue(vec![job]).wait().unwrap()[0].job.id
+}
+
+#[test]
+fn a_waiting_fetch_wakes_on_every_way_a_job_becomes_available() {
+    let (_dir, clock, engine) = engine();
+    let handle = engine.handle();
+    // Each case: set up a job that is not available yet, park a fetch, make
+    // the job available the way the case says, and expect the fetch to get it.
+    let cases: [(&str, &dyn Fn() -> JobId, &dyn Fn(JobId)); 5] = [
+        ("a scheduled job comes due", &|| enqueue_with(&engine, "a", json!({"delay_until": "+PT5S"})), &|_| {
+            clock.advance_ms(5_000);
+            handle.tick().wait().unwrap();
+        }),
+        (
+            "a retry comes due",
+            &|| {
+                let id = enqueue_with(&engine, "b", json!({"retry": {"initial_interval": "PT2S", "jitter": false}}));
+                handle.fetch(request("b", None)).wait().unwrap();
+                let report = svc::job::FailureReport::server("E", "m");
+                handle.fail(id, report, false, None).wait().unwrap();
+                id
+            },
+            &|_| {
+                clock.advance_ms(2_000);
+                handle.tick().wait().unwrap();
+            },
+        ),
+        (
+            "a claim's visibility runs out",
+            &|| {
+                let id = enqueue_with(&engine, "c", json!({"visibility_timeout_ms": 3000}));
+                handle.fetch(request("c", None)).wait().unwrap();
+                id
+            },
+            &|_| {
+                clock.advance_ms(3_000);
+                handle.tick().wait().unwrap();
+            },
+        ),
+        (
+            "its queue is resumed",
+            &|| {
+                let id = enqueue_with(&engine, "d", json!({}));
+                handle.pause_queue("d".into(), true).wait().unwrap();
+                id
+            },
+            &|_| {
+                handle.pause_queue("d".into(), false).wait().unwrap();
+            },
+        ),
+        ("a staged job is activated", &|| enqueue_with(&engine, "e", json!({"pending": true})), &|id| {
+            handle.activate(id).wait().unwrap();
+        }),
+    ];
+    for (case, prepare, trigger) in cases {
+        let id = prepare();
+        let queue = handle.job(id).unwrap().queue.clone();
+        let waiting = handle.fetch_waiting(request(&queue, None), 20_000);
+        handle.probe().wait().unwrap();
+        trigger(id);
+        let got: Vec<JobId> = waiting.wait().unwrap().iter().map(|job| job.id).collect();
+        assert_eq!(got, [id], "{case}");
+    }
+    // The concurrency case, written out: the held job goes once the active one is acked.
+    let limit = json!({"rate_limit": {"concurrency": 1}});
+    let first = enqueue_with(&engine, "f", limit.clone());
+    handle.fetch(request("f", None)).wait().unwrap();
+    let second = enqueue_with(&engine, "f", limit);
+    let waiting = handle.fetch_waiting(request("f", None), 20_000);
+    handle.probe().wait().unwrap();
+    handle.ack(first, None, None).wait().unwrap();
+    assert_eq!(waiting.wait().unwrap()[0].id, second, "a concurrency limit frees up");
+    engine.close();
+}
+
 #[test]
 fn wait_ms_over_http_is_checked_and_waits_for_a_job() {
     let dir = tempfile::tempdir().unwrap();

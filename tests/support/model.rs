@@ -474,6 +474,17 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
         }
         model.prune_to_cap();
         let handle = engine.as_ref().unwrap().handle();
+        // A queue's figures count its jobs by state, as the model holds them.
+        for (index, name) in QUEUES.iter().enumerate() {
+            let mut expected = [0u64; 8];
+            for job in model.jobs.values().filter(|job| job.queue == index) {
+                expected[job.state.index()] += 1;
+            }
+            let stats = handle.queue_stats(name);
+            let counts = stats.as_ref().map_or([0; 8], |stats| stats.summary.counts);
+            check_eq!(counts, expected, "queue {name} counts by state");
+            check_eq!(stats.is_some_and(|stats| stats.summary.paused), model.paused[index], "queue {name} paused");
+        }
         for id in &model.ids {
             let stored = handle.job(*id);
             match model.jobs.get(id) {
