@@ -108,13 +108,17 @@ fn enqueue_with(engine: &Engine, queue: &str, mut options: serde_json::Value) ->
     engine.handle().enqueue(vec![job]).wait().unwrap()[0].job.id
 }
 
+/// What a case is called, how it makes a job that is not available yet, and
+/// how it then makes that job available.
+type WakeCase<'a> = (&'a str, &'a dyn Fn() -> JobId, &'a dyn Fn(JobId));
+
 #[test]
 fn a_waiting_fetch_wakes_on_every_way_a_job_becomes_available() {
     let (_dir, clock, engine) = engine();
     let handle = engine.handle();
     // Each case: set up a job that is not available yet, park a fetch, make
     // the job available the way the case says, and expect the fetch to get it.
-    let cases: [(&str, &dyn Fn() -> JobId, &dyn Fn(JobId)); 5] = [
+    let cases: [WakeCase; 5] = [
         ("a scheduled job comes due", &|| enqueue_with(&engine, "a", json!({"delay_until": "+PT5S"})), &|_| {
             clock.advance_ms(5_000);
             handle.tick().wait().unwrap();
