@@ -39,6 +39,7 @@ pub mod schedule;
 #[doc(hidden)]
 pub mod server;
 pub mod storage;
+pub mod workflow;
 
 mod embed;
 

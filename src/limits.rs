@@ -63,6 +63,10 @@ pub const BACKTRACE_FRAMES_MAX: usize = 50;
 pub const BACKTRACE_CHARS_MAX: usize = 10_000;
 /// Newest failures kept in a job's error history.
 pub const ERROR_HISTORY_MAX: usize = 20;
+/// Jobs in one workflow (chain steps, or a group's or batch's jobs; a
+/// batch may add up to three callbacks).
+pub const WORKFLOW_JOBS_MAX: usize = 1000;
+pub const WORKFLOW_NAME_CHARS_MAX: usize = 255;
 /// The longest window of a dispatch rate limit (`period: "hour"`).
 pub const DISPATCH_WINDOW_MS_MAX: i64 = 3_600_000;
 /// Client `X-Request-Id` values echoed back.
@@ -115,6 +119,9 @@ pub const RETENTION_DEAD_LETTER_MS: i64 = 30 * 86_400_000;
 /// bound the oldest are pruned first, dead-lettered ones last.
 pub const RETENTION_TERMINAL_JOBS_MAX: usize = 1_000_000;
 pub const RETENTION_TERMINAL_BYTES_MAX: u64 = 256 * 1024 * 1024;
+/// Finished workflows are kept this long, and at most this many.
+pub const RETENTION_WORKFLOWS_MS: i64 = 7 * 86_400_000;
+pub const RETENTION_TERMINAL_WORKFLOWS_MAX: usize = 100_000;
 
 /// How long a health probe may wait for the engine.
 pub const HEALTH_PROBE_MS: u64 = 1000;

@@ -665,12 +665,12 @@ fn health_manifest_and_error_catalogue() {
         (manifest.body["specversion"].as_str(), manifest.body["implementation"].as_str()),
         (Some("1.0.0-rc.1"), Some("svc"))
     );
-    assert_eq!(manifest.body["conformance_level"], 2);
+    assert_eq!(manifest.body["conformance_level"], 4);
     assert_eq!(manifest.body["features"]["cron"], true);
     let features = &manifest.body["features"];
     assert_eq!(
-        (&features["unique_jobs"], &features["rate_limiting"], &features["workflows"]),
-        (&json!(true), &json!(true), &json!(false))
+        (&features["unique_jobs"], &features["rate_limiting"], &features["workflows"], &features["schemas"]),
+        (&json!(true), &json!(true), &json!(true), &json!(false))
     );
     let catalogue = server.get("/svc/v1/errors");
     let codes: Vec<&str> =

@@ -109,6 +109,15 @@ pub enum EngineError {
         queue: String,
         index: Option<usize>,
     },
+    /// No workflow has this id (or it was pruned).
+    WorkflowNotFound {
+        id: JobId,
+    },
+    /// The workflow has ended: it cannot be cancelled.
+    WorkflowConflict {
+        id: JobId,
+        current_state: super::workflow_table::WorkflowState,
+    },
     /// The engine cannot take the request now; `reason` says why.
     Unavailable {
         reason: Unavailable,
@@ -192,6 +201,10 @@ impl std::fmt::Display for EngineError {
             }
             EngineError::Invalid { error, .. } => write!(f, "{error}"),
             EngineError::QueuePaused { queue, .. } => write!(f, "queue {queue} is paused"),
+            EngineError::WorkflowNotFound { id } => write!(f, "workflow {id} not found"),
+            EngineError::WorkflowConflict { id, current_state } => {
+                write!(f, "workflow {id} is {}: it has ended", current_state.as_str())
+            }
             EngineError::Unavailable { reason } => write!(f, "engine unavailable: {}", reason.as_str()),
         }
     }

@@ -35,6 +35,7 @@ pub(crate) struct ViewDelta {
     pub jobs: Vec<(JobId, Option<Arc<Job>>)>,
     pub workers: Vec<(String, Option<WorkerEntry>)>,
     pub crons: Vec<(String, Option<Arc<CronEntry>>)>,
+    pub workflows: Vec<(JobId, Option<Arc<super::workflow_table::Workflow>>)>,
     pub queues: Vec<(String, Option<QueueSummary>)>,
     pub events: Vec<Event>,
 }
@@ -46,6 +47,9 @@ impl ViewDelta {
         }
         if !self.crons.is_empty() {
             view.publish_crons(self.crons.into_iter());
+        }
+        if !self.workflows.is_empty() {
+            view.publish_workflows(self.workflows.into_iter());
         }
         if !self.jobs.is_empty() {
             view.publish_jobs(self.jobs.into_iter());

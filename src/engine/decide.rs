@@ -64,46 +64,7 @@ impl State {
             if self.queue(&new_job.queue).is_some_and(|queue| queue.paused) {
                 return Err(EngineError::QueuePaused { queue: new_job.queue, index: index_of(position) });
             }
-            if let Some(id) = new_job.id {
-                if self.job(id).is_some() || !seen.insert(id) {
-                    return Err(EngineError::Duplicate { id, index: index_of(position) });
-                }
-                if id.timestamp_ms() > now.saturating_add(CLIENT_ID_AHEAD_MS_MAX) {
-                    let error = ValidationError::payload(
-                        "id",
-                        "the id's timestamp is more than an hour ahead of the server's clock",
-                    )
-                    .with_reason("id_in_future");
-                    return Err(EngineError::Invalid { error, index: index_of(position) });
-                }
-            }
-            let scheduled_at = new_job.scheduled_at.map(|spec| spec.resolve(now));
-            let expires_at = new_job.expires_at.map(|spec| spec.resolve(now));
-            if let Some(expires) = expires_at {
-                let field = "expires_at";
-                if expires <= now {
-                    let error = ValidationError::payload(field, "expires_at is already in the past")
-                        .with_reason("already_expired");
-                    return Err(EngineError::Invalid { error, index: index_of(position) });
-                }
-                if scheduled_at.is_some_and(|scheduled| expires <= scheduled) {
-                    let error = ValidationError::payload(field, "expires_at must be later than the scheduled time")
-                        .with_reason("expires_before_scheduled");
-                    return Err(EngineError::Invalid { error, index: index_of(position) });
-                }
-            }
-            let id = match new_job.id {
-                Some(id) => id,
-                None => self.fresh_id(now, entropy, &seen),
-            };
-            let state = if new_job.pending {
-                JobState::Pending
-            } else if scheduled_at.is_some_and(|at| at > now) {
-                JobState::Scheduled
-            } else {
-                JobState::Available
-            };
-            let job = Job::accept(new_job, id, state, now, scheduled_at, expires_at);
+            let job = self.admit(now, new_job, index_of(position), &mut seen, entropy, false)?;
             if let Some((on_conflict, holders)) = self.unique_holders(&job, now, &jobs, &replaced) {
                 match on_conflict {
                     OnConflict::Reject => {
@@ -127,12 +88,70 @@ impl State {
                     OnConflict::Replace => replaced.extend(holders),
                 }
             }
-            seen.insert(id);
-            slots.push(EnqueueSlot::New(id));
+            slots.push(EnqueueSlot::New(job.id));
             jobs.push(Arc::new(job));
         }
         let record = (!jobs.is_empty() || !replaced.is_empty()).then_some(Record::Enqueue { at: now, jobs, replaced });
         Ok((record, slots))
+    }
+
+    /// A new job as an enqueue item makes it, checked against the stored
+    /// ids and the clock: its id (the client's, or a fresh one, added to
+    /// `seen`), its times resolved, and its first state (`pending` when
+    /// `staged` or asked for). `index` is its place in a batch, for errors.
+    pub(crate) fn admit(
+        &mut self,
+        now: Millis,
+        new_job: NewJob,
+        index: Option<usize>,
+        seen: &mut crate::job::JobIdSet,
+        entropy: &mut dyn Entropy,
+        staged: bool,
+    ) -> Result<Job, EngineError> {
+        if let Some(id) = new_job.id {
+            if self.job(id).is_some() || !seen.insert(id) {
+                return Err(EngineError::Duplicate { id, index });
+            }
+            if id.timestamp_ms() > now.saturating_add(CLIENT_ID_AHEAD_MS_MAX) {
+                let error = ValidationError::payload(
+                    "id",
+                    "the id's timestamp is more than an hour ahead of the server's clock",
+                )
+                .with_reason("id_in_future");
+                return Err(EngineError::Invalid { error, index });
+            }
+        }
+        let scheduled_at = new_job.scheduled_at.map(|spec| spec.resolve(now));
+        let expires_at = new_job.expires_at.map(|spec| spec.resolve(now));
+        if let Some(expires) = expires_at {
+            let field = "expires_at";
+            if expires <= now {
+                let error =
+                    ValidationError::payload(field, "expires_at is already in the past").with_reason("already_expired");
+                return Err(EngineError::Invalid { error, index });
+            }
+            if scheduled_at.is_some_and(|scheduled| expires <= scheduled) {
+                let error = ValidationError::payload(field, "expires_at must be later than the scheduled time")
+                    .with_reason("expires_before_scheduled");
+                return Err(EngineError::Invalid { error, index });
+            }
+        }
+        let id = match new_job.id {
+            Some(id) => id,
+            None => {
+                let id = self.fresh_id(now, entropy, seen);
+                seen.insert(id);
+                id
+            }
+        };
+        let state = if staged || new_job.pending {
+            JobState::Pending
+        } else if scheduled_at.is_some_and(|at| at > now) {
+            JobState::Scheduled
+        } else {
+            JobState::Available
+        };
+        Ok(Job::accept(new_job, id, state, now, scheduled_at, expires_at))
     }
 
     /// The jobs a new job's unique policy conflicts with (docs/api.md,
@@ -167,7 +186,7 @@ impl State {
         if job.state != JobState::Pending {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::NotPending });
         }
-        if self.crons.waiters.values().any(|waiting| *waiting == id) {
+        if job.workflow().is_some() || self.crons.waiters.values().any(|waiting| *waiting == id) {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::Owned });
         }
         Ok(Record::Activate { at: now, id })
@@ -430,6 +449,9 @@ impl State {
         }
         if !prune.is_empty() {
             records.push(Record::Prune { at: now, ids: prune });
+        }
+        if let Some(record) = self.decide_workflow_prune(now, limit) {
+            records.push(record);
         }
         records
     }

@@ -69,6 +69,45 @@ pub enum EventKind {
         active_job_ids: Vec<JobId>,
         by: &'static str,
     },
+    /// Something happened to a workflow.
+    Workflow {
+        id: JobId,
+        event: WorkflowEvent,
+    },
+}
+
+/// What happened to a workflow, with the details its event carries.
+#[derive(Debug, Clone)]
+pub enum WorkflowEvent {
+    Started {
+        name: Option<String>,
+        workflow_type: &'static str,
+        jobs_total: usize,
+    },
+    StepCompleted {
+        index: usize,
+        job_id: JobId,
+        job_type: String,
+        steps_remaining: usize,
+    },
+    CallbackFired {
+        callback: &'static str,
+        job_id: JobId,
+    },
+    Completed {
+        workflow_type: &'static str,
+        duration_ms: Millis,
+    },
+    Failed {
+        workflow_type: &'static str,
+        /// The failed member's index; `None` for a callback.
+        failed_index: Option<u32>,
+        failed_job_id: JobId,
+        error: Option<FailureReport>,
+    },
+    Cancelled {
+        jobs_cancelled: usize,
+    },
 }
 
 /// The cron entry an event is about.
@@ -103,6 +142,14 @@ impl EventKind {
             EventKind::WorkerStarted { .. } => "worker.started",
             EventKind::WorkerSignalled { terminate: false, .. } => "worker.quiet",
             EventKind::WorkerSignalled { terminate: true, .. } => "worker.terminate",
+            EventKind::Workflow { event, .. } => match event {
+                WorkflowEvent::Started { .. } => "workflow.started",
+                WorkflowEvent::StepCompleted { .. } => "workflow.step_completed",
+                WorkflowEvent::CallbackFired { .. } => "workflow.callback_fired",
+                WorkflowEvent::Completed { .. } => "workflow.completed",
+                WorkflowEvent::Failed { .. } => "workflow.failed",
+                WorkflowEvent::Cancelled { .. } => "workflow.cancelled",
+            },
         }
     }
 }
@@ -145,6 +192,7 @@ impl Event {
             }
             EventKind::Pruned { .. } => None,
             EventKind::QueuePaused(queue) | EventKind::QueueResumed(queue) => Some(queue.clone()),
+            EventKind::Workflow { id, .. } => Some(id.to_string()),
             _ => self.job.as_ref().map(|job| job.id.to_string()),
         }
     }

@@ -12,9 +12,11 @@ use super::inbox::{InboxSender, SendError};
 use super::requests::{self, Envelope, Reply, Request};
 use super::view::{DeadLetterCursor, QueueSummary, ReadView};
 use super::workers::{WorkerEntry, WorkerSignal};
+use super::workflow_table::Workflow;
 use crate::clock::Clock;
 use crate::cron::CronDefinition;
 use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob};
+use crate::workflow::WorkflowDefinition;
 
 /// A command on its way; await it, or `wait()` for it from synchronous code.
 #[must_use = "a command's outcome says whether it happened"]
@@ -193,6 +195,21 @@ impl EngineHandle {
 
     pub fn cron(&self, name: &str) -> Option<Arc<CronEntry>> {
         self.view.cron(name)
+    }
+
+    /// Creates a workflow; answers its id.
+    pub fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<JobId> {
+        self.submit(requests::CreateWorkflow { definition })
+    }
+
+    /// Cancels a running workflow.
+    pub fn cancel_workflow(&self, id: JobId) -> Pending<()> {
+        self.submit(requests::CancelWorkflow { id })
+    }
+
+    /// A workflow as of the last commit.
+    pub fn workflow(&self, id: JobId) -> Option<Arc<Workflow>> {
+        self.view.workflow(id)
     }
 
     /// A graceful shutdown begins: no more cron firings; workers seen in the

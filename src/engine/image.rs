@@ -36,12 +36,15 @@ pub struct StateImage {
     /// Recent claims under each dispatch-limit key, oldest first, as far
     /// back as a rate limit can look.
     pub dispatch_claims: Vec<(String, Vec<Millis>)>,
+    /// Workflows, running and ended.
+    pub workflows: Vec<Arc<super::workflow_table::Workflow>>,
 }
 
 impl StateImage {
     /// Puts the jobs in id order, so that equal states compare and encode equal.
     pub fn sort_jobs(&mut self) {
         self.jobs.sort_unstable_by_key(|job| job.id);
+        self.workflows.sort_unstable_by_key(|workflow| workflow.id);
     }
 
     /// The snapshot payload: the image with its jobs in id order.
@@ -100,6 +103,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 crons: Vec::new(),
                 cron_waiters: Vec::new(),
                 dispatch_claims: Vec::new(),
+                workflows: Vec::new(),
             })
         }
         2 => {
@@ -114,6 +118,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 crons: Vec::new(),
                 cron_waiters: Vec::new(),
                 dispatch_claims: Vec::new(),
+                workflows: Vec::new(),
             })
         }
         3 => {
@@ -128,6 +133,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 crons,
                 cron_waiters,
                 dispatch_claims: Vec::new(),
+                workflows: Vec::new(),
             })
         }
         IMAGE_VERSION => postcard::from_bytes(bytes).map_err(|error| error.to_string()),

@@ -23,6 +23,8 @@ pub mod requests;
 mod state;
 mod view;
 pub mod workers;
+mod workflow_table;
+mod workflows;
 mod writer;
 
 pub use api::{
@@ -32,7 +34,7 @@ pub use cron_table::{CronEntry, CronWrite};
 pub use decide::{Entropy, SystemEntropy};
 #[doc(hidden)]
 pub use events::EventSink;
-pub use events::{CronInfo, Event, EventId, EventKind, EventPage};
+pub use events::{CronInfo, Event, EventId, EventKind, EventPage, WorkflowEvent};
 pub use handle::{EngineHandle, Pending};
 #[doc(hidden)]
 pub use image::{IMAGE_VERSION, StateImage, decode_image};
@@ -42,6 +44,7 @@ pub use state::Retention;
 pub use state::State;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
+pub use workflow_table::{Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

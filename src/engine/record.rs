@@ -161,6 +161,25 @@ pub enum Record {
         at: Millis,
         id: JobId,
     },
+    /// A workflow created with its jobs (later chain steps `pending`) and
+    /// its callbacks' jobs (inside the workflow, stored when they fire);
+    /// `replaced` as for `Enqueue`.
+    WorkflowCreate {
+        at: Millis,
+        workflow: Arc<super::workflow_table::Workflow>,
+        jobs: Vec<Arc<Job>>,
+        replaced: Vec<JobId>,
+    },
+    /// A running workflow cancelled with every job of it not yet ended.
+    WorkflowCancel {
+        at: Millis,
+        id: JobId,
+    },
+    /// Ended workflows removed for good (retention, or the cap).
+    WorkflowPrune {
+        at: Millis,
+        ids: Vec<JobId>,
+    },
 }
 
 impl Record {
@@ -199,6 +218,9 @@ impl Record {
             Record::PruneCapped { .. } => "prune_capped",
             Record::QueuePause { .. } => "queue_pause",
             Record::Activate { .. } => "activate",
+            Record::WorkflowCreate { .. } => "workflow_create",
+            Record::WorkflowCancel { .. } => "workflow_cancel",
+            Record::WorkflowPrune { .. } => "workflow_prune",
         }
     }
 
@@ -209,6 +231,9 @@ impl Record {
             | Record::EnqueueV1 { at, .. }
             | Record::CronFireV1 { at, .. }
             | Record::Activate { at, .. }
+            | Record::WorkflowCreate { at, .. }
+            | Record::WorkflowCancel { at, .. }
+            | Record::WorkflowPrune { at, .. }
             | Record::Claim { at, .. }
             | Record::Ack { at, .. }
             | Record::Fail { at, .. }

@@ -13,6 +13,7 @@ use super::image::StateImage;
 use super::record::{FailOutcome, Record, TimeoutKind};
 use super::view::QueueSummary;
 use super::workers::WorkerSignal;
+use super::workflow_table::Workflow;
 use crate::clock::Millis;
 use crate::job::{
     ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdMap, JobIdSet, JobState, SharedPolicies,
@@ -34,6 +35,9 @@ pub struct Retention {
     pub max_terminal_jobs: usize,
     /// Most bytes held by terminal jobs ([`Job::held_bytes`]).
     pub max_terminal_bytes: u64,
+    /// How long ended workflows are kept, and how many at most.
+    pub workflows_ms: i64,
+    pub max_terminal_workflows: usize,
 }
 
 impl Default for Retention {
@@ -46,6 +50,8 @@ impl Default for Retention {
             dead_letter_ms: RETENTION_DEAD_LETTER_MS,
             max_terminal_jobs: RETENTION_TERMINAL_JOBS_MAX,
             max_terminal_bytes: RETENTION_TERMINAL_BYTES_MAX,
+            workflows_ms: RETENTION_WORKFLOWS_MS,
+            max_terminal_workflows: RETENTION_TERMINAL_WORKFLOWS_MAX,
         }
     }
 }
@@ -121,6 +127,14 @@ pub struct State {
     pub(crate) dispatch: DispatchTable,
     /// Claims under a limit since old claims were last forgotten.
     claims_since_forget: u32,
+    /// Workflows by id, shared with the read view.
+    pub(crate) workflows: BTreeMap<JobId, Arc<Workflow>>,
+    /// Ended workflows by when they ended, for retention and the cap.
+    pub(crate) terminal_workflows: std::collections::BTreeSet<(Millis, JobId)>,
+    /// Workflows changed since the view was last updated.
+    pub(crate) dirty_workflows: JobIdSet,
+    /// Workflow jobs that ended during the record being applied.
+    ended_in_workflow: Vec<JobId>,
 }
 
 /// A record that does not fit the state (a damaged or foreign log).
@@ -150,6 +164,10 @@ impl State {
             unique_index: HashMap::new(),
             dispatch: DispatchTable::default(),
             claims_since_forget: 0,
+            workflows: BTreeMap::new(),
+            terminal_workflows: std::collections::BTreeSet::new(),
+            dirty_workflows: JobIdSet::default(),
+            ended_in_workflow: Vec::new(),
         };
         state.queues.insert("default".to_string(), QueueState::default());
         state
@@ -207,16 +225,25 @@ impl State {
         self.active_by_worker.get(worker_id).map(|ids| ids.iter().copied().collect()).unwrap_or_default()
     }
 
-    /// The earliest job deadline or cron run.
+    /// The earliest job deadline, cron run or workflow past its retention.
     pub fn next_deadline(&self) -> Option<Millis> {
-        match (self.timers.next_deadline(), self.crons.next_due()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let workflow =
+            self.terminal_workflows.first().map(|(ended_at, _)| ended_at.saturating_add(self.retention.workflows_ms));
+        [self.timers.next_deadline(), self.crons.next_due(), workflow].into_iter().flatten().min()
     }
 
     pub fn crons(&self) -> &CronTable {
         &self.crons
+    }
+
+    pub fn workflow(&self, id: JobId) -> Option<&Arc<Workflow>> {
+        self.workflows.get(&id)
+    }
+
+    /// Workflows changed since the last call, as they are now (`None`: pruned).
+    pub fn take_dirty_workflows(&mut self) -> Vec<(JobId, Option<Arc<Workflow>>)> {
+        let ids: Vec<JobId> = self.dirty_workflows.drain().collect();
+        ids.into_iter().map(|id| (id, self.workflows.get(&id).cloned())).collect()
     }
 
     /// Live jobs holding `key`, oldest first.
@@ -412,13 +439,18 @@ impl State {
     }
 
     /// Changes one job through `change`, keeping every structure in step.
-    fn update(&mut self, id: JobId, change: impl FnOnce(&mut Job)) -> Result<Arc<Job>, ApplyError> {
+    pub(super) fn update(&mut self, id: JobId, change: impl FnOnce(&mut Job)) -> Result<Arc<Job>, ApplyError> {
         let mut job = self.jobs.remove(&id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
         self.unindex_job(&job);
         let was_terminal = job.state.is_terminal();
         change(Arc::make_mut(&mut job));
-        if !was_terminal && job.state.is_terminal() && self.crons.waiters.contains_key(&id) {
-            self.ended_with_waiter.push(id);
+        if !was_terminal && job.state.is_terminal() {
+            if self.crons.waiters.contains_key(&id) {
+                self.ended_with_waiter.push(id);
+            }
+            if job.workflow().is_some() {
+                self.ended_in_workflow.push(id);
+            }
         }
         self.index_job(&job);
         self.dirty.insert(id);
@@ -430,20 +462,27 @@ impl State {
     /// through here, so replay rebuilds exactly the live state.
     pub fn apply(&mut self, record: &Record, events: &mut EventSink) -> Result<(), ApplyError> {
         self.apply_record(record, events)?;
-        self.latest_at = self.latest_at.max(record.at());
-        // A cron run staged behind a run that just ended starts now (rows 5/6).
-        for previous in std::mem::take(&mut self.ended_with_waiter) {
-            let Some(waiting) = self.crons.waiters.remove(&previous) else { continue };
-            if self.jobs.get(&waiting).is_some_and(|job| job.state == JobState::Pending) {
-                let at = record.at();
-                self.update(waiting, |job| activate(job, at))?;
+        let at = record.at();
+        self.latest_at = self.latest_at.max(at);
+        // What the jobs that ended set going, until nothing more ends: a cron
+        // run staged behind a run that just ended starts now (rows 5/6), and
+        // workflows move on (a step, a callback, a cancelled rest).
+        while !self.ended_with_waiter.is_empty() || !self.ended_in_workflow.is_empty() {
+            for previous in std::mem::take(&mut self.ended_with_waiter) {
+                let Some(waiting) = self.crons.waiters.remove(&previous) else { continue };
+                if self.jobs.get(&waiting).is_some_and(|job| job.state == JobState::Pending) {
+                    self.update(waiting, |job| activate(job, at))?;
+                }
+            }
+            for ended in std::mem::take(&mut self.ended_in_workflow) {
+                self.workflow_job_ended(at, ended, events)?;
             }
         }
         Ok(())
     }
 
     /// Cancels a non-terminal job (row 16).
-    fn cancel(
+    pub(super) fn cancel(
         &mut self,
         at: Millis,
         id: JobId,
@@ -466,6 +505,11 @@ impl State {
         match record {
             Record::Enqueue { at, jobs, replaced } => self.apply_enqueue(*at, jobs, replaced, events),
             Record::Activate { at, id } => self.apply_activate(*at, *id, events),
+            Record::WorkflowCreate { at, workflow, jobs, replaced } => {
+                self.apply_workflow_create(*at, workflow, jobs, replaced, events)
+            }
+            Record::WorkflowCancel { at, id } => self.apply_workflow_cancel(*at, *id, events),
+            Record::WorkflowPrune { ids, .. } => self.apply_workflow_prune(ids),
             Record::EnqueueV1 { .. } | Record::CronFireV1 { .. } => {
                 Err(ApplyError(format!("a {} record of an earlier format was not upgraded", record.kind())))
             }
@@ -552,7 +596,12 @@ impl State {
         Ok(())
     }
 
-    fn insert_new(&mut self, at: Millis, jobs: &[Arc<Job>], events: &mut EventSink) -> Result<(), ApplyError> {
+    pub(super) fn insert_new(
+        &mut self,
+        at: Millis,
+        jobs: &[Arc<Job>],
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
         for job in jobs {
             if self.jobs.contains_key(&job.id) {
                 return Err(ApplyError(format!("record enqueues job {} twice", job.id)));
@@ -855,6 +904,7 @@ impl State {
             .map(|(key, claims)| (key, claims.into_iter().filter(|at| *at > since).collect::<Vec<_>>()))
             .filter(|(_, claims)| !claims.is_empty())
             .collect();
+        let workflows = self.workflows.values().cloned().collect();
         StateImage {
             jobs,
             paused_queues,
@@ -864,6 +914,7 @@ impl State {
             crons,
             cron_waiters,
             dispatch_claims,
+            workflows,
         }
     }
 
@@ -891,6 +942,13 @@ impl State {
         state.crons.waiters = image.cron_waiters.into_iter().collect();
         for (key, claims) in image.dispatch_claims {
             state.dispatch.load_claims(key, claims);
+        }
+        for workflow in image.workflows {
+            if let Some(ended_at) = workflow.ended_at {
+                state.terminal_workflows.insert((ended_at, workflow.id));
+            }
+            state.dirty_workflows.insert(workflow.id);
+            state.workflows.insert(workflow.id, workflow);
         }
         state.ids = image.ids;
         Ok(state)
@@ -1000,7 +1058,7 @@ impl State {
 }
 
 /// Rows 5/6: a `pending` job becomes `scheduled` until its time, else `available`.
-fn activate(job: &mut Job, at: Millis) {
+pub(super) fn activate(job: &mut Job, at: Millis) {
     if job.scheduled_at.is_some_and(|scheduled| scheduled > at) {
         job.state = JobState::Scheduled;
     } else {

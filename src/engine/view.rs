@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use super::cron_table::CronEntry;
 use super::events::{Event, EventBuffer, EventKind, EventPage};
 use super::workers::WorkerEntry;
+use super::workflow_table::Workflow;
 use crate::clock::Millis;
 use crate::job::{Job, JobId, JobIdMap, JobState};
 
@@ -122,6 +123,8 @@ pub struct ReadView {
     throughput: Mutex<std::collections::HashMap<String, Throughput>>,
     /// Cron entries by name.
     crons: RwLock<std::collections::BTreeMap<String, Arc<CronEntry>>>,
+    /// Workflows by id.
+    workflows: RwLock<crate::job::JobIdMap<Arc<Workflow>>>,
     /// Why the engine accepts no more writes: 0 while it does, else an
     /// [`EngineFailure`] as `1 + its index`.
     failure: AtomicU8,
@@ -158,6 +161,7 @@ impl Default for ReadView {
             events: Mutex::new(EventBuffer::default()),
             throughput: Mutex::new(std::collections::HashMap::new()),
             crons: RwLock::new(std::collections::BTreeMap::new()),
+            workflows: RwLock::new(crate::job::JobIdMap::default()),
             failure: AtomicU8::new(0),
             disk_full: AtomicBool::new(false),
         }
@@ -248,6 +252,21 @@ impl ReadView {
 
     pub fn cron(&self, name: &str) -> Option<Arc<CronEntry>> {
         self.crons.read().get(name).cloned()
+    }
+
+    pub fn workflow(&self, id: JobId) -> Option<Arc<Workflow>> {
+        self.workflows.read().get(&id).cloned()
+    }
+
+    /// Writer only: publishes changed workflows (`None` removes).
+    pub(crate) fn publish_workflows(&self, changes: impl Iterator<Item = (JobId, Option<Arc<Workflow>>)>) {
+        let mut workflows = self.workflows.write();
+        for (id, workflow) in changes {
+            match workflow {
+                Some(workflow) => workflows.insert(id, workflow),
+                None => workflows.remove(&id),
+            };
+        }
     }
 
     /// Writer only: publishes changed cron entries (`None` removes).

@@ -385,6 +385,7 @@ impl Writer {
                 (name, entry)
             })
             .collect();
+        let workflows = self.state.take_dirty_workflows();
         let jobs = self.state.take_dirty().into_iter().map(|id| (id, self.state.job(id).cloned())).collect();
         let queues = self.state.take_dirty_queues();
         let mut events = Vec::with_capacity(pending.len());
@@ -401,7 +402,7 @@ impl Writer {
             let event_id = self.event_ids.next(time, rand::random());
             events.push(Event { seq: self.event_seq, id: EventId(event_id), time, kind, job });
         }
-        ViewDelta { jobs, workers, crons, queues, events }
+        ViewDelta { jobs, workers, crons, workflows, queues, events }
     }
 
     /// Starts a new segment and takes the state's image as of that boundary.

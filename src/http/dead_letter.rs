@@ -5,7 +5,7 @@ use serde_json::json;
 use super::error::ApiError;
 use super::extract::object_body;
 use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
-use super::wire::{job_body, jobs_object};
+use super::wire::{job_body, jobs_object_with};
 use super::{AppState, Reply, is_empty_body};
 use crate::job::{JobId, is_valid_queue};
 
@@ -36,7 +36,7 @@ pub(super) fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError
         Some(next) => format!("\"{}\"", encode_cursor(&next.to_string())),
         None => "null".to_string(),
     };
-    let mut body = jobs_object("jobs", &jobs);
+    let mut body = jobs_object_with("jobs", &jobs, |job| super::workflows::job_fields(app, job));
     body.raw("cursor", &cursor).raw("has_more", if has_more { "true" } else { "false" });
     Ok(Reply::ok(body.finish()))
 }

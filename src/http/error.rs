@@ -217,6 +217,10 @@ impl From<EngineError> for ApiError {
                     None => error,
                 }
             }
+            EngineError::WorkflowNotFound { id } => ApiError::not_found("workflow", id.to_string()),
+            EngineError::WorkflowConflict { id, current_state } => ApiError::new("conflict", message)
+                .detail("workflow_id", id.to_string())
+                .detail("current_state", current_state.as_str()),
             EngineError::Unavailable { reason } => {
                 let text = match reason {
                     Unavailable::Overloaded => "the server is overloaded; retry shortly",

@@ -76,13 +76,15 @@ pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, Api
 pub(super) fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = job_id(id)?;
     let job = app.engine.job(id).ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
-    Ok(Reply::ok(job_body(&job)))
+    let extra = super::workflows::job_fields(app, &job);
+    Ok(Reply::ok(format!("{{\"job\":{}}}", render_job(&job, &extra))))
 }
 
 pub(super) async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = job_id(id)?;
     let cancelled = app.engine.cancel(id).outcome().await?;
-    let extra = [("previous_state", Value::from(cancelled.previous_state.as_str()))];
+    let mut extra = super::workflows::job_fields(app, &cancelled.job);
+    extra.push(("previous_state", Value::from(cancelled.previous_state.as_str())));
     Ok(Reply::ok(format!("{{\"job\":{}}}", render_job(&cancelled.job, &extra))))
 }
 

@@ -20,6 +20,7 @@ pub mod rate_limit;
 mod router;
 pub mod wire;
 mod workers;
+mod workflows;
 
 pub use error::{ApiError, ERROR_TABLE};
 

@@ -16,6 +16,9 @@ pub enum Route {
     GetJob(String),
     CancelJob(String),
     ActivateJob(String),
+    CreateWorkflow,
+    GetWorkflow(String),
+    CancelWorkflow(String),
     Fetch,
     Ack,
     Nack,
@@ -85,6 +88,10 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         }
         ["svc", "v1", "jobs", id, "fail"] if !id.is_empty() => {
             vec![(Method::POST, Route::FailById(decoded(id)))]
+        }
+        ["svc", "v1", "workflows"] => vec![(Method::POST, Route::CreateWorkflow)],
+        ["svc", "v1", "workflows", id] if !id.is_empty() => {
+            vec![(Method::GET, Route::GetWorkflow(decoded(id))), (Method::DELETE, Route::CancelWorkflow(decoded(id)))]
         }
         ["svc", "v1", "queues"] => vec![(Method::GET, Route::Queues)],
         ["svc", "v1", "queues", name, "stats"] if !name.is_empty() => {

@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use crate::engine::{CronInfo, Event, EventKind};
+use crate::engine::{CronInfo, Event, EventKind, WorkflowEvent};
 use crate::job::json::{push_ascii, push_json_string};
 use crate::job::time::{format_timestamp, push_duration_ms, push_timestamp};
 use crate::job::{FailureReport, Job, JobId, JobState, RetryPolicy};
@@ -135,6 +135,15 @@ pub fn job_body(job: &Job) -> String {
 
 /// `{"<key>": [<jobs>]` with the object left open for more keys.
 pub fn jobs_object(key: &str, jobs: &[std::sync::Arc<Job>]) -> ObjectWriter {
+    jobs_object_with(key, jobs, |_| Vec::new())
+}
+
+/// `jobs_object`, each job followed by the fields `extra` gives it.
+pub fn jobs_object_with(
+    key: &str,
+    jobs: &[std::sync::Arc<Job>],
+    extra: impl Fn(&Job) -> Vec<(&'static str, Value)>,
+) -> ObjectWriter {
     let mut out = String::with_capacity(64 + 1024 * jobs.len());
     out.push('{');
     push_json_string(&mut out, key);
@@ -143,7 +152,7 @@ pub fn jobs_object(key: &str, jobs: &[std::sync::Arc<Job>]) -> ObjectWriter {
         if index > 0 {
             out.push(',');
         }
-        push_job(&mut out, job, &[]);
+        push_job(&mut out, job, &extra(job));
     }
     out.push(']');
     ObjectWriter { out, first: false }
@@ -352,7 +361,7 @@ fn render_report(report: &FailureReport, history: Option<(u32, i64)>) -> String 
     object.finish()
 }
 
-fn report_value(report: &FailureReport, with_retryable: bool) -> Value {
+pub(super) fn report_value(report: &FailureReport, with_retryable: bool) -> Value {
     let mut value = serde_json::json!({"type": report.error_type, "code": report.code, "message": report.message});
     if with_retryable {
         value["retryable"] = report.retryable.unwrap_or(true).into();
@@ -393,6 +402,7 @@ pub fn render_event(event: &Event) -> Value {
             let ids: Vec<String> = active_job_ids.iter().map(JobId::to_string).collect();
             ("api", serde_json::json!({"worker_id": worker_id, "active_job_ids": ids, "by": by}))
         }
+        (EventKind::Workflow { id, event }, _) => ("workflows", workflow_event_data(*id, event)),
         (_, Some(job)) => ("api", job_event_data(event, job)),
         (_, None) => ("api", serde_json::json!({})),
     };
@@ -411,6 +421,42 @@ pub fn render_event(event: &Event) -> Value {
     envelope
 }
 
+fn workflow_event_data(id: JobId, event: &WorkflowEvent) -> Value {
+    let mut data = serde_json::json!({"workflow_id": id.to_string()});
+    let fields: Vec<(&str, Value)> = match event {
+        WorkflowEvent::Started { name, workflow_type, jobs_total } => {
+            let mut fields = vec![("workflow_type", (*workflow_type).into()), ("jobs_total", (*jobs_total).into())];
+            if let Some(name) = name {
+                fields.push(("workflow_name", name.clone().into()));
+            }
+            fields
+        }
+        WorkflowEvent::StepCompleted { index, job_id, job_type, steps_remaining } => vec![
+            ("index", (*index).into()),
+            ("job_id", job_id.to_string().into()),
+            ("job_type", job_type.clone().into()),
+            ("steps_remaining", (*steps_remaining).into()),
+        ],
+        WorkflowEvent::CallbackFired { callback, job_id } => {
+            vec![("callback", (*callback).into()), ("job_id", job_id.to_string().into())]
+        }
+        WorkflowEvent::Completed { workflow_type, duration_ms } => {
+            vec![("workflow_type", (*workflow_type).into()), ("duration_ms", (*duration_ms).into())]
+        }
+        WorkflowEvent::Failed { workflow_type, failed_index, failed_job_id, error } => vec![
+            ("workflow_type", (*workflow_type).into()),
+            ("failed_index", (*failed_index).into()),
+            ("failed_job_id", failed_job_id.to_string().into()),
+            ("error", error.as_ref().map(|report| report_value(report, false)).into()),
+        ],
+        WorkflowEvent::Cancelled { jobs_cancelled } => vec![("jobs_cancelled", (*jobs_cancelled).into())],
+    };
+    for (key, value) in fields {
+        data[key] = value;
+    }
+    data
+}
+
 fn cron_data(cron: &CronInfo) -> Value {
     serde_json::json!({
         "cron_name": cron.name,
@@ -427,6 +473,9 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
         "job_type": job.payload.job_type,
         "queue": job.queue,
     });
+    if let Some((workflow_id, _)) = job.workflow() {
+        data["workflow_id"] = workflow_id.to_string().into();
+    }
     if let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(&job.payload.meta)
         && let Some(trace_id) = meta.get("trace_id")
     {
@@ -510,7 +559,8 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
         | EventKind::QueuePaused(_)
         | EventKind::QueueResumed(_)
         | EventKind::WorkerStarted { .. }
-        | EventKind::WorkerSignalled { .. } => Vec::new(),
+        | EventKind::WorkerSignalled { .. }
+        | EventKind::Workflow { .. } => Vec::new(),
     };
     for (key, value) in fields {
         data[key] = value;

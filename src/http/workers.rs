@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use super::error::ApiError;
 use super::extract::{job_id, object_body};
 use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
-use super::wire::jobs_object;
+use super::wire::jobs_object_with;
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::{EngineError, FetchRequest};
 use crate::job::json::{JsonKind, RawObject, kind_of, minify, string_value};
@@ -92,7 +92,7 @@ pub(super) async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError
     let request = FetchRequest { queues, count, worker_id: worker_id(&object)?, visibility_timeout_ms };
     // A draining engine hands out no new work (docs/api.md, "Shutting down").
     let jobs = app.engine.fetch_waiting(request, wait_ms).outcome().await?;
-    Ok(Reply::ok(jobs_object("jobs", &jobs).finish()))
+    Ok(Reply::ok(jobs_object_with("jobs", &jobs, |job| super::workflows::job_fields(app, job)).finish()))
 }
 
 /// The job id of a worker report: from the path, or `job_id` in the body.

@@ -120,6 +120,44 @@ pub enum JobExtra {
     RateLimit(Arc<DispatchLimit>),
     /// When the job last left `pending`.
     ActivatedAt(Millis),
+    /// The workflow the job belongs to, and its part in it.
+    Workflow { id: JobId, role: WorkflowRole },
+}
+
+/// A job's part in its workflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkflowRole {
+    /// A chain step or a group or batch job, by its index.
+    Member(u32),
+    /// A batch callback.
+    Callback(CallbackKind),
+}
+
+/// Which batch callback (docs/api.md, "Workflows").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum CallbackKind {
+    /// Fires once every job ended, whatever the outcome.
+    OnComplete,
+    /// Fires once every job ended, if none failed.
+    OnSuccess,
+    /// Fires once every job ended, if any failed.
+    OnFailure,
+}
+
+impl CallbackKind {
+    pub const ALL: [CallbackKind; 3] = [CallbackKind::OnComplete, CallbackKind::OnSuccess, CallbackKind::OnFailure];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallbackKind::OnComplete => "on_complete",
+            CallbackKind::OnSuccess => "on_success",
+            CallbackKind::OnFailure => "on_failure",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<CallbackKind> {
+        CallbackKind::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
 }
 
 /// A job as the engine holds it.
@@ -239,6 +277,21 @@ impl Job {
             JobExtra::ActivatedAt(at) => Some(*at),
             _ => None,
         })
+    }
+
+    /// The workflow the job belongs to, and its part in it.
+    pub fn workflow(&self) -> Option<(JobId, WorkflowRole)> {
+        self.extras.iter().find_map(|extra| match extra {
+            JobExtra::Workflow { id, role } => Some((*id, *role)),
+            _ => None,
+        })
+    }
+
+    /// Adds an extra (the caller makes sure there is no other of its kind).
+    pub fn push_extra(&mut self, extra: JobExtra) {
+        let mut extras = std::mem::take(&mut self.extras).into_vec();
+        extras.push(extra);
+        self.extras = extras.into_boxed_slice();
     }
 
     pub fn set_activated_at(&mut self, at: Millis) {

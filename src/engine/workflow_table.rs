@@ -1,0 +1,133 @@
+//! Workflows as the engine holds them (docs/api.md, "Workflows"): members
+//! with what they came to, a batch's callbacks (made when the workflow is
+//! created, stored only when they fire), and the workflow's own state.
+
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+use crate::clock::Millis;
+use crate::job::{CallbackKind, FailureReport, Job, JobId, JobState, WorkflowRole};
+use crate::workflow::WorkflowKind;
+
+/// `running` until it completes, fails or is cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkflowState {
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl WorkflowState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkflowState::Running => "running",
+            WorkflowState::Completed => "completed",
+            WorkflowState::Failed => "failed",
+            WorkflowState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        self != WorkflowState::Running
+    }
+}
+
+/// A chain step, or a group's or batch's job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Member {
+    pub job_id: JobId,
+    pub job_type: String,
+    pub queue: String,
+    /// How the member's job first ended: kept when the job itself is pruned
+    /// (and not changed by a later dead-letter retry, which detaches it).
+    pub outcome: Option<MemberOutcome>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemberOutcome {
+    pub state: JobState,
+    /// Compact JSON of the ack's result.
+    pub result: Option<Arc<str>>,
+}
+
+/// A batch callback: the job it fires, made (id included) when the workflow
+/// was created and stored only if it fires.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Callback {
+    pub kind: CallbackKind,
+    pub job: Arc<Job>,
+    pub fired: bool,
+    /// How the fired job first ended.
+    pub outcome: Option<JobState>,
+}
+
+/// What failed the workflow: a member (by index) or a callback.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowFailure {
+    /// The member's index; `None` for a callback.
+    pub index: Option<u32>,
+    pub job_id: JobId,
+    pub error: Option<FailureReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workflow {
+    pub id: JobId,
+    pub name: Option<String>,
+    pub kind: WorkflowKind,
+    pub state: WorkflowState,
+    pub members: Vec<Member>,
+    pub callbacks: Vec<Callback>,
+    pub created_at: Millis,
+    /// When it completed, failed or was cancelled.
+    pub ended_at: Option<Millis>,
+    pub failure: Option<WorkflowFailure>,
+}
+
+impl Workflow {
+    /// Members that completed, and members that failed (ended `discarded` or `cancelled`).
+    pub fn member_counts(&self) -> (usize, usize) {
+        let ended = |failed: bool| {
+            self.members
+                .iter()
+                .filter_map(|member| member.outcome.as_ref())
+                .filter(|outcome| is_failure(outcome.state) == failed)
+                .count()
+        };
+        (ended(false), ended(true))
+    }
+
+    /// The results a job of this workflow is given (docs/api.md, "Results
+    /// passing"): a chain step, those of the steps before it; a callback,
+    /// every member's, with their final states; other members, none.
+    pub fn parent_results(&self, role: WorkflowRole) -> ParentResults {
+        let result = |member: &Member| member.outcome.as_ref().and_then(|outcome| outcome.result.clone());
+        match (self.kind, role) {
+            (WorkflowKind::Chain, WorkflowRole::Member(index)) => {
+                ParentResults { results: self.members.iter().take(index as usize).map(result).collect(), states: None }
+            }
+            (_, WorkflowRole::Callback(_)) => ParentResults {
+                results: self.members.iter().map(result).collect(),
+                states: Some(
+                    self.members.iter().map(|member| member.outcome.as_ref().map(|outcome| outcome.state)).collect(),
+                ),
+            },
+            _ => ParentResults { results: Vec::new(), states: None },
+        }
+    }
+}
+
+/// What a workflow's job is given from the jobs before it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ParentResults {
+    /// Compact JSON of each result, `None` where there is none (yet).
+    pub results: Vec<Option<Arc<str>>>,
+    /// For a callback: each member's final state.
+    pub states: Option<Vec<Option<JobState>>>,
+}
+
+/// A job that ended `discarded` or `cancelled` failed its workflow.
+pub fn is_failure(state: JobState) -> bool {
+    matches!(state, JobState::Discarded | JobState::Cancelled)
+}

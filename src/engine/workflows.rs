@@ -1,0 +1,379 @@
+//! Workflows in the engine (docs/api.md, "Workflows"): deciding a creation
+//! and a cancel, and, as records are applied, moving a workflow on when one
+//! of its jobs ends: the next chain step, a batch's callbacks, the
+//! workflow's own end. Everything here is state: logged as decided records
+//! (the callbacks' jobs, ids included, are in the creation record), in the
+//! snapshot, and replayed exactly, so a crash never fires a callback twice
+//! or activates a step twice.
+
+use std::sync::Arc;
+
+use super::api::{EngineError, Unavailable};
+use super::decide::Entropy;
+use super::events::{EventKind, EventSink, WorkflowEvent};
+use super::record::Record;
+use super::state::{ApplyError, State, activate};
+use super::workflow_table::{Callback, Member, MemberOutcome, Workflow, WorkflowFailure, WorkflowState, is_failure};
+use crate::clock::Millis;
+use crate::job::{CallbackKind, Job, JobExtra, JobId, JobIdSet, JobState, OnConflict, WorkflowRole};
+use crate::limits::LIVE_JOBS_MAX;
+use crate::workflow::{WorkflowDefinition, WorkflowKind};
+
+impl State {
+    /// Decides a creation: every job checked as an enqueue would be (the
+    /// ones that start at once also against paused queues), all or nothing.
+    pub fn decide_workflow_create(
+        &mut self,
+        now: Millis,
+        definition: WorkflowDefinition,
+        entropy: &mut dyn Entropy,
+    ) -> Result<(Record, JobId), EngineError> {
+        if self.live_jobs() + definition.jobs.len() > LIVE_JOBS_MAX {
+            return Err(EngineError::Unavailable { reason: Unavailable::Capacity });
+        }
+        let mut seen = JobIdSet::default();
+        let id = self.fresh_id(now, entropy, &seen);
+        seen.insert(id);
+        let kind = definition.kind;
+        let mut jobs: Vec<Arc<Job>> = Vec::with_capacity(definition.jobs.len());
+        let mut members = Vec::with_capacity(definition.jobs.len());
+        let mut replaced = Vec::new();
+        for (index, new_job) in definition.jobs.into_iter().enumerate() {
+            let starts_now = kind != WorkflowKind::Chain || index == 0;
+            if starts_now && self.queue(&new_job.queue).is_some_and(|queue| queue.paused) {
+                return Err(EngineError::QueuePaused { queue: new_job.queue, index: Some(index) });
+            }
+            let mut job = self.admit(now, new_job, Some(index), &mut seen, entropy, !starts_now)?;
+            // A workflow cannot adopt a job it did not make: `reject` and
+            // `ignore` both refuse the creation; `replace` cancels the holders.
+            if let Some((on_conflict, holders)) = self.unique_holders(&job, now, &jobs, &replaced) {
+                if on_conflict != OnConflict::Replace {
+                    let existing = holders[0];
+                    let existing_state = self
+                        .job(existing)
+                        .or_else(|| jobs.iter().find(|job| job.id == existing))
+                        .map_or(JobState::Available, |job| job.state);
+                    let key = job.unique().expect("a unique job").1;
+                    return Err(EngineError::UniqueConflict { existing, existing_state, key, index: Some(index) });
+                }
+                replaced.extend(holders);
+            }
+            job.push_extra(JobExtra::Workflow { id, role: WorkflowRole::Member(index as u32) });
+            members.push(Member {
+                job_id: job.id,
+                job_type: job.payload.job_type.clone(),
+                queue: job.queue.clone(),
+                outcome: None,
+            });
+            jobs.push(Arc::new(job));
+        }
+        let mut callbacks = Vec::with_capacity(definition.callbacks.len());
+        for (callback, new_job) in definition.callbacks {
+            let mut job = self.admit(now, new_job, None, &mut seen, entropy, true)?;
+            job.push_extra(JobExtra::Workflow { id, role: WorkflowRole::Callback(callback) });
+            callbacks.push(Callback { kind: callback, job: Arc::new(job), fired: false, outcome: None });
+        }
+        let workflow = Workflow {
+            id,
+            name: definition.name,
+            kind,
+            state: WorkflowState::Running,
+            members,
+            callbacks,
+            created_at: now,
+            ended_at: None,
+            failure: None,
+        };
+        Ok((Record::WorkflowCreate { at: now, workflow: Arc::new(workflow), jobs, replaced }, id))
+    }
+
+    /// Decides a cancel: 404 for an unknown workflow, 409 for an ended one.
+    pub fn decide_workflow_cancel(&self, now: Millis, id: JobId) -> Result<Record, EngineError> {
+        let workflow = self.workflow(id).ok_or(EngineError::WorkflowNotFound { id })?;
+        if workflow.state.is_terminal() {
+            return Err(EngineError::WorkflowConflict { id, current_state: workflow.state });
+        }
+        Ok(Record::WorkflowCancel { at: now, id })
+    }
+
+    pub(super) fn apply_workflow_create(
+        &mut self,
+        at: Millis,
+        workflow: &Arc<Workflow>,
+        jobs: &[Arc<Job>],
+        replaced: &[JobId],
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        if self.workflows.contains_key(&workflow.id) {
+            return Err(ApplyError(format!("record creates workflow {} twice", workflow.id)));
+        }
+        self.workflows.insert(workflow.id, workflow.clone());
+        self.dirty_workflows.insert(workflow.id);
+        let started = WorkflowEvent::Started {
+            name: workflow.name.clone(),
+            workflow_type: workflow.kind.as_str(),
+            jobs_total: workflow.members.len(),
+        };
+        events.push_other(at, EventKind::Workflow { id: workflow.id, event: started });
+        for id in replaced {
+            if self.job(*id).is_some_and(|job| !job.state.is_terminal()) {
+                self.cancel(at, *id, "unique_replace", events)?;
+            }
+        }
+        self.insert_new(at, jobs, events)
+    }
+
+    /// Cancels a running workflow: every job of it not yet ended, callbacks
+    /// fired included; callbacks not fired never will.
+    pub(super) fn apply_workflow_cancel(
+        &mut self,
+        at: Millis,
+        id: JobId,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        let workflow =
+            self.workflows.get(&id).ok_or_else(|| ApplyError(format!("record cancels unknown workflow {id}")))?;
+        if workflow.state.is_terminal() {
+            return Err(ApplyError(format!("record cancels workflow {id}, which has ended")));
+        }
+        let live: Vec<JobId> = workflow
+            .members
+            .iter()
+            .map(|member| member.job_id)
+            .chain(workflow.callbacks.iter().filter(|callback| callback.fired).map(|callback| callback.job.id))
+            .filter(|job| self.job(*job).is_some_and(|job| !job.state.is_terminal()))
+            .collect();
+        self.end_workflow(id, at, WorkflowState::Cancelled, None);
+        let cancelled = WorkflowEvent::Cancelled { jobs_cancelled: live.len() };
+        events.push_other(at, EventKind::Workflow { id, event: cancelled });
+        for job in live {
+            self.cancel(at, job, "workflow_cancel", events)?;
+        }
+        Ok(())
+    }
+
+    /// Removes ended workflows for good.
+    pub(super) fn apply_workflow_prune(&mut self, ids: &[JobId]) -> Result<(), ApplyError> {
+        for id in ids {
+            let workflow =
+                self.workflows.remove(id).ok_or_else(|| ApplyError(format!("record prunes unknown workflow {id}")))?;
+            let ended_at =
+                workflow.ended_at.ok_or_else(|| ApplyError(format!("record prunes running workflow {id}")))?;
+            self.terminal_workflows.remove(&(ended_at, *id));
+            self.dirty_workflows.insert(*id);
+        }
+        Ok(())
+    }
+
+    /// A job of a workflow ended (the first time): records how, and moves
+    /// the workflow on (docs/api.md, "Workflows", execution table).
+    pub(super) fn workflow_job_ended(
+        &mut self,
+        at: Millis,
+        job_id: JobId,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        let Some(job) = self.job(job_id).cloned() else { return Ok(()) };
+        let Some((id, role)) = job.workflow() else { return Ok(()) };
+        let Some(workflow) = self.workflows.get_mut(&id) else { return Ok(()) };
+        let workflow = Arc::make_mut(workflow);
+        self.dirty_workflows.insert(id);
+        match role {
+            WorkflowRole::Member(index) => {
+                let index = index as usize;
+                let Some(member) = workflow.members.get_mut(index) else { return Ok(()) };
+                if member.outcome.is_some() {
+                    // Ended again after a dead-letter retry: it runs detached.
+                    return Ok(());
+                }
+                member.outcome = Some(MemberOutcome { state: job.state, result: job.result.as_deref().map(Arc::from) });
+                if workflow.state.is_terminal() {
+                    return Ok(());
+                }
+                if !is_failure(job.state) {
+                    let steps_remaining = workflow.members.iter().filter(|member| member.outcome.is_none()).count();
+                    let completed = WorkflowEvent::StepCompleted {
+                        index,
+                        job_id,
+                        job_type: job.payload.job_type.clone(),
+                        steps_remaining,
+                    };
+                    events.push_other(at, EventKind::Workflow { id, event: completed });
+                }
+                match workflow.kind {
+                    WorkflowKind::Chain => self.chain_step_ended(at, id, index, &job, events),
+                    WorkflowKind::Group | WorkflowKind::Batch => self.member_of_many_ended(at, id, events),
+                }
+            }
+            WorkflowRole::Callback(kind) => {
+                let Some(callback) = workflow.callbacks.iter_mut().find(|callback| callback.kind == kind) else {
+                    return Ok(());
+                };
+                if callback.outcome.is_some() {
+                    return Ok(());
+                }
+                callback.outcome = Some(job.state);
+                if workflow.state.is_terminal() {
+                    return Ok(());
+                }
+                let mut fired = workflow.callbacks.iter().filter(|callback| callback.fired);
+                if fired.clone().any(|callback| callback.outcome.is_none()) {
+                    return Ok(());
+                }
+                let failed =
+                    fired.find(|callback| callback.outcome.is_some_and(is_failure)).map(|callback| callback.job.id);
+                let failure = failed.map(|job_id| WorkflowFailure {
+                    index: None,
+                    job_id,
+                    error: self.job(job_id).and_then(|job| job.error.as_deref().cloned()),
+                });
+                self.finish(at, id, failure, events);
+                Ok(())
+            }
+        }
+    }
+
+    /// A chain step ended: the next one starts, or the chain completes, or
+    /// (a failed step) the chain fails and its later steps are cancelled.
+    fn chain_step_ended(
+        &mut self,
+        at: Millis,
+        id: JobId,
+        index: usize,
+        job: &Job,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        let workflow = self.workflows[&id].clone();
+        if is_failure(job.state) {
+            let failure =
+                WorkflowFailure { index: Some(index as u32), job_id: job.id, error: job.error.as_deref().cloned() };
+            self.finish(at, id, Some(failure), events);
+            for member in &workflow.members[index + 1..] {
+                if self.job(member.job_id).is_some_and(|job| !job.state.is_terminal()) {
+                    self.cancel(at, member.job_id, "workflow_failed", events)?;
+                }
+            }
+            return Ok(());
+        }
+        match workflow.members.get(index + 1) {
+            Some(next) if self.job(next.job_id).is_some_and(|job| job.state == JobState::Pending) => {
+                let started = self.update(next.job_id, |job| activate(job, at))?;
+                if started.state == JobState::Scheduled {
+                    events.push(at, EventKind::Scheduled, started.id);
+                }
+            }
+            Some(_) => {}
+            None => self.finish(at, id, None, events),
+        }
+        Ok(())
+    }
+
+    /// A group's or batch's job ended: once all have, a group ends and a
+    /// batch fires its callbacks.
+    fn member_of_many_ended(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
+        let workflow = self.workflows[&id].clone();
+        if workflow.members.iter().any(|member| member.outcome.is_none()) {
+            return Ok(());
+        }
+        let first_failed = workflow
+            .members
+            .iter()
+            .enumerate()
+            .find(|(_, member)| member.outcome.as_ref().is_some_and(|outcome| is_failure(outcome.state)));
+        let failure = first_failed.map(|(index, member)| WorkflowFailure {
+            index: Some(index as u32),
+            job_id: member.job_id,
+            error: self.job(member.job_id).and_then(|job| job.error.as_deref().cloned()),
+        });
+        if workflow.kind == WorkflowKind::Group {
+            self.finish(at, id, failure, events);
+            return Ok(());
+        }
+        let any_failed = failure.is_some();
+        let firing: Vec<Arc<Job>> = workflow
+            .callbacks
+            .iter()
+            .filter(|callback| match callback.kind {
+                CallbackKind::OnComplete => true,
+                CallbackKind::OnSuccess => !any_failed,
+                CallbackKind::OnFailure => any_failed,
+            })
+            .map(|callback| callback.job.clone())
+            .collect();
+        if firing.is_empty() {
+            self.finish(at, id, failure, events);
+            return Ok(());
+        }
+        let mut fired = Vec::with_capacity(firing.len());
+        {
+            let workflow = Arc::make_mut(self.workflows.get_mut(&id).expect("looked up above"));
+            for template in &firing {
+                if let Some(callback) = workflow.callbacks.iter_mut().find(|callback| callback.job.id == template.id) {
+                    callback.fired = true;
+                }
+                let mut job = template.as_ref().clone();
+                job.created_at = at;
+                if job.scheduled_at.is_some_and(|scheduled| scheduled > at) {
+                    job.state = JobState::Scheduled;
+                } else {
+                    job.state = JobState::Available;
+                    job.enqueued_at = Some(at);
+                }
+                fired.push(Arc::new(job));
+            }
+        }
+        self.insert_new(at, &fired, events)?;
+        for job in &fired {
+            if let Some((_, WorkflowRole::Callback(callback))) = job.workflow() {
+                let event = WorkflowEvent::CallbackFired { callback: callback.as_str(), job_id: job.id };
+                events.push_other(at, EventKind::Workflow { id, event });
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a running workflow: completed, or failed by `failure`.
+    fn finish(&mut self, at: Millis, id: JobId, failure: Option<WorkflowFailure>, events: &mut EventSink) {
+        let workflow = &self.workflows[&id];
+        let workflow_type = workflow.kind.as_str();
+        let event = match &failure {
+            None => WorkflowEvent::Completed { workflow_type, duration_ms: at - workflow.created_at },
+            Some(failure) => WorkflowEvent::Failed {
+                workflow_type,
+                failed_index: failure.index,
+                failed_job_id: failure.job_id,
+                error: failure.error.clone(),
+            },
+        };
+        let state = if failure.is_some() { WorkflowState::Failed } else { WorkflowState::Completed };
+        self.end_workflow(id, at, state, failure);
+        events.push_other(at, EventKind::Workflow { id, event });
+    }
+
+    fn end_workflow(&mut self, id: JobId, at: Millis, state: WorkflowState, failure: Option<WorkflowFailure>) {
+        let workflow = Arc::make_mut(self.workflows.get_mut(&id).expect("a known workflow"));
+        workflow.state = state;
+        workflow.ended_at = Some(at);
+        workflow.failure = failure;
+        self.terminal_workflows.insert((at, id));
+        self.dirty_workflows.insert(id);
+    }
+
+    /// Ended workflows past their retention, or over the cap (oldest
+    /// first), at most `limit`.
+    pub fn decide_workflow_prune(&self, now: Millis, limit: usize) -> Option<Record> {
+        let retention = self.retention();
+        let over_cap = self.terminal_workflows.len().saturating_sub(retention.max_terminal_workflows);
+        let ids: Vec<JobId> = self
+            .terminal_workflows
+            .iter()
+            .enumerate()
+            .take_while(|(position, (ended_at, _))| {
+                *position < over_cap || ended_at.saturating_add(retention.workflows_ms) <= now
+            })
+            .take(limit)
+            .map(|(_, (_, id))| *id)
+            .collect();
+        (!ids.is_empty()).then_some(Record::WorkflowPrune { at: now, ids })
+    }
+}

@@ -1,0 +1,117 @@
+//! The workflow routes (docs/api.md, "Workflows"): create, read, cancel; the
+//! workflow object; and the fields a workflow's job shows (`workflow_id`,
+//! `parent_results`, `parent_states`).
+
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::wire::report_value;
+use super::{AppState, Reply};
+use crate::engine::{ParentResults, Workflow, WorkflowState};
+use crate::job::time::format_timestamp;
+use crate::job::{Job, JobId};
+use crate::workflow::{WorkflowKind, parse_workflow_body};
+
+fn workflow_id(text: &str) -> Result<JobId, ApiError> {
+    JobId::parse_any_case(text).ok_or_else(|| ApiError::not_found("workflow", text))
+}
+
+/// `POST /workflows`: 201 `{workflow}` with its `Location`.
+pub(super) async fn create(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let definition = parse_workflow_body(body, app.engine.defaults())?;
+    let id = app.engine.create_workflow(definition).outcome().await?;
+    let workflow = app.engine.workflow(id).ok_or_else(|| ApiError::not_found("workflow", id.to_string()))?;
+    let body = json!({"workflow": render(app, &workflow)}).to_string();
+    Ok(Reply::ok(body)
+        .with_status(StatusCode::CREATED)
+        .header(hyper::header::LOCATION, format!("/svc/v1/workflows/{id}")))
+}
+
+/// `GET /workflows/{id}`.
+pub(super) fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = workflow_id(id)?;
+    let workflow = app.engine.workflow(id).ok_or_else(|| ApiError::not_found("workflow", id.to_string()))?;
+    Ok(Reply::ok(json!({"workflow": render(app, &workflow)}).to_string()))
+}
+
+/// `DELETE /workflows/{id}`: cancels it; 409 once it has ended.
+pub(super) async fn cancel(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = workflow_id(id)?;
+    app.engine.cancel_workflow(id).outcome().await?;
+    let workflow = app.engine.workflow(id).ok_or_else(|| ApiError::not_found("workflow", id.to_string()))?;
+    Ok(Reply::ok(json!({"workflow": render(app, &workflow)}).to_string()))
+}
+
+/// The workflow object: counts, members with their jobs' states, a
+/// batch's callbacks, and how it ended.
+fn render(app: &AppState, workflow: &Workflow) -> Value {
+    let (completed, failed) = workflow.member_counts();
+    let state_of = |job_id: JobId| app.engine.job(job_id).map(|job| job.state);
+    let members: Vec<Value> = workflow
+        .members
+        .iter()
+        .enumerate()
+        .map(|(index, member)| {
+            let state = state_of(member.job_id).or(member.outcome.as_ref().map(|outcome| outcome.state));
+            json!({"index": index, "type": member.job_type, "queue": member.queue,
+                   "job_id": member.job_id.to_string(), "state": state.map(|state| state.as_str())})
+        })
+        .collect();
+    let total = workflow.members.len();
+    let mut object = json!({
+        "id": workflow.id.to_string(),
+        "name": workflow.name,
+        "type": workflow.kind.as_str(),
+        "state": workflow.state.as_str(),
+        "steps_total": total, "steps_completed": completed,
+        "jobs_total": total, "jobs_completed": completed, "jobs_failed": failed,
+        "created_at": format_timestamp(workflow.created_at),
+    });
+    let list = if workflow.kind == WorkflowKind::Chain { "steps" } else { "jobs" };
+    object[list] = Value::Array(members);
+    if workflow.kind == WorkflowKind::Batch {
+        let mut callbacks = serde_json::Map::new();
+        for callback in &workflow.callbacks {
+            let mut entry = json!({"type": callback.job.payload.job_type, "queue": callback.job.queue});
+            if callback.fired {
+                entry["job_id"] = callback.job.id.to_string().into();
+                let state = state_of(callback.job.id).or(callback.outcome);
+                entry["state"] = state.map(|state| state.as_str()).into();
+            }
+            callbacks.insert(callback.kind.as_str().to_string(), entry);
+        }
+        object["callbacks"] = Value::Object(callbacks);
+    }
+    if let Some(ended_at) = workflow.ended_at {
+        let key = if workflow.state == WorkflowState::Cancelled { "cancelled_at" } else { "completed_at" };
+        object[key] = format_timestamp(ended_at).into();
+    }
+    if let Some(failure) = &workflow.failure {
+        object["failure"] = json!({
+            "index": failure.index,
+            "job_id": failure.job_id.to_string(),
+            "error": failure.error.as_ref().map(|report| report_value(report, false)),
+        });
+    }
+    object
+}
+
+/// What a workflow's job shows besides itself: the workflow's id, and the
+/// results (and for a callback, the final states) it is given.
+pub(super) fn job_fields(app: &AppState, job: &Job) -> Vec<(&'static str, Value)> {
+    let Some((id, role)) = job.workflow() else { return Vec::new() };
+    let mut fields = vec![("workflow_id", Value::from(id.to_string()))];
+    let ParentResults { results, states } =
+        app.engine.workflow(id).map(|workflow| workflow.parent_results(role)).unwrap_or_default();
+    let results = results
+        .iter()
+        .map(|result| result.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or(Value::Null))
+        .collect();
+    fields.push(("parent_results", Value::Array(results)));
+    if let Some(states) = states {
+        let states = states.iter().map(|state| state.map(|state| state.as_str()).into()).collect();
+        fields.push(("parent_states", Value::Array(states)));
+    }
+    fields
+}
