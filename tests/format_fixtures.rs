@@ -128,6 +128,16 @@ fn format_v1_data_dir_still_opens() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
 }
 
+fn workflow(engine: &Engine, body: serde_json::Value) -> JobId {
+    let definition = svc::workflow::parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
+    engine.handle().create_workflow(definition).wait().unwrap()
+}
+
+fn flow_fetch(engine: &Engine, queue: &str) -> JobId {
+    let request = FetchRequest { queues: vec![queue.into()], count: 1, worker_id: None, visibility_timeout_ms: None };
+    engine.handle().fetch(request).wait().unwrap()[0].id
+}
+
 fn enqueue_answer(engine: &Engine, body: impl ToString) -> Result<svc::engine::Enqueued, svc::engine::EngineError> {
     let job = parse_enqueue_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
     engine.handle().enqueue(vec![job]).wait().map(|mut answers| answers.remove(0))
@@ -153,7 +163,21 @@ fn write_extras_v4_fixture() {
         json!({"type": "mail.send", "args": ["limited-2"], "options": {"queue": "mail", "rate_limit": limit}}),
     );
     assert_eq!(fetch(&engine, 10).len(), 2, "the unique job and one limited job");
+    let chain = workflow(
+        &engine,
+        json!({"name": "before", "type": "chain", "steps": [
+        {"type": "step.one", "args": [1], "options": {"queue": "flow"}}, {"type": "step.two", "args": ["two"], "options": {"queue": "flow"}}]}),
+    );
+    let step_one = flow_fetch(&engine, "flow");
+    engine.handle().ack(step_one, Some(r#"{"n":1}"#.into()), None).wait().unwrap();
+    assert!(engine.handle().workflow(chain).is_some());
     engine.handle().snapshot().wait().unwrap();
+    let batch = workflow(
+        &engine,
+        json!({"name": "after", "type": "batch", "jobs": [{"type": "part", "args": ["part"], "options": {"queue": "parts"}}],
+        "callbacks": {"on_success": {"type": "done", "options": {"queue": "flow"}}}}),
+    );
+    assert!(engine.handle().workflow(batch).is_some());
     enqueue(
         &engine,
         json!({"type": "mail.send", "args": ["u2"], "options": {"queue": "mail", "unique": {"on_conflict": "replace"}}}),
@@ -175,7 +199,7 @@ fn extras_v4_data_dir_still_opens() {
     let image = engine.handle().image().wait().unwrap();
     let by_args =
         |args: &str| image.jobs.iter().find(|job| job.payload.args == args).unwrap_or_else(|| panic!("job {args}"));
-    assert_eq!(image.jobs.len(), 6);
+    assert_eq!(image.jobs.len(), 9);
     let unique = by_args(r#"["u1"]"#);
     let (policy, _) = unique.unique().expect("the policy is kept");
     assert_eq!((unique.state, policy.period_ms), (JobState::Active, Some(86_400_000)));
@@ -184,6 +208,12 @@ fn extras_v4_data_dir_still_opens() {
     assert_eq!((activated.state, activated.activated_at()), (JobState::Available, Some(START)));
     assert_eq!(by_args(r#"["limited-2"]"#).dispatch_key(), Some("reports"));
     assert_eq!(image.dispatch_claims, [("reports".to_string(), vec![START])]);
+    let names: Vec<Option<&str>> = image.workflows.iter().map(|workflow| workflow.name.as_deref()).collect();
+    assert_eq!(names, [Some("before"), Some("after")]);
+    let chain = &image.workflows[0];
+    assert_eq!(chain.members[0].outcome.as_ref().and_then(|outcome| outcome.result.as_deref()), Some(r#"{"n":1}"#));
+    let second_step = by_args(r#"["two"]"#);
+    assert_eq!((second_step.state, second_step.workflow().map(|(id, _)| id)), (JobState::Available, Some(chain.id)));
 
     // The index and the window are rebuilt: a conflict is still found, and
     // the limited job waits for its second.
@@ -193,5 +223,21 @@ fn extras_v4_data_dir_still_opens() {
     );
     assert!(matches!(again, Err(svc::engine::EngineError::UniqueConflict { existing, .. }) if existing == unique.id));
     assert!(fetch(&engine, 10).iter().all(|id| *id != by_args(r#"["limited-2"]"#).id));
+    // The batch's callback was decided at creation and fires from the replayed state.
+    let part = flow_fetch(&engine, "parts");
+    assert_eq!(part, by_args(r#"["part"]"#).id);
+    engine.handle().ack(part, None, None).wait().unwrap();
+    let batch = engine.handle().workflow(image.workflows[1].id).unwrap();
+    assert!(batch.callbacks[0].fired);
     engine.close();
+
+    // Every snapshot in the fixture decodes as written (recovery could
+    // otherwise fall back to an older one and hide a broken layout).
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
+        .arg("inspect")
+        .arg(extras_fixture_dir())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && !printed.contains("does not decode"), "{printed}");
 }

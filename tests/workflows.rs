@@ -1,0 +1,364 @@
+//! Workflows (docs/api.md, "Workflows") over HTTP against a server on a
+//! manual clock that checks its invariants after every turn: each row of
+//! the execution table, results passing, cancel in each phase, the events
+//! in order, restarts at each phase, retention, and every error path.
+
+mod common;
+
+use common::TestServer;
+use serde_json::{Value, json};
+use svc::clock::ManualClock;
+
+const START: i64 = 1_800_000_000_000;
+
+struct Flow {
+    server: TestServer,
+    clock: ManualClock,
+    dir: tempfile::TempDir,
+}
+
+impl Flow {
+    fn new() -> Flow {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(START);
+        let server = TestServer::start_at(dir.path(), &clock);
+        Flow { server, clock, dir }
+    }
+
+    fn restart(self) -> Flow {
+        let Flow { server, clock, dir } = self;
+        server.stop();
+        let server = TestServer::start_at(dir.path(), &clock);
+        Flow { server, clock, dir }
+    }
+
+    /// Creates a workflow, asserting 201; answers its object.
+    fn create(&self, body: Value) -> Value {
+        let answer = self.server.post("/svc/v1/workflows", body);
+        assert_eq!(answer.status, 201, "{}", answer.body);
+        let id = answer.body["workflow"]["id"].as_str().unwrap();
+        assert_eq!(answer.header("location"), Some(format!("/svc/v1/workflows/{id}").as_str()));
+        answer.body["workflow"].clone()
+    }
+
+    fn get(&self, id: &Value) -> Value {
+        let answer = self.server.get(&format!("/svc/v1/workflows/{}", id.as_str().unwrap()));
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        answer.body["workflow"].clone()
+    }
+
+    /// Fetches one job from `queue` (it must be there).
+    fn take(&self, queue: &str) -> Value {
+        let jobs = self.server.fetch(&[queue], 1);
+        assert_eq!(jobs.len(), 1, "a job waits in {queue}");
+        jobs[0].clone()
+    }
+
+    fn ack(&self, job: &Value, result: Value) {
+        let answer = self.server.post("/svc/v1/workers/ack", json!({"job_id": job["id"], "result": result}));
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+
+    /// A nack that ends the job (`retryable: false`).
+    fn fail(&self, job: &Value) {
+        let error = json!({"type": "Broken", "message": "no", "retryable": false});
+        let answer = self.server.post("/svc/v1/workers/nack", json!({"job_id": job["id"], "error": error}));
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+
+    fn events(&self, subject: &Value) -> Vec<String> {
+        let answer = self.server.get(&format!("/svc/v1/events?types=workflow.*&subject={}", subject.as_str().unwrap()));
+        answer.body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|event| event["type"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+fn chain(queue: &str, steps: usize) -> Value {
+    let steps: Vec<Value> =
+        (0..steps).map(|n| json!({"type": format!("step.s{n}"), "args": [n], "options": {"queue": queue}})).collect();
+    json!({"name": "c", "definition": {"type": "chain", "steps": steps}})
+}
+
+#[test]
+fn a_chain_runs_its_steps_in_order_passing_results() {
+    let flow = Flow::new();
+    let created = flow.create(chain("c", 3));
+    assert_eq!((created["state"].as_str(), created["steps_total"].as_u64()), (Some("running"), Some(3)));
+    let states: Vec<&str> =
+        created["steps"].as_array().unwrap().iter().map(|step| step["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["available", "pending", "pending"]);
+    let later = &created["steps"][1]["job_id"];
+    let owned = flow.server.post_raw(&format!("/svc/v1/jobs/{}/activate", later.as_str().unwrap()), "", None);
+    assert_eq!((owned.status, owned.body["error"]["details"]["reason"].as_str()), (409, Some("owned")));
+
+    let first = flow.take("c");
+    assert_eq!((&first["workflow_id"], &first["parent_results"]), (&created["id"], &json!([])));
+    assert!(flow.server.fetch(&["c"], 10).is_empty(), "step 1 waits for step 0");
+    flow.ack(&first, json!({"report_id": "R-1"}));
+    let second = flow.take("c");
+    assert_eq!(second["type"], "step.s1");
+    assert_eq!(second["parent_results"], json!([{"report_id": "R-1"}]));
+    assert!(second["activated_at"].is_string());
+    flow.ack(&second, Value::Null);
+    let third = flow.take("c");
+    assert_eq!(third["parent_results"], json!([{"report_id": "R-1"}, null]));
+    flow.ack(&third, json!(3));
+
+    let done = flow.get(&created["id"]);
+    assert_eq!((done["state"].as_str(), done["steps_completed"].as_u64()), (Some("completed"), Some(3)));
+    assert!(done["completed_at"].is_string());
+    assert_eq!(
+        flow.events(&created["id"]),
+        [
+            "workflow.started",
+            "workflow.step_completed",
+            "workflow.step_completed",
+            "workflow.step_completed",
+            "workflow.completed"
+        ]
+    );
+}
+
+#[test]
+fn a_failed_or_cancelled_step_fails_the_chain_and_cancels_the_rest() {
+    let flow = Flow::new();
+    // A step that retries first, then succeeds, does not fail the chain.
+    let created = flow.create(json!({"type": "chain", "steps": [
+        {"type": "a", "options": {"queue": "c", "retry": {"max_attempts": 2, "initial_interval": "PT1S", "jitter": false}}},
+        {"type": "b", "options": {"queue": "c"}}, {"type": "c", "options": {"queue": "c"}}]}));
+    let first = flow.take("c");
+    let error = json!({"type": "Flaky", "message": "again"});
+    assert_eq!(flow.server.post("/svc/v1/workers/nack", json!({"job_id": first["id"], "error": error})).status, 200);
+    assert_eq!(flow.get(&created["id"])["state"], "running", "retryable is not failure");
+    flow.server.advance(&flow.clock, 1000);
+    flow.ack(&flow.take("c"), Value::Null);
+    let second = flow.take("c");
+    flow.fail(&second);
+    let failed = flow.get(&created["id"]);
+    assert_eq!(failed["state"], "failed");
+    assert_eq!((failed["failure"]["index"].as_u64(), &failed["failure"]["job_id"]), (Some(1), &second["id"]));
+    assert_eq!(failed["failure"]["error"]["type"], "Broken");
+    assert_eq!(failed["steps"][2]["state"], "cancelled");
+    let last = failed["steps"][2]["job_id"].as_str().unwrap();
+    let reasons = flow.server.get(&format!("/svc/v1/events?types=job.cancelled&subject={last}")).body;
+    assert_eq!(reasons["events"][0]["data"]["reason"], "workflow_failed");
+    assert_eq!(reasons["events"][0]["data"]["workflow_id"], created["id"]);
+
+    // A pending step cancelled directly fails the chain too.
+    let created = flow.create(chain("d", 3));
+    let pending = created["steps"][2]["job_id"].as_str().unwrap().to_string();
+    assert_eq!(flow.server.delete(&format!("/svc/v1/jobs/{pending}")).status, 200);
+    let failed = flow.get(&created["id"]);
+    assert_eq!((failed["state"].as_str(), failed["failure"]["index"].as_u64()), (Some("failed"), Some(2)));
+    assert_eq!(failed["steps"][1]["state"], "pending", "earlier steps are not touched");
+}
+
+#[test]
+fn a_group_ends_when_every_job_has() {
+    let flow = Flow::new();
+    let jobs: Vec<Value> = (0..3).map(|n| json!({"type": "g", "args": [n], "options": {"queue": "g"}})).collect();
+    let created = flow.create(json!({"definition": {"type": "group", "jobs": jobs}}));
+    let claimed = flow.server.fetch(&["g"], 3);
+    assert_eq!(claimed.len(), 3, "a group's jobs all start at once");
+    assert!(claimed.iter().all(|job| job["parent_results"] == json!([])));
+    flow.fail(&claimed[1]);
+    assert_eq!(flow.get(&created["id"])["state"], "running", "a failure does not touch siblings");
+    flow.ack(&claimed[0], Value::Null);
+    flow.ack(&claimed[2], Value::Null);
+    let failed = flow.get(&created["id"]);
+    assert_eq!(
+        (failed["state"].as_str(), failed["jobs_failed"].as_u64(), failed["jobs_completed"].as_u64()),
+        (Some("failed"), Some(1), Some(2))
+    );
+    assert_eq!(failed["failure"]["index"], 1);
+
+    let created = flow.create(json!({"type": "group", "jobs": [{"type": "g", "options": {"queue": "h"}}]}));
+    flow.ack(&flow.take("h"), Value::Null);
+    assert_eq!(flow.get(&created["id"])["state"], "completed");
+}
+
+fn batch(queue: &str, jobs: usize, callbacks: Value) -> Value {
+    let jobs: Vec<Value> = (0..jobs).map(|n| json!({"type": "b", "args": [n], "options": {"queue": queue}})).collect();
+    json!({"type": "batch", "jobs": jobs, "callbacks": callbacks})
+}
+
+#[test]
+fn a_batch_fires_its_callbacks_once_by_their_rule() {
+    let flow = Flow::new();
+    let callbacks = json!({"on_complete": {"type": "cb.complete", "options": {"queue": "cb"}},
+                           "on_success": {"type": "cb.success", "options": {"queue": "cb"}},
+                           "on_failure": {"type": "cb.failure", "options": {"queue": "cb"}}});
+    let created = flow.create(batch("b", 2, callbacks.clone()));
+    assert!(created["callbacks"]["on_success"].get("job_id").is_none(), "callbacks are made when they fire");
+    let jobs = flow.server.fetch(&["b"], 2);
+    flow.ack(&jobs[0], json!({"n": 0}));
+    assert!(flow.server.fetch(&["cb"], 10).is_empty());
+    flow.ack(&jobs[1], json!({"n": 1}));
+    let fired = flow.server.fetch(&["cb"], 10);
+    let types: Vec<&str> = fired.iter().map(|job| job["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["cb.complete", "cb.success"]);
+    assert_eq!(fired[0]["parent_results"], json!([{"n": 0}, {"n": 1}]));
+    assert_eq!(fired[0]["parent_states"], json!(["completed", "completed"]));
+    assert_eq!(flow.get(&created["id"])["state"], "running", "until the fired callbacks end");
+    flow.ack(&fired[0], Value::Null);
+    flow.ack(&fired[1], Value::Null);
+    let done = flow.get(&created["id"]);
+    assert_eq!(done["state"], "completed");
+    assert_eq!(done["callbacks"]["on_success"]["state"], "completed");
+    assert!(done["callbacks"]["on_failure"].get("job_id").is_none());
+    let events = flow.events(&created["id"]);
+    assert_eq!(events.iter().filter(|event| *event == "workflow.callback_fired").count(), 2);
+    assert_eq!(events.last().map(String::as_str), Some("workflow.completed"));
+
+    // A failed job: on_complete and on_failure fire; a failing callback fails the batch.
+    let created = flow.create(batch("b2", 2, callbacks));
+    let jobs = flow.server.fetch(&["b2"], 2);
+    flow.fail(&jobs[0]);
+    flow.ack(&jobs[1], Value::Null);
+    let fired = flow.server.fetch(&["cb"], 10);
+    let types: Vec<&str> = fired.iter().map(|job| job["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["cb.complete", "cb.failure"]);
+    assert_eq!(fired[1]["parent_states"], json!(["discarded", "completed"]));
+    flow.ack(&fired[0], Value::Null);
+    flow.fail(&fired[1]);
+    let failed = flow.get(&created["id"]);
+    assert_eq!(
+        (failed["state"].as_str(), &failed["failure"]["index"], &failed["failure"]["job_id"]),
+        (Some("failed"), &Value::Null, &fired[1]["id"])
+    );
+
+    // Only on_success, and a job failed: nothing fires, the batch fails at once.
+    let created =
+        flow.create(batch("b3", 1, json!({"on_success": {"type": "cb.success", "options": {"queue": "cb3"}}})));
+    flow.fail(&flow.take("b3"));
+    assert_eq!(flow.get(&created["id"])["state"], "failed");
+    assert!(flow.server.fetch(&["cb3"], 10).is_empty());
+}
+
+#[test]
+fn cancel_stops_every_job_in_each_phase_and_nothing_fires_afterwards() {
+    let flow = Flow::new();
+    // A chain with its first step active.
+    let created = flow.create(chain("x", 2));
+    let active = flow.take("x");
+    let cancelled = flow.server.delete(&format!("/svc/v1/workflows/{}", created["id"].as_str().unwrap()));
+    assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+    assert_eq!(cancelled.body["workflow"]["state"], "cancelled");
+    assert!(cancelled.body["workflow"]["cancelled_at"].is_string());
+    let states: Vec<&str> = cancelled.body["workflow"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|step| step["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["cancelled", "cancelled"]);
+    let ack = flow.server.post("/svc/v1/workers/ack", json!({"job_id": active["id"]}));
+    assert_eq!(ack.status, 409, "the worker's late ack");
+    let again = flow.server.delete(&format!("/svc/v1/workflows/{}", created["id"].as_str().unwrap()));
+    assert_eq!((again.status, again.error_code()), (409, "conflict"));
+    assert_eq!(flow.events(&created["id"]), ["workflow.started", "workflow.cancelled"]);
+
+    // A batch whose callback fired: the callback is cancelled too.
+    let created = flow.create(batch("y", 1, json!({"on_complete": {"type": "cb", "options": {"queue": "ycb"}}})));
+    flow.ack(&flow.take("y"), Value::Null);
+    let callback = flow.take("ycb");
+    flow.server.delete(&format!("/svc/v1/workflows/{}", created["id"].as_str().unwrap()));
+    assert_eq!(flow.server.job(callback["id"].as_str().unwrap())["state"], "cancelled");
+
+    // A batch cancelled before its jobs ended never fires its callbacks.
+    let created = flow.create(batch("z", 2, json!({"on_complete": {"type": "cb", "options": {"queue": "zcb"}}})));
+    let first = flow.take("z");
+    flow.ack(&first, Value::Null);
+    flow.server.delete(&format!("/svc/v1/workflows/{}", created["id"].as_str().unwrap()));
+    assert!(flow.server.fetch(&["zcb", "z"], 10).is_empty());
+    let done = flow.get(&created["id"]);
+    assert_eq!((done["jobs_completed"].as_u64(), done["jobs"][1]["state"].as_str()), (Some(1), Some("cancelled")));
+}
+
+#[test]
+fn workflows_survive_restarts_in_every_phase() {
+    let flow = Flow::new();
+    let chain_id = flow.create(chain("r", 2))["id"].clone();
+    let batch_id =
+        flow.create(batch("rb", 1, json!({"on_success": {"type": "cb", "options": {"queue": "rcb"}}})))["id"].clone();
+    let flow = flow.restart();
+    flow.ack(&flow.take("r"), json!("one"));
+    flow.server.engine().snapshot().wait().unwrap();
+    let flow = flow.restart();
+    let second = flow.take("r");
+    assert_eq!(second["parent_results"], json!(["one"]), "results outlast a snapshot and a restart");
+    flow.ack(&second, Value::Null);
+    flow.ack(&flow.take("rb"), Value::Null);
+    let flow = flow.restart();
+    assert_eq!(flow.get(&chain_id)["state"], "completed");
+    let callback = flow.take("rcb");
+    assert!(flow.server.fetch(&["rcb"], 10).is_empty(), "the callback fired once, not again on replay");
+    flow.ack(&callback, Value::Null);
+    let flow = flow.restart();
+    assert_eq!(flow.get(&batch_id)["state"], "completed");
+}
+
+#[test]
+fn ended_workflows_are_pruned_after_their_retention() {
+    let flow = Flow::new();
+    let created = flow.create(chain("p", 1));
+    flow.ack(&flow.take("p"), Value::Null);
+    flow.server.advance(&flow.clock, 7 * 86_400_000 - 1);
+    assert_eq!(flow.get(&created["id"])["state"], "completed");
+    flow.server.advance(&flow.clock, 1);
+    let gone = flow.server.get(&format!("/svc/v1/workflows/{}", created["id"].as_str().unwrap()));
+    assert_eq!((gone.status, gone.body["error"]["details"]["resource_type"].as_str()), (404, Some("workflow")));
+}
+
+#[test]
+fn invalid_creations_are_refused_and_create_nothing() {
+    let flow = Flow::new();
+    let cases = [
+        (json!({"name": "x"}), 400, "invalid_request"),
+        (json!({"definition": {"type": "dag", "steps": [{"type": "a"}]}}), 400, "invalid_request"),
+        (json!({"type": "chain", "steps": []}), 400, "invalid_request"),
+        (json!({"type": "batch", "jobs": [{"type": "a"}]}), 400, "invalid_request"),
+        (
+            json!({"type": "chain", "steps": [{"type": "a", "options": {"queue": "v"}}, {"type": "Bad Type"}]}),
+            400,
+            "invalid_payload",
+        ),
+        (json!({"type": "chain", "steps": [{"type": "chain", "steps": [{"type": "a"}]}]}), 422, "unsupported"),
+        (json!({"type": "group", "jobs": [{"type": "a", "depends_on": ["b"]}]}), 422, "unsupported"),
+        (
+            json!({"type": "group", "jobs": (0..1001).map(|_| json!({"type": "a"})).collect::<Vec<_>>()}),
+            400,
+            "invalid_request",
+        ),
+    ];
+    for (body, status, code) in cases {
+        let answer = flow.server.post("/svc/v1/workflows", body.clone());
+        let shown: String = body.to_string().chars().take(80).collect();
+        assert_eq!((answer.status, answer.error_code()), (status, code), "{shown}: {}", answer.body);
+    }
+    let structure = flow.server.post("/svc/v1/workflows", json!({"definition": {"type": "chain", "steps": []}}));
+    assert_eq!(structure.body["error"]["details"]["validation_errors"][0]["path"], "definition.steps");
+
+    // A paused queue refuses the jobs that would start at once, not later steps.
+    flow.server.post("/svc/v1/queues/v/pause", json!({}));
+    let paused = flow.server.post(
+        "/svc/v1/workflows",
+        json!({"type": "group", "jobs": [{"type": "a"}, {"type": "a", "options": {"queue": "v"}}]}),
+    );
+    assert_eq!((paused.status, paused.body["error"]["details"]["index"].as_u64()), (503, Some(1)));
+    flow.create(json!({"type": "chain", "steps": [{"type": "a"}, {"type": "a", "options": {"queue": "v"}}]}));
+    assert_eq!(
+        flow.server.get("/svc/v1/queues/default/stats").body["states"]["available"],
+        1,
+        "only the chain's first step"
+    );
+
+    let unknown = flow.server.get("/svc/v1/workflows/019539a4-0000-7000-8000-000000000000");
+    assert_eq!(unknown.status, 404);
+    assert_eq!(flow.server.get("/svc/v1/workflows/nonsense").status, 404);
+    assert_eq!(flow.server.delete("/svc/v1/workflows/019539a4-0000-7000-8000-000000000000").status, 404);
+}
