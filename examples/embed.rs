@@ -4,6 +4,7 @@
 
 use svc::Svc;
 use svc::job::{DispatchLimit, JobBuilder, OnConflict, RateWindow, UniquePolicy};
+use svc::workflow::WorkflowBuilder;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("svc-embed-example-{}", std::process::id()));
@@ -36,6 +37,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("working on {} {} with args {}", claimed.payload.job_type, claimed.id, claimed.payload.args);
         svc.ack(claimed.id, Some(r#"{"done":true}"#.to_string()))?;
     }
+
+    // A chain: the second step starts once the first completed, and is given its result.
+    let onboarding = WorkflowBuilder::chain([
+        JobBuilder::new("user.create").args(["ada@example.com"]).queue("onboarding"),
+        JobBuilder::new("email.send_welcome").queue("onboarding"),
+    ]);
+    let chain = svc.create_workflow(onboarding.name("onboarding"))?;
+    while let Some(step) = svc.fetch(&["onboarding"], 1, Some("example-worker"))?.pop() {
+        let given = svc.parent_results(&step).map(|given| given.results).unwrap_or_default();
+        println!("step {} given {given:?}", step.payload.job_type);
+        svc.ack(step.id, Some(r#"{"user_id":7}"#.to_string()))?;
+    }
+    println!("workflow {} is {}", chain.id, svc.workflow(chain.id).expect("stored").state.as_str());
 
     let done = svc.get(first.job.id).expect("the job is stored");
     println!("{} is {} with result {}", done.id, done.state.as_str(), done.result.as_deref().unwrap_or("none"));

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use crate::engine::{
     Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued, FetchRequest, QueueStats,
-    QueueSummary,
+    QueueSummary, Workflow,
 };
-use crate::job::{FailureReport, Job, JobBuilder, JobId, NewJob, ValidationError, parse_enqueue_body};
+use crate::job::{FailureReport, Job, JobBuilder, JobId, JobState, NewJob, ValidationError, parse_enqueue_body};
 use crate::storage::StorageError;
+use crate::workflow::WorkflowBuilder;
 
 /// Why an embedded call failed.
 #[derive(Debug)]
@@ -35,6 +36,16 @@ impl From<EngineError> for SvcError {
     fn from(error: EngineError) -> Self {
         SvcError::Engine(error)
     }
+}
+
+/// What a workflow's job is given (see [`Svc::parent_results`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GivenResults {
+    /// A chain step: the results of the steps before it; a batch callback:
+    /// every member's; `null` where a job gave none.
+    pub results: Vec<serde_json::Value>,
+    /// A batch callback: each member's final state.
+    pub states: Option<Vec<Option<JobState>>>,
 }
 
 /// A job queue in a local data dir. Every call returns once its change is on disk.
@@ -86,6 +97,39 @@ impl Svc {
     pub fn enqueue_new(&self, job: NewJob) -> Result<Enqueued, SvcError> {
         let mut jobs = self.handle().enqueue(vec![job]).wait()?;
         Ok(jobs.remove(0))
+    }
+
+    /// Creates a workflow (a chain, group or batch), all or nothing.
+    pub fn create_workflow(&self, workflow: WorkflowBuilder) -> Result<Arc<Workflow>, SvcError> {
+        let definition = workflow.build(self.handle().defaults()).map_err(SvcError::Invalid)?;
+        let id = self.handle().create_workflow(definition).wait()?;
+        Ok(self.workflow(id).expect("a created workflow is in the view"))
+    }
+
+    /// A workflow with its members' states and outcomes.
+    pub fn workflow(&self, id: JobId) -> Option<Arc<Workflow>> {
+        self.handle().workflow(id)
+    }
+
+    /// Cancels a running workflow and every job of it not yet ended; no
+    /// callback fires afterwards.
+    pub fn cancel_workflow(&self, id: JobId) -> Result<Arc<Workflow>, SvcError> {
+        self.handle().cancel_workflow(id).wait()?;
+        Ok(self.workflow(id).expect("a cancelled workflow is in the view"))
+    }
+
+    /// What a workflow's job is given from the jobs before it (results,
+    /// and for a batch callback the members' final states); `None` for a
+    /// job outside any workflow.
+    pub fn parent_results(&self, job: &Job) -> Option<GivenResults> {
+        let (id, role) = job.workflow()?;
+        let given = self.workflow(id).map(|workflow| workflow.parent_results(role)).unwrap_or_default();
+        let results = given
+            .results
+            .iter()
+            .map(|result| result.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default())
+            .collect();
+        Some(GivenResults { results, states: given.states })
     }
 
     /// Activates a staged job (enqueued with [`JobBuilder::pending`]): it

@@ -43,4 +43,4 @@ pub mod workflow;
 
 mod embed;
 
-pub use embed::{Svc, SvcError};
+pub use embed::{GivenResults, Svc, SvcError};

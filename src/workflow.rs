@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use crate::job::json::{self, minify};
-use crate::job::{CallbackKind, JobDefaults, NewJob, ValidationError, body_error, parse_enqueue_object};
+use crate::job::{CallbackKind, JobBuilder, JobDefaults, NewJob, ValidationError, body_error, parse_enqueue_object};
 use crate::limits::{WORKFLOW_JOBS_MAX, WORKFLOW_NAME_CHARS_MAX};
 
 /// How a workflow's jobs relate.
@@ -190,6 +190,98 @@ fn parse_item(
     let text = minify(&Value::Object(item).to_string());
     let object = json::parse_object(text.as_bytes()).map_err(body_error)?;
     parse_enqueue_object(&object, defaults).map_err(|error| error.within(path))
+}
+
+/// A workflow described in Rust for the embedding API; validated exactly
+/// as a `POST /workflows` body.
+///
+/// ```
+/// use svc::job::{JobBuilder, JobDefaults};
+/// use svc::workflow::WorkflowBuilder;
+/// let mailing = WorkflowBuilder::batch([
+///     JobBuilder::new("email.send").args(["u1"]),
+///     JobBuilder::new("email.send").args(["u2"]),
+/// ])
+/// .name("mailing")
+/// .on_failure(JobBuilder::new("mailing.alert").queue("alerts"))
+/// .build(&JobDefaults::default())
+/// .expect("a valid workflow");
+/// assert_eq!(mailing.jobs.len(), 2);
+/// ```
+#[derive(Debug, Clone)]
+pub struct WorkflowBuilder {
+    kind: WorkflowKind,
+    name: Option<String>,
+    jobs: Vec<JobBuilder>,
+    callbacks: Vec<(CallbackKind, JobBuilder)>,
+}
+
+impl WorkflowBuilder {
+    /// Steps run one after the other, each given the results of those before.
+    pub fn chain(steps: impl IntoIterator<Item = JobBuilder>) -> Self {
+        Self::new(WorkflowKind::Chain, steps)
+    }
+
+    /// Jobs run at once, independently.
+    pub fn group(jobs: impl IntoIterator<Item = JobBuilder>) -> Self {
+        Self::new(WorkflowKind::Group, jobs)
+    }
+
+    /// Jobs run at once; callbacks fire once all of them ended.
+    pub fn batch(jobs: impl IntoIterator<Item = JobBuilder>) -> Self {
+        Self::new(WorkflowKind::Batch, jobs)
+    }
+
+    fn new(kind: WorkflowKind, jobs: impl IntoIterator<Item = JobBuilder>) -> Self {
+        WorkflowBuilder { kind, name: None, jobs: jobs.into_iter().collect(), callbacks: Vec::new() }
+    }
+
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// A batch callback that fires whatever the outcome.
+    pub fn on_complete(self, job: JobBuilder) -> Self {
+        self.callback(CallbackKind::OnComplete, job)
+    }
+
+    /// A batch callback that fires if no job failed.
+    pub fn on_success(self, job: JobBuilder) -> Self {
+        self.callback(CallbackKind::OnSuccess, job)
+    }
+
+    /// A batch callback that fires if any job failed.
+    pub fn on_failure(self, job: JobBuilder) -> Self {
+        self.callback(CallbackKind::OnFailure, job)
+    }
+
+    fn callback(mut self, kind: CallbackKind, job: JobBuilder) -> Self {
+        self.callbacks.retain(|(existing, _)| *existing != kind);
+        self.callbacks.push((kind, job));
+        self
+    }
+
+    /// Validates the workflow as the server validates a creation body.
+    pub fn build(self, defaults: &JobDefaults) -> Result<WorkflowDefinition, ValidationError> {
+        let jobs = self.jobs.into_iter().map(JobBuilder::into_json).collect::<Result<Vec<_>, _>>()?;
+        let mut definition = Map::new();
+        definition.insert("type".into(), self.kind.as_str().into());
+        definition.insert("steps".into(), Value::Array(jobs));
+        let mut callbacks = Map::new();
+        for (kind, job) in self.callbacks {
+            callbacks.insert(kind.as_str().into(), job.into_json()?);
+        }
+        if !callbacks.is_empty() {
+            definition.insert("callbacks".into(), Value::Object(callbacks));
+        }
+        let mut body = Map::new();
+        if let Some(name) = self.name {
+            body.insert("name".into(), name.into());
+        }
+        body.insert("definition".into(), Value::Object(definition));
+        parse_workflow_body(Value::Object(body).to_string().as_bytes(), defaults)
+    }
 }
 
 /// A structural problem: 400 `invalid_request` with `validation_errors`.

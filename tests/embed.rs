@@ -105,3 +105,38 @@ fn embedded_programs_use_unique_policies_and_dispatch_limits_through_typed_value
     assert!(matches!(svc.enqueue(JobBuilder::new("t").rate_limit(invalid)), Err(svc::SvcError::Invalid(_))));
     svc.close();
 }
+
+#[test]
+fn embedded_programs_run_workflows_through_typed_builders() {
+    use svc::engine::WorkflowState;
+    use svc::job::JobBuilder;
+    use svc::workflow::WorkflowBuilder;
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let steps =
+        [JobBuilder::new("user.create").args(["ada"]).queue("flow"), JobBuilder::new("email.welcome").queue("flow")];
+    let chain = svc.create_workflow(WorkflowBuilder::chain(steps).name("onboarding")).unwrap();
+    assert_eq!((chain.state, chain.members.len()), (WorkflowState::Running, 2));
+    let first = svc.fetch(&["flow"], 10, None).unwrap();
+    assert_eq!(first.len(), 1);
+    svc.ack(first[0].id, Some(r#"{"user_id":7}"#.into())).unwrap();
+    let second = svc.fetch(&["flow"], 10, None).unwrap().remove(0);
+    let given = svc.parent_results(&second).unwrap();
+    assert_eq!((given.results, given.states), (vec![serde_json::json!({"user_id": 7})], None));
+    svc.ack(second.id, None).unwrap();
+    assert_eq!(svc.workflow(chain.id).unwrap().state, WorkflowState::Completed);
+
+    let batch = WorkflowBuilder::batch([JobBuilder::new("part").queue("parts")])
+        .on_complete(JobBuilder::new("report").queue("reports"));
+    let batch = svc.create_workflow(batch).unwrap();
+    let cancelled = svc.cancel_workflow(batch.id).unwrap();
+    assert_eq!(cancelled.state, WorkflowState::Cancelled);
+    assert!(svc.fetch(&["parts", "reports"], 10, None).unwrap().is_empty());
+    assert!(matches!(
+        svc.cancel_workflow(batch.id),
+        Err(svc::SvcError::Engine(svc::engine::EngineError::WorkflowConflict { .. }))
+    ));
+    let no_callback = WorkflowBuilder::batch([JobBuilder::new("part")]);
+    assert!(matches!(svc.create_workflow(no_callback), Err(svc::SvcError::Invalid(_))));
+    svc.close();
+}

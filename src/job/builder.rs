@@ -124,6 +124,12 @@ impl JobBuilder {
 
     /// Validates the job as the server validates an enqueue body.
     pub fn build(self, defaults: &JobDefaults) -> Result<NewJob, ValidationError> {
+        let body = self.into_json()?;
+        parse_enqueue_body(body.to_string().as_bytes(), defaults)
+    }
+
+    /// The enqueue body this builder stands for.
+    pub fn into_json(self) -> Result<Value, ValidationError> {
         if let Some((field, problem)) = self.unserializable {
             return Err(ValidationError::payload(field, format!("{field} does not serialize to JSON: {problem}")));
         }
@@ -131,7 +137,7 @@ impl JobBuilder {
         if !self.options.is_empty() {
             body.insert("options".into(), Value::Object(self.options));
         }
-        parse_enqueue_body(Value::Object(body).to_string().as_bytes(), defaults)
+        Ok(Value::Object(body))
     }
 
     fn option(mut self, name: &str, value: Value) -> Self {
