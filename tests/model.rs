@@ -1,7 +1,7 @@
 //! Model-based test: random sequences of enqueue (with unique policies,
-//! staged or not) / activate / fetch / ack / nack / cancel / heartbeat /
-//! dead-letter retry and delete / pause / clock advance / restart (clean and
-//! crash) run against the engine and the reference model
+//! staged or not) / activate / workflow create and cancel / fetch / ack /
+//! nack / cancel / heartbeat / dead-letter retry and delete / pause / clock
+//! advance / restart (clean and crash) run against the engine and the reference model
 //! in `support/model.rs`. After every step each job's state, attempt count, entry
 //! time and deadlines must agree, every fetch must claim exactly the jobs the
 //! model picks, and the engine checks its own invariants after every batch.
@@ -17,6 +17,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..2usize, -2..=2i32, 1..=3u32, proptest::option::weighted(0.4, (0..3u8, 0..3u8)), proptest::bool::weighted(0.15))
             .prop_map(|(queue, priority, max_attempts, unique, staged)| Op::Enqueue { queue, priority, max_attempts, unique, staged }),
         1 => any::<usize>().prop_map(|pick| Op::Activate { pick }),
+        1 => (0..3u8, 1..4usize, 0..2usize, 0..8u8).prop_map(|(kind, size, queue, callbacks)| Op::CreateWorkflow { kind, size, queue, callbacks }),
+        1 => any::<usize>().prop_map(|pick| Op::CancelWorkflow { pick }),
         3 => (proptest::collection::vec(0..2usize, 1..4), 1..=3usize).prop_map(|(queues, count)| Op::Fetch { queues, count }),
         2 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
         2 => (any::<usize>(), any::<bool>()).prop_map(|(pick, requeue)| Op::Nack { pick, requeue }),

@@ -154,7 +154,8 @@ fn a_failed_or_cancelled_step_fails_the_chain_and_cancels_the_rest() {
     assert_eq!(flow.server.delete(&format!("/svc/v1/jobs/{pending}")).status, 200);
     let failed = flow.get(&created["id"]);
     assert_eq!((failed["state"].as_str(), failed["failure"]["index"].as_u64()), (Some("failed"), Some(2)));
-    assert_eq!(failed["steps"][1]["state"], "pending", "earlier steps are not touched");
+    assert_eq!(failed["steps"][1]["state"], "cancelled", "a step still waiting never starts");
+    assert_eq!(failed["steps"][0]["state"], "available", "a step already started runs on");
 }
 
 #[test]
@@ -361,4 +362,40 @@ fn invalid_creations_are_refused_and_create_nothing() {
     assert_eq!(unknown.status, 404);
     assert_eq!(flow.server.get("/svc/v1/workflows/nonsense").status, 404);
     assert_eq!(flow.server.delete("/svc/v1/workflows/019539a4-0000-7000-8000-000000000000").status, 404);
+}
+
+/// A batch's callback has its id from the start but is stored only when it
+/// fires; a log replayed after a crash must not hand that id to another job.
+#[test]
+fn a_callbacks_id_is_never_handed_out_again_after_a_crash() {
+    use svc::engine::{Engine, EngineConfig, FetchRequest};
+    use svc::job::{JobDefaults, parse_enqueue_body};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let open = || {
+        let mut config = EngineConfig::new(dir.path());
+        config.clock = std::sync::Arc::new(clock.clone());
+        config.entropy = Box::new(common::FixedEntropy(0));
+        config.check_invariants = true;
+        Engine::open(config).unwrap()
+    };
+    let engine = open();
+    let body = json!({"type": "batch", "jobs": [{"type": "part", "options": {"queue": "parts"}}],
+                      "callbacks": {"on_complete": {"type": "done"}}});
+    let definition = svc::workflow::parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
+    let id = engine.handle().create_workflow(definition).wait().unwrap();
+    let callback_id = engine.handle().workflow(id).unwrap().callbacks[0].job.id;
+    engine.close_without_snapshot();
+
+    let engine = open();
+    for n in 0..20 {
+        let job = parse_enqueue_body(json!({"type": "t", "args": [n]}).to_string().as_bytes(), &JobDefaults::default());
+        let made = engine.handle().enqueue(vec![job.unwrap()]).wait().unwrap()[0].job.id;
+        assert_ne!(made, callback_id);
+    }
+    let request = FetchRequest { queues: vec!["parts".into()], count: 1, worker_id: None, visibility_timeout_ms: None };
+    let part = engine.handle().fetch(request).wait().unwrap()[0].id;
+    engine.handle().ack(part, None, None).wait().unwrap();
+    assert_eq!(engine.handle().job(callback_id).unwrap().payload.job_type, "done");
+    engine.close();
 }

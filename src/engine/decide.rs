@@ -204,7 +204,7 @@ impl State {
     pub(crate) fn fresh_id(&mut self, now: Millis, entropy: &mut dyn Entropy, taken: &crate::job::JobIdSet) -> JobId {
         loop {
             let id = self.ids.next(now, entropy.next_u128());
-            if self.job(id).is_none() && !taken.contains(&id) {
+            if self.job(id).is_none() && !self.workflows.contains_key(&id) && !taken.contains(&id) {
                 return id;
             }
         }

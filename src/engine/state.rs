@@ -944,6 +944,10 @@ impl State {
             state.dispatch.load_claims(key, claims);
         }
         for workflow in image.workflows {
+            state.ids.observe(workflow.id);
+            for callback in &workflow.callbacks {
+                state.ids.observe(callback.job.id);
+            }
             if let Some(ended_at) = workflow.ended_at {
                 state.terminal_workflows.insert((ended_at, workflow.id));
             }

@@ -107,6 +107,13 @@ impl State {
         if self.workflows.contains_key(&workflow.id) {
             return Err(ApplyError(format!("record creates workflow {} twice", workflow.id)));
         }
+        // The generator moves past the workflow's id and its callbacks' (not
+        // stored as jobs until they fire), as it does past every stored job's,
+        // so a replayed log never hands them out again.
+        self.ids.observe(workflow.id);
+        for callback in &workflow.callbacks {
+            self.ids.observe(callback.job.id);
+        }
         self.workflows.insert(workflow.id, workflow.clone());
         self.dirty_workflows.insert(workflow.id);
         let started = WorkflowEvent::Started {
@@ -248,8 +255,11 @@ impl State {
             let failure =
                 WorkflowFailure { index: Some(index as u32), job_id: job.id, error: job.error.as_deref().cloned() };
             self.finish(at, id, Some(failure), events);
-            for member in &workflow.members[index + 1..] {
-                if self.job(member.job_id).is_some_and(|job| !job.state.is_terminal()) {
+            // Steps still waiting will never start. (A step before a failed
+            // one can only still run when a later step was cancelled
+            // directly; it runs to its end.)
+            for member in &workflow.members {
+                if self.job(member.job_id).is_some_and(|job| job.state == JobState::Pending) {
                     self.cancel(at, member.job_id, "workflow_failed", events)?;
                 }
             }

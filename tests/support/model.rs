@@ -9,14 +9,16 @@
 //! attempt count and deadlines, the ordering rules of docs/api.md, "Fetch", and
 //! the cap on terminal jobs held (oldest pruned first, discarded ones last),
 //! unique policies (one of three keys, each conflict policy, every live
-//! state covered) and staged jobs with their activation.
+//! state covered), staged jobs with their activation, and workflows
+//! (chains, groups, batches with callbacks, cancels), each moved on as its
+//! jobs end by the rules of docs/api.md, "Workflows".
 
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use svc::clock::ManualClock;
-use svc::engine::{Engine, EngineConfig, EngineError, Entropy, FetchRequest};
+use svc::engine::{Engine, EngineConfig, EngineError, Entropy, FetchRequest, WorkflowState};
 use svc::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body};
 use svc::storage::PowerLossFileSystem;
 
@@ -93,6 +95,17 @@ pub enum Op {
         queue: usize,
         paused: bool,
     },
+    /// `kind` 0 chain, 1 group, 2 batch; `callbacks`: a batch's, as bits
+    /// (1 on_complete, 2 on_success, 4 on_failure; none means on_complete).
+    CreateWorkflow {
+        kind: u8,
+        size: usize,
+        queue: usize,
+        callbacks: u8,
+    },
+    CancelWorkflow {
+        pick: usize,
+    },
 }
 
 /// The model's view of one job.
@@ -109,12 +122,30 @@ struct ModelJob {
     /// When it last became terminal.
     ended_at: i64,
     unique_key: Option<u8>,
+    /// A workflow's job: not to be activated by the endpoint.
+    owned: bool,
+}
+
+/// The model's view of one workflow.
+#[derive(Debug, Clone, PartialEq)]
+struct ModelWorkflow {
+    kind: u8,
+    members: Vec<JobId>,
+    /// How each member first ended.
+    outcomes: Vec<Option<JobState>>,
+    /// (which: 0 complete, 1 success, 2 failure; the job id the engine gave
+    /// it; fired; how it first ended).
+    callbacks: Vec<(u8, JobId, bool, Option<JobState>)>,
+    state: WorkflowState,
 }
 
 #[derive(Default)]
 struct Model {
     now: i64,
     jobs: BTreeMap<JobId, ModelJob>,
+    workflows: BTreeMap<JobId, ModelWorkflow>,
+    /// Every workflow ever made, for picking.
+    workflow_ids: Vec<JobId>,
     /// Which of `QUEUES` are paused.
     paused: [bool; 2],
     /// Every id ever made, deleted ones included, for picking targets.
@@ -155,6 +186,129 @@ impl Model {
             .collect();
         ranked.sort();
         ranked.into_iter().take(count).map(|(_, id)| id).collect()
+    }
+
+    fn new_job(queue: usize, state: JobState, now: i64, owned: bool) -> ModelJob {
+        ModelJob {
+            queue,
+            priority: 0,
+            max_attempts: 1,
+            state,
+            attempt: 0,
+            entered_at: now,
+            retry_at: None,
+            visibility_deadline: None,
+            ended_at: 0,
+            unique_key: None,
+            owned,
+        }
+    }
+
+    fn cancel_job(&mut self, id: JobId) {
+        let now = self.now;
+        if let Some(job) = self.jobs.get_mut(&id).filter(|job| !job.state.is_terminal()) {
+            job.state = JobState::Cancelled;
+            job.ended_at = now;
+            job.visibility_deadline = None;
+            job.retry_at = None;
+        }
+    }
+
+    /// Moves every running workflow on until nothing changes: records how
+    /// members and callbacks first ended, starts the next chain step, fires
+    /// a batch's callbacks, and ends workflows.
+    fn settle(&mut self) {
+        let failed = |state: JobState| matches!(state, JobState::Discarded | JobState::Cancelled);
+        loop {
+            let mut changed = false;
+            let ids: Vec<JobId> = self.workflows.keys().copied().collect();
+            for id in ids {
+                let mut flow = self.workflows[&id].clone();
+                for (index, member) in flow.members.iter().enumerate() {
+                    if flow.outcomes[index].is_none()
+                        && let Some(job) = self.jobs.get(member).filter(|job| job.state.is_terminal())
+                    {
+                        flow.outcomes[index] = Some(job.state);
+                        changed = true;
+                    }
+                }
+                for callback in flow.callbacks.iter_mut().filter(|callback| callback.2 && callback.3.is_none()) {
+                    if let Some(job) = self.jobs.get(&callback.1).filter(|job| job.state.is_terminal()) {
+                        callback.3 = Some(job.state);
+                        changed = true;
+                    }
+                }
+                if flow.state == WorkflowState::Running {
+                    let any_failed = flow.outcomes.iter().flatten().any(|state| failed(*state));
+                    let all_ended = flow.outcomes.iter().all(Option::is_some);
+                    let fired_any = flow.callbacks.iter().any(|callback| callback.2);
+                    match flow.kind {
+                        0 if any_failed => {
+                            flow.state = WorkflowState::Failed;
+                            for member in &flow.members {
+                                if self.jobs.get(member).is_some_and(|job| job.state == JobState::Pending) {
+                                    self.cancel_job(*member);
+                                }
+                            }
+                            changed = true;
+                        }
+                        0 if all_ended => {
+                            flow.state = WorkflowState::Completed;
+                            changed = true;
+                        }
+                        0 => {
+                            let next = flow.outcomes.iter().position(Option::is_none).expect("not all ended");
+                            let now = self.now;
+                            let pending =
+                                self.jobs.get_mut(&flow.members[next]).filter(|job| job.state == JobState::Pending);
+                            if let Some(job) = pending {
+                                Self::make_available(job, now);
+                                changed = true;
+                            }
+                        }
+                        1 if all_ended => {
+                            flow.state = if any_failed { WorkflowState::Failed } else { WorkflowState::Completed };
+                            changed = true;
+                        }
+                        2 if all_ended && !fired_any => {
+                            let now = self.now;
+                            for callback in flow.callbacks.iter_mut() {
+                                let fires = match callback.0 {
+                                    0 => true,
+                                    1 => !any_failed,
+                                    _ => any_failed,
+                                };
+                                if fires {
+                                    callback.2 = true;
+                                    self.jobs.insert(callback.1, Self::new_job(0, JobState::Available, now, true));
+                                    self.ids.push(callback.1);
+                                }
+                            }
+                            if !flow.callbacks.iter().any(|callback| callback.2) {
+                                flow.state = if any_failed { WorkflowState::Failed } else { WorkflowState::Completed };
+                            }
+                            changed = true;
+                        }
+                        2 if fired_any
+                            && flow
+                                .callbacks
+                                .iter()
+                                .filter(|callback| callback.2)
+                                .all(|callback| callback.3.is_some()) =>
+                        {
+                            let callback_failed = flow.callbacks.iter().filter_map(|callback| callback.3).any(failed);
+                            flow.state = if callback_failed { WorkflowState::Failed } else { WorkflowState::Completed };
+                            changed = true;
+                        }
+                        _ => {}
+                    }
+                }
+                self.workflows.insert(id, flow);
+            }
+            if !changed {
+                return;
+            }
+        }
     }
 
     /// Terminal jobs past the cap go, oldest first, discarded ones last.
@@ -236,6 +390,8 @@ fn error_kind(error: &EngineError) -> &'static str {
         EngineError::NotFound { .. } | EngineError::NotInDeadLetter { .. } => "not_found",
         EngineError::Conflict { .. } => "conflict",
         EngineError::UniqueConflict { .. } => "duplicate",
+        EngineError::WorkflowNotFound { .. } => "not_found",
+        EngineError::WorkflowConflict { .. } => "conflict",
         other => panic!("unexpected engine error {other:?}"),
     }
 }
@@ -324,6 +480,7 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                     visibility_deadline: None,
                     ended_at: 0,
                     unique_key: unique.map(|(key, _)| key),
+                    owned: false,
                 };
                 model.jobs.insert(id, model_job);
                 model.ids.push(id);
@@ -399,9 +556,9 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
             }
             Op::Activate { pick } => {
                 let Some(id) = model.pick(pick) else { continue };
-                let expected = match model.jobs.get(&id).map(|job| job.state) {
+                let expected = match model.jobs.get(&id).map(|job| (job.state, job.owned)) {
                     None => Err("not_found"),
-                    Some(JobState::Pending) => Ok(()),
+                    Some((JobState::Pending, false)) => Ok(()),
                     Some(_) => Err("conflict"),
                 };
                 let outcome = handle.activate(id).wait();
@@ -451,6 +608,87 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                 check_eq!(summary.paused, paused, "queue {} paused", QUEUES[queue]);
                 model.paused[queue] = paused;
             }
+            Op::CreateWorkflow { kind, size, queue, callbacks } => {
+                let kind = kind % 3;
+                let items: Vec<serde_json::Value> = (0..size)
+                    .map(|n| {
+                        json!({"type": "w", "args": [n], "options": {"queue": QUEUES[(queue + n) % 2],
+                        "visibility_timeout_ms": VISIBILITY_MS, "timeout_ms": 600_000, "retry": {"max_attempts": 1}}})
+                    })
+                    .collect();
+                let kind_name = ["chain", "group", "batch"][kind as usize];
+                let mut body = json!({ "type": kind_name, "steps": items });
+                let mut wanted: Vec<u8> = (0..3).filter(|bit| callbacks & (1 << bit) != 0).collect();
+                if wanted.is_empty() {
+                    wanted.push(0);
+                }
+                if kind != 2 {
+                    wanted.clear();
+                }
+                for which in &wanted {
+                    let name = ["on_complete", "on_success", "on_failure"][*which as usize];
+                    if body.get("callbacks").is_none() {
+                        body["callbacks"] = json!({});
+                    }
+                    body["callbacks"][name] = json!({"type": "cb", "options": {"queue": QUEUES[0],
+                        "visibility_timeout_ms": VISIBILITY_MS, "timeout_ms": 600_000, "retry": {"max_attempts": 1}}});
+                }
+                let definition =
+                    svc::workflow::parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default())
+                        .map_err(|error| format!("workflow body: {error}"))?;
+                let outcome = handle.create_workflow(definition).wait();
+                let starts_now: Vec<usize> = if kind == 0 { vec![0] } else { (0..size).collect() };
+                if starts_now.iter().any(|n| model.paused[(queue + n) % 2]) {
+                    check!(
+                        matches!(outcome, Err(EngineError::QueuePaused { .. })),
+                        "a workflow into a paused queue: {outcome:?}"
+                    );
+                    continue;
+                }
+                let id = outcome.map_err(|error| format!("create workflow: {error}"))?;
+                let flow = handle.workflow(id).ok_or("a created workflow is readable")?;
+                let now = model.now;
+                let mut members = Vec::new();
+                for (n, member) in flow.members.iter().enumerate() {
+                    let state = if kind == 0 && n > 0 { JobState::Pending } else { JobState::Available };
+                    model.jobs.insert(member.job_id, Model::new_job((queue + n) % 2, state, now, true));
+                    model.ids.push(member.job_id);
+                    members.push(member.job_id);
+                }
+                let callbacks = flow
+                    .callbacks
+                    .iter()
+                    .zip(&wanted)
+                    .map(|(callback, which)| (*which, callback.job.id, false, None))
+                    .collect();
+                let outcomes = vec![None; members.len()];
+                model
+                    .workflows
+                    .insert(id, ModelWorkflow { kind, members, outcomes, callbacks, state: WorkflowState::Running });
+                model.workflow_ids.push(id);
+            }
+            Op::CancelWorkflow { pick } => {
+                if model.workflow_ids.is_empty() {
+                    continue;
+                }
+                let id = model.workflow_ids[pick % model.workflow_ids.len()];
+                let running = model.workflows.get(&id).is_some_and(|flow| flow.state == WorkflowState::Running);
+                let outcome = handle.cancel_workflow(id).wait();
+                check_eq!(outcome.map_err(|error| error_kind(&error)), if running { Ok(()) } else { Err("conflict") });
+                if running {
+                    let flow = model.workflows.get_mut(&id).unwrap();
+                    flow.state = WorkflowState::Cancelled;
+                    let live: Vec<JobId> = flow
+                        .members
+                        .iter()
+                        .copied()
+                        .chain(flow.callbacks.iter().filter(|callback| callback.2).map(|callback| callback.1))
+                        .collect();
+                    for job in live {
+                        model.cancel_job(job);
+                    }
+                }
+            }
             Op::Advance { ms } => {
                 clock.advance_ms(ms);
                 handle.tick().wait().unwrap();
@@ -472,8 +710,16 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                 engine.as_ref().unwrap().handle().tick().wait().unwrap();
             }
         }
+        model.settle();
         model.prune_to_cap();
         let handle = engine.as_ref().unwrap().handle();
+        for (id, flow) in &model.workflows {
+            let stored = handle.workflow(*id).ok_or_else(|| format!("workflow {id} is readable"))?;
+            check_eq!(stored.state, flow.state, "workflow {id}");
+            let fired: Vec<bool> = stored.callbacks.iter().map(|callback| callback.fired).collect();
+            let expected: Vec<bool> = flow.callbacks.iter().map(|callback| callback.2).collect();
+            check_eq!(fired, expected, "callbacks fired of workflow {id}");
+        }
         // A queue's figures count its jobs by state, as the model holds them.
         for (index, name) in QUEUES.iter().enumerate() {
             let mut expected = [0u64; 8];
@@ -531,7 +777,7 @@ pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
         .chunks_exact(2)
         .take(200)
         .map(|pair| {
-            let (kind, value) = (pair[0] % 12, pair[1] as usize);
+            let (kind, value) = (pair[0] % 14, pair[1] as usize);
             match kind {
                 0 | 1 => Op::Enqueue {
                     queue: value % 2,
@@ -541,6 +787,13 @@ pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
                     staged: value % 11 == 0,
                 },
                 10 => Op::Activate { pick: value },
+                11 => Op::CreateWorkflow {
+                    kind: (value % 3) as u8,
+                    size: value / 3 % 3 + 1,
+                    queue: value / 9 % 2,
+                    callbacks: (value / 18 % 7 + 1) as u8,
+                },
+                12 => Op::CancelWorkflow { pick: value },
                 2 => Op::Fetch {
                     queues: [vec![0], vec![1], vec![0, 1], vec![1, 0], vec![0, 0], vec![1, 0, 1]][value % 6].clone(),
                     count: value % 3 + 1,
