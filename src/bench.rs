@@ -68,6 +68,11 @@ pub enum Workload {
     Backlog,
     Schedules,
     Ping,
+    /// `jobs` three-step chains, then the same number of jobs plain.
+    Chain,
+    /// `jobs` batches of 100 jobs with an `on_complete` callback, then the
+    /// same number of jobs plain.
+    Group,
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +109,19 @@ pub struct BenchReport {
     /// `steady`: from sending a job's enqueue to a consumer's fetch getting
     /// it, in microseconds, sorted.
     pub end_to_end_us: Vec<u32>,
+    /// `chain` and `group`: the workflows run, how long their creation
+    /// took, and the plain drain of as many jobs in the same run.
+    pub workflows: Option<WorkflowFigures>,
+}
+
+/// What the workflow workloads measure besides their jobs.
+#[derive(Debug, Clone)]
+pub struct WorkflowFigures {
+    pub workflows: u64,
+    pub creation: Duration,
+    /// The same number of plain jobs, batch-loaded, then fetched and acked.
+    pub plain_jobs: u64,
+    pub plain_elapsed: Duration,
 }
 
 impl BenchReport {
@@ -150,6 +168,18 @@ impl fmt::Display for BenchReport {
         if !self.end_to_end_us.is_empty() {
             let e2e = |q| quantile_ms(&self.end_to_end_us, q);
             write!(f, " end_to_end_p50={:.2}ms end_to_end_p99={:.2}ms", e2e(0.5), e2e(0.99))?;
+        }
+        if let Some(figures) = &self.workflows {
+            let plain = figures.plain_jobs as f64 / figures.plain_elapsed.as_secs_f64();
+            write!(
+                f,
+                " workflows={} workflows/s={:.0} created/s={:.0} plain_drain_jobs/s={:.0} workflow_job_cost={:.2}x",
+                figures.workflows,
+                figures.workflows as f64 / self.elapsed.as_secs_f64(),
+                figures.workflows as f64 / figures.creation.as_secs_f64(),
+                plain,
+                plain / self.jobs_per_second(),
+            )?;
         }
         Ok(())
     }
@@ -294,6 +324,7 @@ async fn build_backlog(options: &BenchOptions) -> Result<BenchReport, String> {
         elapsed: started.elapsed(),
         latencies_us: Vec::new(),
         end_to_end_us: Vec::new(),
+        workflows: None,
     })
 }
 
@@ -357,7 +388,94 @@ async fn build_schedules(options: &BenchOptions) -> Result<BenchReport, String> 
         elapsed: started.elapsed(),
         latencies_us: Vec::new(),
         end_to_end_us: Vec::new(),
+        workflows: None,
     })
+}
+
+/// `chain` / `group`: first a plain drain of as many jobs as the workflows
+/// hold (batch-loaded, then fetched and acked by every connection), then
+/// the workflows created over every connection and run to completion the
+/// same way. The report's jobs and time are the workflows' run.
+async fn run_workflows(options: &BenchOptions) -> Result<BenchReport, String> {
+    let (per_workflow, body): (u64, fn(u64) -> String) = match options.workload {
+        Workload::Chain => (3, chain_body),
+        _ => (101, batch_body),
+    };
+    let total_jobs = options.jobs * per_workflow;
+    let plain = BenchOptions { workload: Workload::Drain, jobs: total_jobs, ..options.clone() };
+    preload(&plain).await?;
+    let plain_started = Instant::now();
+    let (plain_jobs, _) = drain_all(options).await?;
+    let plain_elapsed = plain_started.elapsed();
+
+    let creation_started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..options.connections {
+        let mut connection = Connection::open(&options.address).await?;
+        let (next, total) = (next.clone(), options.jobs);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= total {
+                    return Ok::<(), String>(());
+                }
+                let (status, answer, _) = connection.post("/svc/v1/workflows", body(n)).await?;
+                if status != StatusCode::CREATED {
+                    return Err(format!("workflow creation answered {status}: {}", String::from_utf8_lossy(&answer)));
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|error| error.to_string())??;
+    }
+    let creation = creation_started.elapsed();
+    let started = Instant::now();
+    let (jobs, latencies_us) = drain_all(options).await?;
+    Ok(BenchReport {
+        workload: options.workload,
+        connections: options.connections,
+        jobs,
+        requests: latencies_us.len() as u64,
+        elapsed: started.elapsed(),
+        latencies_us,
+        end_to_end_us: Vec::new(),
+        workflows: Some(WorkflowFigures { workflows: options.jobs, creation, plain_jobs, plain_elapsed }),
+    })
+}
+
+/// Fetches and acks from the bench queue over every connection until it is empty.
+async fn drain_all(options: &BenchOptions) -> Result<(u64, Vec<u32>), String> {
+    let end_to_end = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..options.connections {
+        let mut connection = Connection::open(&options.address).await?;
+        let end_to_end = end_to_end.clone();
+        tasks.push(tokio::spawn(async move { drain_loop(&mut connection, None, 0, &end_to_end).await }));
+    }
+    let (mut jobs, mut latencies) = (0, Vec::new());
+    for task in tasks {
+        let (done, mut times) = task.await.map_err(|error| error.to_string())??;
+        jobs += done;
+        latencies.append(&mut times);
+    }
+    latencies.sort_unstable();
+    Ok((jobs, latencies))
+}
+
+fn chain_body(n: u64) -> String {
+    format!(
+        r#"{{"type":"chain","options":{{"queue":"{QUEUE}"}},"steps":[{{"type":"bench.step","args":[{n},0]}},{{"type":"bench.step","args":[{n},1]}},{{"type":"bench.step","args":[{n},2]}}]}}"#
+    )
+}
+
+fn batch_body(n: u64) -> String {
+    let jobs: Vec<String> = (0..100).map(|member| format!(r#"{{"type":"bench.part","args":[{n},{member}]}}"#)).collect();
+    format!(
+        r#"{{"type":"batch","options":{{"queue":"{QUEUE}"}},"jobs":[{}],"callbacks":{{"on_complete":{{"type":"bench.done","args":[{n}]}}}}}}"#,
+        jobs.join(",")
+    )
 }
 
 fn micros(duration: Duration) -> u32 {
@@ -381,6 +499,9 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
     if options.workload == Workload::Schedules {
         return build_schedules(&options).await;
     }
+    if matches!(options.workload, Workload::Chain | Workload::Group) {
+        return run_workflows(&options).await;
+    }
     let counter = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let end_to_end = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -397,7 +518,9 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
                 Workload::Enqueue | Workload::Ping => enqueue_loop(&mut connection, &options, &counter).await,
                 Workload::Drain => drain_loop(&mut connection, None, 0, &end_to_end).await,
                 Workload::Retry => retry_loop(&mut connection, &options, &counter).await,
-                Workload::Backlog | Workload::Schedules => unreachable!("built before the loop"),
+                Workload::Backlog | Workload::Schedules | Workload::Chain | Workload::Group => {
+                    unreachable!("run before the loop")
+                }
                 Workload::Steady if worker % 2 == 0 => paced_enqueue(&mut connection, &options, &stop).await,
                 Workload::Steady => drain_loop(&mut connection, Some(&stop), options.wait_ms, &end_to_end).await,
             }
@@ -415,6 +538,7 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
         elapsed: Duration::ZERO,
         latencies_us: Vec::new(),
         end_to_end_us: Vec::new(),
+        workflows: None,
     };
     for task in tasks {
         let (jobs, latencies) = task.await.map_err(|error| error.to_string())??;

@@ -195,6 +195,10 @@ enum WorkloadName {
     Schedules,
     /// The enqueue request against any server (e.g. the hello-world ceiling).
     Ping,
+    /// `--jobs` three-step chains run to completion, beside a plain drain of as many jobs.
+    Chain,
+    /// `--jobs` batches of 100 jobs and a callback, beside a plain drain of as many jobs.
+    Group,
 }
 
 fn main() -> ExitCode {
@@ -250,6 +254,8 @@ fn bench(flags: BenchFlags) -> ExitCode {
         WorkloadName::Backlog => Workload::Backlog,
         WorkloadName::Schedules => Workload::Schedules,
         WorkloadName::Ping => Workload::Ping,
+        WorkloadName::Chain => Workload::Chain,
+        WorkloadName::Group => Workload::Group,
     };
     let options = BenchOptions {
         address: flags.address,
