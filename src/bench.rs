@@ -471,7 +471,8 @@ fn chain_body(n: u64) -> String {
 }
 
 fn batch_body(n: u64) -> String {
-    let jobs: Vec<String> = (0..100).map(|member| format!(r#"{{"type":"bench.part","args":[{n},{member}]}}"#)).collect();
+    let jobs: Vec<String> =
+        (0..100).map(|member| format!(r#"{{"type":"bench.part","args":[{n},{member}]}}"#)).collect();
     format!(
         r#"{{"type":"batch","options":{{"queue":"{QUEUE}"}},"jobs":[{}],"callbacks":{{"on_complete":{{"type":"bench.done","args":[{n}]}}}}}}"#,
         jobs.join(",")

@@ -14,7 +14,9 @@
 //! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
 //! table), `retention.{completed,cancelled,discarded,dead_letter}` and
 //! `shutdown.grace_period` (ISO 8601 durations), `retention.max_terminal_jobs`
-//! and `retention.max_terminal_bytes` (integers, at least 1), `limits.max_cron`,
+//! and `retention.max_terminal_bytes` (integers, at least 1), `retention.workflows`
+//! (duration), `retention.max_terminal_workflows` and
+//! `retention.max_terminal_workflow_bytes` (integers, at least 1), `limits.max_cron`,
 //! and `rate_limit.requests` with `rate_limit.window_s` (the request rate limit
 //! per client; off unless both are set).
 
@@ -134,6 +136,9 @@ struct RetentionSection {
     dead_letter: Option<String>,
     max_terminal_jobs: Option<u64>,
     max_terminal_bytes: Option<u64>,
+    workflows: Option<String>,
+    max_terminal_workflows: Option<u64>,
+    max_terminal_workflow_bytes: Option<u64>,
 }
 
 impl Config {
@@ -258,6 +263,19 @@ impl Config {
                     return Err("retention.max_terminal_bytes must be at least 1".to_string());
                 }
                 self.retention.max_terminal_bytes = bytes;
+            }
+            self.retention.workflows_ms = duration(retention.workflows, self.retention.workflows_ms, "workflows")?;
+            if let Some(workflows) = retention.max_terminal_workflows {
+                if workflows == 0 {
+                    return Err("retention.max_terminal_workflows must be at least 1".to_string());
+                }
+                self.retention.max_terminal_workflows = usize::try_from(workflows).unwrap_or(usize::MAX);
+            }
+            if let Some(bytes) = retention.max_terminal_workflow_bytes {
+                if bytes == 0 {
+                    return Err("retention.max_terminal_workflow_bytes must be at least 1".to_string());
+                }
+                self.retention.max_terminal_workflow_bytes = bytes;
             }
         }
         Ok(())

@@ -122,6 +122,7 @@ pub const RETENTION_TERMINAL_BYTES_MAX: u64 = 256 * 1024 * 1024;
 /// Finished workflows are kept this long, and at most this many.
 pub const RETENTION_WORKFLOWS_MS: i64 = 7 * 86_400_000;
 pub const RETENTION_TERMINAL_WORKFLOWS_MAX: usize = 100_000;
+pub const RETENTION_TERMINAL_WORKFLOW_BYTES_MAX: u64 = 256 * 1024 * 1024;
 
 /// How long a health probe may wait for the engine.
 pub const HEALTH_PROBE_MS: u64 = 1000;

@@ -399,3 +399,75 @@ fn a_callbacks_id_is_never_handed_out_again_after_a_crash() {
     assert_eq!(engine.handle().job(callback_id).unwrap().payload.job_type, "done");
     engine.close();
 }
+
+#[test]
+fn ended_workflows_past_a_cap_are_pruned_oldest_first() {
+    use svc::engine::{Engine, EngineConfig, FetchRequest};
+    use svc::job::JobDefaults;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = EngineConfig::new(dir.path());
+    config.clock = std::sync::Arc::new(ManualClock::new(START));
+    config.entropy = Box::new(common::FixedEntropy(0));
+    config.check_invariants = true;
+    config.retention.max_terminal_workflows = 2;
+    let engine = Engine::open(config).unwrap();
+    let handle = engine.handle();
+    let request = FetchRequest { queues: vec!["g".into()], count: 1, worker_id: None, visibility_timeout_ms: None };
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let body = json!({"type": "group", "jobs": [{"type": "g", "args": [n], "options": {"queue": "g"}}]});
+        let definition =
+            svc::workflow::parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
+        let id = handle.create_workflow(definition).wait().unwrap();
+        let job = handle.fetch(request.clone()).wait().unwrap()[0].id;
+        handle.ack(job, None, None).wait().unwrap();
+        ids.push(id);
+    }
+    handle.tick().wait().unwrap();
+    assert!(handle.workflow(ids[0]).is_none(), "the oldest ended workflow went first");
+    assert!(handle.workflow(ids[1]).is_some() && handle.workflow(ids[2]).is_some());
+
+    // A running workflow is never pruned, whatever the caps say.
+    let body = json!({"type": "chain", "steps": [{"type": "g", "options": {"queue": "held"}}]});
+    let definition = svc::workflow::parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
+    let running = handle.create_workflow(definition).wait().unwrap();
+    handle.tick().wait().unwrap();
+    assert!(handle.workflow(running).is_some());
+    engine.close();
+}
+
+#[test]
+fn workflow_events_follow_the_job_events_that_cause_them() {
+    let flow = Flow::new();
+    let created = flow.create(batch("ev", 1, json!({"on_complete": {"type": "cb", "options": {"queue": "evcb"}}})));
+    let member = flow.take("ev");
+    flow.ack(&member, Value::Null);
+    let callback = flow.take("evcb");
+    flow.ack(&callback, Value::Null);
+    let listed = flow.server.get("/svc/v1/events?limit=100").body;
+    let sequence: Vec<String> = listed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["subject"] == created["id"] || event["data"]["workflow_id"] == created["id"])
+        .map(|event| event["type"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        sequence,
+        [
+            "workflow.started",
+            "job.enqueued",
+            "job.started",
+            "job.completed",
+            "workflow.step_completed",
+            "job.enqueued",
+            "workflow.callback_fired",
+            "job.started",
+            "job.completed",
+            "workflow.completed"
+        ]
+    );
+    let started =
+        &listed["events"].as_array().unwrap().iter().find(|event| event["type"] == "workflow.started").unwrap()["data"];
+    assert_eq!((started["workflow_type"].as_str(), started["jobs_total"].as_u64()), (Some("batch"), Some(1)));
+}

@@ -35,9 +35,11 @@ pub struct Retention {
     pub max_terminal_jobs: usize,
     /// Most bytes held by terminal jobs ([`Job::held_bytes`]).
     pub max_terminal_bytes: u64,
-    /// How long ended workflows are kept, and how many at most.
+    /// How long ended workflows are kept, how many at most, and how many
+    /// bytes ([`Workflow::held_bytes`]) at most.
     pub workflows_ms: i64,
     pub max_terminal_workflows: usize,
+    pub max_terminal_workflow_bytes: u64,
 }
 
 impl Default for Retention {
@@ -52,6 +54,7 @@ impl Default for Retention {
             max_terminal_bytes: RETENTION_TERMINAL_BYTES_MAX,
             workflows_ms: RETENTION_WORKFLOWS_MS,
             max_terminal_workflows: RETENTION_TERMINAL_WORKFLOWS_MAX,
+            max_terminal_workflow_bytes: RETENTION_TERMINAL_WORKFLOW_BYTES_MAX,
         }
     }
 }
@@ -129,8 +132,11 @@ pub struct State {
     claims_since_forget: u32,
     /// Workflows by id, shared with the read view.
     pub(crate) workflows: BTreeMap<JobId, Arc<Workflow>>,
-    /// Ended workflows by when they ended, for retention and the cap.
+    /// Ended workflows by when they ended, for retention and the caps.
     pub(crate) terminal_workflows: std::collections::BTreeSet<(Millis, JobId)>,
+    /// The sum of [`Workflow::held_bytes`] over ended workflows (which do
+    /// not change size once ended).
+    pub(crate) terminal_workflow_bytes: u64,
     /// Workflows changed since the view was last updated.
     pub(crate) dirty_workflows: JobIdSet,
     /// Workflow jobs that ended during the record being applied.
@@ -166,6 +172,7 @@ impl State {
             claims_since_forget: 0,
             workflows: BTreeMap::new(),
             terminal_workflows: std::collections::BTreeSet::new(),
+            terminal_workflow_bytes: 0,
             dirty_workflows: JobIdSet::default(),
             ended_in_workflow: Vec::new(),
         };
@@ -950,6 +957,7 @@ impl State {
             }
             if let Some(ended_at) = workflow.ended_at {
                 state.terminal_workflows.insert((ended_at, workflow.id));
+                state.terminal_workflow_bytes += workflow.held_bytes();
             }
             state.dirty_workflows.insert(workflow.id);
             state.workflows.insert(workflow.id, workflow);
@@ -1034,6 +1042,17 @@ impl State {
             }
         }
         unique.values_mut().for_each(|ids| ids.sort());
+        let ended: Vec<&Arc<Workflow>> =
+            self.workflows.values().filter(|workflow| workflow.state.is_terminal()).collect();
+        let ended_bytes: u64 = ended.iter().map(|workflow| workflow.held_bytes()).sum();
+        if ended.len() != self.terminal_workflows.len() || ended_bytes != self.terminal_workflow_bytes {
+            return Err(format!(
+                "{} ended workflows of {ended_bytes} bytes, indexed {} of {} bytes",
+                ended.len(),
+                self.terminal_workflows.len(),
+                self.terminal_workflow_bytes
+            ));
+        }
         if unique != self.unique_index {
             return Err("the unique index does not match the live jobs' unique keys".to_string());
         }

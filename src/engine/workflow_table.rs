@@ -86,6 +86,27 @@ pub struct Workflow {
 }
 
 impl Workflow {
+    /// About how many bytes of memory the workflow holds: itself, its
+    /// members with their results, its callbacks' jobs.
+    pub fn held_bytes(&self) -> u64 {
+        let members: usize = self
+            .members
+            .iter()
+            .map(|member| {
+                std::mem::size_of::<Member>()
+                    + member.job_type.len()
+                    + member.queue.len()
+                    + member
+                        .outcome
+                        .as_ref()
+                        .and_then(|outcome| outcome.result.as_ref())
+                        .map_or(0, |result| result.len())
+            })
+            .sum();
+        let callbacks: u64 = self.callbacks.iter().map(|callback| callback.job.held_bytes()).sum();
+        (std::mem::size_of::<Workflow>() + self.name.as_ref().map_or(0, String::len) + members) as u64 + callbacks
+    }
+
     /// Members that completed, and members that failed (ended `discarded` or `cancelled`).
     pub fn member_counts(&self) -> (usize, usize) {
         let ended = |failed: bool| {

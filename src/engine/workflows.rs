@@ -167,6 +167,7 @@ impl State {
             let ended_at =
                 workflow.ended_at.ok_or_else(|| ApplyError(format!("record prunes running workflow {id}")))?;
             self.terminal_workflows.remove(&(ended_at, *id));
+            self.terminal_workflow_bytes -= workflow.held_bytes();
             self.dirty_workflows.insert(*id);
         }
         Ok(())
@@ -193,10 +194,13 @@ impl State {
                     // Ended again after a dead-letter retry: it runs detached.
                     return Ok(());
                 }
-                member.outcome = Some(MemberOutcome { state: job.state, result: job.result.as_deref().map(Arc::from) });
                 if workflow.state.is_terminal() {
+                    // Nothing waits for its result any more, and an ended
+                    // workflow keeps its size.
+                    member.outcome = Some(MemberOutcome { state: job.state, result: None });
                     return Ok(());
                 }
+                member.outcome = Some(MemberOutcome { state: job.state, result: job.result.as_deref().map(Arc::from) });
                 if !is_failure(job.state) {
                     let steps_remaining = workflow.members.iter().filter(|member| member.outcome.is_none()).count();
                     let completed = WorkflowEvent::StepCompleted {
@@ -365,25 +369,26 @@ impl State {
         workflow.state = state;
         workflow.ended_at = Some(at);
         workflow.failure = failure;
+        self.terminal_workflow_bytes += workflow.held_bytes();
         self.terminal_workflows.insert((at, id));
         self.dirty_workflows.insert(id);
     }
 
-    /// Ended workflows past their retention, or over the cap (oldest
+    /// Ended workflows past their retention, or over the caps (oldest
     /// first), at most `limit`.
     pub fn decide_workflow_prune(&self, now: Millis, limit: usize) -> Option<Record> {
         let retention = self.retention();
-        let over_cap = self.terminal_workflows.len().saturating_sub(retention.max_terminal_workflows);
-        let ids: Vec<JobId> = self
-            .terminal_workflows
-            .iter()
-            .enumerate()
-            .take_while(|(position, (ended_at, _))| {
-                *position < over_cap || ended_at.saturating_add(retention.workflows_ms) <= now
-            })
-            .take(limit)
-            .map(|(_, (_, id))| *id)
-            .collect();
+        let (mut count, mut bytes) = (self.terminal_workflows.len(), self.terminal_workflow_bytes);
+        let mut ids = Vec::new();
+        for (ended_at, id) in &self.terminal_workflows {
+            let over = count > retention.max_terminal_workflows || bytes > retention.max_terminal_workflow_bytes;
+            if ids.len() >= limit || !(over || ended_at.saturating_add(retention.workflows_ms) <= now) {
+                break;
+            }
+            count -= 1;
+            bytes -= self.workflows.get(id).map_or(0, |workflow| workflow.held_bytes());
+            ids.push(*id);
+        }
         (!ids.is_empty()).then_some(Record::WorkflowPrune { at: now, ids })
     }
 }
