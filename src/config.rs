@@ -17,8 +17,10 @@
 //! and `retention.max_terminal_bytes` (integers, at least 1), `retention.workflows`
 //! (duration), `retention.max_terminal_workflows` and
 //! `retention.max_terminal_workflow_bytes` (integers, at least 1), `limits.max_cron`,
-//! and `rate_limit.requests` with `rate_limit.window_s` (the request rate limit
-//! per client; off unless both are set).
+//! `rate_limit.requests` with `rate_limit.window_s` (the request rate limit
+//! per client; off unless both are set), and `[[auth.keys]]` entries (`name`,
+//! `role`, and one of `key`, `key_env`, `key_sha256`); with keys, any address
+//! may be bound.
 
 use clap::Parser;
 use serde::Deserialize;
@@ -27,6 +29,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use crate::engine::Retention;
+use crate::http::auth::{ApiKey, Role};
 use crate::job::time::parse_duration_ms;
 use crate::job::{JobDefaults, RetryPolicy};
 use crate::limits::{CONNECTIONS_MAX_DEFAULT, REQUEST_TIMEOUT_MS, SNAPSHOT_LOG_BYTES_DEFAULT, TIMEOUT_MS_MAX};
@@ -44,6 +47,8 @@ pub struct Config {
     /// The request rate limit per client: (requests, window in seconds); off when `None`.
     pub rate_limit: Option<(u64, u64)>,
     pub insecure_no_auth: bool,
+    /// API keys (`[[auth.keys]]`); none: authentication is off.
+    pub api_keys: Vec<ApiKey>,
     /// How long a graceful shutdown waits for active jobs.
     pub shutdown_grace_ms: u64,
     pub jobs: JobDefaults,
@@ -63,6 +68,7 @@ impl Default for Config {
             max_connections: CONNECTIONS_MAX_DEFAULT,
             rate_limit: None,
             insecure_no_auth: false,
+            api_keys: Vec::new(),
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
             retention: Retention::default(),
@@ -84,6 +90,55 @@ struct FileConfig {
     rate_limit: Option<RateLimitSection>,
     shutdown: Option<ShutdownSection>,
     limits: Option<LimitsSection>,
+    auth: Option<AuthSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthSection {
+    #[serde(default)]
+    keys: Vec<KeyEntry>,
+}
+
+/// One `[[auth.keys]]` entry: a name, a role, and the key as text, as the
+/// name of an environment variable holding it, or as its SHA-256.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyEntry {
+    name: String,
+    role: String,
+    key: Option<String>,
+    key_env: Option<String>,
+    key_sha256: Option<String>,
+}
+
+impl std::fmt::Debug for KeyEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyEntry").field("name", &self.name).field("role", &self.role).finish_non_exhaustive()
+    }
+}
+
+impl KeyEntry {
+    fn resolve(self, env: &HashMap<String, String>) -> Result<ApiKey, String> {
+        let KeyEntry { name, role, key, key_env, key_sha256 } = self;
+        if name.is_empty() {
+            return Err("auth.keys: every key needs a name".to_string());
+        }
+        let role = Role::parse(&role)
+            .ok_or_else(|| format!("auth.keys {name}: role {role:?} is not admin, producer or worker"))?;
+        match (key, key_env, key_sha256) {
+            (Some(key), None, None) => ApiKey::from_key(name, role, &key),
+            (None, Some(variable), None) => {
+                let key = env
+                    .get(&variable)
+                    .ok_or_else(|| format!("auth.keys {name}: environment variable {variable} is not set"))?;
+                ApiKey::from_key(name, role, key)
+            }
+            (None, None, Some(hex)) => ApiKey::from_sha256(name, role, &hex),
+            _ => Err(format!("auth.keys {name}: give exactly one of key, key_env, key_sha256")),
+        }
+        .map_err(|error| format!("auth.keys: {error}"))
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -160,7 +215,7 @@ impl Config {
             let text =
                 std::fs::read_to_string(&path).map_err(|error| format!("cannot read config file {path}: {error}"))?;
             let file: FileConfig = toml::from_str(&text).map_err(|error| format!("config file {path}: {error}"))?;
-            config.apply_file(file).map_err(|error| format!("config file {path}: {error}"))?;
+            config.apply_file(file, env).map_err(|error| format!("config file {path}: {error}"))?;
         }
         if let Some(listen) = setting("listen", "SVC_LISTEN") {
             config.listen = listen;
@@ -188,7 +243,15 @@ impl Config {
         Ok(config)
     }
 
-    fn apply_file(&mut self, file: FileConfig) -> Result<(), String> {
+    fn apply_file(&mut self, file: FileConfig, env: &HashMap<String, String>) -> Result<(), String> {
+        if let Some(auth) = file.auth {
+            self.api_keys = auth.keys.into_iter().map(|entry| entry.resolve(env)).collect::<Result<_, _>>()?;
+            let mut names: Vec<&str> = self.api_keys.iter().map(|key| key.name.as_str()).collect();
+            names.sort_unstable();
+            if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+                return Err(format!("auth.keys: the name {} is used twice", pair[0]));
+            }
+        }
         if let Some(listen) = file.listen {
             self.listen = listen;
         }
@@ -291,7 +354,7 @@ impl Config {
             return Err(format!("listen address {} resolves to nothing", self.listen));
         }
         let loopback = addresses.iter().all(|address| is_loopback(address.ip()));
-        if !loopback && !self.insecure_no_auth {
+        if !loopback && !self.insecure_no_auth && self.api_keys.is_empty() {
             return Err(format!(
                 "refusing to listen on {} without authentication; bind a loopback address, or pass --insecure-no-auth behind a trusted proxy",
                 self.listen

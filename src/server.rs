@@ -135,11 +135,11 @@ pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServ
     let timeout = Duration::from_millis(config.request_timeout_ms);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let max_connections = config.max_connections;
-    let rate_limit = config.rate_limit;
+    let app_config = config.clone();
     let thread = std::thread::Builder::new()
         .name("svc-server".into())
         .spawn(move || {
-            let app = Arc::new(app_state(engine.handle().clone(), timeout, rate_limit));
+            let app = Arc::new(app_state(engine.handle().clone(), timeout, &app_config));
             let outcome = runtime.block_on(serve(listener, app, controls, grace, max_connections));
             engine.close();
             outcome
@@ -161,7 +161,7 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
         &[("address", addr.to_string().into()), ("data_dir", config.data_dir.display().to_string().into())],
     );
     let timeout = Duration::from_millis(config.request_timeout_ms);
-    let app = Arc::new(app_state(engine.handle().clone(), timeout, config.rate_limit));
+    let app = Arc::new(app_state(engine.handle().clone(), timeout, config));
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let outcome = runtime.block_on(async {
         let (control, controls) = mpsc::unbounded_channel();
@@ -174,12 +174,13 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
 }
 
 /// The handlers' shared state; `rate_limit` is (requests, window in seconds).
-fn app_state(engine: crate::engine::EngineHandle, timeout: Duration, rate_limit: Option<(u64, u64)>) -> AppState {
+fn app_state(engine: crate::engine::EngineHandle, timeout: Duration, config: &Config) -> AppState {
     let app = AppState::new(engine, timeout);
-    match rate_limit {
+    let app = match config.rate_limit {
         Some((requests, window_s)) => app.with_rate_limit(requests, window_s),
         None => app,
-    }
+    };
+    app.with_keys(config.api_keys.clone())
 }
 
 fn build_runtime() -> Result<tokio::runtime::Runtime, ServerError> {

@@ -11,7 +11,7 @@ use super::{AppState, Reply};
 
 pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> Result<Reply, ApiError> {
     match route {
-        Route::Manifest => Ok(Reply::ok(super::probes::manifest().to_string())),
+        Route::Manifest => Ok(Reply::ok(super::probes::manifest(app).to_string())),
         Route::Health => super::probes::health(app).await,
         Route::Ready => super::probes::ready(app),
         Route::ErrorCatalog => Ok(Reply::ok(super::probes::error_catalog().to_string())),

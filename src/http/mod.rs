@@ -5,6 +5,7 @@
 // travels the cold error path once per request, so boxing it buys nothing.
 #![allow(clippy::result_large_err)]
 
+pub mod auth;
 pub mod connection;
 mod cron;
 mod dead_letter;
@@ -52,6 +53,10 @@ pub struct AppState {
     request_ids: parking_lot::Mutex<IdGenerator>,
     /// The request rate limit, when configured.
     pub rate_limiter: Option<RateLimiter>,
+    /// The API keys; no keys, no authentication.
+    pub auth: auth::Authenticator,
+    /// With keys and a rate limit: each key's window, by the key's index.
+    key_windows: Vec<Arc<Window>>,
 }
 
 impl AppState {
@@ -63,7 +68,19 @@ impl AppState {
             shutting_down: AtomicBool::new(false),
             request_ids: parking_lot::Mutex::new(IdGenerator::default()),
             rate_limiter: None,
+            auth: auth::Authenticator::default(),
+            key_windows: Vec::new(),
         }
+    }
+
+    /// Requires one of `keys` on every request but the public ones. Call
+    /// after `with_rate_limit`.
+    pub fn with_keys(mut self, keys: Vec<auth::ApiKey>) -> Self {
+        if let Some(limiter) = &self.rate_limiter {
+            self.key_windows = keys.iter().map(|_| limiter.new_window()).collect();
+        }
+        self.auth = auth::Authenticator::new(keys);
+        self
     }
 
     /// Limits each client to `requests` per `window_s` seconds.
@@ -165,34 +182,52 @@ fn request_id(app: &AppState, headers: &HeaderMap) -> String {
     }
 }
 
-async fn dispatch(app: &AppState, principal: Option<&Window>, request: Request<Incoming>) -> Result<Reply, ApiError> {
-    let route = router::route(request.method(), request.uri().path())?;
-    if route.is_public() {
-        return respond(app, route, request).await;
+/// The order of checks of docs/api.md: public routes, authentication (an
+/// address over its limit of failed attempts is refused first), route,
+/// role, request rate (per key, or per address without keys).
+async fn dispatch(app: &AppState, address: Option<&Window>, request: Request<Incoming>) -> Result<Reply, ApiError> {
+    let route = router::route(request.method(), request.uri().path());
+    if let Ok(route) = &route
+        && route.is_public()
+    {
+        return respond(app, route.clone(), request).await;
     }
+    let now_s = crate::clock::Clock::now_ms(&crate::clock::SystemClock).max(0) as u64 / 1000;
+    let mut principal = address;
+    if app.auth.is_enabled() {
+        if let (Some(limiter), Some(window)) = (&app.rate_limiter, address)
+            && limiter.exhausted(window, now_s)
+        {
+            return Err(rate_limited(limiter, limiter.take(window, now_s), now_s));
+        }
+        let (index, key) = match app.auth.authenticate(request.headers()) {
+            Ok(found) => found,
+            Err(error) => {
+                // A failed attempt counts against the address.
+                if let (Some(limiter), Some(window)) = (&app.rate_limiter, address) {
+                    limiter.take(window, now_s);
+                }
+                return Err(error);
+            }
+        };
+        let route = route.as_ref().map_err(Clone::clone)?;
+        if !key.role.allows(route) {
+            return Err(auth::forbidden(key.role));
+        }
+        principal = app.key_windows.get(index).map(Arc::as_ref);
+    }
+    let route = route?;
     let (Some(limiter), Some(window)) = (&app.rate_limiter, principal) else {
         return respond(app, route, request).await;
     };
-    let now_s = crate::clock::Clock::now_ms(&crate::clock::SystemClock).max(0) as u64 / 1000;
     let quota = limiter.take(window, now_s);
     let headers = [
         (X_RATELIMIT_LIMIT, quota.limit.to_string()),
         (X_RATELIMIT_REMAINING, quota.remaining.to_string()),
         (X_RATELIMIT_RESET, quota.reset_at.to_string()),
     ];
-    let outcome = if quota.allowed {
-        respond(app, route, request).await
-    } else {
-        let retry_after = quota.reset_at.saturating_sub(now_s).max(1);
-        let mut error =
-            ApiError::new("rate_limited", format!("more than {} requests in {} s", quota.limit, limiter.window_s()))
-                .detail("limit", quota.limit)
-                .detail("window_seconds", limiter.window_s())
-                .detail("retry_after_seconds", retry_after);
-        error.headers.retain(|(name, _)| *name != hyper::header::RETRY_AFTER);
-        error.headers.push((hyper::header::RETRY_AFTER, retry_after.to_string()));
-        Err(error)
-    };
+    let outcome =
+        if quota.allowed { respond(app, route, request).await } else { Err(rate_limited(limiter, quota, now_s)) };
     match outcome {
         Ok(mut reply) => {
             reply.headers.extend(headers);
@@ -203,6 +238,19 @@ async fn dispatch(app: &AppState, principal: Option<&Window>, request: Request<I
             Err(error)
         }
     }
+}
+
+/// 429 `rate_limited` for a window with nothing left.
+fn rate_limited(limiter: &RateLimiter, quota: rate_limit::Quota, now_s: u64) -> ApiError {
+    let retry_after = quota.reset_at.saturating_sub(now_s).max(1);
+    let mut error =
+        ApiError::new("rate_limited", format!("more than {} requests in {} s", quota.limit, limiter.window_s()))
+            .detail("limit", quota.limit)
+            .detail("window_seconds", limiter.window_s())
+            .detail("retry_after_seconds", retry_after);
+    error.headers.retain(|(name, _)| *name != hyper::header::RETRY_AFTER);
+    error.headers.push((hyper::header::RETRY_AFTER, retry_after.to_string()));
+    error
 }
 
 /// Checks the version and reads the body, then hands the request to its handler.

@@ -69,7 +69,7 @@ pub(super) fn error_catalog() -> Value {
 
 /// What this build implements (docs/api.md, "Discovery and probes"): levels
 /// 0 to 4 of the interface; schemas and webhooks are not built yet.
-pub(super) fn manifest() -> Value {
+pub(super) fn manifest(app: &AppState) -> Value {
     json!({
         "specversion": SPEC_VERSION,
         "implementation": "svc",
@@ -85,7 +85,11 @@ pub(super) fn manifest() -> Value {
         "protocols": ["http"],
         "backend": "wal",
         "unique_job_strength": "strong",
-        "authentication": {"schemes": [], "required": false},
+        "authentication": if app.auth.is_enabled() {
+            json!({"schemes": ["bearer"], "required": true})
+        } else {
+            json!({"schemes": [], "required": false})
+        },
         "limits": {
             "max_envelope_bytes": ENVELOPE_BYTES_MAX, "max_meta_bytes": crate::limits::META_BYTES_MAX,
             "max_batch_jobs": BATCH_JOBS_MAX, "max_fetch_count": FETCH_COUNT_MAX,

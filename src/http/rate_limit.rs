@@ -56,6 +56,19 @@ impl RateLimiter {
         principals.entry(address).or_default().clone()
     }
 
+    /// Whether the window has no request left at Unix second `now_s`
+    /// (without counting one).
+    pub fn exhausted(&self, window: &Window, now_s: u64) -> bool {
+        let number = now_s / self.window_s;
+        let current = window.0.load(Ordering::Relaxed);
+        current >> 32 == number & 0xffff_ffff && current & 0xffff_ffff >= self.requests
+    }
+
+    /// A window of its own, for a principal known in advance (an API key).
+    pub fn new_window(&self) -> Arc<Window> {
+        Arc::new(Window::default())
+    }
+
     /// Counts one request at Unix second `now_s`.
     pub fn take(&self, window: &Window, now_s: u64) -> Quota {
         let number = now_s / self.window_s;

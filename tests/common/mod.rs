@@ -68,6 +68,11 @@ impl TestServer {
         self.engine().tick().wait().expect("tick");
     }
 
+    /// `http://<address>` of the server.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     pub fn engine(&self) -> &svc::engine::EngineHandle {
         &self.server.as_ref().expect("server running").engine
     }

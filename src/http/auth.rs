@@ -1,0 +1,205 @@
+//! API keys and roles (docs/api.md, "Authentication"): `Authorization:
+//! Bearer <key>`, checked against the SHA-256 digest of every configured key
+//! in constant time, and which role may use which route.
+//!
+//! Key material never leaves this module: an entry keeps only its digest,
+//! and errors, logs and rate limits name the entry.
+
+use hyper::header::{AUTHORIZATION, HeaderMap, WWW_AUTHENTICATE};
+use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+use super::router::Route;
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Everything.
+    Admin,
+    /// Enqueue, read and cancel jobs; create and read workflows.
+    Producer,
+    /// Fetch, ack, nack, heartbeat; read jobs.
+    Worker,
+}
+
+impl Role {
+    pub fn parse(name: &str) -> Option<Role> {
+        match name {
+            "admin" => Some(Role::Admin),
+            "producer" => Some(Role::Producer),
+            "worker" => Some(Role::Worker),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Producer => "producer",
+            Role::Worker => "worker",
+        }
+    }
+
+    /// Whether this role may use `route` (public routes need no key at all).
+    pub fn allows(self, route: &Route) -> bool {
+        use Route::*;
+        match route {
+            Manifest | Health | Ready | ErrorCatalog | GetJob(_) => true,
+            CreateJob | BatchJobs | ActivateJob(_) | CancelJob(_) | CreateWorkflow | GetWorkflow(_) => {
+                matches!(self, Role::Admin | Role::Producer)
+            }
+            Fetch | Ack | Nack | AckById(_) | FailById(_) | Heartbeat => matches!(self, Role::Admin | Role::Worker),
+            CancelWorkflow(_) | Queues | QueueStats(_) | PauseQueue(..) | Events | Workers | Worker(_)
+            | ForgetWorker(_) | SignalWorker(..) | DeadLetter | DeadLetterRetry(_) | DeadLetterDelete(_) | Crons
+            | RegisterCron | GetCron(_) | PatchCron(_) | DeleteCron(_) => self == Role::Admin,
+        }
+    }
+}
+
+/// One configured key: its name, role and the SHA-256 of the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    pub name: String,
+    pub role: Role,
+    pub digest: [u8; 32],
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the digest: a digest of a weak key is as good as the key.
+        f.debug_struct("ApiKey").field("name", &self.name).field("role", &self.role).finish_non_exhaustive()
+    }
+}
+
+/// The shortest plain key accepted in the configuration.
+pub const KEY_CHARS_MIN: usize = 32;
+
+impl ApiKey {
+    /// An entry from a plain key (at least [`KEY_CHARS_MIN`] characters).
+    pub fn from_key(name: String, role: Role, key: &str) -> Result<ApiKey, String> {
+        if key.chars().count() < KEY_CHARS_MIN {
+            return Err(format!("the key of {name} is shorter than {KEY_CHARS_MIN} characters"));
+        }
+        Ok(ApiKey { name, role, digest: Sha256::digest(key.as_bytes()).into() })
+    }
+
+    /// An entry from the lowercase or uppercase hex SHA-256 of a key.
+    pub fn from_sha256(name: String, role: Role, hex: &str) -> Result<ApiKey, String> {
+        let bytes = hex.as_bytes();
+        if bytes.len() != 64 || !bytes.iter().all(u8::is_ascii_hexdigit) {
+            return Err(format!("key_sha256 of {name} must be 64 hex digits"));
+        }
+        let mut digest = [0u8; 32];
+        for (index, pair) in bytes.chunks_exact(2).enumerate() {
+            let text = std::str::from_utf8(pair).expect("hex digits are ASCII");
+            digest[index] = u8::from_str_radix(text, 16).expect("checked to be hex digits");
+        }
+        Ok(ApiKey { name, role, digest })
+    }
+}
+
+/// The configured keys; authentication is on when there is at least one.
+#[derive(Debug, Clone, Default)]
+pub struct Authenticator {
+    keys: Vec<ApiKey>,
+}
+
+impl Authenticator {
+    pub fn new(keys: Vec<ApiKey>) -> Authenticator {
+        Authenticator { keys }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    pub fn keys(&self) -> &[ApiKey] {
+        &self.keys
+    }
+
+    /// The entry (its index and itself) whose key the request presents, or
+    /// 401. The presented key's digest is compared with every entry's,
+    /// whatever matched before, so the time taken does not tell which.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<(usize, &ApiKey), ApiError> {
+        let presented = headers
+            .get(AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
+            .map(str::trim)
+            .filter(|key| !key.is_empty());
+        let Some(presented) = presented else {
+            return Err(unauthorized("send Authorization: Bearer <key>"));
+        };
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let mut found = usize::MAX;
+        for (index, key) in self.keys.iter().enumerate() {
+            let difference = key.digest.iter().zip(&digest).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            // Branch-free: keeps the first match without ending the loop.
+            let matched = usize::from(difference == 0);
+            let unset = usize::from(found == usize::MAX);
+            found = (matched & unset) * index + (1 - (matched & unset)) * found;
+        }
+        match self.keys.get(found) {
+            Some(key) => Ok((found, key)),
+            None => Err(unauthorized("the key is not valid")),
+        }
+    }
+}
+
+fn unauthorized(message: &str) -> ApiError {
+    let mut error = ApiError::new("unauthorized", message);
+    error.headers.push((WWW_AUTHENTICATE, "Bearer realm=\"svc\"".to_string()));
+    error
+}
+
+/// 403 for a key whose role may not use the route.
+pub fn forbidden(role: Role) -> ApiError {
+    ApiError::new("forbidden", format!("a {} key may not do this", role.as_str())).detail("role", role.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(authorization: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, authorization.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn a_key_is_found_by_its_digest_whichever_way_it_was_configured() {
+        let plain = "p".repeat(40);
+        let hashed = "h".repeat(40);
+        let hex: String = Sha256::digest(hashed.as_bytes()).iter().map(|byte| format!("{byte:02x}")).collect();
+        let keys = Authenticator::new(vec![
+            ApiKey::from_key("ops".into(), Role::Admin, &plain).unwrap(),
+            ApiKey::from_sha256("ci".into(), Role::Producer, &hex.to_uppercase()).unwrap(),
+        ]);
+        assert_eq!(keys.authenticate(&headers(&format!("Bearer {plain}"))).unwrap().1.name, "ops");
+        assert_eq!(keys.authenticate(&headers(&format!("Bearer {hashed}"))).unwrap().0, 1);
+        for wrong in ["Bearer nope", "Basic abc", "Bearer ", &format!("Bearer {plain}x")] {
+            let error = keys.authenticate(&headers(wrong)).unwrap_err();
+            assert_eq!(error.code, "unauthorized");
+        }
+        assert!(keys.authenticate(&HeaderMap::new()).is_err());
+    }
+
+    #[test]
+    fn keys_must_be_long_and_digests_well_formed() {
+        assert!(ApiKey::from_key("short".into(), Role::Worker, "x".repeat(31).as_str()).is_err());
+        assert!(ApiKey::from_sha256("bad".into(), Role::Worker, "abc").is_err());
+        assert!(ApiKey::from_sha256("bad".into(), Role::Worker, &"g".repeat(64)).is_err());
+        let debug = format!("{:?}", ApiKey::from_key("ops".into(), Role::Admin, &"s".repeat(40)).unwrap());
+        assert!(debug.contains("ops") && !debug.contains("digest"));
+    }
+
+    #[test]
+    fn roles_follow_the_table() {
+        assert!(Role::Producer.allows(&Route::CreateJob) && !Role::Worker.allows(&Route::CreateJob));
+        assert!(Role::Worker.allows(&Route::Fetch) && !Role::Producer.allows(&Route::Fetch));
+        assert!(Role::Worker.allows(&Route::GetJob("x".into())));
+        assert!(!Role::Producer.allows(&Route::CancelWorkflow("x".into())));
+        assert!(Role::Admin.allows(&Route::Crons) && !Role::Producer.allows(&Route::Crons));
+    }
+}

@@ -1,0 +1,223 @@
+//! API keys and roles (docs/api.md, "Authentication"): every route with no
+//! key, a wrong key, and a key of each role; key material never in a
+//! response; failed attempts counted against the address; keys from the
+//! environment and as digests; the manifest's scheme.
+
+mod common;
+
+use common::{TestServer, config_for};
+use serde_json::{Value, json};
+use svc::config::Config;
+use svc::http::auth::{ApiKey, Role};
+
+const ADMIN: &str = "admin-key-0123456789abcdef0123456789abcdef";
+const PRODUCER: &str = "producer-key-0123456789abcdef0123456789ab";
+const WORKER: &str = "worker-key-0123456789abcdef0123456789abcd";
+
+fn keys() -> Vec<ApiKey> {
+    vec![
+        ApiKey::from_key("ops".into(), Role::Admin, ADMIN).unwrap(),
+        ApiKey::from_key("shop".into(), Role::Producer, PRODUCER).unwrap(),
+        ApiKey::from_key("mailer".into(), Role::Worker, WORKER).unwrap(),
+    ]
+}
+
+fn start(dir: &std::path::Path, rate_limit: Option<(u64, u64)>) -> TestServer {
+    let config = Config { api_keys: keys(), rate_limit, ..config_for(dir) };
+    TestServer::start_with(&config, svc::server::engine_config(&config))
+}
+
+fn send(server: &TestServer, method: &str, path: &str, body: Option<&Value>, key: Option<&str>) -> (u16, Value) {
+    let client = reqwest::blocking::Client::new();
+    let url = format!("{}{path}", server.base());
+    let mut request = match method {
+        "GET" => client.get(url),
+        "DELETE" => client.delete(url),
+        "PATCH" => client.patch(url),
+        _ => client.post(url),
+    };
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    if let Some(body) = body {
+        request = request.header("content-type", "application/svc+json").body(body.to_string());
+    }
+    let response = request.send().unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[test]
+fn every_route_asks_for_a_key_and_the_right_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), None);
+    let id = "019539a4-0000-7000-8000-000000000000";
+    let job = json!({"type": "t", "args": []});
+    // (method, path, body, roles allowed: admin, producer, worker)
+    let table: Vec<(&str, String, Option<Value>, [bool; 3])> = vec![
+        ("POST", "/svc/v1/jobs".into(), Some(job.clone()), [true, true, false]),
+        ("POST", "/svc/v1/jobs/batch".into(), Some(json!({"jobs": [job]})), [true, true, false]),
+        ("GET", format!("/svc/v1/jobs/{id}"), None, [true, true, true]),
+        ("DELETE", format!("/svc/v1/jobs/{id}"), None, [true, true, false]),
+        ("POST", format!("/svc/v1/jobs/{id}/activate"), None, [true, true, false]),
+        ("POST", "/svc/v1/workers/fetch".into(), Some(json!({"queues": ["q"]})), [true, false, true]),
+        ("POST", "/svc/v1/jobs/fetch".into(), Some(json!({"queues": ["q"]})), [true, false, true]),
+        ("POST", "/svc/v1/workers/ack".into(), Some(json!({"job_id": id})), [true, false, true]),
+        ("POST", format!("/svc/v1/jobs/{id}/ack"), None, [true, false, true]),
+        (
+            "POST",
+            "/svc/v1/workers/nack".into(),
+            Some(json!({"job_id": id, "error": {"message": "m"}})),
+            [true, false, true],
+        ),
+        ("POST", format!("/svc/v1/jobs/{id}/fail"), Some(json!({"error": {"message": "m"}})), [true, false, true]),
+        ("POST", "/svc/v1/workers/heartbeat".into(), Some(json!({"worker_id": "w"})), [true, false, true]),
+        (
+            "POST",
+            "/svc/v1/workflows".into(),
+            Some(json!({"type": "group", "jobs": [{"type": "t"}]})),
+            [true, true, false],
+        ),
+        ("GET", format!("/svc/v1/workflows/{id}"), None, [true, true, false]),
+        ("DELETE", format!("/svc/v1/workflows/{id}"), None, [true, false, false]),
+        ("GET", "/svc/v1/queues".into(), None, [true, false, false]),
+        ("GET", "/svc/v1/queues/default/stats".into(), None, [true, false, false]),
+        ("POST", "/svc/v1/queues/q/pause".into(), None, [true, false, false]),
+        ("POST", "/svc/v1/queues/q/resume".into(), None, [true, false, false]),
+        ("GET", "/svc/v1/events".into(), None, [true, false, false]),
+        ("GET", "/svc/v1/workers".into(), None, [true, false, false]),
+        ("GET", "/svc/v1/workers/w".into(), None, [true, false, false]),
+        ("DELETE", "/svc/v1/workers/w".into(), None, [true, false, false]),
+        ("POST", "/svc/v1/workers/w/quiet".into(), None, [true, false, false]),
+        ("POST", "/svc/v1/workers/w/terminate".into(), None, [true, false, false]),
+        ("GET", "/svc/v1/dead-letter".into(), None, [true, false, false]),
+        ("POST", format!("/svc/v1/dead-letter/{id}/retry"), None, [true, false, false]),
+        ("DELETE", format!("/svc/v1/dead-letter/{id}"), None, [true, false, false]),
+        ("GET", "/svc/v1/cron".into(), None, [true, false, false]),
+        (
+            "POST",
+            "/svc/v1/cron".into(),
+            Some(json!({"name": "n", "schedule": "* * * * *", "type": "t"})),
+            [true, false, false],
+        ),
+        ("GET", "/svc/v1/cron/n".into(), None, [true, false, false]),
+        ("PATCH", "/svc/v1/cron/n".into(), Some(json!({"enabled": false})), [true, false, false]),
+        ("DELETE", "/svc/v1/cron/n".into(), None, [true, false, false]),
+    ];
+    for (method, path, body, allowed) in &table {
+        let (status, answer) = send(&server, method, path, body.as_ref(), None);
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (401, Some("unauthorized")),
+            "{method} {path} without a key"
+        );
+        let (status, _) =
+            send(&server, method, path, body.as_ref(), Some("not-a-key-but-long-enough-to-look-like-one"));
+        assert_eq!(status, 401, "{method} {path} with a wrong key");
+        for (role, key) in [ADMIN, PRODUCER, WORKER].into_iter().enumerate() {
+            let (status, answer) = send(&server, method, path, body.as_ref(), Some(key));
+            if allowed[role] {
+                assert!(status != 401 && status != 403, "{method} {path} as role {role}: {status} {answer}");
+            } else {
+                assert_eq!(
+                    (status, answer["error"]["code"].as_str()),
+                    (403, Some("forbidden")),
+                    "{method} {path} as role {role}"
+                );
+                assert!(answer["error"]["details"]["role"].is_string());
+            }
+        }
+    }
+    // The public routes need no key.
+    for path in ["/svc/manifest", "/svc/v1/health", "/health", "/ready", "/svc/v1/errors"] {
+        assert_eq!(send(&server, "GET", path, None, None).0, 200, "{path}");
+    }
+    let manifest = send(&server, "GET", "/svc/manifest", None, None).1;
+    assert_eq!(manifest["authentication"], json!({"schemes": ["bearer"], "required": true}));
+    // Without a key, even an unknown route answers 401: nothing is learnt about routes.
+    assert_eq!(send(&server, "GET", "/svc/v1/nothing-here", None, None).0, 401);
+}
+
+#[test]
+fn a_401_names_the_scheme_and_no_answer_holds_key_material() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), None);
+    let response = reqwest::blocking::Client::new()
+        .get(format!("{}/svc/v1/queues", server.base()))
+        .header("authorization", format!("Bearer {ADMIN}x"))
+        .send()
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 401);
+    assert_eq!(response.headers().get("www-authenticate").unwrap(), "Bearer realm=\"svc\"");
+    let text = response.text().unwrap();
+    assert!(!text.contains(ADMIN) && !text.contains("admin-key"), "{text}");
+    let (_, forbidden) = send(&server, "GET", "/svc/v1/queues", None, Some(WORKER));
+    assert!(!forbidden.to_string().contains(WORKER) && !forbidden.to_string().contains("worker-key"));
+}
+
+#[test]
+fn failed_attempts_count_against_the_address_and_keys_have_windows_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), Some((3, 3600)));
+    for _ in 0..3 {
+        assert_eq!(send(&server, "GET", "/svc/v1/queues", None, Some("wrong-wrong-wrong-wrong-wrong-wrong")).0, 401);
+    }
+    let (status, answer) = send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN));
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (429, Some("rate_limited")),
+        "over the limit of failed attempts"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), Some((2, 3600)));
+    assert_eq!(send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN)).0, 200);
+    assert_eq!(send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN)).0, 200);
+    assert_eq!(send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN)).0, 429);
+    let (status, _) = send(
+        &server,
+        "GET",
+        format!("/svc/v1/jobs/{}", "019539a4-0000-7000-8000-000000000000").as_str(),
+        None,
+        Some(PRODUCER),
+    );
+    assert_eq!(status, 404, "another key has its own window");
+}
+
+#[test]
+fn keys_come_from_the_file_the_environment_or_as_digests() {
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("svc.toml");
+    let digest = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"; // sha256("password")
+    std::fs::write(
+        &file,
+        format!(
+            "listen = \"0.0.0.0:0\"\n[[auth.keys]]\nname = \"ops\"\nrole = \"admin\"\nkey = \"{ADMIN}\"\n\
+             [[auth.keys]]\nname = \"ci\"\nrole = \"producer\"\nkey_env = \"CI_KEY\"\n\
+             [[auth.keys]]\nname = \"old\"\nrole = \"worker\"\nkey_sha256 = \"{digest}\"\n"
+        ),
+    )
+    .unwrap();
+    let args = vec!["--config".to_string(), file.display().to_string()];
+    let env: HashMap<String, String> = [("CI_KEY".to_string(), PRODUCER.to_string())].into();
+    let config = Config::load(&args, &env).expect("with keys, any address may be bound");
+    let names: Vec<(&str, Role)> = config.api_keys.iter().map(|key| (key.name.as_str(), key.role)).collect();
+    assert_eq!(names, [("ops", Role::Admin), ("ci", Role::Producer), ("old", Role::Worker)]);
+    assert!(!format!("{config:?}").contains(ADMIN) && !format!("{config:?}").contains(PRODUCER));
+
+    for (entry, problem) in [
+        ("name = \"a\"\nrole = \"admin\"\nkey = \"short\"", "shorter than 32"),
+        ("name = \"a\"\nrole = \"root\"\nkey_sha256 = \"00\"", "role"),
+        ("name = \"a\"\nrole = \"admin\"", "exactly one"),
+        ("name = \"a\"\nrole = \"admin\"\nkey_env = \"MISSING\"", "not set"),
+    ] {
+        std::fs::write(&file, format!("[[auth.keys]]\n{entry}\n")).unwrap();
+        let error = Config::load(&args, &HashMap::new()).unwrap_err();
+        assert!(error.contains(problem), "{entry}: {error}");
+        assert!(!error.contains("short\""), "no key material in errors: {error}");
+    }
+    std::fs::write(&file, "listen = \"0.0.0.0:0\"\n").unwrap();
+    assert!(Config::load(&args, &HashMap::new()).is_err(), "without keys, only loopback");
+}
