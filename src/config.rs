@@ -344,6 +344,11 @@ impl Config {
         Ok(())
     }
 
+    /// Whether the listen address resolves to loopback addresses only.
+    pub fn binds_loopback_only(&self) -> bool {
+        self.listen.to_socket_addrs().is_ok_and(|mut addresses| addresses.all(|address| is_loopback(address.ip())))
+    }
+
     fn validate(&self) -> Result<(), String> {
         let addresses: Vec<SocketAddr> = self
             .listen

@@ -221,3 +221,19 @@ fn keys_come_from_the_file_the_environment_or_as_digests() {
     std::fs::write(&file, "listen = \"0.0.0.0:0\"\n").unwrap();
     assert!(Config::load(&args, &HashMap::new()).is_err(), "without keys, only loopback");
 }
+
+#[test]
+fn without_keys_requests_from_web_pages_and_other_hosts_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    let client = reqwest::blocking::Client::new();
+    let pause = format!("{}/svc/v1/queues/q/pause", server.base());
+    let from_page = client.post(&pause).header("origin", "https://evil.example").send().unwrap();
+    assert_eq!(from_page.status().as_u16(), 403);
+    let body: Value = from_page.json().unwrap();
+    assert_eq!(body["error"]["details"]["reason"], "origin_not_allowed");
+    let rebound = client.post(&pause).header("host", "evil.example:8080").send().unwrap();
+    assert_eq!(rebound.status().as_u16(), 403, "a name rebound to 127.0.0.1");
+    assert_eq!(server.get("/svc/v1/queues/q/stats").status, 404, "the queue was never paused");
+    assert_eq!(client.post(&pause).send().unwrap().status().as_u16(), 200, "a local program");
+}

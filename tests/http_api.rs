@@ -144,7 +144,7 @@ fn an_oversized_body_is_refused_before_it_is_read() {
     let mut stream = std::net::TcpStream::connect(server.base.trim_start_matches("http://")).unwrap();
     let declared = 3 * 1024 * 1024;
     let head = format!(
-        "POST /svc/v1/jobs HTTP/1.1\r\nHost: svc\r\nContent-Type: application/svc+json\r\nContent-Length: {declared}\r\n\r\n"
+        "POST /svc/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/svc+json\r\nContent-Length: {declared}\r\n\r\n"
     );
     stream.write_all(head.as_bytes()).unwrap();
     // Only the first KiB of the body is ever sent.

@@ -152,6 +152,58 @@ fn unauthorized(message: &str) -> ApiError {
     error
 }
 
+/// What protects a server without keys from browsers: a web page may make
+/// a browser send requests to a loopback port (a form, `fetch` with
+/// `no-cors`, or a DNS name rebound to 127.0.0.1). Such a request carries an
+/// `Origin`, or a `Host` that is not the server's; real clients send neither.
+#[derive(Debug, Clone, Default)]
+pub struct BrowserGuard {
+    /// Host names (without port) besides the loopback ones.
+    extra_hosts: Vec<String>,
+}
+
+impl BrowserGuard {
+    /// Allows the loopback names and the host of `listen` (`host:port`).
+    pub fn new(listen: &str) -> BrowserGuard {
+        let host = host_without_port(listen).to_ascii_lowercase();
+        BrowserGuard { extra_hosts: if host.is_empty() { Vec::new() } else { vec![host] } }
+    }
+
+    /// 403 for a request from a web page, or for another host's name.
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if headers.contains_key(hyper::header::ORIGIN) {
+            return Err(ApiError::new(
+                "forbidden",
+                "requests from web pages are refused: svc has no keys configured, so it serves local programs only",
+            )
+            .detail("reason", "origin_not_allowed"));
+        }
+        let Some(host) = headers.get(hyper::header::HOST).and_then(|value| value.to_str().ok()) else {
+            return Ok(());
+        };
+        let name = host_without_port(host).to_ascii_lowercase();
+        let loopback = name == "localhost"
+            || name.ends_with(".localhost")
+            || name.parse::<std::net::IpAddr>().is_ok_and(|address| address.is_loopback());
+        if loopback || self.extra_hosts.contains(&name) {
+            return Ok(());
+        }
+        Err(ApiError::new("forbidden", format!("the host name {name} is not this server's"))
+            .detail("reason", "host_not_allowed"))
+    }
+}
+
+/// `host` of `host:port`, `[::1]:port` or a bare name.
+fn host_without_port(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("");
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => authority,
+    }
+}
+
 /// 403 for a key whose role may not use the route.
 pub fn forbidden(role: Role) -> ApiError {
     ApiError::new("forbidden", format!("a {} key may not do this", role.as_str())).detail("role", role.as_str())
@@ -192,6 +244,24 @@ mod tests {
         assert!(ApiKey::from_sha256("bad".into(), Role::Worker, &"g".repeat(64)).is_err());
         let debug = format!("{:?}", ApiKey::from_key("ops".into(), Role::Admin, &"s".repeat(40)).unwrap());
         assert!(debug.contains("ops") && !debug.contains("digest"));
+    }
+
+    #[test]
+    fn the_browser_guard_lets_local_programs_in_and_web_pages_out() {
+        let guard = BrowserGuard::new("svc.internal:8080");
+        let with = |name: hyper::header::HeaderName, value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(name, value.parse().unwrap());
+            headers
+        };
+        for host in ["127.0.0.1:8080", "localhost:9", "[::1]:8080", "127.9.9.9", "svc.internal:8080", "LOCALHOST"] {
+            assert!(guard.check(&with(hyper::header::HOST, host)).is_ok(), "{host}");
+        }
+        for host in ["evil.example:8080", "10.0.0.1", "[::2]:80"] {
+            assert!(guard.check(&with(hyper::header::HOST, host)).is_err(), "{host}");
+        }
+        assert!(guard.check(&with(hyper::header::ORIGIN, "http://127.0.0.1:8080")).is_err());
+        assert!(guard.check(&HeaderMap::new()).is_ok());
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct AppState {
     pub auth: auth::Authenticator,
     /// With keys and a rate limit: each key's window, by the key's index.
     key_windows: Vec<Arc<Window>>,
+    /// Without keys: what keeps web pages out.
+    browser_guard: Option<auth::BrowserGuard>,
 }
 
 impl AppState {
@@ -70,7 +72,17 @@ impl AppState {
             rate_limiter: None,
             auth: auth::Authenticator::default(),
             key_windows: Vec::new(),
+            browser_guard: None,
         }
+    }
+
+    /// Without keys, refuses requests from web pages and for other host
+    /// names than the loopback ones and `listen`'s.
+    pub fn with_browser_guard(mut self, listen: &str) -> Self {
+        if !self.auth.is_enabled() {
+            self.browser_guard = Some(auth::BrowserGuard::new(listen));
+        }
+        self
     }
 
     /// Requires one of `keys` on every request but the public ones. Call
@@ -191,6 +203,9 @@ async fn dispatch(app: &AppState, address: Option<&Window>, request: Request<Inc
         && route.is_public()
     {
         return respond(app, route.clone(), request).await;
+    }
+    if let Some(guard) = &app.browser_guard {
+        guard.check(request.headers())?;
     }
     let now_s = crate::clock::Clock::now_ms(&crate::clock::SystemClock).max(0) as u64 / 1000;
     let mut principal = address;
