@@ -20,7 +20,7 @@
 //! `rate_limit.requests` with `rate_limit.window_s` (the request rate limit
 //! per client; off unless both are set), and `[[auth.keys]]` entries (`name`,
 //! `role`, and one of `key`, `key_env`, `key_sha256`); with keys, any address
-//! may be bound.
+//! may be bound; `metrics.public` (bool) serves `/metrics` without a key.
 
 use clap::Parser;
 use serde::Deserialize;
@@ -49,6 +49,8 @@ pub struct Config {
     pub insecure_no_auth: bool,
     /// API keys (`[[auth.keys]]`); none: authentication is off.
     pub api_keys: Vec<ApiKey>,
+    /// `GET /metrics` needs no key (`metrics.public`).
+    pub metrics_public: bool,
     /// How long a graceful shutdown waits for active jobs.
     pub shutdown_grace_ms: u64,
     pub jobs: JobDefaults,
@@ -69,6 +71,7 @@ impl Default for Config {
             rate_limit: None,
             insecure_no_auth: false,
             api_keys: Vec::new(),
+            metrics_public: false,
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
             retention: Retention::default(),
@@ -91,6 +94,13 @@ struct FileConfig {
     shutdown: Option<ShutdownSection>,
     limits: Option<LimitsSection>,
     auth: Option<AuthSection>,
+    metrics: Option<MetricsSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricsSection {
+    public: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -244,6 +254,9 @@ impl Config {
     }
 
     fn apply_file(&mut self, file: FileConfig, env: &HashMap<String, String>) -> Result<(), String> {
+        if let Some(public) = file.metrics.and_then(|metrics| metrics.public) {
+            self.metrics_public = public;
+        }
         if let Some(auth) = file.auth {
             self.api_keys = auth.keys.into_iter().map(|entry| entry.resolve(env)).collect::<Result<_, _>>()?;
             let mut names: Vec<&str> = self.api_keys.iter().map(|key| key.name.as_str()).collect();

@@ -35,6 +35,8 @@ pub mod limits;
 #[doc(hidden)]
 pub mod logging;
 #[doc(hidden)]
+pub mod metrics;
+#[doc(hidden)]
 pub mod schedule;
 #[doc(hidden)]
 pub mod server;

@@ -180,7 +180,8 @@ fn app_state(engine: crate::engine::EngineHandle, timeout: Duration, config: &Co
         Some((requests, window_s)) => app.with_rate_limit(requests, window_s),
         None => app,
     };
-    let app = app.with_keys(config.api_keys.clone());
+    let mut app = app.with_keys(config.api_keys.clone());
+    app.metrics_public = config.metrics_public;
     // A server bound beyond loopback without keys sits behind a proxy that
     // authenticates (`--insecure-no-auth`), whose host names it cannot know.
     if config.binds_loopback_only() { app.with_browser_guard(&config.listen) } else { app }

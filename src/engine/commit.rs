@@ -71,11 +71,12 @@ pub(crate) struct Committer {
     payload: Vec<u8>,
     /// Set for good when a write or sync fails.
     failed: bool,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Committer {
-    pub fn new(wal: WalWriter, view: Arc<ReadView>) -> Committer {
-        Committer { wal, view, payload: Vec::new(), failed: false }
+    pub fn new(wal: WalWriter, view: Arc<ReadView>, metrics: Arc<crate::metrics::Metrics>) -> Committer {
+        Committer { wal, view, payload: Vec::new(), failed: false, metrics }
     }
 
     /// Whether a write or sync failed; the log then takes nothing more.
@@ -102,7 +103,9 @@ impl Committer {
             self.payload.extend_from_slice(sequence);
         }
         if ok && !self.payload.is_empty() {
+            let started = std::time::Instant::now();
             ok = self.write_and_sync();
+            self.metrics.sync_seconds.observe(started.elapsed().as_secs_f64());
         }
         if !ok {
             self.fail();

@@ -52,11 +52,23 @@ pub struct EngineHandle {
     view: Arc<ReadView>,
     clock: Arc<dyn Clock>,
     defaults: Arc<JobDefaults>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl EngineHandle {
-    pub(crate) fn new(inbox: InboxSender, view: Arc<ReadView>, clock: Arc<dyn Clock>, defaults: JobDefaults) -> Self {
-        Self { inbox, view, clock, defaults: Arc::new(defaults) }
+    pub(crate) fn new(
+        inbox: InboxSender,
+        view: Arc<ReadView>,
+        clock: Arc<dyn Clock>,
+        defaults: JobDefaults,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
+        Self { inbox, view, clock, defaults: Arc::new(defaults), metrics }
+    }
+
+    /// Where the engine counts what it does.
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.metrics
     }
 
     /// Sends a request to the engine; its outcome comes once the change is

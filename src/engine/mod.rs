@@ -78,6 +78,8 @@ pub struct EngineConfig {
     pub cron_entries_max: usize,
     /// Verify every invariant after each batch (tests; costs O(jobs) per batch).
     pub check_invariants: bool,
+    /// Where the engine counts what it does (shared with the HTTP front end).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl EngineConfig {
@@ -93,6 +95,7 @@ impl EngineConfig {
             defaults: JobDefaults::default(),
             cron_entries_max: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
             check_invariants: false,
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         }
     }
 }
@@ -107,7 +110,9 @@ pub struct Engine {
 impl Engine {
     pub fn open(config: EngineConfig) -> Result<Engine, StorageError> {
         let lock = DataDirLock::acquire(&config.data_dir)?;
+        let recovery_started = std::time::Instant::now();
         let (state, replay_from, last_segment, replayed_bytes) = recover(&config.data_dir, config.retention)?;
+        config.metrics.recovery_seconds.set(recovery_started.elapsed().as_secs_f64());
         let wal = match last_segment {
             Some((index, valid_bytes)) => WalWriter::resume(
                 config.file_system.clone(),
@@ -130,8 +135,9 @@ impl Engine {
         let view = Arc::new(ReadView::default());
         // The engine's time never goes back, not even across a restart.
         let clock: Arc<dyn Clock> = Arc::new(SteadyClock::new(config.clock, state.latest_at()));
-        let handle = EngineHandle::new(sender, view.clone(), clock.clone(), config.defaults.clone());
-        let committer = commit::Committer::new(wal, view.clone());
+        let handle =
+            EngineHandle::new(sender, view.clone(), clock.clone(), config.defaults.clone(), config.metrics.clone());
+        let committer = commit::Committer::new(wal, view.clone(), config.metrics.clone());
         let writer = Writer {
             state,
             clock,
@@ -155,6 +161,7 @@ impl Engine {
             last_worker_sweep: i64::MIN / 2,
             committer,
             parked: std::collections::VecDeque::new(),
+            metrics: config.metrics,
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

@@ -44,6 +44,7 @@ pub(crate) struct SnapshotPolicy {
 }
 
 pub(crate) struct Writer {
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub state: State,
     pub clock: Arc<dyn Clock>,
     pub entropy: Box<dyn Entropy>,
@@ -169,6 +170,7 @@ impl Writer {
             return self.refuse_all(batch);
         }
         let now = self.clock.now_ms();
+        self.metrics.inbox_depth.set(batch.len() as i64);
         let mut staged = Staged::new();
         let mut stop = false;
         let mut snapshot_requests = Vec::new();
@@ -324,6 +326,7 @@ impl Writer {
             return;
         }
         let Staged { records, replies, mut events } = staged;
+        self.metrics.commit_jobs.observe(records.len() as f64);
         let sequences = encode_sequences(&records);
         self.bytes_since_snapshot += sequences.iter().map(|sequence| sequence.len() as u64).sum::<u64>();
         let delta = self.collect_delta(events.take());
@@ -398,6 +401,7 @@ impl Writer {
                 JobRef::Gone(job) => Some(job),
                 JobRef::None => None,
             };
+            count_event(&self.metrics, time, &kind, job.as_deref());
             self.event_seq += 1;
             let event_id = self.event_ids.next(time, rand::random());
             events.push(Event { seq: self.event_seq, id: EventId(event_id), time, kind, job });
@@ -443,10 +447,13 @@ impl Writer {
         let busy = self.snapshot_busy.clone();
         let file_system = self.snapshots.file_system.clone();
         let dir = self.snapshots.dir.clone();
+        let metrics = self.metrics.clone();
         std::thread::spawn(move || {
+            let started = std::time::Instant::now();
             let payload = image.encode();
             let result = write_snapshot(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, &payload)
                 .and_then(|()| remove_obsolete(&dir, replay_from));
+            metrics.snapshot_seconds.observe(started.elapsed().as_secs_f64());
             match result {
                 Ok(()) => crate::logging::info(
                     "snapshot written",
@@ -458,5 +465,34 @@ impl Writer {
             }
             busy.store(false, Ordering::SeqCst);
         });
+    }
+}
+
+/// Counts what an event says happened (job transitions by queue, how long
+/// jobs waited and ran, cron fires and skips).
+fn count_event(metrics: &crate::metrics::Metrics, time: Millis, kind: &EventKind, job: Option<&crate::job::Job>) {
+    use crate::metrics::JobCount;
+    let seconds = |from: Option<Millis>| from.map(|from| (time - from).max(0) as f64 / 1000.0);
+    match (kind, job) {
+        (EventKind::CronTriggered { .. }, _) => metrics.cron_fires.inc(),
+        (EventKind::CronSkipped { reason, .. }, _) => metrics.cron_skip(reason),
+        (EventKind::Enqueued | EventKind::Revived, Some(job)) => metrics.job(JobCount::Enqueued, &job.queue),
+        (EventKind::Started, Some(job)) => {
+            if let Some(waited) = seconds(job.enqueued_at) {
+                metrics.job_wait(&job.queue, waited);
+            }
+        }
+        (EventKind::Completed, Some(job)) => {
+            metrics.job(JobCount::Completed, &job.queue);
+            if let Some(ran) = seconds(job.started_at) {
+                metrics.job_duration(&job.queue, ran);
+            }
+        }
+        (EventKind::Failed { .. }, Some(job)) => metrics.job(JobCount::Failed, &job.queue),
+        (EventKind::Retrying { .. }, Some(job)) => metrics.job(JobCount::Retried, &job.queue),
+        (EventKind::Discarded { .. }, Some(job)) => metrics.job(JobCount::Discarded, &job.queue),
+        (EventKind::Cancelled { .. }, Some(job)) => metrics.job(JobCount::Cancelled, &job.queue),
+        (EventKind::Expired, Some(job)) => metrics.job(JobCount::Expired, &job.queue),
+        _ => {}
     }
 }

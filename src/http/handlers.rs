@@ -14,6 +14,7 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::Manifest => Ok(Reply::ok(super::probes::manifest(app).to_string())),
         Route::Health => super::probes::health(app).await,
         Route::Ready => super::probes::ready(app),
+        Route::Metrics => super::probes::metrics(app),
         Route::ErrorCatalog => Ok(Reply::ok(super::probes::error_catalog().to_string())),
         Route::CreateJob => super::jobs::create_job(app, &body).await,
         Route::BatchJobs => super::jobs::batch_jobs(app, &body).await,

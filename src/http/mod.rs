@@ -59,6 +59,8 @@ pub struct AppState {
     key_windows: Vec<Arc<Window>>,
     /// Without keys: what keeps web pages out.
     browser_guard: Option<auth::BrowserGuard>,
+    /// `GET /metrics` needs no key.
+    pub metrics_public: bool,
 }
 
 impl AppState {
@@ -73,6 +75,7 @@ impl AppState {
             auth: auth::Authenticator::default(),
             key_windows: Vec::new(),
             browser_guard: None,
+            metrics_public: false,
         }
     }
 
@@ -148,8 +151,10 @@ pub async fn serve_request(
     principal: Option<Arc<Window>>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let started = Instant::now();
     let request_id = request_id(&app, request.headers());
-    let dispatched = dispatch(&app, principal.as_deref(), request);
+    let mut label = None;
+    let dispatched = dispatch(&app, principal.as_deref(), request, &mut label);
     let outcome = match tokio::time::timeout(app.request_timeout, dispatched).await {
         Ok(outcome) => outcome,
         Err(_) => Err(ApiError::new("timeout", "the request was not completed in time; its outcome is unknown")),
@@ -158,6 +163,8 @@ pub async fn serve_request(
         Ok(reply) => (reply.status, reply.body, reply.headers),
         Err(error) => (error.status(), error.body(&request_id).to_string(), error.headers),
     };
+    let (index, method, template) = label.unwrap_or((router::UNKNOWN_ROUTE.0, "OTHER", router::UNKNOWN_ROUTE.1));
+    app.engine.metrics().request((index, template), method, status.as_u16(), started.elapsed().as_secs_f64());
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     let response_headers = response.headers_mut();
@@ -197,10 +204,16 @@ fn request_id(app: &AppState, headers: &HeaderMap) -> String {
 /// The order of checks of docs/api.md: public routes, authentication (an
 /// address over its limit of failed attempts is refused first), route,
 /// role, request rate (per key, or per address without keys).
-async fn dispatch(app: &AppState, address: Option<&Window>, request: Request<Incoming>) -> Result<Reply, ApiError> {
+async fn dispatch(
+    app: &AppState,
+    address: Option<&Window>,
+    request: Request<Incoming>,
+    label: &mut Option<(usize, &'static str, &'static str)>,
+) -> Result<Reply, ApiError> {
     let route = router::route(request.method(), request.uri().path());
+    *label = route.as_ref().ok().map(Route::template);
     if let Ok(route) = &route
-        && route.is_public()
+        && (route.is_public() || (*route == Route::Metrics && app.metrics_public))
     {
         return respond(app, route.clone(), request).await;
     }
@@ -213,7 +226,7 @@ async fn dispatch(app: &AppState, address: Option<&Window>, request: Request<Inc
         if let (Some(limiter), Some(window)) = (&app.rate_limiter, address)
             && limiter.exhausted(window, now_s)
         {
-            return Err(rate_limited(limiter, limiter.take(window, now_s), now_s));
+            return Err(rate_limited(app, limiter, limiter.take(window, now_s), now_s));
         }
         let (index, key) = match app.auth.authenticate(request.headers()) {
             Ok(found) => found,
@@ -242,7 +255,7 @@ async fn dispatch(app: &AppState, address: Option<&Window>, request: Request<Inc
         (X_RATELIMIT_RESET, quota.reset_at.to_string()),
     ];
     let outcome =
-        if quota.allowed { respond(app, route, request).await } else { Err(rate_limited(limiter, quota, now_s)) };
+        if quota.allowed { respond(app, route, request).await } else { Err(rate_limited(app, limiter, quota, now_s)) };
     match outcome {
         Ok(mut reply) => {
             reply.headers.extend(headers);
@@ -256,7 +269,8 @@ async fn dispatch(app: &AppState, address: Option<&Window>, request: Request<Inc
 }
 
 /// 429 `rate_limited` for a window with nothing left.
-fn rate_limited(limiter: &RateLimiter, quota: rate_limit::Quota, now_s: u64) -> ApiError {
+fn rate_limited(app: &AppState, limiter: &RateLimiter, quota: rate_limit::Quota, now_s: u64) -> ApiError {
+    app.engine.metrics().rate_limited.inc();
     let retry_after = quota.reset_at.saturating_sub(now_s).max(1);
     let mut error =
         ApiError::new("rate_limited", format!("more than {} requests in {} s", quota.limit, limiter.window_s()))

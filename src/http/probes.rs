@@ -97,3 +97,39 @@ pub(super) fn manifest(app: &AppState) -> Value {
         }
     })
 }
+
+/// `GET /metrics`: the Prometheus text format (docs/api.md, "Metrics").
+pub(super) fn metrics(app: &AppState) -> Result<Reply, ApiError> {
+    let (queues, _) = app.engine.queues_page(None, crate::metrics::QUEUE_LABELS_MAX);
+    let queues: Vec<crate::metrics::QueueGauge> = queues
+        .into_iter()
+        .map(|queue| {
+            let counts = crate::job::JobState::ALL.iter().map(|state| (state.as_str(), queue.count(*state))).collect();
+            crate::metrics::QueueGauge { name: queue.name, paused: queue.paused, counts }
+        })
+        .collect();
+    let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
+    let mut workers = [("running", 0u64), ("quiet", 0), ("terminate", 0), ("stale", 0)];
+    let mut after: Option<String> = None;
+    loop {
+        let (page, more) = app.engine.workers_page(after.as_deref(), crate::limits::PAGE_SIZE_MAX, |_| true);
+        for entry in &page {
+            let slot = if now - entry.last_seen_at > crate::limits::WORKER_STALE_MS {
+                3
+            } else {
+                match entry.state {
+                    crate::engine::WorkerState::Running => 0,
+                    crate::engine::WorkerState::Quiet => 1,
+                    crate::engine::WorkerState::Terminate => 2,
+                }
+            };
+            workers[slot].1 += 1;
+        }
+        match (more, page.last()) {
+            (true, Some(last)) => after = Some(last.worker_id.clone()),
+            _ => break,
+        }
+    }
+    let text = app.engine.metrics().render(&queues, &workers);
+    Ok(Reply::ok(text).header(hyper::header::CONTENT_TYPE, "text/plain".to_string()))
+}

@@ -11,6 +11,7 @@ pub enum Route {
     Health,
     Ready,
     ErrorCatalog,
+    Metrics,
     CreateJob,
     BatchJobs,
     GetJob(String),
@@ -49,7 +50,56 @@ impl Route {
     pub fn is_public(&self) -> bool {
         matches!(self, Route::Manifest | Route::Health | Route::Ready | Route::ErrorCatalog)
     }
+
+    /// A number of its own (below 64), its method and its path template:
+    /// how metrics label it, never with the ids in the path.
+    pub fn template(&self) -> (usize, &'static str, &'static str) {
+        use Route::*;
+        match self {
+            Manifest => (0, "GET", "/svc/manifest"),
+            Health => (1, "GET", "/svc/v1/health"),
+            Ready => (2, "GET", "/ready"),
+            ErrorCatalog => (3, "GET", "/svc/v1/errors"),
+            Metrics => (4, "GET", "/metrics"),
+            CreateJob => (5, "POST", "/svc/v1/jobs"),
+            BatchJobs => (6, "POST", "/svc/v1/jobs/batch"),
+            GetJob(_) => (7, "GET", "/svc/v1/jobs/{id}"),
+            CancelJob(_) => (8, "DELETE", "/svc/v1/jobs/{id}"),
+            ActivateJob(_) => (9, "POST", "/svc/v1/jobs/{id}/activate"),
+            CreateWorkflow => (10, "POST", "/svc/v1/workflows"),
+            GetWorkflow(_) => (11, "GET", "/svc/v1/workflows/{id}"),
+            CancelWorkflow(_) => (12, "DELETE", "/svc/v1/workflows/{id}"),
+            Fetch => (13, "POST", "/svc/v1/workers/fetch"),
+            Ack => (14, "POST", "/svc/v1/workers/ack"),
+            Nack => (15, "POST", "/svc/v1/workers/nack"),
+            AckById(_) => (16, "POST", "/svc/v1/jobs/{id}/ack"),
+            FailById(_) => (17, "POST", "/svc/v1/jobs/{id}/fail"),
+            Queues => (18, "GET", "/svc/v1/queues"),
+            QueueStats(_) => (19, "GET", "/svc/v1/queues/{name}/stats"),
+            PauseQueue(_, true) => (20, "POST", "/svc/v1/queues/{name}/pause"),
+            PauseQueue(_, false) => (21, "POST", "/svc/v1/queues/{name}/resume"),
+            Events => (22, "GET", "/svc/v1/events"),
+            Heartbeat => (23, "POST", "/svc/v1/workers/heartbeat"),
+            Workers => (24, "GET", "/svc/v1/workers"),
+            Worker(_) => (25, "GET", "/svc/v1/workers/{id}"),
+            ForgetWorker(_) => (26, "DELETE", "/svc/v1/workers/{id}"),
+            SignalWorker(_, "quiet") => (27, "POST", "/svc/v1/workers/{id}/quiet"),
+            SignalWorker(..) => (28, "POST", "/svc/v1/workers/{id}/terminate"),
+            DeadLetter => (29, "GET", "/svc/v1/dead-letter"),
+            DeadLetterRetry(_) => (30, "POST", "/svc/v1/dead-letter/{id}/retry"),
+            DeadLetterDelete(_) => (31, "DELETE", "/svc/v1/dead-letter/{id}"),
+            Crons => (32, "GET", "/svc/v1/cron"),
+            RegisterCron => (33, "POST", "/svc/v1/cron"),
+            GetCron(_) => (34, "GET", "/svc/v1/cron/{name}"),
+            PatchCron(_) => (35, "PATCH", "/svc/v1/cron/{name}"),
+            DeleteCron(_) => (36, "DELETE", "/svc/v1/cron/{name}"),
+        }
+    }
 }
+
+/// The metrics label of a request no route takes (the index is below
+/// `metrics::ROUTES_MAX`, after every route's).
+pub const UNKNOWN_ROUTE: (usize, &str) = (63, "unknown");
 
 /// Finds the route for a method and path: 404 for an unknown path, 405 (with
 /// `Allow`) for a known path and another method.
@@ -60,6 +110,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["svc", "manifest"] => vec![(Method::GET, Route::Manifest)],
         ["health"] | ["svc", "v1", "health"] => vec![(Method::GET, Route::Health)],
         ["ready"] => vec![(Method::GET, Route::Ready)],
+        ["metrics"] => vec![(Method::GET, Route::Metrics)],
         ["svc", "v1", "errors"] => vec![(Method::GET, Route::ErrorCatalog)],
         ["svc", "v1", "jobs"] => vec![(Method::POST, Route::CreateJob)],
         ["svc", "v1", "jobs", "batch"] => vec![(Method::POST, Route::BatchJobs)],
