@@ -95,6 +95,8 @@ pub struct BenchOptions {
     /// `enqueue` gives every job a unique policy, each with a key of its
     /// own (distinct across runs too), so the server's fingerprint index grows.
     pub unique: bool,
+    /// An API key sent with every request (`Authorization: Bearer`).
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -203,11 +205,11 @@ impl Connection {
 
     /// Sends a POST and returns (status, body, latency).
     async fn post(&mut self, path: &str, body: impl Into<Bytes>) -> Result<(StatusCode, Bytes, Duration), String> {
-        let request = Request::post(path)
-            .header("host", &self.host)
-            .header("content-type", "application/svc+json")
-            .body(Full::new(body.into()))
-            .map_err(|error| error.to_string())?;
+        let mut request = Request::post(path).header("host", &self.host).header("content-type", "application/svc+json");
+        if let Some(key) = BENCH_KEY.get().and_then(Option::as_ref) {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        let request = request.body(Full::new(body.into())).map_err(|error| error.to_string())?;
         let started = Instant::now();
         self.sender.ready().await.map_err(|error| error.to_string())?;
         let response = self.sender.send_request(request).await.map_err(|error| error.to_string())?;
@@ -483,8 +485,12 @@ fn micros(duration: Duration) -> u32 {
     duration.as_micros().min(u128::from(u32::MAX)) as u32
 }
 
+/// The API key every request of this run sends, if any.
+static BENCH_KEY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
 /// Runs a workload to completion and reports.
 pub fn run(options: BenchOptions) -> Result<BenchReport, String> {
+    let _ = BENCH_KEY.set(options.key.clone());
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
     runtime.block_on(run_async(options))

@@ -176,6 +176,12 @@ struct BenchFlags {
     /// The enqueue workload gives every job a unique policy with a key of its own.
     #[arg(long)]
     unique: bool,
+    /// An API key to send with every request; `--key-env VAR` reads it from
+    /// an environment variable instead, keeping it out of the process list.
+    #[arg(long)]
+    key: Option<String>,
+    #[arg(long)]
+    key_env: Option<String>,
 }
 
 /// The workloads of `svc bench`.
@@ -267,6 +273,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         crons: flags.crons,
         wait_ms: flags.wait_ms,
         unique: flags.unique,
+        key: flags.key.or_else(|| flags.key_env.and_then(|variable| std::env::var(variable).ok())),
     };
     match bench::run(options) {
         Ok(report) => {
