@@ -420,9 +420,15 @@ pub struct ServeFlags {
     /// Log bytes written between snapshots [env: SVC_SNAPSHOT_LOG_BYTES] [default: 256 MiB]
     #[arg(long, value_name = "BYTES")]
     pub snapshot_log_bytes: Option<String>,
-    /// Listen beyond loopback although svc has no authentication yet [env: SVC_INSECURE_NO_AUTH=1]
+    /// Listen beyond loopback without API keys (behind a proxy that authenticates) [env: SVC_INSECURE_NO_AUTH=1]
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// How log lines look on standard error
+    #[arg(long, value_enum, default_value = "human")]
+    pub log_format: crate::logging::LogFormat,
+    /// The least severe log lines written: error, warn, info, debug (a line per request) or trace
+    #[arg(long, value_enum, default_value = "info")]
+    pub log_level: crate::logging::LogLevel,
 }
 
 impl ServeFlags {

@@ -221,6 +221,7 @@ fn main() -> ExitCode {
 }
 
 fn serve(flags: &ServeFlags) -> ExitCode {
+    svc::logging::init(flags.log_format, flags.log_level);
     let env: HashMap<String, String> = std::env::vars().collect();
     let config = match Config::from_flags(flags, &env) {
         Ok(config) => config,

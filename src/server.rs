@@ -156,10 +156,7 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
-    crate::logging::info(
-        "svc listening",
-        &[("address", addr.to_string().into()), ("data_dir", config.data_dir.display().to_string().into())],
-    );
+    tracing::info!(address = %addr, data_dir = %config.data_dir.display(), "svc listening");
     let timeout = Duration::from_millis(config.request_timeout_ms);
     let app = Arc::new(app_state(engine.handle().clone(), timeout, config));
     let grace = Duration::from_millis(config.shutdown_grace_ms);
@@ -169,7 +166,7 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
         serve(listener, app, controls, grace, config.max_connections).await
     });
     engine.close();
-    crate::logging::info("svc stopped", &[]);
+    tracing::info!("svc stopped");
     outcome
 }
 
@@ -248,7 +245,7 @@ async fn serve(
             }
             control = controls.recv() => match control {
                 Some(Control::Drain) if drain_ends.is_none() => {
-                    crate::logging::info("draining: no new claims; waiting for active jobs", &[("grace_ms", (grace.as_millis() as u64).into())]);
+                    tracing::info!(grace_ms = grace.as_millis() as u64, "draining: no new claims; waiting for active jobs");
                     app.shutting_down.store(true, Ordering::SeqCst);
                     let _ = app.engine.begin_drain().outcome().await;
                     drain_ends = Some(tokio::time::Instant::now() + grace);
@@ -259,7 +256,7 @@ async fn serve(
             () = tokio::time::sleep(DRAIN_POLL), if drain_ends.is_some() => {
                 let active = app.engine.active_jobs();
                 if active == 0 || drain_ends.is_some_and(|ends| tokio::time::Instant::now() >= ends) {
-                    crate::logging::info("drain finished", &[("active_jobs", active.into())]);
+                    tracing::info!(active_jobs = active, "drain finished");
                     break;
                 }
             }
@@ -282,7 +279,7 @@ async fn watch_storage(app: Arc<AppState>) {
         tokio::time::sleep(Duration::from_millis(50)).await;
         if app.engine.storage_failed() {
             let reason = app.engine.failure().map_or("unknown", |failure| failure.code());
-            crate::logging::error("stopping: the engine accepts no more writes", &[("reason", reason.into())]);
+            tracing::error!(reason = reason, "stopping: the engine accepts no more writes");
             tokio::time::sleep(Duration::from_millis(POISON_EXIT_DELAY_MS)).await;
             return;
         }

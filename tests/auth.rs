@@ -237,3 +237,68 @@ fn without_keys_requests_from_web_pages_and_other_hosts_are_refused() {
     assert_eq!(server.get("/svc/v1/queues/q/stats").status, 404, "the queue was never paused");
     assert_eq!(client.post(&pause).send().unwrap().status().as_u16(), 200, "a local program");
 }
+
+/// A server run as users run it, logging every request (debug, JSON lines):
+/// neither keys, nor job args, meta or results reach its log.
+#[test]
+fn key_material_and_job_contents_never_reach_the_log() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("svc.toml");
+    std::fs::write(&config, "[[auth.keys]]\nname = \"ops\"\nrole = \"admin\"\nkey_env = \"OPS_KEY\"\n").unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
+        .args(["serve", "--log-format", "json", "--log-level", "debug", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("OPS_KEY", ADMIN)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let listening = lines.by_ref().find(|line| line.contains("svc listening")).expect("server starts");
+    let address = serde_json::from_str::<Value>(&listening).unwrap()["address"].as_str().unwrap().to_string();
+    let http = reqwest::blocking::Client::new();
+    let secret_args = json!({"type": "t", "args": ["secret-arg-value"], "meta": {"m": "secret-meta-value"}});
+    let created = http
+        .post(format!("http://{address}/svc/v1/jobs"))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .header("content-type", "application/svc+json")
+        .body(secret_args.to_string())
+        .send()
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let fetched = http
+        .post(format!("http://{address}/svc/v1/workers/fetch"))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .header("content-type", "application/svc+json")
+        .body(r#"{"queues":["default"]}"#)
+        .send()
+        .unwrap();
+    let id = fetched.json::<Value>().unwrap()["jobs"][0]["id"].as_str().unwrap().to_string();
+    let acked = http
+        .post(format!("http://{address}/svc/v1/workers/ack"))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .header("content-type", "application/svc+json")
+        .body(json!({"job_id": id, "result": {"r": "secret-result-value"}}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(acked.status(), 200);
+    let refused = http
+        .get(format!("http://{address}/svc/v1/queues"))
+        .header("authorization", "Bearer wrong-key-wrong-key-wrong-key-wrong")
+        .send()
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    child.wait().unwrap();
+    let log: Vec<String> = lines.collect();
+    let requests = log.iter().filter(|line| line.contains("\"message\":\"request\"")).count();
+    assert!(requests >= 4, "one debug line per request: {log:#?}");
+    for line in &log {
+        serde_json::from_str::<Value>(line).expect("every line is JSON");
+        for secret in [ADMIN, "wrong-key", "secret-arg-value", "secret-meta-value", "secret-result-value", &id] {
+            assert!(!line.contains(secret), "{secret} in the log: {line}");
+        }
+    }
+}

@@ -65,7 +65,7 @@ fn sigterm_drains_and_exits_zero() {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -145,10 +145,7 @@ impl Committer {
         let result = self.wal.append(&self.payload).and_then(|written| written.sync());
         if let Err(error) = &result {
             self.wal.poison();
-            crate::logging::error(
-                "write-ahead log failed; refusing all writes until restart",
-                &[("error", error.to_string().into())],
-            );
+            tracing::error!(error = %error, "write-ahead log failed; refusing all writes until restart");
         }
         result.is_ok()
     }

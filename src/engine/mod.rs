@@ -112,7 +112,15 @@ impl Engine {
         let lock = DataDirLock::acquire(&config.data_dir)?;
         let recovery_started = std::time::Instant::now();
         let (state, replay_from, last_segment, replayed_bytes) = recover(&config.data_dir, config.retention)?;
-        config.metrics.recovery_seconds.set(recovery_started.elapsed().as_secs_f64());
+        let recovery_seconds = recovery_started.elapsed().as_secs_f64();
+        config.metrics.recovery_seconds.set(recovery_seconds);
+        tracing::info!(
+            data_dir = %config.data_dir.display(),
+            live_jobs = state.live_jobs(),
+            replayed_bytes,
+            seconds = recovery_seconds,
+            "recovered"
+        );
         let wal = match last_segment {
             Some((index, valid_bytes)) => WalWriter::resume(
                 config.file_system.clone(),
@@ -217,15 +225,12 @@ pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageErr
         match loaded {
             Ok(recovered) => {
                 if let Some(error) = &first_error {
-                    crate::logging::warn(
-                        "recovered from an older snapshot",
-                        &[("snapshot", path.display().to_string().into()), ("newer_one", error.to_string().into())],
-                    );
+                    tracing::warn!(snapshot = %path.display(), newer_one = %error, "recovered from an older snapshot");
                 }
                 return Ok(recovered);
             }
             Err(error) => {
-                crate::logging::warn("a snapshot does not read back", &[("error", error.to_string().into())]);
+                tracing::warn!(error = %error, "a snapshot does not read back");
                 first_error.get_or_insert(error);
             }
         }

@@ -106,7 +106,7 @@ struct FailOnUnwind(Arc<ReadView>);
 impl Drop for FailOnUnwind {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            crate::logging::error("the engine thread stopped; the server must restart", &[]);
+            tracing::error!("the engine thread stopped; the server must restart");
             self.0.set_failure(super::view::EngineFailure::EngineStopped);
         }
     }
@@ -132,7 +132,7 @@ impl Writer {
             && !self.committer.failed()
             && let Err(error) = self.snapshot_now()
         {
-            crate::logging::error("final snapshot failed", &[("error", error.to_string().into())]);
+            tracing::error!(error = %error, "final snapshot failed");
         }
         // A background snapshot still writing must finish before the data dir
         // is unlocked.
@@ -358,9 +358,9 @@ impl Writer {
     fn note_disk_full(&mut self, full: bool) {
         if self.view.disk_full() != full {
             if full {
-                crate::logging::error("the disk is full: new work is refused until space is freed", &[]);
+                tracing::error!("the disk is full: new work is refused until space is freed");
             } else {
-                crate::logging::info("disk space is back: taking new work again", &[]);
+                tracing::info!("disk space is back: taking new work again");
             }
             self.view.set_disk_full(full);
         }
@@ -439,7 +439,7 @@ impl Writer {
         let (replay_from, image) = match self.snapshot_image() {
             Ok(snapshot) => snapshot,
             Err(error) => {
-                crate::logging::error("could not start a snapshot", &[("error", error.to_string().into())]);
+                tracing::error!(error = %error, "could not start a snapshot");
                 return;
             }
         };
@@ -455,13 +455,15 @@ impl Writer {
                 .and_then(|()| remove_obsolete(&dir, replay_from));
             metrics.snapshot_seconds.observe(started.elapsed().as_secs_f64());
             match result {
-                Ok(()) => crate::logging::info(
-                    "snapshot written",
-                    &[("replay_from_segment", replay_from.into()), ("bytes", payload.len().into())],
+                Ok(()) => tracing::info!(
+                    replay_from_segment = replay_from,
+                    bytes = payload.len(),
+                    seconds = started.elapsed().as_secs_f64(),
+                    "snapshot written"
                 ),
                 // The log segments are still there, so nothing is lost; the next
                 // snapshot tries again.
-                Err(error) => crate::logging::error("snapshot failed", &[("error", error.to_string().into())]),
+                Err(error) => tracing::error!(error = %error, "snapshot failed"),
             }
             busy.store(false, Ordering::SeqCst);
         });

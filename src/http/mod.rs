@@ -164,7 +164,10 @@ pub async fn serve_request(
         Err(error) => (error.status(), error.body(&request_id).to_string(), error.headers),
     };
     let (index, method, template) = label.unwrap_or((router::UNKNOWN_ROUTE.0, "OTHER", router::UNKNOWN_ROUTE.1));
-    app.engine.metrics().request((index, template), method, status.as_u16(), started.elapsed().as_secs_f64());
+    let seconds = started.elapsed().as_secs_f64();
+    app.engine.metrics().request((index, template), method, status.as_u16(), seconds);
+    // The route's template, never its path: ids and names stay out of logs.
+    tracing::debug!(request_id = %request_id, method, route = template, status = status.as_u16(), seconds, "request");
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     let response_headers = response.headers_mut();

@@ -247,9 +247,9 @@ impl WalWriter {
                 // Opened for direct I/O, but a direct write is refused (as
                 // some file systems do): nothing was written; use the page cache.
                 Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
-                    crate::logging::warn(
-                        "the file system refuses direct writes; the log goes through the page cache",
-                        &[("file", segment_path(&self.dir, self.segment_index).display().to_string().into())],
+                    tracing::warn!(
+                        file = %segment_path(&self.dir, self.segment_index).display(),
+                        "the file system refuses direct writes; the log goes through the page cache"
                     );
                     self.direct = None;
                     self.direct_refused = true;
@@ -654,14 +654,12 @@ pub fn replay_log(
         if let Some((offset, reason)) = &scan.torn_at
             && policy == TailPolicy::Truncate
         {
-            crate::logging::warn(
-                "cutting off the torn tail of the log",
-                &[
-                    ("file", path.display().to_string().into()),
-                    ("offset", (*offset).into()),
-                    ("reason", reason.clone().into()),
-                    ("dropped_bytes", (scan.file_bytes - offset).into()),
-                ],
+            tracing::warn!(
+                file = %path.display(),
+                offset = *offset,
+                reason = %reason,
+                dropped_bytes = scan.file_bytes - offset,
+                "cutting off the torn tail of the log"
             );
             // Zero the damaged tail (keeping the file's zeroed space) and make it durable.
             let file = std::fs::OpenOptions::new().write(true).open(path).map_err(io_error(path))?;

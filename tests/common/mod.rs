@@ -156,7 +156,7 @@ pub fn spawn_server(dir: &Path) -> (Child, String) {
 /// `spawn_server` with extra environment variables.
 pub fn spawn_server_with_env(dir: &Path, env: &[(&str, &str)]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_svc"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .envs(env.iter().copied())
         .stderr(Stdio::piped())
@@ -168,7 +168,7 @@ pub fn spawn_server_with_env(dir: &Path, env: &[(&str, &str)]) -> (Child, String
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Ok(entry) = serde_json::from_str::<Value>(&line)
-                && entry["msg"] == "svc listening"
+                && entry["message"] == "svc listening"
             {
                 let _ = sender.send(entry["address"].as_str().unwrap_or_default().to_string());
             }
