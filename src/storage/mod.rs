@@ -1,6 +1,7 @@
 //! Durability: frames, log segments, snapshot files and the data-dir lock.
 //! Storage knows bytes, frames and files; it knows nothing about jobs.
 
+mod backup;
 mod direct;
 #[doc(hidden)]
 pub mod frame;
@@ -11,6 +12,7 @@ mod snapshot;
 mod wal;
 
 #[doc(hidden)]
+pub use backup::{BackupReport, backup};
 pub use fs::FaultyFileSystem;
 pub use fs::{FileSystem, LogFile, PageCacheFileSystem, RealFileSystem};
 #[doc(hidden)]
