@@ -46,7 +46,8 @@ fn a_backup_taken_while_the_engine_writes_holds_every_acknowledged_job() {
         let dest = backups.path().join(format!("copy-{round}"));
         let report = svc::storage::backup(dir.path(), &dest).expect("backup");
         restarts += report.restarts;
-        let inspected = std::process::Command::new(env!("CARGO_BIN_EXE_svc")).arg("inspect").arg(&dest).output().unwrap();
+        let inspected =
+            std::process::Command::new(env!("CARGO_BIN_EXE_svc")).arg("inspect").arg(&dest).output().unwrap();
         assert!(inspected.status.success(), "{}", String::from_utf8_lossy(&inspected.stdout));
         let copy = Engine::open(config(&dest)).unwrap();
         let missing = before.iter().filter(|id| copy.handle().job(**id).is_none()).count();

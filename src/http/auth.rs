@@ -44,7 +44,7 @@ impl Role {
     pub fn allows(self, route: &Route) -> bool {
         use Route::*;
         match route {
-            Manifest | Health | Ready | ErrorCatalog | Metrics | GetJob(_) => true,
+            Manifest | Health | Ready | ErrorCatalog | Metrics | OpenApi | GetJob(_) => true,
             CreateJob | BatchJobs | ActivateJob(_) | CancelJob(_) | CreateWorkflow | GetWorkflow(_) => {
                 matches!(self, Role::Admin | Role::Producer)
             }

@@ -15,6 +15,7 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::Health => super::probes::health(app).await,
         Route::Ready => super::probes::ready(app),
         Route::Metrics => super::probes::metrics(app),
+        Route::OpenApi => Ok(Reply::ok(super::probes::OPENAPI.to_string())),
         Route::ErrorCatalog => Ok(Reply::ok(super::probes::error_catalog().to_string())),
         Route::CreateJob => super::jobs::create_job(app, &body).await,
         Route::BatchJobs => super::jobs::batch_jobs(app, &body).await,

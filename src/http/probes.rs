@@ -67,6 +67,9 @@ pub(super) fn error_catalog() -> Value {
     json!({"errors": errors})
 }
 
+/// The OpenAPI 3.1 description of every route (`docs/openapi.json`).
+pub(super) const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
 /// What this build implements (docs/api.md, "Discovery and probes"): levels
 /// 0 to 4 of the interface; schemas and webhooks are not built yet.
 pub(super) fn manifest(app: &AppState) -> Value {

@@ -12,6 +12,7 @@ pub enum Route {
     Ready,
     ErrorCatalog,
     Metrics,
+    OpenApi,
     CreateJob,
     BatchJobs,
     GetJob(String),
@@ -48,7 +49,7 @@ pub enum Route {
 impl Route {
     /// Discovery and probes: no version check, always served.
     pub fn is_public(&self) -> bool {
-        matches!(self, Route::Manifest | Route::Health | Route::Ready | Route::ErrorCatalog)
+        matches!(self, Route::Manifest | Route::Health | Route::Ready | Route::ErrorCatalog | Route::OpenApi)
     }
 
     /// A number of its own (below 64), its method and its path template:
@@ -93,9 +94,62 @@ impl Route {
             GetCron(_) => (34, "GET", "/svc/v1/cron/{name}"),
             PatchCron(_) => (35, "PATCH", "/svc/v1/cron/{name}"),
             DeleteCron(_) => (36, "DELETE", "/svc/v1/cron/{name}"),
+            OpenApi => (37, "GET", "/svc/v1/openapi.json"),
         }
     }
+
+    /// One route of each kind, for listing every (method, path template).
+    #[cfg(test)]
+    fn samples() -> Vec<Route> {
+        use Route::*;
+        let id = || "x".to_string();
+        vec![
+            Manifest,
+            Health,
+            Ready,
+            ErrorCatalog,
+            Metrics,
+            CreateJob,
+            BatchJobs,
+            GetJob(id()),
+            CancelJob(id()),
+            ActivateJob(id()),
+            CreateWorkflow,
+            GetWorkflow(id()),
+            CancelWorkflow(id()),
+            Fetch,
+            Ack,
+            Nack,
+            AckById(id()),
+            FailById(id()),
+            Queues,
+            QueueStats(id()),
+            PauseQueue(id(), true),
+            PauseQueue(id(), false),
+            Events,
+            Heartbeat,
+            Workers,
+            Worker(id()),
+            ForgetWorker(id()),
+            SignalWorker(id(), "quiet"),
+            SignalWorker(id(), "terminate"),
+            DeadLetter,
+            DeadLetterRetry(id()),
+            DeadLetterDelete(id()),
+            Crons,
+            RegisterCron,
+            GetCron(id()),
+            PatchCron(id()),
+            DeleteCron(id()),
+            OpenApi,
+        ]
+    }
 }
+
+/// Second spellings the router also takes: (method, path, the route's template).
+#[cfg(test)]
+const ALIASES: [(&str, &str, &str); 2] =
+    [("POST", "/svc/v1/jobs/fetch", "/svc/v1/workers/fetch"), ("GET", "/health", "/svc/v1/health")];
 
 /// The metrics label of a request no route takes (the index is below
 /// `metrics::ROUTES_MAX`, after every route's).
@@ -111,6 +165,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["health"] | ["svc", "v1", "health"] => vec![(Method::GET, Route::Health)],
         ["ready"] => vec![(Method::GET, Route::Ready)],
         ["metrics"] => vec![(Method::GET, Route::Metrics)],
+        ["svc", "v1", "openapi.json"] => vec![(Method::GET, Route::OpenApi)],
         ["svc", "v1", "errors"] => vec![(Method::GET, Route::ErrorCatalog)],
         ["svc", "v1", "jobs"] => vec![(Method::POST, Route::CreateJob)],
         ["svc", "v1", "jobs", "batch"] => vec![(Method::POST, Route::BatchJobs)],
@@ -209,6 +264,65 @@ pub fn percent_decode(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_openapi_document_has_every_route_and_no_other() {
+        let document: serde_json::Value = serde_json::from_str(super::super::probes::OPENAPI).unwrap();
+        let mut documented: Vec<(String, String)> = Vec::new();
+        for (path, operations) in document["paths"].as_object().unwrap() {
+            for method in operations.as_object().unwrap().keys() {
+                if ["get", "post", "put", "patch", "delete"].contains(&method.as_str()) {
+                    documented.push((method.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        let mut routed: Vec<(String, String)> = Route::samples()
+            .iter()
+            .map(|route| route.template())
+            .map(|(_, m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        routed.extend(ALIASES.iter().map(|(m, p, _)| (m.to_string(), p.to_string())));
+        // Parameter names may differ ({id}, {job_id}); their places may not.
+        let shape = |(method, path): (String, String)| {
+            let mut out = String::new();
+            let mut inside = false;
+            for c in path.chars() {
+                match c {
+                    '{' => inside = true,
+                    '}' => {
+                        inside = false;
+                        out.push_str("{}");
+                    }
+                    _ if !inside => out.push(c),
+                    _ => {}
+                }
+            }
+            (method, out)
+        };
+        let mut documented: Vec<_> = documented.into_iter().map(shape).collect();
+        let mut routed: Vec<_> = routed.into_iter().map(shape).collect();
+        documented.sort();
+        routed.sort();
+        assert_eq!(documented, routed);
+    }
+
+    #[test]
+    fn every_template_routes_to_its_own_kind() {
+        let samples = Route::samples();
+        let mut indexes: Vec<usize> = samples.iter().map(|route| route.template().0).collect();
+        indexes.sort_unstable();
+        assert_eq!(indexes, (0..samples.len()).collect::<Vec<_>>(), "one index each, none skipped");
+        for sample in &samples {
+            let (_, method, template) = sample.template();
+            let path = template.replace("{id}", "x").replace("{name}", "x");
+            let method: Method = method.parse().unwrap();
+            let routed = route(&method, &path).unwrap();
+            assert_eq!(routed.template(), sample.template(), "{method} {path}");
+        }
+        for (method, path, template) in ALIASES {
+            assert_eq!(route(&method.parse().unwrap(), path).unwrap().template().2, template);
+        }
+    }
 
     #[test]
     fn literal_segments_win_over_ids() {

@@ -44,7 +44,9 @@ pub fn backup(source: &Path, dest: &Path) -> Result<BackupReport, StorageError> 
                 sync_dir(dest)?;
                 return Ok(report);
             }
-            Err(StorageError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound && restarts < ATTEMPTS_MAX => {
+            Err(StorageError::Io { error, .. })
+                if error.kind() == std::io::ErrorKind::NotFound && restarts < ATTEMPTS_MAX =>
+            {
                 std::fs::remove_dir_all(dest).map_err(io_error(dest))?;
                 restarts += 1;
             }
@@ -56,7 +58,8 @@ pub fn backup(source: &Path, dest: &Path) -> Result<BackupReport, StorageError> 
 fn copy_once(source: &Path, dest: &Path) -> Result<BackupReport, StorageError> {
     let snapshot = list_snapshots(source)?.pop();
     let from = snapshot.as_ref().map_or(0, |(index, _)| *index);
-    let segments: Vec<(u64, PathBuf)> = list_segments(source)?.into_iter().filter(|(index, _)| *index >= from).collect();
+    let segments: Vec<(u64, PathBuf)> =
+        list_segments(source)?.into_iter().filter(|(index, _)| *index >= from).collect();
     let mut bytes = 0;
     let mut copied = Vec::new();
     for (_, path) in snapshot.iter().chain(&segments) {
