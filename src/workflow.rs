@@ -134,6 +134,11 @@ pub fn parse_workflow_body(bytes: &[u8], defaults: &JobDefaults) -> Result<Workf
         if item.is_null() {
             continue;
         }
+        // A callback's id is decided at creation but its job is stored only
+        // when it fires: a client's id could be taken by then.
+        if item.get("id").is_some() {
+            return Err(ValidationError::payload(format!("{path}.id"), "a callback cannot choose its id"));
+        }
         callbacks.push((kind, parse_item(item, &options, &path, defaults)?));
     }
     match kind {

@@ -221,3 +221,34 @@ fn invalid_policies_are_refused() {
         assert_eq!(answer.body["error"]["details"]["field"], field, "{policy}");
     }
 }
+
+#[test]
+fn a_cron_run_waiting_on_the_run_its_unique_policy_replaces_starts_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START - START % 60_000);
+    let server = TestServer::start_at(dir.path(), &clock);
+    let register = server.post(
+        "/svc/v1/cron",
+        json!({"name": "sync", "schedule": "* * * * *", "type": "sync.run", "args": [],
+               "overlap_policy": "enqueue", "options": {"queue": "sync", "unique": {"on_conflict": "replace"}}}),
+    );
+    assert_eq!(register.status, 201, "{}", register.body);
+    server.advance(&clock, 60_000);
+    let first = server.get("/svc/v1/cron/sync").body["cron"]["last_job_id"].as_str().unwrap().to_string();
+    server.advance(&clock, 60_000);
+    let second = server.get("/svc/v1/cron/sync").body["cron"]["last_job_id"].as_str().unwrap().to_string();
+    assert_ne!(first, second);
+    assert_eq!(server.job(&first)["state"], "cancelled");
+    assert_eq!(server.job(&second)["state"], "available", "not left waiting on a run that ended");
+}
+
+#[test]
+fn a_workflow_callback_cannot_choose_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    let body = json!({"type": "batch", "jobs": [{"type": "part"}],
+                      "callbacks": {"on_complete": {"type": "done", "id": "019539a4-0000-7000-8000-000000000001"}}});
+    let answer = server.post("/svc/v1/workflows", body);
+    assert_eq!((answer.status, answer.error_code()), (400, "invalid_payload"), "{}", answer.body);
+    assert_eq!(answer.body["error"]["details"]["field"], "callbacks.on_complete.id");
+}

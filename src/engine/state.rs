@@ -813,6 +813,15 @@ impl State {
         updated.next_run_at = fire.next_run_at;
         match &fire.outcome {
             CronOutcome::Enqueued { job, cancelled, waits_for, replaced } => {
+                if self.jobs.contains_key(&job.id) {
+                    return Err(ApplyError(format!("cron record enqueues job {} twice", job.id)));
+                }
+                // The run waits before anything is cancelled: if the previous
+                // run is also the unique holder `replace` cancels, its end
+                // releases the waiting run instead of leaving it pending.
+                if let Some(previous) = waits_for {
+                    self.crons.waiters.insert(*previous, job.id);
+                }
                 if let Some(previous) = cancelled {
                     self.cancel(at, *previous, "cron_cancel_previous", events)?;
                 }
@@ -821,18 +830,12 @@ impl State {
                         self.cancel(at, *id, "unique_replace", events)?;
                     }
                 }
-                if self.jobs.contains_key(&job.id) {
-                    return Err(ApplyError(format!("cron record enqueues job {} twice", job.id)));
-                }
                 updated.run_count += 1;
                 updated.last_run_at = Some(fire.scheduled);
                 updated.last_job_id = Some(job.id);
                 let kind = EventKind::CronTriggered { cron: info(fire.scheduled), run_count: updated.run_count };
                 events.push(at, kind, job.id);
                 events.push(at, EventKind::Enqueued, job.id);
-                if let Some(previous) = waits_for {
-                    self.crons.waiters.insert(*previous, job.id);
-                }
                 self.insert_loaded(job.clone());
             }
             CronOutcome::Skipped { existing } => {
