@@ -68,18 +68,7 @@ impl State {
             if let Some((on_conflict, holders)) = self.unique_holders(&job, now, &jobs, &replaced) {
                 match on_conflict {
                     OnConflict::Reject => {
-                        let existing = holders[0];
-                        let existing_state = self
-                            .job(existing)
-                            .or_else(|| jobs.iter().find(|job| job.id == existing))
-                            .map_or(JobState::Available, |job| job.state);
-                        let key = job.unique().expect("a unique job").1;
-                        return Err(EngineError::UniqueConflict {
-                            existing,
-                            existing_state,
-                            key,
-                            index: index_of(position),
-                        });
+                        return Err(self.unique_conflict(&job, holders[0], &jobs, index_of(position)));
                     }
                     OnConflict::Ignore => {
                         slots.push(EnqueueSlot::Existing(holders[0]));
@@ -178,6 +167,22 @@ impl State {
             .map(|holder| holder.id)
             .collect();
         (!holders.is_empty()).then_some((policy.on_conflict, holders))
+    }
+
+    /// The 409 for `job` meeting `existing`, held or one of `batch`.
+    pub(crate) fn unique_conflict(
+        &self,
+        job: &Job,
+        existing: JobId,
+        batch: &[Arc<Job>],
+        index: Option<usize>,
+    ) -> EngineError {
+        let existing_state = self
+            .job(existing)
+            .or_else(|| batch.iter().find(|job| job.id == existing))
+            .map_or(JobState::Available, |job| job.state);
+        let key = job.unique().expect("a job with a unique policy").1;
+        EngineError::UniqueConflict { existing, existing_state, key, index }
     }
 
     /// Activates a staged job (`POST /jobs/{id}/activate`).

@@ -48,13 +48,7 @@ impl State {
             // `ignore` both refuse the creation; `replace` cancels the holders.
             if let Some((on_conflict, holders)) = self.unique_holders(&job, now, &jobs, &replaced) {
                 if on_conflict != OnConflict::Replace {
-                    let existing = holders[0];
-                    let existing_state = self
-                        .job(existing)
-                        .or_else(|| jobs.iter().find(|job| job.id == existing))
-                        .map_or(JobState::Available, |job| job.state);
-                    let key = job.unique().expect("a unique job").1;
-                    return Err(EngineError::UniqueConflict { existing, existing_state, key, index: Some(index) });
+                    return Err(self.unique_conflict(&job, holders[0], &jobs, Some(index)));
                 }
                 replaced.extend(holders);
             }
