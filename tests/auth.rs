@@ -234,6 +234,12 @@ fn without_keys_requests_from_web_pages_and_other_hosts_are_refused() {
     assert_eq!(body["error"]["details"]["reason"], "origin_not_allowed");
     let rebound = client.post(&pause).header("host", "evil.example:8080").send().unwrap();
     assert_eq!(rebound.status().as_u16(), 403, "a name rebound to 127.0.0.1");
+    for simple_type in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"] {
+        let simple = client.post(&pause).header("content-type", simple_type).send().unwrap();
+        assert_eq!(simple.status().as_u16(), 400, "{simple_type} on an empty body");
+        let body: Value = simple.json().unwrap();
+        assert_eq!(body["error"]["details"]["reason"], "unsupported_media_type");
+    }
     assert_eq!(server.get("/svc/v1/queues/q/stats").status, 404, "the queue was never paused");
     assert_eq!(client.post(&pause).send().unwrap().status().as_u16(), 200, "a local program");
 }

@@ -315,7 +315,10 @@ fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
         .detail("supported_versions", vec![SPEC_VERSION]))
 }
 
-/// Checks `Content-Type` when a body is present, then reads the body within `limit`.
+/// Checks `Content-Type` when a body is present or a type is declared, then
+/// reads the body within `limit`. A declared type other than svc/JSON is
+/// refused even on an empty body: the types a web page may send without a
+/// preflight (forms, `text/plain`) never reach a handler.
 async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     let declared = request.headers().get(CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     let content_type = request.headers().get(CONTENT_TYPE).map(|value| value.to_str().unwrap_or("").to_string());
@@ -335,7 +338,7 @@ async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, Ap
             return Err(ApiError::invalid_request(None, "the request body could not be read"));
         }
     };
-    if !is_empty_body(&body) {
+    if !is_empty_body(&body) || content_type.is_some() {
         check_content_type(content_type.as_deref())?;
     }
     Ok(body)
