@@ -4,14 +4,26 @@
 
 use svc::Svc;
 use svc::job::{DispatchLimit, JobBuilder, OnConflict, RateWindow, UniquePolicy};
+use svc::schema::SchemaBuilder;
 use svc::workflow::WorkflowBuilder;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("svc-embed-example-{}", std::process::id()));
     let svc = Svc::open(&dir)?;
 
+    // A schema the welcome mails' args must match: a recipient, then a template name.
+    let mail_args = serde_json::json!({"type": "array", "prefixItems": [{"type": "string"}, {"type": "string"}]});
+    svc.register_schema(SchemaBuilder::new("urn:example:email.send:v1", mail_args).job_type("email.send"))?;
+    let wrong = JobBuilder::new("email.send").args((42, "welcome")).schema("urn:example:email.send:v1");
+    if let Err(error) = svc.enqueue(wrong) {
+        println!("refused: {:?}", error.schema_violations().unwrap_or_default());
+    }
+
     // A job: type, serde-serializable args, options.
-    let welcome = JobBuilder::new("email.send").args(("ada@example.com", "welcome")).queue("mail");
+    let welcome = JobBuilder::new("email.send")
+        .args(("ada@example.com", "welcome"))
+        .queue("mail")
+        .schema("urn:example:email.send:v1");
     let first = svc.enqueue(welcome.clone())?;
     println!("enqueued {} ({})", first.job.id, first.job.state.as_str());
 

@@ -9,6 +9,7 @@ use crate::engine::{
     QueueSummary, Workflow,
 };
 use crate::job::{FailureReport, Job, JobBuilder, JobId, JobState, NewJob, ValidationError, parse_enqueue_body};
+use crate::schema::{SchemaBuilder, SchemaEntry, SchemaViolation};
 use crate::storage::StorageError;
 use crate::workflow::WorkflowBuilder;
 
@@ -31,6 +32,19 @@ impl fmt::Display for SvcError {
 }
 
 impl std::error::Error for SvcError {}
+
+impl SvcError {
+    /// Where a job's `args` missed its schema, when that is why the call
+    /// failed (an empty list: the schema is not registered).
+    pub fn schema_violations(&self) -> Option<Vec<SchemaViolation>> {
+        let SvcError::Engine(EngineError::Invalid { error, .. }) = self else { return None };
+        if error.kind != crate::job::ValidationKind::Schema {
+            return None;
+        }
+        let listed = error.details.iter().find(|(key, _)| *key == "validation_errors");
+        Some(listed.and_then(|(_, value)| serde_json::from_value(value.clone()).ok()).unwrap_or_default())
+    }
+}
 
 impl From<EngineError> for SvcError {
     fn from(error: EngineError) -> Self {
@@ -104,6 +118,39 @@ impl Svc {
         let definition = workflow.build(self.handle().defaults()).map_err(SvcError::Invalid)?;
         let id = self.handle().create_workflow(definition).wait()?;
         Ok(self.workflow(id).expect("a created workflow is in the view"))
+    }
+
+    /// Registers a JSON Schema that jobs may name with [`JobBuilder::schema`].
+    pub fn register_schema(&self, schema: SchemaBuilder) -> Result<Arc<SchemaEntry>, SvcError> {
+        let handle = self.handle();
+        let body = schema.into_json().to_string();
+        let now = crate::clock::Clock::now_ms(handle.clock().as_ref());
+        let registration = crate::schema::parse_registration(body.as_bytes(), now, &|uri| handle.schema(uri))
+            .map_err(SvcError::Invalid)?;
+        Ok(handle.register_schema(registration).wait()?)
+    }
+
+    /// A registered schema.
+    pub fn schema(&self, uri: &str) -> Option<Arc<SchemaEntry>> {
+        self.handle().schema(uri)
+    }
+
+    /// Every registered schema, by URI.
+    pub fn schemas(&self) -> Vec<Arc<SchemaEntry>> {
+        let mut all = Vec::new();
+        loop {
+            let after = all.last().map(|entry: &Arc<SchemaEntry>| entry.uri.clone());
+            let (page, has_more) = self.handle().schemas_page(after.as_deref(), crate::limits::PAGE_SIZE_MAX);
+            all.extend(page);
+            if !has_more {
+                return all;
+            }
+        }
+    }
+
+    /// Removes a schema; jobs that named it keep their `schema`.
+    pub fn delete_schema(&self, uri: &str) -> Result<Arc<SchemaEntry>, SvcError> {
+        Ok(self.handle().delete_schema(uri.to_string()).wait()?)
     }
 
     /// A workflow with its members' states and outcomes.

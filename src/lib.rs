@@ -38,6 +38,8 @@ pub mod logging;
 pub mod metrics;
 #[doc(hidden)]
 pub mod schedule;
+/// The schema registry's documents: registration, compilation, checking `args`.
+pub mod schema;
 #[doc(hidden)]
 pub mod server;
 pub mod storage;

@@ -73,6 +73,8 @@ pub const DISPATCH_WINDOW_MS_MAX: i64 = 3_600_000;
 pub const REQUEST_ID_CHARS_MAX: usize = 128;
 /// Non-terminal jobs the server holds at once.
 pub const LIVE_JOBS_MAX: usize = 10_000_000;
+/// The most schemas the registry holds.
+pub const SCHEMAS_MAX: usize = 10_000;
 /// How far ahead of the server's clock a client-chosen job id's timestamp may
 /// be. Generated ids sort after every id in use, so a later bound would let a
 /// client push the generator's clock forward without limit.

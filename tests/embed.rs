@@ -140,3 +140,35 @@ fn embedded_programs_run_workflows_through_typed_builders() {
     assert!(matches!(svc.create_workflow(no_callback), Err(svc::SvcError::Invalid(_))));
     svc.close();
 }
+
+#[test]
+fn embedded_programs_register_schemas_and_get_typed_violations() {
+    use serde_json::json;
+    use svc::job::JobBuilder;
+    use svc::schema::SchemaBuilder;
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let document = json!({"type": "array", "prefixItems": [{"type": "string", "format": "email"}], "minItems": 1});
+    let entry = svc.register_schema(SchemaBuilder::new("urn:svc:email:v1", document).job_type("email.send")).unwrap();
+    assert_eq!((entry.uri.as_str(), entry.job_type.as_deref()), ("urn:svc:email:v1", Some("email.send")));
+    assert!(matches!(
+        svc.register_schema(SchemaBuilder::new("urn:bad", json!({"type": 3}))),
+        Err(svc::SvcError::Invalid(error)) if error.reason == Some("invalid_schema")
+    ));
+
+    let ok = svc.enqueue(JobBuilder::new("email.send").args(["ada@example.com"]).schema("urn:svc:email:v1")).unwrap();
+    assert_eq!(ok.job.schema(), Some("urn:svc:email:v1"));
+    let refused = svc.enqueue(JobBuilder::new("email.send").args([42]).schema("urn:svc:email:v1")).unwrap_err();
+    let violations = refused.schema_violations().expect("a schema failure");
+    assert_eq!((violations[0].path.as_str(), violations[0].keyword.as_str()), ("args[0]", "type"));
+    let unknown = svc.enqueue(JobBuilder::new("t").schema("urn:nobody")).unwrap_err();
+    assert_eq!(unknown.schema_violations(), Some(Vec::new()), "not registered");
+
+    assert_eq!(svc.schemas().len(), 1);
+    svc.close();
+    let svc = Svc::open(dir.path()).unwrap();
+    assert!(svc.schema("urn:svc:email:v1").is_some(), "durable");
+    svc.delete_schema("urn:svc:email:v1").unwrap();
+    assert!(svc.schemas().is_empty());
+    svc.close();
+}

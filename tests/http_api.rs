@@ -108,7 +108,12 @@ fn invalid_enqueues_get_their_documented_errors_and_store_nothing() {
             400,
             "invalid_payload",
         ),
-        (r#"{"type":"t","args":[],"schema":"urn:example:s"}"#.into(), Some("application/svc+json"), 422, "unsupported"),
+        (
+            r#"{"type":"t","args":[],"schema":"urn:example:s"}"#.into(),
+            Some("application/svc+json"),
+            400,
+            "schema_validation",
+        ),
         (r#"{"type":"t","args":[]}"#.into(), None, 400, "invalid_request"),
         (r#"{"type":"t","args":[]}"#.into(), Some("text/plain"), 400, "invalid_request"),
         (
@@ -670,7 +675,7 @@ fn health_manifest_and_error_catalogue() {
     let features = &manifest.body["features"];
     assert_eq!(
         (&features["unique_jobs"], &features["rate_limiting"], &features["workflows"], &features["schemas"]),
-        (&json!(true), &json!(true), &json!(true), &json!(false))
+        (&json!(true), &json!(true), &json!(true), &json!(true))
     );
     let catalogue = server.get("/svc/v1/errors");
     let codes: Vec<&str> =

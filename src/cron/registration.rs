@@ -74,6 +74,12 @@ impl CronDefinition {
             .map(Arc::new);
         (unique, rate_limit)
     }
+
+    /// The URI of the schema this entry's jobs name, from its registration.
+    pub fn schema(&self) -> Option<String> {
+        let object = json::parse_object(self.registration.as_bytes()).ok()?;
+        serde_json::from_str(object.get_present("schema")?.get()).ok()
+    }
 }
 
 /// A validated registration.

@@ -80,6 +80,19 @@ pub enum EngineError {
     CronLimit {
         max_entries: usize,
     },
+    /// No schema is registered under this URI.
+    SchemaNotFound {
+        uri: String,
+    },
+    /// A schema is already registered under this URI (schemas do not change:
+    /// delete it and register again).
+    SchemaExists {
+        uri: String,
+    },
+    /// As many schemas are registered as the server allows.
+    SchemaLimit {
+        max_schemas: usize,
+    },
     /// The job is not in a state the command applies to, or is claimed by
     /// another worker.
     Conflict {
@@ -191,6 +204,13 @@ impl std::fmt::Display for EngineError {
             EngineError::CronChanged { name } => write!(f, "cron entry {name} changed meanwhile; retry"),
             EngineError::CronLimit { max_entries } => {
                 write!(f, "{max_entries} cron entries are registered, the most this server allows")
+            }
+            EngineError::SchemaNotFound { uri } => write!(f, "schema {uri} not found"),
+            EngineError::SchemaExists { uri } => {
+                write!(f, "schema {uri} is already registered; schemas do not change (delete it first)")
+            }
+            EngineError::SchemaLimit { max_schemas } => {
+                write!(f, "{max_schemas} schemas are registered, the most this server allows")
             }
             EngineError::Conflict { id, current_state, reason } => {
                 write!(f, "job {id} is {} ({})", current_state.as_str(), reason.as_str())

@@ -37,6 +37,7 @@ pub(crate) struct ViewDelta {
     pub crons: Vec<(String, Option<Arc<CronEntry>>)>,
     pub workflows: Vec<(JobId, Option<Arc<super::workflow_table::Workflow>>)>,
     pub queues: Vec<(String, Option<QueueSummary>)>,
+    pub schemas: Vec<(String, Option<Arc<crate::schema::SchemaEntry>>)>,
     pub events: Vec<Event>,
 }
 
@@ -47,6 +48,9 @@ impl ViewDelta {
         }
         if !self.crons.is_empty() {
             view.publish_crons(self.crons.into_iter());
+        }
+        if !self.schemas.is_empty() {
+            view.publish_schemas(self.schemas.into_iter());
         }
         if !self.workflows.is_empty() {
             view.publish_workflows(self.workflows.into_iter());

@@ -86,7 +86,10 @@ impl State {
             let previous = entry.last_job_id.and_then(|id| self.job(id)).filter(|job| !job.state.is_terminal());
             let definition = &entry.definition;
             let paused = self.queue(&definition.job.queue).is_some_and(|queue| queue.paused);
+            let schema = definition.schema();
+            let schema_missing = schema.as_deref().is_some_and(|uri| !self.schemas.contains_key(uri));
             let outcome = match (previous, definition.overlap) {
+                _ if schema_missing => CronOutcome::SchemaNotRegistered,
                 _ if paused => CronOutcome::QueuePaused,
                 (Some(previous), OverlapPolicy::Skip) => CronOutcome::Skipped { existing: previous.id },
                 // At most one run waits behind the previous one.
@@ -140,6 +143,7 @@ fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Milli
     meta.insert("cron_triggered_at".to_string(), format_timestamp(scheduled).into());
     let payload = JobPayload { meta: serde_json::Value::Object(meta).to_string(), ..template.payload.as_ref().clone() };
     let (unique, rate_limit) = definition.job_controls();
+    let schema = definition.schema().map(Arc::from);
     let request = NewJob {
         id: Some(id),
         payload: Arc::new(payload),
@@ -153,6 +157,7 @@ fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Milli
         unique,
         rate_limit,
         pending: false,
+        schema,
     };
     Job::accept(request, id, state, now, None, None)
 }

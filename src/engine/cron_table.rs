@@ -50,6 +50,8 @@ pub enum CronOutcome {
     /// The job's unique policy (`reject` or `ignore`) met a held job with
     /// the same key: nothing was created.
     Duplicate { existing: JobId },
+    /// The entry names a schema that is no longer registered: nothing was created.
+    SchemaNotRegistered,
 }
 
 /// One evaluation of a due entry, fully decided.

@@ -371,6 +371,7 @@ mod tests {
             unique: None,
             rate_limit: None,
             pending: false,
+            schema: None,
         };
         let mut ids = IdGenerator::default();
         let mut buffer = EventBuffer::default();

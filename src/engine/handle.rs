@@ -16,6 +16,7 @@ use super::workflow_table::Workflow;
 use crate::clock::Clock;
 use crate::cron::CronDefinition;
 use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob};
+use crate::schema::SchemaEntry;
 use crate::workflow::WorkflowDefinition;
 
 /// A command on its way; await it, or `wait()` for it from synchronous code.
@@ -87,9 +88,27 @@ impl EngineHandle {
         Pending { receiver }
     }
 
-    /// Enqueues jobs atomically: all of them or none.
+    /// Enqueues jobs atomically: all of them or none. Jobs naming a schema
+    /// are checked against it first.
     pub fn enqueue(&self, jobs: Vec<NewJob>) -> Pending<Vec<Enqueued>> {
+        let batch = jobs.len() > 1;
+        if let Err(error) = self.check_schemas(jobs.iter().enumerate().map(|(i, job)| (batch.then_some(i), job))) {
+            return Pending { receiver: Err(error) };
+        }
         self.submit(requests::Enqueue { jobs })
+    }
+
+    /// Checks the `args` of every job that names a schema against it
+    /// (docs/api.md, "Schemas"); the first job that fails decides the error.
+    /// Registered schemas are read from the view: one registered or removed
+    /// meanwhile is seen by the next request.
+    fn check_schemas<'a>(&self, jobs: impl Iterator<Item = (Option<usize>, &'a NewJob)>) -> Result<(), EngineError> {
+        for (index, job) in jobs {
+            let Some(uri) = job.schema.as_deref() else { continue };
+            check_args(self.view.schema(uri).as_deref(), uri, &job.payload.args)
+                .map_err(|error| EngineError::Invalid { error, index })?;
+        }
+        Ok(())
     }
 
     /// Activates a staged (`pending`) job.
@@ -182,17 +201,51 @@ impl EngineHandle {
 
     /// Registers a cron entry, or replaces the one of the same name; says whether it is new.
     pub fn cron_put(&self, definition: CronDefinition) -> Pending<(Arc<CronEntry>, bool)> {
+        if let Err(error) = self.check_cron_schema(&definition) {
+            return Pending { receiver: Err(error) };
+        }
         self.submit(requests::CronPut { definition, write: CronWrite::Upsert })
     }
 
     /// Changes a cron entry, provided it is still at `revision`.
     pub fn cron_patch(&self, definition: CronDefinition, revision: u64) -> Pending<(Arc<CronEntry>, bool)> {
+        if let Err(error) = self.check_cron_schema(&definition) {
+            return Pending { receiver: Err(error) };
+        }
         self.submit(requests::CronPut { definition, write: CronWrite::Patch { revision } })
+    }
+
+    /// A cron entry's args are checked when it is registered; each firing
+    /// only checks that the schema is still registered.
+    fn check_cron_schema(&self, definition: &CronDefinition) -> Result<(), EngineError> {
+        let Some(uri) = definition.schema() else { return Ok(()) };
+        check_args(self.view.schema(&uri).as_deref(), &uri, &definition.job.payload.args)
+            .map_err(|error| EngineError::Invalid { error, index: None })
     }
 
     /// Removes a cron entry; jobs it already created are untouched.
     pub fn cron_delete(&self, name: String) -> Pending<Arc<CronEntry>> {
         self.submit(requests::CronDelete { name })
+    }
+
+    /// Registers a schema checked and compiled by `schema::parse_registration`.
+    pub fn register_schema(&self, registration: crate::schema::SchemaRegistration) -> Pending<Arc<SchemaEntry>> {
+        self.submit(requests::RegisterSchema { entry: registration.entry })
+    }
+
+    /// Removes a schema from the registry.
+    pub fn delete_schema(&self, uri: String) -> Pending<Arc<SchemaEntry>> {
+        self.submit(requests::DeleteSchema { uri })
+    }
+
+    /// A registered schema, as of the last commit.
+    pub fn schema(&self, uri: &str) -> Option<Arc<SchemaEntry>> {
+        self.view.schema(uri)
+    }
+
+    /// Registered schemas by URI after `after`, and whether more follow.
+    pub fn schemas_page(&self, after: Option<&str>, limit: usize) -> (Vec<Arc<SchemaEntry>>, bool) {
+        self.view.schemas_page(after, limit)
     }
 
     /// Cron entries by name, as of the last commit.
@@ -211,6 +264,11 @@ impl EngineHandle {
 
     /// Creates a workflow; answers its id.
     pub fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<JobId> {
+        let members = definition.jobs.iter().enumerate().map(|(i, job)| (Some(i), job));
+        let callbacks = definition.callbacks.iter().map(|(_, job)| (None, job));
+        if let Err(error) = self.check_schemas(members.chain(callbacks)) {
+            return Pending { receiver: Err(error) };
+        }
         self.submit(requests::CreateWorkflow { definition })
     }
 
@@ -326,4 +384,29 @@ impl EngineHandle {
     pub fn defaults(&self) -> &JobDefaults {
         &self.defaults
     }
+}
+
+/// Checks `args` against the schema registered under `uri` (`None`: not registered).
+fn check_args(schema: Option<&SchemaEntry>, uri: &str, args: &str) -> Result<(), crate::job::ValidationError> {
+    use crate::job::{ValidationError, ValidationKind};
+    let Some(schema) = schema else {
+        let mut error = ValidationError::payload("schema", format!("schema {uri} is not registered"))
+            .with_reason("schema_not_registered");
+        error.kind = ValidationKind::Schema;
+        error.details.push(("schema", uri.into()));
+        return Err(error);
+    };
+    let violations = match schema.check_args(args) {
+        Ok(()) => return Ok(()),
+        Err(violations) => violations,
+    };
+    let first = &violations[0];
+    let mut error = ValidationError::payload(
+        "args",
+        format!("args do not match schema {uri}: {} ({} at {})", first.message, first.keyword, first.path),
+    );
+    error.kind = ValidationKind::Schema;
+    error.details.push(("schema", uri.into()));
+    error.details.push(("validation_errors", serde_json::to_value(&violations).unwrap_or_default()));
+    Err(error)
 }

@@ -38,6 +38,8 @@ pub struct StateImage {
     pub dispatch_claims: Vec<(String, Vec<Millis>)>,
     /// Workflows, running and ended.
     pub workflows: Vec<Arc<super::workflow_table::Workflow>>,
+    /// Registered schemas by URI.
+    pub schemas: Vec<Arc<crate::schema::SchemaEntry>>,
 }
 
 impl StateImage {
@@ -55,7 +57,21 @@ impl StateImage {
 }
 
 /// The snapshot payload version this build writes.
-pub const IMAGE_VERSION: u32 = 4;
+pub const IMAGE_VERSION: u32 = 5;
+
+/// The image of payload version 4 (before the schema registry).
+#[derive(Deserialize)]
+struct StateImageV4 {
+    jobs: Vec<Arc<Job>>,
+    paused_queues: Vec<String>,
+    ids: IdGenerator,
+    reserved: u64,
+    worker_signals: Vec<(String, WorkerSignal, Millis)>,
+    crons: Vec<CronEntry>,
+    cron_waiters: Vec<(JobId, JobId)>,
+    dispatch_claims: Vec<(String, Vec<Millis>)>,
+    workflows: Vec<Arc<super::workflow_table::Workflow>>,
+}
 
 /// The image of payload version 3 (before job extras and dispatch limits).
 #[derive(Deserialize)]
@@ -104,6 +120,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 cron_waiters: Vec::new(),
                 dispatch_claims: Vec::new(),
                 workflows: Vec::new(),
+                schemas: Vec::new(),
             })
         }
         2 => {
@@ -119,6 +136,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 cron_waiters: Vec::new(),
                 dispatch_claims: Vec::new(),
                 workflows: Vec::new(),
+                schemas: Vec::new(),
             })
         }
         3 => {
@@ -134,6 +152,33 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 cron_waiters,
                 dispatch_claims: Vec::new(),
                 workflows: Vec::new(),
+                schemas: Vec::new(),
+            })
+        }
+        4 => {
+            let old: StateImageV4 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
+            let StateImageV4 {
+                jobs,
+                paused_queues,
+                ids,
+                reserved,
+                worker_signals,
+                crons,
+                cron_waiters,
+                dispatch_claims,
+                workflows,
+            } = old;
+            Ok(StateImage {
+                jobs,
+                paused_queues,
+                ids,
+                reserved,
+                worker_signals,
+                crons,
+                cron_waiters,
+                dispatch_claims,
+                workflows,
+                schemas: Vec::new(),
             })
         }
         IMAGE_VERSION => postcard::from_bytes(bytes).map_err(|error| error.to_string()),

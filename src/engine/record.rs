@@ -180,6 +180,16 @@ pub enum Record {
         at: Millis,
         ids: Vec<JobId>,
     },
+    /// A schema registered (with the documents its references reached).
+    SchemaPut {
+        at: Millis,
+        entry: Arc<crate::schema::SchemaEntry>,
+    },
+    /// A schema removed from the registry; jobs that named it are untouched.
+    SchemaDelete {
+        at: Millis,
+        uri: String,
+    },
 }
 
 impl Record {
@@ -221,6 +231,8 @@ impl Record {
             Record::WorkflowCreate { .. } => "workflow_create",
             Record::WorkflowCancel { .. } => "workflow_cancel",
             Record::WorkflowPrune { .. } => "workflow_prune",
+            Record::SchemaPut { .. } => "schema_put",
+            Record::SchemaDelete { .. } => "schema_delete",
         }
     }
 
@@ -234,6 +246,8 @@ impl Record {
             | Record::WorkflowCreate { at, .. }
             | Record::WorkflowCancel { at, .. }
             | Record::WorkflowPrune { at, .. }
+            | Record::SchemaPut { at, .. }
+            | Record::SchemaDelete { at, .. }
             | Record::Claim { at, .. }
             | Record::Ack { at, .. }
             | Record::Fail { at, .. }

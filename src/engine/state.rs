@@ -141,6 +141,10 @@ pub struct State {
     pub(crate) dirty_workflows: JobIdSet,
     /// Workflow jobs that ended during the record being applied.
     ended_in_workflow: Vec<JobId>,
+    /// Registered schemas by URI, shared with the read view.
+    pub(crate) schemas: BTreeMap<String, Arc<crate::schema::SchemaEntry>>,
+    /// Schemas registered or removed since the view was last updated.
+    dirty_schemas: Vec<String>,
 }
 
 /// A record that does not fit the state (a damaged or foreign log).
@@ -175,6 +179,8 @@ impl State {
             terminal_workflow_bytes: 0,
             dirty_workflows: JobIdSet::default(),
             ended_in_workflow: Vec::new(),
+            schemas: BTreeMap::new(),
+            dirty_schemas: Vec::new(),
         };
         state.queues.insert("default".to_string(), QueueState::default());
         state
@@ -251,6 +257,12 @@ impl State {
     pub fn take_dirty_workflows(&mut self) -> Vec<(JobId, Option<Arc<Workflow>>)> {
         let ids: Vec<JobId> = self.dirty_workflows.drain().collect();
         ids.into_iter().map(|id| (id, self.workflows.get(&id).cloned())).collect()
+    }
+
+    /// Schemas registered or removed since the last call, as they are now.
+    pub fn take_dirty_schemas(&mut self) -> Vec<(String, Option<Arc<crate::schema::SchemaEntry>>)> {
+        let uris = std::mem::take(&mut self.dirty_schemas);
+        uris.into_iter().map(|uri| (uri.clone(), self.schemas.get(&uri).cloned())).collect()
     }
 
     /// Live jobs holding `key`, oldest first.
@@ -547,6 +559,19 @@ impl State {
             Record::PruneCapped { at, ids } => {
                 self.prune(ids)?;
                 events.push_other(*at, EventKind::Pruned { count: ids.len() as u64 });
+                Ok(())
+            }
+            Record::SchemaPut { entry, .. } => {
+                if self.schemas.contains_key(&entry.uri) {
+                    return Err(ApplyError(format!("record registers schema {} twice", entry.uri)));
+                }
+                self.dirty_schemas.push(entry.uri.clone());
+                self.schemas.insert(entry.uri.clone(), entry.clone());
+                Ok(())
+            }
+            Record::SchemaDelete { uri, .. } => {
+                self.schemas.remove(uri).ok_or_else(|| ApplyError(format!("record deletes unknown schema {uri}")))?;
+                self.dirty_schemas.push(uri.clone());
                 Ok(())
             }
             Record::QueuePause { at, queue, paused } => {
@@ -865,6 +890,15 @@ impl State {
                 };
                 events.push_other(at, kind);
             }
+            CronOutcome::SchemaNotRegistered => {
+                let kind = EventKind::CronSkipped {
+                    cron: info(fire.scheduled),
+                    reason: "schema_not_registered",
+                    existing_job_id: None,
+                    missed_count: None,
+                };
+                events.push_other(at, kind);
+            }
         }
         if let Some(gap) = fire.skipped_gap {
             let kind = EventKind::CronSkipped {
@@ -915,6 +949,7 @@ impl State {
             .filter(|(_, claims)| !claims.is_empty())
             .collect();
         let workflows = self.workflows.values().cloned().collect();
+        let schemas = self.schemas.values().cloned().collect();
         StateImage {
             jobs,
             paused_queues,
@@ -925,6 +960,7 @@ impl State {
             cron_waiters,
             dispatch_claims,
             workflows,
+            schemas,
         }
     }
 
@@ -964,6 +1000,10 @@ impl State {
             }
             state.dirty_workflows.insert(workflow.id);
             state.workflows.insert(workflow.id, workflow);
+        }
+        for entry in image.schemas {
+            state.dirty_schemas.push(entry.uri.clone());
+            state.schemas.insert(entry.uri.clone(), entry);
         }
         state.ids = image.ids;
         Ok(state)

@@ -12,6 +12,7 @@ use super::workers::WorkerEntry;
 use super::workflow_table::Workflow;
 use crate::clock::Millis;
 use crate::job::{Job, JobId, JobIdMap, JobState};
+use crate::schema::SchemaEntry;
 
 const SHARDS: usize = 64;
 
@@ -125,6 +126,8 @@ pub struct ReadView {
     crons: RwLock<std::collections::BTreeMap<String, Arc<CronEntry>>>,
     /// Workflows by id.
     workflows: RwLock<crate::job::JobIdMap<Arc<Workflow>>>,
+    /// Registered schemas by URI.
+    schemas: RwLock<std::collections::BTreeMap<String, Arc<SchemaEntry>>>,
     /// Why the engine accepts no more writes: 0 while it does, else an
     /// [`EngineFailure`] as `1 + its index`.
     failure: AtomicU8,
@@ -162,6 +165,7 @@ impl Default for ReadView {
             throughput: Mutex::new(std::collections::HashMap::new()),
             crons: RwLock::new(std::collections::BTreeMap::new()),
             workflows: RwLock::new(crate::job::JobIdMap::default()),
+            schemas: RwLock::new(std::collections::BTreeMap::new()),
             failure: AtomicU8::new(0),
             disk_full: AtomicBool::new(false),
         }
@@ -252,6 +256,29 @@ impl ReadView {
 
     pub fn cron(&self, name: &str) -> Option<Arc<CronEntry>> {
         self.crons.read().get(name).cloned()
+    }
+
+    /// Up to `limit` schemas after `after` (by URI), and whether more follow.
+    pub fn schemas_page(&self, after: Option<&str>, limit: usize) -> (Vec<Arc<SchemaEntry>>, bool) {
+        use std::ops::Bound;
+        let schemas = self.schemas.read();
+        let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_string()));
+        take_page(schemas.range((start, Bound::Unbounded)).map(|(_, entry)| entry), limit)
+    }
+
+    pub fn schema(&self, uri: &str) -> Option<Arc<SchemaEntry>> {
+        self.schemas.read().get(uri).cloned()
+    }
+
+    /// Writer only: publishes registered and removed schemas (`None` removes).
+    pub(crate) fn publish_schemas(&self, changes: impl Iterator<Item = (String, Option<Arc<SchemaEntry>>)>) {
+        let mut schemas = self.schemas.write();
+        for (uri, entry) in changes {
+            match entry {
+                Some(entry) => schemas.insert(uri, entry),
+                None => schemas.remove(&uri),
+            };
+        }
     }
 
     pub fn workflow(&self, id: JobId) -> Option<Arc<Workflow>> {

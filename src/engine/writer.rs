@@ -391,6 +391,7 @@ impl Writer {
         let workflows = self.state.take_dirty_workflows();
         let jobs = self.state.take_dirty().into_iter().map(|id| (id, self.state.job(id).cloned())).collect();
         let queues = self.state.take_dirty_queues();
+        let schemas = self.state.take_dirty_schemas();
         let mut events = Vec::with_capacity(pending.len());
         for (time, kind, job) in pending {
             let job = match job {
@@ -406,7 +407,7 @@ impl Writer {
             let event_id = self.event_ids.next(time, rand::random());
             events.push(Event { seq: self.event_seq, id: EventId(event_id), time, kind, job });
         }
-        ViewDelta { jobs, workers, crons, workflows, queues, events }
+        ViewDelta { jobs, workers, crons, workflows, queues, schemas, events }
     }
 
     /// Starts a new segment and takes the state's image as of that boundary.

@@ -51,7 +51,8 @@ impl Role {
             Fetch | Ack | Nack | AckById(_) | FailById(_) | Heartbeat => matches!(self, Role::Admin | Role::Worker),
             CancelWorkflow(_) | Queues | QueueStats(_) | PauseQueue(..) | Events | Workers | Worker(_)
             | ForgetWorker(_) | SignalWorker(..) | DeadLetter | DeadLetterRetry(_) | DeadLetterDelete(_) | Crons
-            | RegisterCron | GetCron(_) | PatchCron(_) | DeleteCron(_) => self == Role::Admin,
+            | RegisterCron | GetCron(_) | PatchCron(_) | DeleteCron(_) | Schemas | RegisterSchema | GetSchema(_)
+            | DeleteSchema(_) => self == Role::Admin,
         }
     }
 }

@@ -149,6 +149,7 @@ impl From<ValidationError> for ApiError {
             ValidationKind::Payload => "invalid_payload",
             ValidationKind::TooLarge => "envelope_too_large",
             ValidationKind::Unsupported => "unsupported",
+            ValidationKind::Schema => "schema_validation",
         };
         let mut api = ApiError::new(code, error.message);
         if let Some(field) = error.field {
@@ -180,6 +181,11 @@ impl From<EngineError> for ApiError {
             }
             EngineError::CronLimit { max_entries } => {
                 ApiError::new("conflict", message).detail("reason", "limit").detail("limit", max_entries)
+            }
+            EngineError::SchemaNotFound { uri } => ApiError::not_found("schema", uri),
+            EngineError::SchemaExists { uri } => ApiError::new("duplicate", message).detail("uri", uri),
+            EngineError::SchemaLimit { max_schemas } => {
+                ApiError::new("conflict", message).detail("reason", "limit").detail("limit", max_schemas)
             }
             EngineError::Conflict { id, current_state, reason } => ApiError::new("conflict", message)
                 .detail("job_id", id.to_string())

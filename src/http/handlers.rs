@@ -47,5 +47,9 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::GetCron(name) => super::cron::get(app, &name),
         Route::PatchCron(name) => super::cron::patch(app, &name, &body).await,
         Route::DeleteCron(name) => super::cron::delete(app, &name).await,
+        Route::Schemas => super::schemas::list(app, query),
+        Route::RegisterSchema => super::schemas::register(app, &body).await,
+        Route::GetSchema(uri) => super::schemas::get(app, &uri),
+        Route::DeleteSchema(uri) => super::schemas::delete(app, &uri).await,
     }
 }

@@ -19,6 +19,7 @@ mod probes;
 mod queues;
 pub mod rate_limit;
 mod router;
+mod schemas;
 pub mod wire;
 mod workers;
 mod workflows;

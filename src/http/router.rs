@@ -44,6 +44,10 @@ pub enum Route {
     GetCron(String),
     PatchCron(String),
     DeleteCron(String),
+    Schemas,
+    RegisterSchema,
+    GetSchema(String),
+    DeleteSchema(String),
 }
 
 impl Route {
@@ -95,6 +99,10 @@ impl Route {
             PatchCron(_) => (35, "PATCH", "/svc/v1/cron/{name}"),
             DeleteCron(_) => (36, "DELETE", "/svc/v1/cron/{name}"),
             OpenApi => (37, "GET", "/svc/v1/openapi.json"),
+            Schemas => (38, "GET", "/svc/v1/schemas"),
+            RegisterSchema => (39, "POST", "/svc/v1/schemas"),
+            GetSchema(_) => (40, "GET", "/svc/v1/schemas/{uri}"),
+            DeleteSchema(_) => (41, "DELETE", "/svc/v1/schemas/{uri}"),
         }
     }
 
@@ -142,6 +150,10 @@ impl Route {
             PatchCron(id()),
             DeleteCron(id()),
             OpenApi,
+            Schemas,
+            RegisterSchema,
+            GetSchema(id()),
+            DeleteSchema(id()),
         ]
     }
 }
@@ -220,6 +232,12 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
             (Method::PATCH, Route::PatchCron(decoded(name))),
             (Method::DELETE, Route::DeleteCron(decoded(name))),
         ],
+        ["svc", "v1", "schemas"] => vec![(Method::GET, Route::Schemas), (Method::POST, Route::RegisterSchema)],
+        // A schema URI may hold `/` (`https://…`): the rest of the path is the URI.
+        ["svc", "v1", "schemas", rest @ ..] if !rest.concat().is_empty() => {
+            let uri = decoded(&rest.join("/"));
+            vec![(Method::GET, Route::GetSchema(uri.clone())), (Method::DELETE, Route::DeleteSchema(uri))]
+        }
         _ => Vec::new(),
     };
     if choices.is_empty() {
@@ -314,7 +332,7 @@ mod tests {
         assert_eq!(indexes, (0..samples.len()).collect::<Vec<_>>(), "one index each, none skipped");
         for sample in &samples {
             let (_, method, template) = sample.template();
-            let path = template.replace("{id}", "x").replace("{name}", "x");
+            let path = template.replace("{id}", "x").replace("{name}", "x").replace("{uri}", "x");
             let method: Method = method.parse().unwrap();
             let routed = route(&method, &path).unwrap();
             assert_eq!(routed.template(), sample.template(), "{method} {path}");
@@ -338,6 +356,19 @@ mod tests {
         let error = route(&Method::GET, "/svc/v1/jobs").unwrap_err();
         assert_eq!(error.code, "method_not_allowed");
         assert_eq!(error.headers, vec![(hyper::header::ALLOW, "POST".to_string())]);
+    }
+
+    #[test]
+    fn a_schema_uri_takes_the_rest_of_the_path() {
+        assert_eq!(
+            route(&Method::GET, "/svc/v1/schemas/urn%3Asvc%3Aemail%3Av1").unwrap(),
+            Route::GetSchema("urn:svc:email:v1".into())
+        );
+        assert_eq!(
+            route(&Method::DELETE, "/svc/v1/schemas/https://example.com/s/a.json").unwrap(),
+            Route::DeleteSchema("https://example.com/s/a.json".into())
+        );
+        assert_eq!(route(&Method::GET, "/svc/v1/schemas/").unwrap_err().code, "not_found");
     }
 
     #[test]

@@ -253,6 +253,10 @@ fn push_extras(out: &mut String, job: &Job) {
         out.push_str(key!("rate_limit"));
         limit.push_json(out);
     }
+    if let Some(schema) = job.schema() {
+        out.push_str(key!("schema"));
+        push_json_string(out, schema);
+    }
 }
 
 fn push_number(out: &mut String, key: &str, number: impl itoa::Integer) {

@@ -117,6 +117,12 @@ impl JobBuilder {
         self.option("rate_limit", serde_json::from_str(&text).expect("a limit renders as JSON"))
     }
 
+    /// The registered schema (its URI) that `args` must match (docs/api.md, "Schemas").
+    pub fn schema(mut self, uri: impl Into<String>) -> Self {
+        self.body.insert("schema".into(), Value::String(uri.into()));
+        self
+    }
+
     /// Staged: stored `pending` until [`Svc::activate`](crate::Svc::activate).
     pub fn pending(self) -> Self {
         self.option("pending", Value::Bool(true))

@@ -192,9 +192,16 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
     let job_type = parse_type(job_type)?;
     let args = parse_args(args)?;
     let meta = parse_meta(meta, option_metadata)?;
-    if schema.is_some() {
-        return Err(unsupported("schema", "schema validation of args"));
-    }
+    let schema = match schema {
+        Some(raw) => {
+            let uri = serde_json::from_str::<String>(raw.get()).map_err(|_| {
+                ValidationError::payload("schema", "schema must be a string (a registered schema's URI)")
+            })?;
+            crate::schema::check_uri(&uri).map_err(|message| ValidationError::payload("schema", message))?;
+            Some(Arc::from(uri))
+        }
+        None => None,
+    };
     let unique = match first(&[(option_unique, "options.unique"), (unique, "unique")]) {
         Some((raw, path)) => Some(Arc::new(UniquePolicy::parse(raw, path)?)),
         None => None,
@@ -274,6 +281,7 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
         unique,
         rate_limit,
         pending,
+        schema,
     })
 }
 
@@ -323,16 +331,6 @@ fn client_policy(base: &Arc<RetryPolicy>, raw: &RawValue, path: &str) -> Result<
 /// The first present source and its path.
 fn first<'a>(sources: &[(Option<&'a RawValue>, &'static str)]) -> Option<(&'a RawValue, &'static str)> {
     sources.iter().find_map(|(raw, path)| raw.map(|raw| (raw, *path)))
-}
-
-fn unsupported(field: &str, feature: &str) -> ValidationError {
-    ValidationError {
-        kind: super::ValidationKind::Unsupported,
-        message: format!("{field}: {feature} are not supported by this server"),
-        field: Some(field.to_string()),
-        reason: Some("feature_not_supported"),
-        details: Vec::new(),
-    }
 }
 
 fn parse_id(raw: &RawValue) -> Result<JobId, ValidationError> {
@@ -583,8 +581,10 @@ mod tests {
         let aliases = aliases.unwrap();
         assert_eq!((aliases.timeout_ms, aliases.visibility_timeout_ms), (2000, 700));
         assert!(aliases.scheduled_at.is_some());
-        let error = parse(r#"{"type":"t","args":[],"schema":"urn:s"}"#).unwrap_err();
-        assert_eq!(error.field.as_deref(), Some("schema"));
+        let named = parse(r#"{"type":"t","args":[],"schema":"urn:s"}"#).unwrap();
+        assert_eq!(named.schema.as_deref(), Some("urn:s"));
+        let error = parse(r#"{"type":"t","args":[],"schema":"not a uri"}"#).unwrap_err();
+        assert_eq!((error.field.as_deref(), error.kind), (Some("schema"), ValidationKind::Payload));
         let controls = parse(
             r#"{"type":"t","args":[],"unique":{"on_conflict":"ignore"},"rate_limit":{"concurrency":2},
                 "options":{"pending":true}}"#,

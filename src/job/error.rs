@@ -13,6 +13,8 @@ pub enum ValidationKind {
     TooLarge,
     /// A feature this server does not offer.
     Unsupported,
+    /// `args` do not match the job's registered schema, or it names none.
+    Schema,
 }
 
 /// One validation failure: the first one found is reported.

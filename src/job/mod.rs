@@ -107,6 +107,8 @@ pub struct NewJob {
     pub rate_limit: Option<Arc<DispatchLimit>>,
     /// Staged: stored `pending` until activated.
     pub pending: bool,
+    /// The registered schema `args` were checked against (its URI).
+    pub schema: Option<Arc<str>>,
 }
 
 /// An attribute few jobs carry, kept out of line so that the rest pay
@@ -122,6 +124,8 @@ pub enum JobExtra {
     ActivatedAt(Millis),
     /// The workflow the job belongs to, and its part in it.
     Workflow { id: JobId, role: WorkflowRole },
+    /// The registered schema its `args` were checked against (its URI).
+    Schema(Arc<str>),
 }
 
 /// A job's part in its workflow.
@@ -219,6 +223,9 @@ impl Job {
         if let Some(limit) = new_job.rate_limit {
             extras.push(JobExtra::RateLimit(limit));
         }
+        if let Some(schema) = new_job.schema {
+            extras.push(JobExtra::Schema(schema));
+        }
         Job {
             id,
             payload: new_job.payload,
@@ -269,6 +276,14 @@ impl Job {
     /// The key the job's dispatch limit counts under: its own, or its queue's name.
     pub fn dispatch_key(&self) -> Option<&str> {
         self.dispatch_limit().map(|limit| limit.key.as_deref().unwrap_or(&self.queue))
+    }
+
+    /// The URI of the schema the job's `args` were checked against.
+    pub fn schema(&self) -> Option<&str> {
+        self.extras.iter().find_map(|extra| match extra {
+            JobExtra::Schema(uri) => Some(&**uri),
+            _ => None,
+        })
     }
 
     /// When the job last left `pending`.

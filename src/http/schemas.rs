@@ -1,0 +1,78 @@
+//! The schema registry's endpoints (docs/api.md, "Schemas"): register, list,
+//! read and delete JSON Schemas that jobs name in `schema`.
+
+use bytes::Bytes;
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::{AppState, Reply};
+use crate::job::time::format_timestamp;
+use crate::schema::{SchemaEntry, parse_registration};
+
+/// The schema object; the document itself only when `with_document`.
+pub fn render_schema(entry: &SchemaEntry, with_document: bool) -> Value {
+    let mut schema = json!({"uri": entry.uri, "created_at": format_timestamp(entry.created_at)});
+    if let Some(job_type) = &entry.job_type {
+        schema["type"] = job_type.clone().into();
+    }
+    if let Some(version) = &entry.version {
+        schema["version"] = serde_json::from_str(version).unwrap_or(Value::Null);
+    }
+    if with_document {
+        schema["schema"] = entry.document_value();
+    }
+    schema
+}
+
+/// A path that cannot be a schema URI names no schema: 404.
+fn known_uri(uri: &str) -> Result<&str, ApiError> {
+    match crate::schema::check_uri(uri) {
+        Ok(()) => Ok(uri),
+        Err(_) => Err(ApiError::not_found("schema", uri)),
+    }
+}
+
+pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
+    let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
+    let registration = parse_registration(body, now, &|uri| app.engine.schema(uri))?;
+    let entry = app.engine.register_schema(registration).outcome().await?;
+    let location = format!("/svc/v1/schemas/{}", encode_path_segment(&entry.uri));
+    Ok(Reply::ok(json!({"schema": render_schema(&entry, false)}).to_string())
+        .with_status(StatusCode::CREATED)
+        .header(hyper::header::LOCATION, location))
+}
+
+pub fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
+    let (page, has_more) = app.engine.schemas_page(after.as_deref(), limit);
+    let cursor = if has_more { page.last().map(|entry| Value::from(encode_cursor(&entry.uri))) } else { None };
+    let schemas: Vec<Value> = page.iter().map(|entry| render_schema(entry, false)).collect();
+    Ok(Reply::ok(json!({"schemas": schemas, "cursor": cursor, "has_more": has_more}).to_string()))
+}
+
+pub fn get(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
+    let entry = app.engine.schema(known_uri(uri)?).ok_or_else(|| ApiError::not_found("schema", uri))?;
+    Ok(Reply::ok(json!({"schema": render_schema(&entry, true)}).to_string()))
+}
+
+pub async fn delete(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
+    let entry = app.engine.delete_schema(known_uri(uri)?.to_string()).outcome().await?;
+    Ok(Reply::ok(json!({"deleted": true, "uri": entry.uri}).to_string()))
+}
+
+/// Percent-encodes everything but unreserved characters, for a `Location`.
+fn encode_path_segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 3);
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
