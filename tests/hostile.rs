@@ -210,7 +210,36 @@ fn request() -> impl Strategy<Value = (&'static str, String, Value)> {
                 let body = json!({"name": "hostile", "schedule": schedule, "timezone": timezone, "job_template": {"type": "t.cron", "args": []}});
                 ("POST", "/svc/v1/cron".to_string(), body)
             }),
+        1 => hostile_schema().prop_map(|(uri, document)| ("POST", "/svc/v1/schemas".to_string(), json!({"uri": uri, "schema": document}))),
+        1 => (hostile_schema(), enqueue_body()).prop_map(|((uri, _), mut body)| {
+            body["schema"] = uri.into();
+            ("POST", "/svc/v1/jobs".to_string(), body)
+        }),
+        1 => hostile_schema().prop_map(|(uri, _)| ("DELETE", format!("/svc/v1/schemas/{uri}"), Value::Null)),
     ]
+}
+
+/// A schema registration with a hostile document now and then: recursive
+/// references, references to nothing, deep nesting, a backtracking pattern.
+fn hostile_schema() -> impl Strategy<Value = (&'static str, Value)> {
+    let uri = prop_oneof![Just("urn:h:1"), Just("urn:h:2"), Just("https://h.example/s.json"), Just("no-scheme")];
+    let document = prop_oneof![
+        Just(json!({"$ref": "#"})),
+        Just(json!({"items": {"$ref": "#"}, "type": "array"})),
+        Just(json!({"$ref": "urn:h:1"})),
+        Just(json!({"$ref": "https://h.example/s.json#/nowhere"})),
+        Just(json!({"type": "array", "items": {"type": "string", "pattern": "^(a+)+$"}})),
+        (1usize..200).prop_map(|depth| {
+            let mut document = json!({"type": "array"});
+            for _ in 0..depth {
+                document = json!({"type": "array", "items": document});
+            }
+            document
+        }),
+        Just(json!({"type": "unknown-type"})),
+        Just(json!(false)),
+    ];
+    (uri, document)
 }
 
 fn send(server: &TestServer, method: &str, path: &str, body: &Value) -> u16 {
