@@ -20,7 +20,9 @@
 //! `rate_limit.requests` with `rate_limit.window_s` (the request rate limit
 //! per client; off unless both are set), and `[[auth.keys]]` entries (`name`,
 //! `role`, and one of `key`, `key_env`, `key_sha256`); with keys, any address
-//! may be bound; `metrics.public` (bool) serves `/metrics` without a key.
+//! may be bound; `metrics.public` (bool) serves `/metrics` without a key;
+//! `webhooks.allow_private_targets` (bool) lets webhooks go to loopback and
+//! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs.
 
 use clap::Parser;
 use serde::Deserialize;
@@ -57,6 +59,12 @@ pub struct Config {
     pub retention: Retention,
     /// Most cron entries the server holds.
     pub cron_entries_max: usize,
+    /// Webhooks may be delivered to loopback and private addresses
+    /// (`webhooks.allow_private_targets`).
+    pub webhooks_allow_private_targets: bool,
+    /// Extra CA certificates (PEM) webhook receivers are trusted by
+    /// (`webhooks.extra_ca_file`).
+    pub webhooks_extra_ca_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -76,6 +84,8 @@ impl Default for Config {
             jobs: JobDefaults::default(),
             retention: Retention::default(),
             cron_entries_max: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
+            webhooks_allow_private_targets: false,
+            webhooks_extra_ca_file: None,
         }
     }
 }
@@ -95,12 +105,20 @@ struct FileConfig {
     limits: Option<LimitsSection>,
     auth: Option<AuthSection>,
     metrics: Option<MetricsSection>,
+    webhooks: Option<WebhooksSection>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MetricsSection {
     public: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebhooksSection {
+    allow_private_targets: Option<bool>,
+    extra_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -256,6 +274,14 @@ impl Config {
     fn apply_file(&mut self, file: FileConfig, env: &HashMap<String, String>) -> Result<(), String> {
         if let Some(public) = file.metrics.and_then(|metrics| metrics.public) {
             self.metrics_public = public;
+        }
+        if let Some(webhooks) = file.webhooks {
+            if let Some(allow) = webhooks.allow_private_targets {
+                self.webhooks_allow_private_targets = allow;
+            }
+            if let Some(path) = webhooks.extra_ca_file {
+                self.webhooks_extra_ca_file = Some(path);
+            }
         }
         if let Some(auth) = file.auth {
             self.api_keys = auth.keys.into_iter().map(|entry| entry.resolve(env)).collect::<Result<_, _>>()?;

@@ -43,6 +43,7 @@ pub mod schema;
 #[doc(hidden)]
 pub mod server;
 pub mod storage;
+pub mod webhook;
 pub mod workflow;
 
 mod embed;

@@ -73,6 +73,10 @@ pub const DISPATCH_WINDOW_MS_MAX: i64 = 3_600_000;
 pub const REQUEST_ID_CHARS_MAX: usize = 128;
 /// Non-terminal jobs the server holds at once.
 pub const LIVE_JOBS_MAX: usize = 10_000_000;
+/// The most webhook subscriptions.
+pub const WEBHOOKS_MAX: usize = 1000;
+/// How long an old webhook secret keeps signing after a new one is added.
+pub const WEBHOOK_ROTATION_GRACE_MS: i64 = 24 * 3_600_000;
 /// The most schemas the registry holds.
 pub const SCHEMAS_MAX: usize = 10_000;
 /// How far ahead of the server's clock a client-chosen job id's timestamp may

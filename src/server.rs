@@ -179,6 +179,7 @@ fn app_state(engine: crate::engine::EngineHandle, timeout: Duration, config: &Co
     };
     let mut app = app.with_keys(config.api_keys.clone());
     app.metrics_public = config.metrics_public;
+    app.webhooks_allow_private_targets = config.webhooks_allow_private_targets;
     // A server bound beyond loopback without keys sits behind a proxy that
     // authenticates (`--insecure-no-auth`), whose host names it cannot know.
     if config.binds_loopback_only() { app.with_browser_guard(&config.listen) } else { app }

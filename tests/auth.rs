@@ -104,6 +104,41 @@ fn every_route_asks_for_a_key_and_the_right_role() {
         ("GET", "/svc/v1/cron/n".into(), None, [true, false, false]),
         ("PATCH", "/svc/v1/cron/n".into(), Some(json!({"enabled": false})), [true, false, false]),
         ("DELETE", "/svc/v1/cron/n".into(), None, [true, false, false]),
+        ("GET", "/svc/v1/schemas".into(), None, [true, false, false]),
+        ("POST", "/svc/v1/schemas".into(), Some(json!({"uri": "urn:r", "schema": true})), [true, false, false]),
+        ("GET", "/svc/v1/schemas/urn:r".into(), None, [true, false, false]),
+        ("DELETE", "/svc/v1/schemas/urn:r".into(), None, [true, false, false]),
+        ("GET", "/svc/v1/webhooks".into(), None, [true, false, false]),
+        ("GET", "/svc/v1/webhooks/subscriptions".into(), None, [true, false, false]),
+        (
+            "POST",
+            "/svc/v1/webhooks".into(),
+            Some(json!({"url": "https://h.example/x", "events": ["*"], "secret": "0123456789abcdef"})),
+            [true, false, false],
+        ),
+        (
+            "POST",
+            "/svc/v1/webhooks/subscriptions".into(),
+            Some(json!({"url": "https://h.example/x", "events": ["*"], "secret": "0123456789abcdef"})),
+            [true, false, false],
+        ),
+        ("GET", format!("/svc/v1/webhooks/sub_{id}"), None, [true, false, false]),
+        ("PATCH", format!("/svc/v1/webhooks/sub_{id}"), Some(json!({"active": false})), [true, false, false]),
+        ("DELETE", format!("/svc/v1/webhooks/sub_{id}"), None, [true, false, false]),
+        (
+            "POST",
+            format!("/svc/v1/webhooks/sub_{id}/secrets"),
+            Some(json!({"secret": "x".repeat(16)})),
+            [true, false, false],
+        ),
+        (
+            "POST",
+            format!("/svc/v1/webhooks/sub_{id}/rotate-secret"),
+            Some(json!({"secret": "x".repeat(16)})),
+            [true, false, false],
+        ),
+        ("DELETE", format!("/svc/v1/webhooks/sub_{id}/secrets/previous"), None, [true, false, false]),
+        ("GET", format!("/svc/v1/webhooks/subscriptions/sub_{id}"), None, [true, false, false]),
     ];
     for (method, path, body, allowed) in &table {
         let (status, answer) = send(&server, method, path, body.as_ref(), None);

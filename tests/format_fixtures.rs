@@ -4,8 +4,9 @@
 //! (snapshot payload version 3 and earlier, `EnqueueV1` records), and
 //! `extras-v4` with unique, rate-limited, staged and activated jobs (payload
 //! version 4, `Enqueue` and `Activate` records), and `schemas-v5` with the
-//! schema registry (payload version 5, `SchemaPut` and `SchemaDelete`
-//! records) and jobs that name a schema. The fixtures are made by the
+//! schema registry and a webhook subscription in rotation (payload version
+//! 5, `SchemaPut`, `SchemaDelete` and `WebhookPut` records) and jobs that
+//! name a schema. The fixtures are made by the
 //! ignored tests below; regenerate one only together with a format change,
 //! and keep the old one.
 
@@ -270,6 +271,12 @@ fn write_schemas_v5_fixture() {
     engine.handle().snapshot().wait().unwrap();
     engine.handle().delete_schema("urn:city".into()).wait().unwrap();
     register(&engine, json!({"uri": "urn:later", "schema": true}));
+    let body = json!({"url": "https://hooks.example.com/svc", "events": ["job.*"], "secret": "fixture-secret-0123",
+                      "filter": {"queues": ["mail"]}, "metadata": {"team": "ops"}});
+    let new = svc::webhook::subscription::parse_subscription(body.to_string().as_bytes(), false).unwrap();
+    let subscription = engine.handle().create_webhook(new).wait().unwrap();
+    let change = svc::engine::WebhookChange::AddSecret("fixture-secret-next".into());
+    engine.handle().change_webhook(subscription.id, change).wait().unwrap();
     enqueue(&engine, json!({"type": "ship", "args": [{"city": "Rome"}], "schema": "urn:ship:v1"}));
     engine.close_without_snapshot();
     let _ = std::fs::remove_file(dir.join("LOCK"));
@@ -289,6 +296,14 @@ fn schemas_v5_data_dir_still_opens() {
     let ship = engine.handle().schema("urn:ship:v1").unwrap();
     assert!(ship.check_args(r#"[{"city":"Oslo"}]"#).is_ok());
     assert_eq!(ship.check_args(r#"[{"street":"x"}]"#).unwrap_err()[0].keyword, "required");
+    let [subscription] = image.webhooks.as_slice() else { panic!("one subscription") };
+    assert_eq!(
+        (subscription.url.as_str(), subscription.secret.as_str()),
+        ("https://hooks.example.com/svc", "fixture-secret-0123")
+    );
+    let rotation = subscription.rotation.as_ref().expect("the rotation is kept");
+    assert_eq!((rotation.next_secret.as_str(), rotation.expires_at), ("fixture-secret-next", START + 24 * 3_600_000));
+    assert!(subscription.takes("job.completed", Some("mail"), Some("ship")));
     engine.close();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
         .arg("inspect")

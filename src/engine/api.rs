@@ -80,6 +80,22 @@ pub enum EngineError {
     CronLimit {
         max_entries: usize,
     },
+    /// No webhook subscription has this id.
+    WebhookNotFound {
+        id: JobId,
+    },
+    /// As many webhook subscriptions exist as the server allows.
+    WebhookLimit {
+        max_webhooks: usize,
+    },
+    /// A new secret was added while another rotation is still going.
+    RotationInProgress {
+        id: JobId,
+    },
+    /// No rotation is going: there is no previous secret to drop.
+    NoRotation {
+        id: JobId,
+    },
     /// No schema is registered under this URI.
     SchemaNotFound {
         uri: String,
@@ -206,6 +222,14 @@ impl std::fmt::Display for EngineError {
                 write!(f, "{max_entries} cron entries are registered, the most this server allows")
             }
             EngineError::SchemaNotFound { uri } => write!(f, "schema {uri} not found"),
+            EngineError::WebhookNotFound { id } => write!(f, "webhook subscription sub_{id} not found"),
+            EngineError::WebhookLimit { max_webhooks } => {
+                write!(f, "{max_webhooks} webhook subscriptions exist, the most this server allows")
+            }
+            EngineError::RotationInProgress { .. } => {
+                write!(f, "a secret rotation is in progress: drop the previous secret before adding another")
+            }
+            EngineError::NoRotation { .. } => write!(f, "no secret rotation is in progress"),
             EngineError::SchemaExists { uri } => {
                 write!(f, "schema {uri} is already registered; schemas do not change (delete it first)")
             }

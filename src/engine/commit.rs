@@ -38,6 +38,7 @@ pub(crate) struct ViewDelta {
     pub workflows: Vec<(JobId, Option<Arc<super::workflow_table::Workflow>>)>,
     pub queues: Vec<(String, Option<QueueSummary>)>,
     pub schemas: Vec<(String, Option<Arc<crate::schema::SchemaEntry>>)>,
+    pub webhooks: Vec<(JobId, Option<Arc<crate::webhook::Subscription>>)>,
     pub events: Vec<Event>,
 }
 
@@ -48,6 +49,9 @@ impl ViewDelta {
         }
         if !self.crons.is_empty() {
             view.publish_crons(self.crons.into_iter());
+        }
+        if !self.webhooks.is_empty() {
+            view.publish_webhooks(self.webhooks.into_iter());
         }
         if !self.schemas.is_empty() {
             view.publish_schemas(self.schemas.into_iter());

@@ -17,6 +17,7 @@ use crate::clock::Clock;
 use crate::cron::CronDefinition;
 use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob};
 use crate::schema::SchemaEntry;
+use crate::webhook::Subscription;
 use crate::workflow::WorkflowDefinition;
 
 /// A command on its way; await it, or `wait()` for it from synchronous code.
@@ -246,6 +247,34 @@ impl EngineHandle {
     /// Registered schemas by URI after `after`, and whether more follow.
     pub fn schemas_page(&self, after: Option<&str>, limit: usize) -> (Vec<Arc<SchemaEntry>>, bool) {
         self.view.schemas_page(after, limit)
+    }
+
+    /// Creates a webhook subscription.
+    pub fn create_webhook(
+        &self,
+        subscription: crate::webhook::subscription::NewSubscription,
+    ) -> Pending<Arc<Subscription>> {
+        self.submit(super::webhooks::CreateWebhook { subscription })
+    }
+
+    /// Changes a webhook subscription (fields, or its secrets).
+    pub fn change_webhook(&self, id: JobId, change: super::webhooks::WebhookChange) -> Pending<Arc<Subscription>> {
+        self.submit(super::webhooks::ChangeWebhook { id, change })
+    }
+
+    /// Deletes a webhook subscription.
+    pub fn delete_webhook(&self, id: JobId) -> Pending<Arc<Subscription>> {
+        self.submit(super::webhooks::DeleteWebhook { id })
+    }
+
+    /// A webhook subscription, as of the last commit.
+    pub fn webhook(&self, id: JobId) -> Option<Arc<Subscription>> {
+        self.view.webhook(id)
+    }
+
+    /// Webhook subscriptions in creation order after `after`, and whether more follow.
+    pub fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<Subscription>>, bool) {
+        self.view.webhooks_page(after, limit)
     }
 
     /// Cron entries by name, as of the last commit.

@@ -40,6 +40,8 @@ pub struct StateImage {
     pub workflows: Vec<Arc<super::workflow_table::Workflow>>,
     /// Registered schemas by URI.
     pub schemas: Vec<Arc<crate::schema::SchemaEntry>>,
+    /// Webhook subscriptions by id.
+    pub webhooks: Vec<Arc<crate::webhook::Subscription>>,
 }
 
 impl StateImage {
@@ -47,6 +49,7 @@ impl StateImage {
     pub fn sort_jobs(&mut self) {
         self.jobs.sort_unstable_by_key(|job| job.id);
         self.workflows.sort_unstable_by_key(|workflow| workflow.id);
+        self.webhooks.sort_unstable_by_key(|subscription| subscription.id);
     }
 
     /// The snapshot payload: the image with its jobs in id order.
@@ -121,6 +124,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 dispatch_claims: Vec::new(),
                 workflows: Vec::new(),
                 schemas: Vec::new(),
+                webhooks: Vec::new(),
             })
         }
         2 => {
@@ -137,6 +141,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 dispatch_claims: Vec::new(),
                 workflows: Vec::new(),
                 schemas: Vec::new(),
+                webhooks: Vec::new(),
             })
         }
         3 => {
@@ -153,6 +158,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 dispatch_claims: Vec::new(),
                 workflows: Vec::new(),
                 schemas: Vec::new(),
+                webhooks: Vec::new(),
             })
         }
         4 => {
@@ -179,6 +185,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 dispatch_claims,
                 workflows,
                 schemas: Vec::new(),
+                webhooks: Vec::new(),
             })
         }
         IMAGE_VERSION => postcard::from_bytes(bytes).map_err(|error| error.to_string()),

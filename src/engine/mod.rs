@@ -22,6 +22,7 @@ mod registry;
 pub mod requests;
 mod state;
 mod view;
+mod webhooks;
 pub mod workers;
 mod workflow_table;
 mod workflows;
@@ -43,6 +44,7 @@ pub use state::Retention;
 #[doc(hidden)]
 pub use state::State;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
+pub use webhooks::WebhookChange;
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
 pub use workflow_table::{Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState};
 

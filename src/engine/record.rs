@@ -190,6 +190,15 @@ pub enum Record {
         at: Millis,
         uri: String,
     },
+    /// A webhook subscription created or changed, whole.
+    WebhookPut {
+        at: Millis,
+        subscription: Arc<crate::webhook::Subscription>,
+    },
+    WebhookDelete {
+        at: Millis,
+        id: JobId,
+    },
 }
 
 impl Record {
@@ -233,6 +242,8 @@ impl Record {
             Record::WorkflowPrune { .. } => "workflow_prune",
             Record::SchemaPut { .. } => "schema_put",
             Record::SchemaDelete { .. } => "schema_delete",
+            Record::WebhookPut { .. } => "webhook_put",
+            Record::WebhookDelete { .. } => "webhook_delete",
         }
     }
 
@@ -248,6 +259,8 @@ impl Record {
             | Record::WorkflowPrune { at, .. }
             | Record::SchemaPut { at, .. }
             | Record::SchemaDelete { at, .. }
+            | Record::WebhookPut { at, .. }
+            | Record::WebhookDelete { at, .. }
             | Record::Claim { at, .. }
             | Record::Ack { at, .. }
             | Record::Fail { at, .. }

@@ -282,6 +282,9 @@ sealed!(
     CancelWorkflow,
     RegisterSchema,
     DeleteSchema,
+    super::webhooks::CreateWebhook,
+    super::webhooks::ChangeWebhook,
+    super::webhooks::DeleteWebhook,
 );
 
 /// Registers a schema compiled by the caller (`schema::parse_registration`);

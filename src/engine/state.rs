@@ -145,6 +145,10 @@ pub struct State {
     pub(crate) schemas: BTreeMap<String, Arc<crate::schema::SchemaEntry>>,
     /// Schemas registered or removed since the view was last updated.
     dirty_schemas: Vec<String>,
+    /// Webhook subscriptions by id, shared with the read view.
+    pub(crate) webhooks: BTreeMap<JobId, Arc<crate::webhook::Subscription>>,
+    /// Subscriptions changed since the view was last updated.
+    dirty_webhooks: Vec<JobId>,
 }
 
 /// A record that does not fit the state (a damaged or foreign log).
@@ -181,6 +185,8 @@ impl State {
             ended_in_workflow: Vec::new(),
             schemas: BTreeMap::new(),
             dirty_schemas: Vec::new(),
+            webhooks: BTreeMap::new(),
+            dirty_webhooks: Vec::new(),
         };
         state.queues.insert("default".to_string(), QueueState::default());
         state
@@ -263,6 +269,12 @@ impl State {
     pub fn take_dirty_schemas(&mut self) -> Vec<(String, Option<Arc<crate::schema::SchemaEntry>>)> {
         let uris = std::mem::take(&mut self.dirty_schemas);
         uris.into_iter().map(|uri| (uri.clone(), self.schemas.get(&uri).cloned())).collect()
+    }
+
+    /// Subscriptions changed since the last call, as they are now.
+    pub fn take_dirty_webhooks(&mut self) -> Vec<(JobId, Option<Arc<crate::webhook::Subscription>>)> {
+        let ids = std::mem::take(&mut self.dirty_webhooks);
+        ids.into_iter().map(|id| (id, self.webhooks.get(&id).cloned())).collect()
     }
 
     /// Live jobs holding `key`, oldest first.
@@ -572,6 +584,17 @@ impl State {
             Record::SchemaDelete { uri, .. } => {
                 self.schemas.remove(uri).ok_or_else(|| ApplyError(format!("record deletes unknown schema {uri}")))?;
                 self.dirty_schemas.push(uri.clone());
+                Ok(())
+            }
+            Record::WebhookPut { subscription, .. } => {
+                self.ids.observe(subscription.id);
+                self.dirty_webhooks.push(subscription.id);
+                self.webhooks.insert(subscription.id, subscription.clone());
+                Ok(())
+            }
+            Record::WebhookDelete { id, .. } => {
+                self.webhooks.remove(id).ok_or_else(|| ApplyError(format!("record deletes unknown webhook {id}")))?;
+                self.dirty_webhooks.push(*id);
                 Ok(())
             }
             Record::QueuePause { at, queue, paused } => {
@@ -950,6 +973,7 @@ impl State {
             .collect();
         let workflows = self.workflows.values().cloned().collect();
         let schemas = self.schemas.values().cloned().collect();
+        let webhooks = self.webhooks.values().cloned().collect();
         StateImage {
             jobs,
             paused_queues,
@@ -961,6 +985,7 @@ impl State {
             dispatch_claims,
             workflows,
             schemas,
+            webhooks,
         }
     }
 
@@ -1000,6 +1025,11 @@ impl State {
             }
             state.dirty_workflows.insert(workflow.id);
             state.workflows.insert(workflow.id, workflow);
+        }
+        for subscription in image.webhooks {
+            state.ids.observe(subscription.id);
+            state.dirty_webhooks.push(subscription.id);
+            state.webhooks.insert(subscription.id, subscription);
         }
         for entry in image.schemas {
             state.dirty_schemas.push(entry.uri.clone());

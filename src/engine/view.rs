@@ -128,6 +128,8 @@ pub struct ReadView {
     workflows: RwLock<crate::job::JobIdMap<Arc<Workflow>>>,
     /// Registered schemas by URI.
     schemas: RwLock<std::collections::BTreeMap<String, Arc<SchemaEntry>>>,
+    /// Webhook subscriptions by id (creation order).
+    webhooks: RwLock<std::collections::BTreeMap<JobId, Arc<crate::webhook::Subscription>>>,
     /// Why the engine accepts no more writes: 0 while it does, else an
     /// [`EngineFailure`] as `1 + its index`.
     failure: AtomicU8,
@@ -166,6 +168,7 @@ impl Default for ReadView {
             crons: RwLock::new(std::collections::BTreeMap::new()),
             workflows: RwLock::new(crate::job::JobIdMap::default()),
             schemas: RwLock::new(std::collections::BTreeMap::new()),
+            webhooks: RwLock::new(std::collections::BTreeMap::new()),
             failure: AtomicU8::new(0),
             disk_full: AtomicBool::new(false),
         }
@@ -277,6 +280,32 @@ impl ReadView {
             match entry {
                 Some(entry) => schemas.insert(uri, entry),
                 None => schemas.remove(&uri),
+            };
+        }
+    }
+
+    /// Up to `limit` subscriptions after `after` (creation order), and whether more follow.
+    pub fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<crate::webhook::Subscription>>, bool) {
+        use std::ops::Bound;
+        let webhooks = self.webhooks.read();
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        take_page(webhooks.range((start, Bound::Unbounded)).map(|(_, subscription)| subscription), limit)
+    }
+
+    pub fn webhook(&self, id: JobId) -> Option<Arc<crate::webhook::Subscription>> {
+        self.webhooks.read().get(&id).cloned()
+    }
+
+    /// Writer only: publishes changed subscriptions (`None` removes).
+    pub(crate) fn publish_webhooks(
+        &self,
+        changes: impl Iterator<Item = (JobId, Option<Arc<crate::webhook::Subscription>>)>,
+    ) {
+        let mut webhooks = self.webhooks.write();
+        for (id, subscription) in changes {
+            match subscription {
+                Some(subscription) => webhooks.insert(id, subscription),
+                None => webhooks.remove(&id),
             };
         }
     }

@@ -392,6 +392,7 @@ impl Writer {
         let jobs = self.state.take_dirty().into_iter().map(|id| (id, self.state.job(id).cloned())).collect();
         let queues = self.state.take_dirty_queues();
         let schemas = self.state.take_dirty_schemas();
+        let webhooks = self.state.take_dirty_webhooks();
         let mut events = Vec::with_capacity(pending.len());
         for (time, kind, job) in pending {
             let job = match job {
@@ -407,7 +408,7 @@ impl Writer {
             let event_id = self.event_ids.next(time, rand::random());
             events.push(Event { seq: self.event_seq, id: EventId(event_id), time, kind, job });
         }
-        ViewDelta { jobs, workers, crons, workflows, queues, schemas, events }
+        ViewDelta { jobs, workers, crons, workflows, queues, schemas, webhooks, events }
     }
 
     /// Starts a new segment and takes the state's image as of that boundary.

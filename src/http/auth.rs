@@ -49,10 +49,34 @@ impl Role {
                 matches!(self, Role::Admin | Role::Producer)
             }
             Fetch | Ack | Nack | AckById(_) | FailById(_) | Heartbeat => matches!(self, Role::Admin | Role::Worker),
-            CancelWorkflow(_) | Queues | QueueStats(_) | PauseQueue(..) | Events | Workers | Worker(_)
-            | ForgetWorker(_) | SignalWorker(..) | DeadLetter | DeadLetterRetry(_) | DeadLetterDelete(_) | Crons
-            | RegisterCron | GetCron(_) | PatchCron(_) | DeleteCron(_) | Schemas | RegisterSchema | GetSchema(_)
-            | DeleteSchema(_) => self == Role::Admin,
+            CancelWorkflow(_)
+            | Queues
+            | QueueStats(_)
+            | PauseQueue(..)
+            | Events
+            | Workers
+            | Worker(_)
+            | ForgetWorker(_)
+            | SignalWorker(..)
+            | DeadLetter
+            | DeadLetterRetry(_)
+            | DeadLetterDelete(_)
+            | Crons
+            | RegisterCron
+            | GetCron(_)
+            | PatchCron(_)
+            | DeleteCron(_)
+            | Schemas
+            | RegisterSchema
+            | GetSchema(_)
+            | DeleteSchema(_)
+            | Webhooks
+            | CreateWebhook
+            | GetWebhook(_)
+            | PatchWebhook(_)
+            | DeleteWebhook(_)
+            | AddWebhookSecret(_)
+            | DropPreviousWebhookSecret(_) => self == Role::Admin,
         }
     }
 }

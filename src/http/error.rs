@@ -183,6 +183,16 @@ impl From<EngineError> for ApiError {
                 ApiError::new("conflict", message).detail("reason", "limit").detail("limit", max_entries)
             }
             EngineError::SchemaNotFound { uri } => ApiError::not_found("schema", uri),
+            EngineError::WebhookNotFound { id } => ApiError::not_found("webhook", format!("sub_{id}")),
+            EngineError::WebhookLimit { max_webhooks } => {
+                ApiError::new("conflict", message).detail("reason", "limit").detail("limit", max_webhooks)
+            }
+            EngineError::RotationInProgress { id } => ApiError::new("conflict", message)
+                .detail("reason", "rotation_in_progress")
+                .detail("subscription_id", format!("sub_{id}")),
+            EngineError::NoRotation { id } => ApiError::new("conflict", message)
+                .detail("reason", "no_rotation")
+                .detail("subscription_id", format!("sub_{id}")),
             EngineError::SchemaExists { uri } => ApiError::new("duplicate", message).detail("uri", uri),
             EngineError::SchemaLimit { max_schemas } => {
                 ApiError::new("conflict", message).detail("reason", "limit").detail("limit", max_schemas)

@@ -51,5 +51,12 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::RegisterSchema => super::schemas::register(app, &body).await,
         Route::GetSchema(uri) => super::schemas::get(app, &uri),
         Route::DeleteSchema(uri) => super::schemas::delete(app, &uri).await,
+        Route::Webhooks => super::webhooks::list(app, query),
+        Route::CreateWebhook => super::webhooks::create(app, &body).await,
+        Route::GetWebhook(id) => super::webhooks::get(app, &id),
+        Route::PatchWebhook(id) => super::webhooks::patch(app, &id, &body).await,
+        Route::DeleteWebhook(id) => super::webhooks::delete(app, &id).await,
+        Route::AddWebhookSecret(id) => super::webhooks::add_secret(app, &id, &body).await,
+        Route::DropPreviousWebhookSecret(id) => super::webhooks::drop_previous_secret(app, &id).await,
     }
 }

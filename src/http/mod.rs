@@ -20,6 +20,7 @@ mod queues;
 pub mod rate_limit;
 mod router;
 mod schemas;
+mod webhooks;
 pub mod wire;
 mod workers;
 mod workflows;
@@ -62,6 +63,8 @@ pub struct AppState {
     browser_guard: Option<auth::BrowserGuard>,
     /// `GET /metrics` needs no key.
     pub metrics_public: bool,
+    /// Webhook URLs may name loopback and private addresses.
+    pub webhooks_allow_private_targets: bool,
 }
 
 impl AppState {
@@ -77,6 +80,7 @@ impl AppState {
             key_windows: Vec::new(),
             browser_guard: None,
             metrics_public: false,
+            webhooks_allow_private_targets: false,
         }
     }
 

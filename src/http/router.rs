@@ -48,6 +48,13 @@ pub enum Route {
     RegisterSchema,
     GetSchema(String),
     DeleteSchema(String),
+    Webhooks,
+    CreateWebhook,
+    GetWebhook(String),
+    PatchWebhook(String),
+    DeleteWebhook(String),
+    AddWebhookSecret(String),
+    DropPreviousWebhookSecret(String),
 }
 
 impl Route {
@@ -103,6 +110,13 @@ impl Route {
             RegisterSchema => (39, "POST", "/svc/v1/schemas"),
             GetSchema(_) => (40, "GET", "/svc/v1/schemas/{uri}"),
             DeleteSchema(_) => (41, "DELETE", "/svc/v1/schemas/{uri}"),
+            Webhooks => (42, "GET", "/svc/v1/webhooks"),
+            CreateWebhook => (43, "POST", "/svc/v1/webhooks"),
+            GetWebhook(_) => (44, "GET", "/svc/v1/webhooks/{id}"),
+            PatchWebhook(_) => (45, "PATCH", "/svc/v1/webhooks/{id}"),
+            DeleteWebhook(_) => (46, "DELETE", "/svc/v1/webhooks/{id}"),
+            AddWebhookSecret(_) => (47, "POST", "/svc/v1/webhooks/{id}/secrets"),
+            DropPreviousWebhookSecret(_) => (48, "DELETE", "/svc/v1/webhooks/{id}/secrets/previous"),
         }
     }
 
@@ -154,14 +168,32 @@ impl Route {
             RegisterSchema,
             GetSchema(id()),
             DeleteSchema(id()),
+            Webhooks,
+            CreateWebhook,
+            GetWebhook(id()),
+            PatchWebhook(id()),
+            DeleteWebhook(id()),
+            AddWebhookSecret(id()),
+            DropPreviousWebhookSecret(id()),
         ]
     }
 }
 
 /// Second spellings the router also takes: (method, path, the route's template).
 #[cfg(test)]
-const ALIASES: [(&str, &str, &str); 2] =
-    [("POST", "/svc/v1/jobs/fetch", "/svc/v1/workers/fetch"), ("GET", "/health", "/svc/v1/health")];
+const ALIASES: [(&str, &str, &str); 11] = [
+    ("POST", "/svc/v1/jobs/fetch", "/svc/v1/workers/fetch"),
+    ("GET", "/health", "/svc/v1/health"),
+    ("GET", "/svc/v1/webhooks/subscriptions", "/svc/v1/webhooks"),
+    ("POST", "/svc/v1/webhooks/subscriptions", "/svc/v1/webhooks"),
+    ("GET", "/svc/v1/webhooks/subscriptions/{id}", "/svc/v1/webhooks/{id}"),
+    ("PATCH", "/svc/v1/webhooks/subscriptions/{id}", "/svc/v1/webhooks/{id}"),
+    ("DELETE", "/svc/v1/webhooks/subscriptions/{id}", "/svc/v1/webhooks/{id}"),
+    ("POST", "/svc/v1/webhooks/subscriptions/{id}/secrets", "/svc/v1/webhooks/{id}/secrets"),
+    ("POST", "/svc/v1/webhooks/{id}/rotate-secret", "/svc/v1/webhooks/{id}/secrets"),
+    ("POST", "/svc/v1/webhooks/subscriptions/{id}/rotate-secret", "/svc/v1/webhooks/{id}/secrets"),
+    ("DELETE", "/svc/v1/webhooks/subscriptions/{id}/secrets/previous", "/svc/v1/webhooks/{id}/secrets/previous"),
+];
 
 /// The metrics label of a request no route takes (the index is below
 /// `metrics::ROUTES_MAX`, after every route's).
@@ -232,6 +264,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
             (Method::PATCH, Route::PatchCron(decoded(name))),
             (Method::DELETE, Route::DeleteCron(decoded(name))),
         ],
+        ["svc", "v1", "webhooks", rest @ ..] => webhook_choices(rest),
         ["svc", "v1", "schemas"] => vec![(Method::GET, Route::Schemas), (Method::POST, Route::RegisterSchema)],
         // A schema URI may hold `/` (`https://…`): the rest of the path is the URI.
         ["svc", "v1", "schemas", rest @ ..] if !rest.concat().is_empty() => {
@@ -256,6 +289,29 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
             error.headers.push((hyper::header::ALLOW, allow));
             Err(error)
         }
+    }
+}
+
+/// The webhook routes, under `/svc/v1/webhooks` or its alias
+/// `/svc/v1/webhooks/subscriptions`.
+fn webhook_choices(rest: &[&str]) -> Vec<(Method, Route)> {
+    let rest = match rest {
+        ["subscriptions", tail @ ..] => tail,
+        _ => rest,
+    };
+    let id = |segment: &str| percent_decode(segment);
+    match rest {
+        [] => vec![(Method::GET, Route::Webhooks), (Method::POST, Route::CreateWebhook)],
+        [raw] if !raw.is_empty() => vec![
+            (Method::GET, Route::GetWebhook(id(raw))),
+            (Method::PATCH, Route::PatchWebhook(id(raw))),
+            (Method::DELETE, Route::DeleteWebhook(id(raw))),
+        ],
+        [raw, "secrets" | "rotate-secret"] if !raw.is_empty() => vec![(Method::POST, Route::AddWebhookSecret(id(raw)))],
+        [raw, "secrets", "previous"] if !raw.is_empty() => {
+            vec![(Method::DELETE, Route::DropPreviousWebhookSecret(id(raw)))]
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -338,7 +394,8 @@ mod tests {
             assert_eq!(routed.template(), sample.template(), "{method} {path}");
         }
         for (method, path, template) in ALIASES {
-            assert_eq!(route(&method.parse().unwrap(), path).unwrap().template().2, template);
+            let path = path.replace("{id}", "x");
+            assert_eq!(route(&method.parse().unwrap(), &path).unwrap().template().2, template);
         }
     }
 

@@ -1,0 +1,123 @@
+//! The webhook subscription endpoints (docs/api.md, "Webhooks"), under
+//! `/svc/v1/webhooks` and its alias `/svc/v1/webhooks/subscriptions`.
+//! Secrets go in and never come out.
+
+use bytes::Bytes;
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::{AppState, Reply};
+use crate::engine::WebhookChange;
+use crate::job::JobId;
+use crate::job::time::format_timestamp;
+use crate::webhook::Subscription;
+use crate::webhook::subscription::{parse_secret_body, parse_subscription, parse_subscription_patch};
+
+/// `sub_<uuidv7>`.
+pub fn subscription_id(id: JobId) -> String {
+    format!("sub_{id}")
+}
+
+/// A path id that is not `sub_<uuidv7>` names no subscription: 404.
+fn parse_id(text: &str) -> Result<JobId, ApiError> {
+    text.strip_prefix("sub_").and_then(JobId::parse_any_case).ok_or_else(|| ApiError::not_found("webhook", text))
+}
+
+/// The subscription object, as it stands now: never a secret.
+pub fn render_subscription(subscription: &Subscription, now: crate::clock::Millis) -> Value {
+    let settled = subscription.settled(now);
+    let mut out = json!({
+        "id": subscription_id(settled.id),
+        "url": settled.url,
+        "events": settled.events,
+        "active": settled.active,
+        "metadata": serde_json::from_str::<Value>(&settled.metadata).unwrap_or_else(|_| json!({})),
+        "created_at": format_timestamp(settled.created_at),
+        "updated_at": format_timestamp(settled.updated_at),
+    });
+    if let Some(filter) = &settled.filter {
+        let mut rendered = json!({});
+        if let Some(queues) = &filter.queues {
+            rendered["queues"] = json!(queues);
+        }
+        if let Some(job_types) = &filter.job_types {
+            rendered["job_types"] = json!(job_types);
+        }
+        out["filter"] = rendered;
+    }
+    if let Some(rotation) = &settled.rotation {
+        out["secret_rotation"] = json!({
+            "started_at": format_timestamp(rotation.started_at),
+            "previous_expires_at": format_timestamp(rotation.expires_at),
+        });
+    }
+    out
+}
+
+fn now(app: &AppState) -> crate::clock::Millis {
+    crate::clock::Clock::now_ms(app.engine.clock().as_ref())
+}
+
+fn subscription_body(app: &AppState, subscription: &Subscription) -> String {
+    json!({"subscription": render_subscription(subscription, now(app))}).to_string()
+}
+
+pub async fn create(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
+    let new = parse_subscription(body, app.webhooks_allow_private_targets)?;
+    let subscription = app.engine.create_webhook(new).outcome().await?;
+    Ok(Reply::ok(subscription_body(app, &subscription))
+        .with_status(StatusCode::CREATED)
+        .header(hyper::header::LOCATION, format!("/svc/v1/webhooks/{}", subscription_id(subscription.id))))
+}
+
+pub fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+    let pairs = query_pairs(query);
+    let limit = page_limit(&pairs)?;
+    let after =
+        match query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()) {
+            None => None,
+            Some(cursor) => {
+                let text = decode_cursor(cursor)?;
+                Some(JobId::parse_any_case(&text).ok_or_else(|| {
+                    ApiError::invalid_request(Some("cursor"), "cursor is not one this server gave out")
+                })?)
+            }
+        };
+    let (page, has_more) = app.engine.webhooks_page(after, limit);
+    let cursor = if has_more { page.last().map(|last| Value::from(encode_cursor(&last.id.to_string()))) } else { None };
+    let now = now(app);
+    let subscriptions: Vec<Value> = page.iter().map(|subscription| render_subscription(subscription, now)).collect();
+    Ok(Reply::ok(json!({"subscriptions": subscriptions, "cursor": cursor, "has_more": has_more}).to_string()))
+}
+
+pub fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let subscription = app.engine.webhook(parse_id(id)?).ok_or_else(|| ApiError::not_found("webhook", id))?;
+    Ok(Reply::ok(subscription_body(app, &subscription)))
+}
+
+pub async fn patch(app: &AppState, id: &str, body: &Bytes) -> Result<Reply, ApiError> {
+    let id = parse_id(id)?;
+    let patch = parse_subscription_patch(body, app.webhooks_allow_private_targets)?;
+    let subscription = app.engine.change_webhook(id, WebhookChange::Patch(patch)).outcome().await?;
+    Ok(Reply::ok(subscription_body(app, &subscription)))
+}
+
+pub async fn delete(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let subscription = app.engine.delete_webhook(parse_id(id)?).outcome().await?;
+    Ok(Reply::ok(json!({"deleted": true, "id": subscription_id(subscription.id)}).to_string()))
+}
+
+pub async fn add_secret(app: &AppState, id: &str, body: &Bytes) -> Result<Reply, ApiError> {
+    let id = parse_id(id)?;
+    let secret = parse_secret_body(body)?;
+    let subscription = app.engine.change_webhook(id, WebhookChange::AddSecret(secret)).outcome().await?;
+    Ok(Reply::ok(subscription_body(app, &subscription)))
+}
+
+pub async fn drop_previous_secret(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = parse_id(id)?;
+    let subscription = app.engine.change_webhook(id, WebhookChange::DropPreviousSecret).outcome().await?;
+    Ok(Reply::ok(subscription_body(app, &subscription)))
+}

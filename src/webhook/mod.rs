@@ -1,0 +1,11 @@
+//! Webhooks (docs/api.md, "Webhooks"): subscriptions to events, and what a
+//! delivery needs that does not depend on the engine: the address guard and
+//! the signature.
+
+pub mod guard;
+pub mod signature;
+pub mod subscription;
+
+pub use guard::{AddressClass, classify};
+pub use signature::sign;
+pub use subscription::{Rotation, Subscription, SubscriptionFilter};
