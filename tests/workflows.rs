@@ -158,6 +158,25 @@ fn a_failed_or_cancelled_step_fails_the_chain_and_cancels_the_rest() {
     assert_eq!(failed["steps"][0]["state"], "available", "a step already started runs on");
 }
 
+/// A step's timeout fails the chain in the same turn in which a later,
+/// still waiting step expires: the cancelled step stays cancelled.
+#[test]
+fn a_step_cancelled_by_a_timeout_is_not_expired_in_the_same_turn() {
+    let flow = Flow::new();
+    let created = flow.create(json!({"type": "chain", "steps": [
+        {"type": "a", "options": {"queue": "t", "timeout_ms": 1000, "retry": {"max_attempts": 1}}},
+        {"type": "b", "options": {"queue": "t", "expires_at": "+PT2S"}}]}));
+    flow.take("t");
+    flow.server.advance(&flow.clock, 5000);
+    let failed = flow.get(&created["id"]);
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["steps"][1]["state"], "cancelled", "{failed}");
+    let second = failed["steps"][1]["job_id"].as_str().unwrap().to_string();
+    assert_eq!(flow.server.job(&second)["state"], "cancelled");
+    let flow = flow.restart();
+    assert_eq!(flow.server.job(&second)["state"], "cancelled", "replay agrees");
+}
+
 #[test]
 fn a_group_ends_when_every_job_has() {
     let flow = Flow::new();

@@ -737,8 +737,13 @@ impl State {
         Ok(())
     }
 
+    /// Jobs whose time came. A job an earlier record of the same turn moved
+    /// on (a chain step cancelled by its chain's failure) is left as it is.
     fn apply_promote(&mut self, at: Millis, ids: &[JobId]) -> Result<(), ApplyError> {
         for id in ids {
+            if !self.jobs.get(id).is_some_and(|job| matches!(job.state, JobState::Scheduled | JobState::Retryable)) {
+                continue;
+            }
             self.update(*id, |job| {
                 job.state = JobState::Available;
                 job.enqueued_at = Some(at);
@@ -748,8 +753,16 @@ impl State {
         Ok(())
     }
 
+    /// Unclaimed jobs past `expires_at`; as for promotions, a job that an
+    /// earlier record of the turn ended or claimed is left as it is.
     fn apply_expire(&mut self, at: Millis, ids: &[JobId], events: &mut EventSink) -> Result<(), ApplyError> {
         for id in ids {
+            let waiting = |job: &Job| {
+                matches!(job.state, JobState::Scheduled | JobState::Retryable | JobState::Available | JobState::Pending)
+            };
+            if !self.jobs.get(id).is_some_and(|job| waiting(job)) {
+                continue;
+            }
             self.update(*id, |job| {
                 let report = FailureReport::server("expired", "the job expired before a worker claimed it");
                 job.state = JobState::Discarded;
