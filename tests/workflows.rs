@@ -177,6 +177,27 @@ fn a_step_cancelled_by_a_timeout_is_not_expired_in_the_same_turn() {
     assert_eq!(flow.server.job(&second)["state"], "cancelled", "replay agrees");
 }
 
+/// A member sent back from the dead letter listing runs on its own: the
+/// workflow's cancel leaves it alone.
+#[test]
+fn cancelling_a_workflow_leaves_a_member_retried_from_the_dead_letter_listing() {
+    let flow = Flow::new();
+    let retry = json!({"max_attempts": 1, "on_exhaustion": "dead_letter"});
+    let created = flow.create(json!({"type": "group", "jobs": [
+        {"type": "a", "options": {"queue": "g", "retry": retry}},
+        {"type": "b", "options": {"queue": "slow"}}]}));
+    let first = flow.take("g");
+    flow.fail(&first);
+    let id = first["id"].as_str().unwrap();
+    assert_eq!(flow.server.job(id)["state"], "discarded");
+    assert_eq!(flow.server.post(&format!("/svc/v1/dead-letter/{id}/retry"), json!({})).status, 200);
+    assert_eq!(flow.get(&created["id"])["state"], "running", "b has not ended");
+    assert_eq!(flow.server.delete(&format!("/svc/v1/workflows/{}", created["id"].as_str().unwrap())).status, 200);
+    assert_eq!(flow.server.job(id)["state"], "available", "the retried job runs on");
+    let second = flow.get(&created["id"])["jobs"][1]["job_id"].as_str().unwrap().to_string();
+    assert_eq!(flow.server.job(&second)["state"], "cancelled");
+}
+
 #[test]
 fn a_group_ends_when_every_job_has() {
     let flow = Flow::new();

@@ -137,11 +137,20 @@ impl State {
         if workflow.state.is_terminal() {
             return Err(ApplyError(format!("record cancels workflow {id}, which has ended")));
         }
+        // A job whose end the workflow already recorded is no longer its to
+        // cancel: one sent back from the dead letter listing runs on its own.
         let live: Vec<JobId> = workflow
             .members
             .iter()
+            .filter(|member| member.outcome.is_none())
             .map(|member| member.job_id)
-            .chain(workflow.callbacks.iter().filter(|callback| callback.fired).map(|callback| callback.job.id))
+            .chain(
+                workflow
+                    .callbacks
+                    .iter()
+                    .filter(|callback| callback.fired && callback.outcome.is_none())
+                    .map(|callback| callback.job.id),
+            )
             .filter(|job| self.job(*job).is_some_and(|job| !job.state.is_terminal()))
             .collect();
         self.end_workflow(id, at, WorkflowState::Cancelled, None);
