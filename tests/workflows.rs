@@ -198,6 +198,21 @@ fn cancelling_a_workflow_leaves_a_member_retried_from_the_dead_letter_listing() 
     assert_eq!(flow.server.job(&second)["state"], "cancelled");
 }
 
+/// Two members with one unique key: the workflow would cancel its own
+/// member, so it is refused whatever the policy.
+#[test]
+fn two_members_with_one_unique_key_refuse_the_creation() {
+    let flow = Flow::new();
+    let unique = json!({"key": ["0"], "on_conflict": "replace"});
+    let body = json!({"type": "group", "jobs": [
+        {"type": "u", "args": [1], "options": {"queue": "u", "unique": unique}},
+        {"type": "u", "args": [1], "options": {"queue": "u", "unique": unique}}]});
+    let refused = flow.server.post("/svc/v1/workflows", body);
+    assert_eq!((refused.status, refused.error_code()), (409, "duplicate"), "{}", refused.body);
+    assert_eq!(refused.body["error"]["details"]["index"], 1);
+    assert!(flow.server.fetch(&["u"], 10).is_empty(), "nothing stored");
+}
+
 #[test]
 fn a_group_ends_when_every_job_has() {
     let flow = Flow::new();

@@ -46,7 +46,13 @@ impl State {
             let mut job = self.admit(now, new_job, Some(index), &mut seen, entropy, !starts_now)?;
             // A workflow cannot adopt a job it did not make: `reject` and
             // `ignore` both refuse the creation; `replace` cancels the holders.
+            // Nor can it cancel a member of its own: two members with one key
+            // refuse the creation, whatever the policy.
             if let Some((on_conflict, holders)) = self.unique_holders(&job, now, &jobs, &replaced) {
+                let own = holders.iter().find(|holder| jobs.iter().any(|member| member.id == **holder));
+                if let Some(own) = own {
+                    return Err(self.unique_conflict(&job, *own, &jobs, Some(index)));
+                }
                 if on_conflict != OnConflict::Replace {
                     return Err(self.unique_conflict(&job, holders[0], &jobs, Some(index)));
                 }
