@@ -38,6 +38,8 @@ pub enum ServerError {
     Runtime(std::io::Error),
     /// The write-ahead log failed; restart to recover.
     StorageFailed,
+    /// The webhook settings cannot be used (an unreadable CA bundle).
+    Webhooks(String),
 }
 
 impl fmt::Display for ServerError {
@@ -46,6 +48,7 @@ impl fmt::Display for ServerError {
             ServerError::Storage(error) => write!(f, "cannot open the data dir: {error}"),
             ServerError::Bind(address, error) => write!(f, "cannot listen on {address}: {error}"),
             ServerError::Runtime(error) => write!(f, "cannot start the runtime: {error}"),
+            ServerError::Webhooks(problem) => write!(f, "webhooks: {problem}"),
             ServerError::StorageFailed => f.write_str(
                 "the engine accepts no more writes (the log failed, or the engine stopped); restart to recover",
             ),
@@ -125,6 +128,7 @@ impl Drop for RunningServer {
 /// Opens the engine, binds, and serves on a background thread.
 pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServer, ServerError> {
     let runtime = build_runtime()?;
+    let client = webhook_client(config)?;
     let engine = Engine::open(engine_config).map_err(ServerError::Storage)?;
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
@@ -139,7 +143,7 @@ pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServ
     let thread = std::thread::Builder::new()
         .name("svc-server".into())
         .spawn(move || {
-            let app = Arc::new(app_state(engine.handle().clone(), timeout, &app_config));
+            let app = Arc::new(app_state(engine.handle().clone(), timeout, &app_config, client));
             let outcome = runtime.block_on(serve(listener, app, controls, grace, max_connections));
             engine.close();
             outcome
@@ -151,6 +155,7 @@ pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServ
 /// Runs `svc serve` in the foreground until SIGTERM or SIGINT.
 pub fn run(config: &Config) -> Result<(), ServerError> {
     let runtime = build_runtime()?;
+    let client = webhook_client(config)?;
     let engine = Engine::open(engine_config(config)).map_err(ServerError::Storage)?;
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
@@ -158,7 +163,7 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     tracing::info!(address = %addr, data_dir = %config.data_dir.display(), "svc listening");
     let timeout = Duration::from_millis(config.request_timeout_ms);
-    let app = Arc::new(app_state(engine.handle().clone(), timeout, config));
+    let app = Arc::new(app_state(engine.handle().clone(), timeout, config, client));
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let outcome = runtime.block_on(async {
         let (control, controls) = mpsc::unbounded_channel();
@@ -171,7 +176,21 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
 }
 
 /// The handlers' shared state; `rate_limit` is (requests, window in seconds).
-fn app_state(engine: crate::engine::EngineHandle, timeout: Duration, config: &Config) -> AppState {
+/// The client webhook attempts go out through, as the config sets it up.
+fn webhook_client(config: &Config) -> Result<crate::webhook::client::DeliveryClient, ServerError> {
+    crate::webhook::client::DeliveryClient::new(
+        config.webhooks_allow_private_targets,
+        config.webhooks_extra_ca_file.as_deref(),
+    )
+    .map_err(ServerError::Webhooks)
+}
+
+fn app_state(
+    engine: crate::engine::EngineHandle,
+    timeout: Duration,
+    config: &Config,
+    client: crate::webhook::client::DeliveryClient,
+) -> AppState {
     let app = AppState::new(engine, timeout);
     let app = match config.rate_limit {
         Some((requests, window_s)) => app.with_rate_limit(requests, window_s),
@@ -180,6 +199,7 @@ fn app_state(engine: crate::engine::EngineHandle, timeout: Duration, config: &Co
     let mut app = app.with_keys(config.api_keys.clone());
     app.metrics_public = config.metrics_public;
     app.webhooks_allow_private_targets = config.webhooks_allow_private_targets;
+    app.webhook_client = Some(client);
     // A server bound beyond loopback without keys sits behind a proxy that
     // authenticates (`--insecure-no-auth`), whose host names it cannot know.
     if config.binds_loopback_only() { app.with_browser_guard(&config.listen) } else { app }

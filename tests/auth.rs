@@ -28,7 +28,7 @@ fn start(dir: &std::path::Path, rate_limit: Option<(u64, u64)>) -> TestServer {
 }
 
 fn send(server: &TestServer, method: &str, path: &str, body: Option<&Value>, key: Option<&str>) -> (u16, Value) {
-    let client = reqwest::blocking::Client::new();
+    let client = common::http_client();
     let url = format!("{}{path}", server.base());
     let mut request = match method {
         "GET" => client.get(url),
@@ -178,7 +178,7 @@ fn every_route_asks_for_a_key_and_the_right_role() {
 fn a_401_names_the_scheme_and_no_answer_holds_key_material() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), None);
-    let response = reqwest::blocking::Client::new()
+    let response = common::http_client()
         .get(format!("{}/svc/v1/queues", server.base()))
         .header("authorization", format!("Bearer {ADMIN}x"))
         .send()
@@ -261,7 +261,7 @@ fn keys_come_from_the_file_the_environment_or_as_digests() {
 fn without_keys_requests_from_web_pages_and_other_hosts_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dir.path());
-    let client = reqwest::blocking::Client::new();
+    let client = common::http_client();
     let pause = format!("{}/svc/v1/queues/q/pause", server.base());
     let from_page = client.post(&pause).header("origin", "https://evil.example").send().unwrap();
     assert_eq!(from_page.status().as_u16(), 403);
@@ -299,7 +299,7 @@ fn key_material_and_job_contents_never_reach_the_log() {
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
     let listening = lines.by_ref().find(|line| line.contains("svc listening")).expect("server starts");
     let address = serde_json::from_str::<Value>(&listening).unwrap()["address"].as_str().unwrap().to_string();
-    let http = reqwest::blocking::Client::new();
+    let http = common::http_client();
     let secret_args = json!({"type": "t", "args": ["secret-arg-value"], "meta": {"m": "secret-meta-value"}});
     let created = http
         .post(format!("http://{address}/svc/v1/jobs"))

@@ -360,7 +360,7 @@ fn a_server_killed_right_after_a_catch_up_firing_does_not_fire_it_again() {
     engine.handle().cron_put(definition).wait().unwrap();
     engine.close_without_snapshot();
 
-    let client = reqwest::blocking::Client::new();
+    let client = common::http_client();
     let cron = |base: &str| -> Value {
         client.get(format!("{base}/svc/v1/cron/yearly")).send().unwrap().json::<Value>().unwrap()["cron"].clone()
     };

@@ -198,7 +198,7 @@ fn wait_ms_over_http_is_checked_and_waits_for_a_job() {
 
     let base = server.base.clone();
     let waiting = std::thread::spawn(move || {
-        let client = reqwest::blocking::Client::new();
+        let client = common::http_client();
         let started = std::time::Instant::now();
         let answer: serde_json::Value = client
             .post(format!("{base}/svc/v1/workers/fetch"))

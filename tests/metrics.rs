@@ -10,7 +10,7 @@ use svc::config::Config;
 use svc::http::auth::{ApiKey, Role};
 
 fn metrics_text(server: &TestServer, key: Option<&str>) -> (u16, String, String) {
-    let mut request = reqwest::blocking::Client::new().get(format!("{}/metrics", server.base()));
+    let mut request = common::http_client().get(format!("{}/metrics", server.base()));
     if let Some(key) = key {
         request = request.header("authorization", format!("Bearer {key}"));
     }

@@ -37,7 +37,7 @@ fn sigkill_under_load(env: &[(&str, &str)]) {
             let base = base.clone();
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+                let http = common::http_client_builder().timeout(Duration::from_secs(5)).build().unwrap();
                 // Until the server dies: a request that gets no answer ends the loop.
                 let post = |path: &str, body: Value| {
                     let sent = http
@@ -93,7 +93,7 @@ fn sigkill_under_load(env: &[(&str, &str)]) {
     );
 
     let (mut child, base) = spawn_server_with_env(dir.path(), env);
-    let http = reqwest::blocking::Client::new();
+    let http = common::http_client();
     let acked_set: HashSet<&String> = acked.iter().collect();
     for id in &enqueued {
         let response = http.get(format!("{base}/svc/v1/jobs/{id}")).send().unwrap();

@@ -75,7 +75,7 @@ fn sigterm_drains_and_exits_zero() {
         lines.by_ref().map_while(Result::ok).find(|line| line.contains("svc listening")).expect("server starts");
     let address =
         serde_json::from_str::<serde_json::Value>(&listening).unwrap()["address"].as_str().unwrap().to_string();
-    let http = reqwest::blocking::Client::new();
+    let http = common::http_client();
     let created = http
         .post(format!("http://{address}/svc/v1/jobs"))
         .header("content-type", "application/svc+json")

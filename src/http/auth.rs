@@ -76,7 +76,8 @@ impl Role {
             | PatchWebhook(_)
             | DeleteWebhook(_)
             | AddWebhookSecret(_)
-            | DropPreviousWebhookSecret(_) => self == Role::Admin,
+            | DropPreviousWebhookSecret(_)
+            | TestWebhook(_) => self == Role::Admin,
         }
     }
 }

@@ -65,6 +65,8 @@ pub struct AppState {
     pub metrics_public: bool,
     /// Webhook URLs may name loopback and private addresses.
     pub webhooks_allow_private_targets: bool,
+    /// Sends webhook attempts (the test event); `None` until the server sets it up.
+    pub webhook_client: Option<crate::webhook::client::DeliveryClient>,
 }
 
 impl AppState {
@@ -81,6 +83,7 @@ impl AppState {
             browser_guard: None,
             metrics_public: false,
             webhooks_allow_private_targets: false,
+            webhook_client: None,
         }
     }
 

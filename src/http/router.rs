@@ -55,6 +55,7 @@ pub enum Route {
     DeleteWebhook(String),
     AddWebhookSecret(String),
     DropPreviousWebhookSecret(String),
+    TestWebhook(String),
 }
 
 impl Route {
@@ -117,6 +118,7 @@ impl Route {
             DeleteWebhook(_) => (46, "DELETE", "/svc/v1/webhooks/{id}"),
             AddWebhookSecret(_) => (47, "POST", "/svc/v1/webhooks/{id}/secrets"),
             DropPreviousWebhookSecret(_) => (48, "DELETE", "/svc/v1/webhooks/{id}/secrets/previous"),
+            TestWebhook(_) => (49, "POST", "/svc/v1/webhooks/{id}/test"),
         }
     }
 
@@ -175,13 +177,15 @@ impl Route {
             DeleteWebhook(id()),
             AddWebhookSecret(id()),
             DropPreviousWebhookSecret(id()),
+            TestWebhook(id()),
         ]
     }
 }
 
 /// Second spellings the router also takes: (method, path, the route's template).
 #[cfg(test)]
-const ALIASES: [(&str, &str, &str); 11] = [
+const ALIASES: [(&str, &str, &str); 12] = [
+    ("POST", "/svc/v1/webhooks/subscriptions/{id}/test", "/svc/v1/webhooks/{id}/test"),
     ("POST", "/svc/v1/jobs/fetch", "/svc/v1/workers/fetch"),
     ("GET", "/health", "/svc/v1/health"),
     ("GET", "/svc/v1/webhooks/subscriptions", "/svc/v1/webhooks"),
@@ -308,6 +312,7 @@ fn webhook_choices(rest: &[&str]) -> Vec<(Method, Route)> {
             (Method::DELETE, Route::DeleteWebhook(id(raw))),
         ],
         [raw, "secrets" | "rotate-secret"] if !raw.is_empty() => vec![(Method::POST, Route::AddWebhookSecret(id(raw)))],
+        [raw, "test"] if !raw.is_empty() => vec![(Method::POST, Route::TestWebhook(id(raw)))],
         [raw, "secrets", "previous"] if !raw.is_empty() => {
             vec![(Method::DELETE, Route::DropPreviousWebhookSecret(id(raw)))]
         }

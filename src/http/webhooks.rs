@@ -121,3 +121,58 @@ pub async fn drop_previous_secret(app: &AppState, id: &str) -> Result<Reply, Api
     let subscription = app.engine.change_webhook(id, WebhookChange::DropPreviousSecret).outcome().await?;
     Ok(Reply::ok(subscription_body(app, &subscription)))
 }
+
+/// The longest a test attempt may take, whatever the attempt timeout.
+const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `POST /webhooks/{id}/test`: one attempt of a `webhook.test` event, now,
+/// signed and guarded like a delivery; nothing is stored, nothing retried.
+pub async fn test(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let id = parse_id(id)?;
+    let subscription = app.engine.webhook(id).ok_or_else(|| ApiError::not_found("webhook", subscription_id(id)))?;
+    let client = app
+        .webhook_client
+        .as_ref()
+        .ok_or_else(|| ApiError::new("backend_error", "webhook deliveries are not set up on this server"))?;
+    let now = now(app);
+    let subscription = subscription.settled(now);
+    let (event_id, delivery_id) = {
+        let mut ids = app.request_ids.lock();
+        (ids.next(now, rand::random()), ids.next(now, rand::random()))
+    };
+    let event_id = format!("evt_{event_id}");
+    let delivery_id = format!("del_{delivery_id}");
+    let body = json!({
+        "specversion": "1.0",
+        "id": event_id,
+        "type": "webhook.test",
+        "source": "svc://svc/webhooks",
+        "time": format_timestamp(now),
+        "subject": subscription_id(id),
+        "datacontenttype": "application/json",
+        "data": {"subscription_id": subscription_id(id), "message": "test event"},
+    })
+    .to_string();
+    let attempt = crate::webhook::client::Attempt {
+        subscription: &subscription,
+        delivery_id: &delivery_id,
+        event_type: "webhook.test",
+        body: body.as_bytes(),
+        timestamp: now.div_euclid(1000),
+        timeout: TEST_TIMEOUT,
+    };
+    let outcome = client.send(attempt).await;
+    let mut answer = json!({
+        "success": outcome.succeeded(),
+        "response_time_ms": outcome.elapsed_ms,
+        "delivery_id": delivery_id,
+        "event_id": event_id,
+    });
+    if let Some(status) = outcome.status {
+        answer["status_code"] = status.into();
+    }
+    if let Some(error) = outcome.error {
+        answer["error"] = error.as_str().into();
+    }
+    Ok(Reply::ok(answer.to_string()))
+}

@@ -2,6 +2,7 @@
 //! delivery needs that does not depend on the engine: the address guard and
 //! the signature.
 
+pub mod client;
 pub mod guard;
 pub mod signature;
 pub mod subscription;

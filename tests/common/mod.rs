@@ -12,6 +12,18 @@ use svc::config::Config;
 use svc::engine::{EngineConfig, Entropy};
 use svc::server::{RunningServer, engine_config, start};
 
+/// The HTTP client tests talk to servers with. The build's `reqwest` can
+/// speak TLS (webhook deliveries use it) and needs a crypto provider chosen
+/// before any client is made: ring, as the deliveries use.
+pub fn http_client() -> Client {
+    http_client_builder().build().expect("a client builds")
+}
+
+pub fn http_client_builder() -> reqwest::blocking::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Client::builder()
+}
+
 pub struct TestServer {
     pub server: Option<RunningServer>,
     pub base: String,
@@ -48,7 +60,7 @@ impl TestServer {
     pub fn start_with(config: &Config, engine: EngineConfig) -> TestServer {
         let server = start(config, engine).expect("server starts");
         let base = format!("http://{}", server.addr);
-        TestServer { server: Some(server), base, client: Client::new() }
+        TestServer { server: Some(server), base, client: http_client() }
     }
 
     /// A server whose engine reads `clock` and checks its invariants after

@@ -1,0 +1,274 @@
+//! Webhook attempts against a real HTTPS receiver (a certificate made by
+//! the test, trusted through `webhooks.extra_ca_file`): the signature recipe
+//! and its headers, both signatures during a rotation, redirects refused,
+//! `429`, TLS failures and the address guard at attempt time.
+
+mod common;
+
+use common::{TestServer, config_for};
+use hmac::{KeyInit, Mac};
+use serde_json::{Value, json};
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use svc::server::engine_config;
+
+const SECRET: &str = "receiver-secret-0123456789";
+
+/// One request the receiver got.
+struct Received {
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+/// Responses to give, in order: (status, headers).
+type Answers = Arc<Mutex<VecDeque<(u16, Vec<(&'static str, String)>)>>>;
+
+/// An HTTPS server on 127.0.0.1 answering with the queued responses (then 200).
+struct Receiver {
+    port: u16,
+    ca_file: PathBuf,
+    received: Arc<Mutex<Vec<Received>>>,
+    answers: Answers,
+}
+
+impl Receiver {
+    fn start(dir: &Path) -> Receiver {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "svc test CA");
+        ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let leaf_key = rcgen::KeyPair::generate().unwrap();
+        let mut leaf_params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        leaf_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+        let ca_file = dir.join("receiver-ca.pem");
+        std::fs::write(&ca_file, ca.pem()).unwrap();
+
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+        let tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![leaf.der().clone()], key)
+            .unwrap();
+        let tls = Arc::new(tls);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let answers: Answers = Arc::default();
+        let (got, queued) = (received.clone(), answers.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let Ok(connection) = rustls::ServerConnection::new(tls.clone()) else { continue };
+                let mut stream = rustls::StreamOwned::new(connection, stream);
+                let Some(request) = read_request(&mut stream) else { continue };
+                got.lock().unwrap().push(request);
+                let (status, headers) = queued.lock().unwrap().pop_front().unwrap_or((200, Vec::new()));
+                let mut response = format!("HTTP/1.1 {status} X\r\nconnection: close\r\ncontent-length: 2\r\n");
+                for (name, value) in headers {
+                    response.push_str(&format!("{name}: {value}\r\n"));
+                }
+                response.push_str("\r\nok");
+                let _ = stream.write_all(response.as_bytes());
+                let _ = stream.flush();
+                stream.conn.send_close_notify();
+                let _ = stream.flush();
+            }
+        });
+        Receiver { port, ca_file, received, answers }
+    }
+
+    fn url(&self, host: &str) -> String {
+        format!("https://{host}:{}/hooks", self.port)
+    }
+
+    fn answer_next(&self, status: u16, headers: Vec<(&'static str, String)>) {
+        self.answers.lock().unwrap().push_back((status, headers));
+    }
+
+    fn count(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+}
+
+fn read_request(stream: &mut impl Read) -> Option<Received> {
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).ok()?;
+    let mut headers = HashMap::new();
+    loop {
+        let mut header = String::new();
+        reader.read_line(&mut header).ok()?;
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':')?;
+        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
+    }
+    let length: usize = headers.get("content-length")?.parse().ok()?;
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(Received { headers, body })
+}
+
+/// The receiver's side of the recipe: HMAC-SHA256 over "<timestamp>." + body.
+fn verify(secret: &str, timestamp: &str, body: &[u8], header: &str) -> bool {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let expected: String = mac.finalize().into_bytes().iter().map(|byte| format!("{byte:02x}")).collect();
+    header == format!("sha256={expected}")
+}
+
+fn server(dir: &Path, allow_private: bool, ca_file: Option<&Path>) -> TestServer {
+    let mut config = config_for(dir);
+    config.webhooks_allow_private_targets = allow_private;
+    config.webhooks_extra_ca_file = ca_file.map(Path::to_path_buf);
+    TestServer::start_with(&config, engine_config(&config))
+}
+
+fn subscribe(server: &TestServer, url: &str) -> String {
+    let created = server.post("/svc/v1/webhooks", json!({"url": url, "events": ["job.*"], "secret": SECRET}));
+    assert_eq!(created.status, 201, "{}", created.body);
+    created.body["subscription"]["id"].as_str().unwrap().to_string()
+}
+
+fn test_event(server: &TestServer, id: &str) -> Value {
+    let answer = server.post_raw(&format!("/svc/v1/webhooks/{id}/test"), "", None);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+#[test]
+fn a_test_event_is_signed_by_the_documented_recipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let server = server(&dir.path().join("svc"), true, Some(&receiver.ca_file));
+    let id = subscribe(&server, &receiver.url("127.0.0.1"));
+
+    let answer = test_event(&server, &id);
+    assert_eq!((answer["success"].as_bool(), answer["status_code"].as_u64()), (Some(true), Some(200)), "{answer}");
+    assert!(answer["delivery_id"].as_str().unwrap().starts_with("del_"));
+    let received = receiver.received.lock().unwrap();
+    let request = &received[0];
+    let headers = &request.headers;
+    let body: Value = serde_json::from_slice(&request.body).unwrap();
+    assert_eq!(body["type"], "webhook.test");
+    assert_eq!(body["id"], answer["event_id"]);
+    assert_eq!(body["data"], json!({"subscription_id": id, "message": "test event"}));
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(headers["x-svc-event-type"], "webhook.test");
+    assert_eq!(headers["x-svc-subscription-id"], id);
+    assert_eq!(headers["x-svc-delivery-id"], answer["delivery_id"].as_str().unwrap());
+    assert!(headers["user-agent"].starts_with("svc-webhooks/"));
+    // The receiver's checks: a signature over this timestamp and body, and a timestamp within 5 minutes.
+    let timestamp = &headers["x-svc-timestamp"];
+    assert!(verify(SECRET, timestamp, &request.body, &headers["x-svc-signature"]));
+    assert!(!verify("another-secret-0123456", timestamp, &request.body, &headers["x-svc-signature"]));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((now - timestamp.parse::<i64>().unwrap()).abs() <= 300, "the 5-minute rule");
+    assert!(!headers.contains_key("x-svc-signature-new"), "no rotation, no second signature");
+}
+
+#[test]
+fn during_a_rotation_both_secrets_sign() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let server = server(&dir.path().join("svc"), true, Some(&receiver.ca_file));
+    let id = subscribe(&server, &receiver.url("localhost"));
+    let next = "the-next-secret-0123456";
+    assert_eq!(server.post(&format!("/svc/v1/webhooks/{id}/secrets"), json!({"secret": next})).status, 200);
+    assert_eq!(test_event(&server, &id)["success"], true);
+    assert_eq!(server.delete(&format!("/svc/v1/webhooks/{id}/secrets/previous")).status, 200);
+    assert_eq!(test_event(&server, &id)["success"], true);
+
+    let received = receiver.received.lock().unwrap();
+    let (during, after) = (&received[0], &received[1]);
+    let timestamp = &during.headers["x-svc-timestamp"];
+    assert!(verify(SECRET, timestamp, &during.body, &during.headers["x-svc-signature"]), "the old secret still signs");
+    assert!(verify(next, timestamp, &during.body, &during.headers["x-svc-signature-new"]));
+    let timestamp = &after.headers["x-svc-timestamp"];
+    assert!(verify(next, timestamp, &after.body, &after.headers["x-svc-signature"]), "then the new one alone");
+    assert!(!after.headers.contains_key("x-svc-signature-new"));
+}
+
+#[test]
+fn redirects_are_not_followed_and_failures_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let server = server(&dir.path().join("svc"), true, Some(&receiver.ca_file));
+    let id = subscribe(&server, &receiver.url("127.0.0.1"));
+
+    receiver.answer_next(302, vec![("location", receiver.url("127.0.0.1") + "/elsewhere")]);
+    let redirected = test_event(&server, &id);
+    assert_eq!((redirected["success"].as_bool(), redirected["error"].as_str()), (Some(false), Some("redirect")));
+    assert_eq!(redirected["status_code"], 302);
+    assert_eq!(receiver.count(), 1, "the redirect was not followed");
+
+    receiver.answer_next(429, vec![("retry-after", "120".to_string())]);
+    let limited = test_event(&server, &id);
+    assert_eq!((limited["status_code"].as_u64(), limited["error"].as_str()), (Some(429), Some("http_status")));
+
+    receiver.answer_next(500, Vec::new());
+    assert_eq!(test_event(&server, &id)["status_code"], 500);
+
+    // Nobody listening.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("https://127.0.0.1:{}/x", closed.local_addr().unwrap().port());
+    drop(closed);
+    let dead_id = subscribe(&server, &dead);
+    let refused = test_event(&server, &dead_id);
+    assert_eq!((refused["success"].as_bool(), refused["error"].as_str()), (Some(false), Some("connection_failed")));
+    assert!(refused.get("status_code").is_none());
+}
+
+#[test]
+fn an_untrusted_certificate_fails_the_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let server = server(&dir.path().join("svc"), true, None);
+    let id = subscribe(&server, &receiver.url("127.0.0.1"));
+    let answer = test_event(&server, &id);
+    assert_eq!((answer["success"].as_bool(), answer["error"].as_str()), (Some(false), Some("tls_error")), "{answer}");
+    assert_eq!(receiver.count(), 0, "nothing was sent");
+}
+
+/// Subscriptions made while private targets were allowed, checked again at
+/// each attempt once they are not: an address in the URL, and a host name
+/// that resolves to a loopback address.
+#[test]
+fn the_guard_runs_again_at_every_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let data = dir.path().join("svc");
+    let server = server(&data, true, Some(&receiver.ca_file));
+    let literal = subscribe(&server, &receiver.url("127.0.0.1"));
+    let named = subscribe(&server, &receiver.url("localhost"));
+    let mapped = subscribe(&server, &format!("https://[::ffff:127.0.0.1]:{}/hooks", receiver.port));
+    assert_eq!(test_event(&server, &named)["success"], true);
+    server.stop();
+
+    let server = self::server(&data, false, Some(&receiver.ca_file));
+    let before = receiver.count();
+    for id in [&literal, &named, &mapped] {
+        let answer = test_event(&server, id);
+        assert_eq!(
+            (answer["success"].as_bool(), answer["error"].as_str()),
+            (Some(false), Some("blocked_address")),
+            "{id}"
+        );
+    }
+    assert_eq!(receiver.count(), before, "no connection was made");
+    assert_eq!(server.post_raw("/svc/v1/webhooks/sub_nope/test", "", None).status, 404);
+}
