@@ -65,6 +65,8 @@ pub struct Config {
     /// Extra CA certificates (PEM) webhook receivers are trusted by
     /// (`webhooks.extra_ca_file`).
     pub webhooks_extra_ca_file: Option<PathBuf>,
+    /// How long one delivery attempt may take (`webhooks.timeout_s`, 1 to 60).
+    pub webhooks_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -86,6 +88,7 @@ impl Default for Config {
             cron_entries_max: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
             webhooks_allow_private_targets: false,
             webhooks_extra_ca_file: None,
+            webhooks_timeout_ms: 30_000,
         }
     }
 }
@@ -119,6 +122,7 @@ struct MetricsSection {
 struct WebhooksSection {
     allow_private_targets: Option<bool>,
     extra_ca_file: Option<PathBuf>,
+    timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -281,6 +285,12 @@ impl Config {
             }
             if let Some(path) = webhooks.extra_ca_file {
                 self.webhooks_extra_ca_file = Some(path);
+            }
+            if let Some(seconds) = webhooks.timeout_s {
+                if !(1..=60).contains(&seconds) {
+                    return Err(format!("webhooks.timeout_s must be 1 to 60, not {seconds}"));
+                }
+                self.webhooks_timeout_ms = seconds * 1000;
             }
         }
         if let Some(auth) = file.auth {

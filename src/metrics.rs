@@ -48,6 +48,9 @@ pub struct Metrics {
     queue_jobs: IntGaugeVec,
     queue_paused: IntGaugeVec,
     workers: IntGaugeVec,
+    webhook_deliveries: IntCounterVec,
+    /// Webhook deliveries queued (engine thread sets it after each commit).
+    pub webhook_pending: IntGauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -173,6 +176,14 @@ impl Metrics {
         let queue_jobs = gauge_vec("svc_queue_jobs", "Jobs held by queue and state", &["queue", "state"]);
         let queue_paused = gauge_vec("svc_queue_paused", "1 while a queue is paused", &["queue"]);
         let workers = gauge_vec("svc_workers", "Workers in the registry by state", &["state"]);
+        let webhook_deliveries = counter_vec(
+            "svc_webhook_deliveries_total",
+            "Webhook delivery attempts and ends by result (success, failure, abandoned, blocked, dropped)",
+            &["result"],
+        );
+        let webhook_pending =
+            IntGauge::new("svc_webhook_pending", "Webhook deliveries queued").expect("a valid metric");
+        registry.register(Box::new(webhook_pending.clone())).expect("registered once");
         Metrics {
             registry,
             http_requests,
@@ -194,7 +205,14 @@ impl Metrics {
             queue_jobs,
             queue_paused,
             workers,
+            webhook_deliveries,
+            webhook_pending,
         }
+    }
+
+    /// Counts a webhook attempt's or delivery's `result` (a fixed set of values).
+    pub fn webhook_delivery(&self, result: &'static str) {
+        self.webhook_deliveries.with_label_values(&[result]).inc();
     }
 
     /// Counts one answered request: `route` is its index and template

@@ -68,7 +68,29 @@ pub fn engine_config(config: &Config) -> EngineConfig {
     engine.retention = config.retention;
     engine.defaults = config.jobs.clone();
     engine.cron_entries_max = config.cron_entries_max;
+    engine.delivery_timeout_ms = config.webhooks_timeout_ms as i64;
     engine
+}
+
+/// Connects the engine to a delivery pool: the engine hands it the
+/// deliveries whose attempts start; `spawn` runs it on the server's runtime.
+struct DeliveryPool {
+    batches: mpsc::UnboundedReceiver<Vec<Arc<crate::engine::outbox::Delivery>>>,
+    client: crate::webhook::client::DeliveryClient,
+    timeout: Duration,
+}
+
+impl DeliveryPool {
+    fn attach(engine: &mut EngineConfig, client: crate::webhook::client::DeliveryClient) -> DeliveryPool {
+        let (sink, batches) = mpsc::unbounded_channel();
+        engine.deliveries = Some(sink);
+        let timeout = Duration::from_millis(engine.delivery_timeout_ms.max(1) as u64);
+        DeliveryPool { batches, client, timeout }
+    }
+
+    fn spawn(self, runtime: &tokio::runtime::Runtime, engine: crate::engine::EngineHandle) {
+        runtime.spawn(crate::webhook::pool::run(self.batches, engine, self.client, self.timeout));
+    }
 }
 
 /// What the server is told from outside.
@@ -126,10 +148,12 @@ impl Drop for RunningServer {
 }
 
 /// Opens the engine, binds, and serves on a background thread.
-pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServer, ServerError> {
+pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<RunningServer, ServerError> {
     let runtime = build_runtime()?;
     let client = webhook_client(config)?;
+    let pool = DeliveryPool::attach(&mut engine_config, client.clone());
     let engine = Engine::open(engine_config).map_err(ServerError::Storage)?;
+    pool.spawn(&runtime, engine.handle().clone());
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
@@ -156,7 +180,10 @@ pub fn start(config: &Config, engine_config: EngineConfig) -> Result<RunningServ
 pub fn run(config: &Config) -> Result<(), ServerError> {
     let runtime = build_runtime()?;
     let client = webhook_client(config)?;
-    let engine = Engine::open(engine_config(config)).map_err(ServerError::Storage)?;
+    let mut settings = engine_config(config);
+    let pool = DeliveryPool::attach(&mut settings, client.clone());
+    let engine = Engine::open(settings).map_err(ServerError::Storage)?;
+    pool.spawn(&runtime, engine.handle().clone());
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;

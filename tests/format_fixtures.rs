@@ -261,7 +261,11 @@ fn register(engine: &Engine, body: serde_json::Value) {
 fn write_schemas_v5_fixture() {
     let dir = schemas_fixture_dir();
     let _ = std::fs::remove_dir_all(&dir);
-    let engine = Engine::open(config(&dir)).unwrap();
+    let mut settings = config(&dir);
+    // Deliveries are queued for a pool that never sends them.
+    let (sink, _unsent) = tokio::sync::mpsc::unbounded_channel();
+    settings.deliveries = Some(sink);
+    let engine = Engine::open(settings).unwrap();
     register(&engine, json!({"uri": "urn:city", "schema": {"type": "object", "required": ["city"]}}));
     register(
         &engine,
@@ -277,6 +281,8 @@ fn write_schemas_v5_fixture() {
     let subscription = engine.handle().create_webhook(new).wait().unwrap();
     let change = svc::engine::WebhookChange::AddSecret("fixture-secret-next".into());
     engine.handle().change_webhook(subscription.id, change).wait().unwrap();
+    enqueue(&engine, json!({"type": "mail.send", "args": ["delivered?"], "options": {"queue": "mail"}}));
+    engine.handle().tick().wait().unwrap();
     enqueue(&engine, json!({"type": "ship", "args": [{"city": "Rome"}], "schema": "urn:ship:v1"}));
     engine.close_without_snapshot();
     let _ = std::fs::remove_file(dir.join("LOCK"));
@@ -290,8 +296,8 @@ fn schemas_v5_data_dir_still_opens() {
     let image = engine.handle().image().wait().unwrap();
     let uris: Vec<&str> = image.schemas.iter().map(|entry| entry.uri.as_str()).collect();
     assert_eq!(uris, ["urn:later", "urn:ship:v1"], "registered in the snapshot and the log, one deleted");
-    assert_eq!(image.jobs.len(), 2);
-    assert!(image.jobs.iter().all(|job| job.schema() == Some("urn:ship:v1")));
+    assert_eq!(image.jobs.len(), 3);
+    assert_eq!(image.jobs.iter().filter(|job| job.schema() == Some("urn:ship:v1")).count(), 2);
     // The schema still checks jobs, through the document it referred to.
     let ship = engine.handle().schema("urn:ship:v1").unwrap();
     assert!(ship.check_args(r#"[{"city":"Oslo"}]"#).is_ok());
@@ -304,6 +310,11 @@ fn schemas_v5_data_dir_still_opens() {
     let rotation = subscription.rotation.as_ref().expect("the rotation is kept");
     assert_eq!((rotation.next_secret.as_str(), rotation.expires_at), ("fixture-secret-next", START + 24 * 3_600_000));
     assert!(subscription.takes("job.completed", Some("mail"), Some("ship")));
+    let [delivery] = image.deliveries.as_slice() else { panic!("one queued delivery") };
+    assert_eq!((delivery.subscription, delivery.event_type.as_str()), (subscription.id, "job.enqueued"));
+    assert_eq!(delivery.attempts, 1, "its attempt started before the fixture was closed");
+    let body: serde_json::Value = serde_json::from_str(&delivery.body).unwrap();
+    assert_eq!(body["data"]["queue"], "mail");
     engine.close();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
         .arg("inspect")

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{TestServer, config_for};
+use common::{TestServer, config_for, spawn_server_with_env};
 use hmac::{KeyInit, Mac};
 use serde_json::{Value, json};
 use std::collections::{HashMap, VecDeque};
@@ -29,6 +29,8 @@ type Answers = Arc<Mutex<VecDeque<(u16, Vec<(&'static str, String)>)>>>;
 /// An HTTPS server on 127.0.0.1 answering with the queued responses (then 200).
 struct Receiver {
     port: u16,
+    /// How long each answer waits (a slow receiver).
+    delay: Arc<Mutex<std::time::Duration>>,
     ca_file: PathBuf,
     received: Arc<Mutex<Vec<Received>>>,
     answers: Answers,
@@ -65,12 +67,15 @@ impl Receiver {
         let received = Arc::new(Mutex::new(Vec::new()));
         let answers: Answers = Arc::default();
         let (got, queued) = (received.clone(), answers.clone());
+        let delay = Arc::new(Mutex::new(std::time::Duration::ZERO));
+        let slow = delay.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
                 let Ok(connection) = rustls::ServerConnection::new(tls.clone()) else { continue };
                 let mut stream = rustls::StreamOwned::new(connection, stream);
                 let Some(request) = read_request(&mut stream) else { continue };
+                std::thread::sleep(*slow.lock().unwrap());
                 got.lock().unwrap().push(request);
                 let (status, headers) = queued.lock().unwrap().pop_front().unwrap_or((200, Vec::new()));
                 let mut response = format!("HTTP/1.1 {status} X\r\nconnection: close\r\ncontent-length: 2\r\n");
@@ -84,7 +89,7 @@ impl Receiver {
                 let _ = stream.flush();
             }
         });
-        Receiver { port, ca_file, received, answers }
+        Receiver { port, delay, ca_file, received, answers }
     }
 
     fn url(&self, host: &str) -> String {
@@ -271,4 +276,203 @@ fn the_guard_runs_again_at_every_attempt() {
     }
     assert_eq!(receiver.count(), before, "no connection was made");
     assert_eq!(server.post_raw("/svc/v1/webhooks/sub_nope/test", "", None).status, 404);
+}
+
+/// Waits (real time, bounded) until the receiver got `count` requests.
+fn wait_for(receiver: &Receiver, count: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while receiver.count() < count {
+        assert!(std::time::Instant::now() < deadline, "{} of {count} deliveries arrived", receiver.count());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A server on the manual clock that delivers to `receiver`.
+fn delivering_server(dir: &Path, receiver: &Receiver, clock: &svc::clock::ManualClock) -> TestServer {
+    let mut config = config_for(dir);
+    config.webhooks_allow_private_targets = true;
+    config.webhooks_extra_ca_file = Some(receiver.ca_file.clone());
+    let mut engine = engine_config(&config);
+    engine.clock = Arc::new(clock.clone());
+    TestServer::start_with(&config, engine)
+}
+
+fn events_of(receiver: &Receiver) -> Vec<(String, String)> {
+    receiver
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|request| (request.headers["x-svc-event-type"].clone(), request.headers["x-svc-delivery-id"].clone()))
+        .collect()
+}
+
+#[test]
+fn job_events_reach_the_subscriptions_that_take_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let server = delivering_server(&dir.path().join("svc"), &receiver, &clock);
+    let created = server.post(
+        "/svc/v1/webhooks",
+        json!({"url": receiver.url("127.0.0.1"), "events": ["job.*"], "secret": SECRET, "filter": {"queues": ["mail"]}}),
+    );
+    assert_eq!(created.status, 201);
+    let id = server.enqueue(json!({"type": "email.send", "args": ["a"], "options": {"queue": "mail"}}));
+    server.enqueue(json!({"type": "other", "args": [], "options": {"queue": "elsewhere"}}));
+    let claimed = server.fetch(&["mail"], 1);
+    assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": claimed[0]["id"]})).status, 200);
+    wait_for(&receiver, 3);
+    let mut types: Vec<String> = events_of(&receiver).into_iter().map(|(kind, _)| kind).collect();
+    types.sort();
+    assert_eq!(types, ["job.completed", "job.enqueued", "job.started"], "the filter kept the other queue out");
+    let received = receiver.received.lock().unwrap();
+    for request in received.iter() {
+        let body: Value = serde_json::from_slice(&request.body).unwrap();
+        assert_eq!(body["data"]["job_id"], id.as_str());
+        let timestamp = &request.headers["x-svc-timestamp"];
+        assert!(verify(SECRET, timestamp, &request.body, &request.headers["x-svc-signature"]));
+    }
+}
+
+#[test]
+fn failed_attempts_follow_the_schedule_and_keep_their_delivery_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let server = delivering_server(&dir.path().join("svc"), &receiver, &clock);
+    let body = json!({"url": receiver.url("127.0.0.1"), "events": ["queue.paused"], "secret": SECRET});
+    assert_eq!(server.post("/svc/v1/webhooks", body).status, 201);
+    receiver.answer_next(500, Vec::new());
+    receiver.answer_next(429, vec![("retry-after", "600".to_string())]);
+    receiver.answer_next(503, Vec::new());
+    assert_eq!(server.post("/svc/v1/queues/q/pause", json!({})).status, 200);
+    wait_for(&receiver, 1);
+
+    // Attempt 2 waits a minute after the first failure.
+    server.advance(&clock, 59_000);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(receiver.count(), 1, "not before its minute");
+    server.advance(&clock, 1_000);
+    wait_for(&receiver, 2);
+    // It got 429 with Retry-After 600 s, longer than the 5 minutes scheduled.
+    server.advance(&clock, 5 * 60_000);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(receiver.count(), 2, "Retry-After is honoured");
+    server.advance(&clock, 5 * 60_000);
+    wait_for(&receiver, 3);
+    // Then 30 minutes; the fourth attempt succeeds.
+    server.advance(&clock, 30 * 60_000);
+    wait_for(&receiver, 4);
+    let events = events_of(&receiver);
+    assert!(events.iter().all(|(kind, id)| kind == "queue.paused" && *id == events[0].1), "{events:?}");
+    let timestamps: Vec<i64> = receiver
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|request| request.headers["x-svc-timestamp"].parse().unwrap())
+        .collect();
+    assert_eq!(timestamps[3] - timestamps[0], 60 + 600 + 1800, "each attempt signed at its own time");
+    // Delivered: nothing more goes out.
+    server.advance(&clock, 48 * 3_600_000);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(receiver.count(), 4);
+}
+
+#[test]
+fn a_delivery_is_abandoned_after_its_eighth_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let server = delivering_server(&dir.path().join("svc"), &receiver, &clock);
+    let body = json!({"url": receiver.url("127.0.0.1"), "events": ["queue.*"], "secret": SECRET});
+    assert_eq!(server.post("/svc/v1/webhooks", body).status, 201);
+    for _ in 0..8 {
+        receiver.answer_next(500, Vec::new());
+    }
+    assert_eq!(server.post("/svc/v1/queues/q/pause", json!({})).status, 200);
+    wait_for(&receiver, 1);
+    for (attempt, delay_ms) in (2..=8).zip([60_000, 300_000, 1_800_000, 7_200_000, 28_800_000, 57_600_000, 86_400_000])
+    {
+        server.advance(&clock, delay_ms);
+        wait_for(&receiver, attempt);
+    }
+    // Abandoned: counted, and never sent again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let metrics = server.get_text("/metrics");
+        if metrics.contains("svc_webhook_deliveries_total{result=\"abandoned\"} 1") {
+            assert!(metrics.contains("svc_webhook_pending 0"), "{metrics}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    server.advance(&clock, 7 * 86_400_000);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(receiver.count(), 8);
+}
+
+/// A server killed (SIGKILL) while deliveries are queued and in flight
+/// delivers every event once it runs again: at least once, by delivery id.
+#[test]
+fn deliveries_survive_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    *receiver.delay.lock().unwrap() = std::time::Duration::from_millis(100);
+    let config = dir.path().join("svc.toml");
+    let settings = format!(
+        "[webhooks]\nallow_private_targets = true\ntimeout_s = 5\nextra_ca_file = \"{}\"\n",
+        receiver.ca_file.display()
+    );
+    std::fs::write(&config, settings).unwrap();
+    let data = dir.path().join("data");
+    let env = [("SVC_CONFIG", config.to_str().unwrap())];
+    let (mut child, base) = spawn_server_with_env(&data, &env);
+    let http = common::http_client();
+    let post = |base: &str, path: &str, body: Value| {
+        http.post(format!("{base}{path}"))
+            .header("content-type", "application/svc+json")
+            .body(body.to_string())
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let body = json!({"url": receiver.url("127.0.0.1"), "events": ["job.enqueued"], "secret": SECRET});
+    assert_eq!(post(&base, "/svc/v1/webhooks", body), 201);
+    let jobs: Vec<Value> = (0..20).map(|n| json!({"type": "crash.test", "args": [n]})).collect();
+    assert_eq!(
+        post(&base, "/svc/v1/jobs/batch", json!({"jobs": jobs})),
+        201,
+        "acknowledged: the deliveries are queued"
+    );
+    wait_for(&receiver, 2);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = receiver.count();
+    assert!(before < 20, "killed with deliveries left ({before} arrived)");
+
+    *receiver.delay.lock().unwrap() = std::time::Duration::ZERO;
+    let (mut child, _) = spawn_server_with_env(&data, &env);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let delivered: std::collections::HashSet<String> = events_of(&receiver).into_iter().map(|(_, id)| id).collect();
+        if delivered.len() == 20 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{} of 20 events delivered", delivered.len());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let arrived: Vec<Value> = receiver
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|request| serde_json::from_slice(&request.body).unwrap())
+        .collect();
+    assert!(arrived.iter().all(|event| event["type"] == "job.enqueued" && event["data"]["job_id"].is_string()));
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

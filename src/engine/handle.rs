@@ -267,6 +267,11 @@ impl EngineHandle {
         self.submit(super::webhooks::DeleteWebhook { id })
     }
 
+    /// Reports how a delivery attempt ended (the delivery pool).
+    pub fn delivery_outcome(&self, id: JobId, result: super::webhooks::AttemptResult) -> Pending<bool> {
+        self.submit(super::webhooks::DeliveryOutcome { id, result })
+    }
+
     /// A webhook subscription, as of the last commit.
     pub fn webhook(&self, id: JobId) -> Option<Arc<Subscription>> {
         self.view.webhook(id)

@@ -42,6 +42,8 @@ pub struct StateImage {
     pub schemas: Vec<Arc<crate::schema::SchemaEntry>>,
     /// Webhook subscriptions by id.
     pub webhooks: Vec<Arc<crate::webhook::Subscription>>,
+    /// Queued webhook deliveries by id.
+    pub deliveries: Vec<Arc<super::outbox::Delivery>>,
 }
 
 impl StateImage {
@@ -50,6 +52,7 @@ impl StateImage {
         self.jobs.sort_unstable_by_key(|job| job.id);
         self.workflows.sort_unstable_by_key(|workflow| workflow.id);
         self.webhooks.sort_unstable_by_key(|subscription| subscription.id);
+        self.deliveries.sort_unstable_by_key(|delivery| delivery.id);
     }
 
     /// The snapshot payload: the image with its jobs in id order.
@@ -125,6 +128,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 workflows: Vec::new(),
                 schemas: Vec::new(),
                 webhooks: Vec::new(),
+                deliveries: Vec::new(),
             })
         }
         2 => {
@@ -142,6 +146,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 workflows: Vec::new(),
                 schemas: Vec::new(),
                 webhooks: Vec::new(),
+                deliveries: Vec::new(),
             })
         }
         3 => {
@@ -159,6 +164,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 workflows: Vec::new(),
                 schemas: Vec::new(),
                 webhooks: Vec::new(),
+                deliveries: Vec::new(),
             })
         }
         4 => {
@@ -186,6 +192,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 workflows,
                 schemas: Vec::new(),
                 webhooks: Vec::new(),
+                deliveries: Vec::new(),
             })
         }
         IMAGE_VERSION => postcard::from_bytes(bytes).map_err(|error| error.to_string()),

@@ -16,6 +16,7 @@ mod inbox;
 #[doc(hidden)]
 pub mod inspect;
 mod legacy;
+pub mod outbox;
 #[doc(hidden)]
 pub mod record;
 mod registry;
@@ -44,7 +45,7 @@ pub use state::Retention;
 #[doc(hidden)]
 pub use state::State;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
-pub use webhooks::WebhookChange;
+pub use webhooks::{AttemptResult, WebhookChange};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
 pub use workflow_table::{Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState};
 
@@ -82,6 +83,11 @@ pub struct EngineConfig {
     pub check_invariants: bool,
     /// Where the engine counts what it does (shared with the HTTP front end).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Where attempts of webhook deliveries go (the server's delivery pool);
+    /// without one, events are not queued for subscriptions.
+    pub deliveries: Option<outbox::DeliverySink>,
+    /// How long one delivery attempt may take (`webhooks.timeout_s`).
+    pub delivery_timeout_ms: i64,
 }
 
 impl EngineConfig {
@@ -98,6 +104,8 @@ impl EngineConfig {
             cron_entries_max: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
             check_invariants: false,
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            deliveries: None,
+            delivery_timeout_ms: outbox::ATTEMPT_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -172,6 +180,8 @@ impl Engine {
             committer,
             parked: std::collections::VecDeque::new(),
             metrics: config.metrics,
+            deliveries: config.deliveries,
+            delivery_timeout_ms: config.delivery_timeout_ms,
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

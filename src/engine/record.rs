@@ -199,6 +199,31 @@ pub enum Record {
         at: Millis,
         id: JobId,
     },
+    /// Events queued for the subscriptions that take them, in the commit of
+    /// the change that caused them.
+    DeliveriesQueued {
+        at: Millis,
+        deliveries: Vec<Arc<super::outbox::Delivery>>,
+    },
+    /// Attempts starting: each delivery's count goes up before it is sent,
+    /// and it is not due again before `until` (the attempt's outcome comes
+    /// first, unless the attempt is lost with the process).
+    DeliveryStarted {
+        at: Millis,
+        ids: Vec<JobId>,
+        until: Millis,
+    },
+    /// A failed attempt: the delivery waits until `next_at`.
+    DeliveryRetry {
+        at: Millis,
+        id: JobId,
+        next_at: Millis,
+    },
+    /// Deliveries that ended: acknowledged, abandoned after their last attempt, or dropped.
+    DeliveriesDone {
+        at: Millis,
+        ids: Vec<JobId>,
+    },
 }
 
 impl Record {
@@ -244,6 +269,10 @@ impl Record {
             Record::SchemaDelete { .. } => "schema_delete",
             Record::WebhookPut { .. } => "webhook_put",
             Record::WebhookDelete { .. } => "webhook_delete",
+            Record::DeliveriesQueued { .. } => "deliveries_queued",
+            Record::DeliveryStarted { .. } => "delivery_started",
+            Record::DeliveryRetry { .. } => "delivery_retry",
+            Record::DeliveriesDone { .. } => "deliveries_done",
         }
     }
 
@@ -261,6 +290,10 @@ impl Record {
             | Record::SchemaDelete { at, .. }
             | Record::WebhookPut { at, .. }
             | Record::WebhookDelete { at, .. }
+            | Record::DeliveriesQueued { at, .. }
+            | Record::DeliveryStarted { at, .. }
+            | Record::DeliveryRetry { at, .. }
+            | Record::DeliveriesDone { at, .. }
             | Record::Claim { at, .. }
             | Record::Ack { at, .. }
             | Record::Fail { at, .. }

@@ -285,6 +285,7 @@ sealed!(
     super::webhooks::CreateWebhook,
     super::webhooks::ChangeWebhook,
     super::webhooks::DeleteWebhook,
+    super::webhooks::DeliveryOutcome,
 );
 
 /// Registers a schema compiled by the caller (`schema::parse_registration`);

@@ -149,6 +149,8 @@ pub struct State {
     pub(crate) webhooks: BTreeMap<JobId, Arc<crate::webhook::Subscription>>,
     /// Subscriptions changed since the view was last updated.
     dirty_webhooks: Vec<JobId>,
+    /// Webhook deliveries on their way.
+    pub(crate) outbox: super::outbox::Outbox,
 }
 
 /// A record that does not fit the state (a damaged or foreign log).
@@ -187,6 +189,7 @@ impl State {
             dirty_schemas: Vec::new(),
             webhooks: BTreeMap::new(),
             dirty_webhooks: Vec::new(),
+            outbox: super::outbox::Outbox::default(),
         };
         state.queues.insert("default".to_string(), QueueState::default());
         state
@@ -248,7 +251,10 @@ impl State {
     pub fn next_deadline(&self) -> Option<Millis> {
         let workflow =
             self.terminal_workflows.first().map(|(ended_at, _)| ended_at.saturating_add(self.retention.workflows_ms));
-        [self.timers.next_deadline(), self.crons.next_due(), workflow].into_iter().flatten().min()
+        [self.timers.next_deadline(), self.crons.next_due(), workflow, self.outbox.next_due()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn crons(&self) -> &CronTable {
@@ -590,11 +596,47 @@ impl State {
                 self.ids.observe(subscription.id);
                 self.dirty_webhooks.push(subscription.id);
                 self.webhooks.insert(subscription.id, subscription.clone());
+                // A paused subscription's queued deliveries are dropped.
+                if !subscription.active {
+                    self.outbox.drop_subscription(subscription.id);
+                }
                 Ok(())
             }
             Record::WebhookDelete { id, .. } => {
                 self.webhooks.remove(id).ok_or_else(|| ApplyError(format!("record deletes unknown webhook {id}")))?;
                 self.dirty_webhooks.push(*id);
+                self.outbox.drop_subscription(*id);
+                Ok(())
+            }
+            Record::DeliveriesQueued { deliveries, .. } => {
+                for delivery in deliveries {
+                    self.outbox.insert(delivery.clone()).map_err(ApplyError)?;
+                }
+                Ok(())
+            }
+            // A delivery dropped meanwhile (its subscription went) is skipped.
+            Record::DeliveryStarted { ids, until, .. } => {
+                for id in ids {
+                    if self.outbox.get(*id).is_some() {
+                        let change = |delivery: &mut super::outbox::Delivery| {
+                            delivery.attempts += 1;
+                            delivery.next_at = *until;
+                        };
+                        self.outbox.update(*id, change).map_err(ApplyError)?;
+                    }
+                }
+                Ok(())
+            }
+            Record::DeliveryRetry { id, next_at, .. } => {
+                if self.outbox.get(*id).is_some() {
+                    self.outbox.update(*id, |delivery| delivery.next_at = *next_at).map_err(ApplyError)?;
+                }
+                Ok(())
+            }
+            Record::DeliveriesDone { ids, .. } => {
+                for id in ids {
+                    self.outbox.remove(*id);
+                }
                 Ok(())
             }
             Record::QueuePause { at, queue, paused } => {
@@ -987,6 +1029,7 @@ impl State {
         let workflows = self.workflows.values().cloned().collect();
         let schemas = self.schemas.values().cloned().collect();
         let webhooks = self.webhooks.values().cloned().collect();
+        let deliveries = self.outbox.deliveries().cloned().collect();
         StateImage {
             jobs,
             paused_queues,
@@ -999,6 +1042,7 @@ impl State {
             workflows,
             schemas,
             webhooks,
+            deliveries,
         }
     }
 
@@ -1043,6 +1087,9 @@ impl State {
             state.ids.observe(subscription.id);
             state.dirty_webhooks.push(subscription.id);
             state.webhooks.insert(subscription.id, subscription);
+        }
+        for delivery in image.deliveries {
+            state.outbox.insert(delivery).map_err(|problem| format!("snapshot: {problem}"))?;
         }
         for entry in image.schemas {
             state.dirty_schemas.push(entry.uri.clone());

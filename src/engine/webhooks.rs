@@ -134,3 +134,53 @@ impl Request for DeleteWebhook {
         Ok(current)
     }
 }
+
+/// How a delivery attempt ended, as the delivery pool reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptResult {
+    /// The receiver answered 2xx.
+    Delivered,
+    /// Anything else; a 429's `Retry-After` in milliseconds.
+    Failed { retry_after_ms: Option<i64>, blocked: bool },
+    /// The subscription is gone: nothing was sent.
+    NoSubscription,
+}
+
+/// The outcome of one attempt: the delivery ends, or waits for its next
+/// attempt by the schedule, or is abandoned after its last.
+pub struct DeliveryOutcome {
+    pub id: JobId,
+    pub result: AttemptResult,
+}
+
+impl Request for DeliveryOutcome {
+    /// Whether the delivery was abandoned (its last attempt failed).
+    type Output = bool;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let now = turn.now;
+        // Dropped meanwhile (its subscription was deleted or paused): nothing to do.
+        let Some(delivery) = turn.state().outbox.get(self.id).cloned() else { return Ok(false) };
+        let done = Record::DeliveriesDone { at: now, ids: vec![self.id] };
+        match self.result {
+            AttemptResult::Delivered | AttemptResult::NoSubscription => turn.apply(done),
+            AttemptResult::Failed { retry_after_ms, .. } => {
+                match super::outbox::next_attempt_at(now, delivery.attempts, retry_after_ms) {
+                    Some(next_at) => turn.apply(Record::DeliveryRetry { at: now, id: self.id, next_at }),
+                    None => {
+                        tracing::error!(
+                            delivery_id = %format!("del_{}", delivery.id),
+                            subscription_id = %format!("sub_{}", delivery.subscription),
+                            event_type = %delivery.event_type,
+                            attempts = delivery.attempts,
+                            "webhook delivery abandoned after its last attempt"
+                        );
+                        turn.apply(done);
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+}

@@ -26,6 +26,7 @@ use super::view::ReadView;
 use super::workers::Contacts;
 use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
+use crate::job::JobId;
 use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
 use crate::storage::{FileSystem, StorageError, remove_obsolete, write_snapshot};
 
@@ -69,6 +70,9 @@ pub(crate) struct Writer {
     pub committer: Committer,
     /// Long-poll fetches waiting for work, oldest first.
     pub parked: std::collections::VecDeque<Box<dyn Parked>>,
+    /// Where delivery attempts go; `None`: events are not queued for webhooks.
+    pub deliveries: Option<super::outbox::DeliverySink>,
+    pub delivery_timeout_ms: i64,
 }
 
 /// The error of a write refused because the disk is full.
@@ -270,6 +274,11 @@ impl Writer {
                     Err(parked) => self.parked.push_back(parked),
                 }
             }
+            // Deliveries whose time came start their attempts (not while
+            // draining, nor with the disk full); they leave once counted.
+            if budget.is_none() && !self.draining && !stop {
+                self.start_deliveries(now, records, replies);
+            }
             // The caps on terminal jobs hold after every turn (with the disk
             // full, pruning waits: it frees memory, not disk).
             if budget.is_none()
@@ -325,11 +334,14 @@ impl Writer {
         if staged.is_empty() {
             return;
         }
-        let Staged { records, replies, mut events } = staged;
+        let Staged { mut records, replies, mut events } = staged;
+        let numbered = self.number_events(events.take());
+        self.queue_deliveries(&numbered, &mut records);
         self.metrics.commit_jobs.observe(records.len() as f64);
         let sequences = encode_sequences(&records);
         self.bytes_since_snapshot += sequences.iter().map(|sequence| sequence.len() as u64).sum::<u64>();
-        let delta = self.collect_delta(events.take());
+        self.metrics.webhook_pending.set(self.state.outbox.len() as i64);
+        let delta = self.collect_delta(numbered);
         self.committer.commit(&sequences, delta, replies);
     }
 
@@ -366,9 +378,105 @@ impl Writer {
         }
     }
 
-    /// Copies what changed since the last turn out of the state, and turns
-    /// the pending events into published ones.
-    fn collect_delta(&mut self, pending: Vec<(Millis, EventKind, JobRef)>) -> ViewDelta {
+    /// Gives the turn's events their ids and the jobs as they are now.
+    fn number_events(&mut self, pending: Vec<(Millis, EventKind, JobRef)>) -> Vec<Event> {
+        let mut events = Vec::with_capacity(pending.len());
+        for (time, kind, job) in pending {
+            let job = match job {
+                JobRef::Id(id) => match self.state.job(id) {
+                    Some(job) => Some(job.clone()),
+                    None => continue,
+                },
+                JobRef::Gone(job) => Some(job),
+                JobRef::None => None,
+            };
+            count_event(&self.metrics, time, &kind, job.as_deref());
+            self.event_seq += 1;
+            let event_id = self.event_ids.next(time, rand::random());
+            events.push(Event { seq: self.event_seq, id: EventId(event_id), time, kind, job });
+        }
+        events
+    }
+
+    /// Queues the turn's events for the subscriptions that take them, as a
+    /// record of the same commit (docs/api.md, "Deliveries").
+    fn queue_deliveries(&mut self, events: &[Event], records: &mut Vec<Record>) {
+        if self.deliveries.is_none() || events.is_empty() || self.state.webhooks.is_empty() {
+            return;
+        }
+        let subscriptions: Vec<_> = self.state.webhooks.values().filter(|s| s.active).cloned().collect();
+        let mut deliveries = Vec::new();
+        let mut queued: std::collections::HashMap<JobId, usize> = std::collections::HashMap::new();
+        for event in events {
+            let job = event.job.as_deref();
+            let (queue, job_type) = match (&event.kind, job) {
+                (EventKind::QueuePaused(queue) | EventKind::QueueResumed(queue), _) => (Some(queue.as_str()), None),
+                (_, Some(job)) => (Some(job.queue.as_str()), Some(job.payload.job_type.as_str())),
+                _ => (None, None),
+            };
+            let type_name = event.kind.type_name();
+            let mut body: Option<Arc<str>> = None;
+            for subscription in &subscriptions {
+                if !subscription.takes(type_name, queue, job_type) {
+                    continue;
+                }
+                let pending =
+                    self.state.outbox.pending_for(subscription.id) + queued.get(&subscription.id).copied().unwrap_or(0);
+                if pending >= super::outbox::PENDING_PER_SUBSCRIPTION_MAX {
+                    self.metrics.webhook_delivery("dropped");
+                    tracing::error!(
+                        subscription_id = %format!("sub_{}", subscription.id),
+                        event_type = type_name,
+                        "webhook delivery dropped: the subscription has as many deliveries queued as allowed"
+                    );
+                    continue;
+                }
+                *queued.entry(subscription.id).or_default() += 1;
+                let body = body.get_or_insert_with(|| Arc::from(crate::http::wire::render_event(event).to_string()));
+                deliveries.push(Arc::new(super::outbox::Delivery {
+                    id: self.event_ids.next(event.time, rand::random()),
+                    subscription: subscription.id,
+                    event_type: type_name.to_string(),
+                    body: body.clone(),
+                    attempts: 0,
+                    next_at: event.time,
+                }));
+            }
+        }
+        if deliveries.is_empty() {
+            return;
+        }
+        let at = events.last().map_or(0, |event| event.time);
+        let record = Record::DeliveriesQueued { at, deliveries };
+        self.state.apply(&record, &mut EventSink::disabled()).expect("queued deliveries apply");
+        records.push(record);
+    }
+
+    /// Starts the attempts of deliveries whose time came: counted durably
+    /// in this turn's commit, then handed to the delivery pool.
+    fn start_deliveries(&mut self, now: Millis, records: &mut Vec<Record>, replies: &mut Vec<Responder>) {
+        let Some(sink) = self.deliveries.clone() else { return };
+        let ids: Vec<JobId> =
+            self.state.outbox.due(now, &|_| false).take(super::outbox::ATTEMPTS_PER_TURN_MAX).collect();
+        if ids.is_empty() {
+            return;
+        }
+        let until = now + self.delivery_timeout_ms + super::outbox::ATTEMPT_LEASE_MARGIN_MS;
+        let record = Record::DeliveryStarted { at: now, ids: ids.clone(), until };
+        self.state.apply(&record, &mut EventSink::disabled()).expect("started deliveries apply");
+        records.push(record);
+        let batch: Vec<_> = ids.iter().filter_map(|id| self.state.outbox.get(*id).cloned()).collect();
+        replies.push(Box::new(move |failure| {
+            // Sent only once the attempts are counted on disk.
+            if failure.is_none() {
+                let _ = sink.send(batch);
+            }
+        }));
+    }
+
+    /// Copies what changed since the last turn out of the state, and
+    /// publishes the turn's events.
+    fn collect_delta(&mut self, events: Vec<Event>) -> ViewDelta {
         let workers = self
             .state
             .take_dirty_workers()
@@ -393,21 +501,6 @@ impl Writer {
         let queues = self.state.take_dirty_queues();
         let schemas = self.state.take_dirty_schemas();
         let webhooks = self.state.take_dirty_webhooks();
-        let mut events = Vec::with_capacity(pending.len());
-        for (time, kind, job) in pending {
-            let job = match job {
-                JobRef::Id(id) => match self.state.job(id) {
-                    Some(job) => Some(job.clone()),
-                    None => continue,
-                },
-                JobRef::Gone(job) => Some(job),
-                JobRef::None => None,
-            };
-            count_event(&self.metrics, time, &kind, job.as_deref());
-            self.event_seq += 1;
-            let event_id = self.event_ids.next(time, rand::random());
-            events.push(Event { seq: self.event_seq, id: EventId(event_id), time, kind, job });
-        }
         ViewDelta { jobs, workers, crons, workflows, queues, schemas, webhooks, events }
     }
 

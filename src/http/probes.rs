@@ -71,7 +71,7 @@ pub(super) fn error_catalog() -> Value {
 pub(super) const OPENAPI: &str = include_str!("../../docs/openapi.json");
 
 /// What this build implements (docs/api.md, "Discovery and probes"): levels
-/// 0 to 4 of the interface and the schema registry; webhooks are not built yet.
+/// 0 to 4 of the interface, the schema registry and webhooks.
 pub(super) fn manifest(app: &AppState) -> Value {
     json!({
         "specversion": SPEC_VERSION,
@@ -81,10 +81,10 @@ pub(super) fn manifest(app: &AppState) -> Value {
         "conformance": {"level": 4, "tier": "runtime"},
         "features": {
             "batch_enqueue": true, "dead_letter": true, "cron": true, "workflows": true,
-            "unique_jobs": true, "priority": true, "schemas": true, "webhooks": false,
+            "unique_jobs": true, "priority": true, "schemas": true, "webhooks": true,
             "events": true, "rate_limiting": true, "worker_signals": true
         },
-        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "dead-letter", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}, {"name": "cron", "version": "1.0.0"}, {"name": "unique-jobs", "version": "1.0.0"}, {"name": "workflows", "version": "1.0.0"}, {"name": "schema-registry", "version": "1.0.0"}],
+        "extensions": [{"name": "retry", "version": "1.0.0"}, {"name": "dead-letter", "version": "1.0.0"}, {"name": "events", "version": "1.0.0"}, {"name": "cron", "version": "1.0.0"}, {"name": "unique-jobs", "version": "1.0.0"}, {"name": "workflows", "version": "1.0.0"}, {"name": "schema-registry", "version": "1.0.0"}, {"name": "webhooks", "version": "1.0.0"}],
         "protocols": ["http"],
         "backend": "wal",
         "unique_job_strength": "strong",

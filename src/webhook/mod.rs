@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod guard;
+pub mod pool;
 pub mod signature;
 pub mod subscription;
 

@@ -106,6 +106,11 @@ impl TestServer {
         Self::answer(self.client.get(format!("{}{path}", self.base)).send().expect("request sent"))
     }
 
+    /// A body that is not JSON (`/metrics`).
+    pub fn get_text(&self, path: &str) -> String {
+        self.client.get(format!("{}{path}", self.base)).send().expect("request sent").text().expect("a text body")
+    }
+
     pub fn delete(&self, path: &str) -> Answer {
         Self::answer(self.client.delete(format!("{}{path}", self.base)).send().expect("request sent"))
     }

@@ -1,0 +1,192 @@
+//! The webhook outbox (docs/api.md, "Deliveries"): every event a
+//! subscription takes, queued durably in the same commit as the change that
+//! caused it, until the receiver acknowledges it or its attempts run out.
+//!
+//! Attempts are counted when they start (a `DeliveryStarted` record is
+//! durable before the request leaves), so a crash during an attempt counts
+//! it, and the delivery goes out again after the restart.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::clock::Millis;
+use crate::job::JobId;
+
+/// The most attempts of one delivery.
+pub const DELIVERY_ATTEMPTS_MAX: u32 = 8;
+/// The wait before attempt 2, 3, … 8, counted from the failure before it.
+pub const RETRY_DELAYS_MS: [i64; 7] =
+    [60_000, 5 * 60_000, 30 * 60_000, 2 * 3_600_000, 8 * 3_600_000, 16 * 3_600_000, 24 * 3_600_000];
+/// The longest `Retry-After` of a 429 that is honoured.
+pub const RETRY_AFTER_MAX_MS: i64 = 24 * 3_600_000;
+/// The most deliveries one subscription may have queued; newer ones are dropped.
+pub const PENDING_PER_SUBSCRIPTION_MAX: usize = 100_000;
+/// How long one attempt may take unless `webhooks.timeout_s` says otherwise.
+pub const ATTEMPT_TIMEOUT_MS_DEFAULT: i64 = 30_000;
+/// How much longer than its timeout an attempt keeps its delivery from
+/// being due again (an attempt lost with the process is retried then).
+pub const ATTEMPT_LEASE_MARGIN_MS: i64 = 5_000;
+/// The most attempts started in one turn (and so, at most, in flight per turn).
+pub const ATTEMPTS_PER_TURN_MAX: usize = 256;
+
+/// Where the engine hands deliveries whose attempt is starting (durably
+/// counted by then).
+pub type DeliverySink = tokio::sync::mpsc::UnboundedSender<Vec<Arc<Delivery>>>;
+
+/// One event on its way to one subscription.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// Shown as `del_<uuidv7>`; the same on every attempt.
+    pub id: JobId,
+    pub subscription: JobId,
+    /// The event's type, for the `X-SVC-Event-Type` header and the logs.
+    pub event_type: String,
+    /// The event envelope, serialised once: every attempt sends these bytes.
+    pub body: Arc<str>,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// When the next attempt may start.
+    pub next_at: Millis,
+}
+
+/// The deliveries the state holds, with their due order.
+#[derive(Debug, Clone, Default)]
+pub struct Outbox {
+    deliveries: BTreeMap<JobId, Arc<Delivery>>,
+    due: BTreeSet<(Millis, JobId)>,
+    per_subscription: HashMap<JobId, usize>,
+}
+
+impl Outbox {
+    pub fn len(&self) -> usize {
+        self.deliveries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.deliveries.is_empty()
+    }
+
+    pub fn get(&self, id: JobId) -> Option<&Arc<Delivery>> {
+        self.deliveries.get(&id)
+    }
+
+    /// How many deliveries a subscription has queued.
+    pub fn pending_for(&self, subscription: JobId) -> usize {
+        self.per_subscription.get(&subscription).copied().unwrap_or(0)
+    }
+
+    pub fn deliveries(&self) -> impl Iterator<Item = &Arc<Delivery>> {
+        self.deliveries.values()
+    }
+
+    pub fn insert(&mut self, delivery: Arc<Delivery>) -> Result<(), String> {
+        if self.deliveries.contains_key(&delivery.id) {
+            return Err(format!("delivery {} queued twice", delivery.id));
+        }
+        self.due.insert((delivery.next_at, delivery.id));
+        *self.per_subscription.entry(delivery.subscription).or_default() += 1;
+        self.deliveries.insert(delivery.id, delivery);
+        Ok(())
+    }
+
+    pub fn remove(&mut self, id: JobId) -> Option<Arc<Delivery>> {
+        let delivery = self.deliveries.remove(&id)?;
+        self.due.remove(&(delivery.next_at, id));
+        if let Some(count) = self.per_subscription.get_mut(&delivery.subscription) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_subscription.remove(&delivery.subscription);
+            }
+        }
+        Some(delivery)
+    }
+
+    /// Changes a delivery in place, keeping the due order right.
+    pub fn update(&mut self, id: JobId, change: impl FnOnce(&mut Delivery)) -> Result<(), String> {
+        let delivery = self.deliveries.get_mut(&id).ok_or_else(|| format!("unknown delivery {id}"))?;
+        self.due.remove(&(delivery.next_at, id));
+        change(Arc::make_mut(delivery));
+        self.due.insert((delivery.next_at, id));
+        Ok(())
+    }
+
+    /// Every delivery of a subscription, removed (it was deleted or paused).
+    pub fn drop_subscription(&mut self, subscription: JobId) -> usize {
+        if self.pending_for(subscription) == 0 {
+            return 0;
+        }
+        let ids: Vec<JobId> =
+            self.deliveries.values().filter(|delivery| delivery.subscription == subscription).map(|d| d.id).collect();
+        for id in &ids {
+            self.remove(*id);
+        }
+        ids.len()
+    }
+
+    /// Deliveries whose time came, earliest first, skipping `busy` ones.
+    pub fn due(&self, now: Millis, busy: &dyn Fn(JobId) -> bool) -> impl Iterator<Item = JobId> {
+        self.due.range(..=(now, JobId(u128::MAX))).map(|(_, id)| *id).filter(move |id| !busy(*id))
+    }
+
+    /// When the earliest delivery is due.
+    pub fn next_due(&self) -> Option<Millis> {
+        self.due.first().map(|(at, _)| *at)
+    }
+}
+
+/// When a failed attempt's delivery goes out again: the schedule's delay
+/// after `attempts` attempts, or a 429's longer `Retry-After` (capped);
+/// `None` when the attempts ran out.
+pub fn next_attempt_at(now: Millis, attempts: u32, retry_after_ms: Option<i64>) -> Option<Millis> {
+    if attempts >= DELIVERY_ATTEMPTS_MAX {
+        return None;
+    }
+    let scheduled = RETRY_DELAYS_MS[(attempts.max(1) - 1) as usize];
+    let wait = retry_after_ms.map_or(scheduled, |asked| asked.min(RETRY_AFTER_MAX_MS).max(scheduled));
+    Some(now.saturating_add(wait))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(id: u128, subscription: u128, next_at: Millis) -> Arc<Delivery> {
+        Arc::new(Delivery {
+            id: JobId(id),
+            subscription: JobId(subscription),
+            event_type: "job.completed".into(),
+            body: Arc::from("{}"),
+            attempts: 0,
+            next_at,
+        })
+    }
+
+    #[test]
+    fn the_schedule_is_the_documented_one_and_honours_a_longer_retry_after() {
+        let waits: Vec<i64> = (1..8).map(|attempts| next_attempt_at(0, attempts, None).unwrap()).collect();
+        assert_eq!(waits, RETRY_DELAYS_MS);
+        assert_eq!(RETRY_DELAYS_MS.iter().sum::<i64>(), (50 * 60 + 36) * 60_000, "50 h 36 min in all");
+        assert_eq!(next_attempt_at(0, 8, None), None, "eight attempts, then abandoned");
+        assert_eq!(next_attempt_at(0, 1, Some(1_000)), Some(60_000), "a shorter Retry-After does not hurry");
+        assert_eq!(next_attempt_at(0, 1, Some(600_000)), Some(600_000));
+        assert_eq!(next_attempt_at(0, 1, Some(i64::MAX)), Some(RETRY_AFTER_MAX_MS), "capped at 24 h");
+    }
+
+    #[test]
+    fn due_order_counts_and_dropping_a_subscription() {
+        let mut outbox = Outbox::default();
+        outbox.insert(delivery(1, 7, 30)).unwrap();
+        outbox.insert(delivery(2, 7, 10)).unwrap();
+        outbox.insert(delivery(3, 8, 20)).unwrap();
+        assert!(outbox.insert(delivery(3, 8, 20)).is_err());
+        let due: Vec<u128> = outbox.due(25, &|_| false).map(|id| id.0).collect();
+        assert_eq!(due, [2, 3]);
+        let not_busy: Vec<u128> = outbox.due(25, &|id| id.0 == 2).map(|id| id.0).collect();
+        assert_eq!(not_busy, [3]);
+        outbox.update(JobId(2), |d| d.next_at = 100).unwrap();
+        assert_eq!(outbox.next_due(), Some(20));
+        assert_eq!((outbox.pending_for(JobId(7)), outbox.drop_subscription(JobId(7))), (2, 2));
+        assert_eq!((outbox.len(), outbox.pending_for(JobId(7))), (1, 0));
+    }
+}

@@ -1,0 +1,82 @@
+//! The delivery pool (docs/api.md, "Deliveries"): takes the deliveries whose
+//! attempt the engine has counted, sends each on a bounded number of tasks,
+//! and reports how it went. It runs beside the HTTP front end, never on the
+//! engine thread: a slow or dead receiver holds a task, not a job operation.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::client::{Attempt, AttemptError, DeliveryClient};
+use crate::engine::outbox::Delivery;
+use crate::engine::{AttemptResult, EngineHandle};
+
+/// Attempts in flight at once, over every subscription.
+pub const CONCURRENCY: usize = 64;
+
+/// Runs until the engine drops its end of `batches`.
+pub async fn run(
+    mut batches: mpsc::UnboundedReceiver<Vec<Arc<Delivery>>>,
+    engine: EngineHandle,
+    client: DeliveryClient,
+    timeout: Duration,
+) {
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    while let Some(batch) = batches.recv().await {
+        for delivery in batch {
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
+            let (engine, client) = (engine.clone(), client.clone());
+            tokio::spawn(async move {
+                let result = attempt(&engine, &client, &delivery, timeout).await;
+                let metrics = engine.metrics().clone();
+                match result {
+                    AttemptResult::Delivered => metrics.webhook_delivery("success"),
+                    AttemptResult::Failed { blocked: true, .. } => metrics.webhook_delivery("blocked"),
+                    AttemptResult::Failed { .. } => metrics.webhook_delivery("failure"),
+                    AttemptResult::NoSubscription => metrics.webhook_delivery("dropped"),
+                }
+                if let Ok(true) = engine.delivery_outcome(delivery.id, result).outcome().await {
+                    metrics.webhook_delivery("abandoned");
+                }
+                drop(slot);
+            });
+        }
+    }
+}
+
+/// One attempt, signed with the subscription's secrets as they are now.
+async fn attempt(
+    engine: &EngineHandle,
+    client: &DeliveryClient,
+    delivery: &Delivery,
+    timeout: Duration,
+) -> AttemptResult {
+    let Some(subscription) = engine.webhook(delivery.subscription) else { return AttemptResult::NoSubscription };
+    let now = crate::clock::Clock::now_ms(engine.clock().as_ref());
+    let subscription = subscription.settled(now);
+    let delivery_id = format!("del_{}", delivery.id);
+    let outcome = client
+        .send(Attempt {
+            subscription: &subscription,
+            delivery_id: &delivery_id,
+            event_type: &delivery.event_type,
+            body: delivery.body.as_bytes(),
+            timestamp: now.div_euclid(1000),
+            timeout,
+        })
+        .await;
+    if outcome.succeeded() {
+        return AttemptResult::Delivered;
+    }
+    tracing::debug!(
+        delivery_id = %delivery_id,
+        subscription_id = %format!("sub_{}", subscription.id),
+        status = outcome.status,
+        error = outcome.error.map(AttemptError::as_str),
+        "webhook attempt failed"
+    );
+    AttemptResult::Failed {
+        retry_after_ms: outcome.retry_after_s.map(|seconds| seconds.saturating_mul(1000).min(i64::MAX as u64) as i64),
+        blocked: outcome.error == Some(AttemptError::BlockedAddress),
+    }
+}
