@@ -5,6 +5,7 @@
 use svc::Svc;
 use svc::job::{DispatchLimit, JobBuilder, OnConflict, RateWindow, UniquePolicy};
 use svc::schema::SchemaBuilder;
+use svc::webhook::subscription::WebhookBuilder;
 use svc::workflow::WorkflowBuilder;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -62,6 +63,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         svc.ack(step.id, Some(r#"{"user_id":7}"#.to_string()))?;
     }
     println!("workflow {} is {}", chain.id, svc.workflow(chain.id).expect("stored").state.as_str());
+
+    // A webhook subscription: a server running on this data dir sends it every job event of "mail".
+    let hook = WebhookBuilder::new("https://hooks.example.com/svc", ["job.*"], "a-secret-of-at-least-16")
+        .filter_queues(["mail"]);
+    let subscription = svc.create_webhook(hook)?;
+    println!("subscription sub_{} takes {:?}", subscription.id, subscription.events);
 
     let done = svc.get(first.job.id).expect("the job is stored");
     println!("{} is {} with result {}", done.id, done.state.as_str(), done.result.as_deref().unwrap_or("none"));

@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::engine::WebhookChange;
 use crate::engine::{
     Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued, FetchRequest, QueueStats,
     QueueSummary, Workflow,
@@ -11,6 +12,8 @@ use crate::engine::{
 use crate::job::{FailureReport, Job, JobBuilder, JobId, JobState, NewJob, ValidationError, parse_enqueue_body};
 use crate::schema::{SchemaBuilder, SchemaEntry, SchemaViolation};
 use crate::storage::StorageError;
+use crate::webhook::Subscription;
+use crate::webhook::subscription::{WebhookBuilder, WebhookUpdate};
 use crate::workflow::WorkflowBuilder;
 
 /// Why an embedded call failed.
@@ -151,6 +154,50 @@ impl Svc {
     /// Removes a schema; jobs that named it keep their `schema`.
     pub fn delete_schema(&self, uri: &str) -> Result<Arc<SchemaEntry>, SvcError> {
         Ok(self.handle().delete_schema(uri.to_string()).wait()?)
+    }
+
+    /// Subscribes an HTTPS URL to events. Subscriptions are stored here, but
+    /// deliveries are sent only by a running server (`svc serve`) on this
+    /// data dir; `localhost` and private addresses are refused.
+    pub fn create_webhook(&self, webhook: WebhookBuilder) -> Result<Arc<Subscription>, SvcError> {
+        let body = webhook.into_json().to_string();
+        let new =
+            crate::webhook::subscription::parse_subscription(body.as_bytes(), false).map_err(SvcError::Invalid)?;
+        Ok(self.handle().create_webhook(new).wait()?)
+    }
+
+    /// Changes a subscription; a new secret starts a rotation.
+    pub fn update_webhook(&self, id: JobId, update: WebhookUpdate) -> Result<Arc<Subscription>, SvcError> {
+        let body = update.into_json().to_string();
+        let patch = crate::webhook::subscription::parse_subscription_patch(body.as_bytes(), false)
+            .map_err(SvcError::Invalid)?;
+        Ok(self.handle().change_webhook(id, WebhookChange::Patch(patch)).wait()?)
+    }
+
+    /// Ends a secret rotation: the new secret alone signs from now on.
+    pub fn drop_previous_webhook_secret(&self, id: JobId) -> Result<Arc<Subscription>, SvcError> {
+        Ok(self.handle().change_webhook(id, WebhookChange::DropPreviousSecret).wait()?)
+    }
+
+    pub fn delete_webhook(&self, id: JobId) -> Result<Arc<Subscription>, SvcError> {
+        Ok(self.handle().delete_webhook(id).wait()?)
+    }
+
+    pub fn webhook(&self, id: JobId) -> Option<Arc<Subscription>> {
+        self.handle().webhook(id)
+    }
+
+    /// Every subscription, in creation order.
+    pub fn webhooks(&self) -> Vec<Arc<Subscription>> {
+        let mut all: Vec<Arc<Subscription>> = Vec::new();
+        loop {
+            let after = all.last().map(|subscription| subscription.id);
+            let (page, has_more) = self.handle().webhooks_page(after, crate::limits::PAGE_SIZE_MAX);
+            all.extend(page);
+            if !has_more {
+                return all;
+            }
+        }
     }
 
     /// A workflow with its members' states and outcomes.

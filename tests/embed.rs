@@ -172,3 +172,31 @@ fn embedded_programs_register_schemas_and_get_typed_violations() {
     assert!(svc.schemas().is_empty());
     svc.close();
 }
+
+#[test]
+fn embedded_programs_manage_webhook_subscriptions_through_typed_builders() {
+    use svc::webhook::subscription::{WebhookBuilder, WebhookUpdate};
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let created = svc
+        .create_webhook(
+            WebhookBuilder::new("https://hooks.example.com/svc", ["job.*"], "embedded-secret-0123")
+                .filter_queues(["mail"])
+                .metadata(serde_json::json!({"team": "ops"})),
+        )
+        .unwrap();
+    assert_eq!((created.events.as_slice(), created.active), (["job.*".to_string()].as_slice(), true));
+    let refused = svc.create_webhook(WebhookBuilder::new("http://hooks.example.com", ["*"], "embedded-secret-0123"));
+    assert!(matches!(refused, Err(svc::SvcError::Invalid(error)) if error.reason == Some("https_required")));
+    let rotated =
+        svc.update_webhook(created.id, WebhookUpdate::new().secret("the-next-secret-0123").active(false)).unwrap();
+    assert!(rotated.rotation.is_some() && !rotated.active);
+    let ended = svc.drop_previous_webhook_secret(created.id).unwrap();
+    assert_eq!((ended.secret.as_str(), ended.rotation.is_none()), ("the-next-secret-0123", true));
+    svc.close();
+    let svc = Svc::open(dir.path()).unwrap();
+    assert_eq!(svc.webhooks().len(), 1, "durable");
+    svc.delete_webhook(created.id).unwrap();
+    assert!(svc.webhook(created.id).is_none());
+    svc.close();
+}

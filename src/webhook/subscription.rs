@@ -146,6 +146,110 @@ pub struct SubscriptionPatch {
 
 const PATCH_FIELDS: [&str; 6] = ["url", "events", "secret", "metadata", "filter", "active"];
 
+/// A subscription described in Rust, checked exactly as a `POST /webhooks`
+/// body is.
+///
+/// ```
+/// use svc::webhook::subscription::WebhookBuilder;
+/// let body = WebhookBuilder::new("https://hooks.example.com/svc", ["job.completed"], "a-secret-of-16+chars")
+///     .filter_queues(["mail"])
+///     .into_json();
+/// assert_eq!(body["filter"]["queues"][0], "mail");
+/// ```
+#[derive(Debug, Clone)]
+pub struct WebhookBuilder {
+    body: serde_json::Map<String, Value>,
+}
+
+impl WebhookBuilder {
+    pub fn new<I: IntoIterator<Item = S>, S: Into<String>>(url: &str, events: I, secret: &str) -> Self {
+        let mut body = serde_json::Map::new();
+        body.insert("url".into(), url.into());
+        body.insert(
+            "events".into(),
+            Value::Array(events.into_iter().map(|event| Value::String(event.into())).collect()),
+        );
+        body.insert("secret".into(), secret.into());
+        WebhookBuilder { body }
+    }
+
+    /// Kept with the subscription and shown with it.
+    pub fn metadata(mut self, metadata: impl Serialize) -> Self {
+        self.body.insert("metadata".into(), serde_json::to_value(metadata).unwrap_or(Value::Null));
+        self
+    }
+
+    /// Only events of these queues.
+    pub fn filter_queues<I: IntoIterator<Item = S>, S: Into<String>>(mut self, queues: I) -> Self {
+        self.filter("queues", queues);
+        self
+    }
+
+    /// Only events of these job types (exact or `prefix.*`).
+    pub fn filter_job_types<I: IntoIterator<Item = S>, S: Into<String>>(mut self, types: I) -> Self {
+        self.filter("job_types", types);
+        self
+    }
+
+    fn filter<I: IntoIterator<Item = S>, S: Into<String>>(&mut self, key: &str, items: I) {
+        let filter = self.body.entry("filter").or_insert_with(|| Value::Object(Default::default()));
+        filter[key] = Value::Array(items.into_iter().map(|item| Value::String(item.into())).collect());
+    }
+
+    /// Created paused (`active: false`).
+    pub fn inactive(mut self) -> Self {
+        self.body.insert("active".into(), Value::Bool(false));
+        self
+    }
+
+    pub fn into_json(self) -> Value {
+        Value::Object(self.body)
+    }
+}
+
+/// A change to a subscription described in Rust, checked exactly as a
+/// `PATCH /webhooks/{id}` body is.
+#[derive(Debug, Clone, Default)]
+pub struct WebhookUpdate {
+    body: serde_json::Map<String, Value>,
+}
+
+impl WebhookUpdate {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn url(mut self, url: &str) -> Self {
+        self.body.insert("url".into(), url.into());
+        self
+    }
+
+    pub fn events<I: IntoIterator<Item = S>, S: Into<String>>(mut self, events: I) -> Self {
+        self.body.insert("events".into(), Value::Array(events.into_iter().map(|e| Value::String(e.into())).collect()));
+        self
+    }
+
+    pub fn active(mut self, active: bool) -> Self {
+        self.body.insert("active".into(), Value::Bool(active));
+        self
+    }
+
+    pub fn metadata(mut self, metadata: impl Serialize) -> Self {
+        self.body.insert("metadata".into(), serde_json::to_value(metadata).unwrap_or(Value::Null));
+        self
+    }
+
+    /// Starts a secret rotation.
+    pub fn secret(mut self, secret: &str) -> Self {
+        self.body.insert("secret".into(), secret.into());
+        self
+    }
+
+    pub fn into_json(self) -> Value {
+        Value::Object(self.body)
+    }
+}
+
 /// Parses and checks a create body. `allow_private` is
 /// `webhooks.allow_private_targets`, for a URL that names an address.
 pub fn parse_subscription(bytes: &[u8], allow_private: bool) -> Result<NewSubscription, ValidationError> {
