@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Enqueue + drain throughput with one webhook subscription to `job.*` (a
+# local HTTPS receiver) against none, in alternating rounds of the same
+# run, and how fast the deliveries arrive. Run after
+# `cargo build --release --examples`; quote the ratios, not the figures.
+#
+#   benches/webhooks.sh [JOBS] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${1:-50000}
+ROUNDS=${2:-3}
+WORK=$(mktemp -d)
+SVC_PORT=18471
+RECEIVER_PORT=18472
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+target/release/examples/webhook_receiver "$RECEIVER_PORT" "$WORK/ca.pem" >"$WORK/receiver.log" &
+until [ -s "$WORK/ca.pem" ]; do sleep 0.1; done
+printf '[webhooks]\nallow_private_targets = true\nextra_ca_file = "%s"\n' "$WORK/ca.pem" >"$WORK/svc.toml"
+
+delivered() { tail -n 1 "$WORK/receiver.log" | sed -n 's/deliveries=//p'; }
+
+round() { # with_subscription
+    rm -rf "$WORK/data"
+    target/release/svc serve --config "$WORK/svc.toml" --listen "127.0.0.1:$SVC_PORT" --data-dir "$WORK/data" \
+        >"$WORK/svc.log" 2>&1 &
+    local pid=$!
+    until curl -sf "http://127.0.0.1:$SVC_PORT/svc/v1/health" >/dev/null; do sleep 0.1; done
+    if [ "$1" = yes ]; then
+        curl -sf -X POST "http://127.0.0.1:$SVC_PORT/svc/v1/webhooks" -H 'content-type: application/svc+json' \
+            -d "{\"url\":\"https://127.0.0.1:$RECEIVER_PORT/hooks\",\"events\":[\"job.*\"],\"secret\":\"benchmark-secret-0123\"}" >/dev/null
+    fi
+    sleep 1.2
+    local before; before=$(delivered)
+    local started; started=$(date +%s.%N)
+    local result
+    result=$(target/release/svc bench --address "127.0.0.1:$SVC_PORT" --workload drain --jobs "$JOBS" --connections 32 2>&1 \
+        | grep -o 'jobs/s=[0-9]*' | tail -n 1)
+    if [ "$1" = yes ]; then
+        local expected=$((before + 3 * JOBS))
+        while [ "$(delivered)" -lt "$expected" ]; do sleep 0.2; done
+        local ended; ended=$(date +%s.%N)
+        local rate; rate=$(echo "3 * $JOBS / ($ended - $started)" | bc)
+        echo "subscription $result deliveries=$((3 * JOBS)) deliveries/s=$rate"
+    else
+        echo "none         $result"
+    fi
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+for _ in $(seq "$ROUNDS"); do
+    round no
+    round yes
+done
