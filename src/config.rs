@@ -517,6 +517,26 @@ mod tests {
     }
 
     #[test]
+    fn webhook_settings_come_from_the_file_and_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        let env = HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]);
+        let defaults = Config::load(&[], &HashMap::new()).unwrap();
+        assert!(!defaults.webhooks_allow_private_targets && defaults.webhooks_extra_ca_file.is_none());
+        assert_eq!(defaults.webhooks_timeout_ms, 30_000);
+        std::fs::write(&file, "[webhooks]\nallow_private_targets = true\nextra_ca_file = \"/ca.pem\"\ntimeout_s = 5\n")
+            .unwrap();
+        let config = Config::load(&[], &env).unwrap();
+        assert!(config.webhooks_allow_private_targets);
+        assert_eq!(config.webhooks_extra_ca_file, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(config.webhooks_timeout_ms, 5_000);
+        for bad in ["[webhooks]\ntimeout_s = 0\n", "[webhooks]\ntimeout_s = 61\n", "[webhooks]\nunknown = 1\n"] {
+            std::fs::write(&file, bad).unwrap();
+            assert!(Config::load(&[], &env).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn direct_writes_can_be_turned_off_by_file_or_environment() {
         let none = HashMap::new();
         assert!(Config::load(&[], &none).unwrap().direct_writes, "on by default");
