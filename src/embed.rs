@@ -22,6 +22,8 @@ pub enum SvcError {
     Invalid(ValidationError),
     Engine(EngineError),
     Storage(StorageError),
+    /// The webhook settings cannot be used (an unreadable CA bundle).
+    Webhooks(String),
 }
 
 impl fmt::Display for SvcError {
@@ -30,6 +32,7 @@ impl fmt::Display for SvcError {
             SvcError::Invalid(error) => write!(f, "invalid request: {error}"),
             SvcError::Engine(error) => write!(f, "{error}"),
             SvcError::Storage(error) => write!(f, "storage: {error}"),
+            SvcError::Webhooks(problem) => write!(f, "webhooks: {problem}"),
         }
     }
 }
@@ -68,6 +71,27 @@ pub struct GivenResults {
 /// A job queue in a local data dir. Every call returns once its change is on disk.
 pub struct Svc {
     engine: Engine,
+    /// Sends webhook deliveries, when opened with [`Svc::open_with_webhooks`].
+    deliveries: Option<tokio::runtime::Runtime>,
+    allow_private_targets: bool,
+}
+
+/// How an embedded queue sends webhook deliveries (the `[webhooks]`
+/// settings of the server).
+#[derive(Debug, Clone)]
+pub struct WebhookSettings {
+    /// Deliveries may go to loopback and private addresses.
+    pub allow_private_targets: bool,
+    /// Extra CA certificates (PEM) receivers are trusted by.
+    pub extra_ca_file: Option<PathBuf>,
+    /// How long one attempt may take.
+    pub timeout: std::time::Duration,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        Self { allow_private_targets: false, extra_ca_file: None, timeout: std::time::Duration::from_secs(30) }
+    }
 }
 
 impl Svc {
@@ -76,8 +100,33 @@ impl Svc {
         Self::open_with(EngineConfig::new(data_dir))
     }
 
+    /// Opens the data dir with these settings; webhook subscriptions are
+    /// kept, but no deliveries are sent (see [`Svc::open_with_webhooks`]).
     pub fn open_with(config: EngineConfig) -> Result<Svc, SvcError> {
-        Engine::open(config).map(|engine| Svc { engine }).map_err(SvcError::Storage)
+        let engine = Engine::open(config).map_err(SvcError::Storage)?;
+        Ok(Svc { engine, deliveries: None, allow_private_targets: false })
+    }
+
+    /// Opens the data dir and sends webhook deliveries, as a server does,
+    /// from a small runtime of its own.
+    pub fn open_with_webhooks(mut config: EngineConfig, webhooks: WebhookSettings) -> Result<Svc, SvcError> {
+        let client = crate::webhook::client::DeliveryClient::new(
+            webhooks.allow_private_targets,
+            webhooks.extra_ca_file.as_deref(),
+        )
+        .map_err(SvcError::Webhooks)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("svc-webhooks")
+            .enable_all()
+            .build()
+            .map_err(|error| SvcError::Webhooks(error.to_string()))?;
+        let (sink, batches) = tokio::sync::mpsc::unbounded_channel();
+        config.deliveries = Some(sink);
+        config.delivery_timeout_ms = webhooks.timeout.as_millis().min(i64::MAX as u128) as i64;
+        let engine = Engine::open(config).map_err(SvcError::Storage)?;
+        runtime.spawn(crate::webhook::pool::run(batches, engine.handle().clone(), client, webhooks.timeout));
+        Ok(Svc { engine, deliveries: Some(runtime), allow_private_targets: webhooks.allow_private_targets })
     }
 
     /// The engine handle, for async callers.
@@ -156,20 +205,20 @@ impl Svc {
         Ok(self.handle().delete_schema(uri.to_string()).wait()?)
     }
 
-    /// Subscribes an HTTPS URL to events. Subscriptions are stored here, but
-    /// deliveries are sent only by a running server (`svc serve`) on this
-    /// data dir; `localhost` and private addresses are refused.
+    /// Subscribes an HTTPS URL to events. Deliveries are sent when the queue
+    /// was opened with [`Svc::open_with_webhooks`] (or by a server on this
+    /// data dir); private addresses only when its settings allow them.
     pub fn create_webhook(&self, webhook: WebhookBuilder) -> Result<Arc<Subscription>, SvcError> {
         let body = webhook.into_json().to_string();
-        let new =
-            crate::webhook::subscription::parse_subscription(body.as_bytes(), false).map_err(SvcError::Invalid)?;
+        let new = crate::webhook::subscription::parse_subscription(body.as_bytes(), self.allow_private_targets)
+            .map_err(SvcError::Invalid)?;
         Ok(self.handle().create_webhook(new).wait()?)
     }
 
     /// Changes a subscription; a new secret starts a rotation.
     pub fn update_webhook(&self, id: JobId, update: WebhookUpdate) -> Result<Arc<Subscription>, SvcError> {
         let body = update.into_json().to_string();
-        let patch = crate::webhook::subscription::parse_subscription_patch(body.as_bytes(), false)
+        let patch = crate::webhook::subscription::parse_subscription_patch(body.as_bytes(), self.allow_private_targets)
             .map_err(SvcError::Invalid)?;
         Ok(self.handle().change_webhook(id, WebhookChange::Patch(patch)).wait()?)
     }
@@ -313,5 +362,9 @@ impl Svc {
     /// Stops cleanly: queued commands finish and a final snapshot is written.
     pub fn close(self) {
         self.engine.close();
+        if let Some(runtime) = self.deliveries {
+            // Attempts in flight are counted already; they go out again at the next open.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+        }
     }
 }

@@ -48,4 +48,4 @@ pub mod workflow;
 
 mod embed;
 
-pub use embed::{GivenResults, Svc, SvcError};
+pub use embed::{GivenResults, Svc, SvcError, WebhookSettings};

@@ -476,3 +476,32 @@ fn deliveries_survive_a_crash() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// A program that embeds svc sends deliveries too, from its own runtime.
+#[test]
+fn an_embedded_queue_delivers_when_opened_with_webhooks() {
+    use svc::webhook::subscription::WebhookBuilder;
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let settings = svc::WebhookSettings {
+        allow_private_targets: true,
+        extra_ca_file: Some(receiver.ca_file.clone()),
+        timeout: std::time::Duration::from_secs(5),
+    };
+    let queue =
+        svc::Svc::open_with_webhooks(svc::engine::EngineConfig::new(dir.path().join("data")), settings).unwrap();
+    queue.create_webhook(WebhookBuilder::new(&receiver.url("127.0.0.1"), ["job.enqueued"], SECRET)).unwrap();
+    let job = queue.enqueue(svc::job::JobBuilder::new("embedded.job").args([1])).unwrap().job;
+    wait_for(&receiver, 1);
+    let received = receiver.received.lock().unwrap();
+    let body: Value = serde_json::from_slice(&received[0].body).unwrap();
+    assert_eq!(body["data"]["job_id"], job.id.to_string());
+    assert!(verify(
+        SECRET,
+        &received[0].headers["x-svc-timestamp"],
+        &received[0].body,
+        &received[0].headers["x-svc-signature"]
+    ));
+    drop(received);
+    queue.close();
+}

@@ -268,8 +268,13 @@ impl EngineHandle {
     }
 
     /// Reports how a delivery attempt ended (the delivery pool).
-    pub fn delivery_outcome(&self, id: JobId, result: super::webhooks::AttemptResult) -> Pending<bool> {
-        self.submit(super::webhooks::DeliveryOutcome { id, result })
+    pub fn delivery_outcome(
+        &self,
+        id: JobId,
+        subscription: JobId,
+        result: super::webhooks::AttemptResult,
+    ) -> Pending<bool> {
+        self.submit(super::webhooks::DeliveryOutcome { id, subscription, result })
     }
 
     /// A webhook subscription, as of the last commit.

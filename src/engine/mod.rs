@@ -182,6 +182,7 @@ impl Engine {
             metrics: config.metrics,
             deliveries: config.deliveries,
             delivery_timeout_ms: config.delivery_timeout_ms,
+            in_flight: outbox::InFlight::default(),
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

@@ -27,8 +27,46 @@ pub const ATTEMPT_TIMEOUT_MS_DEFAULT: i64 = 30_000;
 /// How much longer than its timeout an attempt keeps its delivery from
 /// being due again (an attempt lost with the process is retried then).
 pub const ATTEMPT_LEASE_MARGIN_MS: i64 = 5_000;
-/// The most attempts started in one turn (and so, at most, in flight per turn).
-pub const ATTEMPTS_PER_TURN_MAX: usize = 256;
+/// The most attempts in flight at once, over every subscription.
+pub const IN_FLIGHT_MAX: usize = 64;
+/// The most attempts in flight at once to one subscription.
+pub const IN_FLIGHT_PER_SUBSCRIPTION_MAX: usize = 8;
+
+/// Attempts handed to the pool whose outcome has not come back (soft state
+/// of the running engine: after a restart, leases stand in for it).
+#[derive(Debug, Default)]
+pub struct InFlight {
+    total: usize,
+    per_subscription: HashMap<JobId, usize>,
+}
+
+impl InFlight {
+    /// Whether another attempt to `subscription` may start now.
+    pub fn has_room(&self, subscription: JobId) -> bool {
+        self.total < IN_FLIGHT_MAX
+            && self.per_subscription.get(&subscription).copied().unwrap_or(0) < IN_FLIGHT_PER_SUBSCRIPTION_MAX
+    }
+
+    /// Whether any attempt may start now.
+    pub fn has_any_room(&self) -> bool {
+        self.total < IN_FLIGHT_MAX
+    }
+
+    pub fn started(&mut self, subscription: JobId) {
+        self.total += 1;
+        *self.per_subscription.entry(subscription).or_default() += 1;
+    }
+
+    pub fn ended(&mut self, subscription: JobId) {
+        self.total = self.total.saturating_sub(1);
+        if let Some(count) = self.per_subscription.get_mut(&subscription) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_subscription.remove(&subscription);
+            }
+        }
+    }
+}
 
 /// Where the engine hands deliveries whose attempt is starting (durably
 /// counted by then).

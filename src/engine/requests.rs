@@ -181,6 +181,8 @@ pub struct Turn<'a> {
     /// A graceful shutdown has begun.
     pub(crate) draining: &'a mut bool,
     pub(crate) cron_entries_max: usize,
+    /// Delivery attempts handed to the pool and not yet reported back.
+    pub(crate) in_flight: &'a mut super::outbox::InFlight,
     pub(crate) now: Millis,
     pub(crate) records: &'a mut Vec<Record>,
     pub(crate) events: &'a mut EventSink,

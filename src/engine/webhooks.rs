@@ -150,6 +150,8 @@ pub enum AttemptResult {
 /// attempt by the schedule, or is abandoned after its last.
 pub struct DeliveryOutcome {
     pub id: JobId,
+    /// The subscription the attempt went to (its slot is freed).
+    pub subscription: JobId,
     pub result: AttemptResult,
 }
 
@@ -159,6 +161,7 @@ impl Request for DeliveryOutcome {
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
         let now = turn.now;
+        turn.in_flight.ended(self.subscription);
         // Dropped meanwhile (its subscription was deleted or paused): nothing to do.
         let Some(delivery) = turn.state().outbox.get(self.id).cloned() else { return Ok(false) };
         let done = Record::DeliveriesDone { at: now, ids: vec![self.id] };

@@ -73,6 +73,8 @@ pub(crate) struct Writer {
     /// Where delivery attempts go; `None`: events are not queued for webhooks.
     pub deliveries: Option<super::outbox::DeliverySink>,
     pub delivery_timeout_ms: i64,
+    /// Attempts handed to the pool and not yet reported back.
+    pub in_flight: super::outbox::InFlight,
 }
 
 /// The error of a write refused because the disk is full.
@@ -221,6 +223,7 @@ impl Writer {
                             contacts: &mut self.contacts,
                             draining: &mut self.draining,
                             cron_entries_max: self.cron_entries_max,
+                            in_flight: &mut self.in_flight,
                             now,
                             records,
                             events,
@@ -252,6 +255,7 @@ impl Writer {
                     contacts: &mut self.contacts,
                     draining: &mut self.draining,
                     cron_entries_max: self.cron_entries_max,
+                    in_flight: &mut self.in_flight,
                     now,
                     records,
                     events,
@@ -456,8 +460,18 @@ impl Writer {
     /// in this turn's commit, then handed to the delivery pool.
     fn start_deliveries(&mut self, now: Millis, records: &mut Vec<Record>, replies: &mut Vec<Responder>) {
         let Some(sink) = self.deliveries.clone() else { return };
-        let ids: Vec<JobId> =
-            self.state.outbox.due(now, &|_| false).take(super::outbox::ATTEMPTS_PER_TURN_MAX).collect();
+        // Only as many as may be in flight: the pool never queues an
+        // attempt, so no lease runs out while it waits.
+        let mut ids = Vec::new();
+        for id in self.state.outbox.due(now, &|_| false) {
+            let Some(delivery) = self.state.outbox.get(id) else { continue };
+            if self.in_flight.has_room(delivery.subscription) {
+                self.in_flight.started(delivery.subscription);
+                ids.push(id);
+            } else if !self.in_flight.has_any_room() {
+                break;
+            }
+        }
         if ids.is_empty() {
             return;
         }

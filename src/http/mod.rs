@@ -67,6 +67,8 @@ pub struct AppState {
     pub webhooks_allow_private_targets: bool,
     /// Sends webhook attempts (the test event); `None` until the server sets it up.
     pub webhook_client: Option<crate::webhook::client::DeliveryClient>,
+    /// How long one delivery attempt may take (`webhooks.timeout_s`).
+    pub webhook_timeout: Duration,
 }
 
 impl AppState {
@@ -84,6 +86,7 @@ impl AppState {
             metrics_public: false,
             webhooks_allow_private_targets: false,
             webhook_client: None,
+            webhook_timeout: Duration::from_secs(30),
         }
     }
 

@@ -159,7 +159,7 @@ pub async fn test(app: &AppState, id: &str) -> Result<Reply, ApiError> {
         event_type: "webhook.test",
         body: body.as_bytes(),
         timestamp: now.div_euclid(1000),
-        timeout: TEST_TIMEOUT,
+        timeout: app.webhook_timeout.min(TEST_TIMEOUT),
     };
     let outcome = client.send(attempt).await;
     let mut answer = json!({

@@ -9,10 +9,14 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::client::{Attempt, AttemptError, DeliveryClient};
 use crate::engine::outbox::Delivery;
-use crate::engine::{AttemptResult, EngineHandle};
+use crate::engine::{AttemptResult, EngineError, EngineHandle, Unavailable};
 
-/// Attempts in flight at once, over every subscription.
-pub const CONCURRENCY: usize = 64;
+/// How often an outcome is offered to an overloaded engine.
+const REPORT_TRIES: usize = 50;
+
+/// Attempts in flight at once, over every subscription (the engine starts
+/// no more than this, so a slot is always free).
+pub const CONCURRENCY: usize = crate::engine::outbox::IN_FLIGHT_MAX;
 
 /// Runs until the engine drops its end of `batches`.
 pub async fn run(
@@ -35,8 +39,22 @@ pub async fn run(
                     AttemptResult::Failed { .. } => metrics.webhook_delivery("failure"),
                     AttemptResult::NoSubscription => metrics.webhook_delivery("dropped"),
                 }
-                if let Ok(true) = engine.delivery_outcome(delivery.id, result).outcome().await {
-                    metrics.webhook_delivery("abandoned");
+                // The engine must hear back (it holds the attempt's slot until
+                // then): an overloaded inbox is tried again; a stopped engine
+                // forgets its slots anyway.
+                for _ in 0..REPORT_TRIES {
+                    match engine.delivery_outcome(delivery.id, delivery.subscription, result).outcome().await {
+                        Ok(abandoned) => {
+                            if abandoned {
+                                metrics.webhook_delivery("abandoned");
+                            }
+                            break;
+                        }
+                        Err(EngineError::Unavailable { reason: Unavailable::Overloaded }) => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        Err(_) => break,
+                    }
                 }
                 drop(slot);
             });

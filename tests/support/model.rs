@@ -678,11 +678,20 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                 if running {
                     let flow = model.workflows.get_mut(&id).unwrap();
                     flow.state = WorkflowState::Cancelled;
+                    // A job whose end the workflow recorded is no longer its to
+                    // cancel (one retried from the dead letter listing runs on).
                     let live: Vec<JobId> = flow
                         .members
                         .iter()
-                        .copied()
-                        .chain(flow.callbacks.iter().filter(|callback| callback.2).map(|callback| callback.1))
+                        .zip(&flow.outcomes)
+                        .filter(|(_, outcome)| outcome.is_none())
+                        .map(|(member, _)| *member)
+                        .chain(
+                            flow.callbacks
+                                .iter()
+                                .filter(|callback| callback.2 && callback.3.is_none())
+                                .map(|callback| callback.1),
+                        )
                         .collect();
                     for job in live {
                         model.cancel_job(job);
