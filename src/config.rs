@@ -22,7 +22,10 @@
 //! `role`, and one of `key`, `key_env`, `key_sha256`); with keys, any address
 //! may be bound; `metrics.public` (bool) serves `/metrics` without a key;
 //! `webhooks.allow_private_targets` (bool) lets webhooks go to loopback and
-//! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs.
+//! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs,
+//! `webhooks.timeout_s`, `webhooks.max_pending`, `webhooks.concurrency`,
+//! `webhooks.concurrency_per_subscription`, `webhooks.rotation_grace`
+//! (duration), `limits.max_webhooks` and `limits.max_schemas`.
 
 use clap::Parser;
 use serde::Deserialize;
@@ -67,6 +70,11 @@ pub struct Config {
     pub webhooks_extra_ca_file: Option<PathBuf>,
     /// How long one delivery attempt may take (`webhooks.timeout_s`, 1 to 60).
     pub webhooks_timeout_ms: u64,
+    /// `limits.max_webhooks`, `webhooks.max_pending`, `webhooks.concurrency`,
+    /// `webhooks.concurrency_per_subscription`, `webhooks.rotation_grace`.
+    pub webhook_limits: crate::engine::outbox::WebhookLimits,
+    /// Most registered schemas (`limits.max_schemas`).
+    pub max_schemas: usize,
 }
 
 impl Default for Config {
@@ -89,6 +97,8 @@ impl Default for Config {
             webhooks_allow_private_targets: false,
             webhooks_extra_ca_file: None,
             webhooks_timeout_ms: 30_000,
+            webhook_limits: crate::engine::outbox::WebhookLimits::default(),
+            max_schemas: crate::limits::SCHEMAS_MAX,
         }
     }
 }
@@ -123,6 +133,10 @@ struct WebhooksSection {
     allow_private_targets: Option<bool>,
     extra_ca_file: Option<PathBuf>,
     timeout_s: Option<u64>,
+    max_pending: Option<usize>,
+    concurrency: Option<usize>,
+    concurrency_per_subscription: Option<usize>,
+    rotation_grace: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -177,6 +191,8 @@ impl KeyEntry {
 #[serde(deny_unknown_fields)]
 struct LimitsSection {
     max_cron: Option<usize>,
+    max_webhooks: Option<usize>,
+    max_schemas: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -292,6 +308,26 @@ impl Config {
                 }
                 self.webhooks_timeout_ms = seconds * 1000;
             }
+            let limits = &mut self.webhook_limits;
+            for (key, value, slot) in [
+                ("max_pending", webhooks.max_pending, &mut limits.max_pending),
+                ("concurrency", webhooks.concurrency, &mut limits.concurrency),
+                (
+                    "concurrency_per_subscription",
+                    webhooks.concurrency_per_subscription,
+                    &mut limits.concurrency_per_subscription,
+                ),
+            ] {
+                match value {
+                    Some(0) => return Err(format!("webhooks.{key} must be at least 1")),
+                    Some(value) => *slot = value,
+                    None => {}
+                }
+            }
+            if let Some(grace) = webhooks.rotation_grace {
+                limits.rotation_grace_ms =
+                    parse_duration_ms(&grace).map_err(|message| format!("webhooks.rotation_grace: {message}"))?;
+            }
         }
         if let Some(auth) = file.auth {
             self.api_keys = auth.keys.into_iter().map(|entry| entry.resolve(env)).collect::<Result<_, _>>()?;
@@ -340,8 +376,16 @@ impl Config {
                     .map_err(|error| error.message)?;
             }
         }
-        if let Some(max) = file.limits.and_then(|limits| limits.max_cron) {
-            self.cron_entries_max = max;
+        if let Some(limits) = file.limits {
+            if let Some(max) = limits.max_cron {
+                self.cron_entries_max = max;
+            }
+            if let Some(max) = limits.max_webhooks {
+                self.webhook_limits.max_webhooks = max;
+            }
+            if let Some(max) = limits.max_schemas {
+                self.max_schemas = max;
+            }
         }
         if let Some(grace) = file.shutdown.and_then(|shutdown| shutdown.grace_period) {
             self.shutdown_grace_ms =
@@ -524,13 +568,24 @@ mod tests {
         let defaults = Config::load(&[], &HashMap::new()).unwrap();
         assert!(!defaults.webhooks_allow_private_targets && defaults.webhooks_extra_ca_file.is_none());
         assert_eq!(defaults.webhooks_timeout_ms, 30_000);
-        std::fs::write(&file, "[webhooks]\nallow_private_targets = true\nextra_ca_file = \"/ca.pem\"\ntimeout_s = 5\n")
-            .unwrap();
+        let text = "[webhooks]\nallow_private_targets = true\nextra_ca_file = \"/ca.pem\"\ntimeout_s = 5\n\
+                    max_pending = 10\nconcurrency = 4\nconcurrency_per_subscription = 2\nrotation_grace = \"PT1H\"\n\
+                    [limits]\nmax_webhooks = 3\nmax_schemas = 7\n";
+        std::fs::write(&file, text).unwrap();
         let config = Config::load(&[], &env).unwrap();
+        let limits = config.webhook_limits;
+        assert_eq!((limits.max_pending, limits.concurrency, limits.concurrency_per_subscription), (10, 4, 2));
+        assert_eq!((limits.rotation_grace_ms, limits.max_webhooks, config.max_schemas), (3_600_000, 3, 7));
         assert!(config.webhooks_allow_private_targets);
         assert_eq!(config.webhooks_extra_ca_file, Some(PathBuf::from("/ca.pem")));
         assert_eq!(config.webhooks_timeout_ms, 5_000);
-        for bad in ["[webhooks]\ntimeout_s = 0\n", "[webhooks]\ntimeout_s = 61\n", "[webhooks]\nunknown = 1\n"] {
+        for bad in [
+            "[webhooks]\ntimeout_s = 0\n",
+            "[webhooks]\ntimeout_s = 61\n",
+            "[webhooks]\nunknown = 1\n",
+            "[webhooks]\nconcurrency = 0\n",
+            "[webhooks]\nrotation_grace = \"soon\"\n",
+        ] {
             std::fs::write(&file, bad).unwrap();
             assert!(Config::load(&[], &env).is_err(), "{bad}");
         }

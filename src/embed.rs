@@ -124,8 +124,16 @@ impl Svc {
         let (sink, batches) = tokio::sync::mpsc::unbounded_channel();
         config.deliveries = Some(sink);
         config.delivery_timeout_ms = webhooks.timeout.as_millis().min(i64::MAX as u128) as i64;
+        let config_concurrency = config.webhook_limits.concurrency;
         let engine = Engine::open(config).map_err(SvcError::Storage)?;
-        runtime.spawn(crate::webhook::pool::run(batches, engine.handle().clone(), client, webhooks.timeout));
+        let concurrency = config_concurrency;
+        runtime.spawn(crate::webhook::pool::run(
+            batches,
+            engine.handle().clone(),
+            client,
+            webhooks.timeout,
+            concurrency,
+        ));
         Ok(Svc { engine, deliveries: Some(runtime), allow_private_targets: webhooks.allow_private_targets })
     }
 

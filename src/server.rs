@@ -69,6 +69,8 @@ pub fn engine_config(config: &Config) -> EngineConfig {
     engine.defaults = config.jobs.clone();
     engine.cron_entries_max = config.cron_entries_max;
     engine.delivery_timeout_ms = config.webhooks_timeout_ms as i64;
+    engine.webhook_limits = config.webhook_limits;
+    engine.max_schemas = config.max_schemas;
     engine
 }
 
@@ -78,6 +80,7 @@ struct DeliveryPool {
     batches: mpsc::UnboundedReceiver<Vec<Arc<crate::engine::outbox::Delivery>>>,
     client: crate::webhook::client::DeliveryClient,
     timeout: Duration,
+    concurrency: usize,
 }
 
 impl DeliveryPool {
@@ -85,11 +88,11 @@ impl DeliveryPool {
         let (sink, batches) = mpsc::unbounded_channel();
         engine.deliveries = Some(sink);
         let timeout = Duration::from_millis(engine.delivery_timeout_ms.max(1) as u64);
-        DeliveryPool { batches, client, timeout }
+        DeliveryPool { batches, client, timeout, concurrency: engine.webhook_limits.concurrency }
     }
 
     fn spawn(self, runtime: &tokio::runtime::Runtime, engine: crate::engine::EngineHandle) {
-        runtime.spawn(crate::webhook::pool::run(self.batches, engine, self.client, self.timeout));
+        runtime.spawn(crate::webhook::pool::run(self.batches, engine, self.client, self.timeout, self.concurrency));
     }
 }
 

@@ -186,6 +186,23 @@ fn subscriptions_and_rotations_survive_a_restart() {
 }
 
 #[test]
+fn the_number_of_subscriptions_and_the_rotation_grace_follow_the_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(dir.path());
+    config.webhook_limits.max_webhooks = 1;
+    config.webhook_limits.rotation_grace_ms = 3_600_000;
+    let clock = ManualClock::new(1_800_000_000_000);
+    let mut engine = engine_config(&config);
+    engine.clock = Arc::new(clock.clone());
+    let server = TestServer::start_with(&config, engine);
+    let id = server.post("/svc/v1/webhooks", subscription()).body["subscription"]["id"].as_str().unwrap().to_string();
+    let second = server.post("/svc/v1/webhooks", subscription());
+    assert_eq!((second.status, second.body["error"]["details"]["reason"].as_str()), (409, Some("limit")));
+    let rotated = server.post(&format!("/svc/v1/webhooks/{id}/secrets"), json!({"secret": "second-secret-0123"}));
+    assert_eq!(rotated.body["subscription"]["secret_rotation"]["previous_expires_at"], "2027-01-15T09:00:00Z");
+}
+
+#[test]
 fn private_targets_are_allowed_only_when_configured() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_for(dir.path());

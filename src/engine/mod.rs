@@ -88,6 +88,10 @@ pub struct EngineConfig {
     pub deliveries: Option<outbox::DeliverySink>,
     /// How long one delivery attempt may take (`webhooks.timeout_s`).
     pub delivery_timeout_ms: i64,
+    /// Bounds of subscriptions and deliveries.
+    pub webhook_limits: outbox::WebhookLimits,
+    /// Most registered schemas (`limits.max_schemas`).
+    pub max_schemas: usize,
 }
 
 impl EngineConfig {
@@ -106,6 +110,8 @@ impl EngineConfig {
             metrics: Arc::new(crate::metrics::Metrics::new()),
             deliveries: None,
             delivery_timeout_ms: outbox::ATTEMPT_TIMEOUT_MS_DEFAULT,
+            webhook_limits: outbox::WebhookLimits::default(),
+            max_schemas: crate::limits::SCHEMAS_MAX,
         }
     }
 }
@@ -183,6 +189,8 @@ impl Engine {
             deliveries: config.deliveries,
             delivery_timeout_ms: config.delivery_timeout_ms,
             in_flight: outbox::InFlight::default(),
+            webhook_limits: config.webhook_limits,
+            max_schemas: config.max_schemas,
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

@@ -20,17 +20,44 @@ pub const RETRY_DELAYS_MS: [i64; 7] =
     [60_000, 5 * 60_000, 30 * 60_000, 2 * 3_600_000, 8 * 3_600_000, 16 * 3_600_000, 24 * 3_600_000];
 /// The longest `Retry-After` of a 429 that is honoured.
 pub const RETRY_AFTER_MAX_MS: i64 = 24 * 3_600_000;
-/// The most deliveries one subscription may have queued; newer ones are dropped.
+/// The most deliveries one subscription may have queued by default; newer ones are dropped.
 pub const PENDING_PER_SUBSCRIPTION_MAX: usize = 100_000;
 /// How long one attempt may take unless `webhooks.timeout_s` says otherwise.
 pub const ATTEMPT_TIMEOUT_MS_DEFAULT: i64 = 30_000;
 /// How much longer than its timeout an attempt keeps its delivery from
 /// being due again (an attempt lost with the process is retried then).
 pub const ATTEMPT_LEASE_MARGIN_MS: i64 = 5_000;
-/// The most attempts in flight at once, over every subscription.
+/// The most attempts in flight at once, over every subscription, by default.
 pub const IN_FLIGHT_MAX: usize = 64;
-/// The most attempts in flight at once to one subscription.
+/// The most attempts in flight at once to one subscription, by default.
 pub const IN_FLIGHT_PER_SUBSCRIPTION_MAX: usize = 8;
+
+/// The bounds of webhook state and deliveries (docs/api.md, "Limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WebhookLimits {
+    /// Subscriptions (`limits.max_webhooks`).
+    pub max_webhooks: usize,
+    /// Queued deliveries per subscription (`webhooks.max_pending`).
+    pub max_pending: usize,
+    /// Attempts in flight (`webhooks.concurrency`).
+    pub concurrency: usize,
+    /// Attempts in flight to one subscription (`webhooks.concurrency_per_subscription`).
+    pub concurrency_per_subscription: usize,
+    /// How long an old secret keeps signing (`webhooks.rotation_grace`).
+    pub rotation_grace_ms: i64,
+}
+
+impl Default for WebhookLimits {
+    fn default() -> Self {
+        Self {
+            max_webhooks: crate::limits::WEBHOOKS_MAX,
+            max_pending: PENDING_PER_SUBSCRIPTION_MAX,
+            concurrency: IN_FLIGHT_MAX,
+            concurrency_per_subscription: IN_FLIGHT_PER_SUBSCRIPTION_MAX,
+            rotation_grace_ms: crate::limits::WEBHOOK_ROTATION_GRACE_MS,
+        }
+    }
+}
 
 /// Attempts handed to the pool whose outcome has not come back (soft state
 /// of the running engine: after a restart, leases stand in for it).
@@ -42,14 +69,14 @@ pub struct InFlight {
 
 impl InFlight {
     /// Whether another attempt to `subscription` may start now.
-    pub fn has_room(&self, subscription: JobId) -> bool {
-        self.total < IN_FLIGHT_MAX
-            && self.per_subscription.get(&subscription).copied().unwrap_or(0) < IN_FLIGHT_PER_SUBSCRIPTION_MAX
+    pub fn has_room(&self, subscription: JobId, limits: &WebhookLimits) -> bool {
+        self.total < limits.concurrency
+            && self.per_subscription.get(&subscription).copied().unwrap_or(0) < limits.concurrency_per_subscription
     }
 
     /// Whether any attempt may start now.
-    pub fn has_any_room(&self) -> bool {
-        self.total < IN_FLIGHT_MAX
+    pub fn has_any_room(&self, limits: &WebhookLimits) -> bool {
+        self.total < limits.concurrency
     }
 
     pub fn started(&mut self, subscription: JobId) {

@@ -183,6 +183,8 @@ pub struct Turn<'a> {
     pub(crate) cron_entries_max: usize,
     /// Delivery attempts handed to the pool and not yet reported back.
     pub(crate) in_flight: &'a mut super::outbox::InFlight,
+    pub(crate) webhook_limits: &'a super::outbox::WebhookLimits,
+    pub(crate) max_schemas: usize,
     pub(crate) now: Millis,
     pub(crate) records: &'a mut Vec<Record>,
     pub(crate) events: &'a mut EventSink,
@@ -304,8 +306,8 @@ impl Request for RegisterSchema {
         if turn.state().schemas.contains_key(&entry.uri) {
             return Err(EngineError::SchemaExists { uri: entry.uri });
         }
-        if turn.state().schemas.len() >= crate::limits::SCHEMAS_MAX {
-            return Err(EngineError::SchemaLimit { max_schemas: crate::limits::SCHEMAS_MAX });
+        if turn.state().schemas.len() >= turn.max_schemas {
+            return Err(EngineError::SchemaLimit { max_schemas: turn.max_schemas });
         }
         entry.created_at = turn.now;
         let entry = Arc::new(entry);

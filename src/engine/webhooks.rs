@@ -9,7 +9,6 @@ use super::api::EngineError;
 use super::record::Record;
 use super::requests::{Request, Turn};
 use crate::job::JobId;
-use crate::limits::{WEBHOOK_ROTATION_GRACE_MS, WEBHOOKS_MAX};
 use crate::webhook::subscription::{NewSubscription, Rotation, Subscription, SubscriptionPatch};
 
 /// Creates a subscription; answers it.
@@ -21,8 +20,9 @@ impl Request for CreateWebhook {
     type Output = Arc<Subscription>;
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        if turn.state().webhooks.len() >= WEBHOOKS_MAX {
-            return Err(EngineError::WebhookLimit { max_webhooks: WEBHOOKS_MAX });
+        let max_webhooks = turn.webhook_limits.max_webhooks;
+        if turn.state().webhooks.len() >= max_webhooks {
+            return Err(EngineError::WebhookLimit { max_webhooks });
         }
         let now = turn.now;
         let (state, entropy) = turn.state_and_entropy();
@@ -70,6 +70,7 @@ impl Request for ChangeWebhook {
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
         let now = turn.now;
+        let grace = turn.webhook_limits.rotation_grace_ms;
         let Some(current) = turn.state().webhooks.get(&self.id) else {
             return Err(EngineError::WebhookNotFound { id: self.id });
         };
@@ -79,7 +80,7 @@ impl Request for ChangeWebhook {
                 return Err(EngineError::RotationInProgress { id: changed.id });
             }
             changed.rotation =
-                Some(Rotation { next_secret: secret, started_at: now, expires_at: now + WEBHOOK_ROTATION_GRACE_MS });
+                Some(Rotation { next_secret: secret, started_at: now, expires_at: now.saturating_add(grace) });
             Ok(())
         };
         match self.change {

@@ -75,6 +75,8 @@ pub(crate) struct Writer {
     pub delivery_timeout_ms: i64,
     /// Attempts handed to the pool and not yet reported back.
     pub in_flight: super::outbox::InFlight,
+    pub webhook_limits: super::outbox::WebhookLimits,
+    pub max_schemas: usize,
 }
 
 /// The error of a write refused because the disk is full.
@@ -224,6 +226,8 @@ impl Writer {
                             draining: &mut self.draining,
                             cron_entries_max: self.cron_entries_max,
                             in_flight: &mut self.in_flight,
+                            webhook_limits: &self.webhook_limits,
+                            max_schemas: self.max_schemas,
                             now,
                             records,
                             events,
@@ -256,6 +260,8 @@ impl Writer {
                     draining: &mut self.draining,
                     cron_entries_max: self.cron_entries_max,
                     in_flight: &mut self.in_flight,
+                    webhook_limits: &self.webhook_limits,
+                    max_schemas: self.max_schemas,
                     now,
                     records,
                     events,
@@ -426,7 +432,7 @@ impl Writer {
                 }
                 let pending =
                     self.state.outbox.pending_for(subscription.id) + queued.get(&subscription.id).copied().unwrap_or(0);
-                if pending >= super::outbox::PENDING_PER_SUBSCRIPTION_MAX {
+                if pending >= self.webhook_limits.max_pending {
                     self.metrics.webhook_delivery("dropped");
                     tracing::error!(
                         subscription_id = %format!("sub_{}", subscription.id),
@@ -465,10 +471,10 @@ impl Writer {
         let mut ids = Vec::new();
         for id in self.state.outbox.due(now, &|_| false) {
             let Some(delivery) = self.state.outbox.get(id) else { continue };
-            if self.in_flight.has_room(delivery.subscription) {
+            if self.in_flight.has_room(delivery.subscription, &self.webhook_limits) {
                 self.in_flight.started(delivery.subscription);
                 ids.push(id);
-            } else if !self.in_flight.has_any_room() {
+            } else if !self.in_flight.has_any_room(&self.webhook_limits) {
                 break;
             }
         }

@@ -14,18 +14,16 @@ use crate::engine::{AttemptResult, EngineError, EngineHandle, Unavailable};
 /// How often an outcome is offered to an overloaded engine.
 const REPORT_TRIES: usize = 50;
 
-/// Attempts in flight at once, over every subscription (the engine starts
-/// no more than this, so a slot is always free).
-pub const CONCURRENCY: usize = crate::engine::outbox::IN_FLIGHT_MAX;
-
 /// Runs until the engine drops its end of `batches`.
 pub async fn run(
     mut batches: mpsc::UnboundedReceiver<Vec<Arc<Delivery>>>,
     engine: EngineHandle,
     client: DeliveryClient,
     timeout: Duration,
+    concurrency: usize,
 ) {
-    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    // The engine starts no more attempts than this, so a slot is always free.
+    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     while let Some(batch) = batches.recv().await {
         for delivery in batch {
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
