@@ -6,15 +6,7 @@ use super::error::ApiError;
 use super::paging::{page_limit, query_pairs, query_value};
 use super::wire::render_event;
 use super::{AppState, Reply};
-
-/// `exact`, `prefix.*` or `*`.
-pub(super) fn pattern_matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some("") => true,
-        Some(prefix) if prefix.ends_with('.') => name.starts_with(prefix),
-        _ => pattern == name,
-    }
-}
+use crate::webhook::subscription::pattern_matches;
 
 pub(super) fn list_filter(pairs: &[(String, String)], key: &str) -> Option<Vec<String>> {
     query_value(pairs, key).map(|text| text.split(',').filter(|item| !item.is_empty()).map(str::to_string).collect())
