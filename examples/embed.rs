@@ -71,7 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("subscription sub_{} takes {:?}", subscription.id, subscription.events);
 
     let done = svc.get(first.job.id).expect("the job is stored");
-    println!("{} is {} with result {}", done.id, done.state.as_str(), done.result.as_deref().unwrap_or("none"));
+    println!("{} is {} with result {}", done.id, done.state.as_str(), done.run().result.as_deref().unwrap_or("none"));
     svc.close();
     std::fs::remove_dir_all(&dir)?;
     Ok(())

@@ -191,6 +191,9 @@ struct BenchFlags {
     key: Option<String>,
     #[arg(long)]
     key_env: Option<String>,
+    /// What the fill workload fills: svc, or Redis for the side-by-side figure.
+    #[arg(long, value_enum, default_value = "svc")]
+    target: TargetName,
 }
 
 /// The workloads of `svc bench`.
@@ -214,6 +217,17 @@ enum WorkloadName {
     Chain,
     /// `--jobs` batches of 100 jobs and a callback, beside a plain drain of as many jobs.
     Group,
+    /// Load `--jobs` jobs of 200 bytes, 100 a request; report the rate and the
+    /// server's memory as the store grows.
+    Fill,
+}
+
+/// What `svc bench --workload fill` fills.
+#[derive(Clone, Copy, ValueEnum)]
+enum TargetName {
+    Svc,
+    /// A Redis server, with one `LPUSH` of the same 100 jobs a request.
+    Redis,
 }
 
 fn main() -> ExitCode {
@@ -288,6 +302,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         WorkloadName::Ping => Workload::Ping,
         WorkloadName::Chain => Workload::Chain,
         WorkloadName::Group => Workload::Group,
+        WorkloadName::Fill => Workload::Fill,
     };
     let options = BenchOptions {
         address: flags.address,
@@ -301,6 +316,22 @@ fn bench(flags: BenchFlags) -> ExitCode {
         unique: flags.unique,
         key: flags.key.or_else(|| flags.key_env.and_then(|variable| std::env::var(variable).ok())),
     };
+    if workload == Workload::Fill {
+        let target = match flags.target {
+            TargetName::Svc => bench::fill::Target::Svc,
+            TargetName::Redis => bench::fill::Target::Redis,
+        };
+        return match bench::run_fill(options, target) {
+            Ok(report) => {
+                println!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("svc bench: {error}");
+                ExitCode::from(1)
+            }
+        };
+    }
     match bench::run(options) {
         Ok(report) => {
             println!("{report}");

@@ -26,8 +26,8 @@ fn embedded_queue_round_trip_survives_reopen() {
 
     let svc = Svc::open(dir.path()).unwrap();
     let stored = svc.get(job.id).unwrap();
-    assert_eq!((stored.state, stored.result.as_deref()), (JobState::Completed, Some(r#"{"sent":true}"#)));
-    assert_eq!(svc.get(failing.id).unwrap().error.as_ref().unwrap().message, "mailbox full");
+    assert_eq!((stored.state, stored.run().result.as_deref()), (JobState::Completed, Some(r#"{"sent":true}"#)));
+    assert_eq!(svc.get(failing.id).unwrap().run().error.as_ref().unwrap().message, "mailbox full");
     assert_eq!(svc.get(cancelled.id).unwrap().state, JobState::Cancelled);
     assert!(svc.fetch(&["mail", "default"], 10, None).unwrap().is_empty());
     svc.close();

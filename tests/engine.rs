@@ -72,14 +72,14 @@ fn retries_come_due_exactly_at_retry_at() {
         .enqueue(json!({"type": "t", "args": [], "options": {"retry": {"initial_interval": "PT2S", "jitter": false}}}));
     harness.fetch(1);
     assert_eq!(harness.fail(id), JobState::Retryable);
-    assert_eq!(harness.engine.handle().job(id).unwrap().retry_at, Some(START + 2000));
+    assert_eq!(harness.engine.handle().job(id).unwrap().run().retry_at, Some(START + 2000));
     harness.advance(1999);
     assert_eq!(harness.state(id), JobState::Retryable);
     assert!(harness.fetch(1).is_empty());
     harness.advance(1);
     assert_eq!(harness.state(id), JobState::Available);
     let job = harness.engine.handle().job(id).unwrap();
-    assert_eq!((job.enqueued_at, job.retry_at), (Some(START + 2000), None));
+    assert_eq!((job.enqueued_at, job.run().retry_at), (Some(START + 2000), None));
     assert_eq!(harness.fetch(1), [id]);
     assert_eq!(harness.engine.handle().job(id).unwrap().attempt, 2);
 }
@@ -92,7 +92,7 @@ fn backoff_grows_and_exhaustion_discards() {
     for _ in 0..2 {
         harness.fetch(1);
         assert_eq!(harness.fail(id), JobState::Retryable);
-        let delay = harness.engine.handle().job(id).unwrap().retry_delay_ms.unwrap();
+        let delay = harness.engine.handle().job(id).unwrap().run().retry_delay_ms.unwrap();
         delays.push(delay);
         harness.advance(delay as i64);
     }
@@ -100,7 +100,7 @@ fn backoff_grows_and_exhaustion_discards() {
     harness.fetch(1);
     assert_eq!(harness.fail(id), JobState::Discarded);
     let job = harness.engine.handle().job(id).unwrap();
-    assert_eq!((job.errors.len(), job.attempt), (3, 3));
+    assert_eq!((job.run().errors.len(), job.attempt), (3, 3));
 }
 
 #[test]
@@ -113,7 +113,7 @@ fn an_expired_reservation_returns_the_job() {
     harness.advance(1);
     let job = harness.engine.handle().job(id).unwrap();
     assert_eq!((job.state, job.attempt), (JobState::Available, 1));
-    assert_eq!(job.error.as_ref().unwrap().code, "visibility_timeout");
+    assert_eq!(job.run().error.as_ref().unwrap().code, "visibility_timeout");
     let late = harness.engine.handle().ack(id, None, Some("w".into())).wait();
     assert!(late.is_err(), "the previous claimant's ack is refused");
     harness.fetch(1);
@@ -129,8 +129,8 @@ fn an_attempt_past_its_execution_timeout_fails() {
     harness.advance(1000);
     let job = harness.engine.handle().job(id).unwrap();
     assert_eq!(job.state, JobState::Retryable, "on a tie the execution deadline decides");
-    assert_eq!(job.error.as_ref().unwrap().code, "timeout");
-    assert_eq!(job.retry_at, Some(START + 2000));
+    assert_eq!(job.run().error.as_ref().unwrap().code, "timeout");
+    assert_eq!(job.run().retry_at, Some(START + 2000));
 }
 
 #[test]
@@ -143,8 +143,8 @@ fn scheduled_jobs_wait_for_their_time_and_expired_ones_never_run() {
     assert!(harness.fetch(1).is_empty());
     harness.advance(3000);
     let expired = harness.engine.handle().job(expiring).unwrap();
-    assert_eq!((expired.state, expired.error.as_ref().unwrap().code.as_str()), (JobState::Discarded, "expired"));
-    assert!(expired.completed_at.is_none());
+    assert_eq!((expired.state, expired.run().error.as_ref().unwrap().code.as_str()), (JobState::Discarded, "expired"));
+    assert!(expired.run().completed_at.is_none());
     let (listed, _) = harness.engine.handle().dead_letter_page(None, 10, None);
     assert_eq!(
         listed.iter().map(|job| job.id).collect::<Vec<_>>(),
@@ -221,7 +221,7 @@ fn heartbeats_extend_claims_by_the_claims_own_visibility() {
     let extended = harness.engine.handle().heartbeat("w-1".into(), None, None).wait().unwrap().extended;
     assert_eq!(extended, 1, "only w-1's own job");
     assert_eq!(
-        harness.engine.handle().job(id).unwrap().visibility_deadline,
+        harness.engine.handle().job(id).unwrap().run().visibility_deadline,
         Some(START + 1500 + 2000),
         "by the fetch's 2 s, not the job's 30 s"
     );

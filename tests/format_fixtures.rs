@@ -111,12 +111,18 @@ fn format_v1_data_dir_still_opens() {
     assert_eq!(image.jobs.len(), 5);
 
     let done = by_args(r#"["done"]"#);
-    assert_eq!((done.state, done.result.as_deref(), done.attempt), (JobState::Completed, Some(r#"{"sent":true}"#), 1));
+    assert_eq!(
+        (done.state, done.run().result.as_deref(), done.attempt),
+        (JobState::Completed, Some(r#"{"sent":true}"#), 1)
+    );
     assert_eq!(done.payload.meta, r#"{"k":1.50}"#);
     assert_eq!(done.payload.extra, vec![("x_extra".to_string(), r#"[1,{"b":2}]"#.to_string())]);
     let retrying = by_args(r#"["retrying"]"#);
-    assert_eq!((retrying.state, retrying.priority, retrying.retry_at), (JobState::Retryable, 5, Some(START + 1000)));
-    assert_eq!(retrying.error.as_ref().unwrap().message, "421 try later");
+    assert_eq!(
+        (retrying.state, retrying.priority, retrying.run().retry_at),
+        (JobState::Retryable, 5, Some(START + 1000))
+    );
+    assert_eq!(retrying.run().error.as_ref().unwrap().message, "421 try later");
     assert_eq!(by_args(r#"["waiting"]"#).state, JobState::Scheduled);
     let cancelled = by_args(r#"["cancelled"]"#);
     assert_eq!(

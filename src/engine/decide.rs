@@ -327,7 +327,7 @@ impl State {
         if job.state != JobState::Active {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::InvalidState });
         }
-        if let (Some(sender), Some(owner)) = (worker_id, job.worker_id.as_deref())
+        if let (Some(sender), Some(owner)) = (worker_id, job.run().worker_id.as_deref())
             && sender != owner
         {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::NotOwner });
@@ -384,7 +384,7 @@ impl State {
         visibility_ms: Option<u64>,
     ) -> Option<(Record, usize)> {
         let covered = |job: &Job| {
-            job.state == JobState::Active && job.worker_id.as_deref().is_none_or(|owner| owner == worker_id)
+            job.state == JobState::Active && job.run().worker_id.as_deref().is_none_or(|owner| owner == worker_id)
         };
         let ids: Vec<JobId> = match listed {
             Some(ids) => {
@@ -400,8 +400,11 @@ impl State {
             .into_iter()
             .map(|id| {
                 let job = self.job(id).expect("covered jobs are stored");
-                let claim =
-                    if job.claim_visibility_ms > 0 { job.claim_visibility_ms } else { job.visibility_timeout_ms };
+                let claim = if job.run().claim_visibility_ms > 0 {
+                    job.run().claim_visibility_ms
+                } else {
+                    job.visibility_timeout_ms
+                };
                 (id, now.saturating_add(visibility_ms.unwrap_or(claim) as i64))
             })
             .collect();
@@ -483,8 +486,8 @@ impl State {
 
 /// Which deadline of an active job ran out, and what follows (docs/api.md, "Visibility and execution timeouts").
 fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Record {
-    let visibility = job.visibility_deadline.unwrap_or(Millis::MAX);
-    let execution = job.execution_deadline.unwrap_or(Millis::MAX);
+    let visibility = job.run().visibility_deadline.unwrap_or(Millis::MAX);
+    let execution = job.run().execution_deadline.unwrap_or(Millis::MAX);
     let kind = if execution <= visibility { TimeoutKind::Execution } else { TimeoutKind::Visibility };
     let outcome = match kind {
         TimeoutKind::Execution => {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::cron_table::{CronFire, CronOutcome};
 use crate::clock::Millis;
-use crate::job::{ErrorEntry, FailureReport, Job, JobId, JobPayload, JobState, RetryPolicy};
+use crate::job::{ErrorEntry, FailureReport, Job, JobId, JobPayload, JobState, RetryPolicy, StoredJob};
 
 /// A job as logs and snapshots held it before jobs carried extras (unique
 /// policies, dispatch limits, activation times).
@@ -43,63 +43,36 @@ pub struct JobV1 {
 
 impl From<JobV1> for Job {
     fn from(old: JobV1) -> Job {
-        let JobV1 {
-            id,
-            payload,
-            queue,
-            state,
-            priority,
-            timeout_ms,
-            visibility_timeout_ms,
-            retry,
-            attempt,
-            created_at,
-            scheduled_at,
-            expires_at,
-            enqueued_at,
-            started_at,
-            completed_at,
-            cancelled_at,
-            discarded_at,
-            retry_at,
-            retry_delay_ms,
-            worker_id,
-            result,
-            error,
-            errors,
-            visibility_deadline,
-            execution_deadline,
-            claim_visibility_ms,
-        } = old;
-        Job {
-            id,
-            payload,
-            queue,
-            state,
-            priority,
-            timeout_ms,
-            visibility_timeout_ms,
-            retry,
-            attempt,
-            created_at,
-            scheduled_at,
-            expires_at,
-            enqueued_at,
-            started_at,
-            completed_at,
-            cancelled_at,
-            discarded_at,
-            retry_at,
-            retry_delay_ms,
-            worker_id,
-            result,
-            error,
-            errors,
-            visibility_deadline,
-            execution_deadline,
-            claim_visibility_ms,
+        StoredJob {
+            id: old.id,
+            payload: old.payload,
+            queue: old.queue,
+            state: old.state,
+            priority: old.priority,
+            timeout_ms: old.timeout_ms,
+            visibility_timeout_ms: old.visibility_timeout_ms,
+            retry: old.retry,
+            attempt: old.attempt,
+            created_at: old.created_at,
+            scheduled_at: old.scheduled_at,
+            expires_at: old.expires_at,
+            enqueued_at: old.enqueued_at,
+            started_at: old.started_at,
+            completed_at: old.completed_at,
+            cancelled_at: old.cancelled_at,
+            discarded_at: old.discarded_at,
+            retry_at: old.retry_at,
+            retry_delay_ms: old.retry_delay_ms,
+            worker_id: old.worker_id,
+            result: old.result,
+            error: old.error.map(|report| *report),
+            errors: old.errors,
+            visibility_deadline: old.visibility_deadline,
+            execution_deadline: old.execution_deadline,
+            claim_visibility_ms: old.claim_visibility_ms,
             extras: Box::default(),
         }
+        .into()
     }
 }
 

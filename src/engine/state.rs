@@ -337,17 +337,17 @@ impl State {
         };
         match job.state {
             JobState::Scheduled => earliest(job.scheduled_at, job.expires_at),
-            JobState::Retryable => earliest(job.retry_at, job.expires_at),
+            JobState::Retryable => earliest(job.run().retry_at, job.expires_at),
             JobState::Available | JobState::Pending => job.expires_at,
-            JobState::Active => earliest(job.visibility_deadline, job.execution_deadline),
-            JobState::Completed => job.completed_at.map(|at| at.saturating_add(self.retention.completed_ms)),
-            JobState::Cancelled => job.cancelled_at.map(|at| at.saturating_add(self.retention.cancelled_ms)),
+            JobState::Active => earliest(job.run().visibility_deadline, job.run().execution_deadline),
+            JobState::Completed => job.run().completed_at.map(|at| at.saturating_add(self.retention.completed_ms)),
+            JobState::Cancelled => job.run().cancelled_at.map(|at| at.saturating_add(self.retention.cancelled_ms)),
             JobState::Discarded => {
                 let keep = match job.retry.on_exhaustion {
                     Exhaustion::DeadLetter => self.retention.dead_letter_ms,
                     Exhaustion::Discard => self.retention.discarded_ms,
                 };
-                job.discarded_at.map(|at| at.saturating_add(keep))
+                job.run().discarded_at.map(|at| at.saturating_add(keep))
             }
         }
     }
@@ -355,9 +355,9 @@ impl State {
     /// Where a terminal job stands in the caps' pruning order; `None` for a live job.
     fn terminal_key(job: &Job) -> Option<TerminalKey> {
         let ended_at = match job.state {
-            JobState::Completed => job.completed_at,
-            JobState::Cancelled => job.cancelled_at,
-            JobState::Discarded => job.discarded_at,
+            JobState::Completed => job.run().completed_at,
+            JobState::Cancelled => job.run().cancelled_at,
+            JobState::Discarded => job.run().discarded_at,
             _ => return None,
         };
         // Every discarded job is in the dead letter listing, where an operator
@@ -406,7 +406,7 @@ impl State {
             self.terminal.insert(key);
             self.terminal_bytes += job.held_bytes();
         }
-        if let (JobState::Active, Some(worker)) = (job.state, &job.worker_id) {
+        if let (JobState::Active, Some(worker)) = (job.state, &job.run().worker_id) {
             self.active_by_worker.entry(worker.clone()).or_default().insert(job.id);
             self.dirty_workers.insert(worker.clone());
         }
@@ -440,7 +440,7 @@ impl State {
             self.terminal.remove(&key);
             self.terminal_bytes -= job.held_bytes();
         }
-        if let (JobState::Active, Some(worker)) = (job.state, &job.worker_id)
+        if let (JobState::Active, Some(worker)) = (job.state, &job.run().worker_id)
             && let Some(active) = self.active_by_worker.get_mut(worker)
         {
             self.dirty_workers.insert(worker.clone());
@@ -467,8 +467,10 @@ impl State {
     /// Adds a job (new, or loaded from a snapshot).
     fn insert_loaded(&mut self, job: Arc<Job>) {
         self.ids.observe(job.id);
-        let times = [job.created_at, job.enqueued_at.unwrap_or(Millis::MIN), job.started_at.unwrap_or(Millis::MIN)];
-        let ended = [job.completed_at, job.cancelled_at, job.discarded_at].map(|at| at.unwrap_or(Millis::MIN));
+        let times =
+            [job.created_at, job.enqueued_at.unwrap_or(Millis::MIN), job.run().started_at.unwrap_or(Millis::MIN)];
+        let ended = [job.run().completed_at, job.run().cancelled_at, job.run().discarded_at]
+            .map(|at| at.unwrap_or(Millis::MIN));
         self.latest_at = times.into_iter().chain(ended).fold(self.latest_at, Millis::max);
         self.index_job(&job);
         self.dirty.insert(job.id);
@@ -529,8 +531,8 @@ impl State {
         let previous_state = self.jobs.get(&id).map_or(JobState::Cancelled, |job| job.state);
         self.update(id, |job| {
             job.state = JobState::Cancelled;
-            job.cancelled_at = Some(at);
-            job.retry_at = None;
+            job.run_mut().cancelled_at = Some(at);
+            job.run_mut().retry_at = None;
             clear_claim(job);
         })?;
         events.push(at, EventKind::Cancelled { previous_state, reason }, id);
@@ -723,11 +725,11 @@ impl State {
             let job = self.update(claim.id, |job| {
                 job.state = JobState::Active;
                 job.attempt += 1;
-                job.started_at = Some(at);
-                job.worker_id = worker_id.clone();
-                job.visibility_deadline = Some(claim.visibility_deadline);
-                job.execution_deadline = Some(claim.execution_deadline);
-                job.claim_visibility_ms = (claim.visibility_deadline - at).max(0) as u64;
+                job.run_mut().started_at = Some(at);
+                job.run_mut().worker_id = worker_id.clone();
+                job.run_mut().visibility_deadline = Some(claim.visibility_deadline);
+                job.run_mut().execution_deadline = Some(claim.execution_deadline);
+                job.run_mut().claim_visibility_ms = (claim.visibility_deadline - at).max(0) as u64;
             })?;
             if let (Some(limit), Some(key)) = (job.dispatch_limit(), job.dispatch_key()) {
                 self.dispatch.claimed(key, limit, at);
@@ -753,9 +755,9 @@ impl State {
     ) -> Result<(), ApplyError> {
         self.update(id, |job| {
             job.state = JobState::Completed;
-            job.completed_at = Some(at);
-            job.result = result.clone();
-            job.error = None;
+            job.run_mut().completed_at = Some(at);
+            job.run_mut().result = result.clone();
+            job.run_mut().error = None;
             clear_claim(job);
         })?;
         events.push(at, EventKind::Completed, id);
@@ -789,7 +791,9 @@ impl State {
             self.update(*id, |job| {
                 job.state = JobState::Available;
                 job.enqueued_at = Some(at);
-                job.retry_at = None;
+                if let Some(run) = job.run_if_any_mut() {
+                    run.retry_at = None;
+                }
             })?;
         }
         Ok(())
@@ -808,8 +812,8 @@ impl State {
             self.update(*id, |job| {
                 let report = FailureReport::server("expired", "the job expired before a worker claimed it");
                 job.state = JobState::Discarded;
-                job.discarded_at = Some(at);
-                job.retry_at = None;
+                job.run_mut().discarded_at = Some(at);
+                job.run_mut().retry_at = None;
                 push_error(job, report, at);
             })?;
             events.push(at, EventKind::Expired, *id);
@@ -840,13 +844,13 @@ impl State {
             job.state = JobState::Available;
             job.attempt = 0;
             job.enqueued_at = Some(at);
-            job.error = None;
-            job.completed_at = None;
-            job.discarded_at = None;
-            job.retry_at = None;
+            job.run_mut().error = None;
+            job.run_mut().completed_at = None;
+            job.run_mut().discarded_at = None;
+            job.run_mut().retry_at = None;
             // Else an expired job would expire again at once.
             job.expires_at = None;
-            job.worker_id = None;
+            job.run_mut().worker_id = None;
             clear_claim(job);
         })?;
         events.push(at, EventKind::Revived, id);
@@ -863,7 +867,7 @@ impl State {
 
     fn apply_heartbeat(&mut self, extensions: &[(JobId, Millis)]) -> Result<(), ApplyError> {
         for (id, deadline) in extensions {
-            self.update(*id, |job| job.visibility_deadline = Some(*deadline))?;
+            self.update(*id, |job| job.run_mut().visibility_deadline = Some(*deadline))?;
         }
         Ok(())
     }
@@ -1127,16 +1131,17 @@ impl State {
                     return Err(format!("job {id} has deadline {deadline} but no timer"));
                 }
             }
-            if (job.state == JobState::Active) != job.visibility_deadline.is_some() {
+            if (job.state == JobState::Active) != job.run().visibility_deadline.is_some() {
                 return Err(format!(
                     "job {id} is {} with visibility deadline {:?}",
                     job.state.as_str(),
-                    job.visibility_deadline
+                    job.run().visibility_deadline
                 ));
             }
         }
         let indexed: usize = self.active_by_worker.values().map(|ids| ids.len()).sum();
-        let claimed = self.jobs.values().filter(|job| job.state == JobState::Active && job.worker_id.is_some()).count();
+        let claimed =
+            self.jobs.values().filter(|job| job.state == JobState::Active && job.run().worker_id.is_some()).count();
         if indexed != claimed {
             return Err(format!("{indexed} jobs indexed by worker, {claimed} active jobs with a worker"));
         }
@@ -1225,17 +1230,21 @@ pub(super) fn activate(job: &mut Job, at: Millis) {
 }
 
 fn clear_claim(job: &mut Job) {
-    job.visibility_deadline = None;
-    job.execution_deadline = None;
-    job.claim_visibility_ms = 0;
+    if let Some(run) = job.run_if_any_mut() {
+        run.visibility_deadline = None;
+        run.execution_deadline = None;
+        run.claim_visibility_ms = 0;
+    }
 }
 
 fn push_error(job: &mut Job, report: FailureReport, at: Millis) {
-    job.errors.push(ErrorEntry { report: report.clone(), attempt: job.attempt, occurred_at: at });
-    if job.errors.len() > ERROR_HISTORY_MAX {
-        job.errors.remove(0);
+    let attempt = job.attempt;
+    let run = job.run_mut();
+    run.errors.push(ErrorEntry { report: report.clone(), attempt, occurred_at: at });
+    if run.errors.len() > ERROR_HISTORY_MAX {
+        run.errors.remove(0);
     }
-    job.error = Some(Box::new(report));
+    run.error = Some(report);
 }
 
 /// The effects of a failed attempt (rows 9–14 of the state table).
@@ -1245,13 +1254,13 @@ fn fail(job: &mut Job, at: Millis, report: &FailureReport, outcome: FailOutcome)
     match outcome {
         FailOutcome::Retry { retry_at, delay_ms } => {
             job.state = JobState::Retryable;
-            job.retry_at = Some(retry_at);
-            job.retry_delay_ms = Some(delay_ms);
+            job.run_mut().retry_at = Some(retry_at);
+            job.run_mut().retry_delay_ms = Some(delay_ms);
         }
         FailOutcome::Discard => {
             job.state = JobState::Discarded;
-            job.completed_at = Some(at);
-            job.discarded_at = Some(at);
+            job.run_mut().completed_at = Some(at);
+            job.run_mut().discarded_at = Some(at);
         }
         FailOutcome::Requeue => {
             job.state = JobState::Available;
@@ -1293,7 +1302,7 @@ pub fn timeout_report(job: &Job, kind: TimeoutKind, at: Millis) -> FailureReport
             "the worker's reservation ran out without ack, nack or heartbeat",
         ),
         TimeoutKind::Execution => {
-            let elapsed = job.started_at.map_or(0, |started| at - started);
+            let elapsed = job.run().started_at.map_or(0, |started| at - started);
             let mut report =
                 FailureReport::server("timeout", format!("the attempt ran longer than {} ms", job.timeout_ms));
             report.details = Some(format!("{{\"limit_ms\":{},\"elapsed_ms\":{elapsed}}}", job.timeout_ms));

@@ -78,7 +78,7 @@ pub(crate) struct DeadLetterKey {
 
 impl DeadLetterKey {
     pub(crate) fn of(job: &Job) -> Option<DeadLetterKey> {
-        let discarded_at = job.discarded_at.filter(|_| job.state == JobState::Discarded)?;
+        let discarded_at = job.run().discarded_at.filter(|_| job.state == JobState::Discarded)?;
         Some(DeadLetterKey { discarded_at: std::cmp::Reverse(discarded_at), id: std::cmp::Reverse(job.id) })
     }
 }

@@ -209,7 +209,8 @@ impl State {
                     member.outcome = Some(MemberOutcome { state: job.state, result: None });
                     return Ok(());
                 }
-                member.outcome = Some(MemberOutcome { state: job.state, result: job.result.as_deref().map(Arc::from) });
+                member.outcome =
+                    Some(MemberOutcome { state: job.state, result: job.run().result.as_deref().map(Arc::from) });
                 if !is_failure(job.state) {
                     let steps_remaining = workflow.members.iter().filter(|member| member.outcome.is_none()).count();
                     let completed = WorkflowEvent::StepCompleted {
@@ -245,7 +246,7 @@ impl State {
                 let failure = failed.map(|job_id| WorkflowFailure {
                     index: None,
                     job_id,
-                    error: self.job(job_id).and_then(|job| job.error.as_deref().cloned()),
+                    error: self.job(job_id).and_then(|job| job.run().error.clone()),
                 });
                 self.finish(at, id, failure, events);
                 Ok(())
@@ -265,8 +266,7 @@ impl State {
     ) -> Result<(), ApplyError> {
         let workflow = self.workflows[&id].clone();
         if is_failure(job.state) {
-            let failure =
-                WorkflowFailure { index: Some(index as u32), job_id: job.id, error: job.error.as_deref().cloned() };
+            let failure = WorkflowFailure { index: Some(index as u32), job_id: job.id, error: job.run().error.clone() };
             self.finish(at, id, Some(failure), events);
             // Steps still waiting will never start. (A step before a failed
             // one can only still run when a later step was cancelled
@@ -306,7 +306,7 @@ impl State {
         let failure = first_failed.map(|(index, member)| WorkflowFailure {
             index: Some(index as u32),
             job_id: member.job_id,
-            error: self.job(member.job_id).and_then(|job| job.error.as_deref().cloned()),
+            error: self.job(member.job_id).and_then(|job| job.run().error.clone()),
         });
         if workflow.kind == WorkflowKind::Group {
             self.finish(at, id, failure, events);

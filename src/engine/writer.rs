@@ -601,7 +601,7 @@ fn count_event(metrics: &crate::metrics::Metrics, time: Millis, kind: &EventKind
         }
         (EventKind::Completed, Some(job)) => {
             metrics.job(JobCount::Completed, &job.queue);
-            if let Some(ran) = seconds(job.started_at) {
+            if let Some(ran) = seconds(job.run().started_at) {
                 metrics.job_duration(&job.queue, ran);
             }
         }

@@ -201,29 +201,30 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     push_time(out, key!("expires_at"), job.expires_at);
     push_time(out, key!("enqueued_at"), job.enqueued_at);
     push_time(out, key!("activated_at"), job.activated_at());
-    push_time(out, key!("started_at"), job.started_at);
-    if let Some(worker) = &job.worker_id {
+    push_time(out, key!("started_at"), job.run().started_at);
+    if let Some(worker) = &job.run().worker_id {
         out.push_str(key!("worker_id"));
         push_json_string(out, worker);
     }
-    push_time(out, key!("completed_at"), job.completed_at);
-    push_time(out, key!("cancelled_at"), job.cancelled_at);
-    push_time(out, key!("discarded_at"), job.discarded_at);
-    push_time(out, key!("retry_at"), job.retry_at);
-    if let Some(delay) = job.retry_delay_ms {
+    push_time(out, key!("completed_at"), job.run().completed_at);
+    push_time(out, key!("cancelled_at"), job.run().cancelled_at);
+    push_time(out, key!("discarded_at"), job.run().discarded_at);
+    push_time(out, key!("retry_at"), job.run().retry_at);
+    if let Some(delay) = job.run().retry_delay_ms {
         push_number(out, key!("retry_delay_ms"), delay);
     }
-    if let Some(result) = &job.result {
+    if let Some(result) = &job.run().result {
         out.push_str(key!("result"));
         out.push_str(result);
     }
     // The rest is rare: failures, unknown envelope fields, response extras.
     let mut object = ObjectWriter { out: std::mem::take(out), first: false };
-    if let Some(error) = &job.error {
+    if let Some(error) = &job.run().error {
         object.raw("error", &render_report(error, None));
     }
-    if !job.errors.is_empty() {
+    if !job.run().errors.is_empty() {
         let entries: Vec<String> = job
+            .run()
             .errors
             .iter()
             .map(|entry| render_report(&entry.report, Some((entry.attempt, entry.occurred_at))))
@@ -485,7 +486,7 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
     {
         data["trace_id"] = trace_id.clone();
     }
-    let duration = job.started_at.map(|started| event.time - started);
+    let duration = job.run().started_at.map(|started| event.time - started);
     let fields: Vec<(&str, Value)> = match &event.kind {
         EventKind::Enqueued => {
             let mut fields = vec![
@@ -512,14 +513,15 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
         EventKind::Scheduled => vec![("scheduled_at", job.scheduled_at.map(format_timestamp).into())],
         EventKind::Started => {
             let mut fields = vec![("attempt", Value::from(job.attempt))];
-            if let Some(worker) = &job.worker_id {
+            if let Some(worker) = &job.run().worker_id {
                 fields.push(("worker_id", worker.clone().into()));
             }
             fields
         }
         EventKind::Completed => {
             let mut fields = vec![("attempt", Value::from(job.attempt)), ("duration_ms", duration.unwrap_or(0).into())];
-            if let Some(result) = job.result.as_deref().and_then(|text| serde_json::from_str::<Value>(text).ok()) {
+            if let Some(result) = job.run().result.as_deref().and_then(|text| serde_json::from_str::<Value>(text).ok())
+            {
                 fields.push(("result", result));
             }
             fields
@@ -532,15 +534,15 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
         EventKind::Retrying { report } => vec![
             ("attempt", job.attempt.into()),
             ("max_attempts", job.max_attempts().into()),
-            ("next_retry_at", job.retry_at.map(format_timestamp).into()),
-            ("retry_delay_ms", job.retry_delay_ms.into()),
+            ("next_retry_at", job.run().retry_at.map(format_timestamp).into()),
+            ("retry_delay_ms", job.run().retry_delay_ms.into()),
             ("error", report_value(report, false)),
         ],
         EventKind::Requeued { reason } => vec![("attempt", job.attempt.into()), ("reason", (*reason).into())],
         EventKind::Discarded { reason } => vec![
             ("total_attempts", job.attempt.into()),
             ("reason", (*reason).into()),
-            ("last_error", job.error.as_ref().map(|report| report_value(report, false)).into()),
+            ("last_error", job.run().error.as_ref().map(|report| report_value(report, false)).into()),
         ],
         EventKind::Cancelled { previous_state, reason } => {
             vec![("previous_state", previous_state.as_str().into()), ("reason", (*reason).into())]

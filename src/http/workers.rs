@@ -139,7 +139,7 @@ pub(super) async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> R
         .id("id", job.id)
         .id("job_id", job.id)
         .string("state", job.state.as_str());
-    if let Some(at) = job.completed_at {
+    if let Some(at) = job.run().completed_at {
         body.time("completed_at", at);
     }
     Ok(Reply::ok(body.finish()))
@@ -174,16 +174,16 @@ pub(super) async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> 
         .string("state", job.state.as_str())
         .number("attempt", job.attempt)
         .number("max_attempts", job.max_attempts());
-    if let Some(at) = job.retry_at {
+    if let Some(at) = job.run().retry_at {
         body.time("retry_at", at).time("next_attempt_at", at);
-        if let Some(delay) = job.retry_delay_ms {
+        if let Some(delay) = job.run().retry_delay_ms {
             body.number("retry_delay_ms", delay);
         }
     }
-    if let Some(at) = job.discarded_at {
+    if let Some(at) = job.run().discarded_at {
         body.time("discarded_at", at);
     }
-    if let Some(at) = job.completed_at {
+    if let Some(at) = job.run().completed_at {
         body.time("completed_at", at);
     }
     Ok(Reply::ok(body.finish()))

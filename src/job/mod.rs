@@ -9,6 +9,7 @@ mod failure;
 mod id;
 pub mod json;
 mod retry;
+mod stored;
 pub mod time;
 mod unique;
 
@@ -21,6 +22,7 @@ pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
 pub use id::{IdGenerator, JobId, JobIdMap, JobIdSet};
 pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
+pub use stored::StoredJob;
 pub use unique::{OnConflict, UNIQUE_KEY_NAME_CHARS_MAX, UNIQUE_KEY_NAMES_MAX, UniqueKey, UniquePolicy};
 
 use serde::{Deserialize, Serialize};
@@ -164,8 +166,11 @@ impl CallbackKind {
     }
 }
 
-/// A job as the engine holds it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A job as the engine holds it. The fields a job only gathers once it is
+/// claimed, cancelled or discarded live out of line in [`JobRun`], so a job
+/// that only waits (most of a backlog) does not pay for them. In logs and
+/// snapshots a job is one flat list of fields (`stored.rs`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     pub id: JobId,
     pub payload: Arc<JobPayload>,
@@ -181,6 +186,14 @@ pub struct Job {
     pub scheduled_at: Option<Millis>,
     pub expires_at: Option<Millis>,
     pub enqueued_at: Option<Millis>,
+    run: RunSlot,
+    /// Attributes few jobs carry; empty for most.
+    pub extras: Box<[JobExtra]>,
+}
+
+/// What a job gathers once it is claimed, cancelled or discarded.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct JobRun {
     pub started_at: Option<Millis>,
     pub completed_at: Option<Millis>,
     pub cancelled_at: Option<Millis>,
@@ -190,8 +203,7 @@ pub struct Job {
     pub worker_id: Option<String>,
     /// Compact JSON text of the ack result.
     pub result: Option<String>,
-    /// Boxed: most jobs never fail, and the job stays in a smaller size class.
-    pub error: Option<Box<FailureReport>>,
+    pub error: Option<FailureReport>,
     pub errors: Vec<ErrorEntry>,
     /// While `active`: when the claim runs out unless extended.
     pub visibility_deadline: Option<Millis>,
@@ -200,8 +212,19 @@ pub struct Job {
     /// While `active`: the visibility timeout of this claim (a fetch may
     /// override the job's), which heartbeats extend by. 0 when unknown.
     pub claim_visibility_ms: u64,
-    /// Attributes few jobs carry; empty for most.
-    pub extras: Box<[JobExtra]>,
+}
+
+/// A job's [`JobRun`], allocated when first written. Empty and an
+/// all-default run are the same run.
+#[derive(Debug, Clone, Default)]
+struct RunSlot(Option<Box<JobRun>>);
+
+static NO_RUN: std::sync::LazyLock<JobRun> = std::sync::LazyLock::new(JobRun::default);
+
+impl PartialEq for RunSlot {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.as_deref().unwrap_or(&NO_RUN) == other.0.as_deref().unwrap_or(&NO_RUN)
+    }
 }
 
 impl Job {
@@ -240,21 +263,26 @@ impl Job {
             scheduled_at,
             expires_at,
             enqueued_at: (state == JobState::Available).then_some(now),
-            started_at: None,
-            completed_at: None,
-            cancelled_at: None,
-            discarded_at: None,
-            retry_at: None,
-            retry_delay_ms: None,
-            worker_id: None,
-            result: None,
-            error: None,
-            errors: Vec::new(),
-            visibility_deadline: None,
-            execution_deadline: None,
-            claim_visibility_ms: 0,
+            run: RunSlot::default(),
             extras: extras.into_boxed_slice(),
         }
+    }
+
+    /// What the job gathered once claimed, cancelled or discarded (all
+    /// empty for a job that only waited).
+    pub fn run(&self) -> &JobRun {
+        self.run.0.as_deref().unwrap_or(&NO_RUN)
+    }
+
+    /// The job's run to change, if it has one (clearing a field of a job
+    /// that never ran needs no allocation).
+    pub fn run_if_any_mut(&mut self) -> Option<&mut JobRun> {
+        self.run.0.as_deref_mut()
+    }
+
+    /// The job's run, to change; allocated on first use.
+    pub fn run_mut(&mut self) -> &mut JobRun {
+        self.run.0.get_or_insert_with(Box::default)
     }
 
     /// The unique policy and fingerprint, if the job has one.
@@ -339,20 +367,21 @@ impl Job {
                 .iter()
                 .map(|(key, value)| key.len() + value.len() + 2 * std::mem::size_of::<String>())
                 .sum::<usize>();
-        let errors_bytes =
-            self.error.as_ref().map_or(0, |report| std::mem::size_of::<FailureReport>() + report.held_bytes())
-                + self
-                    .errors
-                    .iter()
-                    .map(|entry| std::mem::size_of::<ErrorEntry>() + entry.report.held_bytes())
-                    .sum::<usize>();
+        let run = self.run();
+        let run_bytes = if *run == *NO_RUN { 0 } else { std::mem::size_of::<JobRun>() }
+            + run.error.as_ref().map_or(0, FailureReport::held_bytes)
+            + run
+                .errors
+                .iter()
+                .map(|entry| std::mem::size_of::<ErrorEntry>() + entry.report.held_bytes())
+                .sum::<usize>()
+            + run.worker_id.as_ref().map_or(0, String::len)
+            + run.result.as_ref().map_or(0, String::len);
         let bytes = std::mem::size_of::<Job>()
             + INDEX_BYTES
             + payload_bytes
             + self.queue.len()
-            + self.worker_id.as_ref().map_or(0, String::len)
-            + self.result.as_ref().map_or(0, String::len)
-            + errors_bytes
+            + run_bytes
             + self.extras.len() * (std::mem::size_of::<JobExtra>() + EXTRA_BYTES);
         bytes as u64
     }

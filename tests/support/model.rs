@@ -750,8 +750,13 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                     if expected.state == JobState::Available {
                         check_eq!(stored.enqueued_at, Some(expected.entered_at), "entry time of {}", id);
                     }
-                    check_eq!(stored.retry_at, expected.retry_at, "retry time of {}", id);
-                    check_eq!(stored.visibility_deadline, expected.visibility_deadline, "claim deadline of {}", id);
+                    check_eq!(stored.run().retry_at, expected.retry_at, "retry time of {}", id);
+                    check_eq!(
+                        stored.run().visibility_deadline,
+                        expected.visibility_deadline,
+                        "claim deadline of {}",
+                        id
+                    );
                 }
             }
         }

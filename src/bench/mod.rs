@@ -10,6 +10,10 @@
 //! entries spread over the day and loads `--jobs` delayed jobs due over the
 //! next hour, to measure the others against), and `ping` (the enqueue request
 //! against any server, e.g. the hello-world ceiling in `examples/hello_ceiling.rs`).
+//! `fill` (in `fill.rs`) loads many jobs with batch enqueue and reports rate
+//! and server memory as the store grows.
+
+pub mod fill;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -73,6 +77,8 @@ pub enum Workload {
     /// `jobs` batches of 100 jobs with an `on_complete` callback, then the
     /// same number of jobs plain.
     Group,
+    /// Batch-loads jobs and reports rate and server memory (`fill.rs`).
+    Fill,
 }
 
 #[derive(Debug, Clone)]
@@ -488,6 +494,14 @@ fn micros(duration: Duration) -> u32 {
 /// The API key every request of this run sends, if any.
 static BENCH_KEY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
+/// Runs the `fill` workload against `target` and reports.
+pub fn run_fill(options: BenchOptions, target: fill::Target) -> Result<fill::FillReport, String> {
+    let _ = BENCH_KEY.set(options.key.clone());
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
+    runtime.block_on(fill::run(&options, target))
+}
+
 /// Runs a workload to completion and reports.
 pub fn run(options: BenchOptions) -> Result<BenchReport, String> {
     let _ = BENCH_KEY.set(options.key.clone());
@@ -525,7 +539,7 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
                 Workload::Enqueue | Workload::Ping => enqueue_loop(&mut connection, &options, &counter).await,
                 Workload::Drain => drain_loop(&mut connection, None, 0, &end_to_end).await,
                 Workload::Retry => retry_loop(&mut connection, &options, &counter).await,
-                Workload::Backlog | Workload::Schedules | Workload::Chain | Workload::Group => {
+                Workload::Backlog | Workload::Schedules | Workload::Chain | Workload::Group | Workload::Fill => {
                     unreachable!("run before the loop")
                 }
                 Workload::Steady if worker % 2 == 0 => paced_enqueue(&mut connection, &options, &stop).await,
