@@ -47,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     svc.enqueue(JobBuilder::new("report.build").args([2027]).queue("mail").rate_limit(two_per_second))?;
 
     for claimed in svc.fetch(&["mail"], 10, Some("example-worker"))? {
-        println!("working on {} {} with args {}", claimed.payload.job_type, claimed.id, claimed.payload.args);
+        println!("working on {} {} with args {}", claimed.payload.job_type(), claimed.id, claimed.payload.args());
         svc.ack(claimed.id, Some(r#"{"done":true}"#.to_string()))?;
     }
 
@@ -59,7 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let chain = svc.create_workflow(onboarding.name("onboarding"))?;
     while let Some(step) = svc.fetch(&["onboarding"], 1, Some("example-worker"))?.pop() {
         let given = svc.parent_results(&step).map(|given| given.results).unwrap_or_default();
-        println!("step {} given {given:?}", step.payload.job_type);
+        println!("step {} given {given:?}", step.payload.job_type());
         svc.ack(step.id, Some(r#"{"user_id":7}"#.to_string()))?;
     }
     println!("workflow {} is {}", chain.id, svc.workflow(chain.id).expect("stored").state.as_str());

@@ -324,7 +324,7 @@ mod tests {
         .unwrap();
         assert_eq!(canonical, flat);
         assert_eq!((canonical.kind, canonical.jobs.len()), (WorkflowKind::Chain, 2));
-        assert_eq!((canonical.jobs[0].queue.as_str(), canonical.jobs[1].payload.args.as_str()), ("users", "[]"));
+        assert_eq!((canonical.jobs[0].queue.as_str(), canonical.jobs[1].payload.args()), ("users", "[]"));
     }
 
     #[test]

@@ -107,7 +107,7 @@ fn format_v1_data_dir_still_opens() {
     let engine = Engine::open(config(dir.path())).unwrap();
     let image = engine.handle().image().wait().unwrap();
     let by_args =
-        |args: &str| image.jobs.iter().find(|job| job.payload.args == args).unwrap_or_else(|| panic!("job {args}"));
+        |args: &str| image.jobs.iter().find(|job| job.payload.args() == args).unwrap_or_else(|| panic!("job {args}"));
     assert_eq!(image.jobs.len(), 5);
 
     let done = by_args(r#"["done"]"#);
@@ -115,8 +115,8 @@ fn format_v1_data_dir_still_opens() {
         (done.state, done.run().result.as_deref(), done.attempt),
         (JobState::Completed, Some(r#"{"sent":true}"#), 1)
     );
-    assert_eq!(done.payload.meta, r#"{"k":1.50}"#);
-    assert_eq!(done.payload.extra, vec![("x_extra".to_string(), r#"[1,{"b":2}]"#.to_string())]);
+    assert_eq!(done.payload.meta(), r#"{"k":1.50}"#);
+    assert_eq!(done.payload.extra(), vec![("x_extra".to_string(), r#"[1,{"b":2}]"#.to_string())]);
     let retrying = by_args(r#"["retrying"]"#);
     assert_eq!(
         (retrying.state, retrying.priority, retrying.run().retry_at),
@@ -207,7 +207,7 @@ fn extras_v4_data_dir_still_opens() {
     let engine = Engine::open(config(dir.path())).unwrap();
     let image = engine.handle().image().wait().unwrap();
     let by_args =
-        |args: &str| image.jobs.iter().find(|job| job.payload.args == args).unwrap_or_else(|| panic!("job {args}"));
+        |args: &str| image.jobs.iter().find(|job| job.payload.args() == args).unwrap_or_else(|| panic!("job {args}"));
     assert_eq!(image.jobs.len(), 9);
     let unique = by_args(r#"["u1"]"#);
     let (policy, _) = unique.unique().expect("the policy is kept");

@@ -451,7 +451,7 @@ fn a_callbacks_id_is_never_handed_out_again_after_a_crash() {
     let request = FetchRequest { queues: vec!["parts".into()], count: 1, worker_id: None, visibility_timeout_ms: None };
     let part = engine.handle().fetch(request).wait().unwrap()[0].id;
     engine.handle().ack(part, None, None).wait().unwrap();
-    assert_eq!(engine.handle().job(callback_id).unwrap().payload.job_type, "done");
+    assert_eq!(engine.handle().job(callback_id).unwrap().payload.job_type(), "done");
     engine.close();
 }
 

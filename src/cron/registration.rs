@@ -339,7 +339,7 @@ mod tests {
         assert_eq!(cron.overlap, OverlapPolicy::Skip);
         assert!(cron.enabled);
         assert_eq!(cron.job.queue, "default");
-        assert_eq!(cron.job.payload.args, "[]");
+        assert_eq!(cron.job.payload.args(), "[]");
         assert_eq!(cron.options, "{}");
     }
 
@@ -352,8 +352,8 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(cron.schedule, "*/5 * * * *");
-        assert_eq!(cron.job.payload.job_type, "cron.test");
-        assert_eq!(cron.job.payload.args, "[1]");
+        assert_eq!(cron.job.payload.job_type(), "cron.test");
+        assert_eq!(cron.job.payload.args(), "[1]");
         assert_eq!(cron.job.queue, "flat");
         assert_eq!(cron.job.priority, 7);
         let from_template =
@@ -403,7 +403,7 @@ mod tests {
             .expect("valid patch");
         assert_eq!(patched.schedule, "*/10 * * * *");
         assert_eq!(patched.description, None);
-        assert_eq!(patched.job.payload.args, "[1]");
+        assert_eq!(patched.job.payload.args(), "[1]");
         assert_eq!(patched.name, "a");
         let error = patch_cron_body(&cron, br#"{"name":"b"}"#, &defaults).expect_err("name is fixed");
         assert_eq!(error.field.as_deref(), Some("name"));

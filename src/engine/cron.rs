@@ -15,7 +15,7 @@ use super::state::State;
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, OverlapPolicy};
 use crate::job::time::format_timestamp;
-use crate::job::{Job, JobId, JobPayload, JobState, NewJob, OnConflict};
+use crate::job::{Job, JobId, JobState, NewJob, OnConflict};
 use crate::limits::CRON_MISSED_COUNT_MAX;
 
 impl State {
@@ -138,10 +138,10 @@ impl State {
 fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Millis, scheduled: Millis) -> Job {
     let template = &definition.job;
     let mut meta: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&template.payload.meta).unwrap_or_default();
+        serde_json::from_str(&template.payload.meta()).unwrap_or_default();
     meta.insert("cron_name".to_string(), definition.name.clone().into());
     meta.insert("cron_triggered_at".to_string(), format_timestamp(scheduled).into());
-    let payload = JobPayload { meta: serde_json::Value::Object(meta).to_string(), ..template.payload.as_ref().clone() };
+    let payload = template.payload.with_meta(&serde_json::Value::Object(meta).to_string());
     let (unique, rate_limit) = definition.job_controls();
     let schema = definition.schema().map(Arc::from);
     let request = NewJob {

@@ -351,13 +351,8 @@ mod tests {
 
     #[test]
     fn events_of_large_jobs_are_dropped_oldest_first_past_the_byte_budget() {
-        let payload = crate::job::JobPayload {
-            job_type: "t".into(),
-            args: format!("[\"{}\"]", "x".repeat(1024 * 1024)),
-            meta: "{}".into(),
-            tags: Vec::new(),
-            extra: Vec::new(),
-        };
+        let args = format!("[\"{}\"]", "x".repeat(1024 * 1024));
+        let payload = crate::job::JobPayload::new("t", &args, "{}", Vec::new(), Vec::new());
         let new_job = crate::job::NewJob {
             id: None,
             payload: Arc::new(payload),

@@ -369,9 +369,9 @@ impl Request for CreateWorkflow {
             let payload = &job.payload;
             std::mem::size_of::<NewJob>()
                 + job.queue.len()
-                + payload.job_type.len()
-                + payload.args.len()
-                + payload.meta.len()
+                + payload.job_type().len()
+                + payload.args().len()
+                + payload.meta().len()
         })
         .sum::<usize>() as u64
     }
@@ -448,11 +448,11 @@ impl Request for Enqueue {
                 let payload = &job.payload;
                 std::mem::size_of::<NewJob>()
                     + job.queue.len()
-                    + payload.job_type.len()
-                    + payload.args.len()
-                    + payload.meta.len()
-                    + payload.tags.iter().map(String::len).sum::<usize>()
-                    + payload.extra.iter().map(|(key, value)| key.len() + value.len()).sum::<usize>()
+                    + payload.job_type().len()
+                    + payload.args().len()
+                    + payload.meta().len()
+                    + payload.tags().iter().map(String::len).sum::<usize>()
+                    + payload.extra().iter().map(|(key, value)| key.len() + value.len()).sum::<usize>()
             })
             .sum::<usize>() as u64
     }

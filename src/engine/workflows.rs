@@ -61,7 +61,7 @@ impl State {
             job.push_extra(JobExtra::Workflow { id, role: WorkflowRole::Member(index as u32) });
             members.push(Member {
                 job_id: job.id,
-                job_type: job.payload.job_type.clone(),
+                job_type: job.payload.job_type().to_owned(),
                 queue: job.queue.clone(),
                 outcome: None,
             });
@@ -216,7 +216,7 @@ impl State {
                     let completed = WorkflowEvent::StepCompleted {
                         index,
                         job_id,
-                        job_type: job.payload.job_type.clone(),
+                        job_type: job.payload.job_type().to_owned(),
                         steps_remaining,
                     };
                     events.push_other(at, EventKind::Workflow { id, event: completed });

@@ -421,7 +421,7 @@ impl Writer {
             let job = event.job.as_deref();
             let (queue, job_type) = match (&event.kind, job) {
                 (EventKind::QueuePaused(queue) | EventKind::QueueResumed(queue), _) => (Some(queue.as_str()), None),
-                (_, Some(job)) => (Some(job.queue.as_str()), Some(job.payload.job_type.as_str())),
+                (_, Some(job)) => (Some(job.queue.as_str()), Some(job.payload.job_type())),
                 _ => (None, None),
             };
             let type_name = event.kind.type_name();

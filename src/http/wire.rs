@@ -173,13 +173,13 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     push_ascii(out, &job.id.to_hyphenated());
     out.push('"');
     out.push_str(key!("type"));
-    push_json_string(out, &job.payload.job_type);
+    push_json_string(out, &job.payload.job_type());
     out.push_str(key!("queue"));
     push_json_string(out, &job.queue);
     out.push_str(key!("args"));
-    out.push_str(&job.payload.args);
+    out.push_str(&job.payload.args());
     out.push_str(key!("meta"));
-    out.push_str(&job.payload.meta);
+    out.push_str(&job.payload.meta());
     out.push_str(key!("state"));
     push_json_string(out, job.state.as_str());
     push_number(out, key!("priority"), job.priority);
@@ -192,7 +192,7 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     out.push_str(key!("retry"));
     push_retry(out, &job.retry);
     out.push_str(key!("tags"));
-    push_strings(out, &job.payload.tags);
+    push_strings(out, &job.payload.tags());
     push_time(out, key!("created_at"), Some(job.created_at));
     if !job.extras.is_empty() {
         push_extras(out, job);
@@ -231,7 +231,7 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
             .collect();
         object.raw("errors", &format!("[{}]", entries.join(",")));
     }
-    for (key, value) in &job.payload.extra {
+    for (key, value) in job.payload.extra() {
         object.raw(key, value);
     }
     for (key, value) in extra {
@@ -381,7 +381,7 @@ pub fn render_event(event: &Event) -> Value {
             let mut data = cron_data(cron);
             if let Some(job) = job {
                 data["job_id"] = job.id.to_string().into();
-                data["job_type"] = job.payload.job_type.clone().into();
+                data["job_type"] = job.payload.job_type().to_owned().into();
                 data["queue"] = job.queue.clone().into();
             }
             data["run_count"] = (*run_count).into();
@@ -475,13 +475,13 @@ fn cron_data(cron: &CronInfo) -> Value {
 fn job_event_data(event: &Event, job: &Job) -> Value {
     let mut data = serde_json::json!({
         "job_id": job.id.to_string(),
-        "job_type": job.payload.job_type,
+        "job_type": job.payload.job_type(),
         "queue": job.queue,
     });
     if let Some((workflow_id, _)) = job.workflow() {
         data["workflow_id"] = workflow_id.to_string().into();
     }
-    if let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(&job.payload.meta)
+    if let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(&job.payload.meta())
         && let Some(trace_id) = meta.get("trace_id")
     {
         data["trace_id"] = trace_id.clone();

@@ -73,7 +73,7 @@ fn render(app: &AppState, workflow: &Workflow) -> Value {
     if workflow.kind == WorkflowKind::Batch {
         let mut callbacks = serde_json::Map::new();
         for callback in &workflow.callbacks {
-            let mut entry = json!({"type": callback.job.payload.job_type, "queue": callback.job.queue});
+            let mut entry = json!({"type": callback.job.payload.job_type(), "queue": callback.job.queue});
             if callback.fired {
                 entry["job_id"] = callback.job.id.to_string().into();
                 let state = state_of(callback.job.id).or(callback.outcome);

@@ -187,12 +187,12 @@ mod tests {
             .pending()
             .build(&JobDefaults::default())
             .unwrap();
-        assert_eq!((job.payload.job_type.as_str(), job.payload.args.as_str()), ("report.build", "[1,2]"));
+        assert_eq!((job.payload.job_type(), job.payload.args()), ("report.build", "[1,2]"));
         assert_eq!(
             (job.queue.as_str(), job.priority, job.timeout_ms, job.visibility_timeout_ms),
             ("reports", -3, 90_000, 1500)
         );
-        assert_eq!(job.payload.tags, ["a", "b"]);
+        assert_eq!(job.payload.tags(), ["a", "b"]);
         assert_eq!(job.unique.as_deref(), Some(&policy));
         assert!(job.pending);
         assert!(policy.covers(JobState::Pending));

@@ -270,7 +270,7 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
 
     Ok(NewJob {
         id,
-        payload: Arc::new(JobPayload { job_type, args, meta, tags, extra }),
+        payload: Arc::new(JobPayload::new(&job_type, &args, &meta, tags, extra)),
         queue,
         priority,
         timeout_ms,
@@ -543,8 +543,8 @@ mod tests {
         assert_eq!(job.queue, "default");
         assert_eq!(job.priority, 0);
         assert_eq!(job.timeout_ms, 30_000);
-        assert_eq!(job.payload.args, r#"["a@b.c"]"#);
-        assert_eq!(job.payload.meta, "{}");
+        assert_eq!(job.payload.args(), r#"["a@b.c"]"#);
+        assert_eq!(job.payload.meta(), "{}");
         assert_eq!(*job.retry, RetryPolicy::default());
     }
 
@@ -569,11 +569,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(job.id, JobId::parse("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f"));
-        assert_eq!((job.payload.job_type.as_str(), job.payload.args.as_str()), ("a.b", "[1]"));
-        assert_eq!(
-            (job.payload.meta.as_str(), job.payload.tags.as_slice()),
-            (r#"{"m":1}"#, ["x".to_string()].as_slice())
-        );
+        assert_eq!((job.payload.job_type(), job.payload.args()), ("a.b", "[1]"));
+        assert_eq!((job.payload.meta(), job.payload.tags()), (r#"{"m":1}"#, ["x".to_string()].as_slice()));
         assert_eq!((job.queue.as_str(), job.priority), ("q", 3));
         assert_eq!((job.timeout_ms, job.visibility_timeout_ms, job.retry.max_attempts), (4000, 6000, 9));
         assert!(job.scheduled_at.is_some() && job.expires_at.is_some() && job.scheduled_at != job.expires_at);
@@ -602,13 +599,13 @@ mod tests {
     #[test]
     fn unknown_fields_are_kept_and_system_fields_dropped() {
         let job = parse(r#"{"type":"t","args":[],"x_custom": {"a" : 1.50},"state":"completed","attempt":9}"#).unwrap();
-        assert_eq!(job.payload.extra, vec![("x_custom".to_string(), r#"{"a":1.50}"#.to_string())]);
+        assert_eq!(job.payload.extra(), vec![("x_custom".to_string(), r#"{"a":1.50}"#.to_string())]);
     }
 
     #[test]
     fn metadata_merges_over_meta() {
         let job = parse(r#"{"type":"t","args":[],"meta":{"a":1,"b":2},"options":{"metadata":{"b":3,"c":4}}}"#).unwrap();
-        assert_eq!(job.payload.meta, r#"{"a":1,"b":3,"c":4}"#);
+        assert_eq!(job.payload.meta(), r#"{"a":1,"b":3,"c":4}"#);
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod error;
 mod failure;
 mod id;
 pub mod json;
+mod payload;
 mod retry;
 mod stored;
 pub mod time;
@@ -21,6 +22,7 @@ pub use enqueue::{
 pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
 pub use id::{IdGenerator, JobId, JobIdMap, JobIdSet};
+pub use payload::JobPayload;
 pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
 pub use stored::StoredJob;
 pub use unique::{OnConflict, UNIQUE_KEY_NAME_CHARS_MAX, UNIQUE_KEY_NAMES_MAX, UniqueKey, UniquePolicy};
@@ -77,20 +79,6 @@ impl JobState {
     pub fn index(self) -> usize {
         self as usize
     }
-}
-
-/// The parts of a job that never change after it is accepted; shared by
-/// reference between the engine and the read view.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobPayload {
-    pub job_type: String,
-    /// Compact JSON text of the `args` array, as the client wrote it.
-    pub args: String,
-    /// Compact JSON text of the `meta` object.
-    pub meta: String,
-    pub tags: Vec<String>,
-    /// Unknown top-level fields of the enqueue body: (name, compact JSON text).
-    pub extra: Vec<(String, String)>,
 }
 
 /// A validated enqueue request.
@@ -240,7 +228,7 @@ impl Job {
     ) -> Job {
         let mut extras = Vec::new();
         if let Some(policy) = new_job.unique {
-            let key = policy.fingerprint(&new_job.payload.job_type, &new_job.payload.args);
+            let key = policy.fingerprint(new_job.payload.job_type(), new_job.payload.args());
             extras.push(JobExtra::Unique { policy, key });
         }
         if let Some(limit) = new_job.rate_limit {
@@ -357,16 +345,7 @@ impl Job {
         /// What an extra holds out of line (a policy) and its index entry.
         const EXTRA_BYTES: usize = 128;
         let payload = &self.payload;
-        let payload_bytes = std::mem::size_of::<JobPayload>()
-            + payload.job_type.len()
-            + payload.args.len()
-            + payload.meta.len()
-            + payload.tags.iter().map(|tag| tag.len() + std::mem::size_of::<String>()).sum::<usize>()
-            + payload
-                .extra
-                .iter()
-                .map(|(key, value)| key.len() + value.len() + 2 * std::mem::size_of::<String>())
-                .sum::<usize>();
+        let payload_bytes = payload.held_bytes();
         let run = self.run();
         let run_bytes = if *run == *NO_RUN { 0 } else { std::mem::size_of::<JobRun>() }
             + run.error.as_ref().map_or(0, FailureReport::held_bytes)

@@ -191,13 +191,8 @@ mod tests {
     }
 
     fn sample_job() -> Job {
-        let payload = Arc::new(JobPayload {
-            job_type: "email.send".into(),
-            args: r#"["a@example.com"]"#.into(),
-            meta: "{}".into(),
-            tags: vec!["t".into()],
-            extra: Vec::new(),
-        });
+        let payload =
+            Arc::new(JobPayload::new("email.send", r#"["a@example.com"]"#, "{}", vec!["t".into()], Vec::new()));
         let report = FailureReport {
             error_type: "Timeout".into(),
             code: "timeout".into(),
