@@ -145,7 +145,7 @@ fn a_cron_entry_fires_at_each_slot_with_its_name_and_time_in_meta() {
         (job.state, job.queue.as_str(), job.payload.job_type()),
         (JobState::Available, "reports", "report.build")
     );
-    let meta: Value = serde_json::from_str(&job.payload.meta()).unwrap();
+    let meta: Value = serde_json::from_str(job.payload.meta()).unwrap();
     assert_eq!(meta, json!({"team": "ops", "cron_name": "reports", "cron_triggered_at": "2027-01-15T10:05:00Z"}));
     let entry = harness.cron("reports");
     assert_eq!(entry.run_count, 1);
@@ -247,7 +247,7 @@ fn after_downtime_one_catch_up_run_fires_for_the_latest_missed_slot() {
     harness.at("2027-01-15T10:37:00Z");
     let jobs = harness.jobs();
     assert_eq!(jobs.len(), 1, "one catch-up run, not a burst");
-    let meta: Value = serde_json::from_str(&jobs[0].payload.meta()).unwrap();
+    let meta: Value = serde_json::from_str(jobs[0].payload.meta()).unwrap();
     assert_eq!(meta["cron_triggered_at"], "2027-01-15T10:35:00Z");
     let entry = harness.cron("reports");
     assert_eq!(entry.next_run_at.map(iso).as_deref(), Some("2027-01-15T10:40:00Z"));
@@ -322,7 +322,7 @@ fn a_crash_after_a_firing_neither_repeats_the_slot_nor_bursts_afterwards() {
     harness.at("2027-01-15T10:31:00Z");
     let jobs = harness.jobs();
     assert_eq!(jobs.len(), 2, "five missed slots: one catch-up run");
-    let meta: Value = serde_json::from_str(&jobs[1].payload.meta()).unwrap();
+    let meta: Value = serde_json::from_str(jobs[1].payload.meta()).unwrap();
     assert_eq!(meta["cron_triggered_at"], "2027-01-15T10:30:00Z");
     harness.crash_and_reopen();
     harness.at("2027-01-15T10:34:59Z");

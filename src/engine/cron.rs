@@ -138,7 +138,7 @@ impl State {
 fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Millis, scheduled: Millis) -> Job {
     let template = &definition.job;
     let mut meta: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&template.payload.meta()).unwrap_or_default();
+        serde_json::from_str(template.payload.meta()).unwrap_or_default();
     meta.insert("cron_name".to_string(), definition.name.clone().into());
     meta.insert("cron_triggered_at".to_string(), format_timestamp(scheduled).into());
     let payload = template.payload.with_meta(&serde_json::Value::Object(meta).to_string());

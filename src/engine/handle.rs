@@ -106,7 +106,7 @@ impl EngineHandle {
     fn check_schemas<'a>(&self, jobs: impl Iterator<Item = (Option<usize>, &'a NewJob)>) -> Result<(), EngineError> {
         for (index, job) in jobs {
             let Some(uri) = job.schema.as_deref() else { continue };
-            check_args(self.view.schema(uri).as_deref(), uri, &job.payload.args())
+            check_args(self.view.schema(uri).as_deref(), uri, job.payload.args())
                 .map_err(|error| EngineError::Invalid { error, index })?;
         }
         Ok(())
@@ -220,7 +220,7 @@ impl EngineHandle {
     /// only checks that the schema is still registered.
     fn check_cron_schema(&self, definition: &CronDefinition) -> Result<(), EngineError> {
         let Some(uri) = definition.schema() else { return Ok(()) };
-        check_args(self.view.schema(&uri).as_deref(), &uri, &definition.job.payload.args())
+        check_args(self.view.schema(&uri).as_deref(), &uri, definition.job.payload.args())
             .map_err(|error| EngineError::Invalid { error, index: None })
     }
 

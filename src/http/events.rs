@@ -25,7 +25,7 @@ pub(super) fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
         types.as_ref().is_none_or(|types| types.iter().any(|pattern| pattern_matches(pattern, event.kind.type_name())))
             && queues.as_ref().is_none_or(|queues| job.is_some_and(|job| queues.contains(&job.queue)))
             && job_types.as_ref().is_none_or(|types| {
-                job.is_some_and(|job| types.iter().any(|pattern| pattern_matches(pattern, &job.payload.job_type())))
+                job.is_some_and(|job| types.iter().any(|pattern| pattern_matches(pattern, job.payload.job_type())))
             })
             && subject.as_ref().is_none_or(|subject| event.subject().as_ref() == Some(subject))
     });

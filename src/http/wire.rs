@@ -173,13 +173,13 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     push_ascii(out, &job.id.to_hyphenated());
     out.push('"');
     out.push_str(key!("type"));
-    push_json_string(out, &job.payload.job_type());
+    push_json_string(out, job.payload.job_type());
     out.push_str(key!("queue"));
     push_json_string(out, &job.queue);
     out.push_str(key!("args"));
-    out.push_str(&job.payload.args());
+    out.push_str(job.payload.args());
     out.push_str(key!("meta"));
-    out.push_str(&job.payload.meta());
+    out.push_str(job.payload.meta());
     out.push_str(key!("state"));
     push_json_string(out, job.state.as_str());
     push_number(out, key!("priority"), job.priority);
@@ -192,7 +192,7 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     out.push_str(key!("retry"));
     push_retry(out, &job.retry);
     out.push_str(key!("tags"));
-    push_strings(out, &job.payload.tags());
+    push_strings(out, job.payload.tags());
     push_time(out, key!("created_at"), Some(job.created_at));
     if !job.extras.is_empty() {
         push_extras(out, job);
@@ -481,7 +481,7 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
     if let Some((workflow_id, _)) = job.workflow() {
         data["workflow_id"] = workflow_id.to_string().into();
     }
-    if let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(&job.payload.meta())
+    if let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(job.payload.meta())
         && let Some(trace_id) = meta.get("trace_id")
     {
         data["trace_id"] = trace_id.clone();
