@@ -1,5 +1,6 @@
 //! Engine apply (decide + apply, no I/O) of enqueue, fetch and ack, the
-//! ready order's push/pop, and parsing an enqueue body.
+//! ready order's push/pop, parsing an enqueue body, and the whole batch path
+//! without I/O (parse + decide + apply + encode + render of 100 jobs).
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
@@ -119,5 +120,43 @@ fn parse_enqueue(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, engine_apply, ready_queue, parse_enqueue);
+/// A batch enqueue of 100 jobs of 200 bytes each, as `svc bench --workload
+/// fill` sends it, from body to answer: parse, decide and apply, encode the
+/// record, render the answer. Measured on a store of 100 000 jobs, which
+/// keeps growing by 100 jobs an iteration.
+fn batch_path(c: &mut Criterion) {
+    use svc::engine::{EnqueueSlot, Enqueued};
+    let mut group = c.benchmark_group("batch_path");
+    group.throughput(Throughput::Elements(100));
+    let items: Vec<String> = (0..100)
+        .map(|n| {
+            let head = format!(r#"{{"type":"bench.fill","args":[{n},""#);
+            format!("{head}{}\"]}}", "x".repeat(200 - head.len() - 3))
+        })
+        .collect();
+    let body = format!(r#"{{"jobs":[{}]}}"#, items.join(","));
+    let defaults = JobDefaults::default();
+    let mut entropy = SystemEntropy;
+    let mut state = state_with(100_000);
+    let mut encoded = Vec::new();
+    group.bench_function("parse_decide_encode_render_100", |b| {
+        b.iter(|| {
+            let jobs = svc::http::jobs::parse_batch(black_box(body.as_bytes()), &defaults).expect("valid batch");
+            let (record, slots) = state.decide_enqueue(NOW, jobs, &mut entropy).expect("accepted");
+            let record = record.expect("a record");
+            apply(&mut state, &record);
+            svc::engine::record::encode_batch(std::slice::from_ref(&record), &mut encoded);
+            let enqueued: Vec<Enqueued> = slots
+                .iter()
+                .map(|slot| {
+                    let EnqueueSlot::New(id) = slot else { unreachable!("no unique policies here") };
+                    Enqueued { job: state.job(*id).expect("stored").clone(), deduplicated: false }
+                })
+                .collect();
+            black_box(svc::http::jobs::render_batch(&enqueued).len() + encoded.len())
+        })
+    });
+}
+
+criterion_group!(benches, engine_apply, ready_queue, parse_enqueue, batch_path);
 criterion_main!(benches);

@@ -33,7 +33,7 @@ pub use api::{
     Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable,
 };
 pub use cron_table::{CronEntry, CronWrite};
-pub use decide::{Entropy, SystemEntropy};
+pub use decide::{EnqueueSlot, Entropy, SystemEntropy};
 #[doc(hidden)]
 pub use events::EventSink;
 pub use events::{CronInfo, Event, EventId, EventKind, EventPage, WorkflowEvent};

@@ -10,7 +10,7 @@ use super::wire::{job_body, push_job, render_job};
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::Enqueued;
 use crate::job::json::{minify, parse_object};
-use crate::job::{body_error, parse_enqueue_body, parse_enqueue_object};
+use crate::job::{JobDefaults, NewJob, body_error, parse_enqueue_body, parse_enqueue_object};
 use crate::limits::{BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX};
 
 pub(super) async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
@@ -28,6 +28,14 @@ pub(super) async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, Api
 }
 
 pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+    let new_jobs = parse_batch(body, app.engine.defaults())?;
+    let enqueued = app.engine.enqueue(new_jobs).outcome().await?;
+    Ok(Reply::ok(render_batch(&enqueued)).with_status(StatusCode::CREATED))
+}
+
+/// The jobs of a batch enqueue body, each validated; the first invalid item
+/// refuses the whole batch, naming its index.
+pub fn parse_batch(body: &[u8], defaults: &JobDefaults) -> Result<Vec<NewJob>, ApiError> {
     let object = parse_object(body).map_err(|error| ApiError::from(body_error(error)))?;
     let Some(raw_jobs) = object.get_present("jobs") else {
         return Err(ApiError::invalid_request(Some("jobs"), "jobs is required: a non-empty array of enqueue items"));
@@ -45,19 +53,23 @@ pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, Api
     }
     let mut new_jobs = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
-        let prefix = format!("jobs[{index}]");
+        let prefix = || format!("jobs[{index}]");
         let parsed = crate::job::json::parse_raw_object(item)
-            .ok_or_else(|| crate::job::ValidationError::payload(prefix.clone(), format!("{prefix} must be an object")))
+            .ok_or_else(|| crate::job::ValidationError::payload(prefix(), format!("{} must be an object", prefix())))
             .and_then(|object| {
                 let compact = minify(item.get()).len();
                 if compact > ENVELOPE_BYTES_MAX {
-                    return Err(crate::job::ValidationError::too_large(prefix.clone(), ENVELOPE_BYTES_MAX, compact));
+                    return Err(crate::job::ValidationError::too_large(prefix(), ENVELOPE_BYTES_MAX, compact));
                 }
-                parse_enqueue_object(&object, app.engine.defaults()).map_err(|error| error.within(&prefix))
+                parse_enqueue_object(&object, defaults).map_err(|error| error.within(&prefix()))
             });
         new_jobs.push(parsed.map_err(|error| ApiError::from(error).detail("index", index))?);
     }
-    let enqueued = app.engine.enqueue(new_jobs).outcome().await?;
+    Ok(new_jobs)
+}
+
+/// The answer to a batch enqueue: every job, in the order given.
+pub fn render_batch(enqueued: &[Enqueued]) -> String {
     let mut body = String::with_capacity(64 + 1024 * enqueued.len());
     body.push_str("{\"jobs\":[");
     let deduplicated = [("deduplicated", Value::Bool(true))];
@@ -70,7 +82,7 @@ pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, Api
     body.push_str("],\"count\":");
     body.push_str(itoa::Buffer::new().format(enqueued.len()));
     body.push('}');
-    Ok(Reply::ok(body).with_status(StatusCode::CREATED))
+    body
 }
 
 pub(super) fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
