@@ -60,6 +60,13 @@ impl StateImage {
         self.sort_jobs();
         postcard::to_allocvec(&self).expect("state images encode into a Vec without failing")
     }
+
+    /// Writes the snapshot payload (the same bytes as [`StateImage::encode`])
+    /// to `out` as it is encoded, so that it is never whole in memory.
+    pub fn encode_to(&mut self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        self.sort_jobs();
+        postcard::to_io(&*self, out).map(|_| ()).map_err(std::io::Error::other)
+    }
 }
 
 /// The snapshot payload version this build writes.

@@ -28,7 +28,7 @@ use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
 use crate::job::JobId;
 use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
-use crate::storage::{FileSystem, StorageError, remove_obsolete, write_snapshot};
+use crate::storage::{FileSystem, StorageError, remove_obsolete, write_snapshot_with};
 
 /// Most due jobs handled in one turn; the rest follow in the next turn at once.
 const DUE_JOBS_PER_TURN_MAX: usize = 10_000;
@@ -540,10 +540,10 @@ impl Writer {
         while self.snapshot_busy.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let (replay_from, image) = self.snapshot_image()?;
-        let payload = image.encode();
-        write_snapshot(self.snapshots.file_system.as_ref(), &self.snapshots.dir, replay_from, IMAGE_VERSION, &payload)?;
-        remove_obsolete(&self.snapshots.dir, replay_from)
+        let (replay_from, mut image) = self.snapshot_image()?;
+        let (file_system, dir) = (self.snapshots.file_system.as_ref(), &self.snapshots.dir);
+        write_snapshot_with(file_system, dir, replay_from, IMAGE_VERSION, &mut |out| image.encode_to(out))?;
+        remove_obsolete(dir, replay_from)
     }
 
     /// Starts a background snapshot once enough log has been written.
@@ -551,7 +551,7 @@ impl Writer {
         if self.bytes_since_snapshot < self.snapshots.log_bytes || self.snapshot_busy.load(Ordering::SeqCst) {
             return;
         }
-        let (replay_from, image) = match self.snapshot_image() {
+        let (replay_from, mut image) = match self.snapshot_image() {
             Ok(snapshot) => snapshot,
             Err(error) => {
                 tracing::error!(error = %error, "could not start a snapshot");
@@ -565,14 +565,15 @@ impl Writer {
         let metrics = self.metrics.clone();
         std::thread::spawn(move || {
             let started = std::time::Instant::now();
-            let payload = image.encode();
-            let result = write_snapshot(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, &payload)
-                .and_then(|()| remove_obsolete(&dir, replay_from));
+            let result = write_snapshot_with(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, &mut |out| {
+                image.encode_to(out)
+            })
+            .and_then(|bytes| remove_obsolete(&dir, replay_from).map(|()| bytes));
             metrics.snapshot_seconds.observe(started.elapsed().as_secs_f64());
             match result {
-                Ok(()) => tracing::info!(
+                Ok(bytes) => tracing::info!(
                     replay_from_segment = replay_from,
-                    bytes = payload.len(),
+                    bytes,
                     seconds = started.elapsed().as_secs_f64(),
                     "snapshot written"
                 ),

@@ -20,7 +20,9 @@ pub use layout::{DataDirLock, SEGMENT_HEADER_BYTES, list_segments, list_snapshot
 #[doc(hidden)]
 pub use power_loss::PowerLossFileSystem;
 #[doc(hidden)]
-pub use snapshot::{SNAPSHOT_HEADER_BYTES, SnapshotFile, read_snapshot, remove_obsolete, write_snapshot};
+pub use snapshot::{
+    SNAPSHOT_HEADER_BYTES, SnapshotFile, read_snapshot, remove_obsolete, write_snapshot, write_snapshot_with,
+};
 #[doc(hidden)]
 pub use wal::{FrameVisitor, ReplayEnd, SegmentScan, TailPolicy, WalWriter, Written, replay_log, scan_segment};
 
@@ -81,14 +83,24 @@ impl std::error::Error for StorageError {}
 /// Reads a whole file with `read`, naming the offset of a failed read. (A
 /// memory map would turn a device error into SIGBUS and kill the process.)
 pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, StorageError> {
-    use std::os::unix::fs::FileExt;
-    /// Read in pieces, so that a failure is placed within a megabyte.
-    const PIECE_BYTES: usize = 1024 * 1024;
     let file = std::fs::File::open(path).map_err(io_error(path))?;
     let length = file.metadata().map_err(io_error(path))?.len() as usize;
+    read_range(&file, path, 0, length)
+}
+
+/// Reads `length` bytes of `file` from `start`, in pieces, so that a failure
+/// is placed within a megabyte.
+pub(crate) fn read_range(
+    file: &std::fs::File,
+    path: &Path,
+    start: u64,
+    length: usize,
+) -> Result<Vec<u8>, StorageError> {
+    use std::os::unix::fs::FileExt;
+    const PIECE_BYTES: usize = 1024 * 1024;
     let mut bytes = vec![0u8; length];
     for (index, piece) in bytes.chunks_mut(PIECE_BYTES).enumerate() {
-        let offset = (index * PIECE_BYTES) as u64;
+        let offset = start + (index * PIECE_BYTES) as u64;
         file.read_exact_at(piece, offset).map_err(|error| StorageError::Read {
             path: path.to_path_buf(),
             offset,

@@ -2,13 +2,15 @@
 //!
 //! `magic[8] | version u32 | payload_version u32 | replay_from u64 |
 //! payload_len u64 | payload_crc u32 | header_crc u32 | payload`. The payload
-//! version tells its reader (the engine) how the payload is encoded. Written to a temp file, synced,
+//! version tells its reader (the engine) how the payload is encoded. Written
+//! to a temp file (the payload streamed in pieces, the header last), synced,
 //! renamed into place, then the directory is synced.
 
+use std::io::Write;
 use std::path::Path;
 
 use super::layout::{FORMAT_VERSION, list_segments, list_snapshots, snapshot_path};
-use super::{FileSystem, StorageError, io_error};
+use super::{FileSystem, LogFile, StorageError, io_error};
 use crate::limits::SNAPSHOT_BYTES_MAX;
 
 pub const SNAPSHOT_HEADER_BYTES: usize = 40;
@@ -23,26 +25,90 @@ pub fn write_snapshot(
     payload_version: u32,
     payload: &[u8],
 ) -> Result<(), StorageError> {
+    write_snapshot_with(fs, dir, replay_from, payload_version, &mut |out| out.write_all(payload)).map(|_| ())
+}
+
+/// Writes a snapshot durably, its payload streamed out by `write_payload`
+/// (in pieces of a megabyte, never whole in memory); returns the payload's
+/// length. `replay_from` is the first log segment the snapshot does not cover.
+pub fn write_snapshot_with(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    replay_from: u64,
+    payload_version: u32,
+    write_payload: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<u64, StorageError> {
+    let final_path = snapshot_path(dir, replay_from);
+    let temp_path = final_path.with_extension("snap.tmp");
+    let _ = std::fs::remove_file(&temp_path);
+    let file = fs.create_new(&temp_path).map_err(io_error(&temp_path))?;
+    let mut out = PayloadWriter {
+        file: file.as_ref(),
+        at: SNAPSHOT_HEADER_BYTES as u64,
+        piece: Vec::with_capacity(WRITE_PIECE_BYTES),
+        crc: crc32fast::Hasher::new(),
+    };
+    write_payload(&mut out).and_then(|()| out.flush()).map_err(io_error(&temp_path))?;
+    let length = out.at - SNAPSHOT_HEADER_BYTES as u64;
+    let header = encode_header(payload_version, replay_from, length, out.crc.finalize());
+    file.write_at(0, &header).map_err(io_error(&temp_path))?;
+    file.sync_data().map_err(io_error(&temp_path))?;
+    drop(file);
+    fs.rename(&temp_path, &final_path).map_err(io_error(&final_path))?;
+    fs.sync_dir(dir).map_err(io_error(dir))?;
+    Ok(length)
+}
+
+/// How much of a payload is gathered before it is written.
+const WRITE_PIECE_BYTES: usize = 1024 * 1024;
+
+/// Streams a payload into a snapshot file after its header, checksumming it
+/// on the way.
+struct PayloadWriter<'a> {
+    file: &'a dyn LogFile,
+    /// Where the next piece goes.
+    at: u64,
+    piece: Vec<u8>,
+    crc: crc32fast::Hasher,
+}
+
+impl Write for PayloadWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.piece.len() + bytes.len() > WRITE_PIECE_BYTES {
+            self.flush()?;
+        }
+        if bytes.len() >= WRITE_PIECE_BYTES {
+            self.crc.update(bytes);
+            self.file.write_at(self.at, bytes)?;
+            self.at += bytes.len() as u64;
+        } else {
+            self.piece.extend_from_slice(bytes);
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.piece.is_empty() {
+            self.crc.update(&self.piece);
+            self.file.write_at(self.at, &self.piece)?;
+            self.at += self.piece.len() as u64;
+            self.piece.clear();
+        }
+        Ok(())
+    }
+}
+
+fn encode_header(payload_version: u32, replay_from: u64, length: u64, crc: u32) -> [u8; SNAPSHOT_HEADER_BYTES] {
     let mut header = [0u8; SNAPSHOT_HEADER_BYTES];
     header[0..8].copy_from_slice(SNAPSHOT_MAGIC);
     header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     header[12..16].copy_from_slice(&payload_version.to_le_bytes());
     header[16..24].copy_from_slice(&replay_from.to_le_bytes());
-    header[24..32].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    header[32..36].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    header[24..32].copy_from_slice(&length.to_le_bytes());
+    header[32..36].copy_from_slice(&crc.to_le_bytes());
     let header_crc = crc32fast::hash(&header[0..36]);
     header[36..40].copy_from_slice(&header_crc.to_le_bytes());
-
-    let final_path = snapshot_path(dir, replay_from);
-    let temp_path = final_path.with_extension("snap.tmp");
-    let _ = std::fs::remove_file(&temp_path);
-    let file = fs.create_new(&temp_path).map_err(io_error(&temp_path))?;
-    file.write_at(0, &header).map_err(io_error(&temp_path))?;
-    file.write_at(SNAPSHOT_HEADER_BYTES as u64, payload).map_err(io_error(&temp_path))?;
-    file.sync_data().map_err(io_error(&temp_path))?;
-    drop(file);
-    fs.rename(&temp_path, &final_path).map_err(io_error(&final_path))?;
-    fs.sync_dir(dir).map_err(io_error(dir))
+    header
 }
 
 /// A snapshot as read back.
@@ -54,37 +120,43 @@ pub struct SnapshotFile {
     pub payload: Vec<u8>,
 }
 
-/// Reads and verifies a snapshot file.
+/// Reads and verifies a snapshot file. The payload is read into memory
+/// once, after the header, with no copy of the whole file beside it.
 pub fn read_snapshot(path: &Path) -> Result<SnapshotFile, StorageError> {
     let corrupt = |offset: u64, reason: &str| StorageError::Corrupt {
         path: path.to_path_buf(),
         offset,
         reason: reason.to_string(),
     };
-    let bytes = super::read_file(path)?;
-    if bytes.len() < SNAPSHOT_HEADER_BYTES || bytes[0..8] != SNAPSHOT_MAGIC[..] {
+    let file = std::fs::File::open(path).map_err(io_error(path))?;
+    let file_length = file.metadata().map_err(io_error(path))?.len();
+    if file_length < SNAPSHOT_HEADER_BYTES as u64 {
         return Err(corrupt(0, "not an svc snapshot (bad magic or short header)"));
     }
-    let header_crc = u32::from_le_bytes(bytes[36..40].try_into().expect("four bytes"));
-    if header_crc != crc32fast::hash(&bytes[0..36]) {
+    let header = super::read_range(&file, path, 0, SNAPSHOT_HEADER_BYTES)?;
+    if header[0..8] != SNAPSHOT_MAGIC[..] {
+        return Err(corrupt(0, "not an svc snapshot (bad magic or short header)"));
+    }
+    let header_crc = u32::from_le_bytes(header[36..40].try_into().expect("four bytes"));
+    if header_crc != crc32fast::hash(&header[0..36]) {
         return Err(corrupt(0, "snapshot header checksum mismatch"));
     }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("four bytes"));
+    let version = u32::from_le_bytes(header[8..12].try_into().expect("four bytes"));
     if version != FORMAT_VERSION {
         return Err(corrupt(8, &format!("snapshot format version {version} is not supported")));
     }
-    let replay_from = u64::from_le_bytes(bytes[16..24].try_into().expect("eight bytes"));
-    let length = u64::from_le_bytes(bytes[24..32].try_into().expect("eight bytes"));
-    if length > SNAPSHOT_BYTES_MAX || length != (bytes.len() - SNAPSHOT_HEADER_BYTES) as u64 {
+    let replay_from = u64::from_le_bytes(header[16..24].try_into().expect("eight bytes"));
+    let length = u64::from_le_bytes(header[24..32].try_into().expect("eight bytes"));
+    if length > SNAPSHOT_BYTES_MAX || length != file_length - SNAPSHOT_HEADER_BYTES as u64 {
         return Err(corrupt(24, "snapshot length does not match the file"));
     }
-    let payload = &bytes[SNAPSHOT_HEADER_BYTES..];
-    let crc = u32::from_le_bytes(bytes[32..36].try_into().expect("four bytes"));
-    if crc != crc32fast::hash(payload) {
+    let payload = super::read_range(&file, path, SNAPSHOT_HEADER_BYTES as u64, length as usize)?;
+    let crc = u32::from_le_bytes(header[32..36].try_into().expect("four bytes"));
+    if crc != crc32fast::hash(&payload) {
         return Err(corrupt(SNAPSHOT_HEADER_BYTES as u64, "snapshot payload checksum mismatch"));
     }
-    let payload_version = u32::from_le_bytes(bytes[12..16].try_into().expect("four bytes"));
-    Ok(SnapshotFile { replay_from, payload_version, payload: payload.to_vec() })
+    let payload_version = u32::from_le_bytes(header[12..16].try_into().expect("four bytes"));
+    Ok(SnapshotFile { replay_from, payload_version, payload })
 }
 
 /// Once the snapshot at `replay_from` is durable: deletes the snapshots
@@ -117,6 +189,30 @@ pub fn remove_obsolete(dir: &Path, replay_from: u64) -> Result<(), StorageError>
 mod tests {
     use super::*;
     use crate::storage::RealFileSystem;
+
+    #[test]
+    fn a_streamed_payload_reads_back_whole_across_pieces() {
+        let dir = tempfile::tempdir().unwrap();
+        // Small writes that cross piece boundaries, one write larger than a
+        // piece, and a tail.
+        let small: Vec<u8> = (0..WRITE_PIECE_BYTES + 10).map(|n| (n % 251) as u8).collect();
+        let large = vec![7u8; WRITE_PIECE_BYTES * 2 + 3];
+        let length = write_snapshot_with(&RealFileSystem, dir.path(), 3, 5, &mut |out| {
+            for chunk in small.chunks(1000) {
+                out.write_all(chunk)?;
+            }
+            out.write_all(&large)?;
+            out.write_all(b"end")
+        })
+        .unwrap();
+        let mut expected = small.clone();
+        expected.extend_from_slice(&large);
+        expected.extend_from_slice(b"end");
+        assert_eq!(length, expected.len() as u64);
+        let read = read_snapshot(&snapshot_path(dir.path(), 3)).unwrap();
+        assert_eq!((read.replay_from, read.payload_version), (3, 5));
+        assert!(read.payload == expected, "the payload reads back as written");
+    }
 
     #[test]
     fn written_snapshot_reads_back_and_damage_is_named() {
