@@ -2,6 +2,7 @@
 //! it that this build still reads (`docs/wal-format.md`).
 
 use serde::{Deserialize, Serialize};
+use std::io::Read;
 use std::sync::Arc;
 
 use super::cron_table::CronEntry;
@@ -119,9 +120,29 @@ struct StateImageV1 {
 
 /// Decodes a snapshot payload of any version this build knows.
 pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, String> {
+    decode_image_from(payload_version, &mut &bytes[..], bytes.len() as u64)
+}
+
+/// Decodes a snapshot payload of `length` bytes as it is read from `source`,
+/// so that only the state it becomes is ever whole in memory. Every byte of
+/// the payload must belong to the state.
+pub fn decode_image_from(payload_version: u32, source: &mut impl Read, length: u64) -> Result<StateImage, String> {
+    let mut flavor = ReadFlavor {
+        source: std::io::BufReader::with_capacity(READ_PIECE_BYTES, source),
+        left: length,
+        scratch: Vec::new(),
+    };
+    let image = decode_versioned(payload_version, &mut flavor)?;
+    if flavor.left != 0 {
+        return Err(format!("{} bytes after the state", flavor.left));
+    }
+    Ok(image)
+}
+
+fn decode_versioned(payload_version: u32, flavor: &mut ReadFlavor<impl Read>) -> Result<StateImage, String> {
     match payload_version {
         0 | 1 => {
-            let old: StateImageV1 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
+            let old: StateImageV1 = flavor.decode().map_err(|error| error.to_string())?;
             let StateImageV1 { jobs, paused_queues, ids, reserved } = old;
             Ok(StateImage {
                 jobs: upgraded(jobs),
@@ -139,7 +160,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
             })
         }
         2 => {
-            let old: StateImageV2 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
+            let old: StateImageV2 = flavor.decode().map_err(|error| error.to_string())?;
             let StateImageV2 { jobs, paused_queues, ids, reserved, worker_signals } = old;
             Ok(StateImage {
                 jobs: upgraded(jobs),
@@ -157,7 +178,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
             })
         }
         3 => {
-            let old: StateImageV3 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
+            let old: StateImageV3 = flavor.decode().map_err(|error| error.to_string())?;
             let StateImageV3 { jobs, paused_queues, ids, reserved, worker_signals, crons, cron_waiters } = old;
             Ok(StateImage {
                 jobs: upgraded(jobs),
@@ -175,7 +196,7 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
             })
         }
         4 => {
-            let old: StateImageV4 = postcard::from_bytes(bytes).map_err(|error| error.to_string())?;
+            let old: StateImageV4 = flavor.decode().map_err(|error| error.to_string())?;
             let StateImageV4 {
                 jobs,
                 paused_queues,
@@ -202,10 +223,71 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
                 deliveries: Vec::new(),
             })
         }
-        IMAGE_VERSION => postcard::from_bytes(bytes).map_err(|error| error.to_string()),
+        IMAGE_VERSION => flavor.decode().map_err(|error| error.to_string()),
         other => {
             Err(format!("snapshot payload version {other} is not supported (this build reads up to {IMAGE_VERSION})"))
         }
+    }
+}
+
+/// How much of a payload is read from the file at a time.
+const READ_PIECE_BYTES: usize = 1024 * 1024;
+
+/// A postcard flavor over a reader: each value is decoded as its bytes
+/// arrive, and only one string's bytes are held at a time. Values are
+/// decoded owned; nothing borrows from the payload.
+struct ReadFlavor<R> {
+    source: R,
+    /// Payload bytes not yet taken; no value may claim more.
+    left: u64,
+    /// Holds the bytes of the string being decoded.
+    scratch: Vec<u8>,
+}
+
+impl<R: Read> ReadFlavor<R> {
+    fn decode<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, String> {
+        let mut deserializer = postcard::Deserializer::from_flavor(&mut *self);
+        T::deserialize(&mut deserializer).map_err(|error| error.to_string())
+    }
+}
+
+impl<'de, R: Read + 'de> postcard::de_flavors::Flavor<'de> for &'de mut ReadFlavor<R> {
+    type Remainder = ();
+    type Source = ();
+
+    fn pop(&mut self) -> postcard::Result<u8> {
+        let mut byte = [0u8];
+        if self.left == 0 {
+            return Err(postcard::Error::DeserializeUnexpectedEnd);
+        }
+        self.source.read_exact(&mut byte).map_err(|_| postcard::Error::DeserializeUnexpectedEnd)?;
+        self.left -= 1;
+        Ok(byte[0])
+    }
+
+    fn try_take_n(&mut self, _count: usize) -> postcard::Result<&'de [u8]> {
+        // Nothing stored borrows from the payload; a value that tried would
+        // outlive the bytes it was read into.
+        Err(postcard::Error::DeserializeBadEncoding)
+    }
+
+    fn try_take_n_temp<'a>(&'a mut self, count: usize) -> postcard::Result<&'a [u8]>
+    where
+        'de: 'a,
+    {
+        // A length read from a damaged payload may claim more than there is:
+        // refused before anything is allocated for it.
+        if count as u64 > self.left {
+            return Err(postcard::Error::DeserializeUnexpectedEnd);
+        }
+        self.scratch.resize(count, 0);
+        self.source.read_exact(&mut self.scratch).map_err(|_| postcard::Error::DeserializeUnexpectedEnd)?;
+        self.left -= count as u64;
+        Ok(&self.scratch)
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
     }
 }
 

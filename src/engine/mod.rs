@@ -58,8 +58,8 @@ use crate::clock::{Clock, SteadyClock, SystemClock};
 use crate::job::{IdGenerator, JobDefaults, SharedPolicies};
 use crate::limits::{ENGINE_INBOX_BYTES_MAX, ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
 use crate::storage::{
-    DataDirLock, FileSystem, RealFileSystem, SNAPSHOT_HEADER_BYTES, StorageError, TailPolicy, WalWriter, list_segments,
-    list_snapshots, read_snapshot, remove_obsolete, replay_log,
+    DataDirLock, FileSystem, OpenSnapshot, RealFileSystem, SNAPSHOT_HEADER_BYTES, StorageError, TailPolicy, WalWriter,
+    list_segments, list_snapshots, open_snapshot, remove_obsolete, replay_log,
 };
 use record::{Record, decode_batch};
 use view::ReadView;
@@ -265,15 +265,23 @@ pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageErr
 
 /// A snapshot's state and the first segment it does not cover.
 fn load_snapshot(path: &Path, retention: Retention) -> Result<(State, u64), StorageError> {
-    let snapshot = read_snapshot(path)?;
+    let OpenSnapshot { replay_from, payload_version, mut payload } = open_snapshot(path)?;
     let corrupt = |reason: String| StorageError::Corrupt {
         path: path.to_path_buf(),
         offset: SNAPSHOT_HEADER_BYTES as u64,
         reason,
     };
-    let image = decode_image(snapshot.payload_version, &snapshot.payload)
-        .map_err(|error| corrupt(format!("snapshot does not decode: {error}")))?;
-    Ok((State::from_image(image, retention).map_err(corrupt)?, snapshot.replay_from))
+    let length = payload.remaining();
+    let decoded = image::decode_image_from(payload_version, &mut payload, length);
+    // A failed read is reported as such, not as a payload that does not decode.
+    if let Some(error) = payload.read_failure() {
+        return Err(error);
+    }
+    let image = decoded.map_err(|error| corrupt(format!("snapshot does not decode: {error}")))?;
+    // The checksum covers what was decoded: a damaged payload is refused here
+    // even when it happened to decode.
+    payload.finish()?;
+    Ok((State::from_image(image, retention).map_err(corrupt)?, replay_from))
 }
 
 /// Replays the log from segment `replay_from` onto `state`.

@@ -120,9 +120,31 @@ pub struct SnapshotFile {
     pub payload: Vec<u8>,
 }
 
-/// Reads and verifies a snapshot file. The payload is read into memory
-/// once, after the header, with no copy of the whole file beside it.
+/// Reads and verifies a whole snapshot file (for inspection and tests;
+/// recovery decodes the payload as it reads it, with [`open_snapshot`]).
 pub fn read_snapshot(path: &Path) -> Result<SnapshotFile, StorageError> {
+    let mut open = open_snapshot(path)?;
+    let mut payload = Vec::with_capacity(usize::try_from(open.payload.remaining()).unwrap_or(0));
+    if let Err(error) = std::io::Read::read_to_end(&mut open.payload, &mut payload) {
+        return Err(open.payload.read_failure().unwrap_or_else(|| io_error(path)(error)));
+    }
+    open.payload.finish()?;
+    Ok(SnapshotFile { replay_from: open.replay_from, payload_version: open.payload_version, payload })
+}
+
+/// A snapshot opened for reading: its header checked, its payload to be
+/// read as it is decoded ([`SnapshotPayload`]), so that the payload is never
+/// whole in memory beside the state it becomes.
+pub struct OpenSnapshot {
+    /// The first log segment the snapshot does not cover.
+    pub replay_from: u64,
+    pub payload_version: u32,
+    pub payload: SnapshotPayload,
+}
+
+/// Opens a snapshot file and checks its header; the payload's checksum is
+/// checked by [`SnapshotPayload::finish`], once it has been read.
+pub fn open_snapshot(path: &Path) -> Result<OpenSnapshot, StorageError> {
     let corrupt = |offset: u64, reason: &str| StorageError::Corrupt {
         path: path.to_path_buf(),
         offset,
@@ -134,29 +156,110 @@ pub fn read_snapshot(path: &Path) -> Result<SnapshotFile, StorageError> {
         return Err(corrupt(0, "not an svc snapshot (bad magic or short header)"));
     }
     let header = super::read_range(&file, path, 0, SNAPSHOT_HEADER_BYTES)?;
-    if header[0..8] != SNAPSHOT_MAGIC[..] {
-        return Err(corrupt(0, "not an svc snapshot (bad magic or short header)"));
+    let (replay_from, payload_version, length, crc) = check_header(&header).map_err(|(at, why)| corrupt(at, &why))?;
+    if length != file_length - SNAPSHOT_HEADER_BYTES as u64 {
+        return Err(corrupt(24, "snapshot length does not match the file"));
+    }
+    let payload = SnapshotPayload {
+        file,
+        path: path.to_path_buf(),
+        at: SNAPSHOT_HEADER_BYTES as u64,
+        end: file_length,
+        expected_crc: crc,
+        crc: crc32fast::Hasher::new(),
+        failed_read: None,
+    };
+    Ok(OpenSnapshot { replay_from, payload_version, payload })
+}
+
+/// The payload of an open snapshot, read in order; checksummed as it is read.
+pub struct SnapshotPayload {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    /// The file offset of the next byte to read.
+    at: u64,
+    end: u64,
+    expected_crc: u32,
+    crc: crc32fast::Hasher,
+    /// Where a read failed, and why (a device error, not the end of the payload).
+    failed_read: Option<(u64, std::io::Error)>,
+}
+
+impl SnapshotPayload {
+    /// Bytes of the payload not yet read.
+    pub fn remaining(&self) -> u64 {
+        self.end - self.at
+    }
+
+    /// A read that failed, as the error that names the file and offset.
+    pub fn read_failure(&mut self) -> Option<StorageError> {
+        self.failed_read.take().map(|(offset, error)| StorageError::Read { path: self.path.clone(), offset, error })
+    }
+
+    /// After decoding: every byte was read and the checksum matches.
+    pub fn finish(mut self) -> Result<(), StorageError> {
+        if let Some(error) = self.read_failure() {
+            return Err(error);
+        }
+        let corrupt = |reason: &str| StorageError::Corrupt {
+            path: self.path.clone(),
+            offset: SNAPSHOT_HEADER_BYTES as u64,
+            reason: reason.to_string(),
+        };
+        if self.at != self.end {
+            return Err(corrupt("snapshot payload has bytes after the state"));
+        }
+        if self.crc.clone().finalize() != self.expected_crc {
+            return Err(corrupt("snapshot payload checksum mismatch"));
+        }
+        Ok(())
+    }
+}
+
+impl std::io::Read for SnapshotPayload {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let wanted = buffer.len().min(self.remaining().try_into().unwrap_or(usize::MAX));
+        if wanted == 0 {
+            return Ok(0);
+        }
+        match self.file.read_at(&mut buffer[..wanted], self.at) {
+            Ok(read) => {
+                self.crc.update(&buffer[..read]);
+                self.at += read as u64;
+                Ok(read)
+            }
+            Err(error) => {
+                let kind = error.kind();
+                self.failed_read = Some((self.at, error));
+                Err(std::io::Error::new(kind, "snapshot read failed"))
+            }
+        }
+    }
+}
+
+/// Checks a header: (replay_from, payload_version, payload length, payload
+/// checksum), or where and why it is not a header this build reads.
+fn check_header(header: &[u8]) -> Result<(u64, u32, u64, u32), (u64, String)> {
+    if header.len() < SNAPSHOT_HEADER_BYTES || header[0..8] != SNAPSHOT_MAGIC[..] {
+        return Err((0, "not an svc snapshot (bad magic or short header)".into()));
     }
     let header_crc = u32::from_le_bytes(header[36..40].try_into().expect("four bytes"));
     if header_crc != crc32fast::hash(&header[0..36]) {
-        return Err(corrupt(0, "snapshot header checksum mismatch"));
+        return Err((0, "snapshot header checksum mismatch".into()));
     }
     let version = u32::from_le_bytes(header[8..12].try_into().expect("four bytes"));
     if version != FORMAT_VERSION {
-        return Err(corrupt(8, &format!("snapshot format version {version} is not supported")));
+        return Err((8, format!("snapshot format version {version} is not supported")));
     }
     let replay_from = u64::from_le_bytes(header[16..24].try_into().expect("eight bytes"));
     let length = u64::from_le_bytes(header[24..32].try_into().expect("eight bytes"));
-    if length > SNAPSHOT_BYTES_MAX || length != file_length - SNAPSHOT_HEADER_BYTES as u64 {
-        return Err(corrupt(24, "snapshot length does not match the file"));
+    if length > SNAPSHOT_BYTES_MAX {
+        return Err((24, "snapshot length does not match the file".into()));
     }
-    let payload = super::read_range(&file, path, SNAPSHOT_HEADER_BYTES as u64, length as usize)?;
     let crc = u32::from_le_bytes(header[32..36].try_into().expect("four bytes"));
-    if crc != crc32fast::hash(&payload) {
-        return Err(corrupt(SNAPSHOT_HEADER_BYTES as u64, "snapshot payload checksum mismatch"));
-    }
     let payload_version = u32::from_le_bytes(header[12..16].try_into().expect("four bytes"));
-    Ok(SnapshotFile { replay_from, payload_version, payload })
+    Ok((replay_from, payload_version, length, crc))
 }
 
 /// Once the snapshot at `replay_from` is durable: deletes the snapshots
