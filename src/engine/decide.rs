@@ -204,12 +204,15 @@ impl State {
     }
 
     /// A generated id that no stored job and none of `taken` uses. The
-    /// generator's ids increase past every id it has seen, so the loop turns
-    /// more than once only after the generator ran out of milliseconds.
+    /// generator's ids increase past every id it has seen, so an id is looked
+    /// up among the stored ones only when it is not above all of them, and
+    /// the loop turns more than once, only after the generator ran out of
+    /// milliseconds.
     pub(crate) fn fresh_id(&mut self, now: Millis, entropy: &mut dyn Entropy, taken: &crate::job::JobIdSet) -> JobId {
         loop {
             let id = self.ids.next(now, entropy.next_u128());
-            if self.job(id).is_none() && !self.workflows.contains_key(&id) && !taken.contains(&id) {
+            let stored = id <= self.highest_stored_id && (self.job(id).is_some() || self.workflows.contains_key(&id));
+            if !stored && !taken.contains(&id) {
                 return id;
             }
         }
@@ -527,6 +530,35 @@ fn matches_non_retryable(entries: &[String], report: &FailureReport) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct FixedEntropy(u128);
+
+    impl Entropy for FixedEntropy {
+        fn next_u128(&mut self) -> u128 {
+            self.0
+        }
+        fn next_unit(&mut self) -> f64 {
+            0.5
+        }
+    }
+
+    #[test]
+    fn after_the_last_millisecond_a_fresh_id_is_checked_against_the_stored_ones() {
+        let now = 1_800_000_000_000;
+        let mut entropy = FixedEntropy(42);
+        // The id a generator starting again at `now` makes first.
+        let restart_id = crate::job::IdGenerator::default().next(now, 42);
+        let mut state = State::new(super::super::state::Retention::default());
+        let body = format!(r#"{{"type":"t","args":[],"id":"{restart_id}"}}"#);
+        let job = crate::job::parse_enqueue_body(body.as_bytes(), &crate::job::JobDefaults::default()).unwrap();
+        let record = state.decide_enqueue(now, vec![job], &mut entropy).unwrap().0.unwrap();
+        state.apply(&record, &mut super::super::EventSink::disabled()).unwrap();
+        // The generator has seen the last id there is, so it starts again at `now`.
+        state.ids.observe(JobId::parse("ffffffff-ffff-7fff-bfff-ffffffffffff").unwrap());
+        let fresh = state.fresh_id(now, &mut entropy, &Default::default());
+        assert_ne!(fresh, restart_id, "the stored job's id is not handed out again");
+        assert!(state.job(fresh).is_none());
+    }
 
     #[test]
     fn non_retryable_patterns() {

@@ -118,12 +118,18 @@ pub struct State {
     dirty_queues: Vec<String>,
     /// Every queue is to be published (before the first update of the view).
     all_queues_dirty: bool,
+    /// Every job is to be published (after loading a snapshot), so loading
+    /// does not list each one in `dirty`.
+    all_jobs_dirty: bool,
     /// Cron entries and the runs waiting on earlier runs.
     pub(crate) crons: CronTable,
     /// Jobs that ended during the record being applied while a cron run waited on them.
     ended_with_waiter: Vec<JobId>,
     /// The latest time any applied record or loaded job carries.
     latest_at: Millis,
+    /// No job or workflow ever stored had a higher id (so a fresh id above
+    /// it needs no lookup).
+    pub(crate) highest_stored_id: JobId,
     /// Live (non-terminal) jobs by unique key.
     unique_index: HashMap<UniqueKey, Vec<JobId>>,
     /// Active jobs and recent claims per dispatch-limit key.
@@ -174,6 +180,8 @@ impl State {
             dirty: JobIdSet::default(),
             dirty_queues: Vec::new(),
             all_queues_dirty: true,
+            all_jobs_dirty: false,
+            highest_stored_id: JobId(0),
             crons: CronTable::default(),
             ended_with_waiter: Vec::new(),
             latest_at: Millis::MIN,
@@ -318,7 +326,18 @@ impl State {
     }
 
     /// Ids changed since the last call.
-    pub fn take_dirty(&mut self) -> Vec<JobId> {
+    /// Jobs changed since the view was last updated, each with its current
+    /// version (`None`: no longer held).
+    pub fn take_changed_jobs(&mut self) -> Vec<(JobId, Option<Arc<Job>>)> {
+        if std::mem::take(&mut self.all_jobs_dirty) {
+            self.dirty = JobIdSet::default();
+            return self.jobs.iter().map(|(id, job)| (*id, Some(job.clone()))).collect();
+        }
+        let ids = self.take_dirty();
+        ids.into_iter().map(|id| (id, self.jobs.get(&id).cloned())).collect()
+    }
+
+    fn take_dirty(&mut self) -> Vec<JobId> {
         // A small set keeps its capacity for the next turn. A large one (after
         // recovery or a big batch) is dropped: draining scans every bucket,
         // and it would be scanned again each turn.
@@ -467,13 +486,16 @@ impl State {
     /// Adds a job (new, or loaded from a snapshot).
     fn insert_loaded(&mut self, job: Arc<Job>) {
         self.ids.observe(job.id);
+        self.highest_stored_id = self.highest_stored_id.max(job.id);
         let times =
             [job.created_at, job.enqueued_at.unwrap_or(Millis::MIN), job.run().started_at.unwrap_or(Millis::MIN)];
         let ended = [job.run().completed_at, job.run().cancelled_at, job.run().discarded_at]
             .map(|at| at.unwrap_or(Millis::MIN));
         self.latest_at = times.into_iter().chain(ended).fold(self.latest_at, Millis::max);
         self.index_job(&job);
-        self.dirty.insert(job.id);
+        if !self.all_jobs_dirty {
+            self.dirty.insert(job.id);
+        }
         self.jobs.insert(job.id, job);
     }
 
@@ -1057,6 +1079,8 @@ impl State {
             state.queues.entry(name).or_default().paused = true;
         }
         let mut policies = SharedPolicies::default();
+        state.jobs.reserve(image.jobs.len());
+        state.all_jobs_dirty = true;
         for mut job in image.jobs {
             if let Some(loaded) = Arc::get_mut(&mut job) {
                 policies.share(&mut loaded.retry);
@@ -1085,6 +1109,7 @@ impl State {
                 state.terminal_workflow_bytes += workflow.held_bytes();
             }
             state.dirty_workflows.insert(workflow.id);
+            state.highest_stored_id = state.highest_stored_id.max(workflow.id);
             state.workflows.insert(workflow.id, workflow);
         }
         for subscription in image.webhooks {

@@ -380,6 +380,9 @@ impl ReadView {
                 continue;
             }
             let mut map = shard.write();
+            // One reservation instead of a rehash at every doubling (after
+            // recovery every job arrives at once).
+            map.reserve(changes.len());
             for (id, job) in changes {
                 let new_key = job.as_deref().and_then(DeadLetterKey::of);
                 let old = match job {

@@ -114,6 +114,7 @@ impl State {
         for callback in &workflow.callbacks {
             self.ids.observe(callback.job.id);
         }
+        self.highest_stored_id = self.highest_stored_id.max(workflow.id);
         self.workflows.insert(workflow.id, workflow.clone());
         self.dirty_workflows.insert(workflow.id);
         let started = WorkflowEvent::Started {

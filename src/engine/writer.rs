@@ -517,7 +517,7 @@ impl Writer {
             })
             .collect();
         let workflows = self.state.take_dirty_workflows();
-        let jobs = self.state.take_dirty().into_iter().map(|id| (id, self.state.job(id).cloned())).collect();
+        let jobs = self.state.take_changed_jobs();
         let queues = self.state.take_dirty_queues();
         let schemas = self.state.take_dirty_schemas();
         let webhooks = self.state.take_dirty_webhooks();

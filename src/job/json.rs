@@ -214,32 +214,40 @@ fn nesting_depth(bytes: &[u8]) -> usize {
 pub fn minify(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len());
-    let mut in_string = false;
-    let mut escaped = false;
     let mut run_start = 0;
-    for (index, &byte) in bytes.iter().enumerate() {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if byte == b'\\' {
-                escaped = true;
-            } else if byte == b'"' {
-                in_string = false;
-            }
-            continue;
-        }
-        match byte {
+    let mut index = 0;
+    while index < bytes.len() {
+        match bytes[index] {
             b' ' | b'\n' | b'\r' | b'\t' => {
                 // White space is ASCII, so the run before it is whole UTF-8.
                 out.push_str(&text[run_start..index]);
                 run_start = index + 1;
+                index += 1;
             }
-            b'"' => in_string = true,
-            _ => {}
+            b'"' => index = string_end(bytes, index + 1),
+            _ => index += 1,
         }
     }
     out.push_str(&text[run_start..]);
     out
+}
+
+/// Where the JSON string whose text starts at `from` ends (just past its
+/// closing quote), skipping to each quote or backslash rather than looking
+/// at every byte: strings are most of a job's `args`.
+fn string_end(bytes: &[u8], mut from: usize) -> usize {
+    while let Some(offset) = memchr::memchr2(b'"', b'\\', &bytes[from..]) {
+        let at = from + offset;
+        if bytes[at] == b'"' {
+            return at + 1;
+        }
+        // A backslash escapes the byte after it.
+        from = at + 2;
+        if from >= bytes.len() {
+            return bytes.len();
+        }
+    }
+    bytes.len()
 }
 
 /// Appends bytes that must be ASCII (digits, hex, punctuation we put
@@ -409,6 +417,10 @@ mod tests {
     #[test]
     fn minify_leaves_strings_alone() {
         assert_eq!(minify(r#"{ "a b" : [ 1 , "x \" y" ] }"#), r#"{"a b":[1,"x \" y"]}"#);
+        // Escaped backslashes just before a closing quote, and a string that
+        // ends the text.
+        assert_eq!(minify(r#"[ "a\\" , "b\\\" c" , "d e" ]"#), r#"["a\\","b\\\" c","d e"]"#);
+        assert_eq!(minify(r#" "x y\\" "#), r#""x y\\""#);
     }
 
     #[test]
