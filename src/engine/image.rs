@@ -230,6 +230,108 @@ fn decode_versioned(payload_version: u32, flavor: &mut ReadFlavor<impl Read>) ->
     }
 }
 
+/// What decoding a current payload hands over as it goes.
+pub(crate) enum Loaded {
+    /// How many jobs follow (first).
+    Count(usize),
+    /// The next jobs, in payload order.
+    Jobs(Vec<Arc<Job>>),
+}
+
+/// Jobs handed over at a time.
+const LOADED_BATCH: usize = 4096;
+
+/// Everything of a current image after its jobs, in the order of [`StateImage`].
+#[derive(Deserialize)]
+struct ImageRest {
+    paused_queues: Vec<String>,
+    ids: IdGenerator,
+    reserved: u64,
+    worker_signals: Vec<(String, WorkerSignal, Millis)>,
+    crons: Vec<CronEntry>,
+    cron_waiters: Vec<(JobId, JobId)>,
+    dispatch_claims: Vec<(String, Vec<Millis>)>,
+    workflows: Vec<Arc<super::workflow_table::Workflow>>,
+    schemas: Vec<Arc<crate::schema::SchemaEntry>>,
+    webhooks: Vec<Arc<crate::webhook::Subscription>>,
+    deliveries: Vec<Arc<super::outbox::Delivery>>,
+}
+
+/// Decodes a payload of the current version ([`IMAGE_VERSION`]) of `length`
+/// bytes as it is read from `source`, handing its jobs to `deliver` in
+/// batches while the rest is still being read (so that another thread can
+/// index them meanwhile); returns the image without its jobs. Stops early,
+/// with an error, when `deliver` returns false.
+pub(crate) fn decode_current_image(
+    source: &mut impl Read,
+    length: u64,
+    mut deliver: impl FnMut(Loaded) -> bool,
+) -> Result<StateImage, String> {
+    let mut flavor = ReadFlavor {
+        source: std::io::BufReader::with_capacity(READ_PIECE_BYTES, source),
+        left: length,
+        scratch: Vec::new(),
+    };
+    // A sequence is its length, then its elements: decoded one at a time.
+    let count: u64 = flavor.decode()?;
+    if count > length {
+        return Err(format!("the payload claims {count} jobs in {length} bytes"));
+    }
+    let gone = || "the loader stopped".to_string();
+    if !deliver(Loaded::Count(count as usize)) {
+        return Err(gone());
+    }
+    let mut policies = crate::job::SharedPolicies::default();
+    let mut batch = Vec::with_capacity(LOADED_BATCH);
+    for _ in 0..count {
+        let mut job: Arc<Job> = flavor.decode()?;
+        if let Some(decoded) = Arc::get_mut(&mut job) {
+            // Jobs made live share equal policies; read back, each decoded its own.
+            policies.share(&mut decoded.retry);
+        }
+        batch.push(job);
+        if batch.len() == LOADED_BATCH
+            && !deliver(Loaded::Jobs(std::mem::replace(&mut batch, Vec::with_capacity(LOADED_BATCH))))
+        {
+            return Err(gone());
+        }
+    }
+    if !batch.is_empty() && !deliver(Loaded::Jobs(batch)) {
+        return Err(gone());
+    }
+    let rest: ImageRest = flavor.decode()?;
+    if flavor.left != 0 {
+        return Err(format!("{} bytes after the state", flavor.left));
+    }
+    let ImageRest {
+        paused_queues,
+        ids,
+        reserved,
+        worker_signals,
+        crons,
+        cron_waiters,
+        dispatch_claims,
+        workflows,
+        schemas,
+        webhooks,
+        deliveries,
+    } = rest;
+    Ok(StateImage {
+        jobs: Vec::new(),
+        paused_queues,
+        ids,
+        reserved,
+        worker_signals,
+        crons,
+        cron_waiters,
+        dispatch_claims,
+        workflows,
+        schemas,
+        webhooks,
+        deliveries,
+    })
+}
+
 /// How much of a payload is read from the file at a time.
 const READ_PIECE_BYTES: usize = 1024 * 1024;
 

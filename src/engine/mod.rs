@@ -58,8 +58,8 @@ use crate::clock::{Clock, SteadyClock, SystemClock};
 use crate::job::{IdGenerator, JobDefaults, SharedPolicies};
 use crate::limits::{ENGINE_INBOX_BYTES_MAX, ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
 use crate::storage::{
-    DataDirLock, FileSystem, OpenSnapshot, RealFileSystem, SNAPSHOT_HEADER_BYTES, StorageError, TailPolicy, WalWriter,
-    list_segments, list_snapshots, open_snapshot, remove_obsolete, replay_log,
+    DataDirLock, FileSystem, OpenSnapshot, RealFileSystem, SNAPSHOT_HEADER_BYTES, SnapshotPayload, StorageError,
+    TailPolicy, WalWriter, list_segments, list_snapshots, open_snapshot, remove_obsolete, replay_log,
 };
 use record::{Record, decode_batch};
 use view::ReadView;
@@ -265,14 +265,19 @@ pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageErr
 
 /// A snapshot's state and the first segment it does not cover.
 fn load_snapshot(path: &Path, retention: Retention) -> Result<(State, u64), StorageError> {
-    let OpenSnapshot { replay_from, payload_version, mut payload } = open_snapshot(path)?;
+    let OpenSnapshot { replay_from, payload_version, payload } = open_snapshot(path)?;
     let corrupt = |reason: String| StorageError::Corrupt {
         path: path.to_path_buf(),
         offset: SNAPSHOT_HEADER_BYTES as u64,
         reason,
     };
-    let length = payload.remaining();
-    let decoded = image::decode_image_from(payload_version, &mut payload, length);
+    let mut payload = payload;
+    let (decoded, state) = if payload_version == image::IMAGE_VERSION {
+        load_current_payload(&mut payload, retention)
+    } else {
+        let length = payload.remaining();
+        (image::decode_image_from(payload_version, &mut payload, length), None)
+    };
     // A failed read is reported as such, not as a payload that does not decode.
     if let Some(error) = payload.read_failure() {
         return Err(error);
@@ -281,7 +286,44 @@ fn load_snapshot(path: &Path, retention: Retention) -> Result<(State, u64), Stor
     // The checksum covers what was decoded: a damaged payload is refused here
     // even when it happened to decode.
     payload.finish()?;
-    Ok((State::from_image(image, retention).map_err(corrupt)?, replay_from))
+    let state = match state {
+        Some(mut state) => state.finish_loading(image).map(|()| state),
+        None => State::from_image(image, retention),
+    };
+    Ok((state.map_err(corrupt)?, replay_from))
+}
+
+/// Loads a payload of the current version on two threads: one reads and
+/// decodes the jobs, this one indexes them as they come (each is about half
+/// the work). Returns what was decoded besides the jobs, and the state
+/// holding the jobs; on one thread only when no second one can be started.
+fn load_current_payload(
+    payload: &mut SnapshotPayload,
+    retention: Retention,
+) -> (Result<StateImage, String>, Option<State>) {
+    use image::Loaded;
+    let length = payload.remaining();
+    let mut state = State::loading(retention, 0);
+    let (sender, receiver) = std::sync::mpsc::sync_channel::<Loaded>(8);
+    let source = &mut *payload;
+    let decoded = std::thread::scope(|scope| {
+        // The sender moves to the decoding thread: when it ends, so does the loop below.
+        let decoder = std::thread::Builder::new().name("svc-snapshot-decode".into()).spawn_scoped(scope, move || {
+            image::decode_current_image(source, length, |loaded| sender.send(loaded).is_ok())
+        });
+        let Ok(decoder) = decoder else { return None };
+        for loaded in receiver {
+            match loaded {
+                Loaded::Count(count) => state.reserve_jobs(count),
+                Loaded::Jobs(jobs) => jobs.into_iter().for_each(|job| state.load_job(job)),
+            }
+        }
+        Some(decoder.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    });
+    match decoded {
+        Some(decoded) => (decoded, Some(state)),
+        None => (image::decode_image_from(image::IMAGE_VERSION, payload, length), None),
+    }
 }
 
 /// Replays the log from segment `replay_from` onto `state`.

@@ -325,7 +325,6 @@ impl State {
         }
     }
 
-    /// Ids changed since the last call.
     /// Jobs changed since the view was last updated, each with its current
     /// version (`None`: no longer held).
     pub fn take_changed_jobs(&mut self) -> Vec<(JobId, Option<Arc<Job>>)> {
@@ -337,6 +336,7 @@ impl State {
         ids.into_iter().map(|id| (id, self.jobs.get(&id).cloned())).collect()
     }
 
+    /// Ids changed since the last call.
     fn take_dirty(&mut self) -> Vec<JobId> {
         // A small set keeps its capacity for the next turn. A large one (after
         // recovery or a big batch) is dropped: draining scans every bucket,
@@ -1073,19 +1073,46 @@ impl State {
     }
 
     /// Rebuilds the state from a snapshot image.
-    pub fn from_image(image: StateImage, retention: Retention) -> Result<Self, String> {
-        let mut state = State::new(retention);
-        for name in image.paused_queues {
-            state.queues.entry(name).or_default().paused = true;
-        }
+    pub fn from_image(mut image: StateImage, retention: Retention) -> Result<Self, String> {
+        let mut state = State::loading(retention, image.jobs.len());
         let mut policies = SharedPolicies::default();
-        state.jobs.reserve(image.jobs.len());
-        state.all_jobs_dirty = true;
-        for mut job in image.jobs {
+        for mut job in std::mem::take(&mut image.jobs) {
             if let Some(loaded) = Arc::get_mut(&mut job) {
                 policies.share(&mut loaded.retry);
             }
-            state.insert_loaded(job);
+            state.load_job(job);
+        }
+        state.finish_loading(image)?;
+        Ok(state)
+    }
+
+    /// An empty state about to take `jobs` jobs from a snapshot
+    /// ([`State::load_job`], then [`State::finish_loading`]).
+    pub(crate) fn loading(retention: Retention, jobs: usize) -> Self {
+        let mut state = State::new(retention);
+        state.jobs.reserve(jobs);
+        state.all_jobs_dirty = true;
+        state
+    }
+
+    /// Makes room for `jobs` more jobs of the snapshot being loaded.
+    pub(crate) fn reserve_jobs(&mut self, jobs: usize) {
+        self.jobs.reserve(jobs);
+    }
+
+    /// Takes one job of the snapshot being loaded.
+    pub(crate) fn load_job(&mut self, job: Arc<Job>) {
+        self.insert_loaded(job);
+    }
+
+    /// Takes the rest of the snapshot being loaded: everything of `image`
+    /// but its jobs, which came one by one.
+    pub(crate) fn finish_loading(&mut self, image: StateImage) -> Result<(), String> {
+        let state = self;
+        for name in image.paused_queues {
+            let queue = state.queues.entry(name.clone()).or_default();
+            queue.paused = true;
+            Self::queue_changed(&mut state.dirty_queues, &name, queue);
         }
         for (worker, signal, at) in image.worker_signals {
             state.dirty_workers.insert(worker.clone());
@@ -1125,7 +1152,7 @@ impl State {
             state.schemas.insert(entry.uri.clone(), entry);
         }
         state.ids = image.ids;
-        Ok(state)
+        Ok(())
     }
 
     /// Checks that every job sits in exactly the structures its state implies.
