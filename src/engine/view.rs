@@ -369,35 +369,63 @@ impl ReadView {
         let _ = self.failure.compare_exchange(0, code, Ordering::SeqCst, Ordering::SeqCst);
     }
 
-    /// Writer only: publishes changed jobs (`None` removes).
+    /// Writer only: publishes changed jobs (`None` removes). A change of
+    /// every job at once (after recovery) is shared with a second thread, each
+    /// taking half the shards.
     pub(crate) fn publish_jobs(&self, changes: impl Iterator<Item = (JobId, Option<Arc<Job>>)>) {
+        /// Below this many changes a second thread costs more than it saves.
+        const PARALLEL_CHANGES_MIN: usize = 65_536;
         let mut by_shard: Vec<Vec<(JobId, Option<Arc<Job>>)>> = (0..SHARDS).map(|_| Vec::new()).collect();
+        let mut count = 0;
         for (id, job) in changes {
             by_shard[(id.0 as usize) % SHARDS].push((id, job));
+            count += 1;
         }
-        for (shard, changes) in self.shards.iter().zip(by_shard) {
-            if changes.is_empty() {
-                continue;
-            }
-            let mut map = shard.write();
-            // One reservation instead of a rehash at every doubling (after
-            // recovery every job arrives at once).
-            map.reserve(changes.len());
-            for (id, job) in changes {
-                let new_key = job.as_deref().and_then(DeadLetterKey::of);
-                let old = match job {
-                    Some(job) => map.insert(id, job),
-                    None => map.remove(&id),
-                };
-                let old_key = old.as_deref().and_then(DeadLetterKey::of);
-                if old_key != new_key || new_key.is_some() {
-                    let mut listing = self.dead_letter.write();
-                    if let Some(key) = old_key {
-                        listing.remove(&key);
-                    }
-                    if let (Some(key), Some(job)) = (new_key, map.get(&id)) {
-                        listing.insert(key, job.clone());
-                    }
+        let shards: Vec<_> = self.shards.iter().zip(by_shard).collect();
+        if count < PARALLEL_CHANGES_MIN {
+            shards.into_iter().for_each(|(shard, changes)| self.publish_shard(shard, changes));
+            return;
+        }
+        let (first, mut second): (Vec<_>, Vec<_>) =
+            shards.into_iter().enumerate().partition(|(index, _)| index % 2 == 0);
+        let publish = |half: &mut Vec<(usize, (&RwLock<JobIdMap<Arc<Job>>>, Vec<(JobId, Option<Arc<Job>>)>))>| {
+            half.drain(..).for_each(|(_, (shard, changes))| self.publish_shard(shard, changes));
+        };
+        let helped = std::thread::scope(|scope| {
+            let second = &mut second;
+            let helper =
+                std::thread::Builder::new().name("svc-publish".into()).spawn_scoped(scope, move || publish(second));
+            publish(&mut { first });
+            helper.is_ok()
+        });
+        if !helped {
+            // No second thread: this one publishes the other half too.
+            publish(&mut second);
+        }
+    }
+
+    fn publish_shard(&self, shard: &RwLock<JobIdMap<Arc<Job>>>, changes: Vec<(JobId, Option<Arc<Job>>)>) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut map = shard.write();
+        // One reservation instead of a rehash at every doubling (after
+        // recovery every job arrives at once).
+        map.reserve(changes.len());
+        for (id, job) in changes {
+            let new_key = job.as_deref().and_then(DeadLetterKey::of);
+            let old = match job {
+                Some(job) => map.insert(id, job),
+                None => map.remove(&id),
+            };
+            let old_key = old.as_deref().and_then(DeadLetterKey::of);
+            if old_key != new_key || new_key.is_some() {
+                let mut listing = self.dead_letter.write();
+                if let Some(key) = old_key {
+                    listing.remove(&key);
+                }
+                if let (Some(key), Some(job)) = (new_key, map.get(&id)) {
+                    listing.insert(key, job.clone());
                 }
             }
         }
