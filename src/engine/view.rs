@@ -16,6 +16,11 @@ use crate::schema::SchemaEntry;
 
 const SHARDS: usize = 64;
 
+/// A job's new version for the view (`None`: removed).
+type JobChange = (JobId, Option<Arc<Job>>);
+/// One shard and the changes it takes.
+type ShardChanges<'a> = (&'a RwLock<JobIdMap<Arc<Job>>>, Vec<JobChange>);
+
 /// One queue's figures as of the last commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueSummary {
@@ -375,7 +380,7 @@ impl ReadView {
     pub(crate) fn publish_jobs(&self, changes: impl Iterator<Item = (JobId, Option<Arc<Job>>)>) {
         /// Below this many changes a second thread costs more than it saves.
         const PARALLEL_CHANGES_MIN: usize = 65_536;
-        let mut by_shard: Vec<Vec<(JobId, Option<Arc<Job>>)>> = (0..SHARDS).map(|_| Vec::new()).collect();
+        let mut by_shard: Vec<Vec<JobChange>> = (0..SHARDS).map(|_| Vec::new()).collect();
         let mut count = 0;
         for (id, job) in changes {
             by_shard[(id.0 as usize) % SHARDS].push((id, job));
@@ -388,7 +393,7 @@ impl ReadView {
         }
         let (first, mut second): (Vec<_>, Vec<_>) =
             shards.into_iter().enumerate().partition(|(index, _)| index % 2 == 0);
-        let publish = |half: &mut Vec<(usize, (&RwLock<JobIdMap<Arc<Job>>>, Vec<(JobId, Option<Arc<Job>>)>))>| {
+        let publish = |half: &mut Vec<(usize, ShardChanges)>| {
             half.drain(..).for_each(|(_, (shard, changes))| self.publish_shard(shard, changes));
         };
         let helped = std::thread::scope(|scope| {
@@ -404,7 +409,7 @@ impl ReadView {
         }
     }
 
-    fn publish_shard(&self, shard: &RwLock<JobIdMap<Arc<Job>>>, changes: Vec<(JobId, Option<Arc<Job>>)>) {
+    fn publish_shard(&self, shard: &RwLock<JobIdMap<Arc<Job>>>, changes: Vec<JobChange>) {
         if changes.is_empty() {
             return;
         }
