@@ -469,12 +469,21 @@ impl Writer {
         // Only as many as may be in flight: the pool never queues an
         // attempt, so no lease runs out while it waits.
         let mut ids = Vec::new();
+        // Subscriptions found at their limit this turn: once every one is,
+        // the rest of the due list is not looked at (a slow receiver can have
+        // a hundred thousand deliveries waiting, every turn).
+        let mut full = Vec::new();
         for id in self.state.outbox.due(now, &|_| false) {
             let Some(delivery) = self.state.outbox.get(id) else { continue };
             if self.in_flight.has_room(delivery.subscription, &self.webhook_limits) {
                 self.in_flight.started(delivery.subscription);
                 ids.push(id);
-            } else if !self.in_flight.has_any_room(&self.webhook_limits) {
+                continue;
+            }
+            if !full.contains(&delivery.subscription) {
+                full.push(delivery.subscription);
+            }
+            if !self.in_flight.has_any_room(&self.webhook_limits) || full.len() >= self.state.webhooks.len() {
                 break;
             }
         }
