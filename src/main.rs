@@ -321,18 +321,14 @@ fn bench(flags: BenchFlags) -> ExitCode {
             TargetName::Svc => bench::fill::Target::Svc,
             TargetName::Redis => bench::fill::Target::Redis,
         };
-        return match bench::run_fill(options, target) {
-            Ok(report) => {
-                println!("{report}");
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("svc bench: {error}");
-                ExitCode::from(1)
-            }
-        };
+        return print_report(bench::run_fill(options, target));
     }
-    match bench::run(options) {
+    print_report(bench::run(options))
+}
+
+/// Prints a bench report, or why the run failed.
+fn print_report(result: Result<impl std::fmt::Display, String>) -> ExitCode {
+    match result {
         Ok(report) => {
             println!("{report}");
             ExitCode::SUCCESS
