@@ -3,11 +3,15 @@
 # local HTTPS receiver) against none, in alternating rounds of the same
 # run, and how fast the deliveries arrive. Run after
 # `cargo build --release --examples`; quote the ratios, not the figures.
+# Each job makes three events; the subscription may hold all of them
+# (`webhooks.max_pending`), so that every one is delivered at any JOBS.
+# CONCURRENCY sets `webhooks.concurrency_per_subscription` (default: the
+# server's default).
 #
-#   benches/webhooks.sh [JOBS] [ROUNDS]
+#   [CONCURRENCY=N] benches/webhooks.sh [JOBS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-JOBS=${1:-50000}
+JOBS=${1:-20000}
 ROUNDS=${2:-3}
 WORK=$(mktemp -d)
 SVC_PORT=18471
@@ -16,7 +20,11 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 target/release/examples/webhook_receiver "$RECEIVER_PORT" "$WORK/ca.pem" >"$WORK/receiver.log" &
 until [ -s "$WORK/ca.pem" ]; do sleep 0.1; done
-printf '[webhooks]\nallow_private_targets = true\nextra_ca_file = "%s"\n' "$WORK/ca.pem" >"$WORK/svc.toml"
+{
+    printf '[webhooks]\nallow_private_targets = true\nextra_ca_file = "%s"\n' "$WORK/ca.pem"
+    printf 'max_pending = %d\n' $((3 * JOBS + 1000))
+    if [ -n "${CONCURRENCY:-}" ]; then printf 'concurrency_per_subscription = %d\n' "$CONCURRENCY"; fi
+} >"$WORK/svc.toml"
 
 delivered() { tail -n 1 "$WORK/receiver.log" | sed -n 's/deliveries=//p'; }
 
@@ -38,7 +46,12 @@ round() { # with_subscription
         | grep -o 'jobs/s=[0-9]*' | tail -n 1)
     if [ "$1" = yes ]; then
         local expected=$((before + 3 * JOBS))
-        while [ "$(delivered)" -lt "$expected" ]; do sleep 0.2; done
+        local waited=0
+        while [ "$(delivered)" -lt "$expected" ]; do
+            sleep 0.05
+            waited=$((waited + 1))
+            if [ "$waited" -gt 6000 ]; then echo "only $(($(delivered) - before)) of $((3 * JOBS)) delivered" >&2; exit 1; fi
+        done
         local ended; ended=$(date +%s.%N)
         local rate; rate=$(echo "3 * $JOBS / ($ended - $started)" | bc)
         echo "subscription $result deliveries=$((3 * JOBS)) deliveries/s=$rate"

@@ -108,19 +108,14 @@ impl Svc {
     }
 
     /// Opens the data dir and sends webhook deliveries, as a server does,
-    /// from a small runtime of its own.
+    /// from a small runtime of its own, at a lower priority than the caller's threads.
     pub fn open_with_webhooks(mut config: EngineConfig, webhooks: WebhookSettings) -> Result<Svc, SvcError> {
         let client = crate::webhook::client::DeliveryClient::new(
             webhooks.allow_private_targets,
             webhooks.extra_ca_file.as_deref(),
         )
         .map_err(SvcError::Webhooks)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("svc-webhooks")
-            .enable_all()
-            .build()
-            .map_err(|error| SvcError::Webhooks(error.to_string()))?;
+        let runtime = crate::webhook::pool::runtime().map_err(|error| SvcError::Webhooks(error.to_string()))?;
         let (sink, batches) = tokio::sync::mpsc::unbounded_channel();
         config.deliveries = Some(sink);
         config.delivery_timeout_ms = webhooks.timeout.as_millis().min(i64::MAX as u128) as i64;

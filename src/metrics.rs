@@ -43,6 +43,8 @@ pub struct Metrics {
     pub commit_jobs: Histogram,
     pub sync_seconds: Histogram,
     pub inbox_depth: IntGauge,
+    /// Engine turns (a turn wakes for commands or for a deadline).
+    pub engine_turns: IntCounter,
     pub snapshot_seconds: Histogram,
     pub recovery_seconds: prometheus::Gauge,
     queue_jobs: IntGaugeVec,
@@ -167,6 +169,7 @@ impl Metrics {
         let inbox_depth =
             IntGauge::new("svc_engine_inbox_depth", "Commands taken by the last engine turn").expect("a valid metric");
         registry.register(Box::new(inbox_depth.clone())).expect("registered once");
+        let engine_turns = counter("svc_engine_turns_total", "Engine turns, for commands or for a deadline");
         let snapshot_seconds =
             histogram("svc_engine_snapshot_seconds", "Time to encode and write a snapshot", seconds_buckets());
         let recovery_seconds =
@@ -200,6 +203,7 @@ impl Metrics {
             commit_jobs,
             sync_seconds,
             inbox_depth,
+            engine_turns,
             snapshot_seconds,
             recovery_seconds,
             queue_jobs,

@@ -75,7 +75,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
 }
 
 /// Connects the engine to a delivery pool: the engine hands it the
-/// deliveries whose attempts start; `spawn` runs it on the server's runtime.
+/// deliveries whose attempts start; `spawn` runs it on a runtime of its own.
 struct DeliveryPool {
     batches: mpsc::UnboundedReceiver<Vec<Arc<crate::engine::outbox::Delivery>>>,
     client: crate::webhook::client::DeliveryClient,
@@ -91,8 +91,10 @@ impl DeliveryPool {
         DeliveryPool { batches, client, timeout, concurrency: engine.webhook_limits.concurrency }
     }
 
-    fn spawn(self, runtime: &tokio::runtime::Runtime, engine: crate::engine::EngineHandle) {
+    fn spawn(self, engine: crate::engine::EngineHandle) -> Result<tokio::runtime::Runtime, ServerError> {
+        let runtime = crate::webhook::pool::runtime().map_err(ServerError::Runtime)?;
         runtime.spawn(crate::webhook::pool::run(self.batches, engine, self.client, self.timeout, self.concurrency));
+        Ok(runtime)
     }
 }
 
@@ -156,7 +158,7 @@ pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<Running
     let client = webhook_client(config)?;
     let pool = DeliveryPool::attach(&mut engine_config, client.clone());
     let engine = Engine::open(engine_config).map_err(ServerError::Storage)?;
-    pool.spawn(&runtime, engine.handle().clone());
+    let deliveries = pool.spawn(engine.handle().clone())?;
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
@@ -173,6 +175,7 @@ pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<Running
             let app = Arc::new(app_state(engine.handle().clone(), timeout, &app_config, client));
             let outcome = runtime.block_on(serve(listener, app, controls, grace, max_connections));
             engine.close();
+            stop_deliveries(deliveries);
             outcome
         })
         .map_err(ServerError::Runtime)?;
@@ -186,7 +189,7 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
     let mut settings = engine_config(config);
     let pool = DeliveryPool::attach(&mut settings, client.clone());
     let engine = Engine::open(settings).map_err(ServerError::Storage)?;
-    pool.spawn(&runtime, engine.handle().clone());
+    let deliveries = pool.spawn(engine.handle().clone())?;
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
@@ -201,6 +204,7 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
         serve(listener, app, controls, grace, config.max_connections).await
     });
     engine.close();
+    stop_deliveries(deliveries);
     tracing::info!("svc stopped");
     outcome
 }
@@ -234,6 +238,12 @@ fn app_state(
     // A server bound beyond loopback without keys sits behind a proxy that
     // authenticates (`--insecure-no-auth`), whose host names it cannot know.
     if config.binds_loopback_only() { app.with_browser_guard(&config.listen) } else { app }
+}
+
+/// Stops the delivery pool once the engine has stopped: attempts still in
+/// flight are counted already and go out again at the next start.
+fn stop_deliveries(runtime: tokio::runtime::Runtime) {
+    runtime.shutdown_timeout(Duration::from_secs(1));
 }
 
 fn build_runtime() -> Result<tokio::runtime::Runtime, ServerError> {

@@ -657,6 +657,50 @@ fn events_record_the_lifecycle() {
 }
 
 #[test]
+fn failure_events_carry_their_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let server = TestServer::start_at(dir.path(), &clock);
+    let retry = json!({"max_attempts": 2, "initial_interval": "PT10S", "jitter": false});
+    let id = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": retry, "queue": "q"}}));
+    for attempt in 1..=2 {
+        server.fetch(&["q"], 1);
+        clock.advance_ms(250);
+        let error = json!({"code": "handler_error", "message": format!("boom {attempt}")});
+        assert_eq!(server.post("/svc/v1/workers/nack", json!({"job_id": id, "error": error})).status, 200);
+        server.advance(&clock, 10_000);
+    }
+    let events = server.get("/svc/v1/events?queues=q").body["events"].clone();
+    let data_of = |kind: &str| {
+        // The last of its kind (each failed attempt has a `job.failed`).
+        let event = events.as_array().unwrap().iter().rev().find(|event| event["type"] == kind).unwrap().clone();
+        assert_eq!(event["specversion"], "1.0");
+        assert_eq!(event["source"], "svc://svc/api");
+        assert_eq!(event["datacontenttype"], "application/json");
+        assert_eq!(event["subject"], id.as_str());
+        event["data"].clone()
+    };
+    let common = json!({"job_id": id, "job_type": "t", "queue": "q"});
+    let with = |fields: Value| {
+        let mut data = common.clone();
+        data.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        data
+    };
+    let first = json!({"type": "handler_error", "code": "handler_error", "message": "boom 1"});
+    assert_eq!(
+        data_of("job.retrying"),
+        with(json!({"attempt": 1, "max_attempts": 2, "next_retry_at": "2027-01-15T08:00:10.250Z",
+            "retry_delay_ms": 10_000, "error": first}))
+    );
+    let last = json!({"type": "handler_error", "code": "handler_error", "message": "boom 2"});
+    let mut failed_error = last.clone();
+    failed_error["retryable"] = true.into();
+    let failed = data_of("job.failed");
+    assert_eq!(failed, with(json!({"attempt": 2, "error": failed_error, "duration_ms": 250})));
+    assert_eq!(data_of("job.discarded"), with(json!({"total_attempts": 2, "reason": "exhausted", "last_error": last})));
+}
+
+#[test]
 fn health_manifest_and_error_catalogue() {
     let (_dir, server) = server();
     let health = server.get("/svc/v1/health");

@@ -335,6 +335,44 @@ fn job_events_reach_the_subscriptions_that_take_them() {
     }
 }
 
+/// The value of a counter in the server's metrics.
+fn counter(server: &TestServer, name: &str) -> u64 {
+    let text = server.get_text("/metrics");
+    let line = text.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name} in the metrics"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn deliveries_waiting_for_room_do_not_keep_the_engine_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    *receiver.delay.lock().unwrap() = std::time::Duration::from_millis(800);
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let mut config = config_for(&dir.path().join("svc"));
+    config.webhooks_allow_private_targets = true;
+    config.webhooks_extra_ca_file = Some(receiver.ca_file.clone());
+    let mut engine = engine_config(&config);
+    engine.clock = Arc::new(clock.clone());
+    engine.webhook_limits.concurrency_per_subscription = 1;
+    let server = TestServer::start_with(&config, engine);
+    let created = server
+        .post("/svc/v1/webhooks", json!({"url": receiver.url("127.0.0.1"), "events": ["job.*"], "secret": SECRET}));
+    assert_eq!(created.status, 201);
+    for n in 0..3 {
+        server.enqueue(json!({"type": "report", "args": [n]}));
+    }
+    // One attempt is at the slow receiver; two deliveries are due and wait
+    // for its slot. Nothing else happens, so the engine should sleep (this
+    // waits in real time: what is measured is what the engine does meanwhile).
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let before = counter(&server, "svc_engine_turns_total");
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let turns = counter(&server, "svc_engine_turns_total") - before;
+    assert!(turns <= 5, "{turns} engine turns while nothing could start");
+    *receiver.delay.lock().unwrap() = std::time::Duration::ZERO;
+    wait_for(&receiver, 3);
+}
+
 #[test]
 fn failed_attempts_follow_the_schedule_and_keep_their_delivery_id() {
     let dir = tempfile::tempdir().unwrap();

@@ -189,6 +189,7 @@ impl Engine {
             deliveries: config.deliveries,
             delivery_timeout_ms: config.delivery_timeout_ms,
             in_flight: outbox::InFlight::default(),
+            outbox_wake: None,
             webhook_limits: config.webhook_limits,
             max_schemas: config.max_schemas,
         };

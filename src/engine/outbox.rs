@@ -198,6 +198,11 @@ impl Outbox {
     pub fn next_due(&self) -> Option<Millis> {
         self.due.first().map(|(at, _)| *at)
     }
+
+    /// When the earliest delivery due after `now` is due.
+    pub fn next_due_after(&self, now: Millis) -> Option<Millis> {
+        self.due.range((now.saturating_add(1), JobId(0))..).next().map(|(at, _)| *at)
+    }
 }
 
 /// When a failed attempt's delivery goes out again: the schedule's delay

@@ -259,10 +259,7 @@ impl State {
     pub fn next_deadline(&self) -> Option<Millis> {
         let workflow =
             self.terminal_workflows.first().map(|(ended_at, _)| ended_at.saturating_add(self.retention.workflows_ms));
-        [self.timers.next_deadline(), self.crons.next_due(), workflow, self.outbox.next_due()]
-            .into_iter()
-            .flatten()
-            .min()
+        [self.timers.next_deadline(), self.crons.next_due(), workflow].into_iter().flatten().min()
     }
 
     pub fn crons(&self) -> &CronTable {

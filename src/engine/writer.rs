@@ -75,6 +75,10 @@ pub(crate) struct Writer {
     pub delivery_timeout_ms: i64,
     /// Attempts handed to the pool and not yet reported back.
     pub in_flight: super::outbox::InFlight,
+    /// When the outbox next has an attempt that may start: `None` while
+    /// every due delivery waits for room (an outcome coming back wakes the
+    /// engine), or while no attempts start at all.
+    pub outbox_wake: Option<Millis>,
     pub webhook_limits: super::outbox::WebhookLimits,
     pub max_schemas: usize,
 }
@@ -126,6 +130,7 @@ impl Writer {
         // The recovered state, for readers, before the first command.
         let initial = self.collect_delta(Vec::new());
         initial.publish(&self.view);
+        self.outbox_wake = self.deliveries.as_ref().and(self.state.outbox.next_due());
         loop {
             let mut batch = Vec::new();
             if self.inbox.receive(&mut batch, ENGINE_BATCH_COMMANDS_MAX, self.idle_wait()) == Received::Disconnected {
@@ -151,6 +156,10 @@ impl Writer {
 
     /// How long to wait for commands before the next deadline is due.
     fn idle_wait(&self) -> Duration {
+        // A failed engine only refuses commands: no deadline needs it.
+        if self.committer.failed() {
+            return IDLE_WAIT_MAX;
+        }
         let now = self.clock.now_ms();
         // A parked fetch held back by a dispatch rate wakes when the window opens.
         let parked = self
@@ -161,10 +170,7 @@ impl Writer {
                 None => parked.until(),
             })
             .min();
-        let next = match (self.state.next_deadline(), parked) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next = [self.state.next_deadline(), parked, self.outbox_wake].into_iter().flatten().min();
         match next {
             Some(deadline) if deadline <= now => Duration::ZERO,
             Some(deadline) => Duration::from_millis((deadline - now) as u64).min(IDLE_WAIT_MAX),
@@ -179,6 +185,7 @@ impl Writer {
         }
         let now = self.clock.now_ms();
         self.metrics.inbox_depth.set(batch.len() as i64);
+        self.metrics.engine_turns.inc();
         let mut staged = Staged::new();
         let mut stop = false;
         let mut snapshot_requests = Vec::new();
@@ -286,6 +293,7 @@ impl Writer {
             }
             // Deliveries whose time came start their attempts (not while
             // draining, nor with the disk full); they leave once counted.
+            self.outbox_wake = None;
             if budget.is_none() && !self.draining && !stop {
                 self.start_deliveries(now, records, replies);
             }
@@ -442,7 +450,7 @@ impl Writer {
                     continue;
                 }
                 *queued.entry(subscription.id).or_default() += 1;
-                let body = body.get_or_insert_with(|| Arc::from(crate::http::wire::render_event(event).to_string()));
+                let body = body.get_or_insert_with(|| Arc::from(crate::http::wire::render_event(event)));
                 deliveries.push(Arc::new(super::outbox::Delivery {
                     id: self.event_ids.next(event.time, rand::random()),
                     subscription: subscription.id,
@@ -473,6 +481,7 @@ impl Writer {
         // the rest of the due list is not looked at (a slow receiver can have
         // a hundred thousand deliveries waiting, every turn).
         let mut full = Vec::new();
+        let mut no_room = false;
         for id in self.state.outbox.due(now, &|_| false) {
             let Some(delivery) = self.state.outbox.get(id) else { continue };
             if self.in_flight.has_room(delivery.subscription, &self.webhook_limits) {
@@ -484,23 +493,27 @@ impl Writer {
                 full.push(delivery.subscription);
             }
             if !self.in_flight.has_any_room(&self.webhook_limits) || full.len() >= self.state.webhooks.len() {
+                no_room = true;
                 break;
             }
         }
-        if ids.is_empty() {
-            return;
+        if !ids.is_empty() {
+            let until = now + self.delivery_timeout_ms + super::outbox::ATTEMPT_LEASE_MARGIN_MS;
+            let record = Record::DeliveryStarted { at: now, ids: ids.clone(), until };
+            self.state.apply(&record, &mut EventSink::disabled()).expect("started deliveries apply");
+            records.push(record);
+            let batch: Vec<_> = ids.iter().filter_map(|id| self.state.outbox.get(*id).cloned()).collect();
+            replies.push(Box::new(move |failure| {
+                // Sent only once the attempts are counted on disk.
+                if failure.is_none() {
+                    let _ = sink.send(batch);
+                }
+            }));
         }
-        let until = now + self.delivery_timeout_ms + super::outbox::ATTEMPT_LEASE_MARGIN_MS;
-        let record = Record::DeliveryStarted { at: now, ids: ids.clone(), until };
-        self.state.apply(&record, &mut EventSink::disabled()).expect("started deliveries apply");
-        records.push(record);
-        let batch: Vec<_> = ids.iter().filter_map(|id| self.state.outbox.get(*id).cloned()).collect();
-        replies.push(Box::new(move |failure| {
-            // Sent only once the attempts are counted on disk.
-            if failure.is_none() {
-                let _ = sink.send(batch);
-            }
-        }));
+        // What is due now and was left waits for an outcome to free room (an
+        // outcome is a command, so it wakes the engine); waking for it before
+        // that would spin the engine thread.
+        self.outbox_wake = if no_room { None } else { self.state.outbox.next_due_after(now) };
     }
 
     /// Copies what changed since the last turn out of the state, and

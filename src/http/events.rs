@@ -1,15 +1,19 @@
 //! The event listing and its filters (docs/api.md, "Events").
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::error::ApiError;
 use super::paging::{page_limit, query_pairs, query_value};
-use super::wire::render_event;
+use super::wire::{ObjectWriter, render_event};
 use super::{AppState, Reply};
 use crate::webhook::subscription::pattern_matches;
 
 pub(super) fn list_filter(pairs: &[(String, String)], key: &str) -> Option<Vec<String>> {
     query_value(pairs, key).map(|text| text.split(',').filter(|item| !item.is_empty()).map(str::to_string).collect())
+}
+
+fn bool_text(value: bool) -> &'static str {
+    if value { "true" } else { "false" }
 }
 
 pub(super) fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
@@ -30,10 +34,18 @@ pub(super) fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
             && subject.as_ref().is_none_or(|subject| event.subject().as_ref() == Some(subject))
     });
     let cursor = page.events.last().map(|event| event.id.to_string()).or_else(|| after.map(str::to_string));
-    let events: Vec<Value> = page.events.iter().map(|event| render_event(event)).collect();
-    let mut body = json!({"events": events, "cursor": cursor, "has_more": page.has_more});
-    if page.gap {
-        body["gap"] = true.into();
+    let mut events = String::from("[");
+    for (index, event) in page.events.iter().enumerate() {
+        if index > 0 {
+            events.push(',');
+        }
+        events.push_str(&render_event(event));
     }
-    Ok(Reply::ok(body.to_string()))
+    events.push(']');
+    let mut body = ObjectWriter::default();
+    body.raw("events", &events).value("cursor", &Value::from(cursor)).raw("has_more", bool_text(page.has_more));
+    if page.gap {
+        body.raw("gap", "true");
+    }
+    Ok(Reply::ok(body.finish()))
 }

@@ -89,6 +89,23 @@ impl ObjectWriter {
         self
     }
 
+    /// A time, or `null`.
+    pub fn optional_time(&mut self, key: &str, ms: Option<i64>) -> &mut Self {
+        match ms {
+            Some(ms) => self.time(key, ms),
+            None => self.raw(key, "null"),
+        }
+    }
+
+    /// An object under `key`, written by `write`.
+    pub fn object(&mut self, key: &str, write: impl FnOnce(&mut ObjectWriter)) -> &mut Self {
+        self.key(key);
+        let mut inner = ObjectWriter::continuing(std::mem::take(&mut self.out));
+        write(&mut inner);
+        self.out = inner.finish();
+        self
+    }
+
     /// The full job rendering under `key`.
     pub fn job(&mut self, key: &str, job: &Job) -> &mut Self {
         self.key(key);
@@ -374,9 +391,44 @@ pub(super) fn report_value(report: &FailureReport, with_retryable: bool) -> Valu
     value
 }
 
-/// The event envelope (docs/api.md, "Events").
-pub fn render_event(event: &Event) -> Value {
-    let (component, data) = match (&event.kind, &event.job) {
+/// The event envelope (docs/api.md, "Events") as JSON text: an item of the
+/// event listing, and the body of the event's webhook deliveries (the
+/// engine renders it for every event a subscription takes, so the common
+/// `job.*` events are written without building a `Value`).
+pub fn render_event(event: &Event) -> String {
+    let mut envelope = ObjectWriter::default();
+    let mut id = [0u8; 40];
+    id[..4].copy_from_slice(b"evt_");
+    id[4..].copy_from_slice(&event.id.0.to_hyphenated());
+    envelope.raw("specversion", "\"1.0\"").string("id", std::str::from_utf8(&id).expect("ASCII"));
+    envelope.string("type", event.kind.type_name());
+    match other_event_data(event) {
+        Some((component, data)) => {
+            envelope
+                .string("source", component)
+                .time("time", event.time)
+                .string("datacontenttype", "application/json")
+                .value("data", &data);
+        }
+        None => {
+            envelope
+                .string("source", "svc://svc/api")
+                .time("time", event.time)
+                .string("datacontenttype", "application/json");
+            if let Some(job) = &event.job {
+                envelope.object("data", |data| push_job_event_data(data, event, job));
+            }
+        }
+    }
+    if let Some(subject) = event.subject() {
+        envelope.string("subject", &subject);
+    }
+    envelope.finish()
+}
+
+/// The source and `data` of every event but the `job.*` ones (`None`).
+fn other_event_data(event: &Event) -> Option<(&'static str, Value)> {
+    Some(match (&event.kind, &event.job) {
         (EventKind::CronTriggered { cron, run_count }, job) => {
             let mut data = cron_data(cron);
             if let Some(job) = job {
@@ -385,7 +437,7 @@ pub fn render_event(event: &Event) -> Value {
                 data["queue"] = job.queue.clone().into();
             }
             data["run_count"] = (*run_count).into();
-            ("cron", data)
+            ("svc://svc/cron", data)
         }
         (EventKind::CronSkipped { cron, reason, existing_job_id, missed_count }, _) => {
             let mut data = cron_data(cron);
@@ -396,34 +448,23 @@ pub fn render_event(event: &Event) -> Value {
             if let Some(count) = missed_count {
                 data["missed_count"] = (*count).into();
             }
-            ("cron", data)
+            ("svc://svc/cron", data)
         }
-        (EventKind::Pruned { count }, _) => ("scheduler", serde_json::json!({"count": count, "reason": "cap"})),
+        (EventKind::Pruned { count }, _) => {
+            ("svc://svc/scheduler", serde_json::json!({"count": count, "reason": "cap"}))
+        }
         (EventKind::QueuePaused(queue) | EventKind::QueueResumed(queue), _) => {
-            ("api", serde_json::json!({"queue": queue}))
+            ("svc://svc/api", serde_json::json!({"queue": queue}))
         }
-        (EventKind::WorkerStarted { worker_id }, _) => ("api", serde_json::json!({"worker_id": worker_id})),
+        (EventKind::WorkerStarted { worker_id }, _) => ("svc://svc/api", serde_json::json!({"worker_id": worker_id})),
         (EventKind::WorkerSignalled { worker_id, active_job_ids, by, .. }, _) => {
             let ids: Vec<String> = active_job_ids.iter().map(JobId::to_string).collect();
-            ("api", serde_json::json!({"worker_id": worker_id, "active_job_ids": ids, "by": by}))
+            ("svc://svc/api", serde_json::json!({"worker_id": worker_id, "active_job_ids": ids, "by": by}))
         }
-        (EventKind::Workflow { id, event }, _) => ("workflows", workflow_event_data(*id, event)),
-        (_, Some(job)) => ("api", job_event_data(event, job)),
-        (_, None) => ("api", serde_json::json!({})),
-    };
-    let mut envelope = serde_json::json!({
-        "specversion": "1.0",
-        "id": event.id.to_string(),
-        "type": event.kind.type_name(),
-        "source": format!("svc://svc/{component}"),
-        "time": format_timestamp(event.time),
-        "datacontenttype": "application/json",
-        "data": data,
-    });
-    if let Some(subject) = event.subject() {
-        envelope["subject"] = subject.into();
-    }
-    envelope
+        (EventKind::Workflow { id, event }, _) => ("svc://svc/workflows", workflow_event_data(*id, event)),
+        (_, Some(_)) => return None,
+        (_, None) => ("svc://svc/api", serde_json::json!({})),
+    })
 }
 
 fn workflow_event_data(id: JobId, event: &WorkflowEvent) -> Value {
@@ -472,93 +513,91 @@ fn cron_data(cron: &CronInfo) -> Value {
 }
 
 /// `data` of a `job.*` event.
-fn job_event_data(event: &Event, job: &Job) -> Value {
-    let mut data = serde_json::json!({
-        "job_id": job.id.to_string(),
-        "job_type": job.payload.job_type(),
-        "queue": job.queue,
-    });
+fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
+    data.id("job_id", job.id).string("job_type", job.payload.job_type()).string("queue", &job.queue);
     if let Some((workflow_id, _)) = job.workflow() {
-        data["workflow_id"] = workflow_id.to_string().into();
+        data.id("workflow_id", workflow_id);
     }
-    if let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(job.payload.meta())
-        && let Some(trace_id) = meta.get("trace_id")
+    let meta = job.payload.meta();
+    // Most jobs carry no trace id: their meta is not parsed (unless a key
+    // might spell it with escapes).
+    if (memchr::memmem::find(meta.as_bytes(), b"trace_id").is_some() || meta.contains('\\'))
+        && let Ok(object) = crate::job::json::parse_object(meta.as_bytes())
+        && let Some(trace_id) = object.get("trace_id")
     {
-        data["trace_id"] = trace_id.clone();
+        data.raw("trace_id", &crate::job::json::minify(trace_id.get()));
     }
     let duration = job.run().started_at.map(|started| event.time - started);
-    let fields: Vec<(&str, Value)> = match &event.kind {
+    let run = job.run();
+    match &event.kind {
         EventKind::Enqueued => {
-            let mut fields = vec![
-                (
-                    "state",
-                    Value::from(if job.state == JobState::Pending {
-                        "pending"
-                    } else if job.scheduled_at.is_some_and(|at| at > event.time) {
-                        "scheduled"
-                    } else {
-                        "available"
-                    }),
-                ),
-                ("priority", job.priority.into()),
-            ];
+            let state = if job.state == JobState::Pending {
+                "pending"
+            } else if job.scheduled_at.is_some_and(|at| at > event.time) {
+                "scheduled"
+            } else {
+                "available"
+            };
+            data.string("state", state).number("priority", job.priority);
             if let Some(at) = job.scheduled_at {
-                fields.push(("scheduled_at", format_timestamp(at).into()));
+                data.time("scheduled_at", at);
             }
             if let Some((_, key)) = job.unique() {
-                fields.push(("unique_key", key.to_string().into()));
+                data.string("unique_key", &key.to_string());
             }
-            fields
         }
-        EventKind::Scheduled => vec![("scheduled_at", job.scheduled_at.map(format_timestamp).into())],
+        EventKind::Scheduled => {
+            data.optional_time("scheduled_at", job.scheduled_at);
+        }
         EventKind::Started => {
-            let mut fields = vec![("attempt", Value::from(job.attempt))];
-            if let Some(worker) = &job.run().worker_id {
-                fields.push(("worker_id", worker.clone().into()));
+            data.number("attempt", job.attempt);
+            if let Some(worker) = &run.worker_id {
+                data.string("worker_id", worker);
             }
-            fields
         }
         EventKind::Completed => {
-            let mut fields = vec![("attempt", Value::from(job.attempt)), ("duration_ms", duration.unwrap_or(0).into())];
-            if let Some(result) = job.run().result.as_deref().and_then(|text| serde_json::from_str::<Value>(text).ok())
+            data.number("attempt", job.attempt).number("duration_ms", duration.unwrap_or(0));
+            if let Some(result) =
+                run.result.as_deref().filter(|text| serde_json::from_str::<&serde_json::value::RawValue>(text).is_ok())
             {
-                fields.push(("result", result));
+                data.raw("result", result);
             }
-            fields
         }
-        EventKind::Failed { report, attempt } => vec![
-            ("attempt", (*attempt).into()),
-            ("error", report_value(report, true)),
-            ("duration_ms", duration.unwrap_or(0).into()),
-        ],
-        EventKind::Retrying { report } => vec![
-            ("attempt", job.attempt.into()),
-            ("max_attempts", job.max_attempts().into()),
-            ("next_retry_at", job.run().retry_at.map(format_timestamp).into()),
-            ("retry_delay_ms", job.run().retry_delay_ms.into()),
-            ("error", report_value(report, false)),
-        ],
-        EventKind::Requeued { reason } => vec![("attempt", job.attempt.into()), ("reason", (*reason).into())],
-        EventKind::Discarded { reason } => vec![
-            ("total_attempts", job.attempt.into()),
-            ("reason", (*reason).into()),
-            ("last_error", job.run().error.as_ref().map(|report| report_value(report, false)).into()),
-        ],
+        EventKind::Failed { report, attempt } => {
+            data.number("attempt", *attempt)
+                .value("error", &report_value(report, true))
+                .number("duration_ms", duration.unwrap_or(0));
+        }
+        EventKind::Retrying { report } => {
+            data.number("attempt", job.attempt)
+                .number("max_attempts", job.max_attempts())
+                .optional_time("next_retry_at", run.retry_at)
+                .value("retry_delay_ms", &run.retry_delay_ms.into())
+                .value("error", &report_value(report, false));
+        }
+        EventKind::Requeued { reason } => {
+            data.number("attempt", job.attempt).string("reason", reason);
+        }
+        EventKind::Discarded { reason } => {
+            data.number("total_attempts", job.attempt)
+                .string("reason", reason)
+                .value("last_error", &run.error.as_ref().map(|report| report_value(report, false)).into());
+        }
         EventKind::Cancelled { previous_state, reason } => {
-            vec![("previous_state", previous_state.as_str().into()), ("reason", (*reason).into())]
+            data.string("previous_state", previous_state.as_str()).string("reason", reason);
         }
-        EventKind::Revived => vec![
-            ("state", "available".into()),
-            ("priority", job.priority.into()),
-            ("reason", "dead_letter_retry".into()),
-        ],
-        EventKind::Deleted => vec![("reason", "api".into()), ("previous_state", "discarded".into())],
-        EventKind::Expired => vec![
-            ("created_at", format_timestamp(job.created_at).into()),
-            ("expired_at", format_timestamp(event.time).into()),
-            ("ttl_ms", job.expires_at.map(|at| at - job.created_at).into()),
-        ],
-        // Not job events; rendered by `render_event`.
+        EventKind::Revived => {
+            data.string("state", "available").number("priority", job.priority).string("reason", "dead_letter_retry");
+        }
+        EventKind::Deleted => {
+            data.string("reason", "api").string("previous_state", "discarded");
+        }
+        EventKind::Expired => {
+            data.time("created_at", job.created_at)
+                .time("expired_at", event.time)
+                .value("ttl_ms", &job.expires_at.map(|at| at - job.created_at).into());
+        }
+        // Not job events; rendered by `other_event_data`.
         EventKind::CronTriggered { .. }
         | EventKind::CronSkipped { .. }
         | EventKind::Pruned { .. }
@@ -566,12 +605,8 @@ fn job_event_data(event: &Event, job: &Job) -> Value {
         | EventKind::QueueResumed(_)
         | EventKind::WorkerStarted { .. }
         | EventKind::WorkerSignalled { .. }
-        | EventKind::Workflow { .. } => Vec::new(),
-    };
-    for (key, value) in fields {
-        data[key] = value;
+        | EventKind::Workflow { .. } => {}
     }
-    data
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! The delivery pool (docs/api.md, "Deliveries"): takes the deliveries whose
 //! attempt the engine has counted, sends each on a bounded number of tasks,
-//! and reports how it went. It runs beside the HTTP front end, never on the
-//! engine thread: a slow or dead receiver holds a task, not a job operation.
+//! and reports how it went. It runs on a runtime of its own, never on the
+//! engine thread nor beside the HTTP front end: a slow or dead receiver holds
+//! a task, not a job operation, and signing and sending take the CPU only
+//! when job operations leave it (the thread runs at a lower priority).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +15,30 @@ use crate::engine::{AttemptResult, EngineError, EngineHandle, Unavailable};
 
 /// How often an outcome is offered to an overloaded engine.
 const REPORT_TRIES: usize = 50;
+
+/// How much lower than the server's the delivery thread's priority is (a
+/// nice value: at 10, the kernel gives it about a tenth of a busy CPU).
+const DELIVERY_NICENESS: libc::c_int = 10;
+
+/// The runtime the pool runs on: one thread, named `svc-webhooks`, at a
+/// lower priority than the rest of the server.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("svc-webhooks")
+        .on_thread_start(lower_priority)
+        .enable_all()
+        .build()
+}
+
+/// Lowers the calling thread's priority (on Linux the nice value is per thread).
+fn lower_priority() {
+    // SAFETY: both calls only concern the calling thread and take no pointers.
+    let result = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, DELIVERY_NICENESS) };
+    if result != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "the delivery thread keeps its priority");
+    }
+}
 
 /// Runs until the engine drops its end of `batches`.
 pub async fn run(
