@@ -54,9 +54,9 @@ round() { # with_subscription
         done
         local ended; ended=$(date +%s.%N)
         local rate; rate=$(echo "3 * $JOBS / ($ended - $started)" | bc)
-        echo "subscription $result deliveries=$((3 * JOBS)) deliveries/s=$rate"
+        echo "subscription $result deliveries=$((3 * JOBS)) deliveries/s=$rate" | tee -a "$WORK/rounds"
     else
-        echo "none         $result"
+        echo "none         $result" | tee -a "$WORK/rounds"
     fi
     kill "$pid"; wait "$pid" 2>/dev/null || true
 }
@@ -65,3 +65,7 @@ for _ in $(seq "$ROUNDS"); do
     round no
     round yes
 done
+# The medians of the rounds, and their ratio.
+median() { grep "^$1" "$WORK/rounds" | grep -o 'jobs/s=[0-9]*' | cut -d= -f2 | sort -n | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+none=$(median none); with=$(median subscription)
+echo "median jobs/s: none=$none subscription=$with ratio=$(echo "scale=2; $with / $none" | bc)"

@@ -19,6 +19,7 @@ const SECRET: &str = "receiver-secret-0123456789";
 
 /// One request the receiver got.
 struct Received {
+    path: String,
     headers: HashMap<String, String>,
     body: Vec<u8>,
 }
@@ -26,10 +27,11 @@ struct Received {
 /// Responses to give, in order: (status, headers).
 type Answers = Arc<Mutex<VecDeque<(u16, Vec<(&'static str, String)>)>>>;
 
-/// An HTTPS server on 127.0.0.1 answering with the queued responses (then 200).
+/// An HTTPS server on 127.0.0.1 answering with the queued responses (then
+/// 200), each connection on a thread of its own.
 struct Receiver {
     port: u16,
-    /// How long each answer waits (a slow receiver).
+    /// How long each answer to [`Receiver::slow_url`] waits (a slow receiver).
     delay: Arc<Mutex<std::time::Duration>>,
     ca_file: PathBuf,
     received: Arc<Mutex<Vec<Received>>>,
@@ -72,21 +74,27 @@ impl Receiver {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
-                let Ok(connection) = rustls::ServerConnection::new(tls.clone()) else { continue };
-                let mut stream = rustls::StreamOwned::new(connection, stream);
-                let Some(request) = read_request(&mut stream) else { continue };
-                std::thread::sleep(*slow.lock().unwrap());
-                got.lock().unwrap().push(request);
-                let (status, headers) = queued.lock().unwrap().pop_front().unwrap_or((200, Vec::new()));
-                let mut response = format!("HTTP/1.1 {status} X\r\nconnection: close\r\ncontent-length: 2\r\n");
-                for (name, value) in headers {
-                    response.push_str(&format!("{name}: {value}\r\n"));
-                }
-                response.push_str("\r\nok");
-                let _ = stream.write_all(response.as_bytes());
-                let _ = stream.flush();
-                stream.conn.send_close_notify();
-                let _ = stream.flush();
+                let (tls, got, queued, slow) = (tls.clone(), got.clone(), queued.clone(), slow.clone());
+                std::thread::spawn(move || {
+                    let Ok(connection) = rustls::ServerConnection::new(tls) else { return };
+                    let mut stream = rustls::StreamOwned::new(connection, stream);
+                    let Some(request) = read_request(&mut stream) else { return };
+                    if request.path.starts_with("/slow") {
+                        let delay = *slow.lock().unwrap();
+                        std::thread::sleep(delay);
+                    }
+                    got.lock().unwrap().push(request);
+                    let (status, headers) = queued.lock().unwrap().pop_front().unwrap_or((200, Vec::new()));
+                    let mut response = format!("HTTP/1.1 {status} X\r\nconnection: close\r\ncontent-length: 2\r\n");
+                    for (name, value) in headers {
+                        response.push_str(&format!("{name}: {value}\r\n"));
+                    }
+                    response.push_str("\r\nok");
+                    let _ = stream.write_all(response.as_bytes());
+                    let _ = stream.flush();
+                    stream.conn.send_close_notify();
+                    let _ = stream.flush();
+                });
             }
         });
         Receiver { port, delay, ca_file, received, answers }
@@ -94,6 +102,16 @@ impl Receiver {
 
     fn url(&self, host: &str) -> String {
         format!("https://{host}:{}/hooks", self.port)
+    }
+
+    /// An address whose answers wait for `delay`.
+    fn slow_url(&self, host: &str) -> String {
+        format!("https://{host}:{}/slow", self.port)
+    }
+
+    /// How many requests came to `path`.
+    fn count_at(&self, path: &str) -> usize {
+        self.received.lock().unwrap().iter().filter(|request| request.path == path).count()
     }
 
     fn answer_next(&self, status: u16, headers: Vec<(&'static str, String)>) {
@@ -109,6 +127,7 @@ fn read_request(stream: &mut impl Read) -> Option<Received> {
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line).ok()?;
+    let path = line.split(' ').nth(1)?.to_string();
     let mut headers = HashMap::new();
     loop {
         let mut header = String::new();
@@ -123,7 +142,7 @@ fn read_request(stream: &mut impl Read) -> Option<Received> {
     let length: usize = headers.get("content-length")?.parse().ok()?;
     let mut body = vec![0; length];
     reader.read_exact(&mut body).ok()?;
-    Some(Received { headers, body })
+    Some(Received { path, headers, body })
 }
 
 /// The receiver's side of the recipe: HMAC-SHA256 over "<timestamp>." + body.
@@ -355,8 +374,10 @@ fn deliveries_waiting_for_room_do_not_keep_the_engine_busy() {
     engine.clock = Arc::new(clock.clone());
     engine.webhook_limits.concurrency_per_subscription = 1;
     let server = TestServer::start_with(&config, engine);
-    let created = server
-        .post("/svc/v1/webhooks", json!({"url": receiver.url("127.0.0.1"), "events": ["job.*"], "secret": SECRET}));
+    let created = server.post(
+        "/svc/v1/webhooks",
+        json!({"url": receiver.slow_url("127.0.0.1"), "events": ["job.*"], "secret": SECRET}),
+    );
     assert_eq!(created.status, 201);
     for n in 0..3 {
         server.enqueue(json!({"type": "report", "args": [n]}));
@@ -371,6 +392,35 @@ fn deliveries_waiting_for_room_do_not_keep_the_engine_busy() {
     assert!(turns <= 5, "{turns} engine turns while nothing could start");
     *receiver.delay.lock().unwrap() = std::time::Duration::ZERO;
     wait_for(&receiver, 3);
+}
+
+#[test]
+fn a_subscription_at_its_limit_does_not_hold_back_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    *receiver.delay.lock().unwrap() = std::time::Duration::from_secs(30);
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let mut config = config_for(&dir.path().join("svc"));
+    config.webhooks_allow_private_targets = true;
+    config.webhooks_extra_ca_file = Some(receiver.ca_file.clone());
+    let mut engine = engine_config(&config);
+    engine.clock = Arc::new(clock.clone());
+    engine.webhook_limits.concurrency_per_subscription = 2;
+    let server = TestServer::start_with(&config, engine);
+    // The slow one first: its deliveries are due first at every turn.
+    subscribe(&server, &receiver.slow_url("127.0.0.1"));
+    subscribe(&server, &receiver.url("127.0.0.1"));
+    for n in 0..5 {
+        server.enqueue(json!({"type": "report", "args": [n]}));
+    }
+    // Two attempts hang at the slow address, three deliveries wait behind
+    // them; the other subscription gets all five meanwhile.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while receiver.count_at("/hooks") < 5 {
+        assert!(std::time::Instant::now() < deadline, "{} of 5 deliveries arrived", receiver.count_at("/hooks"));
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(receiver.count_at("/slow"), 0, "the slow receiver has answered nothing yet");
 }
 
 #[test]
@@ -478,7 +528,7 @@ fn deliveries_survive_a_crash() {
             .status()
             .as_u16()
     };
-    let body = json!({"url": receiver.url("127.0.0.1"), "events": ["job.enqueued"], "secret": SECRET});
+    let body = json!({"url": receiver.slow_url("127.0.0.1"), "events": ["job.enqueued"], "secret": SECRET});
     assert_eq!(post(&base, "/svc/v1/webhooks", body), 201);
     let jobs: Vec<Value> = (0..20).map(|n| json!({"type": "crash.test", "args": [n]})).collect();
     assert_eq!(
