@@ -267,14 +267,10 @@ impl EngineHandle {
         self.submit(super::webhooks::DeleteWebhook { id })
     }
 
-    /// Reports how a delivery attempt ended (the delivery pool).
-    pub fn delivery_outcome(
-        &self,
-        id: JobId,
-        subscription: JobId,
-        result: super::webhooks::AttemptResult,
-    ) -> Pending<bool> {
-        self.submit(super::webhooks::DeliveryOutcome { id, subscription, result })
+    /// Reports how delivery attempts ended (the delivery pool); answers,
+    /// for each, whether its delivery was abandoned.
+    pub fn delivery_outcomes(&self, outcomes: Vec<super::webhooks::AttemptOutcome>) -> Pending<Vec<bool>> {
+        self.submit(super::webhooks::DeliveryOutcomes { outcomes })
     }
 
     /// A webhook subscription, as of the last commit.

@@ -45,7 +45,7 @@ pub use state::Retention;
 #[doc(hidden)]
 pub use state::State;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
-pub use webhooks::{AttemptResult, WebhookChange};
+pub use webhooks::{AttemptOutcome, AttemptResult, WebhookChange};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
 pub use workflow_table::{Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState};
 

@@ -164,7 +164,7 @@ impl<R: Request> Parked for ParkedEnvelope<R> {
 }
 
 /// A record's fixed part (its kind, times and ids), generously.
-const RECORD_FIXED_BYTES: u64 = 96;
+pub(super) const RECORD_FIXED_BYTES: u64 = 96;
 /// The most log bytes one job's share of a record takes (a claim, a
 /// promotion, a heartbeat's extension).
 pub(crate) const RECORD_BYTES_PER_JOB: u64 = 64;
@@ -289,7 +289,7 @@ sealed!(
     super::webhooks::CreateWebhook,
     super::webhooks::ChangeWebhook,
     super::webhooks::DeleteWebhook,
-    super::webhooks::DeliveryOutcome,
+    super::webhooks::DeliveryOutcomes,
 );
 
 /// Registers a schema compiled by the caller (`schema::parse_registration`);

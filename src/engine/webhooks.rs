@@ -147,44 +147,66 @@ pub enum AttemptResult {
     NoSubscription,
 }
 
-/// The outcome of one attempt: the delivery ends, or waits for its next
-/// attempt by the schedule, or is abandoned after its last.
-pub struct DeliveryOutcome {
+/// How one attempt ended: the delivery ends, or waits for its next attempt
+/// by the schedule, or is abandoned after its last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptOutcome {
     pub id: JobId,
     /// The subscription the attempt went to (its slot is freed).
     pub subscription: JobId,
     pub result: AttemptResult,
 }
 
-impl Request for DeliveryOutcome {
-    /// Whether the delivery was abandoned (its last attempt failed).
-    type Output = bool;
+/// The outcomes of attempts that ended together, reported at once by the
+/// delivery pool: one command and one commit for all of them.
+pub struct DeliveryOutcomes {
+    pub outcomes: Vec<AttemptOutcome>,
+}
+
+impl Request for DeliveryOutcomes {
+    /// For each outcome, whether its delivery was abandoned (its last attempt failed).
+    type Output = Vec<bool>;
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        Some(super::requests::RECORD_FIXED_BYTES.saturating_mul(self.outcomes.len().max(1) as u64))
+    }
+
+    fn held_bytes(&self) -> u64 {
+        (self.outcomes.len() * std::mem::size_of::<AttemptOutcome>()) as u64
+    }
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
         let now = turn.now;
-        turn.in_flight.ended(self.subscription);
-        // Dropped meanwhile (its subscription was deleted or paused): nothing to do.
-        let Some(delivery) = turn.state().outbox.get(self.id).cloned() else { return Ok(false) };
-        let done = Record::DeliveriesDone { at: now, ids: vec![self.id] };
-        match self.result {
-            AttemptResult::Delivered | AttemptResult::NoSubscription => turn.apply(done),
-            AttemptResult::Failed { retry_after_ms, .. } => {
-                match super::outbox::next_attempt_at(now, delivery.attempts, retry_after_ms) {
-                    Some(next_at) => turn.apply(Record::DeliveryRetry { at: now, id: self.id, next_at }),
-                    None => {
-                        tracing::error!(
-                            delivery_id = %format!("del_{}", delivery.id),
-                            subscription_id = %format!("sub_{}", delivery.subscription),
-                            event_type = %delivery.event_type,
-                            attempts = delivery.attempts,
-                            "webhook delivery abandoned after its last attempt"
-                        );
-                        turn.apply(done);
-                        return Ok(true);
+        let mut done = Vec::new();
+        let mut abandoned = Vec::with_capacity(self.outcomes.len());
+        for outcome in self.outcomes {
+            turn.in_flight.ended(outcome.subscription);
+            abandoned.push(false);
+            // Dropped meanwhile (its subscription was deleted or paused): nothing to do.
+            let Some(delivery) = turn.state().outbox.get(outcome.id).cloned() else { continue };
+            match outcome.result {
+                AttemptResult::Delivered | AttemptResult::NoSubscription => done.push(outcome.id),
+                AttemptResult::Failed { retry_after_ms, .. } => {
+                    match super::outbox::next_attempt_at(now, delivery.attempts, retry_after_ms) {
+                        Some(next_at) => turn.apply(Record::DeliveryRetry { at: now, id: outcome.id, next_at }),
+                        None => {
+                            tracing::error!(
+                                delivery_id = %format!("del_{}", delivery.id),
+                                subscription_id = %format!("sub_{}", delivery.subscription),
+                                event_type = %delivery.event_type,
+                                attempts = delivery.attempts,
+                                "webhook delivery abandoned after its last attempt"
+                            );
+                            done.push(outcome.id);
+                            *abandoned.last_mut().expect("pushed above") = true;
+                        }
                     }
                 }
             }
         }
-        Ok(false)
+        if !done.is_empty() {
+            turn.apply(Record::DeliveriesDone { at: now, ids: done });
+        }
+        Ok(abandoned)
     }
 }

@@ -7,14 +7,16 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::client::{Attempt, AttemptError, DeliveryClient};
 use crate::engine::outbox::Delivery;
-use crate::engine::{AttemptResult, EngineError, EngineHandle, Unavailable};
+use crate::engine::{AttemptOutcome, AttemptResult, EngineError, EngineHandle, Unavailable};
 
-/// How often an outcome is offered to an overloaded engine.
+/// How often outcomes are offered to an overloaded engine.
 const REPORT_TRIES: usize = 50;
+/// The most outcomes in one report.
+const REPORT_BATCH_MAX: usize = 256;
 
 /// How much lower than the server's the delivery thread's priority is (a
 /// nice value: at 10, the kernel gives it about a tenth of a busy CPU).
@@ -50,39 +52,56 @@ pub async fn run(
 ) {
     // The engine starts no more attempts than this, so a slot is always free.
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+    let (ended, reports) = mpsc::unbounded_channel();
+    tokio::spawn(report_outcomes(reports, engine.clone()));
     while let Some(batch) = batches.recv().await {
         for delivery in batch {
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
-            let (engine, client) = (engine.clone(), client.clone());
+            let (engine, client, ended) = (engine.clone(), client.clone(), ended.clone());
             tokio::spawn(async move {
                 let result = attempt(&engine, &client, &delivery, timeout).await;
-                let metrics = engine.metrics().clone();
+                let metrics = engine.metrics();
                 match result {
                     AttemptResult::Delivered => metrics.webhook_delivery("success"),
                     AttemptResult::Failed { blocked: true, .. } => metrics.webhook_delivery("blocked"),
                     AttemptResult::Failed { .. } => metrics.webhook_delivery("failure"),
                     AttemptResult::NoSubscription => metrics.webhook_delivery("dropped"),
                 }
-                // The engine must hear back (it holds the attempt's slot until
-                // then): an overloaded inbox is tried again; a stopped engine
-                // forgets its slots anyway.
-                for _ in 0..REPORT_TRIES {
-                    match engine.delivery_outcome(delivery.id, delivery.subscription, result).outcome().await {
-                        Ok(abandoned) => {
-                            if abandoned {
-                                metrics.webhook_delivery("abandoned");
-                            }
-                            break;
-                        }
-                        Err(EngineError::Unavailable { reason: Unavailable::Overloaded }) => {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                drop(slot);
+                let outcome = AttemptOutcome { id: delivery.id, subscription: delivery.subscription, result };
+                let _ = ended.send((outcome, slot));
             });
         }
+    }
+}
+
+/// Tells the engine how attempts ended: every outcome that arrived while
+/// the last report was on its way goes in the next one (one command and
+/// one commit for them all). An attempt's slot is freed once its outcome
+/// is reported: the engine holds the slot until it hears back.
+async fn report_outcomes(
+    mut ended: mpsc::UnboundedReceiver<(AttemptOutcome, OwnedSemaphorePermit)>,
+    engine: EngineHandle,
+) {
+    let mut batch = Vec::new();
+    while ended.recv_many(&mut batch, REPORT_BATCH_MAX).await > 0 {
+        let outcomes: Vec<AttemptOutcome> = batch.iter().map(|(outcome, _)| *outcome).collect();
+        // An overloaded inbox, or a full disk, is tried again; a stopped
+        // engine forgets its slots anyway.
+        for _ in 0..REPORT_TRIES {
+            match engine.delivery_outcomes(outcomes.clone()).outcome().await {
+                Ok(abandoned) => {
+                    for _ in abandoned.iter().filter(|abandoned| **abandoned) {
+                        engine.metrics().webhook_delivery("abandoned");
+                    }
+                    break;
+                }
+                Err(EngineError::Unavailable { reason: Unavailable::Overloaded | Unavailable::DiskFull }) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(_) => break,
+            }
+        }
+        batch.clear();
     }
 }
 
