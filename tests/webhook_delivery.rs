@@ -34,6 +34,8 @@ struct Receiver {
     /// How long each answer to [`Receiver::slow_url`] waits (a slow receiver).
     delay: Arc<Mutex<std::time::Duration>>,
     ca_file: PathBuf,
+    /// The path of every request, as soon as it is read (before any delay).
+    arrived: Arc<Mutex<Vec<String>>>,
     received: Arc<Mutex<Vec<Received>>>,
     answers: Answers,
 }
@@ -67,18 +69,21 @@ impl Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let received = Arc::new(Mutex::new(Vec::new()));
+        let arrived = Arc::new(Mutex::new(Vec::new()));
         let answers: Answers = Arc::default();
-        let (got, queued) = (received.clone(), answers.clone());
+        let (got, queued, came) = (received.clone(), answers.clone(), arrived.clone());
         let delay = Arc::new(Mutex::new(std::time::Duration::ZERO));
         let slow = delay.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
-                let (tls, got, queued, slow) = (tls.clone(), got.clone(), queued.clone(), slow.clone());
+                let (tls, got, queued, slow, came) =
+                    (tls.clone(), got.clone(), queued.clone(), slow.clone(), came.clone());
                 std::thread::spawn(move || {
                     let Ok(connection) = rustls::ServerConnection::new(tls) else { return };
                     let mut stream = rustls::StreamOwned::new(connection, stream);
                     let Some(request) = read_request(&mut stream) else { return };
+                    came.lock().unwrap().push(request.path.clone());
                     if request.path.starts_with("/slow") {
                         let delay = *slow.lock().unwrap();
                         std::thread::sleep(delay);
@@ -97,7 +102,7 @@ impl Receiver {
                 });
             }
         });
-        Receiver { port, delay, ca_file, received, answers }
+        Receiver { port, delay, ca_file, arrived, received, answers }
     }
 
     fn url(&self, host: &str) -> String {
@@ -109,9 +114,23 @@ impl Receiver {
         format!("https://{host}:{}/slow", self.port)
     }
 
-    /// How many requests came to `path`.
+    /// How many requests to `path` were answered.
     fn count_at(&self, path: &str) -> usize {
         self.received.lock().unwrap().iter().filter(|request| request.path == path).count()
+    }
+
+    /// How many requests to `path` came in, answered or not.
+    fn arrived_at(&self, path: &str) -> usize {
+        self.arrived.lock().unwrap().iter().filter(|arrived| *arrived == path).count()
+    }
+
+    /// Waits until `count` requests to `path` came in.
+    fn wait_for_arrivals(&self, path: &str, count: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while self.arrived_at(path) < count {
+            assert!(std::time::Instant::now() < deadline, "{} of {count} requests came", self.arrived_at(path));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     fn answer_next(&self, status: u16, headers: Vec<(&'static str, String)>) {
@@ -385,11 +404,12 @@ fn deliveries_waiting_for_room_do_not_keep_the_engine_busy() {
     // One attempt is at the slow receiver; two deliveries are due and wait
     // for its slot. Nothing else happens, so the engine should sleep (this
     // waits in real time: what is measured is what the engine does meanwhile).
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    receiver.wait_for_arrivals("/slow", 1);
     let before = counter(&server, "svc_engine_turns_total");
     std::thread::sleep(std::time::Duration::from_millis(400));
     let turns = counter(&server, "svc_engine_turns_total") - before;
     assert!(turns <= 5, "{turns} engine turns while nothing could start");
+    assert_eq!(receiver.arrived_at("/slow"), 1, "the other deliveries waited for the slot");
     *receiver.delay.lock().unwrap() = std::time::Duration::ZERO;
     wait_for(&receiver, 3);
 }
@@ -420,7 +440,30 @@ fn a_subscription_at_its_limit_does_not_hold_back_another() {
         assert!(std::time::Instant::now() < deadline, "{} of 5 deliveries arrived", receiver.count_at("/hooks"));
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    assert_eq!(receiver.count_at("/slow"), 0, "the slow receiver has answered nothing yet");
+    receiver.wait_for_arrivals("/slow", 2);
+    assert_eq!(
+        (receiver.arrived_at("/slow"), receiver.count_at("/slow")),
+        (2, 0),
+        "two attempts hang at the slow address, no more"
+    );
+}
+
+#[test]
+fn an_idle_server_sends_a_new_delivery_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let server = delivering_server(&dir.path().join("svc"), &receiver, &clock);
+    subscribe(&server, &receiver.url("127.0.0.1"));
+    for n in 1..=3 {
+        // Nothing is due and nothing else comes in: the engine would sleep
+        // its longest wait (a second) unless it woke for the new delivery.
+        let started = std::time::Instant::now();
+        server.enqueue(json!({"type": "report", "args": [n]}));
+        receiver.wait_for_arrivals("/hooks", n);
+        let waited = started.elapsed();
+        assert!(waited < std::time::Duration::from_millis(600), "delivery {n} went out after {waited:?}");
+    }
 }
 
 #[test]

@@ -465,6 +465,10 @@ impl Writer {
             return;
         }
         let at = events.last().map_or(0, |event| event.time);
+        // Queued after this turn started attempts: the next turn starts them
+        // (if their subscriptions have room then; if not, that turn finds out).
+        let due = deliveries.iter().map(|delivery| delivery.next_at).min();
+        self.outbox_wake = [self.outbox_wake, due].into_iter().flatten().min();
         let record = Record::DeliveriesQueued { at, deliveries };
         self.state.apply(&record, &mut EventSink::disabled()).expect("queued deliveries apply");
         records.push(record);

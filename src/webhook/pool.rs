@@ -13,13 +13,14 @@ use super::client::{Attempt, AttemptError, DeliveryClient};
 use crate::engine::outbox::Delivery;
 use crate::engine::{AttemptOutcome, AttemptResult, EngineError, EngineHandle, Unavailable};
 
-/// How often outcomes are offered to an overloaded engine.
-const REPORT_TRIES: usize = 50;
+/// How long a refused report waits before it is offered again.
+const REPORT_RETRY_WAIT: Duration = Duration::from_millis(100);
 /// The most outcomes in one report.
 const REPORT_BATCH_MAX: usize = 256;
 
 /// How much lower than the server's the delivery thread's priority is (a
 /// nice value: at 10, the kernel gives it about a tenth of a busy CPU).
+#[cfg(target_os = "linux")]
 const DELIVERY_NICENESS: libc::c_int = 10;
 
 /// The runtime the pool runs on: one thread, named `svc-webhooks`, at a
@@ -34,6 +35,7 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// Lowers the calling thread's priority (on Linux the nice value is per thread).
+#[cfg(target_os = "linux")]
 fn lower_priority() {
     // SAFETY: both calls only concern the calling thread and take no pointers.
     let result = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, DELIVERY_NICENESS) };
@@ -41,6 +43,10 @@ fn lower_priority() {
         tracing::debug!(error = %std::io::Error::last_os_error(), "the delivery thread keeps its priority");
     }
 }
+
+/// Elsewhere the nice value is per process: the thread keeps its priority.
+#[cfg(not(target_os = "linux"))]
+fn lower_priority() {}
 
 /// Runs until the engine drops its end of `batches`.
 pub async fn run(
@@ -85,9 +91,10 @@ async fn report_outcomes(
     let mut batch = Vec::new();
     while ended.recv_many(&mut batch, REPORT_BATCH_MAX).await > 0 {
         let outcomes: Vec<AttemptOutcome> = batch.iter().map(|(outcome, _)| *outcome).collect();
-        // An overloaded inbox, or a full disk, is tried again; a stopped
-        // engine forgets its slots anyway.
-        for _ in 0..REPORT_TRIES {
+        // An overloaded inbox, or a full disk, is tried again for as long as
+        // it lasts: the engine holds the attempts' slots until it hears back.
+        // A stopped engine forgets its slots anyway.
+        loop {
             match engine.delivery_outcomes(outcomes.clone()).outcome().await {
                 Ok(abandoned) => {
                     for _ in abandoned.iter().filter(|abandoned| **abandoned) {
@@ -96,7 +103,7 @@ async fn report_outcomes(
                     break;
                 }
                 Err(EngineError::Unavailable { reason: Unavailable::Overloaded | Unavailable::DiskFull }) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(REPORT_RETRY_WAIT).await;
                 }
                 Err(_) => break,
             }
