@@ -327,11 +327,22 @@ fn wait_for(receiver: &Receiver, count: usize) {
 
 /// A server on the manual clock that delivers to `receiver`.
 fn delivering_server(dir: &Path, receiver: &Receiver, clock: &svc::clock::ManualClock) -> TestServer {
+    limited_server(dir, receiver, clock, svc::engine::outbox::IN_FLIGHT_PER_SUBSCRIPTION_MAX)
+}
+
+/// `delivering_server` with at most `per_subscription` attempts in flight to a subscription.
+fn limited_server(
+    dir: &Path,
+    receiver: &Receiver,
+    clock: &svc::clock::ManualClock,
+    per_subscription: usize,
+) -> TestServer {
     let mut config = config_for(dir);
     config.webhooks_allow_private_targets = true;
     config.webhooks_extra_ca_file = Some(receiver.ca_file.clone());
     let mut engine = engine_config(&config);
     engine.clock = Arc::new(clock.clone());
+    engine.webhook_limits.concurrency_per_subscription = per_subscription;
     TestServer::start_with(&config, engine)
 }
 
@@ -386,18 +397,8 @@ fn deliveries_waiting_for_room_do_not_keep_the_engine_busy() {
     let receiver = Receiver::start(dir.path());
     *receiver.delay.lock().unwrap() = std::time::Duration::from_millis(800);
     let clock = svc::clock::ManualClock::new(1_800_000_000_000);
-    let mut config = config_for(&dir.path().join("svc"));
-    config.webhooks_allow_private_targets = true;
-    config.webhooks_extra_ca_file = Some(receiver.ca_file.clone());
-    let mut engine = engine_config(&config);
-    engine.clock = Arc::new(clock.clone());
-    engine.webhook_limits.concurrency_per_subscription = 1;
-    let server = TestServer::start_with(&config, engine);
-    let created = server.post(
-        "/svc/v1/webhooks",
-        json!({"url": receiver.slow_url("127.0.0.1"), "events": ["job.*"], "secret": SECRET}),
-    );
-    assert_eq!(created.status, 201);
+    let server = limited_server(&dir.path().join("svc"), &receiver, &clock, 1);
+    subscribe(&server, &receiver.slow_url("127.0.0.1"));
     for n in 0..3 {
         server.enqueue(json!({"type": "report", "args": [n]}));
     }
@@ -420,13 +421,7 @@ fn a_subscription_at_its_limit_does_not_hold_back_another() {
     let receiver = Receiver::start(dir.path());
     *receiver.delay.lock().unwrap() = std::time::Duration::from_secs(30);
     let clock = svc::clock::ManualClock::new(1_800_000_000_000);
-    let mut config = config_for(&dir.path().join("svc"));
-    config.webhooks_allow_private_targets = true;
-    config.webhooks_extra_ca_file = Some(receiver.ca_file.clone());
-    let mut engine = engine_config(&config);
-    engine.clock = Arc::new(clock.clone());
-    engine.webhook_limits.concurrency_per_subscription = 2;
-    let server = TestServer::start_with(&config, engine);
+    let server = limited_server(&dir.path().join("svc"), &receiver, &clock, 2);
     // The slow one first: its deliveries are due first at every turn.
     subscribe(&server, &receiver.slow_url("127.0.0.1"));
     subscribe(&server, &receiver.url("127.0.0.1"));

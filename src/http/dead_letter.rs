@@ -37,7 +37,7 @@ pub(super) fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError
         None => "null".to_string(),
     };
     let mut body = jobs_object_with("jobs", &jobs, |job| super::workflows::job_fields(app, job));
-    body.raw("cursor", &cursor).raw("has_more", if has_more { "true" } else { "false" });
+    body.raw("cursor", &cursor).bool("has_more", has_more);
     Ok(Reply::ok(body.finish()))
 }
 

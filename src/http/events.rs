@@ -12,10 +12,6 @@ pub(super) fn list_filter(pairs: &[(String, String)], key: &str) -> Option<Vec<S
     query_value(pairs, key).map(|text| text.split(',').filter(|item| !item.is_empty()).map(str::to_string).collect())
 }
 
-fn bool_text(value: bool) -> &'static str {
-    if value { "true" } else { "false" }
-}
-
 pub(super) fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
@@ -43,9 +39,9 @@ pub(super) fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     }
     events.push(']');
     let mut body = ObjectWriter::default();
-    body.raw("events", &events).value("cursor", &Value::from(cursor)).raw("has_more", bool_text(page.has_more));
+    body.raw("events", &events).value("cursor", &Value::from(cursor)).bool("has_more", page.has_more);
     if page.gap {
-        body.raw("gap", "true");
+        body.bool("gap", true);
     }
     Ok(Reply::ok(body.finish()))
 }

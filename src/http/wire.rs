@@ -89,6 +89,10 @@ impl ObjectWriter {
         self
     }
 
+    pub fn bool(&mut self, key: &str, value: bool) -> &mut Self {
+        self.raw(key, if value { "true" } else { "false" })
+    }
+
     /// A time, or `null`.
     pub fn optional_time(&mut self, key: &str, ms: Option<i64>) -> &mut Self {
         match ms {
@@ -375,7 +379,7 @@ fn render_report(report: &FailureReport, history: Option<(u32, i64)>) -> String 
     if history.is_none()
         && let Some(retryable) = report.retryable
     {
-        object.raw("retryable", if retryable { "true" } else { "false" });
+        object.bool("retryable", retryable);
     }
     if let Some(details) = &report.details {
         object.raw("details", details);
