@@ -325,6 +325,25 @@ fn wait_for(receiver: &Receiver, count: usize) {
     }
 }
 
+/// Waits until the engine has heard how the last attempt went, and the
+/// queued deliveries are then `expected` as (attempts, due in ms from now).
+/// A receiver notes a request before the pool reports its outcome, so the
+/// clock must not move before this (the retry would count from the new time).
+fn wait_for_outbox(server: &TestServer, clock: &svc::clock::ManualClock, expected: &[(u32, i64)]) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let now = svc::clock::Clock::now_ms(clock);
+        let image = server.engine().image().wait().unwrap();
+        let queued: Vec<(u32, i64)> =
+            image.deliveries.iter().map(|delivery| (delivery.attempts, delivery.next_at - now)).collect();
+        if queued == expected {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "queued deliveries {queued:?}, expected {expected:?}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// A server on the manual clock that delivers to `receiver`.
 fn delivering_server(dir: &Path, receiver: &Receiver, clock: &svc::clock::ManualClock) -> TestServer {
     limited_server(dir, receiver, clock, svc::engine::outbox::IN_FLIGHT_PER_SUBSCRIPTION_MAX)
@@ -474,6 +493,7 @@ fn failed_attempts_follow_the_schedule_and_keep_their_delivery_id() {
     receiver.answer_next(503, Vec::new());
     assert_eq!(server.post("/svc/v1/queues/q/pause", json!({})).status, 200);
     wait_for(&receiver, 1);
+    wait_for_outbox(&server, &clock, &[(1, 60_000)]);
 
     // Attempt 2 waits a minute after the first failure.
     server.advance(&clock, 59_000);
@@ -481,15 +501,18 @@ fn failed_attempts_follow_the_schedule_and_keep_their_delivery_id() {
     assert_eq!(receiver.count(), 1, "not before its minute");
     server.advance(&clock, 1_000);
     wait_for(&receiver, 2);
+    wait_for_outbox(&server, &clock, &[(2, 600_000)]);
     // It got 429 with Retry-After 600 s, longer than the 5 minutes scheduled.
     server.advance(&clock, 5 * 60_000);
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_eq!(receiver.count(), 2, "Retry-After is honoured");
     server.advance(&clock, 5 * 60_000);
     wait_for(&receiver, 3);
+    wait_for_outbox(&server, &clock, &[(3, 30 * 60_000)]);
     // Then 30 minutes; the fourth attempt succeeds.
     server.advance(&clock, 30 * 60_000);
     wait_for(&receiver, 4);
+    wait_for_outbox(&server, &clock, &[]);
     let events = events_of(&receiver);
     assert!(events.iter().all(|(kind, id)| kind == "queue.paused" && *id == events[0].1), "{events:?}");
     let timestamps: Vec<i64> = receiver
@@ -521,6 +544,7 @@ fn a_delivery_is_abandoned_after_its_eighth_failure() {
     wait_for(&receiver, 1);
     for (attempt, delay_ms) in (2..=8).zip([60_000, 300_000, 1_800_000, 7_200_000, 28_800_000, 57_600_000, 86_400_000])
     {
+        wait_for_outbox(&server, &clock, &[(attempt as u32 - 1, delay_ms)]);
         server.advance(&clock, delay_ms);
         wait_for(&receiver, attempt);
     }
