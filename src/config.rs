@@ -23,7 +23,8 @@
 //! may be bound; `metrics.public` (bool) serves `/metrics` without a key;
 //! `webhooks.allow_private_targets` (bool) lets webhooks go to loopback and
 //! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs,
-//! `webhooks.timeout_s`, `webhooks.max_pending`, `webhooks.concurrency`,
+//! `webhooks.timeout_s`, `webhooks.priority` (`"idle"` or `"low"`),
+//! `webhooks.max_pending`, `webhooks.concurrency`,
 //! `webhooks.concurrency_per_subscription`, `webhooks.rotation_grace`
 //! (duration), `limits.max_webhooks` and `limits.max_schemas`.
 
@@ -70,6 +71,8 @@ pub struct Config {
     pub webhooks_extra_ca_file: Option<PathBuf>,
     /// How long one delivery attempt may take (`webhooks.timeout_s`, 1 to 60).
     pub webhooks_timeout_ms: u64,
+    /// How the delivery thread shares the CPU (`webhooks.priority`).
+    pub webhooks_priority: crate::webhook::DeliveryPriority,
     /// `limits.max_webhooks`, `webhooks.max_pending`, `webhooks.concurrency`,
     /// `webhooks.concurrency_per_subscription`, `webhooks.rotation_grace`.
     pub webhook_limits: crate::engine::outbox::WebhookLimits,
@@ -97,6 +100,7 @@ impl Default for Config {
             webhooks_allow_private_targets: false,
             webhooks_extra_ca_file: None,
             webhooks_timeout_ms: 30_000,
+            webhooks_priority: crate::webhook::DeliveryPriority::default(),
             webhook_limits: crate::engine::outbox::WebhookLimits::default(),
             max_schemas: crate::limits::SCHEMAS_MAX,
         }
@@ -133,6 +137,7 @@ struct WebhooksSection {
     allow_private_targets: Option<bool>,
     extra_ca_file: Option<PathBuf>,
     timeout_s: Option<u64>,
+    priority: Option<crate::webhook::DeliveryPriority>,
     max_pending: Option<usize>,
     concurrency: Option<usize>,
     concurrency_per_subscription: Option<usize>,
@@ -307,6 +312,9 @@ impl Config {
                     return Err(format!("webhooks.timeout_s must be 1 to 60, not {seconds}"));
                 }
                 self.webhooks_timeout_ms = seconds * 1000;
+            }
+            if let Some(priority) = webhooks.priority {
+                self.webhooks_priority = priority;
             }
             let limits = &mut self.webhook_limits;
             for (key, value, slot) in [
@@ -536,6 +544,7 @@ impl ServeFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::webhook::DeliveryPriority;
 
     fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|arg| arg.to_string()).collect()
@@ -568,7 +577,8 @@ mod tests {
         let defaults = Config::load(&[], &HashMap::new()).unwrap();
         assert!(!defaults.webhooks_allow_private_targets && defaults.webhooks_extra_ca_file.is_none());
         assert_eq!(defaults.webhooks_timeout_ms, 30_000);
-        let text = "[webhooks]\nallow_private_targets = true\nextra_ca_file = \"/ca.pem\"\ntimeout_s = 5\n\
+        assert_eq!(defaults.webhooks_priority, DeliveryPriority::Idle);
+        let text = "[webhooks]\nallow_private_targets = true\nextra_ca_file = \"/ca.pem\"\ntimeout_s = 5\npriority = \"low\"\n\
                     max_pending = 10\nconcurrency = 4\nconcurrency_per_subscription = 2\nrotation_grace = \"PT1H\"\n\
                     [limits]\nmax_webhooks = 3\nmax_schemas = 7\n";
         std::fs::write(&file, text).unwrap();
@@ -579,7 +589,9 @@ mod tests {
         assert!(config.webhooks_allow_private_targets);
         assert_eq!(config.webhooks_extra_ca_file, Some(PathBuf::from("/ca.pem")));
         assert_eq!(config.webhooks_timeout_ms, 5_000);
+        assert_eq!(config.webhooks_priority, DeliveryPriority::Low);
         for bad in [
+            "[webhooks]\npriority = \"high\"\n",
             "[webhooks]\ntimeout_s = 0\n",
             "[webhooks]\ntimeout_s = 61\n",
             "[webhooks]\nunknown = 1\n",

@@ -86,11 +86,18 @@ pub struct WebhookSettings {
     pub extra_ca_file: Option<PathBuf>,
     /// How long one attempt may take.
     pub timeout: std::time::Duration,
+    /// How the delivery thread shares the CPU with the rest of the program.
+    pub priority: crate::webhook::DeliveryPriority,
 }
 
 impl Default for WebhookSettings {
     fn default() -> Self {
-        Self { allow_private_targets: false, extra_ca_file: None, timeout: std::time::Duration::from_secs(30) }
+        Self {
+            allow_private_targets: false,
+            extra_ca_file: None,
+            timeout: std::time::Duration::from_secs(30),
+            priority: crate::webhook::DeliveryPriority::default(),
+        }
     }
 }
 
@@ -108,27 +115,18 @@ impl Svc {
     }
 
     /// Opens the data dir and sends webhook deliveries, as a server does,
-    /// from a small runtime of its own, at a lower priority than the caller's threads.
+    /// from a small runtime of its own, at a lower priority than the caller's
+    /// threads (`webhooks.priority`).
     pub fn open_with_webhooks(mut config: EngineConfig, webhooks: WebhookSettings) -> Result<Svc, SvcError> {
         let client = crate::webhook::client::DeliveryClient::new(
             webhooks.allow_private_targets,
             webhooks.extra_ca_file.as_deref(),
         )
         .map_err(SvcError::Webhooks)?;
-        let runtime = crate::webhook::pool::runtime().map_err(|error| SvcError::Webhooks(error.to_string()))?;
-        let (sink, batches) = tokio::sync::mpsc::unbounded_channel();
-        config.deliveries = Some(sink);
-        config.delivery_timeout_ms = webhooks.timeout.as_millis().min(i64::MAX as u128) as i64;
-        let config_concurrency = config.webhook_limits.concurrency;
+        config.delivery_timeout_ms = webhooks.timeout.as_millis().clamp(1, i64::MAX as u128) as i64;
+        let pool = crate::webhook::pool::Pool::attach(&mut config, client, webhooks.priority);
         let engine = Engine::open(config).map_err(SvcError::Storage)?;
-        let concurrency = config_concurrency;
-        runtime.spawn(crate::webhook::pool::run(
-            batches,
-            engine.handle().clone(),
-            client,
-            webhooks.timeout,
-            concurrency,
-        ));
+        let runtime = pool.spawn(engine.handle().clone()).map_err(|error| SvcError::Webhooks(error.to_string()))?;
         Ok(Svc { engine, deliveries: Some(runtime), allow_private_targets: webhooks.allow_private_targets })
     }
 

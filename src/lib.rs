@@ -44,6 +44,8 @@ pub mod schema;
 pub mod server;
 pub mod storage;
 pub mod webhook;
+#[doc(hidden)]
+pub mod wire;
 pub mod workflow;
 
 mod embed;

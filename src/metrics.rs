@@ -53,6 +53,8 @@ pub struct Metrics {
     webhook_deliveries: IntCounterVec,
     /// Webhook deliveries queued (engine thread sets it after each commit).
     pub webhook_pending: IntGauge,
+    /// How long started attempts waited for the delivery thread to take them.
+    pub webhook_handoff_seconds: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -187,6 +189,11 @@ impl Metrics {
         let webhook_pending =
             IntGauge::new("svc_webhook_pending", "Webhook deliveries queued").expect("a valid metric");
         registry.register(Box::new(webhook_pending.clone())).expect("registered once");
+        let webhook_handoff_seconds = histogram(
+            "svc_webhook_handoff_seconds",
+            "Time from the engine starting webhook attempts to the delivery thread taking them",
+            seconds_buckets(),
+        );
         Metrics {
             registry,
             http_requests,
@@ -211,6 +218,7 @@ impl Metrics {
             workers,
             webhook_deliveries,
             webhook_pending,
+            webhook_handoff_seconds,
         }
     }
 

@@ -25,6 +25,7 @@ use crate::http::connection::{ConnectionSlots, WriteTimeout, refuse};
 use crate::http::{AppState, serve_request};
 use crate::limits::{POISON_EXIT_DELAY_MS, WRITE_TIMEOUT_MS};
 use crate::storage::StorageError;
+use crate::webhook::pool::Pool;
 
 const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -72,30 +73,6 @@ pub fn engine_config(config: &Config) -> EngineConfig {
     engine.webhook_limits = config.webhook_limits;
     engine.max_schemas = config.max_schemas;
     engine
-}
-
-/// Connects the engine to a delivery pool: the engine hands it the
-/// deliveries whose attempts start; `spawn` runs it on a runtime of its own.
-struct DeliveryPool {
-    batches: mpsc::UnboundedReceiver<Vec<Arc<crate::engine::outbox::Delivery>>>,
-    client: crate::webhook::client::DeliveryClient,
-    timeout: Duration,
-    concurrency: usize,
-}
-
-impl DeliveryPool {
-    fn attach(engine: &mut EngineConfig, client: crate::webhook::client::DeliveryClient) -> DeliveryPool {
-        let (sink, batches) = mpsc::unbounded_channel();
-        engine.deliveries = Some(sink);
-        let timeout = Duration::from_millis(engine.delivery_timeout_ms.max(1) as u64);
-        DeliveryPool { batches, client, timeout, concurrency: engine.webhook_limits.concurrency }
-    }
-
-    fn spawn(self, engine: crate::engine::EngineHandle) -> Result<tokio::runtime::Runtime, ServerError> {
-        let runtime = crate::webhook::pool::runtime().map_err(ServerError::Runtime)?;
-        runtime.spawn(crate::webhook::pool::run(self.batches, engine, self.client, self.timeout, self.concurrency));
-        Ok(runtime)
-    }
 }
 
 /// What the server is told from outside.
@@ -156,9 +133,9 @@ impl Drop for RunningServer {
 pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<RunningServer, ServerError> {
     let runtime = build_runtime()?;
     let client = webhook_client(config)?;
-    let pool = DeliveryPool::attach(&mut engine_config, client.clone());
+    let pool = Pool::attach(&mut engine_config, client.clone(), config.webhooks_priority);
     let engine = Engine::open(engine_config).map_err(ServerError::Storage)?;
-    let deliveries = pool.spawn(engine.handle().clone())?;
+    let deliveries = pool.spawn(engine.handle().clone()).map_err(ServerError::Runtime)?;
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
@@ -187,9 +164,9 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
     let runtime = build_runtime()?;
     let client = webhook_client(config)?;
     let mut settings = engine_config(config);
-    let pool = DeliveryPool::attach(&mut settings, client.clone());
+    let pool = Pool::attach(&mut settings, client.clone(), config.webhooks_priority);
     let engine = Engine::open(settings).map_err(ServerError::Storage)?;
-    let deliveries = pool.spawn(engine.handle().clone())?;
+    let deliveries = pool.spawn(engine.handle().clone()).map_err(ServerError::Runtime)?;
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;

@@ -554,6 +554,8 @@ fn a_delivery_is_abandoned_after_its_eighth_failure() {
         let metrics = server.get_text("/metrics");
         if metrics.contains("svc_webhook_deliveries_total{result=\"abandoned\"} 1") {
             assert!(metrics.contains("svc_webhook_pending 0"), "{metrics}");
+            // Each of the eight attempts was handed to the delivery thread once.
+            assert!(metrics.contains("svc_webhook_handoff_seconds_count 8"), "{metrics}");
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{metrics}");
@@ -637,6 +639,8 @@ fn an_embedded_queue_delivers_when_opened_with_webhooks() {
         allow_private_targets: true,
         extra_ca_file: Some(receiver.ca_file.clone()),
         timeout: std::time::Duration::from_secs(5),
+        // The server's tests run the default, the idle class; this one the other.
+        priority: svc::webhook::DeliveryPriority::Low,
     };
     let queue =
         svc::Svc::open_with_webhooks(svc::engine::EngineConfig::new(dir.path().join("data")), settings).unwrap();

@@ -97,7 +97,16 @@ impl InFlight {
 
 /// Where the engine hands deliveries whose attempt is starting (durably
 /// counted by then).
-pub type DeliverySink = tokio::sync::mpsc::UnboundedSender<Vec<Arc<Delivery>>>;
+pub type DeliverySink = tokio::sync::mpsc::UnboundedSender<StartedAttempts>;
+
+/// Deliveries whose attempts the engine has counted, on their way to the pool.
+#[derive(Debug)]
+pub struct StartedAttempts {
+    pub deliveries: Vec<Arc<Delivery>>,
+    /// When the engine handed them over (the pool measures how long they
+    /// waited for its thread).
+    pub handed_at: std::time::Instant,
+}
 
 /// One event on its way to one subscription.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -450,7 +450,7 @@ impl Writer {
                     continue;
                 }
                 *queued.entry(subscription.id).or_default() += 1;
-                let body = body.get_or_insert_with(|| Arc::from(crate::http::wire::render_event(event)));
+                let body = body.get_or_insert_with(|| Arc::from(crate::wire::render_event(event)));
                 deliveries.push(Arc::new(super::outbox::Delivery {
                     id: self.event_ids.next(event.time, rand::random()),
                     subscription: subscription.id,
@@ -510,7 +510,8 @@ impl Writer {
             replies.push(Box::new(move |failure| {
                 // Sent only once the attempts are counted on disk.
                 if failure.is_none() {
-                    let _ = sink.send(batch);
+                    let handed_at = std::time::Instant::now();
+                    let _ = sink.send(super::outbox::StartedAttempts { deliveries: batch, handed_at });
                 }
             }));
         }

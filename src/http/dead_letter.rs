@@ -5,9 +5,9 @@ use serde_json::json;
 use super::error::ApiError;
 use super::extract::object_body;
 use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
-use super::wire::{job_body, jobs_object_with};
 use super::{AppState, Reply, is_empty_body};
 use crate::job::{JobId, is_valid_queue};
+use crate::wire::{job_body, jobs_object_with};
 
 /// A dead letter id: a malformed one cannot be listed, so it is not found.
 pub(super) fn dead_letter_id(text: &str) -> Result<JobId, ApiError> {

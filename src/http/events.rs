@@ -4,9 +4,9 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::paging::{page_limit, query_pairs, query_value};
-use super::wire::{ObjectWriter, render_event};
 use super::{AppState, Reply};
 use crate::webhook::subscription::pattern_matches;
+use crate::wire::{ObjectWriter, render_event};
 
 pub(super) fn list_filter(pairs: &[(String, String)], key: &str) -> Option<Vec<String>> {
     query_value(pairs, key).map(|text| text.split(',').filter(|item| !item.is_empty()).map(str::to_string).collect())

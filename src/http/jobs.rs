@@ -6,12 +6,12 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::extract::object_body;
 use super::extract::{job_id, location};
-use super::wire::{job_body, push_job, render_job};
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::Enqueued;
 use crate::job::json::{minify, parse_object};
 use crate::job::{JobDefaults, NewJob, body_error, parse_enqueue_body, parse_enqueue_object};
 use crate::limits::{BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX};
+use crate::wire::{job_body, push_job, render_job};
 
 pub(super) async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let new_job = parse_enqueue_body(body, app.engine.defaults())?;

@@ -21,7 +21,6 @@ pub mod rate_limit;
 mod router;
 mod schemas;
 mod webhooks;
-pub mod wire;
 mod workers;
 mod workflows;
 

@@ -8,7 +8,6 @@ use std::borrow::Cow;
 use super::error::ApiError;
 use super::extract::{job_id, object_body};
 use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
-use super::wire::jobs_object_with;
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::{EngineError, FetchRequest};
 use crate::job::json::{JsonKind, RawObject, kind_of, minify, string_value};
@@ -18,6 +17,7 @@ use crate::limits::{
     FETCH_COUNT_MAX, FETCH_QUEUES_MAX, FETCH_WAIT_MS_MAX, HEARTBEAT_JOBS_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX,
     WORKER_ID_CHARS_MAX,
 };
+use crate::wire::jobs_object_with;
 
 /// `^[A-Za-z0-9._:@-]{1,256}$`, minus names that collide with worker routes.
 pub(super) fn worker_id(object: &RawObject) -> Result<Option<String>, ApiError> {
@@ -133,7 +133,7 @@ pub(super) async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> R
     }
     let worker = worker_id(&object)?;
     let job = app.engine.ack(id, result, worker).outcome().await.map_err(report_error)?;
-    let mut body = super::wire::ObjectWriter::default();
+    let mut body = crate::wire::ObjectWriter::default();
     body.job("job", &job)
         .raw("acknowledged", "true")
         .id("id", job.id)
@@ -167,7 +167,7 @@ pub(super) async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> 
         }
     };
     let job = app.engine.fail(id, report, requeue, worker_id(&object)?).outcome().await.map_err(report_error)?;
-    let mut body = super::wire::ObjectWriter::default();
+    let mut body = crate::wire::ObjectWriter::default();
     body.job("job", &job)
         .id("id", job.id)
         .id("job_id", job.id)

@@ -6,11 +6,11 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::wire::report_value;
 use super::{AppState, Reply};
 use crate::engine::{ParentResults, Workflow, WorkflowState};
 use crate::job::time::format_timestamp;
 use crate::job::{Job, JobId};
+use crate::wire::report_value;
 use crate::workflow::{WorkflowKind, parse_workflow_body};
 
 fn workflow_id(text: &str) -> Result<JobId, ApiError> {

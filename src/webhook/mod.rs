@@ -9,5 +9,6 @@ pub mod signature;
 pub mod subscription;
 
 pub use guard::{AddressClass, classify};
+pub use pool::DeliveryPriority;
 pub use signature::sign;
 pub use subscription::{Rotation, Subscription, SubscriptionFilter};

@@ -3,41 +3,95 @@
 //! and reports how it went. It runs on a runtime of its own, never on the
 //! engine thread nor beside the HTTP front end: a slow or dead receiver holds
 //! a task, not a job operation, and signing and sending take the CPU only
-//! when job operations leave it (the thread runs at a lower priority).
+//! when job operations leave it (the thread runs in the idle scheduling
+//! class unless `webhooks.priority` says otherwise).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::client::{Attempt, AttemptError, DeliveryClient};
-use crate::engine::outbox::Delivery;
-use crate::engine::{AttemptOutcome, AttemptResult, EngineError, EngineHandle, Unavailable};
+use crate::engine::outbox::{Delivery, StartedAttempts};
+use crate::engine::{AttemptOutcome, AttemptResult, EngineConfig, EngineError, EngineHandle, Unavailable};
 
 /// How long a refused report waits before it is offered again.
 const REPORT_RETRY_WAIT: Duration = Duration::from_millis(100);
 /// The most outcomes in one report.
 const REPORT_BATCH_MAX: usize = 256;
+/// A hand-off slower than this means the delivery thread is short of CPU.
+const HANDOFF_SLOW: Duration = Duration::from_secs(1);
+/// How often that is logged at most.
+const HANDOFF_WARNING_EVERY: Duration = Duration::from_secs(60);
 
-/// How much lower than the server's the delivery thread's priority is (a
-/// nice value: at 10, the kernel gives it about a tenth of a busy CPU).
+/// The nice value of the delivery thread at [`DeliveryPriority::Low`], and
+/// where the idle scheduling class is refused (at 10, the kernel gives it
+/// about a tenth of a CPU other threads keep busy).
 #[cfg(target_os = "linux")]
 const DELIVERY_NICENESS: libc::c_int = 10;
 
-/// The runtime the pool runs on: one thread, named `svc-webhooks`, at a
-/// lower priority than the rest of the server.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("svc-webhooks")
-        .on_thread_start(lower_priority)
-        .enable_all()
-        .build()
+/// How the delivery thread shares the CPU with job operations
+/// (`webhooks.priority`; docs/api.md, "Deliveries").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryPriority {
+    /// Linux's idle scheduling class: the CPU time nothing else wants. Job
+    /// operations lose nothing to deliveries; deliveries wait while other
+    /// work keeps every core busy.
+    #[default]
+    Idle,
+    /// Nice 10: deliveries keep about a tenth of a busy core, for a host
+    /// where other processes (workers beside the server) keep every core busy.
+    Low,
 }
 
-/// Lowers the calling thread's priority (on Linux the nice value is per thread).
+/// A delivery pool attached to an engine's settings, started by [`Pool::spawn`].
+pub struct Pool {
+    batches: mpsc::UnboundedReceiver<StartedAttempts>,
+    client: DeliveryClient,
+    timeout: Duration,
+    concurrency: usize,
+    priority: DeliveryPriority,
+}
+
+impl Pool {
+    /// Makes the engine opened with `engine` hand its attempts to this pool.
+    pub fn attach(engine: &mut EngineConfig, client: DeliveryClient, priority: DeliveryPriority) -> Pool {
+        let (sink, batches) = mpsc::unbounded_channel();
+        engine.deliveries = Some(sink);
+        let timeout = Duration::from_millis(engine.delivery_timeout_ms.max(1) as u64);
+        Pool { batches, client, timeout, concurrency: engine.webhook_limits.concurrency, priority }
+    }
+
+    /// Runs the pool on a runtime of its own: one thread, `svc-webhooks`,
+    /// at the pool's priority. Dropping the runtime stops it.
+    pub fn spawn(self, engine: EngineHandle) -> std::io::Result<tokio::runtime::Runtime> {
+        let priority = self.priority;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("svc-webhooks")
+            .on_thread_start(move || lower_priority(priority))
+            .enable_all()
+            .build()?;
+        runtime.spawn(run(self, engine));
+        Ok(runtime)
+    }
+}
+
+/// Lowers the calling thread's priority. The idle class makes the kernel
+/// take the core from the thread at once when a job operation's thread
+/// wakes, and count a core running only it as free when it places a waking
+/// thread; a nice value alone leaves those threads queued behind it
+/// (ARCHITECTURE.md, "Webhooks"). On Linux both are per thread.
 #[cfg(target_os = "linux")]
-fn lower_priority() {
-    // SAFETY: both calls only concern the calling thread and take no pointers.
+fn lower_priority(priority: DeliveryPriority) {
+    if priority == DeliveryPriority::Idle {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: pid 0 is the calling thread; `param` outlives the call.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0 {
+            return;
+        }
+    }
+    // SAFETY: only concerns the calling thread and takes no pointers.
     let result = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, DELIVERY_NICENESS) };
     if result != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "the delivery thread keeps its priority");
@@ -46,22 +100,29 @@ fn lower_priority() {
 
 /// Elsewhere the nice value is per process: the thread keeps its priority.
 #[cfg(not(target_os = "linux"))]
-fn lower_priority() {}
+fn lower_priority(_: DeliveryPriority) {}
 
-/// Runs until the engine drops its end of `batches`.
-pub async fn run(
-    mut batches: mpsc::UnboundedReceiver<Vec<Arc<Delivery>>>,
-    engine: EngineHandle,
-    client: DeliveryClient,
-    timeout: Duration,
-    concurrency: usize,
-) {
+/// Runs until the engine drops its end of the pool's channel.
+async fn run(pool: Pool, engine: EngineHandle) {
+    let Pool { mut batches, client, timeout, concurrency, priority } = pool;
     // The engine starts no more attempts than this, so a slot is always free.
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     let (ended, reports) = mpsc::unbounded_channel();
     tokio::spawn(report_outcomes(reports, engine.clone()));
+    let mut warned_at: Option<Instant> = None;
     while let Some(batch) = batches.recv().await {
-        for delivery in batch {
+        let waited = batch.handed_at.elapsed();
+        engine.metrics().webhook_handoff_seconds.observe(waited.as_secs_f64());
+        if waited > HANDOFF_SLOW && warned_at.is_none_or(|at| at.elapsed() > HANDOFF_WARNING_EVERY) {
+            warned_at = Some(Instant::now());
+            tracing::warn!(
+                waited_ms = waited.as_millis() as u64,
+                priority = ?priority,
+                "webhook deliveries waited for the CPU; on a host other processes keep busy, \
+                 set webhooks.priority = \"low\""
+            );
+        }
+        for delivery in batch.deliveries {
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
             let (engine, client, ended) = (engine.clone(), client.clone(), ended.clone());
             tokio::spawn(async move {
