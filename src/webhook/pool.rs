@@ -115,12 +115,11 @@ async fn run(pool: Pool, engine: EngineHandle) {
         engine.metrics().webhook_handoff_seconds.observe(waited.as_secs_f64());
         if waited > HANDOFF_SLOW && warned_at.is_none_or(|at| at.elapsed() > HANDOFF_WARNING_EVERY) {
             warned_at = Some(Instant::now());
-            tracing::warn!(
-                waited_ms = waited.as_millis() as u64,
-                priority = ?priority,
-                "webhook deliveries waited for the CPU; on a host other processes keep busy, \
-                 set webhooks.priority = \"low\""
-            );
+            let advice = match priority {
+                DeliveryPriority::Idle => "; on a host other processes keep busy, set webhooks.priority = \"low\"",
+                DeliveryPriority::Low => "",
+            };
+            tracing::warn!(waited_ms = waited.as_millis() as u64, "webhook deliveries waited for the CPU{advice}");
         }
         for delivery in batch.deliveries {
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
