@@ -2,9 +2,10 @@
 //! batch of enqueue items, with a batch's callbacks, validated into a
 //! [`WorkflowDefinition`] before anything reaches the engine.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::job::json::{self, minify};
+use crate::job::json::{self, RawObject};
 use crate::job::{CallbackKind, JobBuilder, JobDefaults, NewJob, ValidationError, body_error, parse_enqueue_object};
 use crate::limits::{WORKFLOW_JOBS_MAX, WORKFLOW_NAME_CHARS_MAX};
 
@@ -42,35 +43,38 @@ pub struct WorkflowDefinition {
 
 /// Parses and validates `POST /workflows`: the canonical `{name?,
 /// definition: {type, steps | jobs, callbacks?, options?}}`, or the flat
-/// form where the body itself is the definition.
+/// form where the body itself is the definition. Items keep their text
+/// (`args` and `meta` as sent), as a single enqueue does.
 pub fn parse_workflow_body(bytes: &[u8], defaults: &JobDefaults) -> Result<WorkflowDefinition, ValidationError> {
-    let body: Value = match json::parse_object(bytes) {
-        Ok(_) => serde_json::from_slice(bytes).map_err(|error| ValidationError::request(None, error.to_string()))?,
-        Err(error) => return Err(body_error(error)),
+    let body = json::parse_object(bytes).map_err(body_error)?;
+    let name = match body.get_present("name") {
+        None => None,
+        Some(raw) => match json::string_value(raw) {
+            Some(name) if !name.is_empty() && name.chars().count() <= WORKFLOW_NAME_CHARS_MAX => {
+                Some(name.into_owned())
+            }
+            _ => {
+                return Err(structure(
+                    "name",
+                    format!("name must be a string of 1 to {WORKFLOW_NAME_CHARS_MAX} characters"),
+                ));
+            }
+        },
     };
-    let Value::Object(body) = body else { unreachable!("parse_object checked for an object") };
-    let name = match body.get("name") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(name)) if !name.is_empty() && name.chars().count() <= WORKFLOW_NAME_CHARS_MAX => {
-            Some(name.clone())
-        }
-        Some(_) => {
-            return Err(structure(
-                "name",
-                format!("name must be a string of 1 to {WORKFLOW_NAME_CHARS_MAX} characters"),
-            ));
-        }
-    };
+    let nested_definition;
     let (definition, prefix) = match body.get("definition") {
-        Some(Value::Object(definition)) => (definition, "definition"),
-        Some(_) => return Err(structure("definition", "definition must be an object".to_string())),
-        None if body.contains_key("type") => (&body, ""),
+        Some(raw) => {
+            nested_definition = json::parse_raw_object(raw)
+                .ok_or_else(|| structure("definition", "definition must be an object".to_string()))?;
+            (&nested_definition, "definition")
+        }
+        None if body.get("type").is_some() => (&body, ""),
         None => return Err(structure("definition", "definition is required".to_string())),
     };
     let at = |field: &str| if prefix.is_empty() { field.to_string() } else { format!("{prefix}.{field}") };
 
-    let kind = match definition.get("type") {
-        Some(Value::String(kind)) => match kind.as_str() {
+    let kind = match definition.get("type").map(json::string_value) {
+        Some(Some(kind)) => match kind.as_ref() {
             "chain" => WorkflowKind::Chain,
             "group" => WorkflowKind::Group,
             "batch" => WorkflowKind::Batch,
@@ -78,31 +82,28 @@ pub fn parse_workflow_body(bytes: &[u8], defaults: &JobDefaults) -> Result<Workf
                 return Err(structure(&at("type"), format!("type {other:?} is not one of chain, group, batch")));
             }
         },
-        Some(_) => return Err(structure(&at("type"), "type must be a string".to_string())),
+        Some(None) => return Err(structure(&at("type"), "type must be a string".to_string())),
         None => return Err(structure(&at("type"), "type is required: chain, group or batch".to_string())),
     };
-    if definition.contains_key("depends_on") {
+    if definition.get("depends_on").is_some() {
         return Err(unsupported(&at("depends_on"), "depends_on is not supported: use a chain"));
     }
-    let options = match definition.get("options") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(options)) => options.clone(),
-        Some(_) => return Err(ValidationError::payload(at("options"), "options must be an object")),
+    let options = match definition.get_present("options") {
+        None => RawObject::default(),
+        Some(raw) => json::parse_raw_object(raw)
+            .ok_or_else(|| ValidationError::payload(at("options"), "options must be an object"))?,
     };
     let (items_field, items) = match (definition.get("steps"), definition.get("jobs")) {
         (Some(items), _) => ("steps", items),
         (None, Some(items)) => ("jobs", items),
         (None, None) => return Err(structure(&at("steps"), "steps (or jobs) is required".to_string())),
     };
-    let Value::Array(items) = items else {
-        return Err(structure(&at(items_field), format!("{items_field} must be an array")));
+    let items = match json::raw_elements_at_most(items, WORKFLOW_JOBS_MAX) {
+        None => return Err(structure(&at(items_field), format!("{items_field} must be an array"))),
+        Some(Err(count)) => return Err(item_count(&at(items_field), items_field, count)),
+        Some(Ok(items)) if items.is_empty() => return Err(item_count(&at(items_field), items_field, 0)),
+        Some(Ok(items)) => items,
     };
-    if items.is_empty() || items.len() > WORKFLOW_JOBS_MAX {
-        return Err(structure(
-            &at(items_field),
-            format!("{items_field} must hold 1 to {WORKFLOW_JOBS_MAX} jobs, not {}", items.len()),
-        ));
-    }
     let jobs = items
         .iter()
         .enumerate()
@@ -110,13 +111,15 @@ pub fn parse_workflow_body(bytes: &[u8], defaults: &JobDefaults) -> Result<Workf
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut callbacks = Vec::new();
-    let nested = match definition.get("callbacks") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(callbacks)) => Some(callbacks),
-        Some(_) => return Err(structure(&at("callbacks"), "callbacks must be an object".to_string())),
+    let nested = match definition.get_present("callbacks") {
+        None => None,
+        Some(raw) => Some(
+            json::parse_raw_object(raw)
+                .ok_or_else(|| structure(&at("callbacks"), "callbacks must be an object".to_string()))?,
+        ),
     };
-    if let Some(nested) = nested
-        && let Some(unknown) = nested.keys().find(|name| CallbackKind::parse(name).is_none())
+    if let Some(nested) = &nested
+        && let Some((unknown, _)) = nested.entries.iter().find(|(name, _)| CallbackKind::parse(name).is_none())
     {
         return Err(structure(
             &format!("{}.{unknown}", at("callbacks")),
@@ -124,19 +127,19 @@ pub fn parse_workflow_body(bytes: &[u8], defaults: &JobDefaults) -> Result<Workf
         ));
     }
     for kind in CallbackKind::ALL {
-        let (item, path) = match nested.and_then(|nested| nested.get(kind.as_str())) {
+        let (item, path) = match nested.as_ref().and_then(|nested| nested.get(kind.as_str())) {
             Some(item) => (item, format!("{}.{}", at("callbacks"), kind.as_str())),
             None => match definition.get(kind.as_str()) {
                 Some(item) => (item, at(kind.as_str())),
                 None => continue,
             },
         };
-        if item.is_null() {
+        if item.get() == "null" {
             continue;
         }
         // A callback's id is decided at creation but its job is stored only
         // when it fires: a client's id could be taken by then.
-        if item.get("id").is_some() {
+        if json::parse_raw_object(item).is_some_and(|object| object.get("id").is_some()) {
             return Err(ValidationError::payload(format!("{path}.id"), "a callback cannot choose its id"));
         }
         callbacks.push((kind, parse_item(item, &options, &path, defaults)?));
@@ -156,45 +159,118 @@ pub fn parse_workflow_body(bytes: &[u8], defaults: &JobDefaults) -> Result<Workf
     Ok(WorkflowDefinition { name, kind, jobs, callbacks })
 }
 
+fn item_count(path: &str, field: &str, count: usize) -> ValidationError {
+    structure(path, format!("{field} must hold 1 to {WORKFLOW_JOBS_MAX} jobs, not {count}"))
+}
+
+/// The settings an item can give either under `options` or at its top
+/// level: (names under `options`, names at the top level). A definition's
+/// option gives way to an item that sets the same thing either way.
+const SETTINGS: [(&[&str], &[&str]); 10] = [
+    (&["queue"], &["queue"]),
+    (&["priority"], &["priority"]),
+    (&["timeout_ms"], &["timeout_ms", "timeout"]),
+    (&["visibility_timeout_ms"], &["visibility_timeout_ms", "visibility_timeout"]),
+    (&["delay_until", "scheduled_at"], &["scheduled_at", "delay_until"]),
+    (&["expires_at"], &["expires_at"]),
+    (&["retry", "retry_policy"], &["retry"]),
+    (&["tags"], &["tags"]),
+    (&["unique"], &["unique"]),
+    (&["rate_limit"], &["rate_limit"]),
+];
+
 /// One member or callback: an enqueue item, with the definition's options
-/// under its own and `args` defaulting to `[]`.
+/// under its own and `args` defaulting to `[]`. The item is rewritten as
+/// text from its own values' text, so numbers and key order stay as sent.
 fn parse_item(
-    item: &Value,
-    defaults_options: &Map<String, Value>,
+    item: &RawValue,
+    definition_options: &RawObject,
     path: &str,
     defaults: &JobDefaults,
 ) -> Result<NewJob, ValidationError> {
-    let Value::Object(item) = item else {
+    let Some(object) = json::parse_raw_object(item) else {
         return Err(ValidationError::payload(path, format!("{path} must be an enqueue item (an object)")));
     };
-    if item.contains_key("steps") || item.contains_key("jobs") {
+    if object.get("steps").is_some() || object.get("jobs").is_some() {
         return Err(unsupported(path, "nested workflows are not supported"));
     }
-    if item.contains_key("depends_on") {
+    if object.get("depends_on").is_some() {
         return Err(unsupported(&format!("{path}.depends_on"), "depends_on is not supported: use a chain"));
     }
-    let mut item = item.clone();
-    item.entry("args").or_insert_with(|| Value::Array(Vec::new()));
-    if !defaults_options.is_empty() {
-        let mut options = defaults_options.clone();
-        match item.get("options") {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(own)) => options.extend(own.clone()),
-            Some(_) => return Err(ValidationError::payload(format!("{path}.options"), "options must be an object")),
-        }
-        item.insert("options".into(), Value::Object(options));
-    }
-    if let Some(Value::Object(options)) = item.get("options")
-        && options.contains_key("pending")
-    {
+    let own_options = match object.get_present("options") {
+        None => RawObject::default(),
+        Some(raw) => json::parse_raw_object(raw)
+            .ok_or_else(|| ValidationError::payload(format!("{path}.options"), "options must be an object"))?,
+    };
+    if own_options.get("pending").is_some() {
         return Err(ValidationError::payload(
             format!("{path}.options.pending"),
             "options.pending is not allowed in a workflow: the workflow decides when its jobs start",
         ));
     }
-    let text = minify(&Value::Object(item).to_string());
+    let options = merged_options(definition_options, &own_options, &object);
+    let mut text = String::with_capacity(item.get().len() + options.len() + 16);
+    text.push('{');
+    for (key, value) in object.entries.iter().filter(|(key, _)| key != "options") {
+        push_entry(&mut text, key, value.get());
+    }
+    if object.get("args").is_none() {
+        push_entry(&mut text, "args", "[]");
+    }
+    if options != "{}" {
+        push_entry(&mut text, "options", &options);
+    }
+    text.push('}');
     let object = json::parse_object(text.as_bytes()).map_err(body_error)?;
     parse_enqueue_object(&object, defaults).map_err(|error| error.within(path))
+}
+
+/// An item's options as text: its own, and those of the definition it
+/// does not set itself, under `options` or at its top level. The
+/// definition's `metadata` goes under the item's `meta`.
+fn merged_options(definition: &RawObject, own: &RawObject, item: &RawObject) -> String {
+    let set_by_item = |key: &str| {
+        if own.get(key).is_some() {
+            return true;
+        }
+        SETTINGS.iter().any(|(under_options, top_level)| {
+            under_options.contains(&key)
+                && (under_options.iter().any(|name| own.get(name).is_some())
+                    || top_level.iter().any(|name| item.get_present(name).is_some()))
+        })
+    };
+    let mut out = String::from("{");
+    for (key, value) in &definition.entries {
+        if set_by_item(key) {
+            continue;
+        }
+        let value = match (key.as_ref(), item.get_present("meta").and_then(json::parse_raw_object)) {
+            // The item's `meta` is merged over `options.metadata`; the
+            // definition's metadata is the item's default, so the item's
+            // keys win: the item's meta over the definition's metadata.
+            ("metadata", Some(meta)) => match json::parse_raw_object(value) {
+                Some(metadata) => json::merge_objects(metadata, meta),
+                None => value.get().to_string(),
+            },
+            _ => value.get().to_string(),
+        };
+        push_entry(&mut out, key, &value);
+    }
+    for (key, value) in &own.entries {
+        push_entry(&mut out, key, value.get());
+    }
+    out.push('}');
+    out
+}
+
+/// Appends `"key":value` to an object being written, after a comma unless first.
+fn push_entry(out: &mut String, key: &str, value: &str) {
+    if !out.ends_with('{') {
+        out.push(',');
+    }
+    json::push_json_string(out, key);
+    out.push(':');
+    out.push_str(value);
 }
 
 /// A workflow described in Rust for the embedding API; validated exactly
@@ -340,6 +416,24 @@ mod tests {
         let kinds: Vec<CallbackKind> = definition.callbacks.iter().map(|(kind, _)| *kind).collect();
         assert_eq!(kinds, [CallbackKind::OnSuccess, CallbackKind::OnFailure]);
         assert_eq!(definition.callbacks[1].1.queue, "alerts");
+    }
+
+    #[test]
+    fn items_keep_their_text_and_their_own_settings_beat_the_definitions() {
+        let body = r#"{"type": "group",
+            "options": {"queue": "bulk", "priority": 3, "timeout_ms": 5000, "metadata": {"team": "ops", "tier": 1}},
+            "jobs": [{"type": "a", "args": [1e2, 1.50, {"z": 1, "a": 2}], "meta": {"tier": 2}},
+                     {"type": "b", "queue": "own", "timeout": 7, "priority": null},
+                     {"type": "c", "options": {"metadata": {"x": true}, "queue": null}}]}"#;
+        let definition = parse_workflow_body(body.as_bytes(), &JobDefaults::default()).unwrap();
+        let [a, b, c] = &definition.jobs[..] else { panic!("three jobs") };
+        assert_eq!(a.payload.args(), r#"[1e2,1.50,{"z":1,"a":2}]"#, "number text and key order as sent");
+        assert_eq!(a.payload.meta(), r#"{"tier":2,"team":"ops"}"#, "the item's meta over the definition's");
+        assert_eq!((a.queue.as_str(), a.priority, a.timeout_ms), ("bulk", 3, 5000));
+        // Top-level aliases are the item's own settings; a null one is absent.
+        assert_eq!((b.queue.as_str(), b.timeout_ms, b.priority), ("own", 7000, 3));
+        // The item's own options, null included, beat the definition's.
+        assert_eq!((c.queue.as_str(), c.payload.meta()), ("default", r#"{"x":true}"#));
     }
 
     #[test]

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::error::ValidationError;
-use super::json::{self, BodyError, JsonKind, RawObject, kind_of, minify, parse_raw_object, string_value};
+use super::json::{
+    self, BodyError, JsonKind, RawObject, kind_of, merge_objects, minify, parse_raw_object, string_value,
+};
 use super::retry::RetryPolicy;
 use super::time::{TimeSpec, parse_time_spec};
 use super::{DispatchLimit, JobId, JobPayload, NewJob, UniquePolicy};
@@ -416,29 +418,6 @@ fn parse_meta(meta: Option<&RawValue>, metadata: Option<&RawValue>) -> Result<St
         return Err(ValidationError::too_large("meta", META_BYTES_MAX, merged.len()));
     }
     Ok(merged)
-}
-
-/// Shallow merge; keys of `overlay` win and keep `base`'s position when they clash.
-fn merge_objects(base: RawObject, overlay: RawObject) -> String {
-    let mut entries: Vec<(String, String)> = Vec::new();
-    for (key, value) in base.entries.into_iter().chain(overlay.entries) {
-        let text = minify(value.get());
-        match entries.iter_mut().find(|(existing, _)| *existing == key) {
-            Some(entry) => entry.1 = text,
-            None => entries.push((key.into_owned(), text)),
-        }
-    }
-    let mut out = String::from("{");
-    for (index, (key, text)) in entries.iter().enumerate() {
-        if index > 0 {
-            out.push(',');
-        }
-        json::push_json_string(&mut out, key);
-        out.push(':');
-        out.push_str(text);
-    }
-    out.push('}');
-    out
 }
 
 fn parse_queue_field(raw: &RawValue, path: &str) -> Result<String, ValidationError> {

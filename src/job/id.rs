@@ -13,7 +13,12 @@ pub type JobIdMap<V> = std::collections::HashMap<JobId, V, IdHashState>;
 pub type JobIdSet = std::collections::HashSet<JobId, IdHashState>;
 
 /// A UUIDv7 job id, kept as its 128-bit value.
+///
+/// Aligned to 8 bytes, not the 16 of a `u128`: every map entry, index key
+/// and job that holds an id would otherwise round up to a multiple of 16
+/// (a job-id map entry with its job handle: 24 bytes instead of 32).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[repr(C, packed(8))]
 pub struct JobId(pub u128);
 
 impl JobId {

@@ -150,6 +150,29 @@ pub fn parse_raw_object(raw: &RawValue) -> Option<RawObject<'_>> {
     serde_json::from_str::<RawObject>(raw.get()).ok()
 }
 
+/// Shallow merge; keys of `overlay` win and keep `base`'s position when they clash.
+pub fn merge_objects(base: RawObject, overlay: RawObject) -> String {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for (key, value) in base.entries.into_iter().chain(overlay.entries) {
+        let text = minify(value.get());
+        match entries.iter_mut().find(|(existing, _)| *existing == key) {
+            Some(entry) => entry.1 = text,
+            None => entries.push((key.into_owned(), text)),
+        }
+    }
+    let mut out = String::from("{");
+    for (index, (key, text)) in entries.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        push_json_string(&mut out, key);
+        out.push(':');
+        out.push_str(text);
+    }
+    out.push('}');
+    out
+}
+
 /// Whether `bytes` nests arrays and objects deeper than `JSON_DEPTH_MAX`.
 pub fn nests_too_deep(bytes: &[u8]) -> bool {
     // Counting openers is a much cheaper pass than tracking depth, and a
