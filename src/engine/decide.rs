@@ -234,7 +234,7 @@ impl State {
             let wanted = request.count - claims.len();
             for id in self.pick_ready(queue, wanted, now, &mut taken) {
                 let job = self.job(id).expect("every ready key names a stored job");
-                let visibility = request.visibility_timeout_ms.unwrap_or(job.visibility_timeout_ms);
+                let visibility = request.visibility_timeout_ms.unwrap_or(u64::from(job.visibility_timeout_ms));
                 claims.push(Claim {
                     id,
                     visibility_deadline: now.saturating_add(visibility as i64),
@@ -406,7 +406,7 @@ impl State {
                 let claim = if job.run().claim_visibility_ms > 0 {
                     job.run().claim_visibility_ms
                 } else {
-                    job.visibility_timeout_ms
+                    u64::from(job.visibility_timeout_ms)
                 };
                 (id, now.saturating_add(visibility_ms.unwrap_or(claim) as i64))
             })

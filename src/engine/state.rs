@@ -387,7 +387,7 @@ impl State {
     }
 
     fn ready_key(job: &Job) -> ReadyKey {
-        ReadyKey::new(job.priority, job.enqueued_at.unwrap_or(job.created_at), job.id)
+        ReadyKey::new(i32::from(job.priority), job.enqueued_at.unwrap_or(job.created_at), job.id)
     }
 
     /// Puts a job into the structures its state implies.

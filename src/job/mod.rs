@@ -164,9 +164,11 @@ pub struct Job {
     pub payload: Arc<JobPayload>,
     pub queue: String,
     pub state: JobState,
-    pub priority: i32,
-    pub timeout_ms: u64,
-    pub visibility_timeout_ms: u64,
+    /// −100 to 100 (`limits::PRIORITY_MIN`, `PRIORITY_MAX`).
+    pub priority: i8,
+    /// At most a day (`limits::TIMEOUT_MS_MAX`), as is the visibility timeout.
+    pub timeout_ms: u32,
+    pub visibility_timeout_ms: u32,
     pub retry: Arc<RetryPolicy>,
     /// Claims so far; only fetch raises it.
     pub attempt: u32,
@@ -176,7 +178,44 @@ pub struct Job {
     pub enqueued_at: Option<Millis>,
     run: RunSlot,
     /// Attributes few jobs carry; empty for most.
-    pub extras: Box<[JobExtra]>,
+    pub extras: JobExtras,
+}
+
+/// A job's [`JobExtra`]s: one pointer, null for a job with none (most).
+/// The job's fields are sized so that it fills a 160-byte allocation with
+/// its reference counts (ARCHITECTURE.md, "What a job costs in memory").
+#[derive(Debug, Clone, Default, PartialEq)]
+// Boxed for a thin pointer: 8 bytes in every job instead of a `Vec`'s 24.
+#[allow(clippy::box_collection)]
+pub struct JobExtras(Option<Box<Vec<JobExtra>>>);
+
+impl JobExtras {
+    pub fn push(&mut self, extra: JobExtra) {
+        self.0.get_or_insert_with(Box::default).push(extra);
+    }
+
+    /// Keeps the extras `keep` says yes to.
+    pub fn retain(&mut self, keep: impl FnMut(&JobExtra) -> bool) {
+        if let Some(extras) = &mut self.0 {
+            extras.retain(keep);
+            if extras.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for JobExtras {
+    type Target = [JobExtra];
+    fn deref(&self) -> &[JobExtra] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl From<Vec<JobExtra>> for JobExtras {
+    fn from(extras: Vec<JobExtra>) -> Self {
+        JobExtras((!extras.is_empty()).then(|| Box::new(extras)))
+    }
 }
 
 /// What a job gathers once it is claimed, cancelled or discarded.
@@ -242,9 +281,9 @@ impl Job {
             payload: new_job.payload,
             queue: new_job.queue,
             state,
-            priority: new_job.priority,
-            timeout_ms: new_job.timeout_ms,
-            visibility_timeout_ms: new_job.visibility_timeout_ms,
+            priority: priority_field(new_job.priority),
+            timeout_ms: timeout_field(new_job.timeout_ms),
+            visibility_timeout_ms: timeout_field(new_job.visibility_timeout_ms),
             retry: new_job.retry,
             attempt: 0,
             created_at: now,
@@ -252,7 +291,7 @@ impl Job {
             expires_at,
             enqueued_at: (state == JobState::Available).then_some(now),
             run: RunSlot::default(),
-            extras: extras.into_boxed_slice(),
+            extras: extras.into(),
         }
     }
 
@@ -320,16 +359,12 @@ impl Job {
 
     /// Adds an extra (the caller makes sure there is no other of its kind).
     pub fn push_extra(&mut self, extra: JobExtra) {
-        let mut extras = std::mem::take(&mut self.extras).into_vec();
-        extras.push(extra);
-        self.extras = extras.into_boxed_slice();
+        self.extras.push(extra);
     }
 
     pub fn set_activated_at(&mut self, at: Millis) {
-        let mut extras: Vec<JobExtra> =
-            self.extras.iter().filter(|extra| !matches!(extra, JobExtra::ActivatedAt(_))).cloned().collect();
-        extras.push(JobExtra::ActivatedAt(at));
-        self.extras = extras.into_boxed_slice();
+        self.extras.retain(|extra| !matches!(extra, JobExtra::ActivatedAt(_)));
+        self.extras.push(JobExtra::ActivatedAt(at));
     }
 
     pub fn max_attempts(&self) -> u32 {
@@ -364,4 +399,14 @@ impl Job {
             + self.extras.len() * (std::mem::size_of::<JobExtra>() + EXTRA_BYTES);
         bytes as u64
     }
+}
+
+/// A validated priority in a job's field (validation bounds it to ±100).
+pub(crate) fn priority_field(priority: i32) -> i8 {
+    priority.clamp(i8::MIN.into(), i8::MAX.into()) as i8
+}
+
+/// A validated timeout in a job's field (validation bounds it to a day).
+pub(crate) fn timeout_field(ms: u64) -> u32 {
+    u32::try_from(ms).unwrap_or(u32::MAX)
 }

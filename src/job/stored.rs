@@ -95,9 +95,9 @@ impl From<StoredJob> for Job {
             payload: stored.payload,
             queue: stored.queue,
             state: stored.state,
-            priority: stored.priority,
-            timeout_ms: stored.timeout_ms,
-            visibility_timeout_ms: stored.visibility_timeout_ms,
+            priority: super::priority_field(stored.priority),
+            timeout_ms: super::timeout_field(stored.timeout_ms),
+            visibility_timeout_ms: super::timeout_field(stored.visibility_timeout_ms),
             retry: stored.retry,
             attempt: stored.attempt,
             created_at: stored.created_at,
@@ -106,7 +106,7 @@ impl From<StoredJob> for Job {
             enqueued_at: stored.enqueued_at,
             // A job that never ran takes no out-of-line space.
             run: RunSlot((run != JobRun::default()).then(|| Box::new(run))),
-            extras: stored.extras,
+            extras: stored.extras.into_vec().into(),
         }
     }
 }
@@ -119,9 +119,9 @@ impl Serialize for Job {
             payload: &self.payload,
             queue: &self.queue,
             state: self.state,
-            priority: self.priority,
-            timeout_ms: self.timeout_ms,
-            visibility_timeout_ms: self.visibility_timeout_ms,
+            priority: i32::from(self.priority),
+            timeout_ms: u64::from(self.timeout_ms),
+            visibility_timeout_ms: u64::from(self.visibility_timeout_ms),
             retry: &self.retry,
             attempt: self.attempt,
             created_at: self.created_at,
@@ -216,7 +216,7 @@ mod tests {
             expires_at: Some(99),
             enqueued_at: Some(10),
             run: RunSlot::default(),
-            extras: vec![JobExtra::ActivatedAt(5)].into_boxed_slice(),
+            extras: vec![JobExtra::ActivatedAt(5)].into(),
         };
         let run = job.run_mut();
         run.started_at = Some(11);
@@ -237,9 +237,9 @@ mod tests {
             payload: job.payload.clone(),
             queue: job.queue.clone(),
             state: job.state,
-            priority: job.priority,
-            timeout_ms: job.timeout_ms,
-            visibility_timeout_ms: job.visibility_timeout_ms,
+            priority: i32::from(job.priority),
+            timeout_ms: u64::from(job.timeout_ms),
+            visibility_timeout_ms: u64::from(job.visibility_timeout_ms),
             retry: job.retry.clone(),
             attempt: job.attempt,
             created_at: job.created_at,
@@ -259,7 +259,7 @@ mod tests {
             visibility_deadline: run.visibility_deadline,
             execution_deadline: run.execution_deadline,
             claim_visibility_ms: run.claim_visibility_ms,
-            extras: job.extras.clone(),
+            extras: job.extras.to_vec().into_boxed_slice(),
         };
         let encoded = postcard::to_allocvec(&job).unwrap();
         assert_eq!(encoded, postcard::to_allocvec(&flat).unwrap());
