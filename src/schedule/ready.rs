@@ -9,19 +9,28 @@ use std::sync::Arc;
 
 use crate::job::JobId;
 
-/// Sort key of an available job.
+/// Sort key of an available job: 24 bytes, as many as a job has in each
+/// of its maps, since a backlog holds one per waiting job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ReadyKey {
-    /// Negated priority, so that the highest priority sorts first.
-    negated_priority: i32,
-    /// When the job (last) entered `available`, in milliseconds.
-    entered_at: i64,
+    /// The priority's rank (highest first) in the top 8 bits, then the
+    /// time the job (last) entered `available`, in milliseconds, biased by
+    /// 2^55 so that earlier times sort first on either side of 1970.
+    order: u64,
     pub id: JobId,
 }
 
+/// The bits of [`ReadyKey::order`] the entry time takes.
+const TIME_BITS: u32 = 56;
+
 impl ReadyKey {
+    /// `priority` is validated to ±100 and `entered_at` a time the clock
+    /// gave; values past what the key holds sort as their nearest end.
     pub fn new(priority: i32, entered_at: i64, id: JobId) -> Self {
-        Self { negated_priority: -priority, entered_at, id }
+        let rank = (i32::from(i8::MAX) - priority.clamp(i8::MIN.into(), i8::MAX.into())) as u64;
+        let bias = 1i64 << (TIME_BITS - 1);
+        let time = entered_at.clamp(-bias, bias - 1) + bias;
+        Self { order: rank << TIME_BITS | time as u64, id }
     }
 }
 
@@ -187,6 +196,28 @@ mod tests {
         queue.push(ReadyKey::new(-5, 0, JobId(40)));
         let order: Vec<u128> = std::iter::from_fn(|| queue.pop()).map(|key| key.id.0).collect();
         assert_eq!(order, [30, 10, 20, 40]);
+    }
+
+    #[test]
+    fn the_packed_key_keeps_the_order_at_the_ends_of_its_ranges() {
+        let now = 1_800_000_000_000;
+        let keys = [
+            ReadyKey::new(100, -5_000, JobId(1)),
+            ReadyKey::new(100, now, JobId(2)),
+            ReadyKey::new(1, i64::MIN, JobId(3)),
+            ReadyKey::new(1, 0, JobId(4)),
+            ReadyKey::new(1, now, JobId(5)),
+            ReadyKey::new(0, now - 1, JobId(6)),
+            ReadyKey::new(0, now, JobId(7)),
+            ReadyKey::new(0, now, JobId(8)),
+            ReadyKey::new(-1, 1, JobId(9)),
+            ReadyKey::new(-100, now, JobId(10)),
+        ];
+        let mut sorted = keys;
+        sorted.reverse();
+        sorted.sort();
+        assert_eq!(sorted, keys, "priority first, then entry time, then id");
+        assert_eq!(std::mem::size_of::<ReadyKey>(), 24);
     }
 
     #[test]
