@@ -6,13 +6,13 @@
 # Each job makes three events; the subscription may hold all of them
 # (`webhooks.max_pending`), so that every one is delivered at any JOBS.
 # CONCURRENCY sets `webhooks.concurrency_per_subscription` (default: the
-# server's default). The receiver stands in for a service on another
+# server's default); PRIORITY sets `webhooks.priority`. The receiver stands in for a service on another
 # machine: it runs in Linux's idle scheduling class (`chrt --idle 0`), so
 # that on a small machine its TLS and HTTP work does not come out of the
 # server's CPU; RECEIVER_PRIORITY=normal runs it beside the server as an
 # equal, which charges its work to the ratio.
 #
-#   [CONCURRENCY=N] [RECEIVER_PRIORITY=normal] benches/webhooks.sh [JOBS] [ROUNDS]
+#   [CONCURRENCY=N] [PRIORITY=idle|low] [RECEIVER_PRIORITY=normal] benches/webhooks.sh [JOBS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${1:-20000}
@@ -22,7 +22,7 @@ SVC_PORT=18471
 RECEIVER_PORT=18472
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 RECEIVER_RUN=""
-if [ "${RECEIVER_PRIORITY:-idle}" = idle ] && command -v chrt >/dev/null; then RECEIVER_RUN="chrt --idle 0"; fi
+if [ "${RECEIVER_PRIORITY:-idle}" = idle ] && chrt --idle 0 true 2>/dev/null; then RECEIVER_RUN="chrt --idle 0"; fi
 
 $RECEIVER_RUN target/release/examples/webhook_receiver "$RECEIVER_PORT" "$WORK/ca.pem" >"$WORK/receiver.log" &
 until [ -s "$WORK/ca.pem" ]; do sleep 0.1; done
@@ -30,6 +30,7 @@ until [ -s "$WORK/ca.pem" ]; do sleep 0.1; done
     printf '[webhooks]\nallow_private_targets = true\nextra_ca_file = "%s"\n' "$WORK/ca.pem"
     printf 'max_pending = %d\n' $((3 * JOBS + 1000))
     if [ -n "${CONCURRENCY:-}" ]; then printf 'concurrency_per_subscription = %d\n' "$CONCURRENCY"; fi
+    if [ -n "${PRIORITY:-}" ]; then printf 'priority = "%s"\n' "$PRIORITY"; fi
 } >"$WORK/svc.toml"
 
 delivered() { tail -n 1 "$WORK/receiver.log" | sed -n 's/deliveries=//p'; }

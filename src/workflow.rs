@@ -202,7 +202,7 @@ fn parse_item(
         Some(raw) => json::parse_raw_object(raw)
             .ok_or_else(|| ValidationError::payload(format!("{path}.options"), "options must be an object"))?,
     };
-    if own_options.get("pending").is_some() {
+    if own_options.get("pending").is_some() || definition_options.get("pending").is_some() {
         return Err(ValidationError::payload(
             format!("{path}.options.pending"),
             "options.pending is not allowed in a workflow: the workflow decides when its jobs start",
@@ -229,13 +229,15 @@ fn parse_item(
 /// does not set itself, under `options` or at its top level. The
 /// definition's `metadata` goes under the item's `meta`.
 fn merged_options(definition: &RawObject, own: &RawObject, item: &RawObject) -> String {
+    // The same name under its options, even as null, is the item's; another
+    // name of the same setting counts only when it is not null.
     let set_by_item = |key: &str| {
         if own.get(key).is_some() {
             return true;
         }
         SETTINGS.iter().any(|(under_options, top_level)| {
             under_options.contains(&key)
-                && (under_options.iter().any(|name| own.get(name).is_some())
+                && (under_options.iter().any(|name| own.get_present(name).is_some())
                     || top_level.iter().any(|name| item.get_present(name).is_some()))
         })
     };
@@ -421,10 +423,11 @@ mod tests {
     #[test]
     fn items_keep_their_text_and_their_own_settings_beat_the_definitions() {
         let body = r#"{"type": "group",
-            "options": {"queue": "bulk", "priority": 3, "timeout_ms": 5000, "metadata": {"team": "ops", "tier": 1}},
+            "options": {"queue": "bulk", "priority": 3, "timeout_ms": 5000, "metadata": {"team": "ops", "tier": 1},
+                        "retry": {"max_attempts": 7}},
             "jobs": [{"type": "a", "args": [1e2, 1.50, {"z": 1, "a": 2}], "meta": {"tier": 2}},
                      {"type": "b", "queue": "own", "timeout": 7, "priority": null},
-                     {"type": "c", "options": {"metadata": {"x": true}, "queue": null}}]}"#;
+                     {"type": "c", "options": {"metadata": {"x": true}, "queue": null, "retry_policy": null}}]}"#;
         let definition = parse_workflow_body(body.as_bytes(), &JobDefaults::default()).unwrap();
         let [a, b, c] = &definition.jobs[..] else { panic!("three jobs") };
         assert_eq!(a.payload.args(), r#"[1e2,1.50,{"z":1,"a":2}]"#, "number text and key order as sent");
@@ -434,6 +437,8 @@ mod tests {
         assert_eq!((b.queue.as_str(), b.timeout_ms, b.priority), ("own", 7000, 3));
         // The item's own options, null included, beat the definition's.
         assert_eq!((c.queue.as_str(), c.payload.meta()), ("default", r#"{"x":true}"#));
+        // A null under another name of a setting leaves the definition's.
+        assert_eq!(c.retry.max_attempts, 7);
     }
 
     #[test]
@@ -474,5 +479,8 @@ mod tests {
         assert_eq!(depends.unwrap_err().kind, crate::job::ValidationKind::Unsupported);
         let staged = parse(serde_json::json!({"type": "group", "jobs": [{"type": "a", "options": {"pending": true}}]}));
         assert_eq!(staged.unwrap_err().field.as_deref(), Some("jobs[0].options.pending"));
+        let staged_by_definition =
+            parse(serde_json::json!({"type": "group", "options": {"pending": true}, "jobs": [{"type": "a"}]}));
+        assert_eq!(staged_by_definition.unwrap_err().field.as_deref(), Some("jobs[0].options.pending"));
     }
 }

@@ -181,40 +181,39 @@ pub struct Job {
     pub extras: JobExtras,
 }
 
-/// A job's [`JobExtra`]s: one pointer, null for a job with none (most).
-/// The job's fields are sized so that it fills a 160-byte allocation with
-/// its reference counts (ARCHITECTURE.md, "What a job costs in memory").
+/// A job's [`JobExtra`]s: one pointer, null for a job with none (most),
+/// else to a list of exactly their size. The job's fields are sized so that
+/// it fills a 160-byte allocation with its reference counts (ARCHITECTURE.md,
+/// "What a job costs in memory").
 #[derive(Debug, Clone, Default, PartialEq)]
-// Boxed for a thin pointer: 8 bytes in every job instead of a `Vec`'s 24.
-#[allow(clippy::box_collection)]
-pub struct JobExtras(Option<Box<Vec<JobExtra>>>);
+pub struct JobExtras(Option<Box<Box<[JobExtra]>>>);
 
 impl JobExtras {
     pub fn push(&mut self, extra: JobExtra) {
-        self.0.get_or_insert_with(Box::default).push(extra);
+        let mut extras = self.to_vec();
+        extras.push(extra);
+        *self = extras.into();
     }
 
     /// Keeps the extras `keep` says yes to.
-    pub fn retain(&mut self, keep: impl FnMut(&JobExtra) -> bool) {
-        if let Some(extras) = &mut self.0 {
-            extras.retain(keep);
-            if extras.is_empty() {
-                self.0 = None;
-            }
+    pub fn retain(&mut self, mut keep: impl FnMut(&JobExtra) -> bool) {
+        if self.iter().all(&mut keep) {
+            return;
         }
+        *self = self.iter().filter(|extra| keep(extra)).cloned().collect::<Vec<_>>().into();
     }
 }
 
 impl std::ops::Deref for JobExtras {
     type Target = [JobExtra];
     fn deref(&self) -> &[JobExtra] {
-        self.0.as_deref().map_or(&[], Vec::as_slice)
+        self.0.as_deref().map_or(&[], |extras| extras)
     }
 }
 
 impl From<Vec<JobExtra>> for JobExtras {
     fn from(extras: Vec<JobExtra>) -> Self {
-        JobExtras((!extras.is_empty()).then(|| Box::new(extras)))
+        JobExtras((!extras.is_empty()).then(|| Box::new(extras.into_boxed_slice())))
     }
 }
 

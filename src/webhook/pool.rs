@@ -34,9 +34,9 @@ const DELIVERY_NICENESS: libc::c_int = 10;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeliveryPriority {
-    /// Linux's idle scheduling class: the CPU time nothing else wants. Job
-    /// operations lose nothing to deliveries; deliveries wait while other
-    /// work keeps every core busy.
+    /// Linux's idle scheduling class: the CPU time nothing else wants, so
+    /// deliveries slow job operations the least; they wait while other work
+    /// keeps every core busy.
     #[default]
     Idle,
     /// Nice 10: deliveries keep about a tenth of a busy core, for a host
@@ -109,6 +109,10 @@ async fn run(pool: Pool, engine: EngineHandle) {
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     let (ended, reports) = mpsc::unbounded_channel();
     tokio::spawn(report_outcomes(reports, engine.clone()));
+    // Shared by the attempts: cloning the handle itself takes the engine
+    // inbox's lock, which this low-priority thread should hold as seldom as
+    // it can (ARCHITECTURE.md, "Webhooks").
+    let engine = Arc::new(engine);
     let mut warned_at: Option<Instant> = None;
     while let Some(batch) = batches.recv().await {
         let waited = batch.handed_at.elapsed();
