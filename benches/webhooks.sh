@@ -2,7 +2,7 @@
 # Enqueue + drain throughput with one webhook subscription to `job.*` (a
 # local HTTPS receiver) against none, in alternating rounds of the same
 # run, and how fast the deliveries arrive. Run after
-# `cargo build --release --examples`; quote the ratios, not the figures.
+# `cargo build --release --bins --examples`; quote the ratios, not the figures.
 # Each job makes three events; the subscription may hold all of them
 # (`webhooks.max_pending`), so that every one is delivered at any JOBS.
 # CONCURRENCY sets `webhooks.concurrency_per_subscription` (default: the
