@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use crate::job::json::{self, RawObject};
 use crate::job::{CallbackKind, JobBuilder, JobDefaults, NewJob, ValidationError, body_error, parse_enqueue_object};
 use crate::limits::{WORKFLOW_JOBS_MAX, WORKFLOW_NAME_CHARS_MAX};
+use crate::wire::ObjectWriter;
 
 /// How a workflow's jobs relate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -209,18 +210,17 @@ fn parse_item(
         ));
     }
     let options = merged_options(definition_options, &own_options, &object);
-    let mut text = String::with_capacity(item.get().len() + options.len() + 16);
-    text.push('{');
+    let mut text = ObjectWriter::continuing(String::with_capacity(item.get().len() + options.len() + 16));
     for (key, value) in object.entries.iter().filter(|(key, _)| key != "options") {
-        push_entry(&mut text, key, value.get());
+        text.raw(key, value.get());
     }
     if object.get("args").is_none() {
-        push_entry(&mut text, "args", "[]");
+        text.raw("args", "[]");
     }
     if options != "{}" {
-        push_entry(&mut text, "options", &options);
+        text.raw("options", &options);
     }
-    text.push('}');
+    let text = text.finish();
     let object = json::parse_object(text.as_bytes()).map_err(body_error)?;
     parse_enqueue_object(&object, defaults).map_err(|error| error.within(path))
 }
@@ -241,38 +241,24 @@ fn merged_options(definition: &RawObject, own: &RawObject, item: &RawObject) -> 
                     || top_level.iter().any(|name| item.get_present(name).is_some()))
         })
     };
-    let mut out = String::from("{");
+    let mut out = ObjectWriter::default();
     for (key, value) in &definition.entries {
         if set_by_item(key) {
             continue;
         }
-        let value = match (key.as_ref(), item.get_present("meta").and_then(json::parse_raw_object)) {
-            // The item's `meta` is merged over `options.metadata`; the
-            // definition's metadata is the item's default, so the item's
-            // keys win: the item's meta over the definition's metadata.
-            ("metadata", Some(meta)) => match json::parse_raw_object(value) {
-                Some(metadata) => json::merge_objects(metadata, meta),
-                None => value.get().to_string(),
-            },
-            _ => value.get().to_string(),
-        };
-        push_entry(&mut out, key, &value);
+        // The item's `meta` is merged over `options.metadata`; the
+        // definition's metadata is the item's default, so the item's keys
+        // win: the item's meta over the definition's metadata.
+        let merged = (key == "metadata")
+            .then(|| item.get_present("meta").and_then(json::parse_raw_object).zip(json::parse_raw_object(value)))
+            .flatten()
+            .map(|(meta, metadata)| json::merge_objects(metadata, meta));
+        out.raw(key, merged.as_deref().unwrap_or(value.get()));
     }
     for (key, value) in &own.entries {
-        push_entry(&mut out, key, value.get());
+        out.raw(key, value.get());
     }
-    out.push('}');
-    out
-}
-
-/// Appends `"key":value` to an object being written, after a comma unless first.
-fn push_entry(out: &mut String, key: &str, value: &str) {
-    if !out.ends_with('{') {
-        out.push(',');
-    }
-    json::push_json_string(out, key);
-    out.push(':');
-    out.push_str(value);
+    out.finish()
 }
 
 /// A workflow described in Rust for the embedding API; validated exactly
