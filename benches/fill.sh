@@ -31,17 +31,22 @@ until_ready() {
     echo "$(date +%s.%N) - $started" | bc
 }
 
+# The seconds the last start spent recovering, as its log reports them.
+recovery_seconds() {
+    grep '"recovered"\|recovered' "$WORK/svc.log" | tail -1 | grep -o 'seconds=[0-9.]*' | cut -d= -f2
+}
+
 start
 until_ready >/dev/null
 target/release/svc bench --address "127.0.0.1:$PORT" --workload fill --jobs "$JOBS"
 
 kill -9 "$SVC_PID"; wait "$SVC_PID" 2>/dev/null || true
 start
-echo "restart after kill -9: $(until_ready)s"
+echo "restart after kill -9: $(until_ready)s ($(recovery_seconds) in recovery)"
 
 kill -TERM "$SVC_PID"; wait "$SVC_PID" 2>/dev/null || true
 start
-echo "restart after a clean stop: $(until_ready)s"
+echo "restart after a clean stop: $(until_ready)s ($(recovery_seconds) in recovery)"
 kill -TERM "$SVC_PID"; wait "$SVC_PID" 2>/dev/null || true
 echo "data dir: $(du -sh "$WORK/data" | cut -f1)"
 

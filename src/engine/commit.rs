@@ -16,10 +16,11 @@ use std::sync::Arc;
 use super::api::{EngineError, Unavailable};
 use super::cron_table::CronEntry;
 use super::events::Event;
+use super::job_table::JobTable;
 use super::requests::Responder;
 use super::view::{QueueSummary, ReadView};
 use super::workers::WorkerEntry;
-use crate::job::{Job, JobId};
+use crate::job::JobId;
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 use crate::storage::{StorageError, WalWriter};
 
@@ -32,7 +33,6 @@ pub(crate) fn storage_failed() -> EngineError {
 /// its end (`None` removes an entry).
 #[derive(Default)]
 pub(crate) struct ViewDelta {
-    pub jobs: Vec<(JobId, Option<Arc<Job>>)>,
     pub workers: Vec<(String, Option<WorkerEntry>)>,
     pub crons: Vec<(String, Option<Arc<CronEntry>>)>,
     pub workflows: Vec<(JobId, Option<Arc<super::workflow_table::Workflow>>)>,
@@ -43,7 +43,8 @@ pub(crate) struct ViewDelta {
 }
 
 impl ViewDelta {
-    pub fn publish(self, view: &ReadView) {
+    /// Publishes the turn's changes, the jobs' from the state's job table.
+    pub fn publish(self, view: &ReadView, jobs: &mut JobTable) {
         if !self.workers.is_empty() {
             view.publish_workers(self.workers.into_iter());
         }
@@ -59,9 +60,7 @@ impl ViewDelta {
         if !self.workflows.is_empty() {
             view.publish_workflows(self.workflows.into_iter());
         }
-        if !self.jobs.is_empty() {
-            view.publish_jobs(self.jobs.into_iter());
-        }
+        jobs.publish();
         if !self.queues.is_empty() {
             view.publish_queues(self.queues.into_iter());
         }
@@ -97,7 +96,7 @@ impl Committer {
     /// `sequences` are the turn's encoded records, each at most half a frame
     /// so that any one fits a frame; none when the turn changed nothing
     /// durable.
-    pub fn commit(&mut self, sequences: &[Vec<u8>], delta: ViewDelta, replies: Vec<Responder>) {
+    pub fn commit(&mut self, sequences: &[Vec<u8>], delta: ViewDelta, jobs: &mut JobTable, replies: Vec<Responder>) {
         let mut ok = !self.failed;
         self.payload.clear();
         for sequence in sequences {
@@ -119,7 +118,7 @@ impl Committer {
             self.fail();
         }
         if ok {
-            delta.publish(&self.view);
+            delta.publish(&self.view, jobs);
         }
         let failure = (!ok).then(storage_failed);
         replies.into_iter().for_each(|reply| reply(failure.as_ref()));

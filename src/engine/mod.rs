@@ -15,6 +15,7 @@ mod image;
 mod inbox;
 #[doc(hidden)]
 pub mod inspect;
+mod job_table;
 mod legacy;
 pub mod outbox;
 #[doc(hidden)]
@@ -156,7 +157,7 @@ impl Engine {
             })?;
         }
         let (sender, inbox) = inbox::inbox(ENGINE_INBOX_MAX, ENGINE_INBOX_BYTES_MAX);
-        let view = Arc::new(ReadView::default());
+        let view = Arc::new(ReadView::new(state.jobs.shared()));
         // The engine's time never goes back, not even across a restart.
         let clock: Arc<dyn Clock> = Arc::new(SteadyClock::new(config.clock, state.latest_at()));
         let handle =

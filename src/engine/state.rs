@@ -10,14 +10,14 @@ use std::sync::Arc;
 use super::cron_table::{CronOutcome, CronTable};
 use super::events::{CronInfo, EventKind, EventSink};
 use super::image::StateImage;
+use super::job_table::JobTable;
 use super::record::{FailOutcome, Record, TimeoutKind};
 use super::view::QueueSummary;
 use super::workers::WorkerSignal;
 use super::workflow_table::Workflow;
 use crate::clock::Millis;
 use crate::job::{
-    ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdMap, JobIdSet, JobState, SharedPolicies,
-    UniqueKey,
+    ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdSet, JobState, SharedPolicies, UniqueKey,
 };
 use crate::limits::DISPATCH_WINDOW_MS_MAX;
 use crate::limits::ERROR_HISTORY_MAX;
@@ -94,9 +94,11 @@ pub(crate) type TerminalKey = (bool, Millis, JobId);
 /// Active jobs by the worker that claimed them (for heartbeats).
 type ActiveByWorker = HashMap<String, std::collections::BTreeSet<JobId>>;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct State {
-    pub(crate) jobs: JobIdMap<Arc<Job>>,
+    /// Every job, shared with the read view (which sees a turn's changes
+    /// once it is durable).
+    pub(crate) jobs: JobTable,
     pub(crate) queues: BTreeMap<String, QueueState>,
     pub(crate) timers: TimerSet,
     pub(crate) ids: IdGenerator,
@@ -111,16 +113,11 @@ pub struct State {
     pub(crate) terminal: std::collections::BTreeSet<TerminalKey>,
     /// The sum of [`Job::held_bytes`] over terminal jobs.
     pub(crate) terminal_bytes: u64,
-    /// Jobs changed since the read view was last updated.
-    dirty: JobIdSet,
     /// Queues whose figures changed since the view was last updated, each
     /// listed once (a queue removed and made again may be listed twice).
     dirty_queues: Vec<String>,
     /// Every queue is to be published (before the first update of the view).
     all_queues_dirty: bool,
-    /// Every job is to be published (after loading a snapshot), so loading
-    /// does not list each one in `dirty`.
-    all_jobs_dirty: bool,
     /// Cron entries and the runs waiting on earlier runs.
     pub(crate) crons: CronTable,
     /// Jobs that ended during the record being applied while a cron run waited on them.
@@ -166,7 +163,7 @@ pub struct ApplyError(pub String);
 impl State {
     pub fn new(retention: Retention) -> Self {
         let mut state = Self {
-            jobs: JobIdMap::default(),
+            jobs: JobTable::default(),
             queues: BTreeMap::new(),
             timers: TimerSet::default(),
             ids: IdGenerator::default(),
@@ -177,10 +174,8 @@ impl State {
             retention,
             terminal: std::collections::BTreeSet::new(),
             terminal_bytes: 0,
-            dirty: JobIdSet::default(),
             dirty_queues: Vec::new(),
             all_queues_dirty: true,
-            all_jobs_dirty: false,
             highest_stored_id: JobId(0),
             crons: CronTable::default(),
             ended_with_waiter: Vec::new(),
@@ -319,29 +314,6 @@ impl State {
         if !queue.dirty {
             queue.dirty = true;
             dirty_queues.push(name.to_string());
-        }
-    }
-
-    /// Jobs changed since the view was last updated, each with its current
-    /// version (`None`: no longer held).
-    pub fn take_changed_jobs(&mut self) -> Vec<(JobId, Option<Arc<Job>>)> {
-        if std::mem::take(&mut self.all_jobs_dirty) {
-            self.dirty = JobIdSet::default();
-            return self.jobs.iter().map(|(id, job)| (*id, Some(job.clone()))).collect();
-        }
-        let ids = self.take_dirty();
-        ids.into_iter().map(|id| (id, self.jobs.get(&id).cloned())).collect()
-    }
-
-    /// Ids changed since the last call.
-    fn take_dirty(&mut self) -> Vec<JobId> {
-        // A small set keeps its capacity for the next turn. A large one (after
-        // recovery or a big batch) is dropped: draining scans every bucket,
-        // and it would be scanned again each turn.
-        if self.dirty.capacity() <= 1024 {
-            self.dirty.drain().collect()
-        } else {
-            std::mem::take(&mut self.dirty).into_iter().collect()
         }
     }
 
@@ -490,10 +462,7 @@ impl State {
             .map(|at| at.unwrap_or(Millis::MIN));
         self.latest_at = times.into_iter().chain(ended).fold(self.latest_at, Millis::max);
         self.index_job(&job);
-        if !self.all_jobs_dirty {
-            self.dirty.insert(job.id);
-        }
-        self.jobs.insert(job.id, job);
+        self.jobs.insert(job);
     }
 
     /// Changes one job through `change`, keeping every structure in step.
@@ -511,8 +480,7 @@ impl State {
             }
         }
         self.index_job(&job);
-        self.dirty.insert(id);
-        self.jobs.insert(id, job.clone());
+        self.jobs.insert(job.clone());
         Ok(job)
     }
 
@@ -879,7 +847,6 @@ impl State {
     fn apply_delete(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
         let job = self.jobs.remove(&id).ok_or_else(|| ApplyError(format!("record deletes unknown job {id}")))?;
         self.unindex_job(&job);
-        self.dirty.insert(id);
         events.push_gone(at, EventKind::Deleted, job);
         Ok(())
     }
@@ -1023,7 +990,6 @@ impl State {
             }
             let job = self.jobs.remove(id).expect("checked above");
             self.unindex_job(&job);
-            self.dirty.insert(*id);
         }
         Ok(())
     }
@@ -1088,7 +1054,6 @@ impl State {
     pub(crate) fn loading(retention: Retention, jobs: usize) -> Self {
         let mut state = State::new(retention);
         state.jobs.reserve(jobs);
-        state.all_jobs_dirty = true;
         state
     }
 
@@ -1157,10 +1122,8 @@ impl State {
         let mut counts: BTreeMap<&str, [u64; 8]> = BTreeMap::new();
         let mut live = 0;
         let mut with_deadline = 0;
-        for (id, job) in &self.jobs {
-            if *id != job.id {
-                return Err(format!("job {} stored under id {id}", job.id));
-            }
+        for job in self.jobs.values() {
+            let id = job.id;
             counts.entry(job.queue.as_str()).or_default()[job.state.index()] += 1;
             if !job.state.is_terminal() {
                 live += 1;
@@ -1176,7 +1139,7 @@ impl State {
             }
             if let Some(deadline) = self.deadline_of(job) {
                 with_deadline += 1;
-                if !self.timers.contains(deadline, *id) {
+                if !self.timers.contains(deadline, id) {
                     return Err(format!("job {id} has deadline {deadline} but no timer"));
                 }
             }

@@ -8,18 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use super::cron_table::CronEntry;
 use super::events::{Event, EventBuffer, EventKind, EventPage};
+use super::job_table::SharedJobs;
 use super::workers::WorkerEntry;
 use super::workflow_table::Workflow;
 use crate::clock::Millis;
-use crate::job::{Job, JobId, JobIdMap, JobState};
+use crate::job::{Job, JobId, JobState};
 use crate::schema::SchemaEntry;
-
-const SHARDS: usize = 64;
-
-/// A job's new version for the view (`None`: removed).
-type JobChange = (JobId, Option<Arc<Job>>);
-/// One shard and the changes it takes.
-type ShardChanges<'a> = (&'a RwLock<JobIdMap<Arc<Job>>>, Vec<JobChange>);
 
 /// One queue's figures as of the last commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,9 +110,8 @@ impl std::fmt::Display for DeadLetterCursor {
 pub(crate) type QueueTable = std::collections::BTreeMap<String, QueueSummary>;
 
 pub struct ReadView {
-    shards: Vec<RwLock<JobIdMap<Arc<Job>>>>,
-    /// Discarded jobs in listing order, kept in step with the shards.
-    dead_letter: RwLock<std::collections::BTreeMap<DeadLetterKey, Arc<Job>>>,
+    /// Every job and the dead letter listing, shared with the engine's state.
+    jobs: Arc<SharedJobs>,
     /// The worker registry by worker id.
     workers: RwLock<std::collections::BTreeMap<String, WorkerEntry>>,
     /// Readers take the table by pointer; the writer changes it in place
@@ -161,11 +154,11 @@ impl EngineFailure {
     }
 }
 
-impl Default for ReadView {
-    fn default() -> Self {
+impl ReadView {
+    /// A view of `jobs` (the state's job table's shared side).
+    pub(crate) fn new(jobs: Arc<SharedJobs>) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| RwLock::new(JobIdMap::default())).collect(),
-            dead_letter: RwLock::new(std::collections::BTreeMap::new()),
+            jobs,
             workers: RwLock::new(std::collections::BTreeMap::new()),
             queues: RwLock::new(Arc::new(QueueTable::new())),
             events: Mutex::new(EventBuffer::default()),
@@ -178,16 +171,9 @@ impl Default for ReadView {
             disk_full: AtomicBool::new(false),
         }
     }
-}
-
-impl ReadView {
-    fn shard(&self, id: JobId) -> &RwLock<JobIdMap<Arc<Job>>> {
-        // The low bits of a UUIDv7 are random, so they spread jobs evenly.
-        &self.shards[(id.0 as usize) % SHARDS]
-    }
 
     pub fn job(&self, id: JobId) -> Option<Arc<Job>> {
-        self.shard(id).read().get(&id).cloned()
+        self.jobs.job(id)
     }
 
     /// Up to `limit` discarded jobs after `after`, optionally of one queue,
@@ -199,7 +185,7 @@ impl ReadView {
         queue: Option<&str>,
     ) -> (Vec<Arc<Job>>, Option<DeadLetterCursor>) {
         use std::ops::Bound;
-        let listing = self.dead_letter.read();
+        let listing = self.jobs.dead_letter.read();
         let start = after.map_or(Bound::Unbounded, |cursor| Bound::Excluded(cursor.0));
         let matching = listing
             .range((start, Bound::Unbounded))
@@ -372,68 +358,6 @@ impl ReadView {
             EngineFailure::EngineStopped => 2,
         };
         let _ = self.failure.compare_exchange(0, code, Ordering::SeqCst, Ordering::SeqCst);
-    }
-
-    /// Writer only: publishes changed jobs (`None` removes). A change of
-    /// every job at once (after recovery) is shared with a second thread, each
-    /// taking half the shards.
-    pub(crate) fn publish_jobs(&self, changes: impl Iterator<Item = (JobId, Option<Arc<Job>>)>) {
-        /// Below this many changes a second thread costs more than it saves.
-        const PARALLEL_CHANGES_MIN: usize = 65_536;
-        let mut by_shard: Vec<Vec<JobChange>> = (0..SHARDS).map(|_| Vec::new()).collect();
-        let mut count = 0;
-        for (id, job) in changes {
-            by_shard[(id.0 as usize) % SHARDS].push((id, job));
-            count += 1;
-        }
-        let shards: Vec<_> = self.shards.iter().zip(by_shard).collect();
-        if count < PARALLEL_CHANGES_MIN {
-            shards.into_iter().for_each(|(shard, changes)| self.publish_shard(shard, changes));
-            return;
-        }
-        let (first, mut second): (Vec<_>, Vec<_>) =
-            shards.into_iter().enumerate().partition(|(index, _)| index % 2 == 0);
-        let publish = |half: &mut Vec<(usize, ShardChanges)>| {
-            half.drain(..).for_each(|(_, (shard, changes))| self.publish_shard(shard, changes));
-        };
-        let helped = std::thread::scope(|scope| {
-            let second = &mut second;
-            let helper =
-                std::thread::Builder::new().name("svc-publish".into()).spawn_scoped(scope, move || publish(second));
-            publish(&mut { first });
-            helper.is_ok()
-        });
-        if !helped {
-            // No second thread: this one publishes the other half too.
-            publish(&mut second);
-        }
-    }
-
-    fn publish_shard(&self, shard: &RwLock<JobIdMap<Arc<Job>>>, changes: Vec<JobChange>) {
-        if changes.is_empty() {
-            return;
-        }
-        let mut map = shard.write();
-        // One reservation instead of a rehash at every doubling (after
-        // recovery every job arrives at once).
-        map.reserve(changes.len());
-        for (id, job) in changes {
-            let new_key = job.as_deref().and_then(DeadLetterKey::of);
-            let old = match job {
-                Some(job) => map.insert(id, job),
-                None => map.remove(&id),
-            };
-            let old_key = old.as_deref().and_then(DeadLetterKey::of);
-            if old_key != new_key || new_key.is_some() {
-                let mut listing = self.dead_letter.write();
-                if let Some(key) = old_key {
-                    listing.remove(&key);
-                }
-                if let (Some(key), Some(job)) = (new_key, map.get(&id)) {
-                    listing.insert(key, job.clone());
-                }
-            }
-        }
     }
 
     /// Writer only: publishes changed queues (`None` removes).

@@ -129,7 +129,7 @@ impl Writer {
         let _fail_on_unwind = FailOnUnwind(self.view.clone());
         // The recovered state, for readers, before the first command.
         let initial = self.collect_delta(Vec::new());
-        initial.publish(&self.view);
+        initial.publish(&self.view, &mut self.state.jobs);
         self.outbox_wake = self.deliveries.as_ref().and(self.state.outbox.next_due());
         loop {
             let mut batch = Vec::new();
@@ -360,7 +360,7 @@ impl Writer {
         self.bytes_since_snapshot += sequences.iter().map(|sequence| sequence.len() as u64).sum::<u64>();
         self.metrics.webhook_pending.set(self.state.outbox.len() as i64);
         let delta = self.collect_delta(numbered);
-        self.committer.commit(&sequences, delta, replies);
+        self.committer.commit(&sequences, delta, &mut self.state.jobs, replies);
     }
 
     fn refuse_all(&mut self, batch: Vec<Command>) -> bool {
@@ -544,11 +544,10 @@ impl Writer {
             })
             .collect();
         let workflows = self.state.take_dirty_workflows();
-        let jobs = self.state.take_changed_jobs();
         let queues = self.state.take_dirty_queues();
         let schemas = self.state.take_dirty_schemas();
         let webhooks = self.state.take_dirty_webhooks();
-        ViewDelta { jobs, workers, crons, workflows, queues, schemas, webhooks, events }
+        ViewDelta { workers, crons, workflows, queues, schemas, webhooks, events }
     }
 
     /// Starts a new segment and takes the state's image as of that boundary.

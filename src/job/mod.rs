@@ -21,7 +21,7 @@ pub use enqueue::{
 };
 pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
-pub use id::{IdGenerator, JobId, JobIdMap, JobIdSet};
+pub use id::{IdGenerator, IdHashState, JobId, JobIdMap, JobIdSet};
 pub use payload::JobPayload;
 pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
 pub use stored::StoredJob;

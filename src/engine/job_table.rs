@@ -1,0 +1,366 @@
+//! Every job the engine holds, in one map that the engine and its readers
+//! share (a second copy for readers cost 28–57 bytes a job; see "What a job
+//! costs in memory" in ARCHITECTURE.md).
+//!
+//! The map is split into shards, each behind a read-write lock. Readers take
+//! a shard's read lock for one lookup. The engine thread is the only writer:
+//! what it changes during a turn waits in a small overlay of its own
+//! (`unpublished`) until the turn is on disk, and [`JobTable::publish`] then
+//! moves it into the shards under their write locks, so readers never see a
+//! change before it is durable. Before any reader exists (loading a snapshot,
+//! replaying the log) changes go straight into the shards.
+
+use hashbrown::HashTable;
+use parking_lot::RwLock;
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use super::view::DeadLetterKey;
+use crate::job::{IdHashState, Job, JobId, JobIdMap};
+
+const SHARDS: usize = 64;
+
+/// Jobs keyed by the id inside them: a slot is one pointer (8 bytes and a
+/// control byte), not an id and a pointer (24 and one).
+type JobSet = HashTable<Arc<Job>>;
+type Shard = RwLock<JobSet>;
+/// A job's new version (`None`: removed).
+type JobChange = (JobId, Option<Arc<Job>>);
+
+/// The durable jobs, as readers see them.
+pub(crate) struct SharedJobs {
+    shards: Box<[Shard]>,
+    hasher: IdHashState,
+    /// Discarded jobs in listing order, kept in step with the shards.
+    pub(super) dead_letter: RwLock<BTreeMap<DeadLetterKey, Arc<Job>>>,
+}
+
+impl SharedJobs {
+    fn new() -> SharedJobs {
+        SharedJobs {
+            shards: (0..SHARDS).map(|_| RwLock::new(JobSet::new())).collect(),
+            hasher: IdHashState::default(),
+            dead_letter: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    fn shard(&self, id: JobId) -> &Shard {
+        // The low bits of a UUIDv7 are random, so they spread jobs evenly.
+        &self.shards[(id.0 as usize) % SHARDS]
+    }
+
+    fn hash(&self, id: JobId) -> u64 {
+        self.hasher.hash_one(id)
+    }
+
+    /// A job as of the last durable turn.
+    pub fn job(&self, id: JobId) -> Option<Arc<Job>> {
+        self.shard(id).read().find(self.hash(id), |job| job.id == id).cloned()
+    }
+
+    /// Adds or replaces a job in a shard this thread may write (under its
+    /// write lock, or owned alone); the version replaced.
+    fn put(set: &mut JobSet, hasher: &IdHashState, job: Arc<Job>) -> Option<Arc<Job>> {
+        let id = job.id;
+        match set.entry(hasher.hash_one(id), |held| held.id == id, |held| hasher.hash_one(held.id)) {
+            hashbrown::hash_table::Entry::Occupied(mut held) => Some(std::mem::replace(held.get_mut(), job)),
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                slot.insert(job);
+                None
+            }
+        }
+    }
+
+    /// Removes a job from a shard this thread may write.
+    fn take(set: &mut JobSet, hasher: &IdHashState, id: JobId) -> Option<Arc<Job>> {
+        set.find_entry(hasher.hash_one(id), |held| held.id == id).ok().map(|held| held.remove().0)
+    }
+
+    /// The shard's map, read without its lock.
+    ///
+    /// Sound because a shard is written only by the one [`JobTable`] that
+    /// owns this `SharedJobs` (it is created by and never handed out of
+    /// [`JobTable::new`]), only through `&mut JobTable`, and only under the
+    /// shard's write lock; the engine reads through `&JobTable`, so none of
+    /// its reads overlaps one of its writes. Other threads only read.
+    fn unlocked(&self, id: JobId) -> Option<&Arc<Job>> {
+        // SAFETY: see above; the data lives as long as `self`.
+        let set = unsafe { &*self.shard(id).data_ptr() };
+        set.find(self.hash(id), |job| job.id == id)
+    }
+
+    fn all_unlocked(&self) -> impl Iterator<Item = &Arc<Job>> {
+        // SAFETY: as in `unlocked`.
+        self.shards.iter().flat_map(|shard| unsafe { &*shard.data_ptr() }.iter())
+    }
+}
+
+/// The engine's side: every job, including changes not yet durable.
+pub(crate) struct JobTable {
+    shared: Arc<SharedJobs>,
+    /// Jobs changed since the last publish, each with its newest version
+    /// (`None`: removed).
+    unpublished: JobIdMap<Option<Arc<Job>>>,
+}
+
+impl std::fmt::Debug for JobTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobTable").field("unpublished", &self.unpublished.len()).finish_non_exhaustive()
+    }
+}
+
+impl Default for JobTable {
+    fn default() -> Self {
+        JobTable { shared: Arc::new(SharedJobs::new()), unpublished: JobIdMap::default() }
+    }
+}
+
+impl JobTable {
+    /// The readers' side. From the first call on, changes wait for
+    /// [`JobTable::publish`].
+    pub fn shared(&self) -> Arc<SharedJobs> {
+        self.shared.clone()
+    }
+
+    pub fn get(&self, id: &JobId) -> Option<&Arc<Job>> {
+        match self.unpublished.get(id) {
+            Some(newest) => newest.as_ref(),
+            None => self.shared.unlocked(*id),
+        }
+    }
+
+    pub fn contains_key(&self, id: &JobId) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Adds a job or replaces its version.
+    pub fn insert(&mut self, job: Arc<Job>) {
+        let id = job.id;
+        match Arc::get_mut(&mut self.shared) {
+            Some(alone) => {
+                let listed = DeadLetterKey::of(&job).map(|key| (key, job.clone()));
+                let shard = alone.shards[(id.0 as usize) % SHARDS].get_mut();
+                let old = SharedJobs::put(shard, &alone.hasher, job);
+                Self::list_dead_letter(alone, old.as_deref(), listed);
+            }
+            None => {
+                self.unpublished.insert(id, Some(job));
+            }
+        }
+    }
+
+    /// Removes a job and hands back its newest version.
+    pub fn remove(&mut self, id: &JobId) -> Option<Arc<Job>> {
+        if let Some(alone) = Arc::get_mut(&mut self.shared) {
+            let shard = alone.shards[(id.0 as usize) % SHARDS].get_mut();
+            let old = SharedJobs::take(shard, &alone.hasher, *id);
+            Self::list_dead_letter(alone, old.as_deref(), None);
+            return old;
+        }
+        use std::collections::hash_map::Entry;
+        match self.unpublished.entry(*id) {
+            Entry::Occupied(mut newest) => newest.insert(None),
+            Entry::Vacant(slot) => {
+                let old = self.shared.unlocked(*id).cloned();
+                if old.is_some() {
+                    slot.insert(None);
+                }
+                old
+            }
+        }
+    }
+
+    /// Makes room for `jobs` more jobs (while loading, when they go straight
+    /// into the shards).
+    pub fn reserve(&mut self, jobs: usize) {
+        if let Some(alone) = Arc::get_mut(&mut self.shared) {
+            let hasher = &alone.hasher;
+            for shard in alone.shards.iter_mut() {
+                shard.get_mut().reserve(jobs.div_ceil(SHARDS), |held| hasher.hash_one(held.id));
+            }
+        }
+    }
+
+    /// Every job, newest versions, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &Arc<Job>> {
+        let unpublished = &self.unpublished;
+        let durable =
+            self.shared.all_unlocked().filter(move |job| unpublished.is_empty() || !unpublished.contains_key(&job.id));
+        durable.chain(unpublished.values().flatten())
+    }
+
+    /// Moves the changes since the last publish into the shards, where
+    /// readers see them. A very large turn's changes are shared with a
+    /// second thread, each taking half the shards.
+    pub fn publish(&mut self) {
+        /// Below this many changes a second thread costs more than it saves.
+        const PARALLEL_CHANGES_MIN: usize = 65_536;
+        if self.unpublished.is_empty() {
+            return;
+        }
+        // A small overlay keeps its capacity for the next turn; a large one
+        // is dropped, as draining it would scan every bucket each turn.
+        let changes: Vec<JobChange> = if self.unpublished.capacity() <= 1024 {
+            self.unpublished.drain().collect()
+        } else {
+            std::mem::take(&mut self.unpublished).into_iter().collect()
+        };
+        let count = changes.len();
+        let mut by_shard: Vec<Vec<JobChange>> = (0..SHARDS).map(|_| Vec::new()).collect();
+        for (id, job) in changes {
+            by_shard[(id.0 as usize) % SHARDS].push((id, job));
+        }
+        let shared = &*self.shared;
+        let mut first: Vec<(&Shard, Vec<JobChange>)> = shared.shards.iter().zip(by_shard).collect();
+        let publish = |half: &mut Vec<(&Shard, Vec<JobChange>)>| {
+            half.drain(..).for_each(|(shard, changes)| Self::publish_shard(shared, shard, changes));
+        };
+        if count < PARALLEL_CHANGES_MIN {
+            publish(&mut first);
+            return;
+        }
+        let mut second = first.split_off(SHARDS / 2);
+        let helped = std::thread::scope(|scope| {
+            let second = &mut second;
+            let helper =
+                std::thread::Builder::new().name("svc-publish".into()).spawn_scoped(scope, move || publish(second));
+            publish(&mut first);
+            helper.is_ok()
+        });
+        if !helped {
+            // No second thread: this one publishes the other half too.
+            publish(&mut second);
+        }
+    }
+
+    fn publish_shard(shared: &SharedJobs, shard: &Shard, changes: Vec<JobChange>) {
+        if changes.is_empty() {
+            return;
+        }
+        let hasher = &shared.hasher;
+        let mut set = shard.write();
+        set.reserve(changes.len(), |held| hasher.hash_one(held.id));
+        for (id, job) in changes {
+            let listed = job.as_ref().and_then(|job| DeadLetterKey::of(job).map(|key| (key, job.clone())));
+            let old = match job {
+                Some(job) => SharedJobs::put(&mut set, hasher, job),
+                None => SharedJobs::take(&mut set, hasher, id),
+            };
+            let old_key = old.as_deref().and_then(DeadLetterKey::of);
+            if old_key.is_some() || listed.is_some() {
+                let mut listing = shared.dead_letter.write();
+                if let Some(key) = old_key {
+                    listing.remove(&key);
+                }
+                if let Some((key, job)) = listed {
+                    listing.insert(key, job);
+                }
+            }
+        }
+    }
+
+    /// Keeps the dead letter listing in step with a change made straight in
+    /// the shards: `old` is the version replaced or removed, `listed` the new
+    /// version if it belongs in the listing.
+    fn list_dead_letter(alone: &mut SharedJobs, old: Option<&Job>, listed: Option<(DeadLetterKey, Arc<Job>)>) {
+        let old_key = old.and_then(DeadLetterKey::of);
+        if old_key.is_none() && listed.is_none() {
+            return;
+        }
+        let listing = alone.dead_letter.get_mut();
+        if let Some(key) = old_key {
+            listing.remove(&key);
+        }
+        if let Some((key, job)) = listed {
+            listing.insert(key, job);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{JobDefaults, JobState, parse_enqueue_body};
+
+    fn job(n: u128, state: JobState) -> Arc<Job> {
+        let new_job = parse_enqueue_body(br#"{"type":"t","args":[]}"#, &JobDefaults::default()).unwrap();
+        let mut job = Job::accept(new_job, JobId(n), state, 1_000, None, None);
+        if state == JobState::Discarded {
+            job.run_mut().discarded_at = Some(2_000 + n as i64);
+        }
+        Arc::new(job)
+    }
+
+    fn listed(shared: &SharedJobs) -> Vec<JobId> {
+        shared.dead_letter.read().values().map(|job| job.id).collect()
+    }
+
+    #[test]
+    fn readers_see_a_change_only_once_it_is_published() {
+        let mut table = JobTable::default();
+        table.insert(job(1, JobState::Available));
+        let shared = table.shared();
+        assert!(shared.job(JobId(1)).is_some(), "loaded before any reader: there at once");
+
+        table.insert(job(2, JobState::Available));
+        table.insert(job(1, JobState::Active));
+        assert_eq!(table.get(&JobId(1)).unwrap().state, JobState::Active);
+        assert!(table.contains_key(&JobId(2)));
+        assert_eq!(shared.job(JobId(1)).unwrap().state, JobState::Available);
+        assert!(shared.job(JobId(2)).is_none());
+        let mut ids: Vec<_> = table.values().map(|job| (job.id, job.state)).collect();
+        ids.sort_by_key(|(id, _)| *id);
+        assert_eq!(ids, [(JobId(1), JobState::Active), (JobId(2), JobState::Available)]);
+
+        table.publish();
+        assert_eq!(shared.job(JobId(1)).unwrap().state, JobState::Active);
+        assert!(shared.job(JobId(2)).is_some());
+    }
+
+    #[test]
+    fn a_removal_waits_for_publishing_too_and_hands_back_the_newest_version() {
+        let mut table = JobTable::default();
+        table.insert(job(1, JobState::Available));
+        let shared = table.shared();
+        table.insert(job(1, JobState::Active));
+        assert_eq!(table.remove(&JobId(1)).unwrap().state, JobState::Active);
+        assert!(table.get(&JobId(1)).is_none());
+        assert_eq!(table.values().count(), 0);
+        assert!(shared.job(JobId(1)).is_some());
+        assert!(table.remove(&JobId(1)).is_none());
+        // A job added and removed in one turn never reaches readers.
+        table.insert(job(3, JobState::Available));
+        assert!(table.remove(&JobId(3)).is_some());
+        table.publish();
+        assert!(shared.job(JobId(1)).is_none() && shared.job(JobId(3)).is_none());
+    }
+
+    #[test]
+    fn the_dead_letter_listing_follows_both_ways_of_changing() {
+        let mut table = JobTable::default();
+        table.insert(job(1, JobState::Discarded));
+        table.insert(job(2, JobState::Discarded));
+        table.insert(job(3, JobState::Completed));
+        let shared = table.shared();
+        assert_eq!(listed(&shared), [JobId(2), JobId(1)], "newest first");
+
+        table.remove(&JobId(2));
+        table.insert(job(4, JobState::Discarded));
+        assert_eq!(listed(&shared), [JobId(2), JobId(1)], "unchanged until published");
+        table.publish();
+        assert_eq!(listed(&shared), [JobId(4), JobId(1)]);
+    }
+
+    #[test]
+    fn a_turn_too_big_for_one_thread_is_published_whole() {
+        let mut table = JobTable::default();
+        let shared = table.shared();
+        let count = 70_000;
+        (1..=count).for_each(|n| table.insert(job(n, JobState::Available)));
+        assert!(shared.job(JobId(count)).is_none());
+        table.publish();
+        assert!((1..=count).all(|n| shared.job(JobId(n)).is_some()));
+        assert_eq!(table.values().count(), count as usize);
+    }
+}
