@@ -218,9 +218,9 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     if !job.extras.is_empty() {
         push_extras(out, job);
     }
-    push_time(out, key!("scheduled_at"), job.scheduled_at);
-    push_time(out, key!("expires_at"), job.expires_at);
-    push_time(out, key!("enqueued_at"), job.enqueued_at);
+    push_time(out, key!("scheduled_at"), job.scheduled_at());
+    push_time(out, key!("expires_at"), job.expires_at());
+    push_time(out, key!("enqueued_at"), job.enqueued_at());
     push_time(out, key!("activated_at"), job.activated_at());
     push_time(out, key!("started_at"), job.run().started_at);
     if let Some(worker) = &job.run().worker_id {
@@ -438,7 +438,7 @@ fn other_event_data(event: &Event) -> Option<(&'static str, Value)> {
             if let Some(job) = job {
                 data["job_id"] = job.id.to_string().into();
                 data["job_type"] = job.payload.job_type().to_owned().into();
-                data["queue"] = job.queue.clone().into();
+                data["queue"] = job.queue.as_str().into();
             }
             data["run_count"] = (*run_count).into();
             ("svc://svc/cron", data)
@@ -537,13 +537,13 @@ fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
         EventKind::Enqueued => {
             let state = if job.state == JobState::Pending {
                 "pending"
-            } else if job.scheduled_at.is_some_and(|at| at > event.time) {
+            } else if job.scheduled_at().is_some_and(|at| at > event.time) {
                 "scheduled"
             } else {
                 "available"
             };
             data.string("state", state).number("priority", job.priority);
-            if let Some(at) = job.scheduled_at {
+            if let Some(at) = job.scheduled_at() {
                 data.time("scheduled_at", at);
             }
             if let Some((_, key)) = job.unique() {
@@ -551,7 +551,7 @@ fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
             }
         }
         EventKind::Scheduled => {
-            data.optional_time("scheduled_at", job.scheduled_at);
+            data.optional_time("scheduled_at", job.scheduled_at());
         }
         EventKind::Started => {
             data.number("attempt", job.attempt);
@@ -599,7 +599,7 @@ fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
         EventKind::Expired => {
             data.time("created_at", job.created_at)
                 .time("expired_at", event.time)
-                .value("ttl_ms", &job.expires_at.map(|at| at - job.created_at).into());
+                .value("ttl_ms", &job.expires_at().map(|at| at - job.created_at).into());
         }
         // Not job events; rendered by `other_event_data`.
         EventKind::CronTriggered { .. }

@@ -235,7 +235,7 @@ fn enqueue_stages_one_run_behind_the_previous_and_starts_it_when_that_ends() {
     harness.handle().ack(first, None, None).wait().unwrap();
     let started = harness.job(second);
     assert_eq!(started.state, JobState::Available);
-    assert_eq!(started.enqueued_at.map(iso).as_deref(), Some("2027-01-15T10:16:00Z"));
+    assert_eq!(started.enqueued_at().map(iso).as_deref(), Some("2027-01-15T10:16:00Z"));
     assert_eq!(harness.fetch("reports")[0].id, second);
 }
 

@@ -79,7 +79,7 @@ fn retries_come_due_exactly_at_retry_at() {
     harness.advance(1);
     assert_eq!(harness.state(id), JobState::Available);
     let job = harness.engine.handle().job(id).unwrap();
-    assert_eq!((job.enqueued_at, job.run().retry_at), (Some(START + 2000), None));
+    assert_eq!((job.enqueued_at(), job.run().retry_at), (Some(START + 2000), None));
     assert_eq!(harness.fetch(1), [id]);
     assert_eq!(harness.engine.handle().job(id).unwrap().attempt, 2);
 }
@@ -325,7 +325,7 @@ fn commands_queued_during_a_sync_share_the_next_sync() {
 fn queue_counts_from_jobs(engine: &Engine) -> std::collections::BTreeMap<String, [u64; 8]> {
     let mut expected = std::collections::BTreeMap::from([("default".to_string(), [0; 8])]);
     for job in engine.handle().image().wait().unwrap().jobs {
-        expected.entry(job.queue.clone()).or_insert([0; 8])[job.state.index()] += 1;
+        expected.entry(job.queue.to_string()).or_insert([0; 8])[job.state.index()] += 1;
     }
     expected
 }
@@ -449,12 +449,12 @@ fn a_wall_clock_step_forward_of_an_hour_does_not_expire_every_claim_at_once() {
 fn a_wall_clock_step_back_of_an_hour_does_not_stall_the_timers() {
     let harness = Harness::new();
     let id = harness.enqueue(json!({"type": "t", "args": [], "options": {"scheduled_at": "2027-01-15T08:01:00Z"}}));
-    let scheduled_at = harness.engine.handle().job(id).unwrap().scheduled_at.unwrap();
+    let scheduled_at = harness.engine.handle().job(id).unwrap().scheduled_at().unwrap();
     harness.clock.step_wall_ms(-3_600_000);
     harness.advance(60_000);
     assert_eq!(harness.state(id), JobState::Scheduled, "the engine's time ran a tenth slower");
     harness.advance(6_700);
     assert_eq!(harness.state(id), JobState::Available, "promoted after 66.7 s of real time, not an hour");
     let job = harness.engine.handle().job(id).unwrap();
-    assert!(job.enqueued_at.unwrap() >= scheduled_at, "the engine's time never went back");
+    assert!(job.enqueued_at().unwrap() >= scheduled_at, "the engine's time never went back");
 }

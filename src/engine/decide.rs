@@ -441,7 +441,7 @@ impl State {
         let mut records = Vec::new();
         for (_, id) in self.timers.due(now).take(limit) {
             let job = self.job(id).expect("every timer names a stored job");
-            let expired = job.expires_at.is_some_and(|at| at <= now);
+            let expired = job.expires_at().is_some_and(|at| at <= now);
             match job.state {
                 JobState::Scheduled | JobState::Retryable | JobState::Available | JobState::Pending if expired => {
                     expire.push(id)

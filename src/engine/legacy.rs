@@ -46,7 +46,7 @@ impl From<JobV1> for Job {
         StoredJob {
             id: old.id,
             payload: old.payload,
-            queue: old.queue,
+            queue: old.queue.into(),
             state: old.state,
             priority: old.priority,
             timeout_ms: old.timeout_ms,

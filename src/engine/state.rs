@@ -324,9 +324,9 @@ impl State {
             (a, b) => a.or(b),
         };
         match job.state {
-            JobState::Scheduled => earliest(job.scheduled_at, job.expires_at),
-            JobState::Retryable => earliest(job.run().retry_at, job.expires_at),
-            JobState::Available | JobState::Pending => job.expires_at,
+            JobState::Scheduled => earliest(job.scheduled_at(), job.expires_at()),
+            JobState::Retryable => earliest(job.run().retry_at, job.expires_at()),
+            JobState::Available | JobState::Pending => job.expires_at(),
             JobState::Active => earliest(job.run().visibility_deadline, job.run().execution_deadline),
             JobState::Completed => job.run().completed_at.map(|at| at.saturating_add(self.retention.completed_ms)),
             JobState::Cancelled => job.run().cancelled_at.map(|at| at.saturating_add(self.retention.cancelled_ms)),
@@ -359,16 +359,16 @@ impl State {
     }
 
     fn ready_key(job: &Job) -> ReadyKey {
-        ReadyKey::new(i32::from(job.priority), job.enqueued_at.unwrap_or(job.created_at), job.id)
+        ReadyKey::new(i32::from(job.priority), job.enqueued_at().unwrap_or(job.created_at), job.id)
     }
 
     /// Puts a job into the structures its state implies.
     fn index_job(&mut self, job: &Job) {
         // The name is copied only when the queue is new.
-        if !self.queues.contains_key(&job.queue) {
-            self.queues.insert(job.queue.clone(), QueueState::default());
+        if !self.queues.contains_key(job.queue.as_str()) {
+            self.queues.insert(job.queue.to_string(), QueueState::default());
         }
-        let queue = self.queues.get_mut(&job.queue).expect("inserted above");
+        let queue = self.queues.get_mut(job.queue.as_str()).expect("inserted above");
         queue.counts[job.state.index()] += 1;
         if job.state == JobState::Available {
             match job.dispatch_key() {
@@ -437,7 +437,7 @@ impl State {
                 self.active_by_worker.remove(worker);
             }
         }
-        if let Some(queue) = self.queues.get_mut(&job.queue) {
+        if let Some(queue) = self.queues.get_mut(job.queue.as_str()) {
             queue.counts[job.state.index()] -= 1;
             if job.state == JobState::Available {
                 match job.dispatch_key() {
@@ -447,7 +447,7 @@ impl State {
             }
             Self::queue_changed(&mut self.dirty_queues, &job.queue, queue);
             if queue.is_empty() && job.queue != "default" {
-                self.queues.remove(&job.queue);
+                self.queues.remove(job.queue.as_str());
             }
         }
     }
@@ -457,7 +457,7 @@ impl State {
         self.ids.observe(job.id);
         self.highest_stored_id = self.highest_stored_id.max(job.id);
         let times =
-            [job.created_at, job.enqueued_at.unwrap_or(Millis::MIN), job.run().started_at.unwrap_or(Millis::MIN)];
+            [job.created_at, job.enqueued_at().unwrap_or(Millis::MIN), job.run().started_at.unwrap_or(Millis::MIN)];
         let ended = [job.run().completed_at, job.run().cancelled_at, job.run().discarded_at]
             .map(|at| at.unwrap_or(Millis::MIN));
         self.latest_at = times.into_iter().chain(ended).fold(self.latest_at, Millis::max);
@@ -778,7 +778,7 @@ impl State {
             }
             self.update(*id, |job| {
                 job.state = JobState::Available;
-                job.enqueued_at = Some(at);
+                job.set_enqueued_at(Some(at));
                 if let Some(run) = job.run_if_any_mut() {
                     run.retry_at = None;
                 }
@@ -831,13 +831,13 @@ impl State {
         self.update(id, |job| {
             job.state = JobState::Available;
             job.attempt = 0;
-            job.enqueued_at = Some(at);
+            job.set_enqueued_at(Some(at));
             job.run_mut().error = None;
             job.run_mut().completed_at = None;
             job.run_mut().discarded_at = None;
             job.run_mut().retry_at = None;
             // Else an expired job would expire again at once.
-            job.expires_at = None;
+            job.set_expires_at(None);
             job.run_mut().worker_id = None;
             clear_claim(job);
         })?;
@@ -1129,8 +1129,10 @@ impl State {
             if !job.state.is_terminal() {
                 live += 1;
             }
-            let queue =
-                self.queues.get(&job.queue).ok_or_else(|| format!("job {id} in unknown queue {}", job.queue))?;
+            let queue = self
+                .queues
+                .get(job.queue.as_str())
+                .ok_or_else(|| format!("job {id} in unknown queue {}", job.queue))?;
             let in_ready = match job.dispatch_key() {
                 Some(key) => queue.limited.contains(key, &Self::ready_key(job)),
                 None => queue.ready.contains(&Self::ready_key(job)),
@@ -1233,11 +1235,11 @@ impl State {
 
 /// Rows 5/6: a `pending` job becomes `scheduled` until its time, else `available`.
 pub(super) fn activate(job: &mut Job, at: Millis) {
-    if job.scheduled_at.is_some_and(|scheduled| scheduled > at) {
+    if job.scheduled_at().is_some_and(|scheduled| scheduled > at) {
         job.state = JobState::Scheduled;
     } else {
         job.state = JobState::Available;
-        job.enqueued_at = Some(at);
+        job.set_enqueued_at(Some(at));
     }
     job.set_activated_at(at);
 }
@@ -1278,11 +1280,11 @@ fn fail(job: &mut Job, at: Millis, report: &FailureReport, outcome: FailOutcome)
         FailOutcome::Requeue => {
             job.state = JobState::Available;
             job.attempt = job.attempt.saturating_sub(1);
-            job.enqueued_at = Some(at);
+            job.set_enqueued_at(Some(at));
         }
         FailOutcome::Release => {
             job.state = JobState::Available;
-            job.enqueued_at = Some(at);
+            job.set_enqueued_at(Some(at));
         }
     }
 }

@@ -385,7 +385,7 @@ impl ReadView {
                 _ => None,
             };
             if let (Some((completed, failed)), Some(job)) = (counts, &event.job) {
-                throughput.entry(job.queue.clone()).or_default().count(event.time, completed, failed);
+                throughput.entry(job.queue.to_string()).or_default().count(event.time, completed, failed);
             }
             buffer.push(event);
         }

@@ -62,7 +62,7 @@ impl State {
             members.push(Member {
                 job_id: job.id,
                 job_type: job.payload.job_type().to_owned(),
-                queue: job.queue.clone(),
+                queue: job.queue.to_string(),
                 outcome: None,
             });
             jobs.push(Arc::new(job));
@@ -337,11 +337,11 @@ impl State {
                 }
                 let mut job = template.as_ref().clone();
                 job.created_at = at;
-                if job.scheduled_at.is_some_and(|scheduled| scheduled > at) {
+                if job.scheduled_at().is_some_and(|scheduled| scheduled > at) {
                     job.state = JobState::Scheduled;
                 } else {
                     job.state = JobState::Available;
-                    job.enqueued_at = Some(at);
+                    job.set_enqueued_at(Some(at));
                 }
                 fired.push(Arc::new(job));
             }

@@ -622,7 +622,7 @@ fn count_event(metrics: &crate::metrics::Metrics, time: Millis, kind: &EventKind
         (EventKind::CronSkipped { reason, .. }, _) => metrics.cron_skip(reason),
         (EventKind::Enqueued | EventKind::Revived, Some(job)) => metrics.job(JobCount::Enqueued, &job.queue),
         (EventKind::Started, Some(job)) => {
-            if let Some(waited) = seconds(job.enqueued_at) {
+            if let Some(waited) = seconds(job.enqueued_at()) {
                 metrics.job_wait(&job.queue, waited);
             }
         }

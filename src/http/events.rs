@@ -23,7 +23,9 @@ pub(super) fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let page = app.engine.events_page(after, limit, |event| {
         let job = event.job.as_ref();
         types.as_ref().is_none_or(|types| types.iter().any(|pattern| pattern_matches(pattern, event.kind.type_name())))
-            && queues.as_ref().is_none_or(|queues| job.is_some_and(|job| queues.contains(&job.queue)))
+            && queues
+                .as_ref()
+                .is_none_or(|queues| job.is_some_and(|job| queues.iter().any(|queue| *queue == job.queue)))
             && job_types.as_ref().is_none_or(|types| {
                 job.is_some_and(|job| types.iter().any(|pattern| pattern_matches(pattern, job.payload.job_type())))
             })

@@ -9,6 +9,7 @@ mod failure;
 mod id;
 pub mod json;
 mod payload;
+mod queue_name;
 mod retry;
 mod stored;
 pub mod time;
@@ -23,6 +24,7 @@ pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
 pub use id::{IdGenerator, IdHashState, JobId, JobIdMap, JobIdSet};
 pub use payload::JobPayload;
+pub use queue_name::QueueName;
 pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
 pub use stored::StoredJob;
 pub use unique::{OnConflict, UNIQUE_KEY_NAME_CHARS_MAX, UNIQUE_KEY_NAMES_MAX, UniqueKey, UniquePolicy};
@@ -162,7 +164,7 @@ impl CallbackKind {
 pub struct Job {
     pub id: JobId,
     pub payload: Arc<JobPayload>,
-    pub queue: String,
+    pub queue: QueueName,
     pub state: JobState,
     /// −100 to 100 (`limits::PRIORITY_MIN`, `PRIORITY_MAX`).
     pub priority: i8,
@@ -173,9 +175,9 @@ pub struct Job {
     /// Claims so far; only fetch raises it.
     pub attempt: u32,
     pub created_at: Millis,
-    pub scheduled_at: Option<Millis>,
-    pub expires_at: Option<Millis>,
-    pub enqueued_at: Option<Millis>,
+    scheduled_at: OptionalTime,
+    expires_at: OptionalTime,
+    enqueued_at: OptionalTime,
     run: RunSlot,
     /// Attributes few jobs carry; empty for most.
     pub extras: JobExtras,
@@ -183,7 +185,7 @@ pub struct Job {
 
 /// A job's [`JobExtra`]s: one pointer, null for a job with none (most),
 /// else to a list of exactly their size. The job's fields are sized so that
-/// it fills a 160-byte allocation with its reference counts (ARCHITECTURE.md,
+/// it fills a 128-byte allocation with its reference counts (ARCHITECTURE.md,
 /// "What a job costs in memory").
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobExtras(Option<Box<Box<[JobExtra]>>>);
@@ -278,7 +280,7 @@ impl Job {
         Job {
             id,
             payload: new_job.payload,
-            queue: new_job.queue,
+            queue: QueueName::new(&new_job.queue),
             state,
             priority: priority_field(new_job.priority),
             timeout_ms: timeout_field(new_job.timeout_ms),
@@ -286,12 +288,39 @@ impl Job {
             retry: new_job.retry,
             attempt: 0,
             created_at: now,
-            scheduled_at,
-            expires_at,
-            enqueued_at: (state == JobState::Available).then_some(now),
+            scheduled_at: scheduled_at.into(),
+            expires_at: expires_at.into(),
+            enqueued_at: (state == JobState::Available).then_some(now).into(),
             run: RunSlot::default(),
             extras: extras.into(),
         }
+    }
+
+    /// When a scheduled job becomes available.
+    pub fn scheduled_at(&self) -> Option<Millis> {
+        self.scheduled_at.get()
+    }
+
+    pub fn set_scheduled_at(&mut self, at: Option<Millis>) {
+        self.scheduled_at = at.into();
+    }
+
+    /// When the job expires unless it was claimed by then.
+    pub fn expires_at(&self) -> Option<Millis> {
+        self.expires_at.get()
+    }
+
+    pub fn set_expires_at(&mut self, at: Option<Millis>) {
+        self.expires_at = at.into();
+    }
+
+    /// When the job last became available (its place in the ready order).
+    pub fn enqueued_at(&self) -> Option<Millis> {
+        self.enqueued_at.get()
+    }
+
+    pub fn set_enqueued_at(&mut self, at: Option<Millis>) {
+        self.enqueued_at = at.into();
     }
 
     /// What the job gathered once claimed, cancelled or discarded (all
@@ -400,6 +429,30 @@ impl Job {
     }
 }
 
+/// An optional instant in 8 bytes, where `Option<Millis>` takes 16: `None`
+/// is held as `Millis::MIN`, far outside the years a time may name.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct OptionalTime(Millis);
+
+impl OptionalTime {
+    fn get(self) -> Option<Millis> {
+        (self.0 != Millis::MIN).then_some(self.0)
+    }
+}
+
+impl From<Option<Millis>> for OptionalTime {
+    fn from(at: Option<Millis>) -> Self {
+        // The one instant it cannot hold becomes the next one.
+        OptionalTime(at.map_or(Millis::MIN, |at| at.max(Millis::MIN + 1)))
+    }
+}
+
+impl std::fmt::Debug for OptionalTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
 /// A validated priority in a job's field (validation bounds it to ±100).
 pub(crate) fn priority_field(priority: i32) -> i8 {
     priority.clamp(i8::MIN.into(), i8::MAX.into()) as i8
@@ -408,4 +461,22 @@ pub(crate) fn priority_field(priority: i32) -> i8 {
 /// A validated timeout in a job's field (validation bounds it to a day).
 pub(crate) fn timeout_field(ms: u64) -> u32 {
     u32::try_from(ms).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_and_its_reference_counts_fill_a_128_byte_allocation() {
+        assert_eq!(std::mem::size_of::<Job>() + 2 * std::mem::size_of::<usize>(), 128);
+    }
+
+    #[test]
+    fn optional_times_keep_every_time_a_job_can_hold() {
+        for at in [Some(0), Some(-1), Some(Millis::MAX), Some(Millis::MIN + 1), None] {
+            assert_eq!(OptionalTime::from(at).get(), at);
+        }
+        assert_eq!(OptionalTime::from(Some(Millis::MIN)).get(), Some(Millis::MIN + 1));
+    }
 }

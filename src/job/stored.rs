@@ -6,7 +6,9 @@
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use super::{ErrorEntry, FailureReport, Job, JobExtra, JobId, JobPayload, JobRun, JobState, RetryPolicy, RunSlot};
+use super::{
+    ErrorEntry, FailureReport, Job, JobExtra, JobId, JobPayload, JobRun, JobState, QueueName, RetryPolicy, RunSlot,
+};
 use crate::clock::Millis;
 
 /// A job as decoded from a log or a snapshot.
@@ -14,7 +16,7 @@ use crate::clock::Millis;
 pub struct StoredJob {
     pub id: JobId,
     pub payload: Arc<JobPayload>,
-    pub queue: String,
+    pub queue: QueueName,
     pub state: JobState,
     pub priority: i32,
     pub timeout_ms: u64,
@@ -101,9 +103,9 @@ impl From<StoredJob> for Job {
             retry: stored.retry,
             attempt: stored.attempt,
             created_at: stored.created_at,
-            scheduled_at: stored.scheduled_at,
-            expires_at: stored.expires_at,
-            enqueued_at: stored.enqueued_at,
+            scheduled_at: stored.scheduled_at.into(),
+            expires_at: stored.expires_at.into(),
+            enqueued_at: stored.enqueued_at.into(),
             // A job that never ran takes no out-of-line space.
             run: RunSlot((run != JobRun::default()).then(|| Box::new(run))),
             extras: stored.extras.into_vec().into(),
@@ -125,9 +127,9 @@ impl Serialize for Job {
             retry: &self.retry,
             attempt: self.attempt,
             created_at: self.created_at,
-            scheduled_at: self.scheduled_at,
-            expires_at: self.expires_at,
-            enqueued_at: self.enqueued_at,
+            scheduled_at: self.scheduled_at(),
+            expires_at: self.expires_at(),
+            enqueued_at: self.enqueued_at(),
             started_at: run.started_at,
             completed_at: run.completed_at,
             cancelled_at: run.cancelled_at,
@@ -212,9 +214,9 @@ mod tests {
             retry: Arc::new(RetryPolicy::default()),
             attempt: 1,
             created_at: 10,
-            scheduled_at: None,
-            expires_at: Some(99),
-            enqueued_at: Some(10),
+            scheduled_at: None.into(),
+            expires_at: Some(99).into(),
+            enqueued_at: Some(10).into(),
             run: RunSlot::default(),
             extras: vec![JobExtra::ActivatedAt(5)].into(),
         };
@@ -235,7 +237,7 @@ mod tests {
         let flat = FlatJob {
             id: job.id,
             payload: job.payload.clone(),
-            queue: job.queue.clone(),
+            queue: job.queue.to_string(),
             state: job.state,
             priority: i32::from(job.priority),
             timeout_ms: u64::from(job.timeout_ms),
@@ -243,9 +245,9 @@ mod tests {
             retry: job.retry.clone(),
             attempt: job.attempt,
             created_at: job.created_at,
-            scheduled_at: job.scheduled_at,
-            expires_at: job.expires_at,
-            enqueued_at: job.enqueued_at,
+            scheduled_at: job.scheduled_at(),
+            expires_at: job.expires_at(),
+            enqueued_at: job.enqueued_at(),
             started_at: run.started_at,
             completed_at: run.completed_at,
             cancelled_at: run.cancelled_at,

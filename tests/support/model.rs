@@ -748,7 +748,7 @@ fn run_on(ops: &[Op], mut disk: Disk) -> Result<(), String> {
                     let stored = stored.expect("job stored");
                     check_eq!((stored.state, stored.attempt), (expected.state, expected.attempt), "job {}", id);
                     if expected.state == JobState::Available {
-                        check_eq!(stored.enqueued_at, Some(expected.entered_at), "entry time of {}", id);
+                        check_eq!(stored.enqueued_at(), Some(expected.entered_at), "entry time of {}", id);
                     }
                     check_eq!(stored.run().retry_at, expected.retry_at, "retry time of {}", id);
                     check_eq!(
