@@ -3,8 +3,10 @@
 //!
 //! An ordered set rather than a binary heap: cancel and expiry must take a job
 //! out of the middle, and an exact set keeps `check_invariants` exact too.
+//! Built by hand ([`ReadyQueue`]) because a backlog holds one key per
+//! waiting job, and the general B-tree spent twice the key's size on each.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::job::JobId;
@@ -34,50 +36,127 @@ impl ReadyKey {
     }
 }
 
+/// Keys a block holds at most (12 KiB of keys).
+const BLOCK_KEYS: usize = 512;
+
 /// The available jobs of one queue, in fetch order.
+///
+/// Sorted blocks of up to [`BLOCK_KEYS`] keys rather than a B-tree: a job
+/// almost always enters `available` later than every job of its priority
+/// already there, so most pushes append to the last block, and a full block
+/// costs 24 bytes a key where the B-tree's half-full leaves cost about 50
+/// (ARCHITECTURE.md, "What a job costs in memory"). A key that sorts
+/// elsewhere (a higher priority, a job retried with an earlier entry time)
+/// goes into its block, which splits in halves when full.
 #[derive(Debug, Default, Clone)]
 pub struct ReadyQueue {
-    keys: BTreeSet<ReadyKey>,
+    /// Non-empty sorted blocks; each block's keys sort before the next's.
+    blocks: VecDeque<VecDeque<ReadyKey>>,
+    len: usize,
 }
 
 impl ReadyQueue {
+    /// The block `key` is in or belongs in: the last one that starts at or
+    /// before it, else the first.
+    fn block_for(&self, key: &ReadyKey) -> usize {
+        self.blocks.partition_point(|block| block[0] <= *key).saturating_sub(1)
+    }
+
     pub fn push(&mut self, key: ReadyKey) {
-        self.keys.insert(key);
+        if let Some(last) = self.blocks.back_mut()
+            && last.back().is_some_and(|back| *back < key)
+        {
+            if last.len() < BLOCK_KEYS {
+                last.push_back(key);
+            } else {
+                self.blocks.push_back(VecDeque::from([key]));
+            }
+            self.len += 1;
+            return;
+        }
+        if self.blocks.is_empty() {
+            self.blocks.push_back(VecDeque::from([key]));
+            self.len += 1;
+            return;
+        }
+        let mut index = self.block_for(&key);
+        if self.blocks[index].binary_search(&key).is_ok() {
+            return;
+        }
+        if self.blocks[index].len() == BLOCK_KEYS {
+            let upper = self.blocks[index].split_off(BLOCK_KEYS / 2);
+            self.blocks.insert(index + 1, upper);
+            if self.blocks[index + 1][0] < key {
+                index += 1;
+            }
+        }
+        let block = &mut self.blocks[index];
+        let at = block.binary_search(&key).unwrap_err();
+        block.insert(at, key);
+        self.len += 1;
     }
 
     pub fn first(&self) -> Option<ReadyKey> {
-        self.keys.first().copied()
+        self.blocks.front().and_then(|block| block.front()).copied()
     }
 
     /// The job after `key` in fetch order.
     pub fn next_after(&self, key: &ReadyKey) -> Option<ReadyKey> {
-        use std::ops::Bound::{Excluded, Unbounded};
-        self.keys.range((Excluded(*key), Unbounded)).next().copied()
+        if self.blocks.is_empty() {
+            return None;
+        }
+        let index = self.block_for(key);
+        let block = &self.blocks[index];
+        let at = match block.binary_search(key) {
+            Ok(at) => at + 1,
+            Err(at) => at,
+        };
+        block.get(at).or_else(|| self.blocks.get(index + 1).and_then(|next| next.front())).copied()
     }
 
     pub fn pop(&mut self) -> Option<ReadyKey> {
-        self.keys.pop_first()
+        let first = self.blocks.front_mut()?;
+        let key = first.pop_front();
+        if first.is_empty() {
+            self.blocks.pop_front();
+        }
+        self.len -= 1;
+        key
     }
 
     pub fn remove(&mut self, key: &ReadyKey) -> bool {
-        self.keys.remove(key)
+        if self.blocks.is_empty() {
+            return false;
+        }
+        let index = self.block_for(key);
+        let block = &mut self.blocks[index];
+        let Ok(at) = block.binary_search(key) else { return false };
+        block.remove(at);
+        if block.is_empty() {
+            self.blocks.remove(index);
+        } else if block.len() < block.capacity() / 4 {
+            // A block emptied from the middle gives back what it no longer uses.
+            block.shrink_to_fit();
+        }
+        self.len -= 1;
+        true
     }
 
     pub fn contains(&self, key: &ReadyKey) -> bool {
-        self.keys.contains(key)
+        !self.blocks.is_empty() && self.blocks[self.block_for(key)].binary_search(key).is_ok()
     }
 
     /// Keys in fetch order, without taking them out.
     pub fn iter(&self) -> impl Iterator<Item = &ReadyKey> {
-        self.keys.iter()
+        self.blocks.iter().flatten()
     }
 
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.len == 0
     }
 }
 
@@ -228,6 +307,66 @@ mod tests {
         queue.push(ReadyKey::new(0, 4, JobId(7)));
         let order: Vec<u128> = std::iter::from_fn(|| queue.pop()).map(|key| key.id.0).collect();
         assert_eq!(order, [7, 3, 9]);
+    }
+
+    proptest::proptest! {
+        /// Any mix of pushes (mostly in order, as jobs arrive), pops and
+        /// removals leaves the queue holding what an ordered set holds, in
+        /// its order.
+        #[test]
+        fn it_keeps_the_order_an_ordered_set_keeps(
+            operations in proptest::collection::vec((0u8..10, 0i64..3000, 0i32..3), 1..4000)
+        ) {
+            let mut queue = ReadyQueue::default();
+            let mut model = BTreeSet::new();
+            let mut clock = 0;
+            for (n, (kind, value, priority)) in operations.into_iter().enumerate() {
+                match kind {
+                    0..=5 => {
+                        clock += 1;
+                        let key = ReadyKey::new(priority, clock, JobId(n as u128));
+                        queue.push(key);
+                        model.insert(key);
+                    }
+                    6 => {
+                        let key = ReadyKey::new(priority, value, JobId(value as u128));
+                        queue.push(key);
+                        queue.push(key);
+                        model.insert(key);
+                    }
+                    7 => proptest::prop_assert_eq!(queue.pop(), model.pop_first()),
+                    _ => {
+                        let key = model.iter().nth(value as usize % model.len().max(1)).copied()
+                            .unwrap_or(ReadyKey::new(0, value, JobId(1)));
+                        proptest::prop_assert_eq!(queue.contains(&key), model.contains(&key));
+                        let after = queue.next_after(&key);
+                        proptest::prop_assert_eq!(after, model.range(key..).find(|next| **next != key).copied());
+                        proptest::prop_assert_eq!(queue.remove(&key), model.remove(&key));
+                        proptest::prop_assert!(!queue.contains(&key));
+                    }
+                }
+                proptest::prop_assert_eq!(queue.len(), model.len());
+                proptest::prop_assert_eq!(queue.first(), model.first().copied());
+            }
+            proptest::prop_assert!(queue.iter().eq(model.iter()));
+            proptest::prop_assert!(queue.blocks.iter().all(|block| !block.is_empty() && block.len() <= BLOCK_KEYS));
+        }
+    }
+
+    #[test]
+    fn a_backlog_in_arrival_order_fills_its_blocks() {
+        let mut queue = ReadyQueue::default();
+        (0..10 * BLOCK_KEYS as i64).for_each(|n| queue.push(ReadyKey::new(0, n, JobId(n as u128))));
+        assert_eq!(queue.blocks.len(), 10);
+        assert!(queue.blocks.iter().all(|block| block.len() == BLOCK_KEYS && block.capacity() == BLOCK_KEYS));
+        // A key between two of a full block's splits it in halves.
+        let between = ReadyKey::new(0, 1, JobId(0));
+        queue.push(between);
+        assert_eq!(queue.blocks.len(), 11);
+        assert_eq!((queue.blocks[0].len(), queue.blocks[1].len()), (BLOCK_KEYS / 2 + 1, BLOCK_KEYS / 2));
+        assert_eq!(queue.next_after(&ReadyKey::new(0, 0, JobId(0))), Some(between));
+        assert_eq!(queue.iter().nth(1), Some(&between));
+        assert_eq!(queue.len(), 10 * BLOCK_KEYS + 1);
     }
 
     #[test]
