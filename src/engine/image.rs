@@ -50,9 +50,11 @@ pub struct StateImage {
 impl StateImage {
     /// Puts the jobs in id order, so that equal states compare and encode equal.
     pub fn sort_jobs(&mut self) {
-        // Sorting the handles themselves would read two jobs from memory at
-        // every comparison; the ids are read once, into an array sorted instead.
         self.jobs.sort_by_cached_key(|job| job.id);
+        self.sort_all_but_jobs();
+    }
+
+    fn sort_all_but_jobs(&mut self) {
         self.workflows.sort_unstable_by_key(|workflow| workflow.id);
         self.webhooks.sort_unstable_by_key(|subscription| subscription.id);
         self.deliveries.sort_unstable_by_key(|delivery| delivery.id);
@@ -66,19 +68,39 @@ impl StateImage {
 
     /// Writes the snapshot payload (the same bytes as [`StateImage::encode`])
     /// to `out` as it is encoded, so that it is never whole in memory.
+    /// Leaves the jobs sorted only within runs (see below).
+    pub fn encode_to(&mut self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        self.encode_in_runs_to(out, SORTED_RUN_JOBS)
+    }
+
+    /// Jobs are sorted in runs of `run_jobs`, each by ids read once into an
+    /// array (sorting the handles themselves would read two jobs from
+    /// memory at every comparison), then merged as they are written: the
+    /// ids of one run at a time are in memory, where sorting them all at
+    /// once took 24 bytes a job (240 MB at 10 M jobs).
     ///
-    /// Jobs are encoded one after another into a buffer that goes to `out`
+    /// They are encoded one after another into a buffer that goes to `out`
     /// every 64 KiB: postcard writing straight to `out` makes a call through
     /// `dyn Write` for every field. The bytes are the same, as postcard
     /// writes a struct as its fields back to back and a sequence as its
     /// length, then its elements.
-    pub fn encode_to(&mut self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    fn encode_in_runs_to(&mut self, out: &mut dyn std::io::Write, run_jobs: usize) -> std::io::Result<()> {
         const BUFFER_BYTES: usize = 64 * 1024;
-        self.sort_jobs();
+        self.jobs.chunks_mut(run_jobs).for_each(|run| run.sort_by_cached_key(|job| job.id));
+        self.sort_all_but_jobs();
         let encoding_failed = |error: postcard::Error| std::io::Error::other(error);
         let mut buffer = postcard::to_extend(&(self.jobs.len() as u64), Vec::with_capacity(2 * BUFFER_BYTES))
             .map_err(encoding_failed)?;
-        for job in &self.jobs {
+        let runs: Vec<&[Arc<Job>]> = self.jobs.chunks(run_jobs).collect();
+        let mut next = vec![0usize; runs.len()];
+        let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(JobId, usize)>> =
+            runs.iter().enumerate().map(|(run, jobs)| std::cmp::Reverse((jobs[0].id, run))).collect();
+        while let Some(std::cmp::Reverse((_, run))) = heads.pop() {
+            let job = &runs[run][next[run]];
+            next[run] += 1;
+            if let Some(following) = runs[run].get(next[run]) {
+                heads.push(std::cmp::Reverse((following.id, run)));
+            }
             buffer = postcard::to_extend(job, buffer).map_err(encoding_failed)?;
             if buffer.len() >= BUFFER_BYTES {
                 out.write_all(&buffer)?;
@@ -102,6 +124,9 @@ impl StateImage {
         out.write_all(&buffer)
     }
 }
+
+/// Jobs sorted at a time when a snapshot is written.
+const SORTED_RUN_JOBS: usize = 1 << 16;
 
 /// The snapshot payload version this build writes.
 pub const IMAGE_VERSION: u32 = 5;
@@ -443,12 +468,12 @@ mod tests {
     #[test]
     fn a_streamed_image_has_the_bytes_of_one_encoded_whole() {
         use crate::job::{JobDefaults, JobState, parse_enqueue_body};
+        // Ids in a scrambled order, so that every run holds some of each part.
         let jobs = (1..=3000u128)
-            .rev()
             .map(|n| {
                 let body = format!(r#"{{"type":"t","args":[{n},"{}"]}}"#, "x".repeat(n as usize % 97));
                 let new_job = parse_enqueue_body(body.as_bytes(), &JobDefaults::default()).unwrap();
-                Arc::new(Job::accept(new_job, JobId(n << 64), JobState::Available, 1_000, None, None))
+                Arc::new(Job::accept(new_job, JobId((n * 7919 % 3001) << 64 | n), JobState::Available, 1_000, None, None))
             })
             .collect();
         let mut image = StateImage {
@@ -465,11 +490,15 @@ mod tests {
             webhooks: Vec::new(),
             deliveries: Vec::new(),
         };
-        let mut streamed = Vec::new();
-        image.encode_to(&mut streamed).unwrap();
-        assert!(streamed.len() > 128 * 1024, "the jobs filled the buffer more than once");
-        assert_eq!(streamed, image.clone().encode());
-        assert_eq!(decode_image(IMAGE_VERSION, &streamed).unwrap(), image);
+        let whole = image.clone().encode();
+        for run_jobs in [SORTED_RUN_JOBS, 1000, 7, 1] {
+            let mut streamed = Vec::new();
+            image.clone().encode_in_runs_to(&mut streamed, run_jobs).unwrap();
+            assert!(streamed.len() > 128 * 1024, "the jobs filled the buffer more than once");
+            assert!(streamed == whole, "runs of {run_jobs} jobs");
+        }
+        image.sort_jobs();
+        assert_eq!(decode_image(IMAGE_VERSION, &whole).unwrap(), image);
     }
 
     #[test]
