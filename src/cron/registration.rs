@@ -53,7 +53,7 @@ impl OverlapPolicy {
 /// The job each firing enqueues: an enqueue request without id or times.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobTemplate {
-    pub payload: Arc<JobPayload>,
+    pub payload: JobPayload,
     pub queue: String,
     pub priority: i32,
     pub timeout_ms: u64,

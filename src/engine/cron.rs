@@ -146,7 +146,7 @@ fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Milli
     let schema = definition.schema().map(Arc::from);
     let request = NewJob {
         id: Some(id),
-        payload: Arc::new(payload),
+        payload,
         queue: template.queue.clone(),
         priority: template.priority,
         timeout_ms: template.timeout_ms,

@@ -355,7 +355,7 @@ mod tests {
         let payload = crate::job::JobPayload::new("t", &args, "{}", Vec::new(), Vec::new());
         let new_job = crate::job::NewJob {
             id: None,
-            payload: Arc::new(payload),
+            payload,
             queue: "default".into(),
             priority: 0,
             timeout_ms: 1,

@@ -473,7 +473,14 @@ mod tests {
             .map(|n| {
                 let body = format!(r#"{{"type":"t","args":[{n},"{}"]}}"#, "x".repeat(n as usize % 97));
                 let new_job = parse_enqueue_body(body.as_bytes(), &JobDefaults::default()).unwrap();
-                Arc::new(Job::accept(new_job, JobId((n * 7919 % 3001) << 64 | n), JobState::Available, 1_000, None, None))
+                Arc::new(Job::accept(
+                    new_job,
+                    JobId((n * 7919 % 3001) << 64 | n),
+                    JobState::Available,
+                    1_000,
+                    None,
+                    None,
+                ))
             })
             .collect();
         let mut image = StateImage {

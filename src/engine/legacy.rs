@@ -14,7 +14,7 @@ use crate::job::{ErrorEntry, FailureReport, Job, JobId, JobPayload, JobState, Re
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobV1 {
     pub id: JobId,
-    pub payload: Arc<JobPayload>,
+    pub payload: JobPayload,
     pub queue: String,
     pub state: JobState,
     pub priority: i32,

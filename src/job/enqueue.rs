@@ -272,7 +272,7 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
 
     Ok(NewJob {
         id,
-        payload: Arc::new(JobPayload::new(&job_type, &args, &meta, tags, extra)),
+        payload: JobPayload::new(&job_type, &args, &meta, tags, extra),
         queue,
         priority,
         timeout_ms,

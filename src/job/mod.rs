@@ -87,7 +87,7 @@ impl JobState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewJob {
     pub id: Option<JobId>,
-    pub payload: Arc<JobPayload>,
+    pub payload: JobPayload,
     pub queue: String,
     pub priority: i32,
     pub timeout_ms: u64,
@@ -163,7 +163,7 @@ impl CallbackKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     pub id: JobId,
-    pub payload: Arc<JobPayload>,
+    pub payload: JobPayload,
     pub queue: QueueName,
     pub state: JobState,
     /// −100 to 100 (`limits::PRIORITY_MIN`, `PRIORITY_MAX`).

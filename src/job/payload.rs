@@ -1,23 +1,30 @@
 //! [`JobPayload`]: what a client gave a job to carry (type, `args`, `meta`,
 //! tags, unknown fields), fixed once the job is accepted.
 //!
-//! Held as one text, `type` then `args` then `meta` back to back, with the
-//! two places where `args` and `meta` begin: one allocation where separate
-//! strings took three, and 32 bytes of fields where they took 120. Tags and
-//! unknown fields, which few jobs carry, are one more allocation when present.
-//! Logs and snapshots encode it as the five fields it always had.
+//! Held as one shared allocation: a reference count, the two places where
+//! `args` and `meta` begin, then the text, `type` then `args` then `meta`
+//! back to back. A handle is one pointer, and cloning it counts a reference.
+//! (Separate strings took three allocations and 120 bytes of fields; a
+//! shared struct holding the text, 48 bytes and two allocations.) Tags and
+//! unknown fields, which few jobs carry, are one more allocation when
+//! present. Logs and snapshots encode it as the five fields it always had.
 
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use triomphe::ThinArc;
 
 /// The parts of a job that never change after it is accepted; shared by
-/// reference between the engine and the read view.
+/// reference between the engine, the read view and the log.
 #[derive(Clone, PartialEq, Eq)]
-pub struct JobPayload {
-    /// `type`, `args` and `meta`, back to back.
-    text: Box<str>,
-    /// Where `args` begins in `text`.
+pub struct JobPayload(ThinArc<Layout, u8>);
+
+/// What comes before the text.
+#[derive(PartialEq, Eq)]
+struct Layout {
+    /// Where `args` begins in the text.
     args_at: u32,
-    /// Where `meta` begins in `text`.
+    /// Where `meta` begins in the text.
     meta_at: u32,
     rare: Option<Box<RareParts>>,
 }
@@ -29,24 +36,42 @@ struct RareParts {
     extra: Vec<(String, String)>,
 }
 
+thread_local! {
+    /// Where a decoded payload's text is put together before it is copied
+    /// into its allocation.
+    static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
 impl JobPayload {
     /// A payload from its parts: `args` and `meta` as compact JSON texts,
     /// `extra` the unknown top-level fields of the enqueue body as (name,
     /// compact JSON text). Texts are bounded by the request size limits, far
     /// below 4 GiB.
     pub fn new(job_type: &str, args: &str, meta: &str, tags: Vec<String>, extra: Vec<(String, String)>) -> JobPayload {
-        let mut text = String::with_capacity(job_type.len() + args.len() + meta.len());
-        text.push_str(job_type);
-        text.push_str(args);
-        text.push_str(meta);
-        let offset = |at: usize| u32::try_from(at).expect("a job's texts are smaller than 4 GiB");
         let rare = (!tags.is_empty() || !extra.is_empty()).then(|| Box::new(RareParts { tags, extra }));
-        JobPayload {
-            text: text.into_boxed_str(),
-            args_at: offset(job_type.len()),
-            meta_at: offset(job_type.len() + args.len()),
-            rare,
-        }
+        SCRATCH.with(|scratch| {
+            let mut text = scratch.borrow_mut();
+            text.clear();
+            text.push_str(job_type);
+            text.push_str(args);
+            text.push_str(meta);
+            Self::from_text(&text, job_type.len(), job_type.len() + args.len(), rare)
+        })
+    }
+
+    fn from_text(text: &str, args_at: usize, meta_at: usize, rare: Option<Box<RareParts>>) -> JobPayload {
+        let offset = |at: usize| u32::try_from(at).expect("a job's texts are smaller than 4 GiB");
+        let layout = Layout { args_at: offset(args_at), meta_at: offset(meta_at), rare };
+        JobPayload(ThinArc::from_header_and_slice(layout, text.as_bytes()))
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.0.header.header
+    }
+
+    fn text(&self) -> &str {
+        // SAFETY: the bytes are copied from a `&str` (`from_text`), never changed.
+        unsafe { std::str::from_utf8_unchecked(&self.0.slice) }
     }
 
     /// The same payload with another `meta` text.
@@ -55,31 +80,31 @@ impl JobPayload {
     }
 
     pub fn job_type(&self) -> &str {
-        &self.text[..self.args_at as usize]
+        &self.text()[..self.layout().args_at as usize]
     }
 
     /// Compact JSON text of the `args` array, as the client wrote it.
     pub fn args(&self) -> &str {
-        &self.text[self.args_at as usize..self.meta_at as usize]
+        &self.text()[self.layout().args_at as usize..self.layout().meta_at as usize]
     }
 
     /// Compact JSON text of the `meta` object.
     pub fn meta(&self) -> &str {
-        &self.text[self.meta_at as usize..]
+        &self.text()[self.layout().meta_at as usize..]
     }
 
     pub fn tags(&self) -> &[String] {
-        self.rare.as_ref().map_or(&[], |rare| &rare.tags)
+        self.layout().rare.as_ref().map_or(&[], |rare| &rare.tags)
     }
 
     /// Unknown top-level fields of the enqueue body: (name, compact JSON text).
     pub fn extra(&self) -> &[(String, String)] {
-        self.rare.as_ref().map_or(&[], |rare| &rare.extra)
+        self.layout().rare.as_ref().map_or(&[], |rare| &rare.extra)
     }
 
     /// About how many bytes the payload holds, its own fields included.
     pub fn held_bytes(&self) -> usize {
-        let rare = self.rare.as_ref().map_or(0, |rare| {
+        let rare = self.layout().rare.as_ref().map_or(0, |rare| {
             std::mem::size_of::<RareParts>()
                 + rare.tags.iter().map(|tag| tag.len() + std::mem::size_of::<String>()).sum::<usize>()
                 + rare
@@ -88,7 +113,8 @@ impl JobPayload {
                     .map(|(key, value)| key.len() + value.len() + 2 * std::mem::size_of::<String>())
                     .sum::<usize>()
         });
-        std::mem::size_of::<JobPayload>() + self.text.len() + rare
+        // The reference count, the layout and the text's length, then the text.
+        std::mem::size_of::<usize>() * 2 + std::mem::size_of::<Layout>() + self.text().len() + rare
     }
 }
 
@@ -114,15 +140,6 @@ struct StoredPayloadRef<'a> {
     extra: &'a [(String, String)],
 }
 
-#[derive(Deserialize)]
-struct StoredPayload {
-    job_type: String,
-    args: String,
-    meta: String,
-    tags: Vec<String>,
-    extra: Vec<(String, String)>,
-}
-
 impl Serialize for JobPayload {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         StoredPayloadRef {
@@ -136,10 +153,67 @@ impl Serialize for JobPayload {
     }
 }
 
+/// Decodes the stored form, putting the three texts together as they are
+/// read instead of as three strings of their own.
 impl<'de> Deserialize<'de> for JobPayload {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<JobPayload, D::Error> {
-        let stored = StoredPayload::deserialize(deserializer)?;
-        Ok(JobPayload::new(&stored.job_type, &stored.args, &stored.meta, stored.tags, stored.extra))
+        const FIELDS: &[&str] = &["job_type", "args", "meta", "tags", "extra"];
+        deserializer.deserialize_struct("StoredPayload", FIELDS, PayloadVisitor)
+    }
+}
+
+struct PayloadVisitor;
+
+impl<'de> Visitor<'de> for PayloadVisitor {
+    type Value = JobPayload;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a job payload's five fields")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<JobPayload, A::Error> {
+        let missing = |index| serde::de::Error::invalid_length(index, &"five fields");
+        // Taken out of the thread's scratch (and put back) rather than
+        // borrowed, so that nothing is borrowed while the decoder runs.
+        let mut text = SCRATCH.with(|scratch| std::mem::take(&mut *scratch.borrow_mut()));
+        text.clear();
+        seq.next_element_seed(AppendTo(&mut text))?.ok_or_else(|| missing(0))?;
+        let args_at = text.len();
+        seq.next_element_seed(AppendTo(&mut text))?.ok_or_else(|| missing(1))?;
+        let meta_at = text.len();
+        seq.next_element_seed(AppendTo(&mut text))?.ok_or_else(|| missing(2))?;
+        let tags: Vec<String> = seq.next_element()?.ok_or_else(|| missing(3))?;
+        let extra: Vec<(String, String)> = seq.next_element()?.ok_or_else(|| missing(4))?;
+        let rare = (!tags.is_empty() || !extra.is_empty()).then(|| Box::new(RareParts { tags, extra }));
+        let payload = JobPayload::from_text(&text, args_at, meta_at, rare);
+        SCRATCH.with(|scratch| *scratch.borrow_mut() = text);
+        Ok(payload)
+    }
+}
+
+/// Decodes a string onto the end of a text.
+struct AppendTo<'a>(&'a mut String);
+
+impl<'de> DeserializeSeed<'de> for AppendTo<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        // `deserialize_string`, as postcard reads `deserialize_str` only from a
+        // slice it can borrow, and snapshots are decoded from a reader.
+        deserializer.deserialize_string(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AppendTo<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<(), E> {
+        self.0.push_str(text);
+        Ok(())
     }
 }
 
@@ -191,8 +265,8 @@ mod tests {
     #[test]
     fn a_payload_without_tags_or_unknown_fields_is_one_allocation() {
         let payload = JobPayload::new("t", "[1]", "{}", Vec::new(), Vec::new());
-        assert!(payload.rare.is_none());
-        assert_eq!(std::mem::size_of::<JobPayload>(), 32);
+        assert!(payload.layout().rare.is_none());
+        assert_eq!(std::mem::size_of::<JobPayload>(), 8);
         assert_eq!(payload.with_meta(r#"{"a":1}"#).meta(), r#"{"a":1}"#);
     }
 }

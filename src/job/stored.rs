@@ -15,7 +15,7 @@ use crate::clock::Millis;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct StoredJob {
     pub id: JobId,
-    pub payload: Arc<JobPayload>,
+    pub payload: JobPayload,
     pub queue: QueueName,
     pub state: JobState,
     pub priority: i32,
@@ -47,7 +47,7 @@ pub struct StoredJob {
 #[derive(Serialize)]
 struct StoredJobRef<'a> {
     id: JobId,
-    payload: &'a Arc<JobPayload>,
+    payload: &'a JobPayload,
     queue: &'a str,
     state: JobState,
     priority: i32,
@@ -164,7 +164,7 @@ mod tests {
     #[derive(Serialize)]
     struct FlatJob {
         id: JobId,
-        payload: Arc<JobPayload>,
+        payload: JobPayload,
         queue: String,
         state: JobState,
         priority: i32,
@@ -193,8 +193,7 @@ mod tests {
     }
 
     fn sample_job() -> Job {
-        let payload =
-            Arc::new(JobPayload::new("email.send", r#"["a@example.com"]"#, "{}", vec!["t".into()], Vec::new()));
+        let payload = JobPayload::new("email.send", r#"["a@example.com"]"#, "{}", vec!["t".into()], Vec::new());
         let report = FailureReport {
             error_type: "Timeout".into(),
             code: "timeout".into(),
