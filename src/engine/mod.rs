@@ -328,31 +328,90 @@ fn load_current_payload(
     }
 }
 
-/// Replays the log from segment `replay_from` onto `state`.
+/// Replays the log from segment `replay_from` onto `state`, on two threads:
+/// one reads and decodes frames, this one applies their records as they come.
+/// On one thread only when no second one can be started.
 fn replay(dir: &Path, mut state: State, replay_from: u64) -> Result<Recovered, StorageError> {
-    let mut replayed_bytes = 0u64;
+    /// Decoded frames the reader may be ahead by.
+    const FRAMES_AHEAD: usize = 16;
     let mut events = EventSink::disabled();
-    let mut policies = SharedPolicies::default();
-    let end = replay_log(dir, replay_from, TailPolicy::Truncate, &mut |path, offset, payload| {
-        let corrupt = |reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
-        let mut records = decode_batch(payload).map_err(corrupt)?;
-        for record in &mut records {
-            // Jobs made live share equal policies; read back, each decoded its own.
-            let jobs = match record {
-                Record::Enqueue { jobs, .. } => jobs.as_mut_slice(),
-                Record::CronFire {
-                    fire: cron_table::CronFire { outcome: cron_table::CronOutcome::Enqueued { job, .. }, .. },
-                    ..
-                } => std::slice::from_mut(job),
-                _ => &mut [],
-            };
-            jobs.iter_mut().filter_map(Arc::get_mut).for_each(|job| policies.share(&mut job.retry));
+    let mut replayed_bytes = 0u64;
+    let (sender, receiver) = std::sync::mpsc::sync_channel::<DecodedFrame>(FRAMES_AHEAD);
+    let state_ref = &mut state;
+    let replayed = std::thread::scope(|scope| {
+        let reader = std::thread::Builder::new().name("svc-log-decode".into()).spawn_scoped(scope, move || {
+            let mut policies = SharedPolicies::default();
+            replay_log(dir, replay_from, TailPolicy::Truncate, &mut |path, offset, payload| {
+                let records = decode_frame(path, offset, payload, &mut policies)?;
+                let frame = DecodedFrame { path: path.to_path_buf(), offset, records, bytes: payload.len() as u64 };
+                // A closed channel: the applying side met an error and reports it.
+                sender.send(frame).map_err(|_| StorageError::Corrupt {
+                    path: path.to_path_buf(),
+                    offset,
+                    reason: "replay stopped".to_string(),
+                })
+            })
+        });
+        let Ok(reader) = reader else { return None };
+        let mut applied = Ok(());
+        for frame in receiver {
+            let corrupt =
+                |reason: String| StorageError::Corrupt { path: frame.path.clone(), offset: frame.offset, reason };
+            if let Err(error) = frame.records.iter().try_for_each(|record| state_ref.apply(record, &mut events)) {
+                applied = Err(corrupt(error.0));
+                break;
+            }
+            replayed_bytes += frame.bytes;
         }
-        for record in &records {
-            state.apply(record, &mut events).map_err(|error| corrupt(error.0))?;
+        let end = reader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        Some(applied.and(end))
+    });
+    let end = match replayed {
+        Some(end) => end?,
+        None => {
+            let mut policies = SharedPolicies::default();
+            replay_log(dir, replay_from, TailPolicy::Truncate, &mut |path, offset, payload| {
+                let records = decode_frame(path, offset, payload, &mut policies)?;
+                for record in &records {
+                    let corrupt = |reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
+                    state.apply(record, &mut events).map_err(|error| corrupt(error.0))?;
+                }
+                replayed_bytes += payload.len() as u64;
+                Ok(())
+            })?
         }
-        replayed_bytes += payload.len() as u64;
-        Ok(())
-    })?;
+    };
     Ok((state, replay_from, end.last_segment, replayed_bytes))
+}
+
+/// A log frame's records, decoded ahead of being applied.
+struct DecodedFrame {
+    path: std::path::PathBuf,
+    offset: u64,
+    records: Vec<Record>,
+    bytes: u64,
+}
+
+/// Decodes one frame's records; jobs made live share equal retry policies
+/// (read back, each decoded its own).
+fn decode_frame(
+    path: &Path,
+    offset: u64,
+    payload: &[u8],
+    policies: &mut SharedPolicies,
+) -> Result<Vec<Record>, StorageError> {
+    let mut records =
+        decode_batch(payload).map_err(|reason| StorageError::Corrupt { path: path.to_path_buf(), offset, reason })?;
+    for record in &mut records {
+        let jobs = match record {
+            Record::Enqueue { jobs, .. } => jobs.as_mut_slice(),
+            Record::CronFire {
+                fire: cron_table::CronFire { outcome: cron_table::CronOutcome::Enqueued { job, .. }, .. },
+                ..
+            } => std::slice::from_mut(job),
+            _ => &mut [],
+        };
+        jobs.iter_mut().filter_map(Arc::get_mut).for_each(|job| policies.share(&mut job.retry));
+    }
+    Ok(records)
 }
