@@ -999,7 +999,7 @@ impl State {
     /// the engine thread (a pointer per job); sorting and encoding can
     /// happen elsewhere.
     pub fn image(&self) -> StateImage {
-        let jobs = self.jobs.values().cloned().collect();
+        let jobs = self.jobs.handles();
         let paused_queues =
             self.queues.iter().filter(|(_, queue)| queue.paused).map(|(name, _)| name.clone()).collect();
         let worker_signals =

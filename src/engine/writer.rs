@@ -577,6 +577,7 @@ impl Writer {
         if self.bytes_since_snapshot < self.snapshots.log_bytes || self.snapshot_busy.load(Ordering::SeqCst) {
             return;
         }
+        let taking = std::time::Instant::now();
         let (replay_from, mut image) = match self.snapshot_image() {
             Ok(snapshot) => snapshot,
             Err(error) => {
@@ -589,6 +590,8 @@ impl Writer {
         let file_system = self.snapshots.file_system.clone();
         let dir = self.snapshots.dir.clone();
         let metrics = self.metrics.clone();
+        // How long the engine thread spent starting the segment and taking the image.
+        let image_seconds = taking.elapsed().as_secs_f64();
         std::thread::spawn(move || {
             let started = std::time::Instant::now();
             let result = write_snapshot_with(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, &mut |out| {
@@ -601,6 +604,7 @@ impl Writer {
                     replay_from_segment = replay_from,
                     bytes,
                     seconds = started.elapsed().as_secs_f64(),
+                    image_seconds,
                     "snapshot written"
                 ),
                 // The log segments are still there, so nothing is lost; the next
