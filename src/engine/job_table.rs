@@ -102,6 +102,9 @@ pub(crate) struct JobTable {
     /// Jobs changed since the last publish, each with its newest version
     /// (`None`: removed).
     unpublished: JobIdMap<Option<Arc<Job>>>,
+    /// The shared side was handed to readers: every change waits for
+    /// [`JobTable::publish`] from then on, for good.
+    handed_out: bool,
 }
 
 impl std::fmt::Debug for JobTable {
@@ -112,15 +115,21 @@ impl std::fmt::Debug for JobTable {
 
 impl Default for JobTable {
     fn default() -> Self {
-        JobTable { shared: Arc::new(SharedJobs::new()), unpublished: JobIdMap::default() }
+        JobTable { shared: Arc::new(SharedJobs::new()), unpublished: JobIdMap::default(), handed_out: false }
     }
 }
 
 impl JobTable {
     /// The readers' side. From the first call on, changes wait for
     /// [`JobTable::publish`].
-    pub fn shared(&self) -> Arc<SharedJobs> {
+    pub fn shared(&mut self) -> Arc<SharedJobs> {
+        self.handed_out = true;
         self.shared.clone()
+    }
+
+    /// The shards to change in place, while no reader can see them.
+    fn alone(shared: &mut Arc<SharedJobs>, handed_out: bool) -> Option<&mut SharedJobs> {
+        if handed_out { None } else { Arc::get_mut(shared) }
     }
 
     pub fn get(&self, id: &JobId) -> Option<&Arc<Job>> {
@@ -137,7 +146,7 @@ impl JobTable {
     /// Adds a job or replaces its version.
     pub fn insert(&mut self, job: Arc<Job>) {
         let id = job.id;
-        match Arc::get_mut(&mut self.shared) {
+        match Self::alone(&mut self.shared, self.handed_out) {
             Some(alone) => {
                 let listed = DeadLetterKey::of(&job).map(|key| (key, job.clone()));
                 let shard = alone.shards[(id.0 as usize) % SHARDS].get_mut();
@@ -152,7 +161,7 @@ impl JobTable {
 
     /// Removes a job and hands back its newest version.
     pub fn remove(&mut self, id: &JobId) -> Option<Arc<Job>> {
-        if let Some(alone) = Arc::get_mut(&mut self.shared) {
+        if let Some(alone) = Self::alone(&mut self.shared, self.handed_out) {
             let shard = alone.shards[(id.0 as usize) % SHARDS].get_mut();
             let old = SharedJobs::take(shard, &alone.hasher, *id);
             Self::list_dead_letter(alone, old.as_deref(), None);
@@ -174,7 +183,7 @@ impl JobTable {
     /// Makes room for `jobs` more jobs (while loading, when they go straight
     /// into the shards).
     pub fn reserve(&mut self, jobs: usize) {
-        if let Some(alone) = Arc::get_mut(&mut self.shared) {
+        if let Some(alone) = Self::alone(&mut self.shared, self.handed_out) {
             let hasher = &alone.hasher;
             for shard in alone.shards.iter_mut() {
                 shard.get_mut().reserve(jobs.div_ceil(SHARDS), |held| hasher.hash_one(held.id));
@@ -354,6 +363,21 @@ mod tests {
         table.publish();
         assert_eq!(shared.job(JobId(1)).unwrap().state, JobState::Active);
         assert!(shared.job(JobId(2)).is_some());
+    }
+
+    #[test]
+    fn once_handed_to_readers_changes_wait_even_when_no_reader_is_left() {
+        let mut table = JobTable::default();
+        table.insert(job(1, JobState::Available));
+        let shared = table.shared();
+        table.insert(job(1, JobState::Active));
+        drop(shared);
+        table.insert(job(1, JobState::Completed));
+        assert_eq!(table.get(&JobId(1)).unwrap().state, JobState::Completed);
+        assert_eq!(table.remove(&JobId(1)).unwrap().state, JobState::Completed);
+        assert!(table.get(&JobId(1)).is_none());
+        table.publish();
+        assert!(table.get(&JobId(1)).is_none() && table.values().count() == 0);
     }
 
     #[test]

@@ -128,7 +128,7 @@ impl Engine {
     pub fn open(config: EngineConfig) -> Result<Engine, StorageError> {
         let lock = DataDirLock::acquire(&config.data_dir)?;
         let recovery_started = std::time::Instant::now();
-        let (state, replay_from, last_segment, replayed_bytes) = recover(&config.data_dir, config.retention)?;
+        let (mut state, replay_from, last_segment, replayed_bytes) = recover(&config.data_dir, config.retention)?;
         let recovery_seconds = recovery_started.elapsed().as_secs_f64();
         config.metrics.recovery_seconds.set(recovery_seconds);
         tracing::info!(
@@ -332,8 +332,9 @@ fn load_current_payload(
 /// one reads and decodes frames, this one applies their records as they come.
 /// On one thread only when no second one can be started.
 fn replay(dir: &Path, mut state: State, replay_from: u64) -> Result<Recovered, StorageError> {
-    /// Decoded frames the reader may be ahead by.
-    const FRAMES_AHEAD: usize = 16;
+    /// Decoded frames the reader may be ahead by: a frame can hold up to
+    /// `FRAME_PAYLOAD_BYTES_MAX`, so few.
+    const FRAMES_AHEAD: usize = 2;
     let mut events = EventSink::disabled();
     let mut replayed_bytes = 0u64;
     let (sender, receiver) = std::sync::mpsc::sync_channel::<DecodedFrame>(FRAMES_AHEAD);

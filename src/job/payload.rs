@@ -42,6 +42,15 @@ thread_local! {
     static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
+/// Gives back a scratch buffer that a large payload grew, so that no thread
+/// keeps one the size of the largest request it ever saw.
+fn keep_scratch(text: &mut String) {
+    const KEPT_BYTES: usize = 16 * 1024;
+    if text.capacity() > KEPT_BYTES {
+        *text = String::new();
+    }
+}
+
 impl JobPayload {
     /// A payload from its parts: `args` and `meta` as compact JSON texts,
     /// `extra` the unknown top-level fields of the enqueue body as (name,
@@ -55,7 +64,9 @@ impl JobPayload {
             text.push_str(job_type);
             text.push_str(args);
             text.push_str(meta);
-            Self::from_text(&text, job_type.len(), job_type.len() + args.len(), rare)
+            let payload = Self::from_text(&text, job_type.len(), job_type.len() + args.len(), rare);
+            keep_scratch(&mut text);
+            payload
         })
     }
 
@@ -186,6 +197,7 @@ impl<'de> Visitor<'de> for PayloadVisitor {
         let extra: Vec<(String, String)> = seq.next_element()?.ok_or_else(|| missing(4))?;
         let rare = (!tags.is_empty() || !extra.is_empty()).then(|| Box::new(RareParts { tags, extra }));
         let payload = JobPayload::from_text(&text, args_at, meta_at, rare);
+        keep_scratch(&mut text);
         SCRATCH.with(|scratch| *scratch.borrow_mut() = text);
         Ok(payload)
     }

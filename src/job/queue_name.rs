@@ -2,10 +2,11 @@
 //! instead of a `String` per job (16 bytes in the job and none of its own,
 //! where a `String` took 24 and an allocation).
 //!
-//! Names are shared through a small per-thread cache of the names made
+//! Names are shared through a small per-thread cache of the names used
 //! last, so jobs parsed or loaded one after another for the same queue
 //! point at one text; a name that falls out of the cache is only held twice.
-//! Nothing is global, and a name's text goes away with its last job.
+//! Nothing is global: a name's text goes away with its last job, once no
+//! thread's cache holds it (each holds at most eight).
 
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 const CACHED_NAMES: usize = 8;
 
 thread_local! {
-    /// The names this thread made last, newest at the end.
+    /// The names this thread used last, the latest at the end.
     static RECENT: RefCell<Vec<Arc<str>>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -28,8 +29,11 @@ impl QueueName {
     pub fn new(text: &str) -> QueueName {
         RECENT.with(|recent| {
             let mut recent = recent.borrow_mut();
-            if let Some(name) = recent.iter().rev().find(|name| &***name == text) {
-                return QueueName(name.clone());
+            if let Some(at) = recent.iter().rposition(|name| &**name == text) {
+                // The name used last goes to the end, so a busy queue stays.
+                let name = recent.remove(at);
+                recent.push(name.clone());
+                return QueueName(name);
             }
             if recent.len() == CACHED_NAMES {
                 recent.remove(0);
@@ -172,6 +176,15 @@ mod tests {
         assert!(Arc::ptr_eq(&others[19].0, &QueueName::from("q19".to_string()).0));
         assert_eq!(again, "mail");
         assert_eq!(again.to_string(), "mail");
+    }
+
+    #[test]
+    fn a_name_in_use_stays_shared_among_many_others() {
+        let busy = QueueName::new("busy");
+        for n in 0..100 {
+            QueueName::new(&format!("tenant-{n}"));
+            assert!(Arc::ptr_eq(&busy.0, &QueueName::new("busy").0), "after {n} other names");
+        }
     }
 
     #[test]
