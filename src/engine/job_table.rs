@@ -151,7 +151,7 @@ impl JobTable {
                 let listed = DeadLetterKey::of(&job).map(|key| (key, job.clone()));
                 let shard = alone.shards[(id.0 as usize) % SHARDS].get_mut();
                 let old = SharedJobs::put(shard, &alone.hasher, job);
-                Self::list_dead_letter(alone, old.as_deref(), listed);
+                relist(alone.dead_letter.get_mut(), old.as_deref(), listed);
             }
             None => {
                 self.unpublished.insert(id, Some(job));
@@ -164,7 +164,7 @@ impl JobTable {
         if let Some(alone) = Self::alone(&mut self.shared, self.handed_out) {
             let shard = alone.shards[(id.0 as usize) % SHARDS].get_mut();
             let old = SharedJobs::take(shard, &alone.hasher, *id);
-            Self::list_dead_letter(alone, old.as_deref(), None);
+            relist(alone.dead_letter.get_mut(), old.as_deref(), None);
             return old;
         }
         use std::collections::hash_map::Entry;
@@ -282,34 +282,28 @@ impl JobTable {
                 Some(job) => SharedJobs::put(&mut set, hasher, job),
                 None => SharedJobs::take(&mut set, hasher, id),
             };
-            let old_key = old.as_deref().and_then(DeadLetterKey::of);
-            if old_key.is_some() || listed.is_some() {
-                let mut listing = shared.dead_letter.write();
-                if let Some(key) = old_key {
-                    listing.remove(&key);
-                }
-                if let Some((key, job)) = listed {
-                    listing.insert(key, job);
-                }
+            // Most changes touch no discarded job: the listing's lock is
+            // taken only for those that do.
+            if listed.is_some() || old.as_deref().is_some_and(|old| DeadLetterKey::of(old).is_some()) {
+                relist(&mut shared.dead_letter.write(), old.as_deref(), listed);
             }
         }
     }
+}
 
-    /// Keeps the dead letter listing in step with a change made straight in
-    /// the shards: `old` is the version replaced or removed, `listed` the new
-    /// version if it belongs in the listing.
-    fn list_dead_letter(alone: &mut SharedJobs, old: Option<&Job>, listed: Option<(DeadLetterKey, Arc<Job>)>) {
-        let old_key = old.and_then(DeadLetterKey::of);
-        if old_key.is_none() && listed.is_none() {
-            return;
-        }
-        let listing = alone.dead_letter.get_mut();
-        if let Some(key) = old_key {
-            listing.remove(&key);
-        }
-        if let Some((key, job)) = listed {
-            listing.insert(key, job);
-        }
+/// Keeps the dead letter listing in step with one change: `old` is the
+/// version replaced or removed, `listed` the new version if it belongs in
+/// the listing.
+fn relist(
+    listing: &mut BTreeMap<DeadLetterKey, Arc<Job>>,
+    old: Option<&Job>,
+    listed: Option<(DeadLetterKey, Arc<Job>)>,
+) {
+    if let Some(key) = old.and_then(DeadLetterKey::of) {
+        listing.remove(&key);
+    }
+    if let Some((key, job)) = listed {
+        listing.insert(key, job);
     }
 }
 

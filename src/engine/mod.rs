@@ -356,10 +356,8 @@ fn replay(dir: &Path, mut state: State, replay_from: u64) -> Result<Recovered, S
         let Ok(reader) = reader else { return None };
         let mut applied = Ok(());
         for frame in receiver {
-            let corrupt =
-                |reason: String| StorageError::Corrupt { path: frame.path.clone(), offset: frame.offset, reason };
-            if let Err(error) = frame.records.iter().try_for_each(|record| state_ref.apply(record, &mut events)) {
-                applied = Err(corrupt(error.0));
+            applied = apply_frame(state_ref, &mut events, &frame.path, frame.offset, &frame.records);
+            if applied.is_err() {
                 break;
             }
             replayed_bytes += frame.bytes;
@@ -373,16 +371,31 @@ fn replay(dir: &Path, mut state: State, replay_from: u64) -> Result<Recovered, S
             let mut policies = SharedPolicies::default();
             replay_log(dir, replay_from, TailPolicy::Truncate, &mut |path, offset, payload| {
                 let records = decode_frame(path, offset, payload, &mut policies)?;
-                for record in &records {
-                    let corrupt = |reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
-                    state.apply(record, &mut events).map_err(|error| corrupt(error.0))?;
-                }
+                apply_frame(&mut state, &mut events, path, offset, &records)?;
                 replayed_bytes += payload.len() as u64;
                 Ok(())
             })?
         }
     };
     Ok((state, replay_from, end.last_segment, replayed_bytes))
+}
+
+/// Applies one frame's records; a record that does not apply makes the
+/// frame corrupt.
+fn apply_frame(
+    state: &mut State,
+    events: &mut EventSink,
+    path: &Path,
+    offset: u64,
+    records: &[Record],
+) -> Result<(), StorageError> {
+    records.iter().try_for_each(|record| {
+        state.apply(record, events).map_err(|error| StorageError::Corrupt {
+            path: path.to_path_buf(),
+            offset,
+            reason: error.0,
+        })
+    })
 }
 
 /// A log frame's records, decoded ahead of being applied.
