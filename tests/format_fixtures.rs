@@ -6,7 +6,8 @@
 //! version 4, `Enqueue` and `Activate` records), and `schemas-v5` with the
 //! schema registry and a webhook subscription in rotation (payload version
 //! 5, `SchemaPut`, `SchemaDelete` and `WebhookPut` records) and jobs that
-//! name a schema. The fixtures are made by the
+//! name a schema, and `chunked-v6` with a snapshot whose jobs are in
+//! chunks (payload version 6), more than one of them. The fixtures are made by the
 //! ignored tests below; regenerate one only together with a format change,
 //! and keep the old one.
 
@@ -325,6 +326,82 @@ fn schemas_v5_data_dir_still_opens() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
         .arg("inspect")
         .arg(schemas_fixture_dir())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && !printed.contains("does not decode"), "{printed}");
+}
+
+fn chunked_fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chunked-v6")
+}
+
+/// Jobs in the chunked fixture's snapshot besides the few named ones: more
+/// than one chunk holds (4096).
+const CHUNKED_FILLER_JOBS: usize = 4500;
+
+#[test]
+#[ignore = "writes the committed fixture; run only when introducing a format version"]
+fn write_chunked_v6_fixture() {
+    let dir = chunked_fixture_dir();
+    let _ = std::fs::remove_dir_all(&dir);
+    let engine = Engine::open(config(&dir)).unwrap();
+    let handle = engine.handle();
+    let filler = (0..CHUNKED_FILLER_JOBS)
+        .map(|n| parse_enqueue_body(json!({"type": "t", "args": [n]}).to_string().as_bytes(), &JobDefaults::default()))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    handle.enqueue(filler).wait().unwrap();
+    enqueue(
+        &engine,
+        json!({"type": "mail.send", "args": ["doomed"], "options": {"queue": "mail", "retry": {"max_attempts": 1}}}),
+    );
+    enqueue(&engine, json!({"type": "mail.send", "args": ["active"], "options": {"queue": "mail"}}));
+    let [doomed] = fetch(&engine, 1)[..] else { panic!("one job") };
+    handle.fail(doomed, FailureReport::server("E_GONE", "mailbox gone"), false, None).wait().unwrap();
+    fetch(&engine, 1);
+    enqueue(
+        &engine,
+        json!({"type": "mail.send", "args": ["waiting"], "options": {"queue": "mail", "delay_until": "2099-12-31T23:59:59Z"}}),
+    );
+    handle.snapshot().wait().unwrap();
+    enqueue(&engine, json!({"type": "mail.send", "args": ["after the snapshot"], "options": {"queue": "mail"}}));
+    engine.close_without_snapshot();
+    let _ = std::fs::remove_file(dir.join("LOCK"));
+    // The log the snapshot covers is not needed (and would double the fixture).
+    let (replay_from, _) = svc::storage::list_snapshots(&dir).unwrap()[0].clone();
+    for (index, path) in svc::storage::list_segments(&dir).unwrap() {
+        if index < replay_from {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+}
+
+#[test]
+fn chunked_v6_data_dir_still_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&chunked_fixture_dir(), dir.path());
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let image = engine.handle().image().wait().unwrap();
+    assert_eq!(image.jobs.len(), CHUNKED_FILLER_JOBS + 4);
+    let by_args =
+        |args: &str| image.jobs.iter().find(|job| job.payload.args() == args).unwrap_or_else(|| panic!("job {args}"));
+    let doomed = by_args(r#"["doomed"]"#);
+    assert_eq!(doomed.state, JobState::Discarded);
+    assert_eq!(doomed.run().error.as_ref().unwrap().message, "mailbox gone");
+    let (listed, _) = engine.handle().dead_letter_page(None, 10, None);
+    assert_eq!(listed.iter().map(|job| job.id).collect::<Vec<_>>(), [doomed.id], "the dead letter listing");
+    let active = by_args(r#"["active"]"#);
+    assert_eq!((active.state, active.run().worker_id.as_deref()), (JobState::Active, Some("w-1")));
+    assert_eq!(by_args(r#"["waiting"]"#).state, JobState::Scheduled);
+    assert_eq!(by_args(r#"["after the snapshot"]"#).state, JobState::Available);
+    let filler = image.jobs.iter().filter(|job| job.payload.job_type() == "t" && job.state == JobState::Available);
+    assert_eq!(filler.count(), CHUNKED_FILLER_JOBS);
+    assert_eq!(by_args("[4499]").queue, "default");
+    engine.close();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
+        .arg("inspect")
+        .arg(chunked_fixture_dir())
         .output()
         .unwrap();
     let printed = String::from_utf8_lossy(&output.stdout);

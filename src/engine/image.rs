@@ -9,7 +9,7 @@ use super::cron_table::CronEntry;
 use super::legacy::JobV1;
 use super::workers::WorkerSignal;
 use crate::clock::Millis;
-use crate::job::{IdGenerator, Job, JobId};
+use crate::job::{IdGenerator, Job, JobId, SharedPolicies};
 
 fn upgraded(jobs: Vec<JobV1>) -> Vec<Arc<Job>> {
     jobs.into_iter().map(|job| Arc::new(job.into())).collect()
@@ -62,8 +62,9 @@ impl StateImage {
 
     /// The snapshot payload: the image with its jobs in id order.
     pub fn encode(mut self) -> Vec<u8> {
-        self.sort_jobs();
-        postcard::to_allocvec(&self).expect("state images encode into a Vec without failing")
+        let mut bytes = Vec::new();
+        self.encode_to(&mut bytes).expect("state images encode into a Vec without failing");
+        bytes
     }
 
     /// Writes the snapshot payload (the same bytes as [`StateImage::encode`])
@@ -79,18 +80,15 @@ impl StateImage {
     /// ids of one run at a time are in memory, where sorting them all at
     /// once took 24 bytes a job (240 MB at 10 M jobs).
     ///
-    /// They are encoded one after another into a buffer that goes to `out`
-    /// every 64 KiB: postcard writing straight to `out` makes a call through
-    /// `dyn Write` for every field. The bytes are the same, as postcard
-    /// writes a struct as its fields back to back and a sequence as its
-    /// length, then its elements.
+    /// They are encoded one after another into a chunk that goes to `out`,
+    /// behind its job count and length, once it holds [`CHUNK_JOBS`] jobs
+    /// or [`CHUNK_BYTES`] bytes (`docs/wal-format.md`, "Snapshot").
     fn encode_in_runs_to(&mut self, out: &mut dyn std::io::Write, run_jobs: usize) -> std::io::Result<()> {
-        const BUFFER_BYTES: usize = 64 * 1024;
         self.jobs.chunks_mut(run_jobs).for_each(|run| run.sort_by_cached_key(|job| job.id));
         self.sort_all_but_jobs();
         let encoding_failed = |error: postcard::Error| std::io::Error::other(error);
-        let mut buffer = postcard::to_extend(&(self.jobs.len() as u64), Vec::with_capacity(2 * BUFFER_BYTES))
-            .map_err(encoding_failed)?;
+        out.write_all(&(self.jobs.len() as u64).to_le_bytes())?;
+        let mut chunk = ChunkWriter { jobs: 0, bytes: Vec::with_capacity(CHUNK_BYTES + CHUNK_BYTES / 4) };
         let runs: Vec<&[Arc<Job>]> = self.jobs.chunks(run_jobs).collect();
         let mut next = vec![0usize; runs.len()];
         let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(JobId, usize)>> =
@@ -101,12 +99,17 @@ impl StateImage {
             if let Some(following) = runs[run].get(next[run]) {
                 heads.push(std::cmp::Reverse((following.id, run)));
             }
-            buffer = postcard::to_extend(job, buffer).map_err(encoding_failed)?;
-            if buffer.len() >= BUFFER_BYTES {
-                out.write_all(&buffer)?;
-                buffer.clear();
+            chunk.bytes = postcard::to_extend(job, std::mem::take(&mut chunk.bytes)).map_err(encoding_failed)?;
+            chunk.jobs += 1;
+            if chunk.jobs == CHUNK_JOBS || chunk.bytes.len() >= CHUNK_BYTES {
+                chunk.write_to(out)?;
             }
         }
+        if chunk.jobs > 0 {
+            chunk.write_to(out)?;
+        }
+        // The end of the jobs: a chunk of none.
+        chunk.write_to(out)?;
         let rest = (
             &self.paused_queues,
             &self.ids,
@@ -120,16 +123,47 @@ impl StateImage {
             &self.webhooks,
             &self.deliveries,
         );
-        buffer = postcard::to_extend(&rest, buffer).map_err(encoding_failed)?;
-        out.write_all(&buffer)
+        out.write_all(&postcard::to_allocvec(&rest).map_err(encoding_failed)?)
     }
 }
+
+/// The chunk of jobs being encoded.
+struct ChunkWriter {
+    jobs: usize,
+    bytes: Vec<u8>,
+}
+
+impl ChunkWriter {
+    /// Writes the chunk (its job count, its length, its jobs) and empties it.
+    /// An empty chunk is written only when asked for, as the end of the jobs.
+    fn write_to(&mut self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        if self.jobs == 0 && !self.bytes.is_empty() {
+            return Err(std::io::Error::other("a chunk holds bytes but no job"));
+        }
+        let too_large = |_| std::io::Error::other("a chunk of jobs exceeds 4 GiB");
+        let mut header = [0u8; CHUNK_HEADER_BYTES];
+        header[0..4].copy_from_slice(&u32::try_from(self.jobs).map_err(too_large)?.to_le_bytes());
+        header[4..8].copy_from_slice(&u32::try_from(self.bytes.len()).map_err(too_large)?.to_le_bytes());
+        out.write_all(&header)?;
+        out.write_all(&self.bytes)?;
+        self.jobs = 0;
+        self.bytes.clear();
+        Ok(())
+    }
+}
+
+/// Jobs in one chunk of a payload, at most.
+const CHUNK_JOBS: usize = 4096;
+/// A chunk is closed once it holds this many bytes.
+const CHUNK_BYTES: usize = 1 << 20;
+/// A chunk's job count and length, each a little-endian `u32`.
+const CHUNK_HEADER_BYTES: usize = 8;
 
 /// Jobs sorted at a time when a snapshot is written.
 const SORTED_RUN_JOBS: usize = 1 << 16;
 
 /// The snapshot payload version this build writes.
-pub const IMAGE_VERSION: u32 = 5;
+pub const IMAGE_VERSION: u32 = 6;
 
 /// The image of payload version 4 (before the schema registry).
 #[derive(Deserialize)]
@@ -185,6 +219,9 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
 /// so that only the state it becomes is ever whole in memory. Every byte of
 /// the payload must belong to the state.
 pub fn decode_image_from(payload_version: u32, source: &mut impl Read, length: u64) -> Result<StateImage, String> {
+    if payload_version == IMAGE_VERSION {
+        return decode_chunked(source, length);
+    }
     let mut flavor = ReadFlavor {
         source: std::io::BufReader::with_capacity(READ_PIECE_BYTES, source),
         left: length,
@@ -281,25 +318,17 @@ fn decode_versioned(payload_version: u32, flavor: &mut ReadFlavor<impl Read>) ->
                 deliveries: Vec::new(),
             })
         }
-        IMAGE_VERSION => flavor.decode().map_err(|error| error.to_string()),
+        5 => {
+            let StateImageV5 { jobs, rest } = flavor.decode()?;
+            Ok(rest.with_jobs(jobs))
+        }
         other => {
             Err(format!("snapshot payload version {other} is not supported (this build reads up to {IMAGE_VERSION})"))
         }
     }
 }
 
-/// What decoding a current payload hands over as it goes.
-pub(crate) enum Loaded {
-    /// How many jobs follow (first).
-    Count(usize),
-    /// The next jobs, in payload order.
-    Jobs(Vec<Arc<Job>>),
-}
-
-/// Jobs handed over at a time.
-const LOADED_BATCH: usize = 4096;
-
-/// Everything of a current image after its jobs, in the order of [`StateImage`].
+/// Everything of an image after its jobs, in the order of [`StateImage`].
 #[derive(Deserialize)]
 struct ImageRest {
     paused_queues: Vec<String>,
@@ -315,79 +344,158 @@ struct ImageRest {
     deliveries: Vec<Arc<super::outbox::Delivery>>,
 }
 
-/// Decodes a payload of the current version ([`IMAGE_VERSION`]) of `length`
-/// bytes as it is read from `source`, handing its jobs to `deliver` in
-/// batches while the rest is still being read (so that another thread can
-/// index them meanwhile); returns the image without its jobs. Stops early,
-/// with an error, when `deliver` returns false.
-pub(crate) fn decode_current_image(
-    source: &mut impl Read,
-    length: u64,
-    mut deliver: impl FnMut(Loaded) -> bool,
-) -> Result<StateImage, String> {
-    let mut flavor = ReadFlavor {
-        source: std::io::BufReader::with_capacity(READ_PIECE_BYTES, source),
-        left: length,
-        scratch: Vec::new(),
-    };
-    // A sequence is its length, then its elements: decoded one at a time.
-    let count: u64 = flavor.decode()?;
-    if count > length {
-        return Err(format!("the payload claims {count} jobs in {length} bytes"));
-    }
-    let gone = || "the loader stopped".to_string();
-    if !deliver(Loaded::Count(count as usize)) {
-        return Err(gone());
-    }
-    let mut policies = crate::job::SharedPolicies::default();
-    let mut batch = Vec::with_capacity(LOADED_BATCH);
-    for _ in 0..count {
-        let mut job: Arc<Job> = flavor.decode()?;
-        if let Some(decoded) = Arc::get_mut(&mut job) {
-            // Jobs made live share equal policies; read back, each decoded its own.
-            policies.share(&mut decoded.retry);
-        }
-        batch.push(job);
-        if batch.len() == LOADED_BATCH
-            && !deliver(Loaded::Jobs(std::mem::replace(&mut batch, Vec::with_capacity(LOADED_BATCH))))
-        {
-            return Err(gone());
+impl ImageRest {
+    fn with_jobs(self, jobs: Vec<Arc<Job>>) -> StateImage {
+        let ImageRest {
+            paused_queues,
+            ids,
+            reserved,
+            worker_signals,
+            crons,
+            cron_waiters,
+            dispatch_claims,
+            workflows,
+            schemas,
+            webhooks,
+            deliveries,
+        } = self;
+        StateImage {
+            jobs,
+            paused_queues,
+            ids,
+            reserved,
+            worker_signals,
+            crons,
+            cron_waiters,
+            dispatch_claims,
+            workflows,
+            schemas,
+            webhooks,
+            deliveries,
         }
     }
-    if !batch.is_empty() && !deliver(Loaded::Jobs(batch)) {
-        return Err(gone());
+}
+
+/// The image of payload version 5: its jobs as one sequence, then the rest.
+#[derive(Deserialize)]
+struct StateImageV5 {
+    jobs: Vec<Arc<Job>>,
+    rest: ImageRest,
+}
+
+/// A chunk of a payload's jobs (version 6), read but not yet decoded.
+pub(crate) struct JobChunk {
+    jobs: usize,
+    bytes: Vec<u8>,
+}
+
+impl JobChunk {
+    /// Decodes the chunk's jobs, in payload order. Jobs decoded with the
+    /// same `policies` share equal retry policies, as jobs made live do.
+    pub(crate) fn decode(&self, policies: &mut SharedPolicies) -> Result<Vec<Arc<Job>>, String> {
+        let mut jobs = Vec::with_capacity(self.jobs);
+        let mut left = &self.bytes[..];
+        for _ in 0..self.jobs {
+            let (mut job, after) =
+                postcard::take_from_bytes::<Arc<Job>>(left).map_err(|error| format!("a job in a chunk: {error}"))?;
+            if let Some(decoded) = Arc::get_mut(&mut job) {
+                policies.share(&mut decoded.retry);
+            }
+            jobs.push(job);
+            left = after;
+        }
+        if !left.is_empty() {
+            return Err(format!("{} bytes after the jobs of a chunk", left.len()));
+        }
+        Ok(jobs)
     }
-    let rest: ImageRest = flavor.decode()?;
-    if flavor.left != 0 {
-        return Err(format!("{} bytes after the state", flavor.left));
+}
+
+/// Reads a payload of version 6 in order: its job count
+/// ([`ChunkedPayload::open`]), its chunks of jobs, then the rest of the
+/// image. Chunks are handed out undecoded, so that several threads can
+/// decode them.
+pub(crate) struct ChunkedPayload<'a, R> {
+    source: &'a mut R,
+    /// Payload bytes not yet read; no chunk may claim more.
+    left: u64,
+}
+
+impl<'a, R: Read> ChunkedPayload<'a, R> {
+    /// Starts reading a payload of `length` bytes; returns it with the
+    /// number of jobs it holds.
+    pub(crate) fn open(source: &'a mut R, length: u64) -> Result<(Self, usize), String> {
+        let mut payload = ChunkedPayload { source, left: length };
+        let count = u64::from_le_bytes(payload.read_array()?);
+        if count > length {
+            return Err(format!("the payload claims {count} jobs in {length} bytes"));
+        }
+        Ok((payload, count as usize))
     }
-    let ImageRest {
-        paused_queues,
-        ids,
-        reserved,
-        worker_signals,
-        crons,
-        cron_waiters,
-        dispatch_claims,
-        workflows,
-        schemas,
-        webhooks,
-        deliveries,
-    } = rest;
-    Ok(StateImage {
-        jobs: Vec::new(),
-        paused_queues,
-        ids,
-        reserved,
-        worker_signals,
-        crons,
-        cron_waiters,
-        dispatch_claims,
-        workflows,
-        schemas,
-        webhooks,
-        deliveries,
-    })
+
+    /// The next chunk of jobs, or `None` after the last.
+    pub(crate) fn next_chunk(&mut self) -> Result<Option<JobChunk>, String> {
+        let header: [u8; CHUNK_HEADER_BYTES] = self.read_array()?;
+        let jobs = u32::from_le_bytes(header[0..4].try_into().expect("four bytes")) as usize;
+        let length = u32::from_le_bytes(header[4..8].try_into().expect("four bytes")) as u64;
+        if jobs == 0 {
+            return match length {
+                0 => Ok(None),
+                _ => Err("a chunk of no jobs holds bytes".to_string()),
+            };
+        }
+        // Checked before anything is allocated for it: every job takes a byte at least.
+        if length > self.left || (jobs as u64) > length {
+            return Err(format!("a chunk claims {jobs} jobs in {length} bytes with {} left", self.left));
+        }
+        let mut bytes = vec![0u8; length as usize];
+        self.read_into(&mut bytes)?;
+        Ok(Some(JobChunk { jobs, bytes }))
+    }
+
+    /// After the last chunk: everything of the image but its jobs, which
+    /// must take the rest of the payload.
+    pub(crate) fn rest(self) -> Result<StateImage, String> {
+        let mut bytes = vec![0u8; self.left as usize];
+        let mut payload = self;
+        payload.read_into(&mut bytes)?;
+        let (rest, after) = postcard::take_from_bytes::<ImageRest>(&bytes).map_err(|error| error.to_string())?;
+        if !after.is_empty() {
+            return Err(format!("{} bytes after the state", after.len()));
+        }
+        Ok(rest.with_jobs(Vec::new()))
+    }
+
+    fn read_array<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        let mut bytes = [0u8; N];
+        self.read_into(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    fn read_into(&mut self, bytes: &mut [u8]) -> Result<(), String> {
+        if bytes.len() as u64 > self.left {
+            return Err("the payload ends early".to_string());
+        }
+        self.source.read_exact(bytes).map_err(|_| "the payload ends early".to_string())?;
+        self.left -= bytes.len() as u64;
+        Ok(())
+    }
+}
+
+/// Decodes a payload of version 6 on this thread.
+fn decode_chunked(source: &mut impl Read, length: u64) -> Result<StateImage, String> {
+    let (mut payload, count) = ChunkedPayload::open(source, length)?;
+    let mut policies = SharedPolicies::default();
+    let mut jobs = Vec::with_capacity(count.min(length as usize / 64));
+    while let Some(chunk) = payload.next_chunk()? {
+        jobs.extend(chunk.decode(&mut policies)?);
+    }
+    if jobs.len() != count {
+        return Err(format!("the payload claims {count} jobs and holds {}", jobs.len()));
+    }
+    let mut image = payload.rest()?;
+    image.jobs = jobs;
+    Ok(image)
 }
 
 /// How much of a payload is read from the file at a time.
@@ -452,7 +560,7 @@ impl<'de, R: Read + 'de> postcard::de_flavors::Flavor<'de> for &'de mut ReadFlav
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The layout payload version 2 was written with.
@@ -465,17 +573,17 @@ mod tests {
         worker_signals: Vec<(String, WorkerSignal, Millis)>,
     }
 
-    #[test]
-    fn a_streamed_image_has_the_bytes_of_one_encoded_whole() {
+    /// An image of `count` jobs of assorted sizes, their ids in a scrambled
+    /// order, so that every run of a snapshot's sort holds some of each part.
+    pub(crate) fn image_of(count: u128) -> StateImage {
         use crate::job::{JobDefaults, JobState, parse_enqueue_body};
-        // Ids in a scrambled order, so that every run holds some of each part.
-        let jobs = (1..=3000u128)
+        let jobs = (1..=count)
             .map(|n| {
                 let body = format!(r#"{{"type":"t","args":[{n},"{}"]}}"#, "x".repeat(n as usize % 97));
                 let new_job = parse_enqueue_body(body.as_bytes(), &JobDefaults::default()).unwrap();
                 Arc::new(Job::accept(
                     new_job,
-                    JobId((n * 7919 % 3001) << 64 | n),
+                    JobId((n * 7919 % 10_007) << 64 | n),
                     JobState::Available,
                     1_000,
                     None,
@@ -483,29 +591,91 @@ mod tests {
                 ))
             })
             .collect();
-        let mut image = StateImage {
+        StateImage {
             jobs,
             paused_queues: vec!["paused".to_string()],
             ids: IdGenerator::default(),
             reserved: 0,
             worker_signals: vec![("w-1".to_string(), WorkerSignal::Quiet, 42)],
             crons: Vec::new(),
-            cron_waiters: vec![(JobId(1), JobId(2))],
+            cron_waiters: Vec::new(),
             dispatch_claims: vec![("key".to_string(), vec![5, 6])],
             workflows: Vec::new(),
             schemas: Vec::new(),
             webhooks: Vec::new(),
             deliveries: Vec::new(),
-        };
+        }
+    }
+
+    /// Where each chunk of a current payload lies, header included.
+    fn chunk_spans(payload: &[u8]) -> Vec<std::ops::Range<usize>> {
+        let mut spans = Vec::new();
+        let mut at = 8;
+        loop {
+            let jobs = u32::from_le_bytes(payload[at..at + 4].try_into().unwrap());
+            let length = u32::from_le_bytes(payload[at + 4..at + 8].try_into().unwrap()) as usize;
+            if jobs == 0 {
+                return spans;
+            }
+            spans.push(at..at + CHUNK_HEADER_BYTES + length);
+            at += CHUNK_HEADER_BYTES + length;
+        }
+    }
+
+    /// Damaged copies of a current payload of several chunks (their
+    /// checksums made anew, as a writer's bug would), each named by what
+    /// was done to it.
+    pub(crate) fn damaged_payloads(payload: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+        let spans = chunk_spans(payload);
+        assert!(spans.len() >= 3, "several chunks");
+        let mut damaged = Vec::new();
+        let mut count_too_high = payload.to_vec();
+        let count = u64::from_le_bytes(payload[0..8].try_into().unwrap());
+        count_too_high[0..8].copy_from_slice(&(count + 1).to_le_bytes());
+        damaged.push(("a job count higher than the jobs held", count_too_high));
+        let mut swapped = payload[..spans[0].start].to_vec();
+        swapped.extend_from_slice(&payload[spans[1].clone()]);
+        swapped.extend_from_slice(&payload[spans[0].clone()]);
+        swapped.extend_from_slice(&payload[spans[1].end..]);
+        damaged.push(("two chunks swapped, so that jobs are out of order", swapped));
+        let mut too_long = payload.to_vec();
+        too_long[spans[1].start + 4..spans[1].start + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+        damaged.push(("a chunk longer than the payload", too_long));
+        let mut fewer_jobs = payload.to_vec();
+        let jobs = u32::from_le_bytes(payload[spans[2].start..spans[2].start + 4].try_into().unwrap());
+        fewer_jobs[spans[2].start..spans[2].start + 4].copy_from_slice(&(jobs - 1).to_le_bytes());
+        damaged.push(("a chunk holding more jobs than it says", fewer_jobs));
+        let mut empty_with_bytes = payload[..spans[1].start].to_vec();
+        empty_with_bytes.extend_from_slice(&[0, 0, 0, 0, 1, 0, 0, 0, 7]);
+        empty_with_bytes.extend_from_slice(&payload[spans[1].start..]);
+        damaged.push(("a chunk of no jobs holding a byte", empty_with_bytes));
+        damaged.push(("the payload cut inside a chunk", payload[..spans[1].start + 100].to_vec()));
+        damaged
+    }
+
+    #[test]
+    fn a_snapshot_payload_is_the_same_whatever_the_sorting_runs_and_decodes_back() {
+        let mut image = image_of(10_000);
         let whole = image.clone().encode();
+        assert!(chunk_spans(&whole).len() >= 3, "more jobs than two chunks hold");
         for run_jobs in [SORTED_RUN_JOBS, 1000, 7, 1] {
             let mut streamed = Vec::new();
             image.clone().encode_in_runs_to(&mut streamed, run_jobs).unwrap();
-            assert!(streamed.len() > 128 * 1024, "the jobs filled the buffer more than once");
             assert!(streamed == whole, "runs of {run_jobs} jobs");
         }
         image.sort_jobs();
         assert_eq!(decode_image(IMAGE_VERSION, &whole).unwrap(), image);
+    }
+
+    #[test]
+    fn a_damaged_chunked_payload_is_refused() {
+        let whole = image_of(10_000).encode();
+        for (damage, bytes) in damaged_payloads(&whole) {
+            // Decoded on one thread, jobs out of order only fail to load (see the engine's tests).
+            if !damage.contains("out of order") {
+                assert!(decode_image(IMAGE_VERSION, &bytes).is_err(), "{damage}");
+            }
+        }
     }
 
     #[test]

@@ -159,6 +159,44 @@ impl JobTable {
         }
     }
 
+    /// Stores the jobs of a snapshot being loaded, all at once: each shard
+    /// is filled in the order of the places its jobs hash to, front to back.
+    /// One by one, in id order, every job took a cache miss or two at a
+    /// random place of a table of tens of megabytes (two thirds of the
+    /// indexing thread's time while loading); in order, the memory a shard
+    /// is written to moves forward, as the processor fetches ahead best.
+    /// Shards are filled on two threads when the table is not yet shared.
+    ///
+    /// The jobs' ids must be distinct, and none may be held yet.
+    pub fn store_loaded(&mut self, loaded: LoadedJobs) {
+        let Some(alone) = Self::alone(&mut self.shared, self.handed_out) else {
+            loaded.by_shard.into_iter().flatten().for_each(|job| self.insert(job));
+            return;
+        };
+        let hasher = &alone.hasher;
+        let mut work: Vec<(&mut JobSet, Vec<Arc<Job>>)> =
+            alone.shards.iter_mut().map(RwLock::get_mut).zip(loaded.by_shard).collect();
+        let (first, second) = work.split_at_mut(SHARDS / 2);
+        let fill = |part: &mut [(&mut JobSet, Vec<Arc<Job>>)]| {
+            part.iter_mut().for_each(|(shard, jobs)| fill_in_order(shard, hasher, std::mem::take(jobs)))
+        };
+        // The second half goes to a thread of its own when one can be started.
+        let second = parking_lot::Mutex::new(second);
+        std::thread::scope(|scope| {
+            let other = std::thread::Builder::new()
+                .name("svc-snapshot-store".into())
+                .spawn_scoped(scope, || fill(&mut second.lock()));
+            fill(first);
+            if let Ok(other) = other {
+                other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            }
+            // Nothing left in it unless no thread could be started.
+            fill(&mut second.lock());
+        });
+        let dead_letter = alone.dead_letter.get_mut();
+        loaded.discarded.into_iter().for_each(|listed| relist(dead_letter, None, Some(listed)));
+    }
+
     /// Removes a job and hands back its newest version.
     pub fn remove(&mut self, id: &JobId) -> Option<Arc<Job>> {
         if let Some(alone) = Self::alone(&mut self.shared, self.handed_out) {
@@ -176,17 +214,6 @@ impl JobTable {
                     slot.insert(None);
                 }
                 old
-            }
-        }
-    }
-
-    /// Makes room for `jobs` more jobs (while loading, when they go straight
-    /// into the shards).
-    pub fn reserve(&mut self, jobs: usize) {
-        if let Some(alone) = Self::alone(&mut self.shared, self.handed_out) {
-            let hasher = &alone.hasher;
-            for shard in alone.shards.iter_mut() {
-                shard.get_mut().reserve(jobs.div_ceil(SHARDS), |held| hasher.hash_one(held.id));
             }
         }
     }
@@ -288,6 +315,46 @@ impl JobTable {
                 relist(&mut shared.dead_letter.write(), old.as_deref(), listed);
             }
         }
+    }
+}
+
+/// The jobs of a snapshot being loaded, gathered by shard for
+/// [`JobTable::store_loaded`].
+pub(crate) struct LoadedJobs {
+    by_shard: Vec<Vec<Arc<Job>>>,
+    /// The discarded ones, for the dead letter listing.
+    discarded: Vec<(DeadLetterKey, Arc<Job>)>,
+}
+
+impl LoadedJobs {
+    /// Room for about `jobs` jobs.
+    pub fn new(jobs: usize) -> LoadedJobs {
+        let per_shard = jobs.div_ceil(SHARDS) + jobs.div_ceil(SHARDS) / 8;
+        LoadedJobs { by_shard: (0..SHARDS).map(|_| Vec::with_capacity(per_shard)).collect(), discarded: Vec::new() }
+    }
+
+    pub fn push(&mut self, job: Arc<Job>) {
+        if let Some(key) = DeadLetterKey::of(&job) {
+            self.discarded.push((key, job.clone()));
+        }
+        self.by_shard[(job.id.0 as usize) % SHARDS].push(job);
+    }
+}
+
+/// Puts `jobs` (new ids, each once) into `shard` in the order of the
+/// buckets they hash to, so that the table's memory is written front to
+/// back. The order only makes it faster: a bucket taken makes a job go to
+/// the next free one, as any insert does.
+fn fill_in_order(shard: &mut JobSet, hasher: &IdHashState, jobs: Vec<Arc<Job>>) {
+    debug_assert!(jobs.iter().all(|job| shard.find(hasher.hash_one(job.id), |held| held.id == job.id).is_none()));
+    shard.reserve(jobs.len(), |held| hasher.hash_one(held.id));
+    // A table of 2^k buckets holds 7/8 of them at most, and a job's first
+    // bucket is its hash's low k bits.
+    let mask = (shard.capacity() * 8 / 7).next_power_of_two() as u64 - 1;
+    let mut keyed: Vec<(u64, Arc<Job>)> = jobs.into_iter().map(|job| (hasher.hash_one(job.id), job)).collect();
+    keyed.sort_unstable_by_key(|(hash, _)| hash & mask);
+    for (hash, job) in keyed {
+        shard.insert_unique(hash, job, |held| hasher.hash_one(held.id));
     }
 }
 

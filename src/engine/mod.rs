@@ -56,12 +56,13 @@ use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 
 use crate::clock::{Clock, SteadyClock, SystemClock};
-use crate::job::{IdGenerator, JobDefaults, SharedPolicies};
+use crate::job::{IdGenerator, Job, JobDefaults, SharedPolicies};
 use crate::limits::{ENGINE_INBOX_BYTES_MAX, ENGINE_INBOX_MAX, SEGMENT_BYTES_MAX, SNAPSHOT_LOG_BYTES_DEFAULT};
 use crate::storage::{
     DataDirLock, FileSystem, OpenSnapshot, RealFileSystem, SNAPSHOT_HEADER_BYTES, SnapshotPayload, StorageError,
     TailPolicy, WalWriter, list_segments, list_snapshots, open_snapshot, remove_obsolete, replay_log,
 };
+use job_table::LoadedJobs;
 use record::{Record, decode_batch};
 use view::ReadView;
 use writer::{SnapshotPolicy, Writer};
@@ -295,35 +296,95 @@ fn load_snapshot(path: &Path, retention: Retention) -> Result<(State, u64), Stor
     Ok((state.map_err(corrupt)?, replay_from))
 }
 
-/// Loads a payload of the current version on two threads: one reads and
-/// decodes the jobs, this one indexes them as they come (each is about half
-/// the work). Returns what was decoded besides the jobs, and the state
-/// holding the jobs; on one thread only when no second one can be started.
+/// Loads a payload of the current version on three threads: one reads the
+/// chunks of jobs and decodes every other one, a second decodes the rest,
+/// and this one indexes them as they come, in payload order (decoding is
+/// about two thirds of the work). Returns what was read besides the jobs,
+/// and the state holding the jobs; on one thread only when no other can be
+/// started.
 fn load_current_payload(
     payload: &mut SnapshotPayload,
     retention: Retention,
 ) -> (Result<StateImage, String>, Option<State>) {
-    use image::Loaded;
+    use image::{ChunkedPayload, JobChunk};
+    type Decoded = Result<Vec<Arc<Job>>, String>;
     let length = payload.remaining();
-    let mut state = State::loading(retention, 0);
-    let (sender, receiver) = std::sync::mpsc::sync_channel::<Loaded>(8);
+    let mut state = State::loading(retention);
     let source = &mut *payload;
-    let decoded = std::thread::scope(|scope| {
-        // The sender moves to the decoding thread: when it ends, so does the loop below.
-        let decoder = std::thread::Builder::new().name("svc-snapshot-decode".into()).spawn_scoped(scope, move || {
-            image::decode_current_image(source, length, |loaded| sender.send(loaded).is_ok())
+    let loaded = std::thread::scope(|scope| {
+        let (to_helper, helper_in) = std::sync::mpsc::sync_channel::<JobChunk>(2);
+        let (helper_out, from_helper) = std::sync::mpsc::sync_channel::<Decoded>(2);
+        let (reader_out, from_reader) = std::sync::mpsc::sync_channel::<Decoded>(2);
+        let (count_out, count_in) = std::sync::mpsc::sync_channel::<usize>(1);
+        // Each thread's senders move into it: when it ends, its channels close.
+        let helper = std::thread::Builder::new().name("svc-snapshot-decode".into()).spawn_scoped(scope, move || {
+            let mut policies = SharedPolicies::default();
+            for chunk in helper_in {
+                if helper_out.send(chunk.decode(&mut policies)).is_err() {
+                    break;
+                }
+            }
         });
-        let Ok(decoder) = decoder else { return None };
-        for loaded in receiver {
-            match loaded {
-                Loaded::Count(count) => state.reserve_jobs(count),
-                Loaded::Jobs(jobs) => jobs.into_iter().for_each(|job| state.load_job(job)),
+        let Ok(helper) = helper else { return None };
+        let reader = std::thread::Builder::new().name("svc-snapshot-read".into()).spawn_scoped(scope, move || {
+            let (mut chunks, count) = ChunkedPayload::open(source, length)?;
+            let _ = count_out.send(count);
+            let mut policies = SharedPolicies::default();
+            let gone = || "the loader stopped".to_string();
+            for turn in 0.. {
+                let Some(chunk) = chunks.next_chunk()? else { break };
+                if turn % 2 == 0 {
+                    to_helper.send(chunk).map_err(|_| gone())?;
+                } else {
+                    reader_out.send(chunk.decode(&mut policies)).map_err(|_| gone())?;
+                }
+            }
+            chunks.rest()
+        });
+        let Ok(reader) = reader else { return None };
+        let mut failed = None;
+        let count = count_in.recv().unwrap_or(0);
+        let mut loaded = LoadedJobs::new(count);
+        let (mut indexed, mut last_id) = (0, None);
+        // Chunk n was decoded by the helper when n is even. A closed channel
+        // means there are no more chunks (or the reader failed, said below).
+        for turn in 0.. {
+            let from = if turn % 2 == 0 { &from_helper } else { &from_reader };
+            match from.recv() {
+                Ok(Ok(jobs)) => {
+                    indexed += jobs.len();
+                    for job in jobs {
+                        // In id order, so no job can be there twice.
+                        if last_id.is_some_and(|last| last >= job.id) {
+                            failed = Some(format!("job {} is out of order", job.id));
+                            break;
+                        }
+                        last_id = Some(job.id);
+                        state.load_job(job, &mut loaded);
+                    }
+                    if failed.is_some() {
+                        break;
+                    }
+                }
+                Ok(Err(error)) => {
+                    failed = Some(error);
+                    break;
+                }
+                Err(_) => break,
             }
         }
-        Some(decoder.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        state.store_loaded(loaded);
+        drop((from_helper, from_reader));
+        helper.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let read = reader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        Some(match (failed, read) {
+            (Some(error), _) | (None, Err(error)) => Err(error),
+            (None, Ok(_)) if indexed != count => Err(format!("the payload claims {count} jobs and holds {indexed}")),
+            (None, Ok(rest)) => Ok(rest),
+        })
     });
-    match decoded {
-        Some(decoded) => (decoded, Some(state)),
+    match loaded {
+        Some(loaded) => (loaded, Some(state)),
         None => (image::decode_image_from(image::IMAGE_VERSION, payload, length), None),
     }
 }
@@ -428,4 +489,40 @@ fn decode_frame(
         jobs.iter_mut().filter_map(Arc::get_mut).for_each(|job| policies.share(&mut job.retry));
     }
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{snapshot_path, write_snapshot};
+
+    fn load(dir: &Path, payload: &[u8]) -> Result<State, StorageError> {
+        write_snapshot(&RealFileSystem, dir, 1, image::IMAGE_VERSION, payload)?;
+        load_snapshot(&snapshot_path(dir, 1), Retention::default()).map(|(state, _)| state)
+    }
+
+    #[test]
+    fn a_snapshot_loaded_on_three_threads_holds_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = image::tests::image_of(10_000);
+        let state = load(dir.path(), &written.clone().encode()).unwrap();
+        state.check_invariants().unwrap();
+        let mut loaded = state.image();
+        loaded.sort_jobs();
+        let mut expected = written;
+        expected.sort_jobs();
+        assert_eq!(loaded.jobs, expected.jobs);
+        assert_eq!(loaded.paused_queues, expected.paused_queues);
+        assert_eq!(loaded.dispatch_claims, expected.dispatch_claims);
+    }
+
+    #[test]
+    fn a_damaged_snapshot_is_refused_by_the_three_thread_loader() {
+        let dir = tempfile::tempdir().unwrap();
+        let payload = image::tests::image_of(10_000).encode();
+        for (damage, bytes) in image::tests::damaged_payloads(&payload) {
+            let error = load(dir.path(), &bytes).err().unwrap_or_else(|| panic!("{damage}: loaded"));
+            assert!(error.to_string().contains("does not decode"), "{damage}: {error}");
+        }
+    }
 }

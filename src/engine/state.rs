@@ -11,6 +11,7 @@ use super::cron_table::{CronOutcome, CronTable};
 use super::events::{CronInfo, EventKind, EventSink};
 use super::image::StateImage;
 use super::job_table::JobTable;
+use super::job_table::LoadedJobs;
 use super::record::{FailOutcome, Record, TimeoutKind};
 use super::view::QueueSummary;
 use super::workers::WorkerSignal;
@@ -454,6 +455,12 @@ impl State {
 
     /// Adds a job (new, or loaded from a snapshot).
     fn insert_loaded(&mut self, job: Arc<Job>) {
+        self.note_loaded(&job);
+        self.jobs.insert(job);
+    }
+
+    /// Everything adding a job does but storing it in the job table.
+    fn note_loaded(&mut self, job: &Arc<Job>) {
         self.ids.observe(job.id);
         self.highest_stored_id = self.highest_stored_id.max(job.id);
         let times =
@@ -461,8 +468,7 @@ impl State {
         let ended = [job.run().completed_at, job.run().cancelled_at, job.run().discarded_at]
             .map(|at| at.unwrap_or(Millis::MIN));
         self.latest_at = times.into_iter().chain(ended).fold(self.latest_at, Millis::max);
-        self.index_job(&job);
-        self.jobs.insert(job);
+        self.index_job(job);
     }
 
     /// Changes one job through `change`, keeping every structure in step.
@@ -1038,34 +1044,42 @@ impl State {
 
     /// Rebuilds the state from a snapshot image.
     pub fn from_image(mut image: StateImage, retention: Retention) -> Result<Self, String> {
-        let mut state = State::loading(retention, image.jobs.len());
+        let mut state = State::loading(retention);
         let mut policies = SharedPolicies::default();
-        for mut job in std::mem::take(&mut image.jobs) {
-            if let Some(loaded) = Arc::get_mut(&mut job) {
-                policies.share(&mut loaded.retry);
-            }
-            state.load_job(job);
+        let mut loaded = LoadedJobs::new(image.jobs.len());
+        // Snapshots are written in id order; a job held twice is damage.
+        image.jobs.sort_by_key(|job| job.id);
+        if let Some(twice) = image.jobs.windows(2).find(|pair| pair[0].id == pair[1].id) {
+            return Err(format!("job {} is held twice", twice[0].id));
         }
+        for mut job in std::mem::take(&mut image.jobs) {
+            if let Some(decoded) = Arc::get_mut(&mut job) {
+                policies.share(&mut decoded.retry);
+            }
+            state.load_job(job, &mut loaded);
+        }
+        state.store_loaded(loaded);
         state.finish_loading(image)?;
         Ok(state)
     }
 
-    /// An empty state about to take `jobs` jobs from a snapshot
-    /// ([`State::load_job`], then [`State::finish_loading`]).
-    pub(crate) fn loading(retention: Retention, jobs: usize) -> Self {
-        let mut state = State::new(retention);
-        state.jobs.reserve(jobs);
-        state
+    /// An empty state about to take the jobs of a snapshot
+    /// ([`State::load_job`], [`State::store_loaded`], then
+    /// [`State::finish_loading`]).
+    pub(crate) fn loading(retention: Retention) -> Self {
+        State::new(retention)
     }
 
-    /// Makes room for `jobs` more jobs of the snapshot being loaded.
-    pub(crate) fn reserve_jobs(&mut self, jobs: usize) {
-        self.jobs.reserve(jobs);
+    /// Takes one job of the snapshot being loaded: indexes it and gathers
+    /// it into `loaded`, for [`State::store_loaded`] once all are in.
+    pub(crate) fn load_job(&mut self, job: Arc<Job>, loaded: &mut LoadedJobs) {
+        self.note_loaded(&job);
+        loaded.push(job);
     }
 
-    /// Takes one job of the snapshot being loaded.
-    pub(crate) fn load_job(&mut self, job: Arc<Job>) {
-        self.insert_loaded(job);
+    /// Stores the jobs of the snapshot being loaded, all at once.
+    pub(crate) fn store_loaded(&mut self, loaded: LoadedJobs) {
+        self.jobs.store_loaded(loaded);
     }
 
     /// Takes the rest of the snapshot being loaded: everything of `image`
