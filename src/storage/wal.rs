@@ -33,8 +33,9 @@ const ZERO_CHUNK_BYTES: u64 = 1024 * 1024;
 /// has shrunk below half of it. Topping up in whole chunks keeps the
 /// zeroer's syncs, which compete with the log's, to one per chunk.
 const ZERO_LOOKAHEAD_BYTES: u64 = 8 * 1024 * 1024;
-const ZEROER_POLL: Duration = Duration::from_millis(5);
-/// With the disk full, how often the zeroer tries again.
+/// With the disk full, how often the zeroer tries again; also how often an
+/// idle zeroer wakes to see whether the disk has room (otherwise it sleeps
+/// until the writer needs space).
 const ZEROER_FULL_RETRY: Duration = Duration::from_millis(500);
 /// The disk counts as full once less than this is free on it: new work
 /// stops while the space laid down ahead is still there for the work
@@ -416,6 +417,8 @@ struct Zeroer {
     full: Arc<AtomicBool>,
     /// A failure other than a full disk; the writer takes it and poisons the log.
     failure: Arc<parking_lot::Mutex<Option<std::io::Error>>>,
+    /// Where the zeroer stops laying space down in this segment.
+    limit: u64,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -454,7 +457,8 @@ impl Zeroer {
                                 no_space.store(free < FREE_SPACE_MIN_BYTES, Ordering::Release);
                             }
                         }
-                        std::thread::sleep(ZEROER_POLL);
+                        // Woken by the writer once it needs space (`note_offset`), or by `stop`.
+                        std::thread::park_timeout(ZEROER_FULL_RETRY);
                         continue;
                     }
                     let wanted = (offset + ZERO_LOOKAHEAD_BYTES).min(limit);
@@ -480,7 +484,7 @@ impl Zeroer {
                 }
             })
             .ok();
-        Ok(Zeroer { zeroed_end: zeroed, write_offset: offset, stop, full, failure, thread })
+        Ok(Zeroer { zeroed_end: zeroed, write_offset: offset, stop, full, failure, limit, thread })
     }
 
     fn zeroed_end(&self) -> u64 {
@@ -499,14 +503,26 @@ impl Zeroer {
         self.failure.lock().take()
     }
 
+    /// Tells the zeroer where the writer is, and wakes it if that leaves
+    /// it work (as its own loop decides: less than half the lookahead
+    /// zeroed ahead, and the segment's limit not reached). A wake-up that
+    /// comes before the zeroer sleeps makes it not sleep.
     fn note_offset(&self, offset: u64) {
         self.write_offset.store(offset, Ordering::Release);
+        let zeroed_end = self.zeroed_end.load(Ordering::Acquire);
+        if zeroed_end < self.limit
+            && zeroed_end < offset + ZERO_LOOKAHEAD_BYTES / 2
+            && let Some(thread) = &self.thread
+        {
+            thread.thread().unpark();
+        }
     }
 
     /// Stops the thread and waits until its last write is done.
     fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
             let _ = thread.join();
         }
         // Nothing beyond this point is being zeroed any more.
