@@ -29,6 +29,9 @@ pub trait LogFile: Send + Sync {
     fn free_space(&self) -> io::Result<u64> {
         Ok(u64::MAX)
     }
+    /// Starts writing `length` bytes from `offset` to the device without
+    /// waiting for them (a hint; durability still needs `sync_data`).
+    fn start_writeback(&self, _offset: u64, _length: u64) {}
 }
 
 /// Creates and opens files, and makes directory entries durable.
@@ -86,6 +89,14 @@ impl LogFile for RealFile {
         // SAFETY: geteuid has no preconditions.
         let blocks = if unsafe { libc::geteuid() } == 0 { stats.f_bfree } else { stats.f_bavail };
         Ok((blocks as u64).saturating_mul(stats.f_frsize as u64))
+    }
+
+    #[cfg(target_os = "linux")]
+    fn start_writeback(&self, offset: u64, length: u64) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain integer arguments on a descriptor open for as long
+        // as `self`; a failure only leaves the pages to the final sync.
+        unsafe { libc::sync_file_range(self.0.as_raw_fd(), offset as i64, length as i64, libc::SYNC_FILE_RANGE_WRITE) };
     }
 }
 

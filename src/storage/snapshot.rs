@@ -79,8 +79,7 @@ impl Write for PayloadWriter<'_> {
         }
         if bytes.len() >= WRITE_PIECE_BYTES {
             self.crc.update(bytes);
-            self.file.write_at(self.at, bytes)?;
-            self.at += bytes.len() as u64;
+            self.put(bytes)?;
         } else {
             self.piece.extend_from_slice(bytes);
         }
@@ -90,10 +89,25 @@ impl Write for PayloadWriter<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         if !self.piece.is_empty() {
             self.crc.update(&self.piece);
-            self.file.write_at(self.at, &self.piece)?;
-            self.at += self.piece.len() as u64;
+            let piece = std::mem::take(&mut self.piece);
+            self.put(&piece)?;
+            self.piece = piece;
             self.piece.clear();
         }
+        Ok(())
+    }
+}
+
+impl PayloadWriter<'_> {
+    /// Writes `bytes` at the end of the payload and starts them on their
+    /// way to the device. Left to the final sync, a snapshot of gigabytes
+    /// went to the device in one burst that the log's synced writes queued
+    /// behind (the slowest enqueue at 5 M jobs waited 0.3-0.9 s); started
+    /// piece by piece, the device takes it while it is being written.
+    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.file.write_at(self.at, bytes)?;
+        self.file.start_writeback(self.at, bytes.len() as u64);
+        self.at += bytes.len() as u64;
         Ok(())
     }
 }
