@@ -592,7 +592,9 @@ impl Writer {
         let metrics = self.metrics.clone();
         // How long the engine thread spent starting the segment and taking the image.
         let image_seconds = taking.elapsed().as_secs_f64();
-        std::thread::spawn(move || {
+        let busy_if_not_started = self.snapshot_busy.clone();
+        let spawned = std::thread::Builder::new().name("svc-snapshot".into()).spawn(move || {
+            yield_to_the_engine();
             let started = std::time::Instant::now();
             let result = write_snapshot_with(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, &mut |out| {
                 image.encode_to(out)
@@ -613,8 +615,30 @@ impl Writer {
             }
             busy.store(false, Ordering::SeqCst);
         });
+        if let Err(error) = spawned {
+            // The log segments are kept; the next due snapshot tries again.
+            tracing::error!(error = %error, "could not start a snapshot thread");
+            busy_if_not_started.store(false, Ordering::SeqCst);
+        }
     }
 }
+
+/// Lowers the calling thread's scheduling priority (nice 10), so that when
+/// the cores are busy a background snapshot takes what the engine and the
+/// request threads leave. At full priority a snapshot of 5 M jobs took a
+/// core of two for seconds, and single enqueues' p99 rose from 1.5 ms to
+/// about 5 ms while it ran.
+fn yield_to_the_engine() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain integer arguments; on Linux the nice value belongs to
+    // the thread named by its id. Failure leaves the priority as it was.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, SNAPSHOT_NICE);
+    }
+}
+
+/// The nice value of a snapshot thread (0 is the default; 19 the lowest).
+const SNAPSHOT_NICE: libc::c_int = 10;
 
 /// Counts what an event says happened (job transitions by queue, how long
 /// jobs waited and ran, cron fires and skips).
