@@ -331,7 +331,7 @@ fn load_current_payload(
             let _ = count_out.send(count);
             let mut policies = SharedPolicies::default();
             let gone = || "the loader stopped".to_string();
-            for turn in 0.. {
+            for turn in 0u64.. {
                 let Some(chunk) = chunks.next_chunk()? else { break };
                 if turn % 2 == 0 {
                     to_helper.send(chunk).map_err(|_| gone())?;
@@ -344,22 +344,19 @@ fn load_current_payload(
         let Ok(reader) = reader else { return None };
         let mut failed = None;
         let count = count_in.recv().unwrap_or(0);
-        let mut loaded = LoadedJobs::new(count);
-        let (mut indexed, mut last_id) = (0, None);
+        let mut loaded = LoadedJobs::new(image::jobs_to_reserve(count, length));
+        let mut in_order = image::IdOrder::default();
         // Chunk n was decoded by the helper when n is even. A closed channel
         // means there are no more chunks (or the reader failed, said below).
-        for turn in 0.. {
+        for turn in 0u64.. {
             let from = if turn % 2 == 0 { &from_helper } else { &from_reader };
             match from.recv() {
                 Ok(Ok(jobs)) => {
-                    indexed += jobs.len();
                     for job in jobs {
-                        // In id order, so no job can be there twice.
-                        if last_id.is_some_and(|last| last >= job.id) {
-                            failed = Some(format!("job {} is out of order", job.id));
+                        if let Err(error) = in_order.check(job.id) {
+                            failed = Some(error);
                             break;
                         }
-                        last_id = Some(job.id);
                         state.load_job(job, &mut loaded);
                     }
                     if failed.is_some() {
@@ -377,9 +374,9 @@ fn load_current_payload(
         drop((from_helper, from_reader));
         helper.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         let read = reader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        // The reader checked that the chunks hold as many jobs as the payload claims.
         Some(match (failed, read) {
             (Some(error), _) | (None, Err(error)) => Err(error),
-            (None, Ok(_)) if indexed != count => Err(format!("the payload claims {count} jobs and holds {indexed}")),
             (None, Ok(rest)) => Ok(rest),
         })
     });
@@ -519,10 +516,20 @@ mod tests {
     #[test]
     fn a_damaged_snapshot_is_refused_by_the_three_thread_loader() {
         let dir = tempfile::tempdir().unwrap();
-        let payload = image::tests::image_of(10_000).encode();
+        // Enough chunks (25) that the threads' channels fill up and a thread
+        // stopping early meets the others blocked.
+        let payload = image::tests::image_of(100_000).encode();
         for (damage, bytes) in image::tests::damaged_payloads(&payload) {
             let error = load(dir.path(), &bytes).err().unwrap_or_else(|| panic!("{damage}: loaded"));
             assert!(error.to_string().contains("does not decode"), "{damage}: {error}");
         }
+    }
+
+    #[test]
+    fn an_older_image_holding_a_job_twice_is_refused() {
+        let mut image = image::tests::image_of(10);
+        image.jobs.push(image.jobs[3].clone());
+        let Err(error) = State::from_image(image, Retention::default()) else { panic!("a job held twice was loaded") };
+        assert!(error.contains("held twice"), "{error}");
     }
 }

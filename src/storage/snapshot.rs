@@ -45,6 +45,7 @@ pub fn write_snapshot_with(
     let mut out = PayloadWriter {
         file: file.as_ref(),
         at: SNAPSHOT_HEADER_BYTES as u64,
+        written_back: 0,
         piece: Vec::with_capacity(WRITE_PIECE_BYTES),
         crc: crc32fast::Hasher::new(),
     };
@@ -61,6 +62,8 @@ pub fn write_snapshot_with(
 
 /// How much of a payload is gathered before it is written.
 const WRITE_PIECE_BYTES: usize = 1024 * 1024;
+/// The unit the page cache writes back in.
+const PAGE_BYTES: u64 = 4096;
 
 /// Streams a payload into a snapshot file after its header, checksumming it
 /// on the way.
@@ -68,6 +71,8 @@ struct PayloadWriter<'a> {
     file: &'a dyn LogFile,
     /// Where the next piece goes.
     at: u64,
+    /// Where the bytes not yet started on their way to the device begin.
+    written_back: u64,
     piece: Vec<u8>,
     crc: crc32fast::Hasher,
 }
@@ -104,10 +109,16 @@ impl PayloadWriter<'_> {
     /// went to the device in one burst that the log's synced writes queued
     /// behind (the slowest enqueue at 5 M jobs waited 0.3-0.9 s); started
     /// piece by piece, the device takes it while it is being written.
+    /// Whole pages only: a page started while half written would be
+    /// written again, and the next write to it could wait for the first.
     fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.file.write_at(self.at, bytes)?;
-        self.file.start_writeback(self.at, bytes.len() as u64);
         self.at += bytes.len() as u64;
+        let whole_pages_end = self.at / PAGE_BYTES * PAGE_BYTES;
+        if whole_pages_end > self.written_back {
+            self.file.start_writeback(self.written_back, whole_pages_end - self.written_back);
+            self.written_back = whole_pages_end;
+        }
         Ok(())
     }
 }
