@@ -101,6 +101,13 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// `svc inspect` reads the data dir and decodes every snapshot in it.
+fn assert_inspect_decodes(dir: &Path) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_svc")).arg("inspect").arg(dir).output().unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && !printed.contains("does not decode"), "{printed}");
+}
+
 #[test]
 fn format_v1_data_dir_still_opens() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,13 +250,7 @@ fn extras_v4_data_dir_still_opens() {
 
     // Every snapshot in the fixture decodes as written (recovery could
     // otherwise fall back to an older one and hide a broken layout).
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
-        .arg("inspect")
-        .arg(extras_fixture_dir())
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success() && !printed.contains("does not decode"), "{printed}");
+    assert_inspect_decodes(&extras_fixture_dir());
 }
 
 fn schemas_fixture_dir() -> PathBuf {
@@ -323,13 +324,7 @@ fn schemas_v5_data_dir_still_opens() {
     let body: serde_json::Value = serde_json::from_str(&delivery.body).unwrap();
     assert_eq!(body["data"]["queue"], "mail");
     engine.close();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
-        .arg("inspect")
-        .arg(schemas_fixture_dir())
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success() && !printed.contains("does not decode"), "{printed}");
+    assert_inspect_decodes(&schemas_fixture_dir());
 }
 
 fn chunked_fixture_dir() -> PathBuf {
@@ -399,11 +394,5 @@ fn chunked_v6_data_dir_still_opens() {
     assert_eq!(filler.count(), CHUNKED_FILLER_JOBS);
     assert_eq!(by_args("[4499]").queue, "default");
     engine.close();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_svc"))
-        .arg("inspect")
-        .arg(chunked_fixture_dir())
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success() && !printed.contains("does not decode"), "{printed}");
+    assert_inspect_decodes(&chunked_fixture_dir());
 }

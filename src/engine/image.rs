@@ -348,32 +348,19 @@ struct ImageRest {
 
 impl ImageRest {
     fn with_jobs(self, jobs: Vec<Arc<Job>>) -> StateImage {
-        let ImageRest {
-            paused_queues,
-            ids,
-            reserved,
-            worker_signals,
-            crons,
-            cron_waiters,
-            dispatch_claims,
-            workflows,
-            schemas,
-            webhooks,
-            deliveries,
-        } = self;
         StateImage {
             jobs,
-            paused_queues,
-            ids,
-            reserved,
-            worker_signals,
-            crons,
-            cron_waiters,
-            dispatch_claims,
-            workflows,
-            schemas,
-            webhooks,
-            deliveries,
+            paused_queues: self.paused_queues,
+            ids: self.ids,
+            reserved: self.reserved,
+            worker_signals: self.worker_signals,
+            crons: self.crons,
+            cron_waiters: self.cron_waiters,
+            dispatch_claims: self.dispatch_claims,
+            workflows: self.workflows,
+            schemas: self.schemas,
+            webhooks: self.webhooks,
+            deliveries: self.deliveries,
         }
     }
 }

@@ -46,8 +46,7 @@ impl SharedJobs {
     }
 
     fn shard(&self, id: JobId) -> &Shard {
-        // The low bits of a UUIDv7 are random, so they spread jobs evenly.
-        &self.shards[(id.0 as usize) % SHARDS]
+        &self.shards[shard_of(id)]
     }
 
     fn hash(&self, id: JobId) -> u64 {
@@ -149,7 +148,7 @@ impl JobTable {
         match Self::alone(&mut self.shared, self.handed_out) {
             Some(alone) => {
                 let listed = DeadLetterKey::of(&job).map(|key| (key, job.clone()));
-                let shard = alone.shards[(id.0 as usize) % SHARDS].get_mut();
+                let shard = alone.shards[shard_of(id)].get_mut();
                 let old = SharedJobs::put(shard, &alone.hasher, job);
                 relist(alone.dead_letter.get_mut(), old.as_deref(), listed);
             }
@@ -200,7 +199,7 @@ impl JobTable {
     /// Removes a job and hands back its newest version.
     pub fn remove(&mut self, id: &JobId) -> Option<Arc<Job>> {
         if let Some(alone) = Self::alone(&mut self.shared, self.handed_out) {
-            let shard = alone.shards[(id.0 as usize) % SHARDS].get_mut();
+            let shard = alone.shards[shard_of(*id)].get_mut();
             let old = SharedJobs::take(shard, &alone.hasher, *id);
             relist(alone.dead_letter.get_mut(), old.as_deref(), None);
             return old;
@@ -271,7 +270,7 @@ impl JobTable {
         let count = changes.len();
         let mut by_shard: Vec<Vec<JobChange>> = (0..SHARDS).map(|_| Vec::new()).collect();
         for (id, job) in changes {
-            by_shard[(id.0 as usize) % SHARDS].push((id, job));
+            by_shard[shard_of(id)].push((id, job));
         }
         let shared = &*self.shared;
         let mut first: Vec<(&Shard, Vec<JobChange>)> = shared.shards.iter().zip(by_shard).collect();
@@ -318,6 +317,12 @@ impl JobTable {
     }
 }
 
+/// The shard a job lives in: the low bits of a UUIDv7 are random, so they
+/// spread jobs evenly.
+fn shard_of(id: JobId) -> usize {
+    (id.0 as usize) % SHARDS
+}
+
 /// The jobs of a snapshot being loaded, gathered by shard for
 /// [`JobTable::store_loaded`].
 pub(crate) struct LoadedJobs {
@@ -337,7 +342,7 @@ impl LoadedJobs {
         if let Some(key) = DeadLetterKey::of(&job) {
             self.discarded.push((key, job.clone()));
         }
-        self.by_shard[(job.id.0 as usize) % SHARDS].push(job);
+        self.by_shard[shard_of(job.id)].push(job);
     }
 }
 

@@ -309,7 +309,7 @@ fn load_current_payload(
     use image::{ChunkedPayload, JobChunk};
     type Decoded = Result<Vec<Arc<Job>>, String>;
     let length = payload.remaining();
-    let mut state = State::loading(retention);
+    let mut state = State::new(retention);
     let source = &mut *payload;
     let loaded = std::thread::scope(|scope| {
         let (to_helper, helper_in) = std::sync::mpsc::sync_channel::<JobChunk>(2);
@@ -351,21 +351,18 @@ fn load_current_payload(
         for turn in 0u64.. {
             let from = if turn % 2 == 0 { &from_helper } else { &from_reader };
             match from.recv() {
-                Ok(Ok(jobs)) => {
-                    for job in jobs {
-                        if let Err(error) = in_order.check(job.id) {
-                            failed = Some(error);
-                            break;
-                        }
-                        state.load_job(job, &mut loaded);
-                    }
-                    if failed.is_some() {
+                Ok(jobs) => {
+                    let indexed = jobs.and_then(|jobs| {
+                        jobs.into_iter().try_for_each(|job| {
+                            in_order.check(job.id)?;
+                            state.load_job(job, &mut loaded);
+                            Ok(())
+                        })
+                    });
+                    if let Err(error) = indexed {
+                        failed = Some(error);
                         break;
                     }
-                }
-                Ok(Err(error)) => {
-                    failed = Some(error);
-                    break;
                 }
                 Err(_) => break,
             }

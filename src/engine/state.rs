@@ -1044,7 +1044,7 @@ impl State {
 
     /// Rebuilds the state from a snapshot image.
     pub fn from_image(mut image: StateImage, retention: Retention) -> Result<Self, String> {
-        let mut state = State::loading(retention);
+        let mut state = State::new(retention);
         let mut policies = SharedPolicies::default();
         let mut loaded = LoadedJobs::new(image.jobs.len());
         // Snapshots are written in id order; a job held twice is damage.
@@ -1063,15 +1063,9 @@ impl State {
         Ok(state)
     }
 
-    /// An empty state about to take the jobs of a snapshot
-    /// ([`State::load_job`], [`State::store_loaded`], then
-    /// [`State::finish_loading`]).
-    pub(crate) fn loading(retention: Retention) -> Self {
-        State::new(retention)
-    }
-
-    /// Takes one job of the snapshot being loaded: indexes it and gathers
-    /// it into `loaded`, for [`State::store_loaded`] once all are in.
+    /// Takes one job of the snapshot being loaded into a new state: indexes
+    /// it and gathers it into `loaded`, for [`State::store_loaded`] once all
+    /// are in (then [`State::finish_loading`]).
     pub(crate) fn load_job(&mut self, job: Arc<Job>, loaded: &mut LoadedJobs) {
         self.note_loaded(&job);
         loaded.push(job);
