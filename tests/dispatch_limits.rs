@@ -1,7 +1,7 @@
 //! Dispatch limits (docs/api.md, "Dispatch limits"): concurrency per key,
 //! sliding rate windows on a manual clock, keys independent of each other
-//! and of unlimited jobs, the window kept across a restart, and a long-poll
-//! fetch answered when a window opens.
+//! and of unlimited jobs, different rates under one key, the window kept
+//! across a restart, and a long-poll fetch answered when a window opens.
 
 mod common;
 
@@ -88,6 +88,31 @@ fn max_per_second_spaces_claims_and_the_window_survives_a_restart() {
     assert!(server.fetch(&["tick"], 10).is_empty(), "and one kept by a snapshot");
     server.advance(&clock, 1000);
     assert_eq!(server.fetch(&["tick"], 10).len(), 1);
+}
+
+#[test]
+fn a_smaller_rate_under_a_key_does_not_shorten_the_window_of_a_larger_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let server = TestServer::start_at(dir.path(), &clock);
+    let three_an_hour = json!({"key": "k", "rate": 3, "period": "hour"});
+    let one_a_second = json!({"key": "k", "max_per_second": 1});
+    let hourly: Vec<String> = (0..2).map(|n| server.enqueue(limited("q", n, three_an_hour.clone()))).collect();
+    let quick = server.enqueue(limited("q", 2, one_a_second));
+    let last = server.enqueue(limited("q", 3, three_an_hour));
+    assert_eq!(ids(&server.fetch(&["q"], 10)), hourly, "the per-second job waits, and the job behind it");
+    server.advance(&clock, 2_000);
+    assert_eq!(ids(&server.fetch(&["q"], 10)), [quick], "its second has passed; the hour holds three claims");
+    server.advance(&clock, 2_000);
+    assert!(server.fetch(&["q"], 10).is_empty(), "three claims in the hour, though the last one's rate was 1 a second");
+    server.engine().snapshot().wait().unwrap();
+    server.stop();
+
+    let server = TestServer::start_at(dir.path(), &clock);
+    server.advance(&clock, 2_000);
+    assert!(server.fetch(&["q"], 10).is_empty(), "and after a restart from a snapshot");
+    server.advance(&clock, 3_600_000 - 6_000);
+    assert_eq!(ids(&server.fetch(&["q"], 10)), [last], "the first two claims left the hour");
 }
 
 #[test]

@@ -385,6 +385,9 @@ impl State {
                 let at = holders.partition_point(|id| *id < job.id);
                 holders.insert(at, job.id);
             }
+            if let (Some(limit), Some(key)) = (job.dispatch_limit(), job.dispatch_key()) {
+                self.dispatch.rate_held(key, limit);
+            }
         }
         if job.state == JobState::Active
             && let Some(key) = job.dispatch_key()
@@ -411,6 +414,9 @@ impl State {
         }
         if !job.state.is_terminal() {
             self.live_jobs -= 1;
+            if let (Some(limit), Some(key)) = (job.dispatch_limit(), job.dispatch_key()) {
+                self.dispatch.rate_released(key, limit);
+            }
             if let Some((_, key)) = job.unique()
                 && let Some(holders) = self.unique_index.get_mut(&key)
             {
@@ -1192,9 +1198,15 @@ impl State {
         }
         let mut unique: HashMap<UniqueKey, Vec<JobId>> = HashMap::new();
         let mut active: HashMap<&str, u32> = HashMap::new();
+        let mut rates: HashMap<(&str, u32), u32> = HashMap::new();
         for job in self.jobs.values().filter(|job| !job.state.is_terminal()) {
             if let Some((_, key)) = job.unique() {
                 unique.entry(key).or_default().push(job.id);
+            }
+            if let (Some(rate), Some(key)) =
+                (job.dispatch_limit().and_then(|limit| limit.rate.as_ref()), job.dispatch_key())
+            {
+                *rates.entry((key, rate.count)).or_default() += 1;
             }
             if job.state == JobState::Active
                 && let Some(key) = job.dispatch_key()
@@ -1220,6 +1232,10 @@ impl State {
         let indexed: HashMap<&str, u32> = self.dispatch.active_counts().collect();
         if indexed != active {
             return Err(format!("dispatch keys count {indexed:?} active jobs, jobs say {active:?}"));
+        }
+        let indexed: HashMap<(&str, u32), u32> = self.dispatch.live_rates().collect();
+        if indexed != rates {
+            return Err(format!("dispatch keys hold rates {indexed:?} of live jobs, jobs say {rates:?}"));
         }
         self.crons.check_invariants()?;
         for (previous, waiting) in &self.crons.waiters {

@@ -2,7 +2,7 @@
 //! jobs are active and when the recent claims were made, and whether one
 //! more claim is allowed now.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::clock::Millis;
 use crate::job::DispatchLimit;
@@ -12,9 +12,20 @@ use crate::job::DispatchLimit;
 pub struct KeyState {
     /// Active jobs that carry a limit under this key.
     pub active: u32,
-    /// Times of the latest claims, oldest first: at most as many as the
-    /// largest `rate` seen under the key, the most a window check needs.
+    /// Times of the latest claims, oldest first: as many as the largest
+    /// `rate` of the claiming job and of the live jobs under the key, the
+    /// most a window check of any of them needs.
     pub claims: VecDeque<Millis>,
+    /// The rates (claims per window) of the live jobs under the key, each
+    /// with how many jobs carry it.
+    rates: BTreeMap<u32, u32>,
+}
+
+impl KeyState {
+    /// Nothing left to decide with: no active job, claim or live rate.
+    fn is_unused(&self) -> bool {
+        self.active == 0 && self.claims.is_empty() && self.rates.is_empty()
+    }
 }
 
 /// Every key with active jobs or recent claims.
@@ -69,19 +80,42 @@ impl DispatchTable {
     pub fn deactivated(&mut self, key: &str) {
         if let Some(state) = self.keys.get_mut(key) {
             state.active = state.active.saturating_sub(1);
-            if state.active == 0 && state.claims.is_empty() {
+            if state.is_unused() {
                 self.keys.remove(key);
             }
         }
     }
 
-    /// Records a claim at `at`; keeps the claims a window of `limit` needs.
-    pub fn claimed(&mut self, key: &str, limit: &DispatchLimit, at: Millis) {
-        let keep = limit.rate.as_ref().map_or(0, |rate| rate.count as usize);
-        let state = self.entry(key);
-        if keep == 0 {
-            return;
+    /// A live job limited by `limit` is under `key`: the key keeps the
+    /// claims its rate needs, whichever job claims next.
+    pub fn rate_held(&mut self, key: &str, limit: &DispatchLimit) {
+        if let Some(rate) = &limit.rate {
+            *self.entry(key).rates.entry(rate.count).or_default() += 1;
         }
+    }
+
+    /// The reverse of [`DispatchTable::rate_held`]: the job ended, or changed.
+    pub fn rate_released(&mut self, key: &str, limit: &DispatchLimit) {
+        let (Some(rate), Some(state)) = (&limit.rate, self.keys.get_mut(key)) else { return };
+        if let Some(jobs) = state.rates.get_mut(&rate.count) {
+            *jobs -= 1;
+            if *jobs == 0 {
+                state.rates.remove(&rate.count);
+            }
+        }
+        if state.is_unused() {
+            self.keys.remove(key);
+        }
+    }
+
+    /// Records a claim at `at` by a job limited by `limit`; keeps as many
+    /// claims as its rate or the largest rate of a live job under the key
+    /// needs. A claim without a rate is not recorded.
+    pub fn claimed(&mut self, key: &str, limit: &DispatchLimit, at: Millis) {
+        let Some(rate) = &limit.rate else { return };
+        let state = self.entry(key);
+        let largest_live = state.rates.last_key_value().map_or(0, |(count, _)| *count);
+        let keep = rate.count.max(largest_live) as usize;
         state.claims.push_back(at);
         while state.claims.len() > keep {
             state.claims.pop_front();
@@ -96,7 +130,7 @@ impl DispatchTable {
             while state.claims.front().is_some_and(|at| *at <= since) {
                 state.claims.pop_front();
             }
-            state.active > 0 || !state.claims.is_empty()
+            !state.is_unused()
         });
     }
 
@@ -119,6 +153,11 @@ impl DispatchTable {
     /// Active counts by key (for the invariant check).
     pub fn active_counts(&self) -> impl Iterator<Item = (&str, u32)> {
         self.keys.iter().filter(|(_, state)| state.active > 0).map(|(key, state)| (key.as_str(), state.active))
+    }
+
+    /// Live jobs by key and rate (for the invariant check).
+    pub fn live_rates(&self) -> impl Iterator<Item = ((&str, u32), u32)> {
+        self.keys.iter().flat_map(|(key, state)| state.rates.iter().map(|(rate, jobs)| ((key.as_str(), *rate), *jobs)))
     }
 
     fn entry(&mut self, key: &str) -> &mut KeyState {
