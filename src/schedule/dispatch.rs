@@ -28,7 +28,7 @@ impl KeyState {
     }
 }
 
-/// Every key with active jobs or recent claims.
+/// Every key with active jobs, recent claims or live jobs with a rate.
 #[derive(Debug, Default, Clone)]
 pub struct DispatchTable {
     keys: HashMap<String, KeyState>,
