@@ -18,7 +18,8 @@ use super::workers::WorkerSignal;
 use super::workflow_table::Workflow;
 use crate::clock::Millis;
 use crate::job::{
-    ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdSet, JobState, SharedPolicies, UniqueKey,
+    DispatchLimit, ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdSet, JobState, SharedPolicies,
+    UniqueKey,
 };
 use crate::limits::DISPATCH_WINDOW_MS_MAX;
 use crate::limits::ERROR_HISTORY_MAX;
@@ -385,7 +386,7 @@ impl State {
                 let at = holders.partition_point(|id| *id < job.id);
                 holders.insert(at, job.id);
             }
-            if let (Some(limit), Some(key)) = (job.dispatch_limit(), job.dispatch_key()) {
+            if let Some((limit, key)) = job.limit_and_key() {
                 self.dispatch.rate_held(key, limit);
             }
         }
@@ -414,7 +415,7 @@ impl State {
         }
         if !job.state.is_terminal() {
             self.live_jobs -= 1;
-            if let (Some(limit), Some(key)) = (job.dispatch_limit(), job.dispatch_key()) {
+            if let Some((limit, key)) = job.limit_and_key() {
                 self.dispatch.rate_released(key, limit);
             }
             if let Some((_, key)) = job.unique()
@@ -731,7 +732,7 @@ impl State {
                 job.run_mut().execution_deadline = Some(claim.execution_deadline);
                 job.run_mut().claim_visibility_ms = (claim.visibility_deadline - at).max(0) as u64;
             })?;
-            if let (Some(limit), Some(key)) = (job.dispatch_limit(), job.dispatch_key()) {
+            if let Some((limit, key)) = job.limit_and_key() {
                 self.dispatch.claimed(key, limit, at);
                 self.claims_since_forget += 1;
             }
@@ -1203,9 +1204,7 @@ impl State {
             if let Some((_, key)) = job.unique() {
                 unique.entry(key).or_default().push(job.id);
             }
-            if let (Some(rate), Some(key)) =
-                (job.dispatch_limit().and_then(|limit| limit.rate.as_ref()), job.dispatch_key())
-            {
+            if let Some((DispatchLimit { rate: Some(rate), .. }, key)) = job.limit_and_key() {
                 *rates.entry((key, rate.count)).or_default() += 1;
             }
             if job.state == JobState::Active

@@ -358,7 +358,12 @@ impl Job {
 
     /// The key the job's dispatch limit counts under: its own, or its queue's name.
     pub fn dispatch_key(&self) -> Option<&str> {
-        self.dispatch_limit().map(|limit| limit.key.as_deref().unwrap_or(&self.queue))
+        self.limit_and_key().map(|(_, key)| key)
+    }
+
+    /// The job's dispatch limit with the key it counts under.
+    pub fn limit_and_key(&self) -> Option<(&DispatchLimit, &str)> {
+        self.dispatch_limit().map(|limit| (limit, limit.key.as_deref().unwrap_or(&self.queue)))
     }
 
     /// The URI of the schema the job's `args` were checked against.
