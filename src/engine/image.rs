@@ -9,7 +9,7 @@ use super::cron_table::CronEntry;
 use super::legacy::JobV1;
 use super::workers::WorkerSignal;
 use crate::clock::Millis;
-use crate::job::{IdGenerator, Job, JobId, SharedPolicies};
+use crate::job::{IdGenerator, Job, JobId, SharedPolicies, StoredJobDecoder};
 
 fn upgraded(jobs: Vec<JobV1>) -> Vec<Arc<Job>> {
     jobs.into_iter().map(|job| Arc::new(job.into())).collect()
@@ -384,14 +384,10 @@ impl JobChunk {
     pub(crate) fn decode(&self, policies: &mut SharedPolicies) -> Result<Vec<Arc<Job>>, String> {
         let mut jobs = Vec::with_capacity(self.jobs);
         let mut left = &self.bytes[..];
+        let mut decoder = StoredJobDecoder::new(policies);
         for _ in 0..self.jobs {
-            let (mut job, after) =
-                postcard::take_from_bytes::<Arc<Job>>(left).map_err(|error| format!("a job in a chunk: {error}"))?;
-            if let Some(decoded) = Arc::get_mut(&mut job) {
-                policies.share(&mut decoded.retry);
-            }
-            jobs.push(job);
-            left = after;
+            let job = decoder.decode(&mut left).map_err(|error| format!("a job in a chunk: {error}"))?;
+            jobs.push(Arc::new(job));
         }
         if !left.is_empty() {
             return Err(format!("{} bytes after the jobs of a chunk", left.len()));

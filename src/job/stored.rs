@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::{
     ErrorEntry, FailureReport, Job, JobExtra, JobId, JobPayload, JobRun, JobState, QueueName, RetryPolicy, RunSlot,
+    SharedPolicies,
 };
 use crate::clock::Millis;
 
@@ -155,6 +156,139 @@ impl<'de> Deserialize<'de> for Job {
     }
 }
 
+/// Decodes jobs one after another from a slice of their stored encoding,
+/// as a snapshot's chunks hold them: the same jobs as through serde, with
+/// less work per job (ARCHITECTURE.md, "The engine loop", on recovery).
+/// Jobs of a backlog mostly share their retry policy and queue, and most
+/// never ran: a policy or queue encoded exactly as the previous job's is
+/// that job's (a stored value is read front to back, so bytes that begin
+/// with a value's whole encoding decode to that value and no further), and
+/// a run of all-empty fields is skipped in one comparison.
+pub struct StoredJobDecoder<'a, 'p> {
+    policies: &'p mut SharedPolicies,
+    last_policy: Option<(&'a [u8], Arc<RetryPolicy>)>,
+    last_queue: Option<(&'a [u8], QueueName)>,
+}
+
+/// How the run of a job that never ran is stored: its thirteen fields
+/// empty, one zero byte each.
+const NO_RUN_STORED: [u8; 13] = [0; 13];
+
+/// Reads one stored value off the front of `bytes`.
+fn take<'a, T: Deserialize<'a>>(bytes: &mut &'a [u8]) -> postcard::Result<T> {
+    let (value, rest) = postcard::take_from_bytes(bytes)?;
+    *bytes = rest;
+    Ok(value)
+}
+
+/// Reads one stored value off the front of `bytes`, unless they begin with
+/// the encoding of `last`, which is then cloned; the value read becomes
+/// the new `last`.
+fn take_repeated<'a, T: Clone>(
+    bytes: &mut &'a [u8],
+    last: &mut Option<(&'a [u8], T)>,
+    decode: impl FnOnce(&mut &'a [u8]) -> postcard::Result<T>,
+) -> postcard::Result<T> {
+    if let Some((encoded, value)) = last
+        && bytes.starts_with(encoded)
+    {
+        *bytes = &bytes[encoded.len()..];
+        return Ok(value.clone());
+    }
+    let start = *bytes;
+    let value = decode(bytes)?;
+    *last = Some((&start[..start.len() - bytes.len()], value.clone()));
+    Ok(value)
+}
+
+impl<'a, 'p> StoredJobDecoder<'a, 'p> {
+    /// Jobs decoded share equal retry policies through `policies`.
+    pub fn new(policies: &'p mut SharedPolicies) -> Self {
+        StoredJobDecoder { policies, last_policy: None, last_queue: None }
+    }
+
+    /// Decodes the job at the front of `bytes` and moves past it.
+    pub fn decode(&mut self, bytes: &mut &'a [u8]) -> postcard::Result<Job> {
+        let id: JobId = take(bytes)?;
+        let payload = decode_payload(bytes)?;
+        let queue = take_repeated(bytes, &mut self.last_queue, take::<QueueName>)?;
+        let state: JobState = take(bytes)?;
+        let priority: i32 = take(bytes)?;
+        let timeout_ms: u64 = take(bytes)?;
+        let visibility_timeout_ms: u64 = take(bytes)?;
+        let policies = &mut *self.policies;
+        let retry = take_repeated(bytes, &mut self.last_policy, |bytes| {
+            let mut policy = Arc::new(take::<RetryPolicy>(bytes)?);
+            policies.share(&mut policy);
+            Ok(policy)
+        })?;
+        let attempt: u32 = take(bytes)?;
+        let created_at: Millis = take(bytes)?;
+        let scheduled_at: Option<Millis> = take(bytes)?;
+        let expires_at: Option<Millis> = take(bytes)?;
+        let enqueued_at: Option<Millis> = take(bytes)?;
+        let run = if bytes.starts_with(&NO_RUN_STORED) {
+            *bytes = &bytes[NO_RUN_STORED.len()..];
+            None
+        } else {
+            let run = decode_run(bytes)?;
+            (run != JobRun::default()).then(|| Box::new(run))
+        };
+        let extras: Box<[JobExtra]> = take(bytes)?;
+        Ok(Job {
+            id,
+            payload,
+            queue,
+            state,
+            priority: super::priority_field(priority),
+            timeout_ms: super::timeout_field(timeout_ms),
+            visibility_timeout_ms: super::timeout_field(visibility_timeout_ms),
+            retry,
+            attempt,
+            created_at,
+            scheduled_at: scheduled_at.into(),
+            expires_at: expires_at.into(),
+            enqueued_at: enqueued_at.into(),
+            run: RunSlot(run),
+            extras: extras.into_vec().into(),
+        })
+    }
+}
+
+/// A payload's five stored fields, its three texts read in place.
+fn decode_payload(bytes: &mut &[u8]) -> postcard::Result<JobPayload> {
+    let job_type: &str = take(bytes)?;
+    let args: &str = take(bytes)?;
+    let meta: &str = take(bytes)?;
+    // No tags and no unknown fields: two empty lists.
+    let (tags, extra) = if bytes.starts_with(&[0, 0]) {
+        *bytes = &bytes[2..];
+        (Vec::new(), Vec::new())
+    } else {
+        (take(bytes)?, take(bytes)?)
+    };
+    Ok(JobPayload::new(job_type, args, meta, tags, extra))
+}
+
+/// A run's thirteen stored fields, in their order.
+fn decode_run(bytes: &mut &[u8]) -> postcard::Result<JobRun> {
+    Ok(JobRun {
+        started_at: take(bytes)?,
+        completed_at: take(bytes)?,
+        cancelled_at: take(bytes)?,
+        discarded_at: take(bytes)?,
+        retry_at: take(bytes)?,
+        retry_delay_ms: take(bytes)?,
+        worker_id: take(bytes)?,
+        result: take(bytes)?,
+        error: take(bytes)?,
+        errors: take(bytes)?,
+        visibility_deadline: take(bytes)?,
+        execution_deadline: take(bytes)?,
+        claim_visibility_ms: take(bytes)?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,5 +408,81 @@ mod tests {
         let decoded: Job = postcard::from_bytes(&postcard::to_allocvec(&job).unwrap()).unwrap();
         assert!(decoded.run.0.is_none());
         assert_eq!(decoded, job, "an empty run equals no run");
+    }
+
+    /// Jobs that differ in every way the decoder takes a shortcut for:
+    /// runs, retry policies, queues, tags and unknown fields, extras.
+    fn varied_jobs() -> Vec<Job> {
+        let mut jobs = Vec::new();
+        let other_policy = Arc::new(RetryPolicy { max_attempts: 9, ..RetryPolicy::default() });
+        let exhausted = Arc::new(RetryPolicy { non_retryable_errors: vec!["Fatal".into()], ..RetryPolicy::default() });
+        for n in 0..24u128 {
+            let mut job = sample_job();
+            job.id = JobId(job.id.0 + n);
+            if n % 3 == 0 {
+                *job.run_mut() = JobRun::default();
+            }
+            if n % 4 == 1 {
+                job.run_mut().claim_visibility_ms = 30_000;
+            }
+            job.retry = match n % 5 {
+                0 | 1 => Arc::new(RetryPolicy::default()),
+                2 => other_policy.clone(),
+                _ => exhausted.clone(),
+            };
+            if n % 7 == 3 {
+                job.queue = "critical".into();
+            }
+            if n % 6 == 5 {
+                job.payload = JobPayload::new("report.build", "[1]", r#"{"k":"v"}"#, vec!["a".into()], Vec::new());
+            }
+            if n % 8 == 6 {
+                job.payload = JobPayload::new("x", "[]", "{}", Vec::new(), vec![("note".into(), "\"hi\"".into())]);
+            }
+            if n % 2 == 0 {
+                job.extras = Vec::new().into();
+            }
+            jobs.push(job);
+        }
+        jobs
+    }
+
+    #[test]
+    fn the_slice_decoder_reads_the_same_jobs_as_serde() {
+        let jobs = varied_jobs();
+        let mut encoded = Vec::new();
+        for job in &jobs {
+            encoded = postcard::to_extend(job, encoded).unwrap();
+        }
+        let mut policies = SharedPolicies::default();
+        let mut decoder = StoredJobDecoder::new(&mut policies);
+        let mut left = &encoded[..];
+        let mut decoded = Vec::new();
+        for job in &jobs {
+            let one = decoder.decode(&mut left).unwrap();
+            let through_serde: Job = postcard::from_bytes(&postcard::to_allocvec(job).unwrap()).unwrap();
+            assert_eq!(&one, job);
+            assert_eq!(one, through_serde);
+            assert_eq!(one.run.0.is_none(), through_serde.run.0.is_none(), "an empty run takes no allocation");
+            decoded.push(one);
+        }
+        assert!(left.is_empty());
+        // Equal policies decode to one shared allocation.
+        let defaults: Vec<_> = decoded.iter().filter(|job| *job.retry == RetryPolicy::default()).collect();
+        assert!(defaults.len() > 2);
+        assert!(defaults.iter().all(|job| Arc::ptr_eq(&job.retry, &defaults[0].retry)));
+    }
+
+    #[test]
+    fn the_slice_decoder_refuses_a_cut_job_without_panicking() {
+        let jobs = varied_jobs();
+        for job in &jobs[..3] {
+            let encoded = postcard::to_allocvec(job).unwrap();
+            for cut in 0..encoded.len() {
+                let mut policies = SharedPolicies::default();
+                let mut left = &encoded[..cut];
+                assert!(StoredJobDecoder::new(&mut policies).decode(&mut left).is_err(), "cut at {cut}");
+            }
+        }
     }
 }
