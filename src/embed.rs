@@ -360,7 +360,8 @@ impl Svc {
         self.handle().failure()
     }
 
-    /// Stops cleanly: queued commands finish and a final snapshot is written.
+    /// Stops cleanly: queued commands finish and a final snapshot is written,
+    /// unless nothing changed since the newest one.
     pub fn close(self) {
         self.engine.close();
         if let Some(runtime) = self.deliveries {

@@ -416,3 +416,67 @@ fn a_damaged_newest_snapshot_falls_back_to_the_one_before() {
     let error = Engine::open(engine_config(dir.path())).err().expect("nothing to recover from").to_string();
     assert!(error.contains(&newest.file_name().unwrap().to_string_lossy().to_string()), "{error}");
 }
+
+/// The indexes of the snapshots in a data dir (each names the first log
+/// segment it does not cover, so a new snapshot has a new index).
+fn snapshot_indexes(dir: &Path) -> Vec<u64> {
+    svc::storage::list_snapshots(dir).unwrap().into_iter().map(|(index, _)| index).collect()
+}
+
+#[test]
+fn a_clean_stop_writes_no_snapshot_when_nothing_changed_since_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    let first = engine.handle().enqueue(vec![new_job(1)]).wait().unwrap()[0].job.id;
+    engine.close();
+    let after_first_stop = snapshot_indexes(dir.path());
+    assert_eq!(after_first_stop.len(), 1, "a stop after a change writes a snapshot");
+
+    // Started and stopped again with nothing written in between: the
+    // snapshot on disk already holds the state.
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    let live = engine.handle().image().wait().unwrap();
+    engine.close();
+    assert_eq!(snapshot_indexes(dir.path()), after_first_stop);
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    assert_eq!(engine.handle().image().wait().unwrap(), live);
+    assert!(engine.handle().job(first).is_some());
+
+    // A change since: the next stop writes a newer snapshot.
+    let second = engine.handle().enqueue(vec![new_job(2)]).wait().unwrap()[0].job.id;
+    let live = engine.handle().image().wait().unwrap();
+    engine.close();
+    let after_change = snapshot_indexes(dir.path());
+    assert!(after_change.last() > after_first_stop.last(), "{after_change:?} after {after_first_stop:?}");
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    assert_eq!(engine.handle().image().wait().unwrap(), live);
+    assert!(engine.handle().job(second).is_some());
+    engine.close_without_snapshot();
+}
+
+#[test]
+fn a_clean_stop_replaces_a_damaged_newest_snapshot_even_with_nothing_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    let id = engine.handle().enqueue(vec![new_job(1)]).wait().unwrap()[0].job.id;
+    engine.handle().snapshot().wait().unwrap();
+    // A second snapshot of the same state, then damaged on disk.
+    engine.handle().snapshot().wait().unwrap();
+    engine.close_without_snapshot();
+    let snapshots = svc::storage::list_snapshots(dir.path()).unwrap();
+    let (damaged_index, newest) = snapshots.last().unwrap().clone();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&newest, &bytes).unwrap();
+
+    // Recovery passes over it and replays nothing; the stop must still
+    // write a snapshot, or every start would pass over the damaged one again.
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    engine.close();
+    let after = snapshot_indexes(dir.path());
+    assert!(*after.last().unwrap() > damaged_index, "{after:?}");
+    let engine = Engine::open(engine_config(dir.path())).unwrap();
+    assert!(engine.handle().job(id).is_some());
+    engine.close_without_snapshot();
+}

@@ -150,6 +150,10 @@ impl Engine {
             None => WalWriter::create(config.file_system.clone(), &config.data_dir, replay_from, config.segment_bytes)?,
         };
         remove_obsolete(&config.data_dir, replay_from)?;
+        // The data dir loads as it is, with no log to replay, from its newest
+        // snapshot (not one passed over for an older one) or from nothing.
+        let snapshot_written = replayed_bytes == 0
+            && list_snapshots(&config.data_dir)?.last().is_none_or(|(index, _)| *index == replay_from);
         if config.check_invariants {
             state.check_invariants().map_err(|reason| StorageError::Corrupt {
                 path: config.data_dir.clone(),
@@ -177,6 +181,7 @@ impl Engine {
             },
             bytes_since_snapshot: replayed_bytes,
             snapshot_busy: Arc::new(AtomicBool::new(false)),
+            snapshot_written: Arc::new(AtomicBool::new(snapshot_written)),
             event_ids: IdGenerator::default(),
             event_seq: 0,
             check_invariants: config.check_invariants,
@@ -210,7 +215,8 @@ impl Engine {
     }
 
     /// Stops the engine: commands already queued are handled, a final snapshot
-    /// is written, and the writer thread is joined.
+    /// is written (unless nothing was logged since the newest one), and the
+    /// writer thread is joined.
     pub fn close(mut self) {
         self.stop(true);
     }

@@ -54,6 +54,10 @@ pub(crate) struct Writer {
     pub snapshots: SnapshotPolicy,
     pub bytes_since_snapshot: u64,
     pub snapshot_busy: Arc<AtomicBool>,
+    /// The newest snapshot image taken was written out (or none was taken
+    /// since recovery): with nothing logged since, the data dir then loads
+    /// without replay as it is.
+    pub snapshot_written: Arc<AtomicBool>,
     pub event_ids: IdGenerator,
     pub event_seq: u64,
     pub check_invariants: bool,
@@ -141,14 +145,23 @@ impl Writer {
                 break;
             }
         }
-        if self.final_snapshot
-            && !self.committer.failed()
-            && let Err(error) = self.snapshot_now()
-        {
-            tracing::error!(error = %error, "final snapshot failed");
-        }
         // A background snapshot still writing must finish before the data dir
         // is unlocked.
+        self.wait_for_snapshot();
+        if self.final_snapshot && !self.committer.failed() {
+            if self.bytes_since_snapshot == 0 && self.snapshot_written.load(Ordering::SeqCst) {
+                // Nothing changed since the newest snapshot: writing it again
+                // would cost as much as the first time (seconds for millions
+                // of jobs) and load no faster.
+                tracing::info!("final snapshot not needed: nothing was logged since the last one");
+            } else if let Err(error) = self.snapshot_now() {
+                tracing::error!(error = %error, "final snapshot failed");
+            }
+        }
+    }
+
+    /// Waits until no background snapshot is being written.
+    fn wait_for_snapshot(&self) {
         while self.snapshot_busy.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -558,17 +571,17 @@ impl Writer {
         let replay_from = self.committer.rotate()?;
         let image = self.state.image();
         self.bytes_since_snapshot = 0;
+        self.snapshot_written.store(false, Ordering::SeqCst);
         Ok((replay_from, image))
     }
 
     /// Writes a snapshot on this thread and waits for it to be durable.
     fn snapshot_now(&mut self) -> Result<(), StorageError> {
-        while self.snapshot_busy.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.wait_for_snapshot();
         let (replay_from, mut image) = self.snapshot_image()?;
         let (file_system, dir) = (self.snapshots.file_system.as_ref(), &self.snapshots.dir);
         write_snapshot_with(file_system, dir, replay_from, IMAGE_VERSION, &mut |out| image.encode_to(out))?;
+        self.snapshot_written.store(true, Ordering::SeqCst);
         remove_obsolete(dir, replay_from)
     }
 
@@ -587,6 +600,7 @@ impl Writer {
         };
         self.snapshot_busy.store(true, Ordering::SeqCst);
         let busy = self.snapshot_busy.clone();
+        let written = self.snapshot_written.clone();
         let file_system = self.snapshots.file_system.clone();
         let dir = self.snapshots.dir.clone();
         let metrics = self.metrics.clone();
@@ -599,6 +613,7 @@ impl Writer {
             let result = write_snapshot_with(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, &mut |out| {
                 image.encode_to(out)
             })
+            .inspect(|_| written.store(true, Ordering::SeqCst))
             .and_then(|bytes| remove_obsolete(&dir, replay_from).map(|()| bytes));
             metrics.snapshot_seconds.observe(started.elapsed().as_secs_f64());
             match result {
