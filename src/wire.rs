@@ -215,7 +215,7 @@ pub fn push_job(out: &mut String, job: &Job, extra: &[(&str, Value)]) {
     out.push_str(key!("tags"));
     push_strings(out, job.payload.tags());
     push_time(out, key!("created_at"), Some(job.created_at));
-    if !job.extras.is_empty() {
+    if !job.extras().is_empty() {
         push_extras(out, job);
     }
     push_time(out, key!("scheduled_at"), job.scheduled_at());

@@ -176,46 +176,61 @@ pub struct Job {
     pub attempt: u32,
     pub created_at: Millis,
     scheduled_at: OptionalTime,
-    expires_at: OptionalTime,
     enqueued_at: OptionalTime,
     run: RunSlot,
-    /// Attributes few jobs carry; empty for most.
-    pub extras: JobExtras,
+    /// Attributes few jobs carry (its extras, an expiry); empty for most.
+    extras: JobExtras,
 }
 
-/// A job's [`JobExtra`]s: one pointer, null for a job with none (most),
-/// else to a list of exactly their size. The job's fields are sized so that
-/// it fills a 128-byte allocation with its reference counts (ARCHITECTURE.md,
+/// What few jobs carry: their [`JobExtra`]s and an expiry. One pointer,
+/// null for a job with neither (most). The job's fields are sized so that
+/// it fills a 112-byte allocation with its reference counts (ARCHITECTURE.md,
 /// "What a job costs in memory").
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct JobExtras(Option<Box<Box<[JobExtra]>>>);
+pub(crate) struct JobExtras(Option<Box<RareFields>>);
+
+#[derive(Debug, Clone, PartialEq)]
+struct RareFields {
+    list: Box<[JobExtra]>,
+    expires_at: OptionalTime,
+}
 
 impl JobExtras {
-    pub fn push(&mut self, extra: JobExtra) {
-        let mut extras = self.to_vec();
-        extras.push(extra);
-        *self = extras.into();
+    /// The extras `list` and the expiry `expires_at`.
+    pub(crate) fn new(list: Vec<JobExtra>, expires_at: Option<Millis>) -> JobExtras {
+        let expires_at = OptionalTime::from(expires_at);
+        let none = list.is_empty() && expires_at.get().is_none();
+        JobExtras((!none).then(|| Box::new(RareFields { list: list.into_boxed_slice(), expires_at })))
+    }
+
+    fn expires_at(&self) -> Option<Millis> {
+        self.0.as_ref().and_then(|rare| rare.expires_at.get())
+    }
+
+    fn set_expires_at(&mut self, at: Option<Millis>) {
+        *self = JobExtras::new(self.to_vec(), at);
+    }
+
+    fn push(&mut self, extra: JobExtra) {
+        let mut list = self.to_vec();
+        list.push(extra);
+        *self = JobExtras::new(list, self.expires_at());
     }
 
     /// Keeps the extras `keep` says yes to.
-    pub fn retain(&mut self, mut keep: impl FnMut(&JobExtra) -> bool) {
+    fn retain(&mut self, mut keep: impl FnMut(&JobExtra) -> bool) {
         if self.iter().all(&mut keep) {
             return;
         }
-        *self = self.iter().filter(|extra| keep(extra)).cloned().collect::<Vec<_>>().into();
+        let list = self.iter().filter(|extra| keep(extra)).cloned().collect();
+        *self = JobExtras::new(list, self.expires_at());
     }
 }
 
 impl std::ops::Deref for JobExtras {
     type Target = [JobExtra];
     fn deref(&self) -> &[JobExtra] {
-        self.0.as_deref().map_or(&[], |extras| extras)
-    }
-}
-
-impl From<Vec<JobExtra>> for JobExtras {
-    fn from(extras: Vec<JobExtra>) -> Self {
-        JobExtras((!extras.is_empty()).then(|| Box::new(extras.into_boxed_slice())))
+        self.0.as_deref().map_or(&[], |rare| &rare.list)
     }
 }
 
@@ -289,10 +304,9 @@ impl Job {
             attempt: 0,
             created_at: now,
             scheduled_at: scheduled_at.into(),
-            expires_at: expires_at.into(),
             enqueued_at: (state == JobState::Available).then_some(now).into(),
             run: RunSlot::default(),
-            extras: extras.into(),
+            extras: JobExtras::new(extras, expires_at),
         }
     }
 
@@ -307,11 +321,16 @@ impl Job {
 
     /// When the job expires unless it was claimed by then.
     pub fn expires_at(&self) -> Option<Millis> {
-        self.expires_at.get()
+        self.extras.expires_at()
     }
 
     pub fn set_expires_at(&mut self, at: Option<Millis>) {
-        self.expires_at = at.into();
+        self.extras.set_expires_at(at);
+    }
+
+    /// Attributes few jobs carry (unique keys, dispatch limits, schemas…).
+    pub fn extras(&self) -> &[JobExtra] {
+        &self.extras
     }
 
     /// When the job last became available (its place in the ready order).
@@ -429,6 +448,7 @@ impl Job {
             + payload_bytes
             + self.queue.len()
             + run_bytes
+            + self.extras.0.as_ref().map_or(0, |_| std::mem::size_of::<RareFields>())
             + self.extras.len() * (std::mem::size_of::<JobExtra>() + EXTRA_BYTES);
         bytes as u64
     }
@@ -473,8 +493,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_job_and_its_reference_counts_fill_a_128_byte_allocation() {
-        assert_eq!(std::mem::size_of::<Job>() + 2 * std::mem::size_of::<usize>(), 128);
+    fn a_job_and_its_reference_counts_fill_a_112_byte_allocation() {
+        assert_eq!(std::mem::size_of::<Job>() + 2 * std::mem::size_of::<usize>(), 112);
+    }
+
+    #[test]
+    fn an_expiry_and_extras_are_kept_through_each_others_changes() {
+        let mut extras = JobExtras::new(Vec::new(), None);
+        assert!(extras.0.is_none(), "nothing out of line for a job with neither");
+        extras.set_expires_at(Some(7));
+        extras.push(JobExtra::ActivatedAt(1));
+        extras.push(JobExtra::ActivatedAt(2));
+        extras.retain(|extra| *extra != JobExtra::ActivatedAt(1));
+        assert_eq!((extras.expires_at(), &*extras), (Some(7), &[JobExtra::ActivatedAt(2)][..]));
+        extras.set_expires_at(None);
+        assert_eq!((extras.expires_at(), &*extras), (None, &[JobExtra::ActivatedAt(2)][..]));
+        extras.retain(|_| false);
+        assert_eq!(extras, JobExtras::default(), "emptied, it takes no allocation again");
     }
 
     #[test]

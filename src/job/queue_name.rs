@@ -1,6 +1,6 @@
 //! [`QueueName`]: a job's queue, one shared text for the jobs of a queue
-//! instead of a `String` per job (16 bytes in the job and none of its own,
-//! where a `String` took 24 and an allocation).
+//! instead of a `String` per job (8 bytes in the job and none of its own,
+//! where a `String` took 24 and an allocation, and an `Arc<str>` 16).
 //!
 //! Names are shared through a small per-thread cache of the names used
 //! last, so jobs parsed or loaded one after another for the same queue
@@ -10,42 +10,77 @@
 
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
-use std::sync::Arc;
+use triomphe::ThinArc;
 
 /// Names each thread keeps at hand.
 const CACHED_NAMES: usize = 8;
 
 thread_local! {
     /// The names this thread used last, the latest at the end.
-    static RECENT: RefCell<Vec<Arc<str>>> = const { RefCell::new(Vec::new()) };
+    static RECENT: RefCell<Vec<QueueName>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A queue's name, cheap to clone and compare.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct QueueName(Arc<str>);
+/// A queue's name, cheap to clone and compare: one pointer to a shared
+/// allocation holding its reference count, its length and its text.
+#[derive(Clone)]
+pub struct QueueName(ThinArc<(), u8>);
 
 impl QueueName {
     /// The name `text`, sharing its text with a recent equal name.
     pub fn new(text: &str) -> QueueName {
         RECENT.with(|recent| {
             let mut recent = recent.borrow_mut();
-            if let Some(at) = recent.iter().rposition(|name| &**name == text) {
+            if let Some(at) = recent.iter().rposition(|name| name.as_str() == text) {
                 // The name used last goes to the end, so a busy queue stays.
                 let name = recent.remove(at);
                 recent.push(name.clone());
-                return QueueName(name);
+                return name;
             }
             if recent.len() == CACHED_NAMES {
                 recent.remove(0);
             }
-            let name: Arc<str> = Arc::from(text);
+            let name = QueueName(ThinArc::from_header_and_slice((), text.as_bytes()));
             recent.push(name.clone());
-            QueueName(name)
+            name
         })
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        // SAFETY: the bytes were copied from a `&str` (`new`) and never change.
+        unsafe { std::str::from_utf8_unchecked(&self.0.slice) }
+    }
+
+    /// Whether two names share one text.
+    #[cfg(test)]
+    fn shares_text_with(&self, other: &QueueName) -> bool {
+        std::ptr::eq(self.0.ptr(), other.0.ptr())
+    }
+}
+
+// Compared, hashed and ordered as their texts, as `Borrow<str>` requires.
+impl PartialEq for QueueName {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.0.ptr(), other.0.ptr()) || self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for QueueName {}
+
+impl std::hash::Hash for QueueName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialOrd for QueueName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for QueueName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
     }
 }
 
@@ -53,19 +88,19 @@ impl std::ops::Deref for QueueName {
     type Target = str;
 
     fn deref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl AsRef<str> for QueueName {
     fn as_ref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl std::borrow::Borrow<str> for QueueName {
     fn borrow(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
@@ -89,55 +124,55 @@ impl From<&QueueName> for String {
 
 impl PartialEq<str> for QueueName {
     fn eq(&self, other: &str) -> bool {
-        &*self.0 == other
+        self.as_str() == other
     }
 }
 
 impl PartialEq<&str> for QueueName {
     fn eq(&self, other: &&str) -> bool {
-        &*self.0 == *other
+        self.as_str() == *other
     }
 }
 
 impl PartialEq<String> for QueueName {
     fn eq(&self, other: &String) -> bool {
-        *self.0 == **other
+        self.as_str() == other.as_str()
     }
 }
 
 impl PartialEq<QueueName> for str {
     fn eq(&self, other: &QueueName) -> bool {
-        self == &*other.0
+        self == other.as_str()
     }
 }
 
 impl PartialEq<QueueName> for &str {
     fn eq(&self, other: &QueueName) -> bool {
-        *self == &*other.0
+        *self == other.as_str()
     }
 }
 
 impl PartialEq<QueueName> for String {
     fn eq(&self, other: &QueueName) -> bool {
-        **self == *other.0
+        self.as_str() == other.as_str()
     }
 }
 
 impl std::fmt::Display for QueueName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl std::fmt::Debug for QueueName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&*self.0, f)
+        std::fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl Serialize for QueueName {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -171,9 +206,9 @@ mod tests {
         let others: Vec<QueueName> = (0..20).map(|n| QueueName::new(&format!("q{n}"))).collect();
         let again = QueueName::new("mail");
         assert_eq!(first, again);
-        assert!(!Arc::ptr_eq(&first.0, &again.0), "pushed out of the cache by twenty others");
-        assert!(Arc::ptr_eq(&again.0, &QueueName::new("mail").0));
-        assert!(Arc::ptr_eq(&others[19].0, &QueueName::from("q19".to_string()).0));
+        assert!(!first.shares_text_with(&again), "pushed out of the cache by twenty others");
+        assert!(again.shares_text_with(&QueueName::new("mail")));
+        assert!(others[19].shares_text_with(&QueueName::from("q19".to_string())));
         assert_eq!(again, "mail");
         assert_eq!(again.to_string(), "mail");
     }
@@ -183,7 +218,7 @@ mod tests {
         let busy = QueueName::new("busy");
         for n in 0..100 {
             QueueName::new(&format!("tenant-{n}"));
-            assert!(Arc::ptr_eq(&busy.0, &QueueName::new("busy").0), "after {n} other names");
+            assert!(busy.shares_text_with(&QueueName::new("busy")), "after {n} other names");
         }
     }
 
@@ -193,7 +228,7 @@ mod tests {
         let bytes = postcard::to_allocvec(&name).unwrap();
         assert_eq!(bytes, postcard::to_allocvec("reports").unwrap());
         let back: QueueName = postcard::from_bytes(&bytes).unwrap();
-        assert!(Arc::ptr_eq(&back.0, &name.0));
+        assert!(back.shares_text_with(&name));
         assert_eq!(serde_json::to_string(&name).unwrap(), r#""reports""#);
     }
 }

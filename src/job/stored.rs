@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use super::{
-    ErrorEntry, FailureReport, Job, JobExtra, JobId, JobPayload, JobRun, JobState, QueueName, RetryPolicy, RunSlot,
-    SharedPolicies,
+    ErrorEntry, FailureReport, Job, JobExtra, JobExtras, JobId, JobPayload, JobRun, JobState, QueueName, RetryPolicy,
+    RunSlot, SharedPolicies,
 };
 use crate::clock::Millis;
 
@@ -105,11 +105,10 @@ impl From<StoredJob> for Job {
             attempt: stored.attempt,
             created_at: stored.created_at,
             scheduled_at: stored.scheduled_at.into(),
-            expires_at: stored.expires_at.into(),
             enqueued_at: stored.enqueued_at.into(),
             // A job that never ran takes no out-of-line space.
             run: RunSlot((run != JobRun::default()).then(|| Box::new(run))),
-            extras: stored.extras.into_vec().into(),
+            extras: JobExtras::new(stored.extras.into_vec(), stored.expires_at),
         }
     }
 }
@@ -247,10 +246,9 @@ impl<'a, 'p> StoredJobDecoder<'a, 'p> {
             attempt,
             created_at,
             scheduled_at: scheduled_at.into(),
-            expires_at: expires_at.into(),
             enqueued_at: enqueued_at.into(),
             run: RunSlot(run),
-            extras: extras.into_vec().into(),
+            extras: JobExtras::new(extras.into_vec(), expires_at),
         })
     }
 }
@@ -348,10 +346,9 @@ mod tests {
             attempt: 1,
             created_at: 10,
             scheduled_at: None.into(),
-            expires_at: Some(99).into(),
             enqueued_at: Some(10).into(),
             run: RunSlot::default(),
-            extras: vec![JobExtra::ActivatedAt(5)].into(),
+            extras: JobExtras::new(vec![JobExtra::ActivatedAt(5)], Some(99)),
         };
         let run = job.run_mut();
         run.started_at = Some(11);
@@ -394,7 +391,7 @@ mod tests {
             visibility_deadline: run.visibility_deadline,
             execution_deadline: run.execution_deadline,
             claim_visibility_ms: run.claim_visibility_ms,
-            extras: job.extras.to_vec().into_boxed_slice(),
+            extras: job.extras().to_vec().into_boxed_slice(),
         };
         let encoded = postcard::to_allocvec(&job).unwrap();
         assert_eq!(encoded, postcard::to_allocvec(&flat).unwrap());
@@ -440,7 +437,10 @@ mod tests {
                 job.payload = JobPayload::new("x", "[]", "{}", Vec::new(), vec![("note".into(), "\"hi\"".into())]);
             }
             if n % 2 == 0 {
-                job.extras = Vec::new().into();
+                job.extras = JobExtras::new(Vec::new(), job.expires_at());
+            }
+            if n % 5 == 4 {
+                job.set_expires_at(None);
             }
             jobs.push(job);
         }
