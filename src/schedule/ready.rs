@@ -62,6 +62,7 @@ impl ReadyQueue {
         self.blocks.partition_point(|block| block[0] <= *key).saturating_sub(1)
     }
 
+    /// Adds `key` (a key already there stays once).
     pub fn push(&mut self, key: ReadyKey) {
         if let Some(last) = self.blocks.back_mut()
             && last.back().is_some_and(|back| *back < key)
@@ -178,8 +179,11 @@ impl KeyedReady {
             None => Arc::from(key),
         };
         let queue = self.by_key.entry(name.clone()).or_default();
-        let old_head = queue.first();
+        let (old_head, old_len) = (queue.first(), queue.len());
         queue.push(job);
+        if queue.len() == old_len {
+            return;
+        }
         self.len += 1;
         if old_head.is_none_or(|head| job < head) {
             if let Some(head) = old_head {
@@ -264,6 +268,20 @@ mod tests {
         ready.remove("b", &jobs[3]);
         ready.remove("b", &jobs[2]);
         assert!(ready.is_empty() && ready.heads().next().is_none());
+    }
+
+    #[test]
+    fn a_job_pushed_twice_under_a_key_counts_once() {
+        let mut ready = KeyedReady::default();
+        let jobs: Vec<_> = (0..3).map(|n| ReadyKey::new(0, n, JobId(n as u128))).collect();
+        for job in [jobs[1], jobs[0], jobs[2], jobs[1], jobs[0]] {
+            ready.push("k", job);
+        }
+        assert_eq!(ready.len(), 3);
+        for job in &jobs {
+            assert!(ready.remove("k", job));
+        }
+        assert!(ready.is_empty());
     }
 
     #[test]
