@@ -327,6 +327,31 @@ fn schemas_v5_data_dir_still_opens() {
     assert_inspect_decodes(&schemas_fixture_dir());
 }
 
+#[test]
+fn a_clean_stop_rewrites_a_snapshot_of_an_older_layout_even_with_nothing_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&schemas_fixture_dir(), dir.path());
+    // Without the log after the snapshot, nothing is replayed: the state is
+    // the snapshot's, in payload version 5.
+    for (index, path) in svc::storage::list_segments(dir.path()).unwrap() {
+        if index >= 1 {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let newest = |dir: &Path| svc::storage::list_snapshots(dir).unwrap().pop().unwrap();
+    let (old_index, old_path) = newest(dir.path());
+    assert_eq!(svc::storage::open_snapshot(&old_path).unwrap().payload_version, 5);
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let image = engine.handle().image().wait().unwrap();
+    engine.close();
+    let (index, path) = newest(dir.path());
+    assert!(index > old_index, "a snapshot in the current layout replaces it");
+    assert!(svc::storage::open_snapshot(&path).unwrap().payload_version > 5);
+    let engine = Engine::open(config(dir.path())).unwrap();
+    assert_eq!(engine.handle().image().wait().unwrap(), image);
+    engine.close();
+}
+
 fn chunked_fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chunked-v6")
 }

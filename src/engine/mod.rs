@@ -151,9 +151,13 @@ impl Engine {
         };
         remove_obsolete(&config.data_dir, replay_from)?;
         // The data dir loads as it is, with no log to replay, from its newest
-        // snapshot (not one passed over for an older one) or from nothing.
+        // snapshot (not one passed over for an older one, nor one in an older
+        // layout, which loads slower) or from nothing.
         let snapshot_written = replayed_bytes == 0
-            && list_snapshots(&config.data_dir)?.last().is_none_or(|(index, _)| *index == replay_from);
+            && list_snapshots(&config.data_dir)?.last().is_none_or(|(index, path)| {
+                *index == replay_from
+                    && open_snapshot(path).is_ok_and(|newest| newest.payload_version == image::IMAGE_VERSION)
+            });
         if config.check_invariants {
             state.check_invariants().map_err(|reason| StorageError::Corrupt {
                 path: config.data_dir.clone(),
