@@ -314,13 +314,8 @@ async fn serve(
 /// Completes a short while after the log fails, so that clients still get
 /// 503 answers (and health reports the failure) before the process goes.
 async fn watch_storage(app: Arc<AppState>) {
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if app.engine.storage_failed() {
-            let reason = app.engine.failure().map_or("unknown", |failure| failure.code());
-            tracing::error!(reason = reason, "stopping: the engine accepts no more writes");
-            tokio::time::sleep(Duration::from_millis(POISON_EXIT_DELAY_MS)).await;
-            return;
-        }
-    }
+    app.engine.storage_failure().await;
+    let reason = app.engine.failure().map_or("unknown", |failure| failure.code());
+    tracing::error!(reason = reason, "stopping: the engine accepts no more writes");
+    tokio::time::sleep(Duration::from_millis(POISON_EXIT_DELAY_MS)).await;
 }

@@ -401,6 +401,12 @@ impl EngineHandle {
         self.view.failure().is_some()
     }
 
+    /// Completes once the engine accepts no more writes (see
+    /// [`EngineHandle::storage_failed`]).
+    pub async fn storage_failure(&self) {
+        self.view.failed().await
+    }
+
     /// Whether the disk is full: new work is refused until space is freed,
     /// while work already accepted can still end.
     pub fn disk_full(&self) -> bool {

@@ -131,6 +131,8 @@ pub struct ReadView {
     /// Why the engine accepts no more writes: 0 while it does, else an
     /// [`EngineFailure`] as `1 + its index`.
     failure: AtomicU8,
+    /// Wakes those waiting for a failure ([`ReadView::failed`]).
+    failure_notify: tokio::sync::Notify,
     /// The disk is full: new work is refused until space is freed.
     disk_full: AtomicBool,
 }
@@ -168,6 +170,7 @@ impl ReadView {
             schemas: RwLock::new(std::collections::BTreeMap::new()),
             webhooks: RwLock::new(std::collections::BTreeMap::new()),
             failure: AtomicU8::new(0),
+            failure_notify: tokio::sync::Notify::new(),
             disk_full: AtomicBool::new(false),
         }
     }
@@ -358,6 +361,21 @@ impl ReadView {
             EngineFailure::EngineStopped => 2,
         };
         let _ = self.failure.compare_exchange(0, code, Ordering::SeqCst, Ordering::SeqCst);
+        self.failure_notify.notify_waiters();
+    }
+
+    /// Completes once the engine accepts no more writes.
+    pub async fn failed(&self) {
+        loop {
+            let notified = self.failure_notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a failure set in between still wakes it.
+            notified.as_mut().enable();
+            if self.failure().is_some() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Writer only: publishes changed queues (`None` removes).
@@ -402,4 +420,25 @@ fn take_page<'a, T: Clone + 'a>(mut matching: impl Iterator<Item = &'a T>, limit
     let page: Vec<T> = matching.by_ref().take(limit).cloned().collect();
     let has_more = matching.next().is_some();
     (page, has_more)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failure_wakes_those_waiting_for_it_and_later_waits_end_at_once() {
+        let view = Arc::new(ReadView::new(super::super::job_table::JobTable::default().shared()));
+        let waiting = tokio::spawn({
+            let view = view.clone();
+            async move { view.failed().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "no failure yet");
+        let failing = view.clone();
+        std::thread::spawn(move || failing.set_failure(EngineFailure::SyncFailed)).join().unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), waiting).await.unwrap().unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), view.failed()).await.unwrap();
+        assert_eq!(view.failure(), Some(EngineFailure::SyncFailed));
+    }
 }
