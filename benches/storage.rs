@@ -1,12 +1,13 @@
-//! Frame codec, and durable log commits at batch sizes 1, 64 and 1024, both
-//! as direct writes and through the page cache with `fdatasync`.
+//! Frame codec, durable log commits at batch sizes 1, 64 and 1024 (both as
+//! direct writes and through the page cache with `fdatasync`), and a
+//! snapshot of a million jobs encoded and decoded in memory.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 use std::hint::black_box;
 use std::sync::Arc;
 use svc::engine::record::{Record, encode_batch};
-use svc::engine::{Entropy, Retention, State, SystemEntropy};
+use svc::engine::{Entropy, IMAGE_VERSION, Retention, State, SystemEntropy, decode_image};
 use svc::job::{JobDefaults, parse_enqueue_body};
 use svc::storage::frame::{decode_frame, encode_frame};
 use svc::storage::{FileSystem, PageCacheFileSystem, RealFileSystem, WalWriter};
@@ -62,5 +63,40 @@ fn log_append_and_sync(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, frame_codec, log_append_and_sync);
+/// A snapshot of a backlog of a million jobs of about 200 bytes (as `svc
+/// bench --workload fill` sends them), taken from the state as the engine
+/// takes it: encoded (sorted by id, in chunks) without the file, and
+/// decoded on one thread.
+fn snapshot_codec(c: &mut Criterion) {
+    const JOBS: usize = 1_000_000;
+    let mut state = State::new(Retention::default());
+    let mut entropy = SystemEntropy;
+    for batch in 0..JOBS / 1000 {
+        let jobs = (0..1000)
+            .map(|n| {
+                let head = format!(r#"{{"type":"bench.fill","args":[{},""#, batch * 1000 + n);
+                let body = format!("{head}{}\"]}}", "x".repeat(200 - head.len() - 3));
+                parse_enqueue_body(body.as_bytes(), &JobDefaults::default()).expect("valid body")
+            })
+            .collect();
+        let record =
+            state.decide_enqueue(1_800_000_000_000, jobs, &mut entropy).expect("accepted").0.expect("a record");
+        state.apply(&record, &mut svc::engine::EventSink::disabled()).expect("applies");
+    }
+    let mut group = c.benchmark_group("snapshot");
+    group.sample_size(10).throughput(Throughput::Elements(JOBS as u64));
+    group.bench_function("encode_1m", |b| {
+        b.iter_batched(
+            || state.image(),
+            |mut image| image.encode_to(&mut std::io::sink()).expect("encodes"),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    let encoded = state.image().encode();
+    group
+        .bench_function("decode_1m", |b| b.iter(|| decode_image(IMAGE_VERSION, black_box(&encoded)).expect("decodes")));
+    group.finish();
+}
+
+criterion_group!(benches, frame_codec, log_append_and_sync, snapshot_codec);
 criterion_main!(benches);
