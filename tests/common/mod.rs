@@ -165,13 +165,38 @@ impl Drop for TestServer {
     }
 }
 
+/// A `svc serve` child process, killed when dropped, so that a test that
+/// fails halfway leaves no server running.
+pub struct ServerProcess(Child);
+
+impl std::ops::Deref for ServerProcess {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ServerProcess {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // Already gone when the test stopped it: then both just fail.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `svc serve` as a child process and returns it with its address.
-pub fn spawn_server(dir: &Path) -> (Child, String) {
+pub fn spawn_server(dir: &Path) -> (ServerProcess, String) {
     spawn_server_with_env(dir, &[])
 }
 
 /// `spawn_server` with extra environment variables.
-pub fn spawn_server_with_env(dir: &Path, env: &[(&str, &str)]) -> (Child, String) {
+pub fn spawn_server_with_env(dir: &Path, env: &[(&str, &str)]) -> (ServerProcess, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_svc"))
         .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
@@ -191,6 +216,7 @@ pub fn spawn_server_with_env(dir: &Path, env: &[(&str, &str)]) -> (Child, String
             }
         }
     });
+    let child = ServerProcess(child);
     let address = receiver.recv_timeout(Duration::from_secs(20)).expect("server reports its address");
     (child, format!("http://{address}"))
 }
