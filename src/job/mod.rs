@@ -26,7 +26,8 @@ pub use id::{IdGenerator, IdHashState, JobId, JobIdMap, JobIdSet};
 pub use payload::JobPayload;
 pub use queue_name::QueueName;
 pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
-pub use stored::{StoredJob, StoredJobDecoder};
+pub use stored::StoredJob;
+pub(crate) use stored::StoredJobDecoder;
 pub use unique::{OnConflict, UNIQUE_KEY_NAME_CHARS_MAX, UNIQUE_KEY_NAMES_MAX, UniqueKey, UniquePolicy};
 
 use serde::{Deserialize, Serialize};
