@@ -14,6 +14,11 @@
 //! handoff_floor ADDR --inline DIR             one thread, no hand-off: requests batch up while
 //!                                             the thread runs, and it blocks on one write per
 //!                                             batch (Redis's `appendfsync always`)
+//! handoff_floor ADDR --durable DIR --contract  batch enqueue's least work under svc's interface:
+//!                                             each body is parsed as a batch of jobs (type, args,
+//!                                             queue), written whole with the others of its commit,
+//!                                             and answered with every job rendered as svc
+//!                                             renders a new one (an id, its fields, two times)
 //! ```
 //!
 //! Run with `cargo run --release --example handoff_floor -- 127.0.0.1:8091 --durable /tmp/floor`.
@@ -37,16 +42,20 @@ use tokio::sync::{Notify, oneshot};
 
 type Waiter = oneshot::Sender<()>;
 
+/// A request waiting for its commit: the bytes to write (none outside
+/// `--contract`, where a commit writes one block) and whom to answer.
+type Pending = (Bytes, Waiter);
+
 /// Waiting requests and whether the taker sleeps; like svc's engine inbox, a
 /// submitter wakes the taker only when it sleeps, and the taker takes all.
 #[derive(Default)]
 struct Inbox {
-    waiting: Mutex<(Vec<Waiter>, bool)>,
+    waiting: Mutex<(Vec<Pending>, bool)>,
     wake: Condvar,
 }
 
 impl Inbox {
-    fn submit(&self, waiters: &mut Vec<Waiter>) {
+    fn submit(&self, waiters: &mut Vec<Pending>) {
         let mut waiting = self.waiting.lock();
         waiting.0.append(waiters);
         if waiting.1 {
@@ -55,7 +64,7 @@ impl Inbox {
         }
     }
 
-    fn take_all(&self, batch: &mut Vec<Waiter>) {
+    fn take_all(&self, batch: &mut Vec<Pending>) {
         let mut waiting = self.waiting.lock();
         while waiting.0.is_empty() {
             waiting.1 = true;
@@ -91,6 +100,30 @@ impl Log {
         self.file.write_all_at(&self.buffer[start..start + BLOCK], self.offset).expect("durable write");
         self.offset = (self.offset + BLOCK as u64) % LOG_BYTES;
     }
+
+    /// Writes a commit: the bodies of its requests in one write, padded to
+    /// whole blocks, or one block when they carry none.
+    fn write_commit(&mut self, batch: &[Pending]) {
+        let bytes: usize = batch.iter().map(|(body, _)| body.len()).sum();
+        if bytes == 0 {
+            return self.write_block();
+        }
+        let padded = bytes.div_ceil(BLOCK) * BLOCK;
+        if self.buffer.len() < padded + BLOCK {
+            self.buffer.resize(padded + BLOCK, 0);
+        }
+        let start = self.buffer.as_ptr().align_offset(BLOCK);
+        let mut at = start;
+        for (body, _) in batch {
+            self.buffer[at..at + body.len()].copy_from_slice(body);
+            at += body.len();
+        }
+        if self.offset + padded as u64 > LOG_BYTES {
+            self.offset = 0;
+        }
+        self.file.write_all_at(&self.buffer[start..start + padded], self.offset).expect("durable write");
+        self.offset += padded as u64;
+    }
 }
 
 /// Takes batches from `inbox`; writes one block per batch if it has a log; answers them.
@@ -99,9 +132,9 @@ fn write_and_answer(inbox: &Inbox, mut log: Option<Log>) {
     loop {
         inbox.take_all(&mut batch);
         if let Some(log) = log.as_mut() {
-            log.write_block();
+            log.write_commit(&batch);
         }
-        for waiter in batch.drain(..) {
+        for (_, waiter) in batch.drain(..) {
             let _ = waiter.send(());
         }
     }
@@ -114,8 +147,62 @@ fn hello() -> Response<Full<Bytes>> {
     response
 }
 
+/// One job of a batch, as far as `--contract` reads it; other fields are
+/// skipped, but must be well-formed JSON.
+#[derive(serde::Deserialize)]
+struct Item<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    args: &'a serde_json::value::RawValue,
+    #[serde(default, borrow)]
+    options: Option<ItemOptions<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ItemOptions<'a> {
+    #[serde(default, borrow)]
+    queue: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct BatchBody<'a> {
+    #[serde(borrow)]
+    jobs: Vec<Item<'a>>,
+}
+
+/// Parses a batch and renders its jobs as new ones, the way svc's answer
+/// carries them; `None` when the body is not a batch.
+fn render_batch(body: &[u8], next_id: &std::sync::atomic::AtomicU64) -> Option<Vec<u8>> {
+    use std::io::Write;
+    let batch: BatchBody = serde_json::from_slice(body).ok()?;
+    let now = jiff::Timestamp::now();
+    let time = now.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
+    let millis = now.as_millisecond() as u64;
+    let first = next_id.fetch_add(batch.jobs.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    let mut out = Vec::with_capacity(body.len() * 3);
+    out.extend_from_slice(br#"{"jobs":["#);
+    for (n, item) in batch.jobs.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        let id = uuid::Uuid::from_u64_pair(millis << 16 | 0x7000, 0x8000_0000_0000_0000 | (first + n as u64));
+        let queue = item.options.as_ref().and_then(|options| options.queue.as_deref()).unwrap_or("default");
+        write!(
+            out,
+            r#"{{"specversion":"1.0","id":"{id}","type":{kind},"queue":{queue},"args":{args},"meta":{{}},"state":"available","priority":0,"attempt":0,"max_attempts":3,"timeout":30,"timeout_ms":30000,"visibility_timeout":30,"visibility_timeout_ms":30000,"retry":{{"max_attempts":3,"initial_interval":"PT1S","backoff_coefficient":2.0,"max_interval":"PT5M","jitter":true,"non_retryable_errors":[],"on_exhaustion":"discard"}},"tags":[],"created_at":"{time}","enqueued_at":"{time}"}}"#,
+            kind = serde_json::Value::from(item.kind.as_ref()),
+            queue = serde_json::Value::from(queue),
+            args = item.args.get(),
+        )
+        .ok()?;
+    }
+    write!(out, r#"],"count":{}}}"#, batch.jobs.len()).ok()?;
+    Some(out)
+}
+
 /// The hand-off designs: a multi-threaded front end and one writer thread.
-async fn threaded(address: &str, log_dir: Option<PathBuf>, lanes: usize) -> std::io::Result<()> {
+async fn threaded(address: &str, log_dir: Option<PathBuf>, lanes: usize, contract: bool) -> std::io::Result<()> {
     let inbox = Arc::new(Inbox::default());
     let writer_inbox = inbox.clone();
     let writer = std::thread::Builder::new().name("writer".into());
@@ -144,19 +231,36 @@ async fn threaded(address: &str, log_dir: Option<PathBuf>, lanes: usize) -> std:
     }
     let listener = TcpListener::bind(address).await?;
     eprintln!("handoff floor listening on {}", listener.local_addr()?);
+    let next_id = Arc::new(std::sync::atomic::AtomicU64::new(0));
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
-        let inbox = inbox.clone();
+        let (inbox, next_id) = (inbox.clone(), next_id.clone());
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
-                let inbox = inbox.clone();
+                let (inbox, next_id) = (inbox.clone(), next_id.clone());
                 async move {
-                    request.into_body().collect().await?;
+                    let body = request.into_body().collect().await?.to_bytes();
+                    if !contract {
+                        let (waiter, answered) = oneshot::channel();
+                        inbox.submit(&mut vec![(Bytes::new(), waiter)]);
+                        let _ = answered.await;
+                        return Ok::<_, hyper::Error>(hello());
+                    }
+                    let Some(rendered) = render_batch(&body, &next_id) else {
+                        let mut refused = Response::new(Full::new(Bytes::from_static(b"{}")));
+                        *refused.status_mut() = StatusCode::BAD_REQUEST;
+                        return Ok(refused);
+                    };
                     let (waiter, answered) = oneshot::channel();
-                    inbox.submit(&mut vec![waiter]);
+                    inbox.submit(&mut vec![(body, waiter)]);
                     let _ = answered.await;
-                    Ok::<_, hyper::Error>(hello())
+                    let mut response = Response::new(Full::new(Bytes::from(rendered)));
+                    *response.status_mut() = StatusCode::CREATED;
+                    response
+                        .headers_mut()
+                        .insert("content-type", "application/svc+json".parse().expect("valid header"));
+                    Ok(response)
                 }
             });
             let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
@@ -168,7 +272,7 @@ async fn threaded(address: &str, log_dir: Option<PathBuf>, lanes: usize) -> std:
 /// A request joins the batch and wakes the commit task, which runs after the
 /// tasks already runnable, so each batch holds every request read meanwhile.
 async fn inline(address: &str, dir: PathBuf) -> std::io::Result<()> {
-    let batch: Rc<RefCell<Vec<Waiter>>> = Rc::default();
+    let batch: Rc<RefCell<Vec<Pending>>> = Rc::default();
     let due = Rc::new(Notify::new());
     let mut log = Log::open(&dir, "floor.log")?;
     let (commit_batch, commit_due) = (batch.clone(), due.clone());
@@ -178,7 +282,7 @@ async fn inline(address: &str, dir: PathBuf) -> std::io::Result<()> {
             commit_due.notified().await;
             std::mem::swap(&mut *commit_batch.borrow_mut(), &mut taken);
             log.write_block();
-            for waiter in taken.drain(..) {
+            for (_, waiter) in taken.drain(..) {
                 let _ = waiter.send(());
             }
         }
@@ -195,7 +299,7 @@ async fn inline(address: &str, dir: PathBuf) -> std::io::Result<()> {
                 async move {
                     request.into_body().collect().await?;
                     let (waiter, answered) = oneshot::channel();
-                    batch.borrow_mut().push(waiter);
+                    batch.borrow_mut().push((Bytes::new(), waiter));
                     due.notify_one();
                     let _ = answered.await;
                     Ok::<_, hyper::Error>(hello())
@@ -216,5 +320,6 @@ fn main() -> std::io::Result<()> {
     }
     let lanes = flag("--lanes").map(|lanes| lanes.parse().expect("--lanes takes a number")).unwrap_or(0);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(threaded(&address, flag("--durable").map(PathBuf::from), lanes))
+    let contract = args.iter().any(|arg| arg == "--contract");
+    runtime.block_on(threaded(&address, flag("--durable").map(PathBuf::from), lanes, contract))
 }
