@@ -18,6 +18,7 @@ pub mod inspect;
 mod job_table;
 mod legacy;
 pub mod outbox;
+mod pace;
 #[doc(hidden)]
 pub mod record;
 mod registry;
@@ -185,6 +186,7 @@ impl Engine {
             },
             bytes_since_snapshot: replayed_bytes,
             snapshot_busy: Arc::new(AtomicBool::new(false)),
+            snapshot_hurry: Arc::new(AtomicBool::new(false)),
             snapshot_written: Arc::new(AtomicBool::new(snapshot_written)),
             event_ids: IdGenerator::default(),
             event_seq: 0,

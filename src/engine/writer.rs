@@ -18,6 +18,7 @@ use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::image::{IMAGE_VERSION, StateImage};
 use super::inbox::{Command, InboxReceiver, Received};
+use super::pace::PacedWriter;
 use super::record::{Record, encode_sequences};
 use super::registry;
 use super::requests::{Parked, RECORD_BYTES_PER_JOB, Ran, Responder, Turn};
@@ -28,7 +29,9 @@ use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
 use crate::job::JobId;
 use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
-use crate::storage::{FileSystem, StorageError, remove_obsolete, write_snapshot_with};
+use crate::storage::{
+    FileSystem, PageCache, StorageError, read_newest_into_page_cache, remove_obsolete, write_snapshot_with,
+};
 
 /// Most due jobs handled in one turn; the rest follow in the next turn at once.
 const DUE_JOBS_PER_TURN_MAX: usize = 10_000;
@@ -54,6 +57,9 @@ pub(crate) struct Writer {
     pub snapshots: SnapshotPolicy,
     pub bytes_since_snapshot: u64,
     pub snapshot_busy: Arc<AtomicBool>,
+    /// Tells a background snapshot to stop resting between steps
+    /// (`pace`): the next one is due, or the server waits for it.
+    pub snapshot_hurry: Arc<AtomicBool>,
     /// The newest snapshot image taken was written out (or none was taken
     /// since recovery): with nothing logged since, the data dir then loads
     /// without replay as it is.
@@ -154,14 +160,27 @@ impl Writer {
                 // would cost as much as the first time (seconds for millions
                 // of jobs) and load no faster.
                 tracing::info!("final snapshot not needed: nothing was logged since the last one");
+                // That one may have been written past the page cache.
+                let reading = std::time::Instant::now();
+                match read_newest_into_page_cache(&self.snapshots.dir) {
+                    Ok(bytes) => {
+                        tracing::info!(
+                            bytes,
+                            seconds = reading.elapsed().as_secs_f64(),
+                            "snapshot read into the page cache"
+                        )
+                    }
+                    Err(error) => tracing::warn!(error = %error, "could not read the snapshot into the page cache"),
+                }
             } else if let Err(error) = self.snapshot_now() {
                 tracing::error!(error = %error, "final snapshot failed");
             }
         }
     }
 
-    /// Waits until no background snapshot is being written.
+    /// Waits until no background snapshot is being written, hurrying it.
     fn wait_for_snapshot(&self) {
+        self.snapshot_hurry.store(true, Ordering::SeqCst);
         while self.snapshot_busy.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -575,19 +594,27 @@ impl Writer {
         Ok((replay_from, image))
     }
 
-    /// Writes a snapshot on this thread and waits for it to be durable.
+    /// Writes a snapshot on this thread and waits for it to be durable. It
+    /// stays in the page cache, for the restart that follows a clean stop.
     fn snapshot_now(&mut self) -> Result<(), StorageError> {
         self.wait_for_snapshot();
         let (replay_from, mut image) = self.snapshot_image()?;
         let (file_system, dir) = (self.snapshots.file_system.as_ref(), &self.snapshots.dir);
-        write_snapshot_with(file_system, dir, replay_from, IMAGE_VERSION, &mut |out| image.encode_to(out))?;
+        write_snapshot_with(file_system, dir, replay_from, IMAGE_VERSION, PageCache::Fill, &mut |out| {
+            image.encode_to(out)
+        })?;
         self.snapshot_written.store(true, Ordering::SeqCst);
         remove_obsolete(dir, replay_from)
     }
 
-    /// Starts a background snapshot once enough log has been written.
+    /// Starts a background snapshot once enough log has been written; when
+    /// one is still being written by then, hurries it instead.
     fn maybe_start_snapshot(&mut self) {
-        if self.bytes_since_snapshot < self.snapshots.log_bytes || self.snapshot_busy.load(Ordering::SeqCst) {
+        if self.bytes_since_snapshot < self.snapshots.log_bytes {
+            return;
+        }
+        if self.snapshot_busy.load(Ordering::SeqCst) {
+            self.snapshot_hurry.store(true, Ordering::SeqCst);
             return;
         }
         let taking = std::time::Instant::now();
@@ -599,6 +626,8 @@ impl Writer {
             }
         };
         self.snapshot_busy.store(true, Ordering::SeqCst);
+        self.snapshot_hurry.store(false, Ordering::SeqCst);
+        let hurry = self.snapshot_hurry.clone();
         let busy = self.snapshot_busy.clone();
         let written = self.snapshot_written.clone();
         let file_system = self.snapshots.file_system.clone();
@@ -610,11 +639,14 @@ impl Writer {
         let spawned = std::thread::Builder::new().name("svc-snapshot".into()).spawn(move || {
             yield_to_the_engine();
             let started = std::time::Instant::now();
-            let result = write_snapshot_with(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, &mut |out| {
-                image.encode_to(out)
-            })
-            .inspect(|_| written.store(true, Ordering::SeqCst))
-            .and_then(|bytes| remove_obsolete(&dir, replay_from).map(|()| bytes));
+            // Past the page cache, and paced (ARCHITECTURE.md, "What a job costs in memory").
+            let cache = PageCache::Bypass;
+            let result =
+                write_snapshot_with(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, cache, &mut |out| {
+                    image.encode_to(&mut PacedWriter::new(out, &hurry))
+                })
+                .inspect(|_| written.store(true, Ordering::SeqCst))
+                .and_then(|bytes| remove_obsolete(&dir, replay_from).map(|()| bytes));
             metrics.snapshot_seconds.observe(started.elapsed().as_secs_f64());
             match result {
                 Ok(bytes) => tracing::info!(

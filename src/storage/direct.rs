@@ -30,12 +30,12 @@ const _: () = assert!(std::mem::align_of::<Block>() == DIRECT_BLOCK_BYTES);
 const _: () = assert!(std::mem::size_of::<Block>() == DIRECT_BLOCK_BYTES);
 
 /// Block-aligned bytes, a whole number of blocks long.
-struct AlignedBuffer {
+pub(super) struct AlignedBuffer {
     blocks: Vec<Block>,
 }
 
 impl AlignedBuffer {
-    fn with_bytes(bytes: usize) -> Self {
+    pub(super) fn with_bytes(bytes: usize) -> Self {
         Self { blocks: vec![Block([0; DIRECT_BLOCK_BYTES]); bytes.div_ceil(DIRECT_BLOCK_BYTES).max(1)] }
     }
 
@@ -47,11 +47,16 @@ impl AlignedBuffer {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.blocks.len() * DIRECT_BLOCK_BYTES
     }
 
-    fn bytes_mut(&mut self) -> &mut [u8] {
+    pub(super) fn bytes(&self) -> &[u8] {
+        // SAFETY: as in `bytes_mut`, borrowed shared.
+        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len()) }
+    }
+
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: `Block` is `repr(C)` around a byte array, with no padding
         // (size == alignment, asserted above), so the vector's blocks are one
         // contiguous run of initialized bytes, borrowed mutably here.

@@ -53,6 +53,14 @@ pub trait FileSystem: Send + Sync + 'static {
     fn open_direct(&self, _path: &Path) -> io::Result<Option<Arc<dyn LogFile>>> {
         Ok(None)
     }
+    /// Opens an existing file for direct writes that bypass the page cache
+    /// but are not synced one by one (`O_DIRECT` alone): aligned as for
+    /// [`FileSystem::open_direct`], and durable once `sync_data` of any
+    /// handle to the file returns. `None` where the file system does not
+    /// offer them.
+    fn open_direct_unsynced(&self, _path: &Path) -> io::Result<Option<Arc<dyn LogFile>>> {
+        Ok(None)
+    }
 }
 
 /// The alignment of direct writes: a common page and physical sector size,
@@ -109,10 +117,12 @@ fn open_real(path: &Path, create: bool) -> io::Result<RealFile> {
     options.open(path).map(RealFile)
 }
 
+/// A direct handle, each write synced (`O_DSYNC`) when `synced`.
 #[cfg(target_os = "linux")]
-fn open_real_direct(path: &Path) -> io::Result<Option<RealFile>> {
+fn open_real_direct(path: &Path, synced: bool) -> io::Result<Option<RealFile>> {
     use std::os::unix::fs::OpenOptionsExt;
-    match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT | libc::O_DSYNC).open(path) {
+    let flags = if synced { libc::O_DIRECT | libc::O_DSYNC } else { libc::O_DIRECT };
+    match OpenOptions::new().write(true).custom_flags(flags).open(path) {
         Ok(file) => Ok(Some(RealFile(file))),
         // The file system does not do direct I/O (tmpfs on older kernels, for one).
         Err(error) if error.raw_os_error() == Some(libc::EINVAL) => Ok(None),
@@ -121,7 +131,7 @@ fn open_real_direct(path: &Path) -> io::Result<Option<RealFile>> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn open_real_direct(_path: &Path) -> io::Result<Option<RealFile>> {
+fn open_real_direct(_path: &Path, _synced: bool) -> io::Result<Option<RealFile>> {
     Ok(None)
 }
 
@@ -139,7 +149,11 @@ impl FileSystem for RealFileSystem {
     }
 
     fn open_direct(&self, path: &Path) -> io::Result<Option<Arc<dyn LogFile>>> {
-        Ok(open_real_direct(path)?.map(|file| Arc::new(file) as Arc<dyn LogFile>))
+        Ok(open_real_direct(path, true)?.map(|file| Arc::new(file) as Arc<dyn LogFile>))
+    }
+
+    fn open_direct_unsynced(&self, path: &Path) -> io::Result<Option<Arc<dyn LogFile>>> {
+        Ok(open_real_direct(path, false)?.map(|file| Arc::new(file) as Arc<dyn LogFile>))
     }
 }
 
@@ -290,21 +304,30 @@ impl FaultyFileSystem {
 struct FaultyFile {
     inner: RealFile,
     owner: FaultyFileSystem,
-    /// Writes are direct, and each is a data sync.
-    direct: bool,
+    kind: FaultyFileKind,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum FaultyFileKind {
+    /// Through the page cache.
+    Buffered,
+    /// Direct, and each write is a data sync.
+    Direct,
+    /// Direct, synced by the file's `sync_data`.
+    DirectUnsynced,
 }
 
 impl LogFile for FaultyFile {
     fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        if !self.direct {
+        if self.kind != FaultyFileKind::Buffered && self.owner.refuse_direct_writes {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        if self.kind != FaultyFileKind::Direct {
             let grows = offset + bytes.len() as u64 > self.inner.size()?;
             if grows && self.owner.no_space.load(Ordering::SeqCst) {
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
             }
             return self.inner.write_at(offset, bytes);
-        }
-        if self.owner.refuse_direct_writes {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         // An injected failure comes after the bytes were written: the caller
         // cannot know whether they reached the disk, as with a real failure.
@@ -330,11 +353,11 @@ impl LogFile for FaultyFile {
 
 impl FileSystem for FaultyFileSystem {
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        Ok(Arc::new(FaultyFile { inner: open_real(path, true)?, owner: self.clone(), direct: false }))
+        Ok(Arc::new(FaultyFile { inner: open_real(path, true)?, owner: self.clone(), kind: FaultyFileKind::Buffered }))
     }
 
     fn open_existing(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        Ok(Arc::new(FaultyFile { inner: open_real(path, false)?, owner: self.clone(), direct: false }))
+        Ok(Arc::new(FaultyFile { inner: open_real(path, false)?, owner: self.clone(), kind: FaultyFileKind::Buffered }))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -346,7 +369,20 @@ impl FileSystem for FaultyFileSystem {
         if !self.direct_writes {
             return Ok(None);
         }
-        Ok(open_real_direct(path)?
-            .map(|inner| Arc::new(FaultyFile { inner, owner: self.clone(), direct: true }) as Arc<dyn LogFile>))
+        Ok(open_real_direct(path, true)?.map(|inner| {
+            Arc::new(FaultyFile { inner, owner: self.clone(), kind: FaultyFileKind::Direct }) as Arc<dyn LogFile>
+        }))
+    }
+
+    /// Its writes are not syncs (the file's `sync_data` is one), but are
+    /// refused and run out of space as other writes do.
+    fn open_direct_unsynced(&self, path: &Path) -> io::Result<Option<Arc<dyn LogFile>>> {
+        if !self.direct_writes {
+            return Ok(None);
+        }
+        Ok(open_real_direct(path, false)?.map(|inner| {
+            Arc::new(FaultyFile { inner, owner: self.clone(), kind: FaultyFileKind::DirectUnsynced })
+                as Arc<dyn LogFile>
+        }))
     }
 }

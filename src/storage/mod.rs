@@ -21,8 +21,8 @@ pub use layout::{DataDirLock, SEGMENT_HEADER_BYTES, list_segments, list_snapshot
 pub use power_loss::PowerLossFileSystem;
 #[doc(hidden)]
 pub use snapshot::{
-    OpenSnapshot, SNAPSHOT_HEADER_BYTES, SnapshotFile, SnapshotPayload, open_snapshot, read_snapshot, remove_obsolete,
-    write_snapshot, write_snapshot_with,
+    OpenSnapshot, PageCache, SNAPSHOT_HEADER_BYTES, SnapshotFile, SnapshotPayload, open_snapshot,
+    read_newest_into_page_cache, read_snapshot, remove_obsolete, write_snapshot, write_snapshot_with,
 };
 #[doc(hidden)]
 pub use wal::{FrameVisitor, ReplayEnd, SegmentScan, TailPolicy, WalWriter, Written, replay_log, scan_segment};
