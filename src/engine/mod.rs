@@ -186,7 +186,7 @@ impl Engine {
             },
             bytes_since_snapshot: replayed_bytes,
             snapshot_busy: Arc::new(AtomicBool::new(false)),
-            snapshot_hurry: Arc::new(AtomicBool::new(false)),
+            snapshot_pace: Arc::default(),
             snapshot_written: Arc::new(AtomicBool::new(snapshot_written)),
             event_ids: IdGenerator::default(),
             event_seq: 0,

@@ -18,7 +18,7 @@ use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::image::{IMAGE_VERSION, StateImage};
 use super::inbox::{Command, InboxReceiver, Received};
-use super::pace::PacedWriter;
+use super::pace::{PaceSignals, PacedWriter};
 use super::record::{Record, encode_sequences};
 use super::registry;
 use super::requests::{Parked, RECORD_BYTES_PER_JOB, Ran, Responder, Turn};
@@ -57,9 +57,9 @@ pub(crate) struct Writer {
     pub snapshots: SnapshotPolicy,
     pub bytes_since_snapshot: u64,
     pub snapshot_busy: Arc<AtomicBool>,
-    /// Tells a background snapshot to stop resting between steps
-    /// (`pace`): the next one is due, or the server waits for it.
-    pub snapshot_hurry: Arc<AtomicBool>,
+    /// What a background snapshot's pace goes by (`pace`): whether requests
+    /// are being logged, and whether to hurry.
+    pub snapshot_pace: Arc<PaceSignals>,
     /// The newest snapshot image taken was written out (or none was taken
     /// since recovery): with nothing logged since, the data dir then loads
     /// without replay as it is.
@@ -180,7 +180,7 @@ impl Writer {
 
     /// Waits until no background snapshot is being written, hurrying it.
     fn wait_for_snapshot(&self) {
-        self.snapshot_hurry.store(true, Ordering::SeqCst);
+        self.snapshot_pace.hurry();
         while self.snapshot_busy.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -389,7 +389,9 @@ impl Writer {
         self.queue_deliveries(&numbered, &mut records);
         self.metrics.commit_jobs.observe(records.len() as f64);
         let sequences = encode_sequences(&records);
-        self.bytes_since_snapshot += sequences.iter().map(|sequence| sequence.len() as u64).sum::<u64>();
+        let logged = sequences.iter().map(|sequence| sequence.len() as u64).sum::<u64>();
+        self.bytes_since_snapshot += logged;
+        self.snapshot_pace.logged(logged);
         self.metrics.webhook_pending.set(self.state.outbox.len() as i64);
         let delta = self.collect_delta(numbered);
         self.committer.commit(&sequences, delta, &mut self.state.jobs, replies);
@@ -595,7 +597,7 @@ impl Writer {
     }
 
     /// Writes a snapshot on this thread and waits for it to be durable. It
-    /// stays in the page cache, for the restart that follows a clean stop.
+    /// stays in the page cache: a clean stop's is read by the restart that follows.
     fn snapshot_now(&mut self) -> Result<(), StorageError> {
         self.wait_for_snapshot();
         let (replay_from, mut image) = self.snapshot_image()?;
@@ -614,7 +616,7 @@ impl Writer {
             return;
         }
         if self.snapshot_busy.load(Ordering::SeqCst) {
-            self.snapshot_hurry.store(true, Ordering::SeqCst);
+            self.snapshot_pace.hurry();
             return;
         }
         let taking = std::time::Instant::now();
@@ -626,8 +628,8 @@ impl Writer {
             }
         };
         self.snapshot_busy.store(true, Ordering::SeqCst);
-        self.snapshot_hurry.store(false, Ordering::SeqCst);
-        let hurry = self.snapshot_hurry.clone();
+        self.snapshot_pace.start();
+        let pace = self.snapshot_pace.clone();
         let busy = self.snapshot_busy.clone();
         let written = self.snapshot_written.clone();
         let file_system = self.snapshots.file_system.clone();
@@ -637,13 +639,15 @@ impl Writer {
         let image_seconds = taking.elapsed().as_secs_f64();
         let busy_if_not_started = self.snapshot_busy.clone();
         let spawned = std::thread::Builder::new().name("svc-snapshot".into()).spawn(move || {
+            // Cleared however the thread ends, a panic included: a stop waits for it.
+            let _busy = ClearOnDrop(busy);
             yield_to_the_engine();
             let started = std::time::Instant::now();
-            // Past the page cache, and paced (ARCHITECTURE.md, "What a job costs in memory").
+            // Past the page cache, and paced (`pace`; ARCHITECTURE.md, "What a job costs in memory").
             let cache = PageCache::Bypass;
             let result =
                 write_snapshot_with(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, cache, &mut |out| {
-                    image.encode_to(&mut PacedWriter::new(out, &hurry))
+                    image.encode_to(&mut PacedWriter::new(out, &pace))
                 })
                 .inspect(|_| written.store(true, Ordering::SeqCst))
                 .and_then(|bytes| remove_obsolete(&dir, replay_from).map(|()| bytes));
@@ -660,13 +664,21 @@ impl Writer {
                 // snapshot tries again.
                 Err(error) => tracing::error!(error = %error, "snapshot failed"),
             }
-            busy.store(false, Ordering::SeqCst);
         });
         if let Err(error) = spawned {
             // The log segments are kept; the next due snapshot tries again.
             tracing::error!(error = %error, "could not start a snapshot thread");
             busy_if_not_started.store(false, Ordering::SeqCst);
         }
+    }
+}
+
+/// Sets its flag to false when dropped.
+struct ClearOnDrop(Arc<AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 

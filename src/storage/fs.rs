@@ -187,6 +187,8 @@ pub struct FaultyFileSystem {
     direct_writes: bool,
     /// Direct handles open, but every direct write fails with `EINVAL`.
     refuse_direct_writes: bool,
+    /// Direct writes made so far, synced or not.
+    direct_writes_made: Arc<std::sync::atomic::AtomicU64>,
     /// The disk is full: a buffered write that grows a file fails with `ENOSPC`.
     no_space: Arc<std::sync::atomic::AtomicBool>,
     /// Syncs on threads of this name fail with an I/O error.
@@ -211,6 +213,7 @@ impl FaultyFileSystem {
             data_syncs: Arc::default(),
             direct_writes: true,
             refuse_direct_writes: false,
+            direct_writes_made: Arc::default(),
             no_space: Arc::default(),
             failing_thread: Arc::default(),
         }
@@ -240,6 +243,11 @@ impl FaultyFileSystem {
     pub fn without_direct_writes(mut self) -> Self {
         self.direct_writes = false;
         self
+    }
+
+    /// Direct writes made so far through this file system's handles.
+    pub fn direct_writes_made(&self) -> u64 {
+        self.direct_writes_made.load(Ordering::SeqCst)
     }
 
     /// Changes how many syncs still succeed.
@@ -321,6 +329,9 @@ impl LogFile for FaultyFile {
     fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
         if self.kind != FaultyFileKind::Buffered && self.owner.refuse_direct_writes {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        if self.kind != FaultyFileKind::Buffered {
+            self.owner.direct_writes_made.fetch_add(1, Ordering::SeqCst);
         }
         if self.kind != FaultyFileKind::Direct {
             let grows = offset + bytes.len() as u64 > self.inner.size()?;

@@ -42,7 +42,7 @@ pub enum PageCache {
     /// requests of the moment (docs/wal-format.md, "Snapshot").
     Bypass,
     /// Written through it, so that it holds the file for the restart that
-    /// follows: the final snapshot of a clean stop.
+    /// follows: the final snapshot of a clean stop (and one asked for).
     Fill,
 }
 
@@ -397,14 +397,17 @@ mod tests {
         uneven.extend_from_slice(&large);
         uneven.extend_from_slice(b"end");
         let block_end = vec![9u8; 3 * DIRECT_BLOCK_BYTES - SNAPSHOT_HEADER_BYTES];
-        let file_systems: [(&str, &dyn FileSystem); 3] = [
+        let piece_end = vec![5u8; WRITE_PIECE_BYTES - SNAPSHOT_HEADER_BYTES];
+        let counted = FaultyFileSystem::failing_after(i64::MAX);
+        let file_systems: [(&str, &dyn FileSystem); 4] = [
             ("real", &RealFileSystem),
+            ("counted", &counted),
             ("refusing direct writes", &FaultyFileSystem::failing_after(i64::MAX).refusing_direct_writes()),
             ("without direct writes", &FaultyFileSystem::failing_after(i64::MAX).without_direct_writes()),
         ];
         for (name, fs) in file_systems {
             for cache in [PageCache::Bypass, PageCache::Fill] {
-                for expected in [&uneven, &block_end] {
+                for expected in [&uneven, &block_end, &piece_end] {
                     let dir = tempfile::tempdir().unwrap();
                     let length = write_snapshot_with(fs, dir.path(), 3, 5, cache, &mut |out| {
                         for chunk in expected.chunks(1000).take(WRITE_PIECE_BYTES / 1000 + 1) {
@@ -421,6 +424,12 @@ mod tests {
                 }
             }
         }
+        // Where the temp dir's file system offers direct writes, `Bypass` used them.
+        let probe = tempfile::tempdir().unwrap();
+        let probe_path = probe.path().join("probe");
+        let offered = RealFileSystem.create_new(&probe_path).is_ok()
+            && RealFileSystem.open_direct_unsynced(&probe_path).is_ok_and(|direct| direct.is_some());
+        assert_eq!(counted.direct_writes_made() > 0, offered, "direct writes made only where offered");
     }
 
     #[test]
