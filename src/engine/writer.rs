@@ -727,3 +727,21 @@ fn count_event(metrics: &crate::metrics::Metrics, time: Millis, kind: &EventKind
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_thread_that_panics_still_clears_its_busy_flag() {
+        let busy = Arc::new(AtomicBool::new(true));
+        let flag = busy.clone();
+        let ended = std::thread::spawn(move || {
+            let _busy = ClearOnDrop(flag);
+            panic!("a snapshot thread failing halfway");
+        })
+        .join();
+        assert!(ended.is_err(), "the thread panicked");
+        assert!(!busy.load(Ordering::SeqCst), "a stop waiting for the snapshot would otherwise wait for ever");
+    }
+}
