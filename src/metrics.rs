@@ -255,10 +255,10 @@ impl Metrics {
         "other"
     }
 
-    /// Counts a job transition (engine thread).
-    pub fn job(&self, kind: JobCount, queue: &str) {
+    /// Counts `count` job transitions of one kind in one queue (engine thread).
+    pub fn jobs(&self, kind: JobCount, queue: &str, count: u64) {
         let queue = self.queue_label(queue);
-        self.jobs[kind as usize].with_label_values(&[queue]).inc();
+        self.jobs[kind as usize].with_label_values(&[queue]).inc_by(count);
     }
 
     /// A claim ended in completion after `seconds` (engine thread).
@@ -309,7 +309,7 @@ mod tests {
         metrics.request((3, "/svc/v1/jobs"), "POST", 201, 0.002);
         metrics.request((3, "/svc/v1/jobs"), "POST", 201, 0.004);
         metrics.request((3, "/svc/v1/jobs"), "POST", 599, 0.004);
-        metrics.job(JobCount::Enqueued, "mail");
+        metrics.jobs(JobCount::Enqueued, "mail", 1);
         let mail = QueueGauge { name: "mail".into(), paused: true, counts: vec![("available", 2)] };
         let text = metrics.render(&[mail], &[("running", 1)]);
         assert!(
@@ -322,7 +322,7 @@ mod tests {
         assert!(text.contains(r#"svc_queue_paused{queue="mail"} 1"#));
         assert!(text.contains(r#"svc_workers{state="running"} 1"#));
         for n in 0..QUEUE_LABELS_MAX + 5 {
-            metrics.job(JobCount::Completed, &format!("q{n}"));
+            metrics.jobs(JobCount::Completed, &format!("q{n}"), 1);
         }
         let text = metrics.render(&[], &[]);
         assert!(text.contains(r#"svc_jobs_completed_total{queue="other"} 6"#), "past the bound, queues count as other");

@@ -65,6 +65,21 @@ fn counters_follow_a_known_sequence_of_operations() {
 }
 
 #[test]
+fn a_batch_counts_each_job_under_its_own_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    // Runs of one queue, broken by another: each job counts once, in its queue.
+    let queues = ["mail", "mail", "sms", "mail", "mail", "mail", "sms", "sms", "push"];
+    let jobs: Vec<_> =
+        queues.iter().map(|queue| json!({"type": "t", "args": [], "options": {"queue": queue}})).collect();
+    assert_eq!(server.post("/svc/v1/jobs/batch", json!({"jobs": jobs})).status, 201);
+    let (_, _, text) = metrics_text(&server, None);
+    assert_eq!(sample(&text, r#"svc_jobs_enqueued_total{queue="mail"}"#), 5.0);
+    assert_eq!(sample(&text, r#"svc_jobs_enqueued_total{queue="sms"}"#), 3.0);
+    assert_eq!(sample(&text, r#"svc_jobs_enqueued_total{queue="push"}"#), 1.0);
+}
+
+#[test]
 fn with_keys_metrics_need_one_unless_public() {
     let key = "metrics-key-0123456789abcdef0123456789ab";
     let dir = tempfile::tempdir().unwrap();

@@ -259,9 +259,18 @@ impl EventSink {
 /// search.
 #[derive(Debug, Default)]
 pub struct EventBuffer {
-    events: VecDeque<Arc<Event>>,
-    /// The sum of [`Event::held_bytes`] over `events`.
+    events: VecDeque<HeldEvent>,
+    /// The sum of [`HeldEvent::bytes`] over `events`.
     held_bytes: u64,
+}
+
+/// An event with the bytes it was counted at when it came in, so that
+/// dropping it does not read its long-cold job again.
+#[derive(Debug)]
+struct HeldEvent {
+    event: Arc<Event>,
+    /// [`Event::held_bytes`] when it was pushed (an event's job never changes).
+    bytes: u64,
 }
 
 impl Event {
@@ -274,14 +283,15 @@ impl Event {
 
 impl EventBuffer {
     pub fn push(&mut self, event: Event) {
-        debug_assert!(self.events.back().is_none_or(|last| last.id.0 < event.id.0), "event ids rise");
-        self.held_bytes += event.held_bytes();
-        self.events.push_back(Arc::new(event));
+        debug_assert!(self.events.back().is_none_or(|last| last.event.id.0 < event.id.0), "event ids rise");
+        let bytes = event.held_bytes();
+        self.held_bytes += bytes;
+        self.events.push_back(HeldEvent { event: Arc::new(event), bytes });
         while self.events.len() > EVENT_BUFFER_MAX
             || (self.held_bytes > EVENT_BUFFER_BYTES_MAX && self.events.len() > 1)
         {
             let dropped = self.events.pop_front().expect("more than one event held");
-            self.held_bytes -= dropped.held_bytes();
+            self.held_bytes -= dropped.bytes;
         }
     }
 
@@ -296,7 +306,7 @@ impl EventBuffer {
                 None => (0, true),
             },
         };
-        let mut matching = self.events.range(start..).filter(|event| keep(event));
+        let mut matching = self.events.range(start..).map(|held| &held.event).filter(|event| keep(event));
         let events: Vec<Arc<Event>> = matching.by_ref().take(limit).cloned().collect();
         let has_more = matching.next().is_some();
         EventPage { events, has_more, gap }
@@ -304,7 +314,7 @@ impl EventBuffer {
 
     /// Where the event with `id` is held, if it still is.
     fn position(&self, id: EventId) -> Option<usize> {
-        self.events.binary_search_by_key(&id.0, |event| event.id.0).ok()
+        self.events.binary_search_by_key(&id.0, |held| held.event.id.0).ok()
     }
 }
 
