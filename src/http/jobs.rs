@@ -8,7 +8,7 @@ use super::extract::object_body;
 use super::extract::{job_id, location};
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::Enqueued;
-use crate::job::json::{minify, parse_object};
+use crate::job::json::{ArrayMember, minify, parse_array_member};
 use crate::job::{JobDefaults, NewJob, body_error, parse_enqueue_body, parse_enqueue_object};
 use crate::limits::{BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX};
 use crate::wire::{job_body, push_job, render_job};
@@ -36,18 +36,22 @@ pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, Api
 /// The jobs of a batch enqueue body, each validated; the first invalid item
 /// refuses the whole batch, naming its index.
 pub fn parse_batch(body: &[u8], defaults: &JobDefaults) -> Result<Vec<NewJob>, ApiError> {
-    let object = parse_object(body).map_err(|error| ApiError::from(body_error(error)))?;
-    let Some(raw_jobs) = object.get_present("jobs") else {
-        return Err(ApiError::invalid_request(Some("jobs"), "jobs is required: a non-empty array of enqueue items"));
-    };
+    let required = || ApiError::invalid_request(Some("jobs"), "jobs is required: a non-empty array of enqueue items");
     // Counted before it is kept: a body of tiny items must not become millions of entries.
-    let items = crate::job::json::raw_elements_at_most(raw_jobs, BATCH_JOBS_MAX)
-        .ok_or_else(|| ApiError::invalid_request(Some("jobs"), "jobs must be a non-empty array of enqueue items"))?
-        .map_err(|received| {
-            ApiError::new("envelope_too_large", format!("a batch holds at most {BATCH_JOBS_MAX} jobs"))
+    let items = match parse_array_member(body, "jobs", BATCH_JOBS_MAX)
+        .map_err(|error| ApiError::from(body_error(error)))?
+    {
+        ArrayMember::Missing => return Err(required()),
+        ArrayMember::NotArray => {
+            return Err(ApiError::invalid_request(Some("jobs"), "jobs must be a non-empty array of enqueue items"));
+        }
+        ArrayMember::TooMany(received) => {
+            return Err(ApiError::new("envelope_too_large", format!("a batch holds at most {BATCH_JOBS_MAX} jobs"))
                 .detail("limit", BATCH_JOBS_MAX)
-                .detail("received", received)
-        })?;
+                .detail("received", received));
+        }
+        ArrayMember::Elements(items) => items,
+    };
     if items.is_empty() {
         return Err(ApiError::invalid_request(Some("jobs"), "jobs must not be empty"));
     }

@@ -98,17 +98,143 @@ pub enum BodyError {
 
 /// Parses a request body that must be a JSON object.
 pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
+    let text = checked_text(bytes)?;
+    serde_json::from_str::<RawObject>(text).map_err(classify)
+}
+
+/// A body's text once it is known not to nest too deeply and to be UTF-8.
+fn checked_text(bytes: &[u8]) -> Result<&str, BodyError> {
     if nests_too_deep(bytes) {
         return Err(BodyError::TooDeep);
     }
     // One UTF-8 check of the whole body. Parsed from bytes, every raw value
     // kept was checked again, and the values of nested objects once more.
-    let text = std::str::from_utf8(bytes)
-        .map_err(|error| BodyError::Malformed(format!("invalid UTF-8 at byte {} of the body", error.valid_up_to())))?;
-    serde_json::from_str::<RawObject>(text).map_err(|error| match error.classify() {
+    std::str::from_utf8(bytes)
+        .map_err(|error| BodyError::Malformed(format!("invalid UTF-8 at byte {} of the body", error.valid_up_to())))
+}
+
+/// A parse error of a body: not an object (the wrong type at the top), or
+/// not JSON at all.
+fn classify(error: serde_json::Error) -> BodyError {
+    match error.classify() {
         serde_json::error::Category::Data => BodyError::NotAnObject,
         _ => BodyError::Malformed(error.to_string()),
-    })
+    }
+}
+
+/// The first `key` member of a body object, when it should be an array.
+#[derive(Debug)]
+pub enum ArrayMember<'a> {
+    /// Absent, or `null`.
+    Missing,
+    /// Present, but not an array.
+    NotArray,
+    /// An array of more elements than the bound: how many.
+    TooMany(usize),
+    /// The array's elements, as raw values.
+    Elements(Vec<&'a RawValue>),
+}
+
+/// Parses a body that must be a JSON object and splits its first `key`
+/// member into its elements (at most `max` kept) in the same pass, checking
+/// the other members as JSON and skipping them. A batch body is then read
+/// once, not as a whole and again element by element.
+pub fn parse_array_member<'a>(bytes: &'a [u8], key: &str, max: usize) -> Result<ArrayMember<'a>, BodyError> {
+    struct Member<'k> {
+        key: &'k str,
+        max: usize,
+    }
+    impl<'de> Visitor<'de> for Member<'_> {
+        type Value = ArrayMember<'de>;
+        fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+            formatter.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ArrayMember<'de>, A::Error> {
+            let mut found = None;
+            while let Some(Key(name)) = map.next_key::<Key<'de>>()? {
+                if found.is_none() && name == self.key {
+                    found = Some(map.next_value_seed(ArraySeed { max: self.max })?);
+                } else {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+            Ok(found.unwrap_or(ArrayMember::Missing))
+        }
+    }
+    let text = checked_text(bytes)?;
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let member = deserializer.deserialize_map(Member { key, max }).map_err(classify)?;
+    deserializer.end().map_err(classify)?;
+    Ok(member)
+}
+
+/// Reads a value that should be an array into [`ArrayMember`]; any other
+/// value is read whole and reported, never an error.
+struct ArraySeed {
+    max: usize,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ArraySeed {
+    type Value = ArrayMember<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<ArrayMember<'de>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ArraySeed {
+    type Value = ArrayMember<'de>;
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("any JSON value")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, sequence: A) -> Result<ArrayMember<'de>, A::Error> {
+        Ok(match elements_at_most(sequence, self.max)? {
+            Ok(elements) => ArrayMember::Elements(elements),
+            Err(count) => ArrayMember::TooMany(count),
+        })
+    }
+    fn visit_unit<E>(self) -> Result<ArrayMember<'de>, E> {
+        Ok(ArrayMember::Missing)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ArrayMember<'de>, A::Error> {
+        while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+        Ok(ArrayMember::NotArray)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<ArrayMember<'de>, E> {
+        Ok(ArrayMember::NotArray)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<ArrayMember<'de>, E> {
+        Ok(ArrayMember::NotArray)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<ArrayMember<'de>, E> {
+        Ok(ArrayMember::NotArray)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<ArrayMember<'de>, E> {
+        Ok(ArrayMember::NotArray)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<ArrayMember<'de>, E> {
+        Ok(ArrayMember::NotArray)
+    }
+}
+
+/// The elements of a sequence as raw values, if it has at most `max`;
+/// otherwise `Err(count)`, counted without keeping any element past `max`.
+fn elements_at_most<'de, A: serde::de::SeqAccess<'de>>(
+    mut sequence: A,
+    max: usize,
+) -> Result<Result<Vec<&'de RawValue>, usize>, A::Error> {
+    let mut elements = Vec::new();
+    while let Some(element) = sequence.next_element::<&RawValue>()? {
+        elements.push(element);
+        if elements.len() > max {
+            let mut count = elements.len();
+            drop(elements);
+            while sequence.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                count += 1;
+            }
+            return Ok(Err(count));
+        }
+    }
+    Ok(Ok(elements))
 }
 
 /// The elements of a JSON array as raw values, if it has at most `max`;
@@ -125,20 +251,8 @@ pub fn raw_elements_at_most(raw: &RawValue, max: usize) -> Option<Result<Vec<&Ra
             formatter.write_str("an array")
         }
 
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut sequence: A) -> Result<Self::Value, A::Error> {
-            let mut elements = Vec::new();
-            while let Some(element) = sequence.next_element::<&RawValue>()? {
-                elements.push(element);
-                if elements.len() > self.max {
-                    let mut count = elements.len();
-                    drop(elements);
-                    while sequence.next_element::<serde::de::IgnoredAny>()?.is_some() {
-                        count += 1;
-                    }
-                    return Ok(Err(count));
-                }
-            }
-            Ok(Ok(elements))
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, sequence: A) -> Result<Self::Value, A::Error> {
+            elements_at_most(sequence, self.max)
         }
     }
     let mut deserializer = serde_json::Deserializer::from_str(raw.get());
@@ -364,6 +478,34 @@ mod tests {
         assert_eq!(raw_elements_at_most(&raw("[]"), 0).unwrap().unwrap().len(), 0);
         assert!(raw_elements_at_most(&raw(r#"{"a": 1}"#), 3).is_none());
         assert!(raw_elements_at_most(&raw("7"), 3).is_none());
+    }
+
+    #[test]
+    fn an_array_member_is_split_as_the_body_is_read() {
+        fn member(text: &str, max: usize) -> Result<ArrayMember<'_>, BodyError> {
+            parse_array_member(text.as_bytes(), "jobs", max)
+        }
+        let texts = |member: ArrayMember| match member {
+            ArrayMember::Elements(elements) => elements.iter().map(|raw| raw.get().to_string()).collect::<Vec<_>>(),
+            other => panic!("not elements: {other:?}"),
+        };
+        let body = r#"{"x":{"jobs":[9]},"jobs":[1, {"a":[2]} ,"s"],"y":[3]}"#;
+        assert_eq!(texts(member(body, 3).unwrap()), ["1", r#"{"a":[2]}"#, r#""s""#]);
+        assert_eq!(texts(member(r#"{"jobs":[]}"#, 3).unwrap()), Vec::<String>::new());
+        assert!(matches!(member(r#"{"jobs":[1,2,3,4]}"#, 3), Ok(ArrayMember::TooMany(4))));
+        // The first of repeated keys wins, and null counts as absent.
+        assert!(matches!(member(r#"{"jobs":null,"jobs":[1]}"#, 3), Ok(ArrayMember::Missing)));
+        assert!(matches!(member(r#"{"other":[1]}"#, 3), Ok(ArrayMember::Missing)));
+        for not_array in [r#"{"a":1}"#, r#""s""#, "1", "-1", "1.5", "true"] {
+            let body = format!(r#"{{"jobs":{not_array},"after":0}}"#);
+            assert!(matches!(member(&body, 3), Ok(ArrayMember::NotArray)), "{body}");
+        }
+        assert_eq!(member("[1]", 3).unwrap_err(), BodyError::NotAnObject);
+        for malformed in [r#"{"jobs":[1,]}"#, r#"{"jobs":[1]} x"#, r#"{"jobs":[1],"k":tru}"#, r#"{"jobs":[1"#] {
+            assert!(matches!(member(malformed, 3), Err(BodyError::Malformed(_))), "{malformed}");
+        }
+        let deep = format!(r#"{{"jobs":[{}{}]}}"#, "[".repeat(JSON_DEPTH_MAX), "]".repeat(JSON_DEPTH_MAX));
+        assert_eq!(member(&deep, 3).unwrap_err(), BodyError::TooDeep);
     }
 
     #[test]
