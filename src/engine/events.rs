@@ -216,7 +216,14 @@ pub enum JobRef {
 
 impl EventSink {
     pub fn enabled() -> Self {
-        Self { enabled: true, pending: Vec::new() }
+        Self::reusing(Vec::new())
+    }
+
+    /// An enabled sink that fills `buffer` (emptied first), so a turn reuses
+    /// the room an earlier turn's events grew.
+    pub fn reusing(mut buffer: Vec<(Millis, EventKind, JobRef)>) -> Self {
+        buffer.clear();
+        Self { enabled: true, pending: buffer }
     }
 
     /// A sink that drops everything (replay emits no events).
@@ -265,10 +272,13 @@ pub struct EventBuffer {
 }
 
 /// An event with the bytes it was counted at when it came in, so that
-/// dropping it does not read its long-cold job again.
+/// dropping it does not read its long-cold job again. Held inline, not
+/// behind an `Arc`: readers of a page get clones (a job pointer and the
+/// kind), and the engine, which pushes and drops every event, saves an
+/// allocation and a cold read each.
 #[derive(Debug)]
 struct HeldEvent {
-    event: Arc<Event>,
+    event: Event,
     /// [`Event::held_bytes`] when it was pushed (an event's job never changes).
     bytes: u64,
 }
@@ -286,7 +296,7 @@ impl EventBuffer {
         debug_assert!(self.events.back().is_none_or(|last| last.event.id.0 < event.id.0), "event ids rise");
         let bytes = event.held_bytes();
         self.held_bytes += bytes;
-        self.events.push_back(HeldEvent { event: Arc::new(event), bytes });
+        self.events.push_back(HeldEvent { event, bytes });
         while self.events.len() > EVENT_BUFFER_MAX
             || (self.held_bytes > EVENT_BUFFER_BYTES_MAX && self.events.len() > 1)
         {
@@ -307,7 +317,7 @@ impl EventBuffer {
             },
         };
         let mut matching = self.events.range(start..).map(|held| &held.event).filter(|event| keep(event));
-        let events: Vec<Arc<Event>> = matching.by_ref().take(limit).cloned().collect();
+        let events: Vec<Event> = matching.by_ref().take(limit).cloned().collect();
         let has_more = matching.next().is_some();
         EventPage { events, has_more, gap }
     }
@@ -319,7 +329,7 @@ impl EventBuffer {
 }
 
 pub struct EventPage {
-    pub events: Vec<Arc<Event>>,
+    pub events: Vec<Event>,
     pub has_more: bool,
     pub gap: bool,
 }

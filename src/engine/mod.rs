@@ -205,6 +205,7 @@ impl Engine {
             outbox_wake: None,
             webhook_limits: config.webhook_limits,
             max_schemas: config.max_schemas,
+            event_buffer: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

@@ -91,7 +91,14 @@ pub(crate) struct Writer {
     pub outbox_wake: Option<Millis>,
     pub webhook_limits: super::outbox::WebhookLimits,
     pub max_schemas: usize,
+    /// The room the last turn's events took, kept for the next turn (a fill
+    /// turn holds thousands; growing it afresh each turn was copied over a
+    /// dozen times).
+    pub event_buffer: Vec<(Millis, EventKind, JobRef)>,
 }
+
+/// The most pending events whose room is kept from one turn to the next.
+const EVENT_BUFFER_KEPT_MAX: usize = 16_384;
 
 /// The error of a write refused because the disk is full.
 fn disk_full() -> EngineError {
@@ -112,8 +119,9 @@ struct Staged {
 }
 
 impl Staged {
-    fn new() -> Staged {
-        Staged { records: Vec::new(), replies: Vec::new(), events: EventSink::enabled() }
+    /// An empty turn whose events go into `event_buffer`.
+    fn new(event_buffer: Vec<(Millis, EventKind, JobRef)>) -> Staged {
+        Staged { records: Vec::new(), replies: Vec::new(), events: EventSink::reusing(event_buffer) }
     }
 
     fn is_empty(&self) -> bool {
@@ -218,7 +226,7 @@ impl Writer {
         let now = self.clock.now_ms();
         self.metrics.inbox_depth.set(batch.len() as i64);
         self.metrics.engine_turns.inc();
-        let mut staged = Staged::new();
+        let mut staged = Staged::new(std::mem::take(&mut self.event_buffer));
         let mut stop = false;
         let mut snapshot_requests = Vec::new();
         let mut image_requests = Vec::new();
@@ -385,7 +393,11 @@ impl Writer {
             return;
         }
         let Staged { mut records, replies, mut events } = staged;
-        let numbered = self.number_events(events.take());
+        let mut pending = events.take();
+        let numbered = self.number_events(&mut pending);
+        if pending.capacity() <= EVENT_BUFFER_KEPT_MAX {
+            self.event_buffer = pending;
+        }
         self.queue_deliveries(&numbered, &mut records);
         self.metrics.commit_jobs.observe(records.len() as f64);
         let sequences = encode_sequences(&records);
@@ -431,10 +443,10 @@ impl Writer {
     }
 
     /// Gives the turn's events their ids and the jobs as they are now.
-    fn number_events(&mut self, pending: Vec<(Millis, EventKind, JobRef)>) -> Vec<Event> {
+    fn number_events(&mut self, pending: &mut Vec<(Millis, EventKind, JobRef)>) -> Vec<Event> {
         let mut events = Vec::with_capacity(pending.len());
         let mut counts = JobCountRun::default();
-        for (time, kind, job) in pending {
+        for (time, kind, job) in pending.drain(..) {
             let job = match job {
                 JobRef::Id(id) => match self.state.job(id) {
                     Some(job) => Some(job.clone()),
