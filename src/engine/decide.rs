@@ -56,7 +56,7 @@ impl State {
         }
         let batch = new_jobs.len() > 1;
         let index_of = |position: usize| batch.then_some(position);
-        let mut seen = crate::job::JobIdSet::default();
+        let mut seen = crate::job::JobIdSet::with_capacity_and_hasher(new_jobs.len(), Default::default());
         let mut jobs: Vec<Arc<Job>> = Vec::with_capacity(new_jobs.len());
         let mut slots = Vec::with_capacity(new_jobs.len());
         let mut replaced = Vec::new();

@@ -261,11 +261,14 @@ impl JobTable {
             return;
         }
         // A small overlay keeps its capacity for the next turn; a large one
-        // is dropped, as draining it would scan every bucket each turn.
+        // is handed over whole, as draining it would scan every bucket each
+        // turn, and replaced by one sized for as many changes, so that a
+        // run of large turns does not grow it afresh each time.
         let changes: Vec<JobChange> = if self.unpublished.capacity() <= 1024 {
             self.unpublished.drain().collect()
         } else {
-            std::mem::take(&mut self.unpublished).into_iter().collect()
+            let sized = JobIdMap::with_capacity_and_hasher(self.unpublished.len(), Default::default());
+            std::mem::replace(&mut self.unpublished, sized).into_iter().collect()
         };
         let count = changes.len();
         let mut by_shard: Vec<Vec<JobChange>> = (0..SHARDS).map(|_| Vec::new()).collect();

@@ -289,15 +289,7 @@ pub fn merge_objects(base: RawObject, overlay: RawObject) -> String {
 
 /// Whether `bytes` nests arrays and objects deeper than `JSON_DEPTH_MAX`.
 pub fn nests_too_deep(bytes: &[u8]) -> bool {
-    // Counting openers is a much cheaper pass than tracking depth, and a
-    // body with few of them cannot nest deeply.
-    openers(bytes) > JSON_DEPTH_MAX && nesting_depth(bytes) > JSON_DEPTH_MAX
-}
-
-/// How many `[` and `{` bytes `bytes` holds, in strings or not: an upper
-/// bound of the nesting depth.
-fn openers(bytes: &[u8]) -> usize {
-    bytes.iter().map(|&byte| usize::from(byte == b'[' || byte == b'{')).sum()
+    nesting_depth(bytes) > JSON_DEPTH_MAX
 }
 
 /// The text of a raw JSON string without escapes, borrowed; `None` for any
