@@ -206,6 +206,7 @@ impl Engine {
             webhook_limits: config.webhook_limits,
             max_schemas: config.max_schemas,
             event_buffer: Vec::new(),
+            record_buffer: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("svc-engine".into())

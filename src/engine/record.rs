@@ -326,16 +326,23 @@ pub fn encode_batch(records: &[Record], out: &mut Vec<u8>) {
 /// Encodes records as one or more sequences, each at most half a frame, so
 /// that any one of them fits a frame with room to spare.
 pub fn encode_sequences(records: &[Record]) -> Vec<Vec<u8>> {
+    encode_sequences_into(records, Vec::new())
+}
+
+/// [`encode_sequences`], the first sequence written into `buffer`: the
+/// engine hands back the room the last turn's records took, where a new
+/// vector grew by doubling through every turn's megabyte.
+pub fn encode_sequences_into(records: &[Record], buffer: Vec<u8>) -> Vec<Vec<u8>> {
     if records.is_empty() {
         return Vec::new();
     }
-    let mut encoded = Vec::new();
+    let mut encoded = buffer;
     encode_batch(records, &mut encoded);
     if encoded.len() <= FRAME_PAYLOAD_BYTES_MAX / 2 || records.len() == 1 {
         return vec![encoded];
     }
     let (first, second) = records.split_at(records.len() / 2);
-    let mut sequences = encode_sequences(first);
+    let mut sequences = encode_sequences_into(first, encoded);
     sequences.extend(encode_sequences(second));
     sequences
 }

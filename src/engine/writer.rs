@@ -19,7 +19,7 @@ use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::image::{IMAGE_VERSION, StateImage};
 use super::inbox::{Command, InboxReceiver, Received};
 use super::pace::{PaceSignals, PacedWriter};
-use super::record::{Record, encode_sequences};
+use super::record::{Record, encode_sequences_into};
 use super::registry;
 use super::requests::{Parked, RECORD_BYTES_PER_JOB, Ran, Responder, Turn};
 use super::state::State;
@@ -29,6 +29,7 @@ use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
 use crate::job::JobId;
 use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
+use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 use crate::storage::{
     FileSystem, PageCache, StorageError, read_newest_into_page_cache, remove_obsolete, write_snapshot_with,
 };
@@ -95,6 +96,8 @@ pub(crate) struct Writer {
     /// turn holds thousands; growing it afresh each turn was copied over a
     /// dozen times).
     pub event_buffer: Vec<(Millis, EventKind, JobRef)>,
+    /// The room the last turn's encoded records took, kept for the next.
+    pub record_buffer: Vec<u8>,
 }
 
 /// The most pending events whose room is kept from one turn to the next.
@@ -400,13 +403,18 @@ impl Writer {
         }
         self.queue_deliveries(&numbered, &mut records);
         self.metrics.commit_jobs.observe(records.len() as f64);
-        let sequences = encode_sequences(&records);
+        let sequences = encode_sequences_into(&records, std::mem::take(&mut self.record_buffer));
         let logged = sequences.iter().map(|sequence| sequence.len() as u64).sum::<u64>();
         self.bytes_since_snapshot += logged;
         self.snapshot_pace.logged(logged);
         self.metrics.webhook_pending.set(self.state.outbox.len() as i64);
         let delta = self.collect_delta(numbered);
         self.committer.commit(&sequences, delta, &mut self.state.jobs, replies);
+        if let Some(first) = sequences.into_iter().next()
+            && first.capacity() <= FRAME_PAYLOAD_BYTES_MAX
+        {
+            self.record_buffer = first;
+        }
     }
 
     fn refuse_all(&mut self, batch: Vec<Command>) -> bool {
