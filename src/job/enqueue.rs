@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::error::ValidationError;
 use super::json::{
-    self, BodyError, JsonKind, RawObject, kind_of, merge_objects, minify, parse_raw_object, string_value,
+    self, BodyError, JsonKind, RawObject, compact, kind_of, merge_objects, minify, parse_raw_object, string_value,
 };
 use super::retry::RetryPolicy;
 use super::time::{TimeSpec, parse_time_spec};
@@ -389,21 +389,21 @@ pub fn is_valid_queue(text: &str) -> bool {
         && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'.' || *b == b'-')
 }
 
-fn parse_args(raw: Option<&RawValue>) -> Result<String, ValidationError> {
+fn parse_args(raw: Option<&RawValue>) -> Result<Cow<'_, str>, ValidationError> {
     let Some(raw) = raw else {
         return Err(ValidationError::request(Some("args".to_string()), "args is required and must be an array"));
     };
     if kind_of(raw) != JsonKind::Array {
         return Err(ValidationError::payload("args", format!("args must be an array, not {}", kind_of(raw).name())));
     }
-    Ok(minify(raw.get()))
+    Ok(compact(raw.get()))
 }
 
-fn parse_meta(meta: Option<&RawValue>, metadata: Option<&RawValue>) -> Result<String, ValidationError> {
+fn parse_meta<'a>(meta: Option<&'a RawValue>, metadata: Option<&'a RawValue>) -> Result<Cow<'a, str>, ValidationError> {
     let base = match meta {
-        Some(raw) if kind_of(raw) == JsonKind::Object => minify(raw.get()),
+        Some(raw) if kind_of(raw) == JsonKind::Object => compact(raw.get()),
         Some(_) => return Err(ValidationError::payload("meta", "meta must be an object")),
-        None => "{}".to_string(),
+        None => Cow::Borrowed("{}"),
     };
     let merged = match metadata {
         None => base,
@@ -411,7 +411,7 @@ fn parse_meta(meta: Option<&RawValue>, metadata: Option<&RawValue>) -> Result<St
             let overlay = parse_raw_object(raw)
                 .ok_or_else(|| ValidationError::payload("options.metadata", "options.metadata must be an object"))?;
             let base_object = serde_json::from_str::<RawObject>(&base).unwrap_or_default();
-            merge_objects(base_object, overlay)
+            Cow::Owned(merge_objects(base_object, overlay))
         }
     };
     if merged.len() > META_BYTES_MAX {

@@ -337,15 +337,21 @@ fn nesting_depth(bytes: &[u8]) -> usize {
 
 /// Removes insignificant white space from valid JSON text, keeping everything else.
 pub fn minify(text: &str) -> String {
+    compact(text).into_owned()
+}
+
+/// Valid JSON text without insignificant white space: borrowed when it has
+/// none (as a client's compact text), so the common case copies nothing.
+pub fn compact(text: &str) -> Cow<'_, str> {
     let bytes = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
+    let mut out: Option<String> = None;
     let mut run_start = 0;
     let mut index = 0;
     while index < bytes.len() {
         match bytes[index] {
             b' ' | b'\n' | b'\r' | b'\t' => {
                 // White space is ASCII, so the run before it is whole UTF-8.
-                out.push_str(&text[run_start..index]);
+                out.get_or_insert_with(|| String::with_capacity(text.len())).push_str(&text[run_start..index]);
                 run_start = index + 1;
                 index += 1;
             }
@@ -353,8 +359,13 @@ pub fn minify(text: &str) -> String {
             _ => index += 1,
         }
     }
-    out.push_str(&text[run_start..]);
-    out
+    match out {
+        None => Cow::Borrowed(text),
+        Some(mut out) => {
+            out.push_str(&text[run_start..]);
+            Cow::Owned(out)
+        }
+    }
 }
 
 /// Where the JSON string whose text starts at `from` ends (just past its
@@ -614,6 +625,15 @@ mod tests {
         // ends the text.
         assert_eq!(minify(r#"[ "a\\" , "b\\\" c" , "d e" ]"#), r#"["a\\","b\\\" c","d e"]"#);
         assert_eq!(minify(r#" "x y\\" "#), r#""x y\\""#);
+    }
+
+    #[test]
+    fn compact_text_is_borrowed_and_spaced_text_is_compacted() {
+        let compact_text = r#"{"a b":[1,"x \" y"],"c":{}}"#;
+        assert!(matches!(compact(compact_text), Cow::Borrowed(text) if text == compact_text));
+        let spaced = compact("[1,\n\t\"a b\" ]");
+        assert!(matches!(&spaced, Cow::Owned(_)));
+        assert_eq!(spaced, r#"[1,"a b"]"#);
     }
 
     #[test]
