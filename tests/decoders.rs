@@ -5,8 +5,9 @@
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::Arc;
 use svc::engine::record::{Claim, FailOutcome, Record, decode_batch, encode_batch, encode_sequences};
-use svc::job::{FailureReport, JobId};
+use svc::job::{FailureReport, Job, JobBuilder, JobDefaults, JobId, JobState, RetryPolicy};
 use svc::storage::frame::{Decoded, decode_frame, encode_frame};
 
 /// Records the largest single allocation made by the current thread while armed.
@@ -73,6 +74,12 @@ fn record_strategy() -> impl Strategy<Value = Record> {
                     .map(|(id, v, e)| Claim { id: JobId(id), visibility_deadline: v, execution_deadline: e })
                     .collect(),
             }),
+        (
+            -1_000_000_000_000i64..4_000_000_000_000,
+            proptest::collection::vec(job_strategy(), 0..6),
+            proptest::collection::vec(any::<u128>().prop_map(JobId), 0..3)
+        )
+            .prop_map(|(at, jobs, replaced)| Record::Enqueue { at, jobs, replaced }),
         (any::<i64>(), id, "[A-Za-z]{1,10}", ".{0,30}", any::<u64>()).prop_map(|(at, id, kind, message, delay)| {
             Record::Fail {
                 at,
@@ -84,8 +91,45 @@ fn record_strategy() -> impl Strategy<Value = Record> {
     ]
 }
 
+/// New jobs as an enqueue record holds them: varied types, args, queues,
+/// priorities, states, times, tags and retry policies.
+fn job_strategy() -> impl Strategy<Value = Arc<Job>> {
+    (
+        any::<u128>(),
+        "[a-z]{1,6}(\\.[a-z]{1,5}){0,2}",
+        proptest::collection::vec(any::<i64>(), 0..3),
+        "[a-z][a-z0-9]{0,7}",
+        -100i32..=100,
+        0..3u8,
+        proptest::option::of(0i64..4_000_000_000_000),
+        proptest::collection::vec("[a-z]{1,6}", 0..2),
+        1u32..30,
+    )
+        .prop_map(|(id, job_type, args, queue, priority, state, scheduled, tags, attempts)| {
+            let policy = RetryPolicy { max_attempts: attempts, ..RetryPolicy::default() };
+            let new_job = JobBuilder::new(job_type)
+                .args(args)
+                .queue(queue)
+                .priority(priority)
+                .tags(tags)
+                .retry(&policy)
+                .build(&JobDefaults::default())
+                .expect("a valid job");
+            let state = [JobState::Available, JobState::Scheduled, JobState::Pending][usize::from(state)];
+            Arc::new(Job::accept(new_job, JobId(id), state, 1_700_000_000_000, scheduled, scheduled.map(|at| at + 1)))
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The hand-written encoding of a batch is byte for byte postcard's.
+    #[test]
+    fn a_batch_encodes_as_postcard_encodes_it(records in proptest::collection::vec(record_strategy(), 1..12)) {
+        let mut encoded = Vec::new();
+        encode_batch(&records, &mut encoded);
+        prop_assert_eq!(encoded, postcard::to_allocvec(&records).unwrap());
+    }
 
     #[test]
     fn frames_round_trip(payload in proptest::collection::vec(any::<u8>(), 1..2048)) {

@@ -9,7 +9,7 @@ use super::cron_table::CronEntry;
 use super::legacy::JobV1;
 use super::workers::WorkerSignal;
 use crate::clock::Millis;
-use crate::job::{IdGenerator, Job, JobId, SharedPolicies, StoredJobDecoder};
+use crate::job::{IdGenerator, Job, JobId, SharedPolicies, StoredJobDecoder, StoredJobEncoder};
 
 fn upgraded(jobs: Vec<JobV1>) -> Vec<Arc<Job>> {
     jobs.into_iter().map(|job| Arc::new(job.into())).collect()
@@ -89,6 +89,7 @@ impl StateImage {
         let encoding_failed = |error: postcard::Error| std::io::Error::other(error);
         out.write_all(&(self.jobs.len() as u64).to_le_bytes())?;
         let mut chunk = ChunkWriter { jobs: 0, bytes: Vec::with_capacity(CHUNK_BYTES + CHUNK_BYTES / 4) };
+        let mut encoder = StoredJobEncoder::default();
         chunk.bytes.resize(CHUNK_HEADER_BYTES, 0);
         let runs: Vec<&[Arc<Job>]> = self.jobs.chunks(run_jobs).collect();
         let mut next = vec![0usize; runs.len()];
@@ -100,7 +101,7 @@ impl StateImage {
             if let Some(following) = runs[run].get(next[run]) {
                 heads.push(std::cmp::Reverse((following.id, run)));
             }
-            chunk.bytes = postcard::to_extend(job, std::mem::take(&mut chunk.bytes)).map_err(encoding_failed)?;
+            encoder.encode(job, &mut chunk.bytes);
             chunk.jobs += 1;
             if chunk.jobs == CHUNK_JOBS || chunk.bytes.len() >= CHUNK_HEADER_BYTES + CHUNK_BYTES {
                 chunk.write_to(out)?;

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::clock::Millis;
-use crate::job::{FailureReport, Job, JobId};
+use crate::job::postcard_form::{put_serde, put_signed, put_unsigned};
+use crate::job::{FailureReport, Job, JobId, StoredJobEncoder};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 
 use super::legacy::{CronFireV1, JobV1};
@@ -316,11 +317,41 @@ impl Record {
     }
 }
 
-/// Encodes one commit batch.
+/// Encodes one commit batch: the same bytes as postcard gives the slice of
+/// records, with the jobs of enqueue records written by
+/// [`StoredJobEncoder`] rather than through serde field by field.
 pub fn encode_batch(records: &[Record], out: &mut Vec<u8>) {
     out.clear();
-    let encoded = postcard::to_extend(records, std::mem::take(out)).expect("records encode into a Vec without failing");
-    *out = encoded;
+    let mut jobs = StoredJobEncoder::default();
+    put_unsigned(out, records.len() as u64);
+    for record in records {
+        match record {
+            Record::Enqueue { at, jobs: new_jobs, replaced } => {
+                out.extend_from_slice(enqueue_tag());
+                put_signed(out, *at);
+                put_unsigned(out, new_jobs.len() as u64);
+                for job in new_jobs {
+                    jobs.encode(job, out);
+                }
+                put_serde(out, replaced);
+            }
+            other => put_serde(out, other),
+        }
+    }
+}
+
+/// How postcard begins an `Enqueue` record: its variant's index, as the
+/// encoding of an empty one shows it (so it follows the enum's order).
+fn enqueue_tag() -> &'static [u8] {
+    static TAG: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let empty = Record::Enqueue { at: 0, jobs: Vec::new(), replaced: Vec::new() };
+        let mut encoded = postcard::to_allocvec(&empty).expect("records encode into a Vec without failing");
+        // The three empty fields: a zero time and two empty lists.
+        assert!(encoded.ends_with(&[0, 0, 0]), "an empty Enqueue ends in its three empty fields");
+        encoded.truncate(encoded.len() - 3);
+        encoded
+    })
 }
 
 /// Encodes records as one or more sequences, each at most half a frame, so

@@ -9,6 +9,7 @@ mod failure;
 mod id;
 pub mod json;
 mod payload;
+pub(crate) mod postcard_form;
 mod queue_name;
 mod retry;
 mod stored;
@@ -26,8 +27,8 @@ pub use id::{IdGenerator, IdHashState, JobId, JobIdMap, JobIdSet};
 pub use payload::JobPayload;
 pub use queue_name::QueueName;
 pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
-pub use stored::StoredJob;
 pub(crate) use stored::StoredJobDecoder;
+pub use stored::{StoredJob, StoredJobEncoder};
 pub use unique::{OnConflict, UNIQUE_KEY_NAME_CHARS_MAX, UNIQUE_KEY_NAMES_MAX, UniqueKey, UniquePolicy};
 
 use serde::{Deserialize, Serialize};
