@@ -29,7 +29,6 @@ use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
 use crate::job::JobId;
 use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
-use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 use crate::storage::{
     FileSystem, PageCache, StorageError, read_newest_into_page_cache, remove_obsolete, write_snapshot_with,
 };
@@ -100,8 +99,13 @@ pub(crate) struct Writer {
     pub record_buffer: Vec<u8>,
 }
 
-/// The most pending events whose room is kept from one turn to the next.
-const EVENT_BUFFER_KEPT_MAX: usize = 16_384;
+/// The most pending events whose room is kept from one turn to the next
+/// (a turn of 32 batches of 100 holds 3 200; each takes about 200 bytes).
+const EVENT_BUFFER_KEPT_MAX: usize = 8_192;
+/// The most bytes of encoded records whose room is kept from one turn to the
+/// next (such a turn encodes about 1 MiB); an unusually large turn's room
+/// is given back rather than held while the server idles.
+const RECORD_BUFFER_KEPT_MAX: usize = 4 * 1024 * 1024;
 
 /// The error of a write refused because the disk is full.
 fn disk_full() -> EngineError {
@@ -411,7 +415,7 @@ impl Writer {
         let delta = self.collect_delta(numbered);
         self.committer.commit(&sequences, delta, &mut self.state.jobs, replies);
         if let Some(first) = sequences.into_iter().next()
-            && first.capacity() <= FRAME_PAYLOAD_BYTES_MAX
+            && first.capacity() <= RECORD_BUFFER_KEPT_MAX
         {
             self.record_buffer = first;
         }
