@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use crate::engine::{CronInfo, Event, EventKind, WorkflowEvent};
+use crate::engine::{CronInfo, CronSkip, Event, EventKind, SignalledWorker, WorkflowEvent};
 use crate::job::json::{push_ascii, push_json_string};
 use crate::job::time::{format_timestamp, push_duration_ms, push_timestamp};
 use crate::job::{FailureReport, Job, JobId, JobState, RetryPolicy};
@@ -443,7 +443,8 @@ fn other_event_data(event: &Event) -> Option<(&'static str, Value)> {
             data["run_count"] = (*run_count).into();
             ("svc://svc/cron", data)
         }
-        (EventKind::CronSkipped { cron, reason, existing_job_id, missed_count }, _) => {
+        (EventKind::CronSkipped(skip), _) => {
+            let CronSkip { cron, reason, existing_job_id, missed_count } = skip.as_ref();
             let mut data = cron_data(cron);
             data["reason"] = (*reason).into();
             if let Some(id) = existing_job_id {
@@ -461,7 +462,8 @@ fn other_event_data(event: &Event) -> Option<(&'static str, Value)> {
             ("svc://svc/api", serde_json::json!({"queue": queue}))
         }
         (EventKind::WorkerStarted { worker_id }, _) => ("svc://svc/api", serde_json::json!({"worker_id": worker_id})),
-        (EventKind::WorkerSignalled { worker_id, active_job_ids, by, .. }, _) => {
+        (EventKind::WorkerSignalled(signalled), _) => {
+            let SignalledWorker { worker_id, active_job_ids, by, .. } = signalled.as_ref();
             let ids: Vec<String> = active_job_ids.iter().map(JobId::to_string).collect();
             ("svc://svc/api", serde_json::json!({"worker_id": worker_id, "active_job_ids": ids, "by": by}))
         }
@@ -603,12 +605,12 @@ fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
         }
         // Not job events; rendered by `other_event_data`.
         EventKind::CronTriggered { .. }
-        | EventKind::CronSkipped { .. }
+        | EventKind::CronSkipped(_)
         | EventKind::Pruned { .. }
         | EventKind::QueuePaused(_)
         | EventKind::QueueResumed(_)
         | EventKind::WorkerStarted { .. }
-        | EventKind::WorkerSignalled { .. }
+        | EventKind::WorkerSignalled(_)
         | EventKind::Workflow { .. } => {}
     }
 }

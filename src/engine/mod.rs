@@ -38,7 +38,7 @@ pub use cron_table::{CronEntry, CronWrite};
 pub use decide::{EnqueueSlot, Entropy, SystemEntropy};
 #[doc(hidden)]
 pub use events::EventSink;
-pub use events::{CronInfo, Event, EventId, EventKind, EventPage, WorkflowEvent};
+pub use events::{CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent};
 pub use handle::{EngineHandle, Pending};
 #[doc(hidden)]
 pub use image::{IMAGE_VERSION, StateImage, decode_image};

@@ -4,7 +4,7 @@
 //! (`State`); contact is soft state (`Contacts`) the engine keeps beside it.
 
 use super::api::EngineError;
-use super::events::{EventKind, EventSink};
+use super::events::{EventKind, EventSink, SignalledWorker};
 use super::record::Record;
 use super::state::State;
 use super::workers::{Contacts, WorkerEntry, WorkerSignal, WorkerState};
@@ -73,8 +73,8 @@ pub(crate) fn decide_signal(
 pub(crate) fn farewell(state: &State, contacts: &Contacts, now: Millis, events: &mut EventSink) {
     for worker_id in contacts.seen_since(now - WORKER_STALE_MS) {
         let active_job_ids = state.active_of_worker(&worker_id);
-        events
-            .push_other(now, EventKind::WorkerSignalled { worker_id, terminate: true, active_job_ids, by: "shutdown" });
+        let signalled = SignalledWorker { worker_id, terminate: true, active_job_ids, by: "shutdown" };
+        events.push_other(now, EventKind::WorkerSignalled(Box::new(signalled)));
     }
 }
 

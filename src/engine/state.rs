@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::cron_table::{CronOutcome, CronTable};
-use super::events::{CronInfo, EventKind, EventSink};
+use super::events::{CronInfo, CronSkip, EventKind, EventSink, SignalledWorker};
 use super::image::StateImage;
 use super::job_table::JobTable;
 use super::job_table::LoadedJobs;
@@ -776,7 +776,7 @@ impl State {
         let attempt = self.jobs.get(&id).map_or(0, |job| job.attempt);
         self.update(id, |job| fail(job, at, report, outcome))?;
         if outcome != FailOutcome::Requeue {
-            events.push(at, EventKind::Failed { report: report.clone(), attempt }, id);
+            events.push(at, EventKind::Failed { report: Box::new(report.clone()), attempt }, id);
         }
         push_outcome_event(events, at, id, report, outcome, "nack_requeue");
         Ok(())
@@ -835,7 +835,7 @@ impl State {
         let report = timeout_report(job, kind, at);
         let attempt = job.attempt;
         self.update(id, |job| fail(job, at, &report, outcome))?;
-        events.push(at, EventKind::Failed { report: report.clone(), attempt }, id);
+        events.push(at, EventKind::Failed { report: Box::new(report.clone()), attempt }, id);
         push_outcome_event(events, at, id, &report, outcome, "visibility_timeout");
         Ok(())
     }
@@ -881,12 +881,12 @@ impl State {
     ) -> Result<(), ApplyError> {
         self.worker_signals.insert(worker_id.to_string(), (signal, at));
         self.dirty_workers.insert(worker_id.to_string());
-        let kind = EventKind::WorkerSignalled {
+        let kind = EventKind::WorkerSignalled(Box::new(SignalledWorker {
             worker_id: worker_id.to_string(),
             terminate: signal == WorkerSignal::Terminate,
             active_job_ids: self.active_of_worker(worker_id),
             by: "operator",
-        };
+        }));
         events.push_other(at, kind);
         Ok(())
     }
@@ -908,12 +908,12 @@ impl State {
             scheduled_time,
         };
         if fire.missed > 0 {
-            let kind = EventKind::CronSkipped {
+            let kind = EventKind::CronSkipped(Box::new(CronSkip {
                 cron: info(fire.scheduled),
                 reason: "misfire",
                 existing_job_id: None,
                 missed_count: Some(fire.missed),
-            };
+            }));
             events.push_other(at, kind);
         }
         let mut updated = entry.as_ref().clone();
@@ -940,55 +940,56 @@ impl State {
                 updated.run_count += 1;
                 updated.last_run_at = Some(fire.scheduled);
                 updated.last_job_id = Some(job.id);
-                let kind = EventKind::CronTriggered { cron: info(fire.scheduled), run_count: updated.run_count };
+                let kind =
+                    EventKind::CronTriggered { cron: Box::new(info(fire.scheduled)), run_count: updated.run_count };
                 events.push(at, kind, job.id);
                 events.push(at, EventKind::Enqueued, job.id);
                 self.insert_loaded(job.clone());
             }
             CronOutcome::Skipped { existing } => {
-                let kind = EventKind::CronSkipped {
+                let kind = EventKind::CronSkipped(Box::new(CronSkip {
                     cron: info(fire.scheduled),
                     reason: "overlap_skip",
                     existing_job_id: Some(*existing),
                     missed_count: None,
-                };
+                }));
                 events.push_other(at, kind);
             }
             CronOutcome::Duplicate { existing } => {
-                let kind = EventKind::CronSkipped {
+                let kind = EventKind::CronSkipped(Box::new(CronSkip {
                     cron: info(fire.scheduled),
                     reason: "duplicate",
                     existing_job_id: Some(*existing),
                     missed_count: None,
-                };
+                }));
                 events.push_other(at, kind);
             }
             CronOutcome::QueuePaused => {
-                let kind = EventKind::CronSkipped {
+                let kind = EventKind::CronSkipped(Box::new(CronSkip {
                     cron: info(fire.scheduled),
                     reason: "queue_paused",
                     existing_job_id: None,
                     missed_count: None,
-                };
+                }));
                 events.push_other(at, kind);
             }
             CronOutcome::SchemaNotRegistered => {
-                let kind = EventKind::CronSkipped {
+                let kind = EventKind::CronSkipped(Box::new(CronSkip {
                     cron: info(fire.scheduled),
                     reason: "schema_not_registered",
                     existing_job_id: None,
                     missed_count: None,
-                };
+                }));
                 events.push_other(at, kind);
             }
         }
         if let Some(gap) = fire.skipped_gap {
-            let kind = EventKind::CronSkipped {
+            let kind = EventKind::CronSkipped(Box::new(CronSkip {
                 cron: info(gap),
                 reason: "dst_skip",
                 existing_job_id: None,
                 missed_count: None,
-            };
+            }));
             events.push_other(at, kind);
         }
         self.crons.put(updated).map_err(ApplyError)
@@ -1321,7 +1322,7 @@ fn push_outcome_event(
     requeue_reason: &'static str,
 ) {
     match outcome {
-        FailOutcome::Retry { .. } => events.push(at, EventKind::Retrying { report: report.clone() }, id),
+        FailOutcome::Retry { .. } => events.push(at, EventKind::Retrying { report: Box::new(report.clone()) }, id),
         FailOutcome::Discard => {
             let reason = if report.retryable == Some(false) { "non_retryable" } else { "exhausted" };
             events.push(at, EventKind::Discarded { reason }, id)

@@ -122,7 +122,7 @@ impl State {
             workflow_type: workflow.kind.as_str(),
             jobs_total: workflow.members.len(),
         };
-        events.push_other(at, EventKind::Workflow { id: workflow.id, event: started });
+        events.push_other(at, EventKind::Workflow { id: workflow.id, event: Box::new(started) });
         for id in replaced {
             if self.job(*id).is_some_and(|job| !job.state.is_terminal()) {
                 self.cancel(at, *id, "unique_replace", events)?;
@@ -162,7 +162,7 @@ impl State {
             .collect();
         self.end_workflow(id, at, WorkflowState::Cancelled, None);
         let cancelled = WorkflowEvent::Cancelled { jobs_cancelled: live.len() };
-        events.push_other(at, EventKind::Workflow { id, event: cancelled });
+        events.push_other(at, EventKind::Workflow { id, event: Box::new(cancelled) });
         for job in live {
             self.cancel(at, job, "workflow_cancel", events)?;
         }
@@ -220,7 +220,7 @@ impl State {
                         job_type: job.payload.job_type().to_owned(),
                         steps_remaining,
                     };
-                    events.push_other(at, EventKind::Workflow { id, event: completed });
+                    events.push_other(at, EventKind::Workflow { id, event: Box::new(completed) });
                 }
                 match workflow.kind {
                     WorkflowKind::Chain => self.chain_step_ended(at, id, index, &job, events),
@@ -350,7 +350,7 @@ impl State {
         for job in &fired {
             if let Some((_, WorkflowRole::Callback(callback))) = job.workflow() {
                 let event = WorkflowEvent::CallbackFired { callback: callback.as_str(), job_id: job.id };
-                events.push_other(at, EventKind::Workflow { id, event });
+                events.push_other(at, EventKind::Workflow { id, event: Box::new(event) });
             }
         }
         Ok(())
@@ -371,7 +371,7 @@ impl State {
         };
         let state = if failure.is_some() { WorkflowState::Failed } else { WorkflowState::Completed };
         self.end_workflow(id, at, state, failure);
-        events.push_other(at, EventKind::Workflow { id, event });
+        events.push_other(at, EventKind::Workflow { id, event: Box::new(event) });
     }
 
     fn end_workflow(&mut self, id: JobId, at: Millis, state: WorkflowState, failure: Option<WorkflowFailure>) {

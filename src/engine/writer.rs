@@ -769,7 +769,7 @@ fn count_event(
     let seconds = |from: Option<Millis>| from.map(|from| (time - from).max(0) as f64 / 1000.0);
     match (kind, job) {
         (EventKind::CronTriggered { .. }, _) => metrics.cron_fires.inc(),
-        (EventKind::CronSkipped { reason, .. }, _) => metrics.cron_skip(reason),
+        (EventKind::CronSkipped(skip), _) => metrics.cron_skip(skip.reason),
         (EventKind::Enqueued | EventKind::Revived, Some(job)) => counts.add(metrics, JobCount::Enqueued, &job.queue),
         (EventKind::Started, Some(job)) => {
             if let Some(waited) = seconds(job.enqueued_at()) {
