@@ -123,7 +123,7 @@ fn parse_enqueue(c: &mut Criterion) {
 /// A batch enqueue of 100 jobs of 200 bytes each, as `svc bench --workload
 /// fill` sends it, from body to answer: parse, decide and apply, encode the
 /// record, render the answer. Measured on a store of 100 000 jobs, which
-/// keeps growing by 100 jobs an iteration.
+/// keeps growing by 100 jobs an iteration; and the parse alone (`parse_100`).
 fn batch_path(c: &mut Criterion) {
     use svc::engine::{EnqueueSlot, Enqueued};
     let mut group = c.benchmark_group("batch_path");
@@ -136,6 +136,10 @@ fn batch_path(c: &mut Criterion) {
         .collect();
     let body = format!(r#"{{"jobs":[{}]}}"#, items.join(","));
     let defaults = JobDefaults::default();
+    // The request side alone: the body read into 100 validated jobs.
+    group.bench_function("parse_100", |b| {
+        b.iter(|| svc::http::jobs::parse_batch(black_box(body.as_bytes()), &defaults).expect("valid batch"))
+    });
     let mut entropy = SystemEntropy;
     let mut state = state_with(100_000);
     let mut encoded = Vec::new();

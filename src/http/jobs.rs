@@ -8,8 +8,8 @@ use super::extract::object_body;
 use super::extract::{job_id, location};
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::Enqueued;
-use crate::job::json::{ArrayMember, minify, parse_array_member};
-use crate::job::{JobDefaults, NewJob, body_error, parse_enqueue_body, parse_enqueue_object};
+use crate::job::json::{ArrayMember, BodyError, ObjectElement, minify, parse_array_member, parse_object_array_member};
+use crate::job::{JobDefaults, NewJob, ValidationError, body_error, parse_enqueue_body, parse_enqueue_object};
 use crate::limits::{BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX};
 use crate::wire::{job_body, push_job, render_job};
 
@@ -36,11 +36,47 @@ pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, Api
 /// The jobs of a batch enqueue body, each validated; the first invalid item
 /// refuses the whole batch, naming its index.
 pub fn parse_batch(body: &[u8], defaults: &JobDefaults) -> Result<Vec<NewJob>, ApiError> {
+    // A body no larger than an envelope holds no item over the limit: its
+    // items are read as objects in the one pass that splits the array.
+    // Larger, each item is first kept as its text, to be measured.
+    if body.len() <= ENVELOPE_BYTES_MAX {
+        let items = batch_items(parse_object_array_member(body, "jobs", BATCH_JOBS_MAX))?;
+        let mut new_jobs = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let parsed = match item {
+                ObjectElement::Object(object) => {
+                    parse_enqueue_object(object, defaults).map_err(|error| error.within(&item_name(index)))
+                }
+                ObjectElement::Other => Err(not_an_object(index)),
+            };
+            new_jobs.push(parsed.map_err(|error| ApiError::from(error).detail("index", index))?);
+        }
+        return Ok(new_jobs);
+    }
+    let items = batch_items(parse_array_member(body, "jobs", BATCH_JOBS_MAX))?;
+    let mut new_jobs = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let parsed = crate::job::json::parse_raw_object(item).ok_or_else(|| not_an_object(index)).and_then(|object| {
+            // Compact text is never longer than the text sent, so only a long
+            // item needs compacting to be measured.
+            if item.get().len() > ENVELOPE_BYTES_MAX {
+                let compact = minify(item.get()).len();
+                if compact > ENVELOPE_BYTES_MAX {
+                    return Err(ValidationError::too_large(item_name(index), ENVELOPE_BYTES_MAX, compact));
+                }
+            }
+            parse_enqueue_object(&object, defaults).map_err(|error| error.within(&item_name(index)))
+        });
+        new_jobs.push(parsed.map_err(|error| ApiError::from(error).detail("index", index))?);
+    }
+    Ok(new_jobs)
+}
+
+/// A batch body's `jobs` items, or why there are none to enqueue.
+fn batch_items<T>(member: Result<ArrayMember<T>, BodyError>) -> Result<Vec<T>, ApiError> {
     let required = || ApiError::invalid_request(Some("jobs"), "jobs is required: a non-empty array of enqueue items");
     // Counted before it is kept: a body of tiny items must not become millions of entries.
-    let items = match parse_array_member(body, "jobs", BATCH_JOBS_MAX)
-        .map_err(|error| ApiError::from(body_error(error)))?
-    {
+    let items = match member.map_err(|error| ApiError::from(body_error(error)))? {
         ArrayMember::Missing => return Err(required()),
         ArrayMember::NotArray => {
             return Err(ApiError::invalid_request(Some("jobs"), "jobs must be a non-empty array of enqueue items"));
@@ -55,25 +91,18 @@ pub fn parse_batch(body: &[u8], defaults: &JobDefaults) -> Result<Vec<NewJob>, A
     if items.is_empty() {
         return Err(ApiError::invalid_request(Some("jobs"), "jobs must not be empty"));
     }
-    let mut new_jobs = Vec::with_capacity(items.len());
-    for (index, item) in items.iter().enumerate() {
-        let prefix = || format!("jobs[{index}]");
-        let parsed = crate::job::json::parse_raw_object(item)
-            .ok_or_else(|| crate::job::ValidationError::payload(prefix(), format!("{} must be an object", prefix())))
-            .and_then(|object| {
-                // Compact text is never longer than the text sent, so only a long
-                // item needs compacting to be measured.
-                if item.get().len() > ENVELOPE_BYTES_MAX {
-                    let compact = minify(item.get()).len();
-                    if compact > ENVELOPE_BYTES_MAX {
-                        return Err(crate::job::ValidationError::too_large(prefix(), ENVELOPE_BYTES_MAX, compact));
-                    }
-                }
-                parse_enqueue_object(&object, defaults).map_err(|error| error.within(&prefix()))
-            });
-        new_jobs.push(parsed.map_err(|error| ApiError::from(error).detail("index", index))?);
-    }
-    Ok(new_jobs)
+    Ok(items)
+}
+
+/// How errors name the item at `index`.
+fn item_name(index: usize) -> String {
+    format!("jobs[{index}]")
+}
+
+/// The error of an item that is not an object.
+fn not_an_object(index: usize) -> ValidationError {
+    let name = item_name(index);
+    ValidationError::payload(name.clone(), format!("{name} must be an object"))
 }
 
 /// The answer to a batch enqueue: every job, in the order given.
@@ -115,4 +144,51 @@ pub(super) async fn activate_job(app: &AppState, id: &str, body: &[u8]) -> Resul
     }
     let job = app.engine.activate(job_id(id)?).outcome().await?;
     Ok(Reply::ok(job_body(&job)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch body read in one pass (no larger than an envelope) and the
+    /// same body padded past that size (read item by item) are judged alike.
+    #[test]
+    fn a_batch_is_judged_alike_whether_read_in_one_pass_or_item_by_item() {
+        let defaults = JobDefaults::default();
+        let padding = format!(r#""pad":"{}""#, "x".repeat(ENVELOPE_BYTES_MAX));
+        let bodies = [
+            r#"{"jobs":[{"type":"a","args":[1]},{"type":"b","args":[{"k":"v"}],"meta":{"m":1},"options":{"queue":"q"}}]}"#,
+            r#"{"jobs":[{"type":"a","args":[1e400]}]}"#,
+            r#"{"jobs":[{"type":"a","args":[]}, 7]}"#,
+            r#"{"jobs":[{"type":"a","args":[]}, [1, 2]]}"#,
+            r#"{"jobs":[{"type":"a","args":[]}, 1e400]}"#,
+            r#"{"jobs":[{"type":"a","args":[]}, "\ud800"]}"#,
+            r#"{"jobs":[null]}"#,
+            r#"{"jobs":[{"type":"a","args":"no"}]}"#,
+            r#"{"jobs":[{"type":"a","args":[],"type":"b"}]}"#,
+            r#"{"jobs":[]}"#,
+            r#"{"jobs":{}}"#,
+            r#"{"other":1}"#,
+        ];
+        for body in bodies {
+            let padded = body.replacen('{', &format!("{{{padding},"), 1);
+            assert!(body.len() <= ENVELOPE_BYTES_MAX && padded.len() > ENVELOPE_BYTES_MAX);
+            let (one_pass, by_item) =
+                (parse_batch(body.as_bytes(), &defaults), parse_batch(padded.as_bytes(), &defaults));
+            match (one_pass, by_item) {
+                (Ok(one_pass), Ok(by_item)) => assert_eq!(one_pass, by_item, "{body}"),
+                (Err(one_pass), Err(by_item)) => {
+                    assert_eq!(
+                        (one_pass.code, &one_pass.message, &one_pass.details),
+                        (by_item.code, &by_item.message, &by_item.details),
+                        "{body}"
+                    );
+                }
+                (one_pass, by_item) => panic!("{body}: {one_pass:?} against {by_item:?}"),
+            }
+        }
+        let answer = parse_batch(bodies[2].as_bytes(), &defaults).unwrap_err();
+        assert_eq!((answer.message.as_str(), &answer.details["index"]), ("jobs[1] must be an object", &Value::from(1)));
+        assert_eq!(parse_batch(bodies[0].as_bytes(), &defaults).unwrap().len(), 2);
+    }
 }

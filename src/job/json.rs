@@ -76,15 +76,66 @@ impl<'de> Deserialize<'de> for RawObject<'de> {
             fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
                 formatter.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawObject<'de>, A::Error> {
-                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8).min(16));
-                while let Some((Key(key), value)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
-                    entries.push((key, value));
-                }
-                Ok(RawObject { entries })
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawObject<'de>, A::Error> {
+                raw_object_of(map)
             }
         }
         deserializer.deserialize_map(ObjectVisitor)
+    }
+}
+
+/// The entries of a map being read, values kept as their text.
+fn raw_object_of<'de, A: MapAccess<'de>>(mut map: A) -> Result<RawObject<'de>, A::Error> {
+    let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8).min(16));
+    while let Some((Key(key), value)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
+        entries.push((key, value));
+    }
+    Ok(RawObject { entries })
+}
+
+/// An element of an array that should hold objects: the object, or the
+/// fact that it was some other value (read whole and dropped).
+#[derive(Debug)]
+pub enum ObjectElement<'a> {
+    Object(RawObject<'a>),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for ObjectElement<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ElementVisitor;
+        impl<'de> Visitor<'de> for ElementVisitor {
+            type Value = ObjectElement<'de>;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ObjectElement<'de>, A::Error> {
+                raw_object_of(map).map(ObjectElement::Object)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut sequence: A) -> Result<ObjectElement<'de>, A::Error> {
+                while sequence.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(ObjectElement::Other)
+            }
+            fn visit_unit<E>(self) -> Result<ObjectElement<'de>, E> {
+                Ok(ObjectElement::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<ObjectElement<'de>, E> {
+                Ok(ObjectElement::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<ObjectElement<'de>, E> {
+                Ok(ObjectElement::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<ObjectElement<'de>, E> {
+                Ok(ObjectElement::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<ObjectElement<'de>, E> {
+                Ok(ObjectElement::Other)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<ObjectElement<'de>, E> {
+                Ok(ObjectElement::Other)
+            }
+        }
+        deserializer.deserialize_any(ElementVisitor)
     }
 }
 
@@ -122,38 +173,64 @@ fn classify(error: serde_json::Error) -> BodyError {
     }
 }
 
-/// The first `key` member of a body object, when it should be an array.
+/// The first `key` member of a body object, when it should be an array of
+/// `T` (raw values, or objects).
 #[derive(Debug)]
-pub enum ArrayMember<'a> {
+pub enum ArrayMember<T> {
     /// Absent, or `null`.
     Missing,
     /// Present, but not an array.
     NotArray,
     /// An array of more elements than the bound: how many.
     TooMany(usize),
-    /// The array's elements, as raw values.
-    Elements(Vec<&'a RawValue>),
+    /// The array's elements.
+    Elements(Vec<T>),
 }
 
 /// Parses a body that must be a JSON object and splits its first `key`
 /// member into its elements (at most `max` kept) in the same pass, checking
 /// the other members as JSON and skipping them. A batch body is then read
 /// once, not as a whole and again element by element.
-pub fn parse_array_member<'a>(bytes: &'a [u8], key: &str, max: usize) -> Result<ArrayMember<'a>, BodyError> {
-    struct Member<'k> {
+pub fn parse_array_member<'a>(bytes: &'a [u8], key: &str, max: usize) -> Result<ArrayMember<&'a RawValue>, BodyError> {
+    array_member_in_one_pass(bytes, key, max, |raw| raw)
+}
+
+/// [`parse_array_member`] for an array of objects, each read into a
+/// [`RawObject`] in the same pass: not as a raw value first and then again
+/// as an object.
+pub fn parse_object_array_member<'a>(
+    bytes: &'a [u8],
+    key: &str,
+    max: usize,
+) -> Result<ArrayMember<ObjectElement<'a>>, BodyError> {
+    array_member_in_one_pass(bytes, key, max, |raw| {
+        parse_raw_object(raw).map_or(ObjectElement::Other, ObjectElement::Object)
+    })
+}
+
+/// The one pass of [`parse_array_member`] with elements read as `T`;
+/// `from_raw` makes one from a raw value when the body is read again.
+fn array_member_in_one_pass<'a, T: Deserialize<'a>>(
+    bytes: &'a [u8],
+    key: &str,
+    max: usize,
+    from_raw: impl Fn(&'a RawValue) -> T,
+) -> Result<ArrayMember<T>, BodyError> {
+    struct Member<'k, T> {
         key: &'k str,
         max: usize,
+        element: std::marker::PhantomData<T>,
     }
-    impl<'de> Visitor<'de> for Member<'_> {
-        type Value = ArrayMember<'de>;
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Member<'_, T> {
+        type Value = ArrayMember<T>;
         fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
             formatter.write_str("a JSON object")
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ArrayMember<'de>, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ArrayMember<T>, A::Error> {
             let mut found = None;
             while let Some(Key(name)) = map.next_key::<Key<'de>>()? {
                 if found.is_none() && name == self.key {
-                    found = Some(map.next_value_seed(ArraySeed { max: self.max })?);
+                    found = Some(map.next_value_seed(ArraySeed { max: self.max, element: std::marker::PhantomData })?);
                 } else {
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
@@ -163,24 +240,30 @@ pub fn parse_array_member<'a>(bytes: &'a [u8], key: &str, max: usize) -> Result<
     }
     let text = checked_text(bytes)?;
     let mut deserializer = serde_json::Deserializer::from_str(text);
-    let one_pass = deserializer.deserialize_map(Member { key, max }).and_then(|member| {
+    let member = Member { key, max, element: std::marker::PhantomData };
+    let one_pass = deserializer.deserialize_map(member).and_then(|member| {
         deserializer.end()?;
         Ok(member)
     });
     match one_pass.map_err(classify) {
-        // The one pass decodes a scalar member, which refuses what a mere
-        // scan of valid JSON accepts (a number past f64's range, a lone
-        // surrogate escape): such a body is read again as raw values, so it
-        // is judged as any other.
+        // The one pass decodes a scalar member or element, which refuses
+        // what a mere scan of valid JSON accepts (a number past f64's range,
+        // a lone surrogate escape): such a body is read again as raw values,
+        // so it is judged as any other.
         Err(BodyError::Malformed(_)) => {
-            array_member_of(serde_json::from_str::<RawObject>(text).map_err(classify)?, key, max)
+            Ok(match array_member_of(serde_json::from_str::<RawObject>(text).map_err(classify)?, key, max)? {
+                ArrayMember::Missing => ArrayMember::Missing,
+                ArrayMember::NotArray => ArrayMember::NotArray,
+                ArrayMember::TooMany(count) => ArrayMember::TooMany(count),
+                ArrayMember::Elements(raw) => ArrayMember::Elements(raw.into_iter().map(from_raw).collect()),
+            })
         }
         other => other,
     }
 }
 
 /// The first `key` member of a parsed object, as [`ArrayMember`].
-fn array_member_of<'a>(object: RawObject<'a>, key: &str, max: usize) -> Result<ArrayMember<'a>, BodyError> {
+fn array_member_of<'a>(object: RawObject<'a>, key: &str, max: usize) -> Result<ArrayMember<&'a RawValue>, BodyError> {
     Ok(match object.get_present(key) {
         None => ArrayMember::Missing,
         Some(raw) => match raw_elements_at_most(raw, max) {
@@ -193,60 +276,61 @@ fn array_member_of<'a>(object: RawObject<'a>, key: &str, max: usize) -> Result<A
 
 /// Reads a value that should be an array into [`ArrayMember`]; any other
 /// value is read whole and reported, never an error.
-struct ArraySeed {
+struct ArraySeed<T> {
     max: usize,
+    element: std::marker::PhantomData<T>,
 }
 
-impl<'de> serde::de::DeserializeSeed<'de> for ArraySeed {
-    type Value = ArrayMember<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<ArrayMember<'de>, D::Error> {
+impl<'de, T: Deserialize<'de>> serde::de::DeserializeSeed<'de> for ArraySeed<T> {
+    type Value = ArrayMember<T>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<ArrayMember<T>, D::Error> {
         deserializer.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for ArraySeed {
-    type Value = ArrayMember<'de>;
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ArraySeed<T> {
+    type Value = ArrayMember<T>;
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
         formatter.write_str("any JSON value")
     }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, sequence: A) -> Result<ArrayMember<'de>, A::Error> {
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, sequence: A) -> Result<ArrayMember<T>, A::Error> {
         Ok(match elements_at_most(sequence, self.max)? {
             Ok(elements) => ArrayMember::Elements(elements),
             Err(count) => ArrayMember::TooMany(count),
         })
     }
-    fn visit_unit<E>(self) -> Result<ArrayMember<'de>, E> {
+    fn visit_unit<E>(self) -> Result<ArrayMember<T>, E> {
         Ok(ArrayMember::Missing)
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ArrayMember<'de>, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ArrayMember<T>, A::Error> {
         while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
         Ok(ArrayMember::NotArray)
     }
-    fn visit_bool<E>(self, _: bool) -> Result<ArrayMember<'de>, E> {
+    fn visit_bool<E>(self, _: bool) -> Result<ArrayMember<T>, E> {
         Ok(ArrayMember::NotArray)
     }
-    fn visit_i64<E>(self, _: i64) -> Result<ArrayMember<'de>, E> {
+    fn visit_i64<E>(self, _: i64) -> Result<ArrayMember<T>, E> {
         Ok(ArrayMember::NotArray)
     }
-    fn visit_u64<E>(self, _: u64) -> Result<ArrayMember<'de>, E> {
+    fn visit_u64<E>(self, _: u64) -> Result<ArrayMember<T>, E> {
         Ok(ArrayMember::NotArray)
     }
-    fn visit_f64<E>(self, _: f64) -> Result<ArrayMember<'de>, E> {
+    fn visit_f64<E>(self, _: f64) -> Result<ArrayMember<T>, E> {
         Ok(ArrayMember::NotArray)
     }
-    fn visit_str<E>(self, _: &str) -> Result<ArrayMember<'de>, E> {
+    fn visit_str<E>(self, _: &str) -> Result<ArrayMember<T>, E> {
         Ok(ArrayMember::NotArray)
     }
 }
 
-/// The elements of a sequence as raw values, if it has at most `max`;
-/// otherwise `Err(count)`, counted without keeping any element past `max`.
-fn elements_at_most<'de, A: serde::de::SeqAccess<'de>>(
+/// The elements of a sequence, if it has at most `max`; otherwise
+/// `Err(count)`, counted without keeping any element past `max`.
+fn elements_at_most<'de, T: Deserialize<'de>, A: serde::de::SeqAccess<'de>>(
     mut sequence: A,
     max: usize,
-) -> Result<Result<Vec<&'de RawValue>, usize>, A::Error> {
+) -> Result<Result<Vec<T>, usize>, A::Error> {
     let mut elements = Vec::new();
-    while let Some(element) = sequence.next_element::<&RawValue>()? {
+    while let Some(element) = sequence.next_element::<T>()? {
         elements.push(element);
         if elements.len() > max {
             let mut count = elements.len();
@@ -508,10 +592,10 @@ mod tests {
 
     #[test]
     fn an_array_member_is_split_as_the_body_is_read() {
-        fn member(text: &str, max: usize) -> Result<ArrayMember<'_>, BodyError> {
+        fn member(text: &str, max: usize) -> Result<ArrayMember<&RawValue>, BodyError> {
             parse_array_member(text.as_bytes(), "jobs", max)
         }
-        let texts = |member: ArrayMember| match member {
+        let texts = |member: ArrayMember<&RawValue>| match member {
             ArrayMember::Elements(elements) => elements.iter().map(|raw| raw.get().to_string()).collect::<Vec<_>>(),
             other => panic!("not elements: {other:?}"),
         };
