@@ -173,11 +173,17 @@ impl JobTable {
             return;
         };
         let hasher = &alone.hasher;
-        let mut work: Vec<(&mut JobSet, Vec<Arc<Job>>)> =
-            alone.shards.iter_mut().map(RwLock::get_mut).zip(loaded.by_shard).collect();
+        let mut work: Vec<(usize, &mut JobSet, Vec<Arc<Job>>)> = alone
+            .shards
+            .iter_mut()
+            .map(RwLock::get_mut)
+            .zip(loaded.by_shard)
+            .enumerate()
+            .map(|(index, (shard, jobs))| (index, shard, jobs))
+            .collect();
         let (first, second) = work.split_at_mut(SHARDS / 2);
-        let fill = |part: &mut [(&mut JobSet, Vec<Arc<Job>>)]| {
-            part.iter_mut().for_each(|(shard, jobs)| fill_in_order(shard, hasher, std::mem::take(jobs)))
+        let fill = |part: &mut [(usize, &mut JobSet, Vec<Arc<Job>>)]| {
+            part.iter_mut().for_each(|(index, shard, jobs)| fill_in_order(shard, hasher, *index, std::mem::take(jobs)))
         };
         // The second half goes to a thread of its own when one can be started.
         let second = parking_lot::Mutex::new(second);
@@ -336,15 +342,18 @@ const STAGGERED_GROWTH_CAPACITY_MIN: usize = 4096;
 fn reserve_staggered(set: &mut JobSet, hasher: &IdHashState, shard: usize, additional: usize) {
     let rehash = |held: &Arc<Job>| hasher.hash_one(held.id);
     let (capacity, wanted) = (set.capacity(), set.len() + additional);
-    if capacity >= STAGGERED_GROWTH_CAPACITY_MIN && wanted <= capacity {
-        let share = capacity / 4 * 3 + capacity / 4 * shard / SHARDS;
-        if wanted > share {
-            // Room for one more than the capacity: the next size up.
-            set.reserve(capacity + 1 - set.len(), rehash);
-            return;
-        }
+    if wanted <= capacity && past_its_share(capacity, shard, wanted) {
+        // Room for one more than the capacity: the next size up.
+        set.reserve(capacity + 1 - set.len(), rehash);
+        return;
     }
     set.reserve(additional, rehash);
+}
+
+/// Whether shard `shard`, holding `jobs` in a table of `capacity`, is past
+/// the share of its capacity at which it doubles.
+fn past_its_share(capacity: usize, shard: usize, jobs: usize) -> bool {
+    capacity >= STAGGERED_GROWTH_CAPACITY_MIN && jobs > capacity / 4 * 3 + capacity / 4 * shard / SHARDS
 }
 
 /// The shard a job lives in: the low bits of a UUIDv7 are random, so they
@@ -380,9 +389,14 @@ impl LoadedJobs {
 /// buckets they hash to, so that the table's memory is written front to
 /// back. The order only makes it faster: a bucket taken makes a job go to
 /// the next free one, as any insert does.
-fn fill_in_order(shard: &mut JobSet, hasher: &IdHashState, jobs: Vec<Arc<Job>>) {
+fn fill_in_order(shard: &mut JobSet, hasher: &IdHashState, index: usize, jobs: Vec<Arc<Job>>) {
     debug_assert!(jobs.iter().all(|job| shard.find(hasher.hash_one(job.id), |held| held.id == job.id).is_none()));
     shard.reserve(jobs.len(), |held| hasher.hash_one(held.id));
+    // Sized as growth would have left it, so that the first jobs after a
+    // restart do not set off at once the doublings of every shard past its share.
+    if past_its_share(shard.capacity(), index, shard.len() + jobs.len()) {
+        shard.reserve(shard.capacity() + 1, |held| hasher.hash_one(held.id));
+    }
     // A table of 2^k buckets holds 7/8 of them at most, and a job's first
     // bucket is its hash's low k bits.
     let mask = (shard.capacity() * 8 / 7).next_power_of_two() as u64 - 1;
@@ -557,5 +571,20 @@ mod tests {
         let small_capacity = small.capacity();
         reserve_staggered(&mut small, &hasher, 0, small_capacity);
         assert_eq!(small.capacity(), small_capacity);
+    }
+
+    #[test]
+    fn a_loaded_shard_is_sized_as_its_growth_would_have_left_it() {
+        let hasher = IdHashState::default();
+        let jobs = || (1..=7_000).map(|n| job(n, JobState::Available)).collect::<Vec<_>>();
+        let plain = JobSet::with_capacity(7_000).capacity();
+        assert!(7_000 > plain / 4 * 3, "past the first shard's share of the plain size");
+        for (shard, doubled) in [(0, true), (SHARDS - 1, false)] {
+            let mut set = JobSet::new();
+            fill_in_order(&mut set, &hasher, shard, jobs());
+            assert_eq!(set.capacity() > plain, doubled, "shard {shard}");
+            assert_eq!(set.len(), 7_000);
+            assert!((1..=7_000).all(|n| set.find(hasher.hash_one(JobId(n)), |held| held.id == JobId(n)).is_some()));
+        }
     }
 }
