@@ -15,6 +15,7 @@ use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::view::DeadLetterKey;
 use crate::job::{IdHashState, Job, JobId, JobIdMap};
@@ -31,6 +32,10 @@ type JobChange = (JobId, Option<Arc<Job>>);
 /// The durable jobs, as readers see them.
 pub(crate) struct SharedJobs {
     shards: Box<[Shard]>,
+    /// Each shard's capacity when it last grew: what it holds with no
+    /// removed slots. `JobSet::capacity` counts removed slots as taken, so
+    /// with many removals it says less.
+    grown_to: Box<[AtomicUsize]>,
     hasher: IdHashState,
     /// Discarded jobs in listing order, kept in step with the shards.
     pub(super) dead_letter: RwLock<BTreeMap<DeadLetterKey, Arc<Job>>>,
@@ -40,6 +45,7 @@ impl SharedJobs {
     fn new() -> SharedJobs {
         SharedJobs {
             shards: (0..SHARDS).map(|_| RwLock::new(JobSet::new())).collect(),
+            grown_to: (0..SHARDS).map(|_| AtomicUsize::new(0)).collect(),
             hasher: IdHashState::default(),
             dead_letter: RwLock::new(BTreeMap::new()),
         }
@@ -172,7 +178,7 @@ impl JobTable {
             loaded.by_shard.into_iter().flatten().for_each(|job| self.insert(job));
             return;
         };
-        let hasher = &alone.hasher;
+        let (hasher, grown_to) = (&alone.hasher, &alone.grown_to);
         let mut work: Vec<(usize, &mut JobSet, Vec<Arc<Job>>)> = alone
             .shards
             .iter_mut()
@@ -183,7 +189,10 @@ impl JobTable {
             .collect();
         let (first, second) = work.split_at_mut(SHARDS / 2);
         let fill = |part: &mut [(usize, &mut JobSet, Vec<Arc<Job>>)]| {
-            part.iter_mut().for_each(|(index, shard, jobs)| fill_in_order(shard, hasher, *index, std::mem::take(jobs)))
+            part.iter_mut().for_each(|(index, shard, jobs)| {
+                fill_in_order(shard, hasher, *index, std::mem::take(jobs));
+                grown_to[*index].store(shard.capacity(), Ordering::Relaxed);
+            })
         };
         // The second half goes to a thread of its own when one can be started.
         let second = parking_lot::Mutex::new(second);
@@ -310,7 +319,7 @@ impl JobTable {
         }
         let hasher = &shared.hasher;
         let mut set = shared.shards[shard].write();
-        reserve_staggered(&mut set, hasher, shard, changes.len());
+        reserve_staggered(&mut set, hasher, shard, changes.len(), &shared.grown_to[shard]);
         for (id, job) in changes {
             let listed = job.as_ref().and_then(|job| DeadLetterKey::of(job).map(|key| (key, job.clone())));
             let old = match job {
@@ -339,15 +348,22 @@ const STAGGERED_GROWTH_CAPACITY_MIN: usize = 4096;
 /// of it for the last, so that the rehashes of one doubling are spread over
 /// the last quarter of the table's growth. Held jobs stay below three
 /// quarters of the capacity at 10 M jobs, so no table is larger there.
-fn reserve_staggered(set: &mut JobSet, hasher: &IdHashState, shard: usize, additional: usize) {
+///
+/// The share is of the capacity the shard had when it last grew
+/// (`grown_to`, kept up to date here): its current capacity leaves out the
+/// slots of removed jobs, and measured against that, a shard whose jobs
+/// come and go would double again and again at a constant size.
+fn reserve_staggered(set: &mut JobSet, hasher: &IdHashState, shard: usize, additional: usize, grown_to: &AtomicUsize) {
     let rehash = |held: &Arc<Job>| hasher.hash_one(held.id);
-    let (capacity, wanted) = (set.capacity(), set.len() + additional);
-    if wanted <= capacity && past_its_share(capacity, shard, wanted) {
-        // Room for one more than the capacity: the next size up.
-        set.reserve(capacity + 1 - set.len(), rehash);
-        return;
+    let full = grown_to.load(Ordering::Relaxed).max(set.capacity());
+    let wanted = set.len() + additional;
+    if wanted <= full && past_its_share(full, shard, wanted) {
+        // Room for one more than it holds when full: the next size up.
+        set.reserve(full + 1 - set.len(), rehash);
+    } else {
+        set.reserve(additional, rehash);
     }
-    set.reserve(additional, rehash);
+    grown_to.store(full.max(set.capacity()), Ordering::Relaxed);
 }
 
 /// Whether shard `shard`, holding `jobs` in a table of `capacity`, is past
@@ -539,38 +555,53 @@ mod tests {
     #[test]
     fn shards_double_one_after_another_from_three_quarters_of_their_capacity() {
         let hasher = IdHashState::default();
+        let one = job(1, JobState::Available);
+        let with_id = |n: u128| {
+            let mut copy = (*one).clone();
+            copy.id = JobId(n);
+            Arc::new(copy)
+        };
         let filled_to = |count: usize| {
             let mut set = JobSet::with_capacity(STAGGERED_GROWTH_CAPACITY_MIN);
-            let capacity = set.capacity();
-            let one = job(1, JobState::Available);
-            for n in 0..count.min(capacity) {
-                let mut copy = (*one).clone();
-                copy.id = JobId(n as u128 + 1);
-                SharedJobs::put(&mut set, &hasher, Arc::new(copy));
+            for n in 0..count {
+                SharedJobs::put(&mut set, &hasher, with_id(n as u128 + 1));
             }
-            (set, capacity)
+            set
         };
-        let (_, capacity) = filled_to(0);
-        let three_quarters = capacity / 4 * 3;
-        for (shard, held, doubles) in [
-            (0, three_quarters - 1, false),
-            (0, three_quarters, true),
-            (SHARDS / 2, three_quarters + capacity / 16, false),
-            (SHARDS / 2, three_quarters + capacity / 8, true),
-            (SHARDS - 1, capacity - capacity / 64, false),
-            (SHARDS - 1, capacity, true),
-        ] {
-            let (mut set, _) = filled_to(held);
-            reserve_staggered(&mut set, &hasher, shard, 1);
-            assert_eq!(set.capacity() > capacity, doubles, "shard {shard} holding {held} of {capacity}");
-            assert_eq!(set.len(), held, "growing keeps every job");
-            assert!(set.capacity() > held, "room for the one more");
+        let capacity = filled_to(0).capacity();
+        let doubled = JobSet::with_capacity(capacity + 1).capacity();
+        let share = |shard: usize| capacity / 4 * 3 + capacity / 4 * shard / SHARDS;
+        for shard in [0, SHARDS / 2, SHARDS - 1] {
+            // One short of the share, and at it: the next job takes it past.
+            for (held, doubles) in [(share(shard) - 1, false), (share(shard), true)] {
+                let mut set = filled_to(held);
+                reserve_staggered(&mut set, &hasher, shard, 1, &AtomicUsize::new(0));
+                let expected = if doubles { doubled } else { capacity };
+                assert_eq!(set.capacity(), expected, "shard {shard} holding {held} of {capacity}");
+                assert_eq!(set.len(), held, "growing keeps every job");
+            }
         }
         // A small shard grows only when full.
         let mut small = JobSet::with_capacity(64);
         let small_capacity = small.capacity();
-        reserve_staggered(&mut small, &hasher, 0, small_capacity);
+        reserve_staggered(&mut small, &hasher, 0, small_capacity, &AtomicUsize::new(0));
         assert_eq!(small.capacity(), small_capacity);
+
+        // Jobs that come and go leave removed slots, which the table's own
+        // capacity leaves out. A shard holding a constant 45 % of its
+        // capacity, which the table itself only ever rehashes in place, does
+        // not grow however long that goes on (measured against the capacity
+        // less the removed slots, it doubled).
+        let grown_to = AtomicUsize::new(0);
+        let held = capacity * 45 / 100;
+        let mut set = filled_to(held);
+        for n in 0..50 * capacity as u128 {
+            SharedJobs::take(&mut set, &hasher, JobId(n + 1));
+            reserve_staggered(&mut set, &hasher, 0, 1, &grown_to);
+            SharedJobs::put(&mut set, &hasher, with_id(n + 1 + held as u128));
+            assert!(set.capacity() <= capacity, "grew to {} at a constant {held} jobs", set.capacity());
+        }
+        assert_eq!(set.len(), held);
     }
 
     #[test]

@@ -166,11 +166,13 @@ mod tests {
             r#"{"jobs":[null]}"#,
             r#"{"jobs":[{"type":"a","args":"no"}]}"#,
             r#"{"jobs":[{"type":"a","args":[],"type":"b"}]}"#,
+            r#"{"jobs":[{"\ud800":1}]}"#,
             r#"{"jobs":[]}"#,
             r#"{"jobs":{}}"#,
             r#"{"other":1}"#,
         ];
-        for body in bodies {
+        let too_many = format!(r#"{{"jobs":[{}{{}}]}}"#, "{},".repeat(BATCH_JOBS_MAX));
+        for body in bodies.iter().copied().chain([too_many.as_str()]) {
             let padded = body.replacen('{', &format!("{{{padding},"), 1);
             assert!(body.len() <= ENVELOPE_BYTES_MAX && padded.len() > ENVELOPE_BYTES_MAX);
             let (one_pass, by_item) =
@@ -186,6 +188,14 @@ mod tests {
                 }
                 (one_pass, by_item) => panic!("{body}: {one_pass:?} against {by_item:?}"),
             }
+        }
+        // Malformed or too deep: the same refusal (its message names a place in the body).
+        let deep = format!(r#"{{"jobs":[{}{}]}}"#, "[".repeat(100), "]".repeat(100));
+        for body in [r#"{"jobs":[{"type":"a"},]}"#, r#"{"jobs":[{"type":"a",}]}"#, deep.as_str()] {
+            let padded = body.replacen('{', &format!("{{{padding},"), 1);
+            let (one_pass, by_item) =
+                (parse_batch(body.as_bytes(), &defaults), parse_batch(padded.as_bytes(), &defaults));
+            assert_eq!(one_pass.unwrap_err().code, by_item.unwrap_err().code, "{body}");
         }
         let answer = parse_batch(bodies[2].as_bytes(), &defaults).unwrap_err();
         assert_eq!((answer.message.as_str(), &answer.details["index"]), ("jobs[1] must be an object", &Value::from(1)));
