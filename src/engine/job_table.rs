@@ -352,7 +352,8 @@ const STAGGERED_GROWTH_CAPACITY_MIN: usize = 4096;
 /// The share is of the capacity the shard had when it last grew
 /// (`grown_to`, kept up to date here): its current capacity leaves out the
 /// slots of removed jobs, and measured against that, a shard whose jobs
-/// come and go would double again and again at a constant size.
+/// come and go doubled at a constant size where the table by itself only
+/// rehashes in place.
 fn reserve_staggered(set: &mut JobSet, hasher: &IdHashState, shard: usize, additional: usize, grown_to: &AtomicUsize) {
     let rehash = |held: &Arc<Job>| hasher.hash_one(held.id);
     let full = grown_to.load(Ordering::Relaxed).max(set.capacity());
