@@ -190,8 +190,7 @@ impl JobTable {
         let (first, second) = work.split_at_mut(SHARDS / 2);
         let fill = |part: &mut [(usize, &mut JobSet, Vec<Arc<Job>>)]| {
             part.iter_mut().for_each(|(index, shard, jobs)| {
-                fill_in_order(shard, hasher, *index, std::mem::take(jobs));
-                grown_to[*index].store(shard.capacity(), Ordering::Relaxed);
+                fill_in_order(shard, hasher, *index, &grown_to[*index], std::mem::take(jobs))
             })
         };
         // The second half goes to a thread of its own when one can be started.
@@ -354,23 +353,24 @@ const STAGGERED_GROWTH_CAPACITY_MIN: usize = 4096;
 /// slots of removed jobs, and measured against that, a shard whose jobs
 /// come and go doubled at a constant size where the table by itself only
 /// rehashes in place.
+///
+/// A shard filled from a snapshot is sized by the same rule, so that the
+/// first writes after a restart do not set off at once the doublings of
+/// every shard past its share.
 fn reserve_staggered(set: &mut JobSet, hasher: &IdHashState, shard: usize, additional: usize, grown_to: &AtomicUsize) {
     let rehash = |held: &Arc<Job>| hasher.hash_one(held.id);
-    let full = grown_to.load(Ordering::Relaxed).max(set.capacity());
+    let mut full = grown_to.load(Ordering::Relaxed).max(set.capacity());
     let wanted = set.len() + additional;
-    if wanted <= full && past_its_share(full, shard, wanted) {
+    if wanted > full {
+        set.reserve(additional, rehash);
+        full = full.max(set.capacity());
+    }
+    let share = full / 4 * 3 + full / 4 * shard / SHARDS;
+    if full >= STAGGERED_GROWTH_CAPACITY_MIN && wanted > share && wanted <= full {
         // Room for one more than it holds when full: the next size up.
         set.reserve(full + 1 - set.len(), rehash);
-    } else {
-        set.reserve(additional, rehash);
     }
     grown_to.store(full.max(set.capacity()), Ordering::Relaxed);
-}
-
-/// Whether shard `shard`, holding `jobs` in a table of `capacity`, is past
-/// the share of its capacity at which it doubles.
-fn past_its_share(capacity: usize, shard: usize, jobs: usize) -> bool {
-    capacity >= STAGGERED_GROWTH_CAPACITY_MIN && jobs > capacity / 4 * 3 + capacity / 4 * shard / SHARDS
 }
 
 /// The shard a job lives in: the low bits of a UUIDv7 are random, so they
@@ -406,14 +406,9 @@ impl LoadedJobs {
 /// buckets they hash to, so that the table's memory is written front to
 /// back. The order only makes it faster: a bucket taken makes a job go to
 /// the next free one, as any insert does.
-fn fill_in_order(shard: &mut JobSet, hasher: &IdHashState, index: usize, jobs: Vec<Arc<Job>>) {
+fn fill_in_order(shard: &mut JobSet, hasher: &IdHashState, index: usize, grown_to: &AtomicUsize, jobs: Vec<Arc<Job>>) {
     debug_assert!(jobs.iter().all(|job| shard.find(hasher.hash_one(job.id), |held| held.id == job.id).is_none()));
-    shard.reserve(jobs.len(), |held| hasher.hash_one(held.id));
-    // Sized as growth would have left it, so that the first jobs after a
-    // restart do not set off at once the doublings of every shard past its share.
-    if past_its_share(shard.capacity(), index, shard.len() + jobs.len()) {
-        shard.reserve(shard.capacity() + 1, |held| hasher.hash_one(held.id));
-    }
+    reserve_staggered(shard, hasher, index, jobs.len(), grown_to);
     // A table of 2^k buckets holds 7/8 of them at most, and a job's first
     // bucket is its hash's low k bits.
     let mask = (shard.capacity() * 8 / 7).next_power_of_two() as u64 - 1;
@@ -613,7 +608,7 @@ mod tests {
         assert!(7_000 > plain / 4 * 3, "past the first shard's share of the plain size");
         for (shard, doubled) in [(0, true), (SHARDS - 1, false)] {
             let mut set = JobSet::new();
-            fill_in_order(&mut set, &hasher, shard, jobs());
+            fill_in_order(&mut set, &hasher, shard, &AtomicUsize::new(0), jobs());
             assert_eq!(set.capacity() > plain, doubled, "shard {shard}");
             assert_eq!(set.len(), 7_000);
             assert!((1..=7_000).all(|n| set.find(hasher.hash_one(JobId(n)), |held| held.id == JobId(n)).is_some()));
