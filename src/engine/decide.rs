@@ -156,7 +156,7 @@ impl State {
     ) -> Option<(OnConflict, Vec<JobId>)> {
         let (policy, key) = job.unique()?;
         let stored = self.jobs_with_unique_key(&key).iter().filter_map(|id| self.job(*id));
-        let in_batch = batch.iter().filter(|earlier| earlier.unique().is_some_and(|(_, k)| k == key));
+        let in_batch = batch.iter().map(Arc::as_ref).filter(|earlier| earlier.unique().is_some_and(|(_, k)| k == key));
         let holders: Vec<JobId> = stored
             .chain(in_batch)
             .filter(|holder| !replaced.contains(&holder.id))
@@ -179,7 +179,7 @@ impl State {
     ) -> EngineError {
         let existing_state = self
             .job(existing)
-            .or_else(|| batch.iter().find(|job| job.id == existing))
+            .or_else(|| batch.iter().map(Arc::as_ref).find(|job| job.id == existing))
             .map_or(JobState::Available, |job| job.state);
         let key = job.unique().expect("a job with a unique policy").1;
         EngineError::UniqueConflict { existing, existing_state, key, index }
@@ -392,7 +392,7 @@ impl State {
         let ids: Vec<JobId> = match listed {
             Some(ids) => {
                 let mut unique: Vec<JobId> =
-                    ids.iter().copied().filter(|id| self.job(*id).is_some_and(|job| covered(job))).collect();
+                    ids.iter().copied().filter(|id| self.job(*id).is_some_and(&covered)).collect();
                 unique.sort();
                 unique.dedup();
                 unique
@@ -417,10 +417,7 @@ impl State {
 
     /// A job in the dead letter listing (state `discarded`), else not found.
     fn dead_letter_job(&self, id: JobId) -> Result<&Job, EngineError> {
-        self.job(id)
-            .map(|job| job.as_ref())
-            .filter(|job| job.state == JobState::Discarded)
-            .ok_or(EngineError::NotInDeadLetter { id })
+        self.job(id).filter(|job| job.state == JobState::Discarded).ok_or(EngineError::NotInDeadLetter { id })
     }
 
     pub fn decide_dead_letter_retry(&self, now: Millis, id: JobId) -> Result<Record, EngineError> {

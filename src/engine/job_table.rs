@@ -22,12 +22,99 @@ use crate::job::{IdHashState, Job, JobId, JobIdMap};
 
 const SHARDS: usize = 64;
 
-/// Jobs keyed by the id inside them: a slot is one pointer (8 bytes and a
-/// control byte), not an id and a pointer (24 and one).
-type JobSet = HashTable<Arc<Job>>;
+/// Jobs keyed by the id inside them: a slot is a pointer and part of the
+/// id's hash (12 bytes and a control byte), not an id and a pointer (24
+/// and one).
+type JobSet = HashTable<Held>;
 type Shard = RwLock<JobSet>;
 /// A job's new version (`None`: removed).
 type JobChange = (JobId, Option<Arc<Job>>);
+
+/// A job in its shard: the job's pointer and 32 bits of its id's hash.
+///
+/// Growing a shard moves every slot to the place its hash says. Hashing the
+/// id again read it from each job's own allocation, a cache miss (and often
+/// a page walk) a job, which prefetching did not hide: an eighth of the
+/// engine thread's time in a batch fill of 2 M jobs. With the hash in the
+/// slot, growing reads the table alone, and a lookup reads the id of no
+/// job whose hash differs. A full `u64` hash and an `Arc` make a 16-byte
+/// slot, 13 bytes a job more at 10 M jobs (ARCHITECTURE.md, "What a job
+/// costs in memory"); packed to 4-byte alignment it is 12 bytes.
+#[repr(C, packed(4))]
+struct Held {
+    /// From [`Arc::into_raw`]: the slot holds one of the job's references.
+    job: *const Job,
+    hash: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Held>() == 12);
+
+// SAFETY: a `Held` owns an `Arc<Job>` kept as its pointer, and `Arc<Job>`
+// is `Send` and `Sync`.
+unsafe impl Send for Held {}
+unsafe impl Sync for Held {}
+
+impl Held {
+    fn new(hash: u32, job: Arc<Job>) -> Held {
+        Held { job: Arc::into_raw(job), hash }
+    }
+
+    /// The job, alive as long as the slot holds it.
+    fn job(&self) -> &Job {
+        // SAFETY: the pointer came from `Arc::into_raw` and the slot still
+        // holds that reference. `{ self.job }` copies the packed field.
+        unsafe { &*{ self.job } }
+    }
+
+    /// A new reference to the job.
+    fn handle(&self) -> Arc<Job> {
+        let job = self.job;
+        // SAFETY: as in `job`; the count is raised for the `Arc` made here.
+        unsafe {
+            Arc::increment_strong_count(job);
+            Arc::from_raw(job)
+        }
+    }
+
+    /// Puts `job` in the slot and hands back the one it held.
+    fn replace(&mut self, job: Arc<Job>) -> Arc<Job> {
+        let old = self.job;
+        self.job = Arc::into_raw(job);
+        // SAFETY: the slot's reference to the old job passes to the `Arc`.
+        unsafe { Arc::from_raw(old) }
+    }
+
+    /// The slot's reference to its job.
+    fn into_job(self) -> Arc<Job> {
+        let held = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in `replace`; `held` is not dropped.
+        unsafe { Arc::from_raw(held.job) }
+    }
+
+    fn is(&self, hash: u32, id: JobId) -> bool {
+        let held = self.hash;
+        held == hash && self.job().id == id
+    }
+
+    /// The hash the table places the slot by. The table takes a slot's
+    /// first bucket from the low bits of its hash and a 7-bit tag from the
+    /// top 7: both come from the 32 bits kept, the bucket from bits 0–24 (a
+    /// shard of up to 32 M buckets) and the tag from bits 25–31.
+    fn table_hash(hash: u32) -> u64 {
+        (u64::from(hash) << 32) | u64::from(hash)
+    }
+
+    fn placed(&self) -> u64 {
+        Held::table_hash(self.hash)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // SAFETY: as in `replace`; the slot is going.
+        drop(unsafe { Arc::from_raw(self.job) });
+    }
+}
 
 /// The durable jobs, as readers see them.
 pub(crate) struct SharedJobs {
@@ -55,23 +142,24 @@ impl SharedJobs {
         &self.shards[shard_of(id)]
     }
 
-    fn hash(&self, id: JobId) -> u64 {
-        self.hasher.hash_one(id)
+    fn hash(&self, id: JobId) -> u32 {
+        hash_of(&self.hasher, id)
     }
 
     /// A job as of the last durable turn.
     pub fn job(&self, id: JobId) -> Option<Arc<Job>> {
-        self.shard(id).read().find(self.hash(id), |job| job.id == id).cloned()
+        let hash = self.hash(id);
+        self.shard(id).read().find(Held::table_hash(hash), |held| held.is(hash, id)).map(Held::handle)
     }
 
     /// Adds or replaces a job in a shard this thread may write (under its
     /// write lock, or owned alone); the version replaced.
     fn put(set: &mut JobSet, hasher: &IdHashState, job: Arc<Job>) -> Option<Arc<Job>> {
-        let id = job.id;
-        match set.entry(hasher.hash_one(id), |held| held.id == id, |held| hasher.hash_one(held.id)) {
-            hashbrown::hash_table::Entry::Occupied(mut held) => Some(std::mem::replace(held.get_mut(), job)),
+        let (id, hash) = (job.id, hash_of(hasher, job.id));
+        match set.entry(Held::table_hash(hash), |held| held.is(hash, id), Held::placed) {
+            hashbrown::hash_table::Entry::Occupied(mut held) => Some(held.get_mut().replace(job)),
             hashbrown::hash_table::Entry::Vacant(slot) => {
-                slot.insert(job);
+                slot.insert(Held::new(hash, job));
                 None
             }
         }
@@ -79,7 +167,8 @@ impl SharedJobs {
 
     /// Removes a job from a shard this thread may write.
     fn take(set: &mut JobSet, hasher: &IdHashState, id: JobId) -> Option<Arc<Job>> {
-        set.find_entry(hasher.hash_one(id), |held| held.id == id).ok().map(|held| held.remove().0)
+        let hash = hash_of(hasher, id);
+        set.find_entry(Held::table_hash(hash), |held| held.is(hash, id)).ok().map(|held| held.remove().0.into_job())
     }
 
     /// The shard's map, read without its lock.
@@ -89,13 +178,14 @@ impl SharedJobs {
     /// [`JobTable::new`]), only through `&mut JobTable`, and only under the
     /// shard's write lock; the engine reads through `&JobTable`, so none of
     /// its reads overlaps one of its writes. Other threads only read.
-    fn unlocked(&self, id: JobId) -> Option<&Arc<Job>> {
+    fn unlocked(&self, id: JobId) -> Option<&Held> {
         // SAFETY: see above; the data lives as long as `self`.
         let set = unsafe { &*self.shard(id).data_ptr() };
-        set.find(self.hash(id), |job| job.id == id)
+        let hash = self.hash(id);
+        set.find(Held::table_hash(hash), |held| held.is(hash, id))
     }
 
-    fn all_unlocked(&self) -> impl Iterator<Item = &Arc<Job>> {
+    fn all_unlocked(&self) -> impl Iterator<Item = &Held> {
         // SAFETY: as in `unlocked`.
         self.shards.iter().flat_map(|shard| unsafe { &*shard.data_ptr() }.iter())
     }
@@ -137,10 +227,18 @@ impl JobTable {
         if handed_out { None } else { Arc::get_mut(shared) }
     }
 
-    pub fn get(&self, id: &JobId) -> Option<&Arc<Job>> {
+    pub fn get(&self, id: &JobId) -> Option<&Job> {
         match self.unpublished.get(id) {
-            Some(newest) => newest.as_ref(),
-            None => self.shared.unlocked(*id),
+            Some(newest) => newest.as_deref(),
+            None => self.shared.unlocked(*id).map(Held::job),
+        }
+    }
+
+    /// A new reference to a job.
+    pub fn handle(&self, id: &JobId) -> Option<Arc<Job>> {
+        match self.unpublished.get(id) {
+            Some(newest) => newest.clone(),
+            None => self.shared.unlocked(*id).map(Held::handle),
         }
     }
 
@@ -222,7 +320,7 @@ impl JobTable {
         match self.unpublished.entry(*id) {
             Entry::Occupied(mut newest) => newest.insert(None),
             Entry::Vacant(slot) => {
-                let old = self.shared.unlocked(*id).cloned();
+                let old = self.shared.unlocked(*id).map(Held::handle);
                 if old.is_some() {
                     slot.insert(None);
                 }
@@ -232,11 +330,16 @@ impl JobTable {
     }
 
     /// Every job, newest versions, in no particular order.
-    pub fn values(&self) -> impl Iterator<Item = &Arc<Job>> {
+    pub fn values(&self) -> impl Iterator<Item = &Job> {
+        self.durable().map(Held::job).chain(self.unpublished.values().flatten().map(Arc::as_ref))
+    }
+
+    /// The jobs in the shards that no unpublished change replaces.
+    fn durable(&self) -> impl Iterator<Item = &Held> {
         let unpublished = &self.unpublished;
-        let durable =
-            self.shared.all_unlocked().filter(move |job| unpublished.is_empty() || !unpublished.contains_key(&job.id));
-        durable.chain(unpublished.values().flatten())
+        self.shared
+            .all_unlocked()
+            .filter(move |held| unpublished.is_empty() || !unpublished.contains_key(&held.job().id))
     }
 
     /// A handle of every job, in no particular order: what an image holds.
@@ -247,15 +350,16 @@ impl JobTable {
     pub fn handles(&self) -> Vec<Arc<Job>> {
         const AHEAD: usize = 16;
         let mut handles = Vec::with_capacity(self.len_hint());
-        let mut window: std::collections::VecDeque<&Arc<Job>> = std::collections::VecDeque::with_capacity(AHEAD);
-        for job in self.values() {
-            prefetch(Arc::as_ptr(job));
+        let mut window: std::collections::VecDeque<&Held> = std::collections::VecDeque::with_capacity(AHEAD);
+        for held in self.durable() {
+            prefetch(held.job());
             if window.len() == AHEAD {
-                handles.extend(window.pop_front().cloned());
+                handles.extend(window.pop_front().map(Held::handle));
             }
-            window.push_back(job);
+            window.push_back(held);
         }
-        handles.extend(window.into_iter().cloned());
+        handles.extend(window.into_iter().map(Held::handle));
+        handles.extend(self.unpublished.values().flatten().cloned());
         handles
     }
 
@@ -318,7 +422,7 @@ impl JobTable {
         }
         let hasher = &shared.hasher;
         let mut set = shared.shards[shard].write();
-        reserve_staggered(&mut set, hasher, shard, changes.len(), &shared.grown_to[shard]);
+        reserve_staggered(&mut set, shard, changes.len(), &shared.grown_to[shard]);
         for (id, job) in changes {
             let listed = job.as_ref().and_then(|job| DeadLetterKey::of(job).map(|key| (key, job.clone())));
             let old = match job {
@@ -357,8 +461,8 @@ const STAGGERED_GROWTH_CAPACITY_MIN: usize = 4096;
 /// A shard filled from a snapshot is sized by the same rule, so that the
 /// first writes after a restart do not set off at once the doublings of
 /// every shard past its share.
-fn reserve_staggered(set: &mut JobSet, hasher: &IdHashState, shard: usize, additional: usize, grown_to: &AtomicUsize) {
-    let rehash = |held: &Arc<Job>| hasher.hash_one(held.id);
+fn reserve_staggered(set: &mut JobSet, shard: usize, additional: usize, grown_to: &AtomicUsize) {
+    let rehash = Held::placed;
     let mut full = grown_to.load(Ordering::Relaxed).max(set.capacity());
     let wanted = set.len() + additional;
     if wanted > full {
@@ -371,6 +475,11 @@ fn reserve_staggered(set: &mut JobSet, hasher: &IdHashState, shard: usize, addit
         set.reserve(full + 1 - set.len(), rehash);
     }
     grown_to.store(full.max(set.capacity()), Ordering::Relaxed);
+}
+
+/// The part of an id's hash a shard's slot keeps.
+fn hash_of(hasher: &IdHashState, id: JobId) -> u32 {
+    (hasher.hash_one(id) >> 32) as u32
 }
 
 /// The shard a job lives in: the low bits of a UUIDv7 are random, so they
@@ -407,15 +516,18 @@ impl LoadedJobs {
 /// back. The order only makes it faster: a bucket taken makes a job go to
 /// the next free one, as any insert does.
 fn fill_in_order(shard: &mut JobSet, hasher: &IdHashState, index: usize, grown_to: &AtomicUsize, jobs: Vec<Arc<Job>>) {
-    debug_assert!(jobs.iter().all(|job| shard.find(hasher.hash_one(job.id), |held| held.id == job.id).is_none()));
-    reserve_staggered(shard, hasher, index, jobs.len(), grown_to);
+    debug_assert!(jobs.iter().all(|job| {
+        let hash = hash_of(hasher, job.id);
+        shard.find(Held::table_hash(hash), |held| held.is(hash, job.id)).is_none()
+    }));
+    reserve_staggered(shard, index, jobs.len(), grown_to);
     // A table of 2^k buckets holds 7/8 of them at most, and a job's first
     // bucket is its hash's low k bits.
     let mask = (shard.capacity() * 8 / 7).next_power_of_two() as u64 - 1;
-    let mut keyed: Vec<(u64, Arc<Job>)> = jobs.into_iter().map(|job| (hasher.hash_one(job.id), job)).collect();
-    keyed.sort_unstable_by_key(|(hash, _)| hash & mask);
-    for (hash, job) in keyed {
-        shard.insert_unique(hash, job, |held| hasher.hash_one(held.id));
+    let mut keyed: Vec<Held> = jobs.into_iter().map(|job| Held::new(hash_of(hasher, job.id), job)).collect();
+    keyed.sort_unstable_by_key(|held| held.placed() & mask);
+    for held in keyed {
+        shard.insert_unique(held.placed(), held, Held::placed);
     }
 }
 
@@ -459,6 +571,11 @@ mod tests {
             job.run_mut().discarded_at = Some(2_000 + n as i64);
         }
         Arc::new(job)
+    }
+
+    fn find<'s>(set: &'s JobSet, hasher: &IdHashState, id: JobId) -> Option<&'s Job> {
+        let hash = hash_of(hasher, id);
+        set.find(Held::table_hash(hash), |held| held.is(hash, id)).map(Held::job)
     }
 
     fn listed(shared: &SharedJobs) -> Vec<JobId> {
@@ -549,6 +666,39 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_holds_one_reference_to_its_job_until_it_gives_it_back() {
+        let hasher = IdHashState::default();
+        let mut set = JobSet::new();
+        let first = job(1, JobState::Available);
+        assert!(SharedJobs::put(&mut set, &hasher, first.clone()).is_none());
+        assert_eq!(Arc::strong_count(&first), 2);
+        let held = set.iter().next().expect("one slot");
+        assert!(std::ptr::eq(held.job(), Arc::as_ptr(&first)));
+        let handle = held.handle();
+        assert_eq!(Arc::strong_count(&first), 3);
+        drop(handle);
+
+        let second = job(1, JobState::Active);
+        let replaced = SharedJobs::put(&mut set, &hasher, second.clone()).expect("the first version");
+        assert!(Arc::ptr_eq(&replaced, &first));
+        drop(replaced);
+        assert_eq!((Arc::strong_count(&first), Arc::strong_count(&second)), (1, 2));
+        assert_eq!(find(&set, &hasher, JobId(1)).map(|job| job.state), Some(JobState::Active));
+
+        let taken = SharedJobs::take(&mut set, &hasher, JobId(1)).expect("held");
+        assert!(Arc::ptr_eq(&taken, &second) && set.is_empty());
+        drop(taken);
+        assert_eq!(Arc::strong_count(&second), 1);
+
+        // A table dropped, or grown, keeps the counts right.
+        (2..=2_000).for_each(|n| drop(SharedJobs::put(&mut set, &hasher, job(n, JobState::Available))));
+        SharedJobs::put(&mut set, &hasher, second.clone());
+        assert_eq!(Arc::strong_count(&second), 2);
+        drop(set);
+        assert_eq!(Arc::strong_count(&second), 1);
+    }
+
+    #[test]
     fn shards_double_one_after_another_from_three_quarters_of_their_capacity() {
         let hasher = IdHashState::default();
         let one = job(1, JobState::Available);
@@ -571,7 +721,7 @@ mod tests {
             // One short of the share, and at it: the next job takes it past.
             for (held, doubles) in [(share(shard) - 1, false), (share(shard), true)] {
                 let mut set = filled_to(held);
-                reserve_staggered(&mut set, &hasher, shard, 1, &AtomicUsize::new(0));
+                reserve_staggered(&mut set, shard, 1, &AtomicUsize::new(0));
                 let expected = if doubles { doubled } else { capacity };
                 assert_eq!(set.capacity(), expected, "shard {shard} holding {held} of {capacity}");
                 assert_eq!(set.len(), held, "growing keeps every job");
@@ -580,7 +730,7 @@ mod tests {
         // A small shard grows only when full.
         let mut small = JobSet::with_capacity(64);
         let small_capacity = small.capacity();
-        reserve_staggered(&mut small, &hasher, 0, small_capacity, &AtomicUsize::new(0));
+        reserve_staggered(&mut small, 0, small_capacity, &AtomicUsize::new(0));
         assert_eq!(small.capacity(), small_capacity);
 
         // Jobs that come and go leave removed slots, which the table's own
@@ -593,7 +743,7 @@ mod tests {
         let mut set = filled_to(held);
         for n in 0..50 * capacity as u128 {
             SharedJobs::take(&mut set, &hasher, JobId(n + 1));
-            reserve_staggered(&mut set, &hasher, 0, 1, &grown_to);
+            reserve_staggered(&mut set, 0, 1, &grown_to);
             SharedJobs::put(&mut set, &hasher, with_id(n + 1 + held as u128));
             assert!(set.capacity() <= capacity, "grew to {} at a constant {held} jobs", set.capacity());
         }
@@ -611,7 +761,7 @@ mod tests {
             fill_in_order(&mut set, &hasher, shard, &AtomicUsize::new(0), jobs());
             assert_eq!(set.capacity() > plain, doubled, "shard {shard}");
             assert_eq!(set.len(), 7_000);
-            assert!((1..=7_000).all(|n| set.find(hasher.hash_one(JobId(n)), |held| held.id == JobId(n)).is_some()));
+            assert!((1..=7_000).all(|n| find(&set, &hasher, JobId(n)).is_some()));
         }
     }
 }

@@ -208,7 +208,7 @@ impl Turn<'_> {
 
     /// A job as it is now (after what was applied).
     pub(crate) fn current(&self, id: JobId) -> Arc<Job> {
-        self.state.job(id).cloned().expect("a job just decided on is stored")
+        self.state.job_handle(id).expect("a job just decided on is stored")
     }
 
     /// Records contact with a worker.

@@ -200,8 +200,13 @@ impl State {
         state
     }
 
-    pub fn job(&self, id: JobId) -> Option<&Arc<Job>> {
+    pub fn job(&self, id: JobId) -> Option<&Job> {
         self.jobs.get(&id)
+    }
+
+    /// A new reference to a job, to keep or hand out.
+    pub fn job_handle(&self, id: JobId) -> Option<Arc<Job>> {
+        self.jobs.handle(&id)
     }
 
     /// The latest time the state holds: the engine's clock starts no earlier.
@@ -807,7 +812,7 @@ impl State {
             let waiting = |job: &Job| {
                 matches!(job.state, JobState::Scheduled | JobState::Retryable | JobState::Available | JobState::Pending)
             };
-            if !self.jobs.get(id).is_some_and(|job| waiting(job)) {
+            if !self.jobs.get(id).is_some_and(waiting) {
                 continue;
             }
             self.update(*id, |job| {
@@ -1182,8 +1187,7 @@ impl State {
         if live != self.live_jobs {
             return Err(format!("live count {} but {live} live jobs", self.live_jobs));
         }
-        let terminal: Vec<&Job> =
-            self.jobs.values().filter(|job| job.state.is_terminal()).map(|job| job.as_ref()).collect();
+        let terminal: Vec<&Job> = self.jobs.values().filter(|job| job.state.is_terminal()).collect();
         let terminal_bytes: u64 = terminal.iter().map(|job| job.held_bytes()).sum();
         if terminal.len() != self.terminal.len() || terminal_bytes != self.terminal_bytes {
             return Err(format!(

@@ -191,7 +191,7 @@ impl State {
         job_id: JobId,
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
-        let Some(job) = self.job(job_id).cloned() else { return Ok(()) };
+        let Some(job) = self.job_handle(job_id) else { return Ok(()) };
         let Some((id, role)) = job.workflow() else { return Ok(()) };
         let Some(workflow) = self.workflows.get_mut(&id) else { return Ok(()) };
         let workflow = Arc::make_mut(workflow);

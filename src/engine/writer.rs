@@ -460,10 +460,10 @@ impl Writer {
         let mut counts = JobCountRun::default();
         for (time, kind, job) in pending.drain(..) {
             let job = match job {
-                JobRef::Id(id) => match self.state.job(id) {
-                    Some(job) => Some(job.clone()),
-                    None => continue,
-                },
+                JobRef::Id(id) => {
+                    let Some(job) = self.state.job_handle(id) else { continue };
+                    Some(job)
+                }
                 JobRef::Gone(job) => Some(job),
                 JobRef::None => None,
             };
