@@ -298,7 +298,7 @@ fn definition_from(canonical: Map<String, Value>, defaults: &JobDefaults) -> Res
         timezone,
         job: JobTemplate {
             payload: job.payload,
-            queue: job.queue,
+            queue: job.queue.to_string(),
             priority: job.priority,
             timeout_ms: job.timeout_ms,
             visibility_timeout_ms: job.visibility_timeout_ms,

@@ -147,7 +147,7 @@ fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Milli
     let request = NewJob {
         id: Some(id),
         payload,
-        queue: template.queue.clone(),
+        queue: template.queue.as_str().into(),
         priority: template.priority,
         timeout_ms: template.timeout_ms,
         visibility_timeout_ms: template.visibility_timeout_ms,

@@ -62,7 +62,7 @@ impl State {
         let mut replaced = Vec::new();
         for (position, new_job) in new_jobs.into_iter().enumerate() {
             if self.queue(&new_job.queue).is_some_and(|queue| queue.paused) {
-                return Err(EngineError::QueuePaused { queue: new_job.queue, index: index_of(position) });
+                return Err(EngineError::QueuePaused { queue: new_job.queue.to_string(), index: index_of(position) });
             }
             let job = self.admit(now, new_job, index_of(position), &mut seen, entropy, false)?;
             if let Some((on_conflict, holders)) = self.unique_holders(&job, now, &jobs, &replaced) {

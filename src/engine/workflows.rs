@@ -41,7 +41,7 @@ impl State {
         for (index, new_job) in definition.jobs.into_iter().enumerate() {
             let starts_now = kind != WorkflowKind::Chain || index == 0;
             if starts_now && self.queue(&new_job.queue).is_some_and(|queue| queue.paused) {
-                return Err(EngineError::QueuePaused { queue: new_job.queue, index: Some(index) });
+                return Err(EngineError::QueuePaused { queue: new_job.queue.to_string(), index: Some(index) });
             }
             let mut job = self.admit(now, new_job, Some(index), &mut seen, entropy, !starts_now)?;
             // A workflow cannot adopt a job it did not make: `reject` and

@@ -90,7 +90,7 @@ impl JobState {
 pub struct NewJob {
     pub id: Option<JobId>,
     pub payload: JobPayload,
-    pub queue: String,
+    pub queue: QueueName,
     pub priority: i32,
     pub timeout_ms: u64,
     pub visibility_timeout_ms: u64,
@@ -297,7 +297,7 @@ impl Job {
         Job {
             id,
             payload: new_job.payload,
-            queue: QueueName::new(&new_job.queue),
+            queue: new_job.queue,
             state,
             priority: priority_field(new_job.priority),
             timeout_ms: timeout_field(new_job.timeout_ms),
