@@ -19,6 +19,11 @@
 //!                                             queue), written whole with the others of its commit,
 //!                                             and answered with every job rendered as svc
 //!                                             renders a new one (an id, its fields, two times)
+//! handoff_floor ADDR --durable DIR --contract --keep
+//!                                             the same, and the writer keeps every job: its
+//!                                             fields in one allocation made by the request
+//!                                             thread, found by id in a map and queued in order
+//!                                             (the least a server that serves jobs back holds)
 //! ```
 //!
 //! Run with `cargo run --release --example handoff_floor -- 127.0.0.1:8091 --durable /tmp/floor`.
@@ -43,8 +48,31 @@ use tokio::sync::{Notify, oneshot};
 type Waiter = oneshot::Sender<()>;
 
 /// A request waiting for its commit: the bytes to write (none outside
-/// `--contract`, where a commit writes one block) and whom to answer.
-type Pending = (Bytes, Waiter);
+/// `--contract`, where a commit writes one block), the jobs to keep (none
+/// outside `--keep`) and whom to answer.
+type Pending = (Bytes, Vec<Kept>, Waiter);
+
+/// A job as `--keep` holds it: its id, and its type, queue and args in one
+/// allocation.
+type Kept = (u128, Box<[u8]>);
+
+/// Every job kept under `--keep`, found by id and queued in arrival order.
+#[derive(Default)]
+struct Store {
+    jobs: std::collections::HashMap<u128, Box<[u8]>>,
+    ready: std::collections::VecDeque<u128>,
+}
+
+impl Store {
+    fn keep(&mut self, batch: &mut [Pending]) {
+        for (_, kept, _) in batch {
+            for (id, job) in kept.drain(..) {
+                self.jobs.insert(id, job);
+                self.ready.push_back(id);
+            }
+        }
+    }
+}
 
 /// Waiting requests and whether the taker sleeps; like svc's engine inbox, a
 /// submitter wakes the taker only when it sleeps, and the taker takes all.
@@ -104,7 +132,7 @@ impl Log {
     /// Writes a commit: the bodies of its requests in one write, padded to
     /// whole blocks, or one block when they carry none.
     fn write_commit(&mut self, batch: &[Pending]) {
-        let bytes: usize = batch.iter().map(|(body, _)| body.len()).sum();
+        let bytes: usize = batch.iter().map(|(body, ..)| body.len()).sum();
         if bytes == 0 {
             return self.write_block();
         }
@@ -114,7 +142,7 @@ impl Log {
         }
         let start = self.buffer.as_ptr().align_offset(BLOCK);
         let mut at = start;
-        for (body, _) in batch {
+        for (body, ..) in batch {
             self.buffer[at..at + body.len()].copy_from_slice(body);
             at += body.len();
         }
@@ -126,15 +154,18 @@ impl Log {
     }
 }
 
-/// Takes batches from `inbox`; writes one block per batch if it has a log; answers them.
+/// Takes batches from `inbox`; keeps their jobs; writes one block per batch
+/// if it has a log; answers them.
 fn write_and_answer(inbox: &Inbox, mut log: Option<Log>) {
     let mut batch = Vec::new();
+    let mut store = Store::default();
     loop {
         inbox.take_all(&mut batch);
+        store.keep(&mut batch);
         if let Some(log) = log.as_mut() {
             log.write_commit(&batch);
         }
-        for (_, waiter) in batch.drain(..) {
+        for (.., waiter) in batch.drain(..) {
             let _ = waiter.send(());
         }
     }
@@ -172,8 +203,9 @@ struct BatchBody<'a> {
 }
 
 /// Parses a batch and renders its jobs as new ones, the way svc's answer
-/// carries them; `None` when the body is not a batch.
-fn render_batch(body: &[u8], next_id: &std::sync::atomic::AtomicU64) -> Option<Vec<u8>> {
+/// carries them, and with `keep` gathers them to be kept; `None` when the
+/// body is not a batch.
+fn render_batch(body: &[u8], next_id: &std::sync::atomic::AtomicU64, keep: bool) -> Option<(Vec<u8>, Vec<Kept>)> {
     use std::io::Write;
     let batch: BatchBody = serde_json::from_slice(body).ok()?;
     let now = jiff::Timestamp::now();
@@ -181,6 +213,7 @@ fn render_batch(body: &[u8], next_id: &std::sync::atomic::AtomicU64) -> Option<V
     let millis = now.as_millisecond() as u64;
     let first = next_id.fetch_add(batch.jobs.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let mut out = Vec::with_capacity(body.len() * 3);
+    let mut kept = Vec::with_capacity(if keep { batch.jobs.len() } else { 0 });
     out.extend_from_slice(br#"{"jobs":["#);
     for (n, item) in batch.jobs.iter().enumerate() {
         if n > 0 {
@@ -188,6 +221,10 @@ fn render_batch(body: &[u8], next_id: &std::sync::atomic::AtomicU64) -> Option<V
         }
         let id = uuid::Uuid::from_u64_pair(millis << 16 | 0x7000, 0x8000_0000_0000_0000 | (first + n as u64));
         let queue = item.options.as_ref().and_then(|options| options.queue.as_deref()).unwrap_or("default");
+        if keep {
+            let fields = [item.kind.as_bytes(), queue.as_bytes(), item.args.get().as_bytes()].concat();
+            kept.push((id.as_u128(), fields.into_boxed_slice()));
+        }
         write!(
             out,
             r#"{{"specversion":"1.0","id":"{id}","type":{kind},"queue":{queue},"args":{args},"meta":{{}},"state":"available","priority":0,"attempt":0,"max_attempts":3,"timeout":30,"timeout_ms":30000,"visibility_timeout":30,"visibility_timeout_ms":30000,"retry":{{"max_attempts":3,"initial_interval":"PT1S","backoff_coefficient":2.0,"max_interval":"PT5M","jitter":true,"non_retryable_errors":[],"on_exhaustion":"discard"}},"tags":[],"created_at":"{time}","enqueued_at":"{time}"}}"#,
@@ -198,11 +235,17 @@ fn render_batch(body: &[u8], next_id: &std::sync::atomic::AtomicU64) -> Option<V
         .ok()?;
     }
     write!(out, r#"],"count":{}}}"#, batch.jobs.len()).ok()?;
-    Some(out)
+    Some((out, kept))
 }
 
 /// The hand-off designs: a multi-threaded front end and one writer thread.
-async fn threaded(address: &str, log_dir: Option<PathBuf>, lanes: usize, contract: bool) -> std::io::Result<()> {
+async fn threaded(
+    address: &str,
+    log_dir: Option<PathBuf>,
+    lanes: usize,
+    contract: bool,
+    keep: bool,
+) -> std::io::Result<()> {
     let inbox = Arc::new(Inbox::default());
     let writer_inbox = inbox.clone();
     let writer = std::thread::Builder::new().name("writer".into());
@@ -243,17 +286,17 @@ async fn threaded(address: &str, log_dir: Option<PathBuf>, lanes: usize, contrac
                     let body = request.into_body().collect().await?.to_bytes();
                     if !contract {
                         let (waiter, answered) = oneshot::channel();
-                        inbox.submit(&mut vec![(Bytes::new(), waiter)]);
+                        inbox.submit(&mut vec![(Bytes::new(), Vec::new(), waiter)]);
                         let _ = answered.await;
                         return Ok::<_, hyper::Error>(hello());
                     }
-                    let Some(rendered) = render_batch(&body, &next_id) else {
+                    let Some((rendered, kept)) = render_batch(&body, &next_id, keep) else {
                         let mut refused = Response::new(Full::new(Bytes::from_static(b"{}")));
                         *refused.status_mut() = StatusCode::BAD_REQUEST;
                         return Ok(refused);
                     };
                     let (waiter, answered) = oneshot::channel();
-                    inbox.submit(&mut vec![(body, waiter)]);
+                    inbox.submit(&mut vec![(body, kept, waiter)]);
                     let _ = answered.await;
                     let mut response = Response::new(Full::new(Bytes::from(rendered)));
                     *response.status_mut() = StatusCode::CREATED;
@@ -282,7 +325,7 @@ async fn inline(address: &str, dir: PathBuf) -> std::io::Result<()> {
             commit_due.notified().await;
             std::mem::swap(&mut *commit_batch.borrow_mut(), &mut taken);
             log.write_block();
-            for (_, waiter) in taken.drain(..) {
+            for (.., waiter) in taken.drain(..) {
                 let _ = waiter.send(());
             }
         }
@@ -299,7 +342,7 @@ async fn inline(address: &str, dir: PathBuf) -> std::io::Result<()> {
                 async move {
                     request.into_body().collect().await?;
                     let (waiter, answered) = oneshot::channel();
-                    batch.borrow_mut().push((Bytes::new(), waiter));
+                    batch.borrow_mut().push((Bytes::new(), Vec::new(), waiter));
                     due.notify_one();
                     let _ = answered.await;
                     Ok::<_, hyper::Error>(hello())
@@ -321,5 +364,6 @@ fn main() -> std::io::Result<()> {
     let lanes = flag("--lanes").map(|lanes| lanes.parse().expect("--lanes takes a number")).unwrap_or(0);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let contract = args.iter().any(|arg| arg == "--contract");
-    runtime.block_on(threaded(&address, flag("--durable").map(PathBuf::from), lanes, contract))
+    let keep = contract && args.iter().any(|arg| arg == "--keep");
+    runtime.block_on(threaded(&address, flag("--durable").map(PathBuf::from), lanes, contract, keep))
 }

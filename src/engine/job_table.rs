@@ -49,6 +49,12 @@ struct Held {
 
 const _: () = assert!(std::mem::size_of::<Held>() == 12);
 
+// What the impls below rest on, checked.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Arc<Job>>();
+};
+
 // SAFETY: a `Held` owns an `Arc<Job>` kept as its pointer, and `Arc<Job>`
 // is `Send` and `Sync`.
 unsafe impl Send for Held {}
@@ -443,10 +449,10 @@ const STAGGERED_GROWTH_CAPACITY_MIN: usize = 4096;
 
 /// Makes room in shard `shard` for `additional` more jobs. Jobs spread
 /// evenly over the shards, so left to themselves all of them would double
-/// within a few thousand jobs of each other, each rehash reading the id of
-/// every job it holds from that job's own allocation: with 7.3 M jobs held,
-/// single enqueues stalled for several tenths of a second (p99 12 ms, the
-/// slowest 34 ms). Instead, each shard doubles once it is past its own
+/// within a few thousand jobs of each other, each rehash moving every slot
+/// the shard holds: with 7.3 M jobs held (when a rehash still read each
+/// job's id from the job's own allocation), single enqueues stalled for
+/// several tenths of a second (p99 12 ms, the slowest 34 ms). Instead, each shard doubles once it is past its own
 /// share of its capacity, from three quarters for the first shard to all
 /// of it for the last, so that the rehashes of one doubling are spread over
 /// the last quarter of the table's growth. Held jobs stay below three
