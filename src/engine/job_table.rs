@@ -452,10 +452,11 @@ const STAGGERED_GROWTH_CAPACITY_MIN: usize = 4096;
 /// within a few thousand jobs of each other, each rehash moving every slot
 /// the shard holds: with 7.3 M jobs held (when a rehash still read each
 /// job's id from the job's own allocation), single enqueues stalled for
-/// several tenths of a second (p99 12 ms, the slowest 34 ms). Instead, each shard doubles once it is past its own
-/// share of its capacity, from three quarters for the first shard to all
-/// of it for the last, so that the rehashes of one doubling are spread over
-/// the last quarter of the table's growth. Held jobs stay below three
+/// several tenths of a second (p99 12 ms, the slowest 34 ms). Instead,
+/// each shard doubles once it is past its own share of its capacity, from
+/// three quarters for the first shard to all of it for the last, so that
+/// the rehashes of one doubling are spread over the last quarter of the
+/// table's growth. Held jobs stay below three
 /// quarters of the capacity at 10 M jobs, so no table is larger there.
 ///
 /// The share is of the capacity the shard had when it last grew
