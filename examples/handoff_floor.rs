@@ -56,10 +56,11 @@ type Pending = (Bytes, Vec<Kept>, Waiter);
 /// allocation.
 type Kept = (u128, Box<[u8]>);
 
-/// Every job kept under `--keep`, found by id and queued in arrival order.
+/// Every job kept under `--keep`, found by id (with svc's fast hash, not
+/// the standard map's) and queued in arrival order.
 #[derive(Default)]
 struct Store {
-    jobs: std::collections::HashMap<u128, Box<[u8]>>,
+    jobs: std::collections::HashMap<u128, Box<[u8]>, foldhash::fast::RandomState>,
     ready: std::collections::VecDeque<u128>,
 }
 
