@@ -10,7 +10,8 @@
 //! | direct (`O_DIRECT`) log writes where possible | — | `SVC_DIRECT_WRITES=0` turns off | `storage.direct_writes` | true |
 //! | bind beyond loopback without auth | `--insecure-no-auth` | `SVC_INSECURE_NO_AUTH=1` | `insecure_no_auth` | false |
 //!
-//! The file may also set `http.request_timeout_ms`, `http.max_connections`, `jobs.default_timeout_ms`,
+//! The file may also set `http.request_timeout_ms`, `http.max_connections`,
+//! `http.max_connections_per_address`, `limits.max_live_bytes`, `jobs.default_timeout_ms`,
 //! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
 //! table), `retention.{completed,cancelled,discarded,dead_letter}` and
 //! `shutdown.grace_period` (ISO 8601 durations), `retention.max_terminal_jobs`
@@ -24,7 +25,8 @@
 //! `webhooks.allow_private_targets` (bool) lets webhooks go to loopback and
 //! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs,
 //! `webhooks.timeout_s`, `webhooks.priority` (`"idle"` or `"low"`),
-//! `webhooks.max_pending`, `webhooks.concurrency`,
+//! `webhooks.max_pending`, `webhooks.max_pending_bytes`, `webhooks.max_outbox`,
+//! `webhooks.max_outbox_bytes`, `webhooks.concurrency`,
 //! `webhooks.concurrency_per_subscription`, `webhooks.rotation_grace`
 //! (duration), `limits.max_webhooks` and `limits.max_schemas`.
 
@@ -50,6 +52,10 @@ pub struct Config {
     pub request_timeout_ms: u64,
     /// Connections served at once; more are answered 503 and closed.
     pub max_connections: usize,
+    /// Connections one client address may hold at once; more are answered 503.
+    pub max_connections_per_address: usize,
+    /// Bytes the live (not yet ended) jobs may hold; past it new work gets 503.
+    pub max_live_bytes: u64,
     /// The request rate limit per client: (requests, window in seconds); off when `None`.
     pub rate_limit: Option<(u64, u64)>,
     pub insecure_no_auth: bool,
@@ -89,6 +95,8 @@ impl Default for Config {
             direct_writes: true,
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             max_connections: CONNECTIONS_MAX_DEFAULT,
+            max_connections_per_address: crate::limits::CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
+            max_live_bytes: crate::limits::LIVE_BYTES_MAX_DEFAULT,
             rate_limit: None,
             insecure_no_auth: false,
             api_keys: Vec::new(),
@@ -139,6 +147,9 @@ struct WebhooksSection {
     timeout_s: Option<u64>,
     priority: Option<crate::webhook::DeliveryPriority>,
     max_pending: Option<usize>,
+    max_pending_bytes: Option<usize>,
+    max_outbox: Option<usize>,
+    max_outbox_bytes: Option<usize>,
     concurrency: Option<usize>,
     concurrency_per_subscription: Option<usize>,
     rotation_grace: Option<String>,
@@ -198,6 +209,7 @@ struct LimitsSection {
     max_cron: Option<usize>,
     max_webhooks: Option<usize>,
     max_schemas: Option<usize>,
+    max_live_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -218,6 +230,7 @@ struct StorageSection {
 struct HttpSection {
     request_timeout_ms: Option<u64>,
     max_connections: Option<usize>,
+    max_connections_per_address: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -319,6 +332,9 @@ impl Config {
             let limits = &mut self.webhook_limits;
             for (key, value, slot) in [
                 ("max_pending", webhooks.max_pending, &mut limits.max_pending),
+                ("max_pending_bytes", webhooks.max_pending_bytes, &mut limits.max_pending_bytes),
+                ("max_outbox", webhooks.max_outbox, &mut limits.max_outbox),
+                ("max_outbox_bytes", webhooks.max_outbox_bytes, &mut limits.max_outbox_bytes),
                 ("concurrency", webhooks.concurrency, &mut limits.concurrency),
                 (
                     "concurrency_per_subscription",
@@ -369,6 +385,9 @@ impl Config {
             if let Some(max) = http.max_connections {
                 self.max_connections = max;
             }
+            if let Some(max) = http.max_connections_per_address {
+                self.max_connections_per_address = max;
+            }
         }
         if let Some(jobs) = file.jobs {
             if let Some(ms) = jobs.default_timeout_ms {
@@ -393,6 +412,9 @@ impl Config {
             }
             if let Some(max) = limits.max_schemas {
                 self.max_schemas = max;
+            }
+            if let Some(max) = limits.max_live_bytes {
+                self.max_live_bytes = max;
             }
         }
         if let Some(grace) = file.shutdown.and_then(|shutdown| shutdown.grace_period) {
@@ -476,6 +498,12 @@ impl Config {
         }
         if self.request_timeout_ms == 0 {
             return Err("http.request_timeout_ms must be at least 1".to_string());
+        }
+        if self.max_connections_per_address == 0 {
+            return Err("http.max_connections_per_address must be at least 1".to_string());
+        }
+        if self.max_live_bytes == 0 {
+            return Err("limits.max_live_bytes must be at least 1".to_string());
         }
         if self.max_connections == 0 {
             return Err("http.max_connections must be at least 1".to_string());

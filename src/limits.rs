@@ -13,6 +13,9 @@ pub const ENVELOPE_BYTES_MAX: usize = 1024 * 1024;
 pub const META_BYTES_MAX: usize = 64 * 1024;
 /// Largest compact JSON of an ack `result`.
 pub const RESULT_BYTES_MAX: usize = 1024 * 1024;
+/// Largest `result` a `job.completed` event (listed, or sent to a webhook)
+/// carries; a larger one is left out and `result_omitted: true` said instead.
+pub const EVENT_RESULT_BYTES_MAX: usize = 64 * 1024;
 /// Deepest JSON nesting accepted in a request body.
 pub const JSON_DEPTH_MAX: usize = 64;
 /// Most jobs in one batch enqueue.
@@ -73,6 +76,9 @@ pub const DISPATCH_WINDOW_MS_MAX: i64 = 3_600_000;
 pub const REQUEST_ID_CHARS_MAX: usize = 128;
 /// Non-terminal jobs the server holds at once.
 pub const LIVE_JOBS_MAX: usize = 10_000_000;
+/// Bytes the live jobs may hold by default (`limits.max_live_bytes`), as
+/// [`crate::job::Job::held_bytes`] counts them.
+pub const LIVE_BYTES_MAX_DEFAULT: u64 = 8 * 1024 * 1024 * 1024;
 /// The most webhook subscriptions.
 pub const WEBHOOKS_MAX: usize = 1000;
 /// How long an old webhook secret keeps signing after a new one is added.
@@ -134,6 +140,9 @@ pub const RETENTION_TERMINAL_WORKFLOW_BYTES_MAX: u64 = 256 * 1024 * 1024;
 pub const HEALTH_PROBE_MS: u64 = 1000;
 /// Connections served at once; more are answered 503 and closed.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
+/// Connections one client address may hold at once by default (a reverse
+/// proxy in front of the server is one address: it pools its connections).
+pub const CONNECTIONS_PER_ADDRESS_MAX_DEFAULT: usize = 1024;
 /// How long writing an answer may wait for a client that does not read it.
 pub const WRITE_TIMEOUT_MS: u64 = 30_000;
 /// How long a request may take before it gets 504.

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::http::connection::{ConnectionSlots, WriteTimeout, refuse};
+use crate::http::connection::{connection_cap, open_descriptors, raise_open_file_limit};
 use crate::http::{AppState, serve_request};
 use crate::limits::{POISON_EXIT_DELAY_MS, WRITE_TIMEOUT_MS};
 use crate::storage::StorageError;
@@ -31,6 +32,13 @@ const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a drain checks whether jobs are still active.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
+/// After an accept fails for want of descriptors or memory, accepting waits
+/// this long, doubling up to `ACCEPT_BACKOFF_MAX` while it keeps failing:
+/// the pending connection stays ready, so retrying at once would spin.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Accept failures are logged as a count at most this often.
+const ACCEPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug)]
 pub enum ServerError {
@@ -72,6 +80,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
     engine.delivery_timeout_ms = config.webhooks_timeout_ms as i64;
     engine.webhook_limits = config.webhook_limits;
     engine.max_schemas = config.max_schemas;
+    engine.max_live_bytes = config.max_live_bytes;
     engine
 }
 
@@ -131,6 +140,7 @@ impl Drop for RunningServer {
 
 /// Opens the engine, binds, and serves on a background thread.
 pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<RunningServer, ServerError> {
+    let open_file_limit = raise_open_file_limit();
     let runtime = build_runtime()?;
     let client = webhook_client(config)?;
     let pool = Pool::attach(&mut engine_config, client.clone(), config.webhooks_priority);
@@ -144,13 +154,13 @@ pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<Running
     let (control, controls) = mpsc::unbounded_channel();
     let timeout = Duration::from_millis(config.request_timeout_ms);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let max_connections = config.max_connections;
+    let caps = ConnectionCaps::for_config(config, open_file_limit);
     let app_config = config.clone();
     let thread = std::thread::Builder::new()
         .name("svc-server".into())
         .spawn(move || {
             let app = Arc::new(app_state(engine.handle().clone(), timeout, &app_config, client));
-            let outcome = runtime.block_on(serve(listener, app, controls, grace, max_connections));
+            let outcome = runtime.block_on(serve(listener, app, controls, grace, caps));
             engine.close();
             stop_deliveries(deliveries);
             outcome
@@ -161,6 +171,7 @@ pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<Running
 
 /// Runs `svc serve` in the foreground until SIGTERM or SIGINT.
 pub fn run(config: &Config) -> Result<(), ServerError> {
+    let open_file_limit = raise_open_file_limit();
     let runtime = build_runtime()?;
     let client = webhook_client(config)?;
     let mut settings = engine_config(config);
@@ -171,14 +182,22 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
-    tracing::info!(address = %addr, data_dir = %config.data_dir.display(), "svc listening");
+    let caps = ConnectionCaps::for_config(config, open_file_limit);
+    tracing::info!(
+        address = %addr,
+        data_dir = %config.data_dir.display(),
+        max_connections = caps.total,
+        max_connections_per_address = caps.per_address,
+        open_file_limit = open_file_limit.unwrap_or(0),
+        "svc listening"
+    );
     let timeout = Duration::from_millis(config.request_timeout_ms);
     let app = Arc::new(app_state(engine.handle().clone(), timeout, config, client));
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let outcome = runtime.block_on(async {
         let (control, controls) = mpsc::unbounded_channel();
         tokio::spawn(forward_signals(control));
-        serve(listener, app, controls, grace, config.max_connections).await
+        serve(listener, app, controls, grace, caps).await
     });
     engine.close();
     stop_deliveries(deliveries);
@@ -186,7 +205,38 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
     outcome
 }
 
-/// The handlers' shared state; `rate_limit` is (requests, window in seconds).
+/// How many connections the server serves at once, overall and per address.
+#[derive(Debug, Clone, Copy)]
+struct ConnectionCaps {
+    total: usize,
+    per_address: usize,
+}
+
+impl ConnectionCaps {
+    /// The configured caps, lowered to fit the open-file limit with room for
+    /// the log, snapshots and webhook sockets (a warning says so).
+    fn for_config(config: &Config, open_file_limit: Option<u64>) -> ConnectionCaps {
+        let total = match open_file_limit {
+            Some(limit) => {
+                // Idle kept-alive webhook connections may outnumber those in flight.
+                let webhook_sockets = config.webhook_limits.concurrency.saturating_mul(2);
+                let cap = connection_cap(config.max_connections, limit, open_descriptors(), webhook_sockets);
+                if cap < config.max_connections {
+                    tracing::warn!(
+                        configured = config.max_connections,
+                        serving = cap,
+                        open_file_limit = limit,
+                        "http.max_connections is lowered to fit the open-file limit; raise the limit (LimitNOFILE=) to serve more"
+                    );
+                }
+                cap
+            }
+            None => config.max_connections,
+        };
+        ConnectionCaps { total, per_address: config.max_connections_per_address.min(total) }
+    }
+}
+
 /// The client webhook attempts go out through, as the config sets it up.
 fn webhook_client(config: &Config) -> Result<crate::webhook::client::DeliveryClient, ServerError> {
     crate::webhook::client::DeliveryClient::new(
@@ -252,24 +302,41 @@ async fn serve(
     app: Arc<AppState>,
     mut controls: mpsc::UnboundedReceiver<Control>,
     grace: Duration,
-    max_connections: usize,
+    caps: ConnectionCaps,
 ) -> Result<(), ServerError> {
     let graceful = GracefulShutdown::new();
-    let slots = ConnectionSlots::new(max_connections);
+    let slots = ConnectionSlots::new(caps.total, caps.per_address);
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).keep_alive(true);
     let storage_watch = watch_storage(app.clone());
     tokio::pin!(storage_watch);
     let mut drain_ends: Option<tokio::time::Instant> = None;
+    let mut accept_errors = AcceptErrors::default();
     let mut outcome = Ok(());
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else { continue };
+            accepted = listener.accept(), if accept_errors.may_accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => {
+                        accept_errors.succeeded();
+                        accepted
+                    }
+                    Err(error) => {
+                        accept_errors.failed(&error);
+                        continue;
+                    }
+                };
                 let _ = stream.set_nodelay(true);
-                let Some(slot) = slots.take() else {
-                    tokio::spawn(refuse(stream));
-                    continue;
+                let slot = match slots.take(peer.ip()) {
+                    Ok(slot) => slot,
+                    Err(reason) => {
+                        // Each answer holds a descriptor for up to a second:
+                        // past a few at once, the connection is just closed.
+                        if let Some(refusal) = slots.refusal() {
+                            tokio::spawn(refuse(stream, reason, refusal));
+                        }
+                        continue;
+                    }
                 };
                 let app = app.clone();
                 let principal = app.principal(peer.ip());
@@ -282,6 +349,7 @@ async fn serve(
                     drop(slot);
                 });
             }
+            () = accept_errors.backoff(), if !accept_errors.may_accept() => accept_errors.resume(),
             control = controls.recv() => match control {
                 Some(Control::Drain) if drain_ends.is_none() => {
                     tracing::info!(grace_ms = grace.as_millis() as u64, "draining: no new claims; waiting for active jobs");
@@ -316,6 +384,94 @@ async fn serve(
 async fn watch_storage(app: Arc<AppState>) {
     app.engine.storage_failure().await;
     let reason = app.engine.failure().map_or("unknown", |failure| failure.code());
-    tracing::error!(reason = reason, "stopping: the engine accepts no more writes");
+    let cause = app.engine.failure_cause().unwrap_or_else(|| "not known".to_string());
+    tracing::error!(reason = reason, cause = %cause, "stopping: the engine accepts no more writes");
     tokio::time::sleep(Duration::from_millis(POISON_EXIT_DELAY_MS)).await;
+}
+
+/// Failed accepts: while they fail for want of a resource, accepting pauses
+/// (doubling from [`ACCEPT_BACKOFF_MIN`]) instead of spinning on the same
+/// pending connection; they are logged as a count at most once a minute.
+#[derive(Default)]
+struct AcceptErrors {
+    /// Accepting waits until then.
+    paused_until: Option<tokio::time::Instant>,
+    backoff: Option<Duration>,
+    unlogged: u64,
+    last_logged: Option<std::time::Instant>,
+}
+
+impl AcceptErrors {
+    fn may_accept(&self) -> bool {
+        self.paused_until.is_none()
+    }
+
+    fn succeeded(&mut self) {
+        self.backoff = None;
+    }
+
+    fn failed(&mut self, error: &std::io::Error) {
+        self.unlogged += 1;
+        if self.last_logged.is_none_or(|at| at.elapsed() >= ACCEPT_ERROR_LOG_EVERY) {
+            tracing::warn!(
+                error = %error,
+                failures = self.unlogged,
+                "accepting connections failed (counted since the last such line)"
+            );
+            self.unlogged = 0;
+            self.last_logged = Some(std::time::Instant::now());
+        }
+        // Errors of one connection (reset before it was taken) need no pause.
+        let wants_a_pause =
+            matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM));
+        if wants_a_pause {
+            let backoff = self.backoff.map_or(ACCEPT_BACKOFF_MIN, |last| (last * 2).min(ACCEPT_BACKOFF_MAX));
+            self.backoff = Some(backoff);
+            self.paused_until = Some(tokio::time::Instant::now() + backoff);
+        }
+    }
+
+    /// Completes when the pause ends (pending for ever when not paused).
+    async fn backoff(&self) {
+        match self.paused_until {
+            Some(until) => tokio::time::sleep_until(until).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn resume(&mut self) {
+        self.paused_until = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn accepting_pauses_and_backs_off_while_descriptors_run_out() {
+        let mut errors = AcceptErrors::default();
+        let out_of_descriptors = std::io::Error::from_raw_os_error(libc::EMFILE);
+        let mut pauses = Vec::new();
+        for _ in 0..10 {
+            errors.failed(&out_of_descriptors);
+            assert!(!errors.may_accept(), "no accept is tried during a pause");
+            let started = tokio::time::Instant::now();
+            errors.backoff().await;
+            pauses.push(started.elapsed());
+            errors.resume();
+        }
+        assert_eq!(pauses[0], ACCEPT_BACKOFF_MIN);
+        assert_eq!(pauses[1], ACCEPT_BACKOFF_MIN * 2);
+        assert_eq!(*pauses.last().unwrap(), ACCEPT_BACKOFF_MAX, "doubling stops at the most");
+        errors.succeeded();
+        errors.failed(&out_of_descriptors);
+        let started = tokio::time::Instant::now();
+        errors.backoff().await;
+        assert_eq!(started.elapsed(), ACCEPT_BACKOFF_MIN, "a success starts the doubling over");
+        errors.resume();
+        // A connection reset before it was taken is no reason to pause.
+        errors.failed(&std::io::Error::from_raw_os_error(libc::ECONNABORTED));
+        assert!(errors.may_accept());
+    }
 }

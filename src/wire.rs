@@ -566,7 +566,13 @@ fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
             if let Some(result) =
                 run.result.as_deref().filter(|text| serde_json::from_str::<&serde_json::value::RawValue>(text).is_ok())
             {
-                data.raw("result", result);
+                // A large result stays with the job: every event listing and
+                // every webhook delivery would carry it otherwise.
+                if result.len() <= crate::limits::EVENT_RESULT_BYTES_MAX {
+                    data.raw("result", result);
+                } else {
+                    data.raw("result_omitted", "true");
+                }
             }
         }
         EventKind::Failed { report, attempt } => {

@@ -267,3 +267,172 @@ proptest! {
         prop_assert_eq!(probe.status, 201, "{}", probe.body);
     }
 }
+
+/// Reads the value of an unlabelled metric from `/metrics`.
+fn metric(server: &TestServer, name: &str) -> f64 {
+    let text = server.get_text("/metrics");
+    let line = text.lines().find(|line| line.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// A batch that several webhook subscriptions take used to be logged as one
+/// record holding every event's body once per subscription (here about
+/// 170 MB, past a log frame): the log failed and the server stopped after
+/// answering 503. Its deliveries are now logged in bounded records holding
+/// each body once, and the server goes on.
+#[test]
+fn a_large_batch_fanned_out_to_subscriptions_is_logged_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let start = || {
+        let config = config_for(dir.path());
+        let mut engine = svc::server::engine_config(&config);
+        engine.clock = std::sync::Arc::new(clock.clone());
+        TestServer::start_with(&config, engine)
+    };
+    let server = start();
+    for n in 0..5 {
+        let subscription = json!({"url": format!("https://hooks{n}.example.com/svc"), "events": ["job.enqueued"],
+                                  "secret": "whk-secret-0123456789"});
+        assert_eq!(server.post("/svc/v1/webhooks", subscription).status, 201);
+    }
+    let trace_id = "t".repeat(3000);
+    let jobs: Vec<Value> =
+        (0..10_000).map(|n| json!({"type": "t", "args": [n], "meta": {"trace_id": trace_id}})).collect();
+    let body = serde_json::to_vec(&json!({"jobs": jobs})).unwrap();
+    assert!(body.len() > 30_000_000, "{} bytes", body.len());
+    let answer = server.post_raw("/svc/v1/jobs/batch", body, Some("application/svc+json"));
+    assert!(answer.status < 300, "{} {}", answer.status, answer.body);
+    assert_eq!(server.get("/svc/v1/health").status, 200);
+    assert_eq!(metric(&server, "svc_webhook_pending"), 50_000.0);
+    // Still taking writes.
+    server.enqueue(json!({"type": "t", "args": []}));
+    server.stop();
+
+    let server = start();
+    assert_eq!(metric(&server, "svc_webhook_pending"), 50_005.0, "every delivery survives the restart");
+    let first = answer.body["jobs"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(server.job(&first)["meta"]["trace_id"], trace_id.as_str());
+}
+
+/// A client that holds sockets until the process runs out of descriptors
+/// used to make the next log segment impossible to create (every snapshot
+/// starts one): the log failed and the server stopped. Under a low open-file
+/// limit the server now caps its connections below it, refuses the rest,
+/// and snapshots and rotations go on.
+#[test]
+fn sockets_held_past_the_open_file_limit_do_not_stop_the_server() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let spawn = |limit: u64| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_svc"));
+        command
+            .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0", "--snapshot-log-bytes", "65536"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .stderr(std::process::Stdio::piped());
+        // SAFETY: only setrlimit, which is async-signal-safe, runs in the child.
+        unsafe {
+            command.pre_exec(move || {
+                let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().unwrap();
+        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let (sender, receiver) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let _ = sender.send(line);
+            }
+        });
+        let mut early = Vec::new();
+        let listening = receiver
+            .iter()
+            .find(|line| {
+                early.push(line.clone());
+                line.contains("svc listening")
+            })
+            .expect("the server starts");
+        let address = serde_json::from_str::<Value>(&listening).unwrap()["address"].as_str().unwrap().to_string();
+        (child, receiver, address, early)
+    };
+    let (mut child, log, address, early) = spawn(512);
+    let http = common::http_client();
+    let base = format!("http://{address}/svc/v1");
+    let enqueue = |n: usize| {
+        http.post(format!("{base}/jobs"))
+            .header("content-type", "application/svc+json")
+            .body(json!({"type": "t", "args": [n, "x".repeat(8000)]}).to_string())
+            .send()
+            .unwrap()
+    };
+    // The client's kept-alive connection comes first, before the others fill the cap.
+    assert_eq!(enqueue(0).status(), 201);
+    let held: Vec<std::net::TcpStream> = (0..700).filter_map(|_| std::net::TcpStream::connect(&address).ok()).collect();
+    assert!(held.len() > 500, "{} sockets connected", held.len());
+    // About 1.6 MB of log: some two dozen snapshots, each on a new segment.
+    for n in 1..200 {
+        let answer = enqueue(n);
+        assert_eq!(answer.status(), 201, "enqueue {n}: {:?}", answer.text());
+    }
+    assert_eq!(http.get(format!("{base}/health")).send().unwrap().status(), 200);
+    assert!(child.try_wait().unwrap().is_none(), "the server is running");
+    // A new connection is refused with an answer, not left hanging.
+    let refused = common::http_client().get(format!("{base}/health")).send();
+    if let Ok(refused) = refused {
+        assert_eq!(refused.status(), 503);
+    }
+    drop(held);
+    let status = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    assert!(child.wait().unwrap().success(), "a clean stop");
+    let lines: Vec<String> = early.into_iter().chain(log.try_iter()).collect();
+    assert!(lines.iter().any(|line| line.contains("lowered to fit the open-file limit")), "{lines:?}");
+    assert!(!lines.iter().any(|line| line.contains("stopping")), "{lines:?}");
+    assert!(lines.iter().filter(|line| line.contains("snapshot written")).count() >= 5, "{lines:?}");
+
+    let (mut child, _log, address, _) = spawn(4096);
+    let stats: Value = common::http_client()
+        .get(format!("http://{address}/svc/v1/queues/default/stats"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(stats["states"]["available"], 200, "{stats}");
+}
+
+/// Live jobs are bounded by the bytes they hold as well as by their count:
+/// past `limits.max_live_bytes`, new work is refused with 503 until jobs end.
+#[test]
+fn live_jobs_are_bounded_by_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(dir.path());
+    config.max_live_bytes = 200_000;
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let big = "x".repeat(10_000);
+    let mut taken = Vec::new();
+    let refused = loop {
+        let answer = server.post("/svc/v1/jobs", json!({"type": "t", "args": [big], "queue": "big"}));
+        if answer.status != 201 {
+            break answer;
+        }
+        taken.push(answer.body["job"]["id"].as_str().unwrap().to_string());
+        assert!(taken.len() < 100, "200 kB of live jobs hold fewer than 100 jobs of 10 kB");
+    };
+    assert!(taken.len() >= 15, "{} jobs taken", taken.len());
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.body["error"]["details"]["reason"], "capacity", "{}", refused.body);
+    assert_eq!(refused.body["error"]["retryable"], true);
+    // Jobs that end make room again.
+    for id in &taken[..5] {
+        assert_eq!(server.delete(&format!("/svc/v1/jobs/{id}")).status, 200);
+    }
+    assert_eq!(server.post("/svc/v1/jobs", json!({"type": "t", "args": [big], "queue": "big"})).status, 201);
+}

@@ -114,9 +114,6 @@ impl Committer {
             ok = self.write_and_sync();
             self.metrics.sync_seconds.observe(started.elapsed().as_secs_f64());
         }
-        if !ok {
-            self.fail();
-        }
         if ok {
             delta.publish(&self.view, jobs);
         }
@@ -136,15 +133,20 @@ impl Committer {
             return Err(StorageError::Poisoned);
         }
         let result = self.wal.rotate();
-        // A full disk leaves the log as it was; anything else poisons it.
-        if result.as_ref().is_err_and(|error| !matches!(error, StorageError::NoSpace { .. })) {
-            self.fail();
+        // A full disk or a want of descriptors leaves the log as it was;
+        // anything else poisons it.
+        if let Err(error) = &result
+            && !error.is_transient()
+        {
+            self.fail(error);
         }
         result
     }
 
-    fn fail(&mut self) {
+    /// Marks the log failed for good, keeping what failed for the stop's log line.
+    fn fail(&mut self, error: &StorageError) {
         self.failed = true;
+        self.view.set_failure_cause(error.to_string());
         self.view.set_failure(super::view::EngineFailure::SyncFailed);
     }
 
@@ -153,6 +155,7 @@ impl Committer {
         if let Err(error) = &result {
             self.wal.poison();
             tracing::error!(error = %error, "write-ahead log failed; refusing all writes until restart");
+            self.fail(error);
         }
         result.is_ok()
     }

@@ -6,7 +6,7 @@ use super::record::{Claim, FailOutcome, Record, TimeoutKind};
 use super::state::{QueueState, State};
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, ValidationError};
-use crate::limits::{CLIENT_ID_AHEAD_MS_MAX, LIVE_JOBS_MAX};
+use crate::limits::CLIENT_ID_AHEAD_MS_MAX;
 use crate::schedule::ReadyKey;
 use crate::schedule::retry_delay_ms;
 use std::collections::{BTreeSet, HashMap};
@@ -51,7 +51,7 @@ impl State {
         new_jobs: Vec<NewJob>,
         entropy: &mut dyn Entropy,
     ) -> Result<(Option<Record>, Vec<EnqueueSlot>), EngineError> {
-        if self.live_jobs() + new_jobs.len() > LIVE_JOBS_MAX {
+        if !self.has_room_for(new_jobs.len()) {
             return Err(EngineError::Unavailable { reason: Unavailable::Capacity });
         }
         let batch = new_jobs.len() > 1;

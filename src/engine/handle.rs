@@ -418,6 +418,11 @@ impl EngineHandle {
         self.view.failure()
     }
 
+    /// What made the engine fail, in words, once it has.
+    pub fn failure_cause(&self) -> Option<String> {
+        self.view.failure_cause()
+    }
+
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
     }

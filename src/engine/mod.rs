@@ -95,6 +95,8 @@ pub struct EngineConfig {
     pub webhook_limits: outbox::WebhookLimits,
     /// Most registered schemas (`limits.max_schemas`).
     pub max_schemas: usize,
+    /// Bytes the live jobs may hold before new jobs are refused (`limits.max_live_bytes`).
+    pub max_live_bytes: u64,
 }
 
 impl EngineConfig {
@@ -115,6 +117,7 @@ impl EngineConfig {
             delivery_timeout_ms: outbox::ATTEMPT_TIMEOUT_MS_DEFAULT,
             webhook_limits: outbox::WebhookLimits::default(),
             max_schemas: crate::limits::SCHEMAS_MAX,
+            max_live_bytes: crate::limits::LIVE_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -131,6 +134,7 @@ impl Engine {
         let lock = DataDirLock::acquire(&config.data_dir)?;
         let recovery_started = std::time::Instant::now();
         let (mut state, replay_from, last_segment, replayed_bytes) = recover(&config.data_dir, config.retention)?;
+        state.set_max_live_bytes(config.max_live_bytes);
         let recovery_seconds = recovery_started.elapsed().as_secs_f64();
         config.metrics.recovery_seconds.set(recovery_seconds);
         tracing::info!(
@@ -188,6 +192,7 @@ impl Engine {
             snapshot_busy: Arc::new(AtomicBool::new(false)),
             snapshot_pace: Arc::default(),
             snapshot_written: Arc::new(AtomicBool::new(snapshot_written)),
+            snapshot_retry_at: None,
             event_ids: IdGenerator::default(),
             event_seq: 0,
             check_invariants: config.check_invariants,
@@ -204,6 +209,7 @@ impl Engine {
             in_flight: outbox::InFlight::default(),
             outbox_wake: None,
             webhook_limits: config.webhook_limits,
+            delivery_log: Default::default(),
             max_schemas: config.max_schemas,
             event_buffer: Vec::new(),
             record_buffer: Vec::new(),

@@ -22,6 +22,21 @@ pub const RETRY_DELAYS_MS: [i64; 7] =
 pub const RETRY_AFTER_MAX_MS: i64 = 24 * 3_600_000;
 /// The most deliveries one subscription may have queued by default; newer ones are dropped.
 pub const PENDING_PER_SUBSCRIPTION_MAX: usize = 100_000;
+/// The most bytes of deliveries one subscription may have queued by
+/// default ([`Delivery::held_bytes`]); newer ones are dropped.
+pub const PENDING_BYTES_PER_SUBSCRIPTION_MAX: usize = 64 * 1024 * 1024;
+/// The most deliveries queued over every subscription by default.
+pub const OUTBOX_MAX: usize = 1_000_000;
+/// The most bytes of deliveries queued over every subscription by default.
+pub const OUTBOX_BYTES_MAX: usize = 512 * 1024 * 1024;
+/// The most body bytes one `DeliveriesQueued` record carries: a turn's
+/// deliveries are logged in records of about this size, never as one
+/// record that could outgrow a log frame.
+pub const QUEUED_RECORD_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// The most deliveries one `DeliveriesQueued` record carries.
+pub const QUEUED_RECORD_DELIVERIES_MAX: usize = 16_384;
+/// What a queued delivery costs beyond its body: the record, the id maps' entries.
+const DELIVERY_FIXED_BYTES: usize = 160;
 /// How long one attempt may take unless `webhooks.timeout_s` says otherwise.
 pub const ATTEMPT_TIMEOUT_MS_DEFAULT: i64 = 30_000;
 /// How much longer than its timeout an attempt keeps its delivery from
@@ -39,6 +54,12 @@ pub struct WebhookLimits {
     pub max_webhooks: usize,
     /// Queued deliveries per subscription (`webhooks.max_pending`).
     pub max_pending: usize,
+    /// Bytes of queued deliveries per subscription (`webhooks.max_pending_bytes`).
+    pub max_pending_bytes: usize,
+    /// Queued deliveries over every subscription (`webhooks.max_outbox`).
+    pub max_outbox: usize,
+    /// Bytes of queued deliveries over every subscription (`webhooks.max_outbox_bytes`).
+    pub max_outbox_bytes: usize,
     /// Attempts in flight (`webhooks.concurrency`).
     pub concurrency: usize,
     /// Attempts in flight to one subscription (`webhooks.concurrency_per_subscription`).
@@ -52,6 +73,9 @@ impl Default for WebhookLimits {
         Self {
             max_webhooks: crate::limits::WEBHOOKS_MAX,
             max_pending: PENDING_PER_SUBSCRIPTION_MAX,
+            max_pending_bytes: PENDING_BYTES_PER_SUBSCRIPTION_MAX,
+            max_outbox: OUTBOX_MAX,
+            max_outbox_bytes: OUTBOX_BYTES_MAX,
             concurrency: IN_FLIGHT_MAX,
             concurrency_per_subscription: IN_FLIGHT_PER_SUBSCRIPTION_MAX,
             rotation_grace_ms: crate::limits::WEBHOOK_ROTATION_GRACE_MS,
@@ -124,12 +148,128 @@ pub struct Delivery {
     pub next_at: Millis,
 }
 
+impl Delivery {
+    /// What the delivery holds in memory, counting its body whole (a body
+    /// shared with other subscriptions' deliveries is counted by each).
+    pub fn held_bytes(&self) -> usize {
+        delivery_held_bytes(&self.body, &self.event_type)
+    }
+}
+
+/// [`Delivery::held_bytes`] of a delivery of this body and event type.
+pub fn delivery_held_bytes(body: &str, event_type: &str) -> usize {
+    DELIVERY_FIXED_BYTES + body.len() + event_type.len()
+}
+
+/// How often dropped and abandoned deliveries are logged (as counts).
+const DELIVERY_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Deliveries dropped (past a cap) or abandoned (out of attempts) since the
+/// last log line: one line a minute says how many, per subscription, rather
+/// than a line each.
+#[derive(Debug, Default)]
+pub struct DeliveryLog {
+    dropped: HashMap<JobId, u64>,
+    abandoned: HashMap<JobId, u64>,
+    last_flush: Option<std::time::Instant>,
+}
+
+impl DeliveryLog {
+    pub fn dropped(&mut self, subscription: JobId) {
+        *self.dropped.entry(subscription).or_default() += 1;
+        self.flush_if_due();
+    }
+
+    pub fn abandoned(&mut self, subscription: JobId) {
+        *self.abandoned.entry(subscription).or_default() += 1;
+        self.flush_if_due();
+    }
+
+    /// Logs the counts if there are any and the last line is a minute old.
+    pub fn flush_if_due(&mut self) {
+        if self.dropped.is_empty() && self.abandoned.is_empty() {
+            return;
+        }
+        if self.last_flush.is_some_and(|at| at.elapsed() < DELIVERY_LOG_EVERY) {
+            return;
+        }
+        self.last_flush = Some(std::time::Instant::now());
+        for (subscription, count) in self.dropped.drain() {
+            tracing::error!(
+                subscription_id = %format!("sub_{subscription}"),
+                dropped = count,
+                "webhook deliveries dropped: the subscription or the outbox has as many queued as allowed"
+            );
+        }
+        for (subscription, count) in self.abandoned.drain() {
+            tracing::error!(
+                subscription_id = %format!("sub_{subscription}"),
+                abandoned = count,
+                "webhook deliveries abandoned after their last attempt"
+            );
+        }
+    }
+}
+
+/// One event's body as a `DeliveriesQueued` record logs it: once, however
+/// many subscriptions take it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuedEvent {
+    pub event_type: String,
+    pub body: Arc<str>,
+}
+
+/// One delivery as a `DeliveriesQueued` record logs it: its event is the
+/// record's `events[event]`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct QueuedDelivery {
+    pub id: JobId,
+    pub subscription: JobId,
+    pub event: u32,
+    pub next_at: Millis,
+}
+
+/// The deliveries of a `DeliveriesQueued` record, each sharing its event's body.
+pub fn queued_deliveries(events: &[QueuedEvent], deliveries: &[QueuedDelivery]) -> Result<Vec<Arc<Delivery>>, String> {
+    deliveries
+        .iter()
+        .map(|queued| {
+            let event = events
+                .get(queued.event as usize)
+                .ok_or_else(|| format!("delivery {} names event {} of {}", queued.id, queued.event, events.len()))?;
+            Ok(Arc::new(Delivery {
+                id: queued.id,
+                subscription: queued.subscription,
+                event_type: event.event_type.clone(),
+                body: event.body.clone(),
+                attempts: 0,
+                next_at: queued.next_at,
+            }))
+        })
+        .collect()
+}
+
+/// Gives a delivery the body of the one before it when their bodies are
+/// equal: deliveries of one event to several subscriptions have consecutive
+/// ids, so loading them in id order shares each body again.
+pub fn share_body(previous: Option<&Arc<Delivery>>, delivery: &mut Arc<Delivery>) {
+    if let Some(previous) = previous
+        && !Arc::ptr_eq(&previous.body, &delivery.body)
+        && previous.body == delivery.body
+    {
+        Arc::make_mut(delivery).body = previous.body.clone();
+    }
+}
+
 /// The deliveries the state holds, with their due order.
 #[derive(Debug, Clone, Default)]
 pub struct Outbox {
     deliveries: BTreeMap<JobId, Arc<Delivery>>,
     due: BTreeSet<(Millis, JobId)>,
-    per_subscription: HashMap<JobId, usize>,
+    /// Per subscription: how many deliveries it has queued, and their bytes.
+    per_subscription: HashMap<JobId, (usize, usize)>,
+    /// The bytes of every queued delivery ([`Delivery::held_bytes`]).
+    bytes: usize,
 }
 
 impl Outbox {
@@ -147,7 +287,17 @@ impl Outbox {
 
     /// How many deliveries a subscription has queued.
     pub fn pending_for(&self, subscription: JobId) -> usize {
-        self.per_subscription.get(&subscription).copied().unwrap_or(0)
+        self.per_subscription.get(&subscription).map_or(0, |(count, _)| *count)
+    }
+
+    /// The bytes of the deliveries a subscription has queued.
+    pub fn pending_bytes_for(&self, subscription: JobId) -> usize {
+        self.per_subscription.get(&subscription).map_or(0, |(_, bytes)| *bytes)
+    }
+
+    /// The bytes of every queued delivery.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn deliveries(&self) -> impl Iterator<Item = &Arc<Delivery>> {
@@ -159,7 +309,11 @@ impl Outbox {
             return Err(format!("delivery {} queued twice", delivery.id));
         }
         self.due.insert((delivery.next_at, delivery.id));
-        *self.per_subscription.entry(delivery.subscription).or_default() += 1;
+        let held = delivery.held_bytes();
+        let (count, bytes) = self.per_subscription.entry(delivery.subscription).or_default();
+        *count += 1;
+        *bytes += held;
+        self.bytes += held;
         self.deliveries.insert(delivery.id, delivery);
         Ok(())
     }
@@ -167,8 +321,11 @@ impl Outbox {
     pub fn remove(&mut self, id: JobId) -> Option<Arc<Delivery>> {
         let delivery = self.deliveries.remove(&id)?;
         self.due.remove(&(delivery.next_at, id));
-        if let Some(count) = self.per_subscription.get_mut(&delivery.subscription) {
+        let held = delivery.held_bytes();
+        self.bytes -= held;
+        if let Some((count, bytes)) = self.per_subscription.get_mut(&delivery.subscription) {
             *count -= 1;
+            *bytes -= held;
             if *count == 0 {
                 self.per_subscription.remove(&delivery.subscription);
             }
@@ -229,6 +386,57 @@ pub fn next_attempt_at(now: Millis, attempts: u32, retry_after_ms: Option<i64>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Deliveries of one event to three subscriptions, in both record forms.
+    fn both_forms() -> [crate::engine::record::Record; 2] {
+        use crate::engine::record::Record;
+        let body: Arc<str> = Arc::from(r#"{"id":"evt_1","data":{}}"#);
+        let old = (1..=3)
+            .map(|n| {
+                Arc::new(Delivery {
+                    id: JobId(n),
+                    subscription: JobId(100 + n),
+                    event_type: "job.enqueued".into(),
+                    // Each its own copy, as decoding gives it.
+                    body: Arc::from(&*body),
+                    attempts: 0,
+                    next_at: 5,
+                })
+            })
+            .collect();
+        let events = vec![QueuedEvent { event_type: "job.enqueued".into(), body: body.clone() }];
+        let deliveries = (1..=3)
+            .map(|n| QueuedDelivery { id: JobId(n), subscription: JobId(100 + n), event: 0, next_at: 5 })
+            .collect();
+        [
+            Record::DeliveriesQueued { at: 5, deliveries: old },
+            Record::DeliveriesQueuedOnce { at: 5, events, deliveries },
+        ]
+    }
+
+    #[test]
+    fn queued_deliveries_load_from_either_record_with_one_body() {
+        for record in both_forms() {
+            let kind = record.kind();
+            let sequences = crate::engine::record::encode_sequences(std::slice::from_ref(&record));
+            let decoded = crate::engine::record::decode_batch(&sequences.concat()).unwrap();
+            let mut state = crate::engine::state::State::new(Default::default());
+            for record in &decoded {
+                state.apply(record, &mut crate::engine::events::EventSink::disabled()).unwrap();
+            }
+            let loaded: Vec<_> = state.outbox.deliveries().cloned().collect();
+            assert_eq!(loaded.len(), 3, "{kind}");
+            assert!(loaded.iter().all(|delivery| Arc::ptr_eq(&delivery.body, &loaded[0].body)), "{kind}: one body");
+            assert_eq!(state.outbox.pending_for(JobId(102)), 1, "{kind}");
+            assert_eq!(state.outbox.bytes(), 3 * loaded[0].held_bytes(), "{kind}");
+        }
+    }
+
+    #[test]
+    fn a_queued_delivery_naming_a_missing_event_is_refused() {
+        let deliveries = [QueuedDelivery { id: JobId(1), subscription: JobId(2), event: 1, next_at: 0 }];
+        assert!(queued_deliveries(&[], &deliveries).is_err());
+    }
 
     fn delivery(id: u128, subscription: u128, next_at: Millis) -> Arc<Delivery> {
         Arc::new(Delivery {

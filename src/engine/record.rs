@@ -225,6 +225,17 @@ pub enum Record {
         at: Millis,
         ids: Vec<JobId>,
     },
+    /// Events queued for the subscriptions that take them, in the commit of
+    /// the change that caused them: each event's body once, whatever number
+    /// of subscriptions take it, and at most
+    /// [`super::outbox::QUEUED_RECORD_BODY_BYTES_MAX`] of bodies a record (a
+    /// turn logs as many as it needs). Replaces `DeliveriesQueued`, which
+    /// repeated the body in every delivery; logs of that form still load.
+    DeliveriesQueuedOnce {
+        at: Millis,
+        events: Vec<super::outbox::QueuedEvent>,
+        deliveries: Vec<super::outbox::QueuedDelivery>,
+    },
 }
 
 impl Record {
@@ -274,6 +285,7 @@ impl Record {
             Record::DeliveryStarted { .. } => "delivery_started",
             Record::DeliveryRetry { .. } => "delivery_retry",
             Record::DeliveriesDone { .. } => "deliveries_done",
+            Record::DeliveriesQueuedOnce { .. } => "deliveries_queued",
         }
     }
 
@@ -295,6 +307,7 @@ impl Record {
             | Record::DeliveryStarted { at, .. }
             | Record::DeliveryRetry { at, .. }
             | Record::DeliveriesDone { at, .. }
+            | Record::DeliveriesQueuedOnce { at, .. }
             | Record::Claim { at, .. }
             | Record::Ack { at, .. }
             | Record::Fail { at, .. }

@@ -184,6 +184,8 @@ pub struct Turn<'a> {
     /// Delivery attempts handed to the pool and not yet reported back.
     pub(crate) in_flight: &'a mut super::outbox::InFlight,
     pub(crate) webhook_limits: &'a super::outbox::WebhookLimits,
+    /// Dropped and abandoned deliveries, logged as counts.
+    pub(crate) delivery_log: &'a mut super::outbox::DeliveryLog,
     pub(crate) max_schemas: usize,
     pub(crate) now: Millis,
     pub(crate) records: &'a mut Vec<Record>,

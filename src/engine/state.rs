@@ -110,6 +110,10 @@ pub struct State {
     /// Workers whose registry entry changed since the view was last updated.
     dirty_workers: HashSet<String>,
     live_jobs: usize,
+    /// The sum of [`Job::held_bytes`] over live (not terminal) jobs.
+    live_bytes: u64,
+    /// New jobs are refused once the live jobs hold this many bytes.
+    max_live_bytes: u64,
     retention: Retention,
     /// Terminal jobs in the order the caps prune them.
     pub(crate) terminal: std::collections::BTreeSet<TerminalKey>,
@@ -173,6 +177,8 @@ impl State {
             worker_signals: BTreeMap::new(),
             dirty_workers: HashSet::new(),
             live_jobs: 0,
+            live_bytes: 0,
+            max_live_bytes: crate::limits::LIVE_BYTES_MAX_DEFAULT,
             retention,
             terminal: std::collections::BTreeSet::new(),
             terminal_bytes: 0,
@@ -216,6 +222,23 @@ impl State {
 
     pub fn live_jobs(&self) -> usize {
         self.live_jobs
+    }
+
+    /// The bytes live jobs hold ([`Job::held_bytes`]).
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// Sets the bytes of live jobs past which new jobs are refused (`limits.max_live_bytes`).
+    pub fn set_max_live_bytes(&mut self, max: u64) {
+        self.max_live_bytes = max;
+    }
+
+    /// Whether `count` more live jobs may be taken: fewer than
+    /// [`LIVE_JOBS_MAX`](crate::limits::LIVE_JOBS_MAX) in all, and the live
+    /// jobs below `max_live_bytes` (a request may cross it by its own size).
+    pub fn has_room_for(&self, count: usize) -> bool {
+        self.live_jobs + count <= crate::limits::LIVE_JOBS_MAX && self.live_bytes < self.max_live_bytes
     }
 
     pub fn queue(&self, name: &str) -> Option<&QueueState> {
@@ -386,6 +409,7 @@ impl State {
         Self::queue_changed(&mut self.dirty_queues, &job.queue, queue);
         if !job.state.is_terminal() {
             self.live_jobs += 1;
+            self.live_bytes += job.held_bytes();
             if let Some((_, key)) = job.unique() {
                 let holders = self.unique_index.entry(key).or_default();
                 let at = holders.partition_point(|id| *id < job.id);
@@ -420,6 +444,7 @@ impl State {
         }
         if !job.state.is_terminal() {
             self.live_jobs -= 1;
+            self.live_bytes -= job.held_bytes();
             if let Some((limit, key)) = job.limit_and_key() {
                 self.dispatch.rate_released(key, limit);
             }
@@ -616,8 +641,18 @@ impl State {
                 Ok(())
             }
             Record::DeliveriesQueued { deliveries, .. } => {
+                let mut previous: Option<Arc<super::outbox::Delivery>> = None;
                 for delivery in deliveries {
+                    let mut delivery = delivery.clone();
+                    super::outbox::share_body(previous.as_ref(), &mut delivery);
                     self.outbox.insert(delivery.clone()).map_err(ApplyError)?;
+                    previous = Some(delivery);
+                }
+                Ok(())
+            }
+            Record::DeliveriesQueuedOnce { events, deliveries, .. } => {
+                for delivery in super::outbox::queued_deliveries(events, deliveries).map_err(ApplyError)? {
+                    self.outbox.insert(delivery).map_err(ApplyError)?;
                 }
                 Ok(())
             }
@@ -1128,8 +1163,11 @@ impl State {
             state.dirty_webhooks.push(subscription.id);
             state.webhooks.insert(subscription.id, subscription);
         }
-        for delivery in image.deliveries {
-            state.outbox.insert(delivery).map_err(|problem| format!("snapshot: {problem}"))?;
+        let mut previous: Option<Arc<super::outbox::Delivery>> = None;
+        for mut delivery in image.deliveries {
+            super::outbox::share_body(previous.as_ref(), &mut delivery);
+            state.outbox.insert(delivery.clone()).map_err(|problem| format!("snapshot: {problem}"))?;
+            previous = Some(delivery);
         }
         for entry in image.schemas {
             state.dirty_schemas.push(entry.uri.clone());
@@ -1186,6 +1224,11 @@ impl State {
         }
         if live != self.live_jobs {
             return Err(format!("live count {} but {live} live jobs", self.live_jobs));
+        }
+        let live_bytes: u64 =
+            self.jobs.values().filter(|job| !job.state.is_terminal()).map(|job| job.held_bytes()).sum();
+        if live_bytes != self.live_bytes {
+            return Err(format!("live bytes {} but live jobs hold {live_bytes}", self.live_bytes));
         }
         let terminal: Vec<&Job> = self.jobs.values().filter(|job| job.state.is_terminal()).collect();
         let terminal_bytes: u64 = terminal.iter().map(|job| job.held_bytes()).sum();

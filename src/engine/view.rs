@@ -135,6 +135,8 @@ pub struct ReadView {
     failure_notify: tokio::sync::Notify,
     /// The disk is full: new work is refused until space is freed.
     disk_full: AtomicBool,
+    /// What made the engine fail, in words, for the log line of the stop.
+    failure_cause: Mutex<Option<String>>,
 }
 
 /// Why the engine has stopped accepting writes; the process should restart.
@@ -172,6 +174,7 @@ impl ReadView {
             failure: AtomicU8::new(0),
             failure_notify: tokio::sync::Notify::new(),
             disk_full: AtomicBool::new(false),
+            failure_cause: Mutex::new(None),
         }
     }
 
@@ -352,6 +355,16 @@ impl ReadView {
 
     pub(crate) fn set_disk_full(&self, full: bool) {
         self.disk_full.store(full, Ordering::SeqCst);
+    }
+
+    /// What made the engine fail, in words (the error of the failed step).
+    pub fn failure_cause(&self) -> Option<String> {
+        self.failure_cause.lock().clone()
+    }
+
+    /// Records what failed; the first cause given stays.
+    pub(crate) fn set_failure_cause(&self, cause: String) {
+        self.failure_cause.lock().get_or_insert(cause);
     }
 
     /// Records why the engine stopped; the first reason given stays.

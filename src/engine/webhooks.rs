@@ -190,13 +190,7 @@ impl Request for DeliveryOutcomes {
                     match super::outbox::next_attempt_at(now, delivery.attempts, retry_after_ms) {
                         Some(next_at) => turn.apply(Record::DeliveryRetry { at: now, id: outcome.id, next_at }),
                         None => {
-                            tracing::error!(
-                                delivery_id = %format!("del_{}", delivery.id),
-                                subscription_id = %format!("sub_{}", delivery.subscription),
-                                event_type = %delivery.event_type,
-                                attempts = delivery.attempts,
-                                "webhook delivery abandoned after its last attempt"
-                            );
+                            turn.delivery_log.abandoned(delivery.subscription);
                             done.push(outcome.id);
                             *abandoned.last_mut().expect("pushed above") = true;
                         }

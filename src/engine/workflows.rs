@@ -16,7 +16,6 @@ use super::state::{ApplyError, State, activate};
 use super::workflow_table::{Callback, Member, MemberOutcome, Workflow, WorkflowFailure, WorkflowState, is_failure};
 use crate::clock::Millis;
 use crate::job::{CallbackKind, Job, JobExtra, JobId, JobIdSet, JobState, OnConflict, WorkflowRole};
-use crate::limits::LIVE_JOBS_MAX;
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
 
 impl State {
@@ -28,7 +27,7 @@ impl State {
         definition: WorkflowDefinition,
         entropy: &mut dyn Entropy,
     ) -> Result<(Record, JobId), EngineError> {
-        if self.live_jobs() + definition.jobs.len() > LIVE_JOBS_MAX {
+        if !self.has_room_for(definition.jobs.len()) {
             return Err(EngineError::Unavailable { reason: Unavailable::Capacity });
         }
         let mut seen = JobIdSet::default();

@@ -18,6 +18,7 @@ use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::image::{IMAGE_VERSION, StateImage};
 use super::inbox::{Command, InboxReceiver, Received};
+use super::outbox::{QUEUED_RECORD_BODY_BYTES_MAX, QUEUED_RECORD_DELIVERIES_MAX};
 use super::pace::{PaceSignals, PacedWriter};
 use super::record::{Record, encode_sequences_into};
 use super::registry;
@@ -64,6 +65,9 @@ pub(crate) struct Writer {
     /// since recovery): with nothing logged since, the data dir then loads
     /// without replay as it is.
     pub snapshot_written: Arc<AtomicBool>,
+    /// A snapshot that could not start (no descriptor or no space for its
+    /// segment) is not tried again before this.
+    pub snapshot_retry_at: Option<std::time::Instant>,
     pub event_ids: IdGenerator,
     pub event_seq: u64,
     pub check_invariants: bool,
@@ -90,6 +94,8 @@ pub(crate) struct Writer {
     /// engine), or while no attempts start at all.
     pub outbox_wake: Option<Millis>,
     pub webhook_limits: super::outbox::WebhookLimits,
+    /// Dropped and abandoned deliveries, logged as counts once a minute.
+    pub delivery_log: super::outbox::DeliveryLog,
     pub max_schemas: usize,
     /// The room the last turn's events took, kept for the next turn (a fill
     /// turn holds thousands; growing it afresh each turn was copied over a
@@ -106,6 +112,46 @@ const EVENT_BUFFER_KEPT_MAX: usize = 8_192;
 /// next (such a turn encodes about 1 MiB); an unusually large turn's room
 /// is given back rather than held while the server idles.
 const RECORD_BUFFER_KEPT_MAX: usize = 4 * 1024 * 1024;
+
+/// The deliveries of one `DeliveriesQueuedOnce` record being gathered.
+#[derive(Default)]
+struct QueuedChunk {
+    events: Vec<super::outbox::QueuedEvent>,
+    deliveries: Vec<super::outbox::QueuedDelivery>,
+    body_bytes: usize,
+}
+
+impl QueuedChunk {
+    fn is_empty(&self) -> bool {
+        self.deliveries.is_empty()
+    }
+
+    /// Adds a delivery of the event whose body is `body` (its events are
+    /// added in turn, so one already added is the last); whether the record
+    /// is full now.
+    fn add(&mut self, id: JobId, subscription: JobId, event_type: &str, body: &Arc<str>, at: Millis) -> bool {
+        let same_event = self.events.last().is_some_and(|last| Arc::ptr_eq(&last.body, body));
+        if !same_event {
+            self.events.push(super::outbox::QueuedEvent { event_type: event_type.to_string(), body: body.clone() });
+            self.body_bytes += body.len();
+        }
+        let event = (self.events.len() - 1) as u32;
+        self.deliveries.push(super::outbox::QueuedDelivery { id, subscription, event, next_at: at });
+        self.body_bytes >= QUEUED_RECORD_BODY_BYTES_MAX || self.deliveries.len() >= QUEUED_RECORD_DELIVERIES_MAX
+    }
+
+    fn take(&mut self, at: Millis) -> Record {
+        self.body_bytes = 0;
+        Record::DeliveriesQueuedOnce {
+            at,
+            events: std::mem::take(&mut self.events),
+            deliveries: std::mem::take(&mut self.deliveries),
+        }
+    }
+}
+
+/// How long a snapshot that could not start waits before it is tried again.
+const SNAPSHOT_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The error of a write refused because the disk is full.
 fn disk_full() -> EngineError {
@@ -281,6 +327,7 @@ impl Writer {
                             cron_entries_max: self.cron_entries_max,
                             in_flight: &mut self.in_flight,
                             webhook_limits: &self.webhook_limits,
+                            delivery_log: &mut self.delivery_log,
                             max_schemas: self.max_schemas,
                             now,
                             records,
@@ -315,6 +362,7 @@ impl Writer {
                     cron_entries_max: self.cron_entries_max,
                     in_flight: &mut self.in_flight,
                     webhook_limits: &self.webhook_limits,
+                    delivery_log: &mut self.delivery_log,
                     max_schemas: self.max_schemas,
                     now,
                     records,
@@ -476,15 +524,21 @@ impl Writer {
         events
     }
 
-    /// Queues the turn's events for the subscriptions that take them, as a
-    /// record of the same commit (docs/api.md, "Deliveries").
+    /// Queues the turn's events for the subscriptions that take them, as
+    /// records of the same commit (docs/api.md, "Deliveries"). Each event's
+    /// body is rendered and logged once however many subscriptions take it,
+    /// and the records are cut at [`QUEUED_RECORD_BODY_BYTES_MAX`] of bodies,
+    /// so no number of events or subscriptions makes one record too large for
+    /// the log. A delivery past its subscription's caps or the outbox's (in
+    /// count or bytes) is dropped and counted.
     fn queue_deliveries(&mut self, events: &[Event], records: &mut Vec<Record>) {
         if self.deliveries.is_none() || events.is_empty() || self.state.webhooks.is_empty() {
             return;
         }
         let subscriptions: Vec<_> = self.state.webhooks.values().filter(|s| s.active).cloned().collect();
-        let mut deliveries = Vec::new();
-        let mut queued: std::collections::HashMap<JobId, usize> = std::collections::HashMap::new();
+        let limits = self.webhook_limits;
+        let mut chunk = QueuedChunk::default();
+        let mut due: Option<Millis> = None;
         for event in events {
             let job = event.job.as_deref();
             let (queue, job_type) = match (&event.kind, job) {
@@ -498,38 +552,40 @@ impl Writer {
                 if !subscription.takes(type_name, queue, job_type) {
                     continue;
                 }
-                let pending =
-                    self.state.outbox.pending_for(subscription.id) + queued.get(&subscription.id).copied().unwrap_or(0);
-                if pending >= self.webhook_limits.max_pending {
+                let body = body.get_or_insert_with(|| Arc::from(crate::wire::render_event(event)));
+                let held = super::outbox::delivery_held_bytes(body, type_name);
+                let outbox = &self.state.outbox;
+                let room = outbox.pending_for(subscription.id) < limits.max_pending
+                    && outbox.pending_bytes_for(subscription.id) + held <= limits.max_pending_bytes
+                    && outbox.len() < limits.max_outbox
+                    && outbox.bytes() + held <= limits.max_outbox_bytes;
+                if !room {
                     self.metrics.webhook_delivery("dropped");
-                    tracing::error!(
-                        subscription_id = %format!("sub_{}", subscription.id),
-                        event_type = type_name,
-                        "webhook delivery dropped: the subscription has as many deliveries queued as allowed"
-                    );
+                    self.delivery_log.dropped(subscription.id);
                     continue;
                 }
-                *queued.entry(subscription.id).or_default() += 1;
-                let body = body.get_or_insert_with(|| Arc::from(crate::wire::render_event(event)));
-                deliveries.push(Arc::new(super::outbox::Delivery {
-                    id: self.event_ids.next(event.time, rand::random()),
-                    subscription: subscription.id,
-                    event_type: type_name.to_string(),
-                    body: body.clone(),
-                    attempts: 0,
-                    next_at: event.time,
-                }));
+                let id = self.event_ids.next(event.time, rand::random());
+                let at = event.time;
+                due = Some(due.map_or(at, |due| due.min(at)));
+                if chunk.add(id, subscription.id, type_name, body, at) {
+                    // Applied as each record fills, so the caps above see
+                    // the deliveries queued earlier in the turn.
+                    self.log_queued(chunk.take(at), records);
+                }
             }
         }
-        if deliveries.is_empty() {
-            return;
+        if !chunk.is_empty() {
+            let at = events.last().map_or(0, |event| event.time);
+            self.log_queued(chunk.take(at), records);
         }
-        let at = events.last().map_or(0, |event| event.time);
         // Queued after this turn started attempts: the next turn starts them
         // (if their subscriptions have room then; if not, that turn finds out).
-        let due = deliveries.iter().map(|delivery| delivery.next_at).min();
         self.outbox_wake = [self.outbox_wake, due].into_iter().flatten().min();
-        let record = Record::DeliveriesQueued { at, deliveries };
+        self.delivery_log.flush_if_due();
+    }
+
+    /// Applies a `DeliveriesQueuedOnce` record and keeps it for the commit.
+    fn log_queued(&mut self, record: Record, records: &mut Vec<Record>) {
         self.state.apply(&record, &mut EventSink::disabled()).expect("queued deliveries apply");
         records.push(record);
     }
@@ -646,13 +702,20 @@ impl Writer {
             return;
         }
         let taking = std::time::Instant::now();
+        if self.snapshot_retry_at.is_some_and(|at| taking < at) {
+            return;
+        }
         let (replay_from, mut image) = match self.snapshot_image() {
             Ok(snapshot) => snapshot,
             Err(error) => {
+                // A transient want leaves the log as it was: the snapshot is
+                // tried again a second later, not on every turn meanwhile.
                 tracing::error!(error = %error, "could not start a snapshot");
+                self.snapshot_retry_at = Some(taking + SNAPSHOT_RETRY_AFTER);
                 return;
             }
         };
+        self.snapshot_retry_at = None;
         self.snapshot_busy.store(true, Ordering::SeqCst);
         self.snapshot_pace.start();
         let pace = self.snapshot_pace.clone();

@@ -240,7 +240,7 @@ impl From<EngineError> for ApiError {
             EngineError::Unavailable { reason } => {
                 let text = match reason {
                     Unavailable::Overloaded => "the server is overloaded; retry shortly",
-                    Unavailable::Capacity => "the server holds as many live jobs as it may",
+                    Unavailable::Capacity => "the server holds as many live jobs, or bytes of them, as it may",
                     Unavailable::StorageFailed => "storage failed; the server accepts no writes until it restarts",
                     Unavailable::DiskFull => "the disk is full; new work is refused until space is freed",
                     Unavailable::EngineStopped | Unavailable::SnapshotFailed => "the engine is not available",

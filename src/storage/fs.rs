@@ -193,6 +193,9 @@ pub struct FaultyFileSystem {
     no_space: Arc<std::sync::atomic::AtomicBool>,
     /// Syncs on threads of this name fail with an I/O error.
     failing_thread: Arc<Mutex<Option<String>>>,
+    /// Opens that still succeed before every open fails with `EMFILE`, as
+    /// in a process out of file descriptors; negative: no limit.
+    opens_left: Arc<AtomicI64>,
 }
 
 #[derive(Debug, Default)]
@@ -216,6 +219,24 @@ impl FaultyFileSystem {
             direct_writes_made: Arc::default(),
             no_space: Arc::default(),
             failing_thread: Arc::default(),
+            opens_left: Arc::new(AtomicI64::new(-1)),
+        }
+    }
+
+    /// Lets `opens` more files be opened, then fails every open with
+    /// `EMFILE` (the process is out of descriptors); `None` lifts the limit.
+    pub fn set_opens_left(&self, opens: Option<u64>) {
+        self.opens_left.store(opens.map_or(-1, |opens| opens as i64), Ordering::SeqCst);
+    }
+
+    /// Takes one open from the allowance, or fails as a process out of descriptors does.
+    fn take_open(&self) -> io::Result<()> {
+        let taken = self
+            .opens_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| if left > 0 { Some(left - 1) } else { None });
+        match taken {
+            Err(0) => Err(io::Error::from_raw_os_error(libc::EMFILE)),
+            _ => Ok(()),
         }
     }
 
@@ -364,10 +385,12 @@ impl LogFile for FaultyFile {
 
 impl FileSystem for FaultyFileSystem {
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        self.take_open()?;
         Ok(Arc::new(FaultyFile { inner: open_real(path, true)?, owner: self.clone(), kind: FaultyFileKind::Buffered }))
     }
 
     fn open_existing(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        self.take_open()?;
         Ok(Arc::new(FaultyFile { inner: open_real(path, false)?, owner: self.clone(), kind: FaultyFileKind::Buffered }))
     }
 
@@ -380,6 +403,7 @@ impl FileSystem for FaultyFileSystem {
         if !self.direct_writes {
             return Ok(None);
         }
+        self.take_open()?;
         Ok(open_real_direct(path, true)?.map(|inner| {
             Arc::new(FaultyFile { inner, owner: self.clone(), kind: FaultyFileKind::Direct }) as Arc<dyn LogFile>
         }))

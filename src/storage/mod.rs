@@ -52,6 +52,12 @@ pub enum StorageError {
     NoSpace {
         path: PathBuf,
     },
+    /// The process (or the system) has no file descriptor to spare; nothing
+    /// was written, and the same step may succeed once descriptors are freed.
+    NoDescriptors {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     /// The log refused a write earlier; nothing more is written until restart.
     Poisoned,
     /// Another process holds the data dir.
@@ -69,6 +75,9 @@ impl fmt::Display for StorageError {
                 write!(f, "reading {} failed at byte offset {offset}: {error}", path.display())
             }
             StorageError::NoSpace { path } => write!(f, "{}: no space left on the device", path.display()),
+            StorageError::NoDescriptors { path, error } => {
+                write!(f, "{}: out of file descriptors ({error})", path.display())
+            }
             StorageError::Poisoned => {
                 f.write_str("the write-ahead log failed to sync earlier and accepts no more writes")
             }
@@ -80,6 +89,21 @@ impl fmt::Display for StorageError {
 }
 
 impl std::error::Error for StorageError {}
+
+impl StorageError {
+    /// Whether the step failed for want of a resource that comes back (disk
+    /// space, file descriptors) and left the files as they were: it may be
+    /// tried again, and the log is not poisoned by it.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StorageError::NoSpace { .. } | StorageError::NoDescriptors { .. })
+    }
+}
+
+/// Whether an I/O error means the process or the system ran out of file
+/// descriptors (`EMFILE`, `ENFILE`).
+pub(crate) fn is_out_of_descriptors(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+}
 
 /// Reads a whole file with `read`, naming the offset of a failed read. (A
 /// memory map would turn a device error into SIGBUS and kill the process.)

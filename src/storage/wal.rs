@@ -24,7 +24,7 @@ use super::layout::{
     SEGMENT_HEADER_BYTES, check_segment_header, encode_segment_header, list_segments, previous_segment_length,
     segment_path,
 };
-use super::{FileSystem, LogFile, StorageError, io_error, read_file};
+use super::{FileSystem, LogFile, StorageError, io_error, is_out_of_descriptors, read_file};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 
 /// Zeroed space is laid down in chunks of this size...
@@ -197,8 +197,10 @@ impl WalWriter {
         // crash before that frame's sync leave it torn in a sealed segment.
         if self.offset >= self.segment_bytes_max && !self.rotation_waits() {
             match self.rotate() {
-                // No room for the next segment: go on in this one's reserve.
-                Ok(_) | Err(StorageError::NoSpace { .. }) => {}
+                // No room or no descriptor for the next segment: go on in
+                // this one (into its reserve), and try again shortly.
+                Ok(_) => {}
+                Err(error) if error.is_transient() => {}
                 Err(error) => return Err(error),
             }
         }
@@ -231,10 +233,19 @@ impl WalWriter {
         let written = Written { file: self.file.clone(), path, start: self.offset, end: self.offset + length, durable };
         self.offset += length;
         if self.zeroer.is_stopped() {
-            // Past the frame that outran it, zeroing starts again.
+            // Past the frame that outran it, zeroing starts again. Without a
+            // descriptor for it, frames go on past the zeroed space (each
+            // sync then also records the file's new size) and the next
+            // append tries again.
             let zeroed = self.file.size().unwrap_or(self.offset).max(self.offset);
-            self.zeroer = Zeroer::start(self.fs.as_ref(), &written.path, self.offset, zeroed, self.segment_bytes_max)
-                .inspect_err(|_| self.poisoned = true)?;
+            match Zeroer::start(self.fs.as_ref(), &written.path, self.offset, zeroed, self.segment_bytes_max) {
+                Ok(zeroer) => self.zeroer = zeroer,
+                Err(error) if error.is_transient() => {}
+                Err(error) => {
+                    self.poisoned = true;
+                    return Err(error);
+                }
+            }
         }
         self.zeroer.note_offset(self.offset);
         Ok(written)
@@ -287,35 +298,75 @@ impl WalWriter {
         }
         let next = self.segment_index + 1;
         let header = encode_segment_header(next, Some(self.offset));
-        let file = match create_segment(self.fs.as_ref(), &self.dir, next, self.segment_bytes_max, &header) {
-            Ok(file) => file,
-            Err(error @ StorageError::NoSpace { .. }) => {
-                self.rotation_pending = true;
-                self.last_rotation_try = std::time::Instant::now();
-                return Err(error);
-            }
+        let result = self.open_segment(next, &header);
+        let (file, direct, zeroer) = match result {
+            Ok(opened) => opened,
             Err(error) => {
-                self.poisoned = true;
+                if error.is_transient() {
+                    self.rotation_pending = true;
+                    self.last_rotation_try = std::time::Instant::now();
+                } else {
+                    self.poisoned = true;
+                }
                 return Err(error);
             }
         };
         self.zeroer.stop();
-        let path = segment_path(&self.dir, next);
-        self.direct = if self.direct_refused {
-            None
-        } else {
-            open_direct(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(&header))
-                .inspect_err(|_| self.poisoned = true)?
-        };
-        let zeroed = file.size().unwrap_or(SEGMENT_HEADER_BYTES as u64);
-        self.zeroer =
-            Zeroer::start(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, zeroed, self.segment_bytes_max)
-                .inspect_err(|_| self.poisoned = true)?;
+        self.direct = direct;
+        self.zeroer = zeroer;
         self.file = file;
         self.segment_index = next;
         self.offset = SEGMENT_HEADER_BYTES as u64;
         self.rotation_pending = false;
         Ok(next)
+    }
+
+    /// Creates segment `index` with every handle the writer needs on it.
+    /// Nothing of the current segment changes here, so a failure for want
+    /// of descriptors or space leaves the writer as it was; the half-made
+    /// segment is removed first, durably, since its header records where
+    /// the current one ended and frames still go there.
+    fn open_segment(&self, index: u64, header: &[u8; SEGMENT_HEADER_BYTES]) -> Result<SegmentHandles, StorageError> {
+        let file = create_segment(self.fs.as_ref(), &self.dir, index, self.segment_bytes_max, header)?;
+        let path = segment_path(&self.dir, index);
+        let handles = (|| -> Result<_, StorageError> {
+            let direct = if self.direct_refused {
+                None
+            } else {
+                open_direct(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, Some(header))?
+            };
+            let zeroed = file.size().unwrap_or(SEGMENT_HEADER_BYTES as u64);
+            let zeroer =
+                Zeroer::start(self.fs.as_ref(), &path, SEGMENT_HEADER_BYTES as u64, zeroed, self.segment_bytes_max)?;
+            Ok((direct, zeroer))
+        })();
+        match handles {
+            Ok((direct, zeroer)) => Ok((file, direct, zeroer)),
+            Err(error) => {
+                // The new file's own handle goes first: its descriptor is the
+                // one the directory sync below needs.
+                drop(file);
+                if error.is_transient() {
+                    std::fs::remove_file(&path)
+                        .map_err(io_error(&path))
+                        .and_then(|()| self.fs.sync_dir(&self.dir).map_err(io_error(&self.dir)))
+                        .map_err(|_| error_not_transient(&error, &path))?;
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+/// A new segment's handles: the file, its direct handle if any, its zeroer.
+type SegmentHandles = (Arc<dyn LogFile>, Option<DirectWriter>, Zeroer);
+
+/// A transient failure whose clean-up failed too: the half-made segment may
+/// be left behind, so the log cannot go on.
+fn error_not_transient(error: &StorageError, path: &Path) -> StorageError {
+    StorageError::Io {
+        path: path.to_path_buf(),
+        error: std::io::Error::other(format!("{error}; removing the half-made segment failed as well")),
     }
 }
 
@@ -367,6 +418,9 @@ fn create_segment(
             // Nothing half made stays behind to be read as a torn segment.
             let _ = std::fs::remove_file(&path);
             StorageError::NoSpace { path: path.clone() }
+        } else if is_out_of_descriptors(&error) {
+            let _ = std::fs::remove_file(&path);
+            StorageError::NoDescriptors { path: path.clone(), error }
         } else {
             StorageError::Io { path: path.clone(), error }
         }
@@ -377,8 +431,19 @@ fn create_segment(
     file.write_at(0, header).map_err(no_space)?;
     file.write_at(header_end, &vec![0u8; first_chunk as usize]).map_err(no_space)?;
     file.sync_data().map_err(no_space)?;
-    fs.sync_dir(dir).map_err(io_error(dir))?;
+    fs.sync_dir(dir).map_err(no_space)?;
     Ok(file)
+}
+
+/// Maps a failure to open a file: out of descriptors is transient.
+fn open_error(path: &Path) -> impl Fn(std::io::Error) -> StorageError + '_ {
+    move |error| {
+        if is_out_of_descriptors(&error) {
+            StorageError::NoDescriptors { path: path.to_path_buf(), error }
+        } else {
+            StorageError::Io { path: path.to_path_buf(), error }
+        }
+    }
 }
 
 /// Opens the direct handle for the segment at `path`, whose bytes before
@@ -389,7 +454,7 @@ fn open_direct(
     offset: u64,
     head: Option<&[u8]>,
 ) -> Result<Option<DirectWriter>, StorageError> {
-    match fs.open_direct(path).map_err(io_error(path))? {
+    match fs.open_direct(path).map_err(open_error(path))? {
         Some(file) => Ok(Some(DirectWriter::new(file, path, offset, head).map_err(io_error(path))?)),
         None => Ok(None),
     }
@@ -430,7 +495,7 @@ impl Zeroer {
         zeroed_end: u64,
         segment_bytes_max: u64,
     ) -> Result<Zeroer, StorageError> {
-        let file = fs.open_existing(path).map_err(io_error(path))?;
+        let file = fs.open_existing(path).map_err(open_error(path))?;
         let zeroed = Arc::new(AtomicU64::new(zeroed_end));
         let offset = Arc::new(AtomicU64::new(write_offset));
         let stop = Arc::new(AtomicBool::new(false));
@@ -833,6 +898,63 @@ mod tests {
             let (frames, end) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
             assert_eq!(frames, [b"kept".to_vec()], "{mode}");
             assert_eq!(end.scans[0].torn_at, None, "{mode}: the failed frame was zeroed, not left torn");
+        }
+    }
+
+    #[test]
+    fn out_of_descriptors_at_a_segment_change_leaves_the_log_writing() {
+        // The change may fail at each of its opens: the file, its direct
+        // handle, the zeroer's handle (the page cache mode has no direct one).
+        for (disk, mode) in file_systems() {
+            for opens in 0..3 {
+                let dir = tempfile::tempdir().unwrap();
+                let mut writer = WalWriter::create(Arc::new(disk.clone()), dir.path(), 0, 64 << 20).unwrap();
+                writer.commit(b"before").unwrap();
+                disk.set_opens_left(Some(opens));
+                match writer.rotate() {
+                    Err(error) => {
+                        assert!(matches!(error, StorageError::NoDescriptors { .. }), "{mode}, {opens} opens: {error}")
+                    }
+                    // The page cache mode needs one open fewer.
+                    Ok(_) => {
+                        assert_eq!((mode, opens), ("page cache", 2));
+                        disk.set_opens_left(None);
+                        continue;
+                    }
+                }
+                assert!(!writer.is_poisoned(), "{mode}, {opens} opens");
+                assert!(!segment_path(dir.path(), 1).exists(), "{mode}, {opens} opens: the half-made segment is gone");
+                writer.commit(b"during").unwrap();
+                disk.set_opens_left(None);
+                assert_eq!(writer.rotate().unwrap(), 1, "{mode}, {opens} opens");
+                writer.commit(b"after").unwrap();
+                drop(writer);
+                let (frames, end) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
+                assert_eq!(frames, [b"before".to_vec(), b"during".to_vec(), b"after".to_vec()], "{mode}");
+                assert!(end.scans.iter().all(|scan| scan.torn_at.is_none()), "{mode}: {:?}", end.scans);
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_segment_with_no_descriptor_for_the_next_goes_on() {
+        for (disk, mode) in file_systems() {
+            let dir = tempfile::tempdir().unwrap();
+            let segment_bytes = 64 * 1024;
+            let mut writer = WalWriter::create(Arc::new(disk.clone()), dir.path(), 0, segment_bytes).unwrap();
+            disk.set_opens_left(Some(0));
+            let payload = vec![3u8; 16 * 1024];
+            for _ in 0..12 {
+                writer.commit(&payload).unwrap();
+            }
+            assert_eq!(writer.segment_index, 0, "{mode}: no segment could be made");
+            disk.set_opens_left(None);
+            writer.rotation_pending = false;
+            writer.commit(&payload).unwrap();
+            assert_eq!(writer.segment_index, 1, "{mode}: the next segment is made once descriptors are back");
+            drop(writer);
+            let (frames, _) = collect(dir.path(), TailPolicy::ReadOnly).unwrap();
+            assert_eq!(frames.len(), 13, "{mode}");
         }
     }
 
