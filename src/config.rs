@@ -605,10 +605,11 @@ mod tests {
         let defaults = Config::load(&[], &HashMap::new()).unwrap();
         assert!(!defaults.webhooks_allow_private_targets && defaults.webhooks_extra_ca_file.is_none());
         assert_eq!(defaults.webhooks_timeout_ms, 30_000);
-        assert_eq!(defaults.webhooks_priority, DeliveryPriority::Idle);
-        let text = "[webhooks]\nallow_private_targets = true\nextra_ca_file = \"/ca.pem\"\ntimeout_s = 5\npriority = \"low\"\n\
+        assert_eq!(defaults.webhooks_priority, DeliveryPriority::Low);
+        let text = "[webhooks]\nallow_private_targets = true\nextra_ca_file = \"/ca.pem\"\ntimeout_s = 5\npriority = \"idle\"\n\
                     max_pending = 10\nconcurrency = 4\nconcurrency_per_subscription = 2\nrotation_grace = \"PT1H\"\n\
-                    [limits]\nmax_webhooks = 3\nmax_schemas = 7\n";
+                    max_pending_bytes = 1000\nmax_outbox = 20\nmax_outbox_bytes = 5000\n\
+                    [limits]\nmax_webhooks = 3\nmax_schemas = 7\nmax_live_bytes = 123456\n";
         std::fs::write(&file, text).unwrap();
         let config = Config::load(&[], &env).unwrap();
         let limits = config.webhook_limits;
@@ -617,8 +618,12 @@ mod tests {
         assert!(config.webhooks_allow_private_targets);
         assert_eq!(config.webhooks_extra_ca_file, Some(PathBuf::from("/ca.pem")));
         assert_eq!(config.webhooks_timeout_ms, 5_000);
-        assert_eq!(config.webhooks_priority, DeliveryPriority::Low);
+        assert_eq!(config.webhooks_priority, DeliveryPriority::Idle);
+        assert_eq!((limits.max_pending_bytes, limits.max_outbox, limits.max_outbox_bytes), (1000, 20, 5000));
+        assert_eq!(config.max_live_bytes, 123_456);
         for bad in [
+            "[webhooks]\nmax_outbox_bytes = 0\n",
+            "[limits]\nmax_live_bytes = 0\n",
             "[webhooks]\npriority = \"high\"\n",
             "[webhooks]\ntimeout_s = 0\n",
             "[webhooks]\ntimeout_s = 61\n",

@@ -104,6 +104,12 @@ pub const ENGINE_INBOX_BYTES_MAX: u64 = 256 * 1024 * 1024;
 pub const ENGINE_BATCH_COMMANDS_MAX: usize = 4096;
 /// Largest payload of one log frame; the decoder refuses larger lengths before allocating.
 pub const FRAME_PAYLOAD_BYTES_MAX: usize = 128 * 1024 * 1024;
+// One request's records must fit half a frame (a turn's records are cut
+// into sequences of that size, but one record is never split): the largest,
+// a full batch, is its body plus at most about a hundred bytes of fields a
+// job holds beyond its JSON. Webhook deliveries are logged in records of
+// their own, each at most 8 MiB of bodies (`engine::outbox`).
+const _: () = assert!(BATCH_BODY_BYTES_MAX + BATCH_JOBS_MAX * 1024 <= FRAME_PAYLOAD_BYTES_MAX / 2);
 /// A segment is closed and a new one started once it grows past this.
 pub const SEGMENT_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// A snapshot is written once this many log bytes were appended since the last one.

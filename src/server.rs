@@ -143,13 +143,14 @@ pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<Running
     let open_file_limit = raise_open_file_limit();
     let runtime = build_runtime()?;
     let client = webhook_client(config)?;
-    let pool = Pool::attach(&mut engine_config, client.clone(), config.webhooks_priority);
-    let engine = Engine::open(engine_config).map_err(ServerError::Storage)?;
-    let deliveries = pool.spawn(engine.handle().clone()).map_err(ServerError::Runtime)?;
+    // Bound first: a start that fails on a busy port leaves no data dir behind.
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
+    let pool = Pool::attach(&mut engine_config, client.clone(), config.webhooks_priority);
+    let engine = Engine::open(engine_config).map_err(ServerError::Storage)?;
+    let deliveries = pool.spawn(engine.handle().clone()).map_err(ServerError::Runtime)?;
     let handle = engine.handle().clone();
     let (control, controls) = mpsc::unbounded_channel();
     let timeout = Duration::from_millis(config.request_timeout_ms);
@@ -175,13 +176,14 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
     let runtime = build_runtime()?;
     let client = webhook_client(config)?;
     let mut settings = engine_config(config);
-    let pool = Pool::attach(&mut settings, client.clone(), config.webhooks_priority);
-    let engine = Engine::open(settings).map_err(ServerError::Storage)?;
-    let deliveries = pool.spawn(engine.handle().clone()).map_err(ServerError::Runtime)?;
+    // Bound first: a start that fails on a busy port leaves no data dir behind.
     let listener = runtime
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
+    let pool = Pool::attach(&mut settings, client.clone(), config.webhooks_priority);
+    let engine = Engine::open(settings).map_err(ServerError::Storage)?;
+    let deliveries = pool.spawn(engine.handle().clone()).map_err(ServerError::Runtime)?;
     let caps = ConnectionCaps::for_config(config, open_file_limit);
     tracing::info!(
         address = %addr,

@@ -61,3 +61,49 @@ fn a_backup_taken_while_the_engine_writes_holds_every_acknowledged_job() {
     println!("restarts: {restarts}");
     assert!(svc::storage::backup(dir.path(), &backups.path().join("copy-0")).is_err(), "an existing dir is refused");
 }
+
+#[test]
+fn a_backup_refuses_an_existing_destination_or_a_link_there() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let job = parse_enqueue_body(br#"{"type":"t","args":[]}"#, &JobDefaults::default()).unwrap();
+    engine.handle().enqueue(vec![job]).wait().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let existing = elsewhere.path().join("existing");
+    std::fs::create_dir(&existing).unwrap();
+    assert!(svc::storage::backup(dir.path(), &existing).is_err());
+    // A link to a dir that exists or not: nothing is written through it.
+    let target = elsewhere.path().join("target");
+    let link = elsewhere.path().join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    assert!(svc::storage::backup(dir.path(), &link).is_err());
+    assert!(!target.exists(), "nothing was made through the link");
+    let fresh = elsewhere.path().join("nested/fresh");
+    let report = svc::storage::backup(dir.path(), &fresh).unwrap();
+    assert!(report.bytes > 0);
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the backup is readable by its owner only");
+    engine.close();
+}
+
+#[test]
+fn a_new_data_dir_and_its_files_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("data");
+    let engine = Engine::open(config(&dir)).unwrap();
+    for n in 0..200 {
+        let body = json!({"type": "t", "args": [n, "x".repeat(200)]}).to_string();
+        let job = parse_enqueue_body(body.as_bytes(), &JobDefaults::default()).unwrap();
+        engine.handle().enqueue(vec![job]).wait().unwrap();
+    }
+    engine.close();
+    let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|entry| entry.unwrap().path()).collect();
+    assert!(files.iter().any(|path| path.to_string_lossy().contains("snap")), "{files:?}");
+    for path in files {
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+    }
+}

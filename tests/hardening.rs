@@ -273,3 +273,15 @@ fn the_request_rate_limit_counts_each_client_and_answers_429_with_when_to_come_b
     let health = server.get("/svc/v1/health");
     assert_eq!((health.status, health.header("x-ratelimit-limit")), (200, None), "probes are not counted");
 }
+
+#[test]
+fn a_start_on_a_busy_port_leaves_no_data_dir() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("data");
+    let mut config = config_for(&dir);
+    config.listen = busy.local_addr().unwrap().to_string();
+    let started = svc::server::start(&config, svc::server::engine_config(&config));
+    assert!(matches!(started, Err(svc::server::ServerError::Bind(..))), "the port is taken");
+    assert!(!dir.exists(), "nothing was created");
+}

@@ -262,7 +262,7 @@ type Recovered = (State, u64, Option<(u64, u64)>, u64);
 /// it, whose log segments are kept for this (`remove_obsolete`), and if
 /// none reads back, for the whole log when it is all still there.
 pub fn recover(dir: &Path, retention: Retention) -> Result<Recovered, StorageError> {
-    std::fs::create_dir_all(dir).map_err(|error| StorageError::Io { path: dir.to_path_buf(), error })?;
+    crate::storage::create_data_dir(dir)?;
     let mut first_error: Option<StorageError> = None;
     for (_, path) in list_snapshots(dir)?.iter().rev() {
         let loaded = load_snapshot(path, retention).and_then(|(state, replay_from)| replay(dir, state, replay_from));

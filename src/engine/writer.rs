@@ -233,8 +233,12 @@ impl Writer {
                     }
                     Err(error) => tracing::warn!(error = %error, "could not read the snapshot into the page cache"),
                 }
-            } else if let Err(error) = self.snapshot_now() {
-                tracing::error!(error = %error, "final snapshot failed");
+            } else {
+                let writing = std::time::Instant::now();
+                match self.snapshot_now() {
+                    Ok(()) => tracing::info!(seconds = writing.elapsed().as_secs_f64(), "final snapshot written"),
+                    Err(error) => tracing::error!(error = %error, "final snapshot failed"),
+                }
             }
         }
     }
@@ -517,7 +521,7 @@ impl Writer {
             };
             count_event(&self.metrics, &mut counts, time, &kind, job.as_deref());
             self.event_seq += 1;
-            let event_id = self.event_ids.next(time, rand::random());
+            let event_id = self.event_ids.next(time, self.entropy.next_u128());
             events.push(Event { seq: self.event_seq, id: EventId(event_id), time, kind, job });
         }
         counts.flush(&self.metrics);
@@ -564,7 +568,7 @@ impl Writer {
                     self.delivery_log.dropped(subscription.id);
                     continue;
                 }
-                let id = self.event_ids.next(event.time, rand::random());
+                let id = self.event_ids.next(event.time, self.entropy.next_u128());
                 let at = event.time;
                 due = Some(due.map_or(at, |due| due.min(at)));
                 if chunk.add(id, subscription.id, type_name, body, at) {

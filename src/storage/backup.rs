@@ -28,16 +28,26 @@ pub struct BackupReport {
 const ATTEMPTS_MAX: u32 = 10;
 
 /// Copies the data dir `source` into `dest`, which must not exist yet.
+///
+/// `dest` is made by one `mkdir` (so a dir or link put there meanwhile
+/// makes the backup fail instead of writing through it), readable by its
+/// owner only, and each file in it is created new; a file of the source that
+/// is a symbolic link is refused.
 pub fn backup(source: &Path, dest: &Path) -> Result<BackupReport, StorageError> {
-    if dest.exists() {
-        return Err(StorageError::Io {
-            path: dest.to_path_buf(),
-            error: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "the backup dir must not exist yet"),
-        });
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(parent) = dest.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io_error(parent))?;
     }
+    std::fs::DirBuilder::new().mode(0o700).create(dest).map_err(|error| StorageError::Io {
+        path: dest.to_path_buf(),
+        error: if error.kind() == std::io::ErrorKind::AlreadyExists {
+            std::io::Error::new(std::io::ErrorKind::AlreadyExists, "the backup dir must not exist yet")
+        } else {
+            error
+        },
+    })?;
     let mut restarts = 0;
     loop {
-        std::fs::create_dir_all(dest).map_err(io_error(dest))?;
         match copy_once(source, dest) {
             Ok(mut report) => {
                 report.restarts = restarts;
@@ -47,7 +57,11 @@ pub fn backup(source: &Path, dest: &Path) -> Result<BackupReport, StorageError> 
             Err(StorageError::Io { error, .. })
                 if error.kind() == std::io::ErrorKind::NotFound && restarts < ATTEMPTS_MAX =>
             {
-                std::fs::remove_dir_all(dest).map_err(io_error(dest))?;
+                // Start over in the same dir, emptied: it stays ours meanwhile.
+                for entry in std::fs::read_dir(dest).map_err(io_error(dest))? {
+                    let path = entry.map_err(io_error(dest))?.path();
+                    std::fs::remove_file(&path).map_err(io_error(&path))?;
+                }
                 restarts += 1;
             }
             Err(error) => return Err(error),
@@ -56,19 +70,30 @@ pub fn backup(source: &Path, dest: &Path) -> Result<BackupReport, StorageError> 
 }
 
 fn copy_once(source: &Path, dest: &Path) -> Result<BackupReport, StorageError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let snapshot = list_snapshots(source)?.pop();
     let from = snapshot.as_ref().map_or(0, |(index, _)| *index);
     let segments: Vec<(u64, PathBuf)> =
         list_segments(source)?.into_iter().filter(|(index, _)| *index >= from).collect();
     let mut bytes = 0;
-    let mut copied = Vec::new();
     for (_, path) in snapshot.iter().chain(&segments) {
+        if std::fs::symlink_metadata(path).map_err(io_error(path))?.file_type().is_symlink() {
+            return Err(StorageError::Io {
+                path: path.to_path_buf(),
+                error: std::io::Error::new(std::io::ErrorKind::InvalidInput, "a data dir file is a symbolic link"),
+            });
+        }
         let target = dest.join(path.file_name().expect("listed files have names"));
-        bytes += std::fs::copy(path, &target).map_err(io_error(path))?;
-        copied.push(target);
-    }
-    for path in &copied {
-        std::fs::File::open(path).and_then(|file| file.sync_all()).map_err(io_error(path))?;
+        let mut from = std::fs::File::open(path).map_err(io_error(path))?;
+        let mut to = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&target)
+            .map_err(io_error(&target))?;
+        bytes += std::io::copy(&mut from, &mut to).map_err(io_error(path))?;
+        to.sync_all().map_err(io_error(&target))?;
     }
     Ok(BackupReport { snapshot: snapshot.map(|(_, path)| path), segments: segments.len(), bytes, restarts: 0 })
 }

@@ -109,10 +109,13 @@ impl LogFile for RealFile {
 }
 
 fn open_real(path: &Path, create: bool) -> io::Result<RealFile> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut options = OpenOptions::new();
     options.write(true);
     if create {
-        options.create_new(true);
+        // Readable by the server's user only: the log holds payloads, results
+        // and webhook secrets.
+        options.create_new(true).mode(0o600);
     }
     options.open(path).map(RealFile)
 }

@@ -7,6 +7,7 @@
 //! ```
 
 use std::fs::{File, OpenOptions, TryLockError};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -93,6 +94,27 @@ pub(crate) fn check_segment_header(bytes: &[u8], expected_index: u64) -> Result<
     Ok(())
 }
 
+/// Creates the data dir (and any missing parent) readable by the server's
+/// user only, since the log holds payloads, results and webhook secrets.
+pub fn create_data_dir(dir: &Path) -> Result<(), StorageError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io_error(dir))
+}
+
+/// Warns when a data dir is open to other users.
+fn warn_if_open_to_others(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(metadata) = std::fs::metadata(dir)
+        && metadata.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            data_dir = %dir.display(),
+            mode = %format!("{:o}", metadata.permissions().mode() & 0o777),
+            "the data dir is open to other users; it holds job payloads and webhook secrets (chmod 700 it)"
+        );
+    }
+}
+
 /// An exclusive lock on a data dir, released when dropped.
 #[derive(Debug)]
 pub struct DataDirLock {
@@ -101,9 +123,16 @@ pub struct DataDirLock {
 
 impl DataDirLock {
     pub fn acquire(dir: &Path) -> Result<Self, StorageError> {
-        std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+        create_data_dir(dir)?;
+        warn_if_open_to_others(dir);
         let path = dir.join("LOCK");
-        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_error(&path))?;
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_error(&path))?;
         // A lock held by another process stays held; one held by a child
         // between fork and exec (any thread of this process spawning a
         // program) is gone in a moment.

@@ -16,7 +16,9 @@ pub use backup::{BackupReport, backup};
 pub use fs::FaultyFileSystem;
 pub use fs::{FileSystem, LogFile, PageCacheFileSystem, RealFileSystem};
 #[doc(hidden)]
-pub use layout::{DataDirLock, SEGMENT_HEADER_BYTES, list_segments, list_snapshots, segment_path, snapshot_path};
+pub use layout::{
+    DataDirLock, SEGMENT_HEADER_BYTES, create_data_dir, list_segments, list_snapshots, segment_path, snapshot_path,
+};
 #[doc(hidden)]
 pub use power_loss::PowerLossFileSystem;
 #[doc(hidden)]

@@ -35,12 +35,13 @@ const DELIVERY_NICENESS: libc::c_int = 10;
 #[serde(rename_all = "lowercase")]
 pub enum DeliveryPriority {
     /// Linux's idle scheduling class: the CPU time nothing else wants, so
-    /// deliveries slow job operations the least; they wait while other work
-    /// keeps every core busy.
-    #[default]
+    /// deliveries slow job operations the least, but stop altogether while
+    /// other work keeps every core busy (as workers beside the server do).
     Idle,
-    /// Nice 10: deliveries keep about a tenth of a busy core, for a host
-    /// where other processes (workers beside the server) keep every core busy.
+    /// Nice 10 (the default): deliveries always keep a share of a busy core
+    /// (about a tenth against one busy thread at nice 0), so subscribers do
+    /// not go quiet when the host is loaded.
+    #[default]
     Low,
 }
 
