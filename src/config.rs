@@ -19,8 +19,10 @@
 //! `retention.max_terminal_workflow_bytes` (integers, at least 1), `limits.max_cron`,
 //! `rate_limit.requests` with `rate_limit.window_s` (the request rate limit
 //! per client; off unless both are set), and `[[auth.keys]]` entries (`name`,
-//! `role`, and one of `key`, `key_env`, `key_sha256`); with keys, any address
-//! may be bound; `metrics.public` (bool) serves `/metrics` without a key;
+//! `role`, and one of `key`, `key_env`, `key_sha256`; no two with the same
+//! key, and no digest of a well-known weak key); with keys, any address
+//! may be bound; `auth.failed_attempts_per_minute` (wrong keys an address
+//! may send a minute, 10; 0 turns the limit off); `metrics.public` (bool) serves `/metrics` without a key;
 //! `webhooks.allow_private_targets` (bool) lets webhooks go to loopback and
 //! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs,
 //! `webhooks.timeout_s`, `webhooks.priority` (`"idle"` or `"low"`),
@@ -55,6 +57,9 @@ pub struct Config {
     pub insecure_no_auth: bool,
     /// API keys (`[[auth.keys]]`); none: authentication is off.
     pub api_keys: Vec<ApiKey>,
+    /// Wrong keys one client address may send a minute before it is
+    /// answered 429 (`auth.failed_attempts_per_minute`); 0: no limit.
+    pub auth_failed_attempts_per_minute: u64,
     /// `GET /metrics` needs no key (`metrics.public`).
     pub metrics_public: bool,
     /// How long a graceful shutdown waits for active jobs.
@@ -92,6 +97,7 @@ impl Default for Config {
             rate_limit: None,
             insecure_no_auth: false,
             api_keys: Vec::new(),
+            auth_failed_attempts_per_minute: crate::http::auth::FAILED_ATTEMPTS_PER_MINUTE,
             metrics_public: false,
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
@@ -149,6 +155,7 @@ struct WebhooksSection {
 struct AuthSection {
     #[serde(default)]
     keys: Vec<KeyEntry>,
+    failed_attempts_per_minute: Option<u64>,
 }
 
 /// One `[[auth.keys]]` entry: a name, a role, and the key as text, as the
@@ -343,6 +350,18 @@ impl Config {
             names.sort_unstable();
             if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
                 return Err(format!("auth.keys: the name {} is used twice", pair[0]));
+            }
+            // A key under two entries would act with whichever role comes first.
+            for (index, key) in self.api_keys.iter().enumerate() {
+                if let Some(other) = self.api_keys[index + 1..].iter().find(|other| other.digest == key.digest) {
+                    return Err(format!(
+                        "auth.keys: {} and {} have the same key; give each entry a key of its own",
+                        key.name, other.name
+                    ));
+                }
+            }
+            if let Some(attempts) = auth.failed_attempts_per_minute {
+                self.auth_failed_attempts_per_minute = attempts;
             }
         }
         if let Some(listen) = file.listen {
@@ -649,6 +668,20 @@ mod tests {
         assert_eq!(load("[rate_limit]\nrequests = 1000\nwindow_s = 1\n").unwrap().rate_limit, Some((1000, 1)));
         assert!(load("[rate_limit]\nrequests = 0\nwindow_s = 1\n").is_err());
         assert!(load("[rate_limit]\nrequests = 10\n").is_err(), "both are needed");
+    }
+
+    #[test]
+    fn wrong_keys_are_limited_unless_the_file_turns_it_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        let load = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            Config::load(&[], &HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]))
+        };
+        assert_eq!(Config::load(&[], &HashMap::new()).unwrap().auth_failed_attempts_per_minute, 10);
+        assert_eq!(load("[auth]\nfailed_attempts_per_minute = 3\n").unwrap().auth_failed_attempts_per_minute, 3);
+        assert_eq!(load("[auth]\nfailed_attempts_per_minute = 0\n").unwrap().auth_failed_attempts_per_minute, 0);
+        assert!(load("[auth]\nfailed_attempts_per_minute = -1\n").is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! API keys and roles (docs/api.md, "Authentication"): every route with no
 //! key, a wrong key, and a key of each role; key material never in a
-//! response; failed attempts counted against the address; keys from the
-//! environment and as digests; the manifest's scheme.
+//! response; failed attempts counted against the address, and wrong keys
+//! limited per address; keys from the environment and as digests, never a
+//! weak one's digest nor one key twice; the manifest's scheme.
 
 mod common;
 
@@ -22,9 +23,11 @@ fn keys() -> Vec<ApiKey> {
     ]
 }
 
+/// A server with the three keys, and without the limit of wrong keys, which
+/// these tests send many of.
 fn start(dir: &std::path::Path, rate_limit: Option<(u64, u64)>) -> TestServer {
-    let config = Config { api_keys: keys(), rate_limit, ..config_for(dir) };
-    TestServer::start_with(&config, svc::server::engine_config(&config))
+    let config = Config { api_keys: keys(), rate_limit, auth_failed_attempts_per_minute: 0, ..config_for(dir) };
+    TestServer::start_checked(&config)
 }
 
 fn send(server: &TestServer, method: &str, path: &str, body: Option<&Value>, key: Option<&str>) -> (u16, Value) {
@@ -225,7 +228,8 @@ fn keys_come_from_the_file_the_environment_or_as_digests() {
     use std::collections::HashMap;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("svc.toml");
-    let digest = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"; // sha256("password")
+    // sha256 of a random key (`openssl rand -hex 32 | tr -d '\n' | sha256sum`)
+    let digest = "6a889e903f537199388c74817b9e49cbccb9faac68b7975fbc328049c6ecb53e";
     std::fs::write(
         &file,
         format!(
@@ -247,6 +251,22 @@ fn keys_come_from_the_file_the_environment_or_as_digests() {
         ("name = \"a\"\nrole = \"root\"\nkey_sha256 = \"00\"", "role"),
         ("name = \"a\"\nrole = \"admin\"", "exactly one"),
         ("name = \"a\"\nrole = \"admin\"\nkey_env = \"MISSING\"", "not set"),
+        // sha256("password"), sha256("test"), sha256(""), upper-case too
+        (
+            "name = \"a\"\nrole = \"admin\"\nkey_sha256 = \"5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\"",
+            "weak key",
+        ),
+        (
+            "name = \"a\"\nrole = \"admin\"\nkey_sha256 = \"9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08\"",
+            "weak key",
+        ),
+        (
+            "name = \"a\"\nrole = \"admin\"\nkey_sha256 = \"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\"",
+            "weak key",
+        ),
+        // the plain-text minimum still holds, for a listed weak key too
+        ("name = \"a\"\nrole = \"admin\"\nkey = \"changeme\"", "shorter than 32"),
+        (&format!("name = \"a\"\nrole = \"admin\"\nkey = \"{}\"", "k".repeat(31)), "shorter than 32"),
     ] {
         std::fs::write(&file, format!("[[auth.keys]]\n{entry}\n")).unwrap();
         let error = Config::load(&args, &HashMap::new()).unwrap_err();
@@ -255,6 +275,111 @@ fn keys_come_from_the_file_the_environment_or_as_digests() {
     }
     std::fs::write(&file, "listen = \"0.0.0.0:0\"\n").unwrap();
     assert!(Config::load(&args, &HashMap::new()).is_err(), "without keys, only loopback");
+}
+
+#[test]
+fn one_key_under_two_entries_is_refused_naming_both() {
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("svc.toml");
+    let args = vec!["--config".to_string(), file.display().to_string()];
+    let env: HashMap<String, String> = [("SAME_KEY".to_string(), ADMIN.to_string())].into();
+    let digest: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(ADMIN.as_bytes()).iter().map(|byte| format!("{byte:02x}")).collect()
+    };
+    // The same key as text twice, as text and from the environment, and as
+    // text and as its (upper-case) digest; roles differ or not.
+    for (first, second) in [
+        (format!("key = \"{ADMIN}\""), format!("key = \"{ADMIN}\"")),
+        (format!("key = \"{ADMIN}\""), "key_env = \"SAME_KEY\"".to_string()),
+        ("key_env = \"SAME_KEY\"".to_string(), format!("key_sha256 = \"{}\"", digest.to_uppercase())),
+    ] {
+        for second_role in ["admin", "worker"] {
+            std::fs::write(
+                &file,
+                format!(
+                    "[[auth.keys]]\nname = \"ops\"\nrole = \"admin\"\n{first}\n\
+                     [[auth.keys]]\nname = \"ok\"\nrole = \"producer\"\nkey = \"{PRODUCER}\"\n\
+                     [[auth.keys]]\nname = \"mailers\"\nrole = \"{second_role}\"\n{second}\n"
+                ),
+            )
+            .unwrap();
+            let error = Config::load(&args, &env).unwrap_err();
+            assert!(error.contains("ops and mailers") && error.contains("same key"), "{first} / {second}: {error}");
+            assert!(!error.contains(ADMIN) && !error.contains(&digest), "no key material in errors: {error}");
+        }
+    }
+}
+
+/// Sends `count` requests with a wrong key, asserting each is 401.
+fn wrong_keys(server: &TestServer, count: usize) {
+    for attempt in 0..count {
+        let (status, _) = send(server, "GET", "/svc/v1/queues", None, Some("wrong-key-wrong-key-wrong-key-wrong"));
+        assert_eq!(status, 401, "wrong key {attempt}");
+    }
+}
+
+#[test]
+fn an_address_sending_ten_wrong_keys_in_a_minute_is_refused_until_the_minute_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    // As `svc serve` runs with keys and no other setting: the limit is on.
+    let config = Config { api_keys: keys(), ..config_for(dir.path()) };
+    assert_eq!(config.auth_failed_attempts_per_minute, 10);
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    // Requests without a key guess nothing and are not counted.
+    for _ in 0..20 {
+        assert_eq!(send(&server, "GET", "/svc/v1/queues", None, None).0, 401);
+    }
+    assert_eq!(send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN)).0, 200);
+    // A minute boundary between the attempts would start the count again.
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    if now_s % 60 >= 57 {
+        std::thread::sleep(std::time::Duration::from_secs(61 - now_s % 60));
+    }
+    wrong_keys(&server, 10);
+    for key in [Some(ADMIN), Some("wrong-key-wrong-key-wrong-key-wrong"), None] {
+        let response = common::http_client()
+            .get(format!("{}/svc/v1/queues", server.base()))
+            .header("authorization", format!("Bearer {}", key.unwrap_or("")))
+            .send()
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 429, "before the key is looked at: {key:?}");
+        let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry_after), "until the minute ends: {retry_after}");
+        let body: Value = response.json().unwrap();
+        let error = &body["error"];
+        assert_eq!((error["code"].as_str(), error["retryable"].as_bool()), (Some("rate_limited"), Some(true)));
+        assert_eq!(error["details"]["reason"], "failed_attempts");
+        assert_eq!(
+            (error["details"]["limit"].as_u64(), error["details"]["window_seconds"].as_u64()),
+            (Some(10), Some(60))
+        );
+        assert_eq!(error["details"]["retry_after_seconds"].as_u64(), Some(retry_after));
+        assert!(error["request_id"].is_string());
+    }
+    assert_eq!(send(&server, "GET", "/svc/v1/health", None, None).0, 200, "public routes need no key");
+}
+
+#[test]
+fn the_limit_of_wrong_keys_is_a_setting_and_zero_turns_it_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { api_keys: keys(), auth_failed_attempts_per_minute: 3, ..config_for(dir.path()) };
+    let server = TestServer::start_checked(&config);
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    if now_s % 60 >= 57 {
+        std::thread::sleep(std::time::Duration::from_secs(61 - now_s % 60));
+    }
+    wrong_keys(&server, 3);
+    let (status, answer) = send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN));
+    assert_eq!((status, answer["error"]["details"]["limit"].as_u64()), (429, Some(3)));
+    drop(server);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { api_keys: keys(), auth_failed_attempts_per_minute: 0, ..config_for(dir.path()) };
+    let server = TestServer::start_checked(&config);
+    wrong_keys(&server, 30);
+    assert_eq!(send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN)).0, 200);
 }
 
 #[test]

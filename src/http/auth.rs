@@ -3,7 +3,8 @@
 //! in constant time, and which role may use which route.
 //!
 //! Key material never leaves this module: an entry keeps only its digest,
-//! and errors, logs and rate limits name the entry.
+//! and errors, logs and rate limits name the entry. A digest of a well-known
+//! weak key is refused, and so, by the length rule, is such a key as text.
 
 use hyper::header::{AUTHORIZATION, HeaderMap, WWW_AUTHENTICATE};
 use sha2::{Digest, Sha256};
@@ -97,8 +98,49 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
+/// Wrong keys one client address may send a minute, by default
+/// (`auth.failed_attempts_per_minute`).
+pub const FAILED_ATTEMPTS_PER_MINUTE: u64 = 10;
+
 /// The shortest plain key accepted in the configuration.
 pub const KEY_CHARS_MIN: usize = 32;
+
+/// Keys found in examples and first attempts: their digests are refused as
+/// `key_sha256`. None is [`KEY_CHARS_MIN`] long, so none passes as text.
+pub const WEAK_KEYS: &[&str] = &[
+    "",
+    "test",
+    "testing",
+    "password",
+    "passw0rd",
+    "secret",
+    "changeme",
+    "changeit",
+    "admin",
+    "root",
+    "key",
+    "svc",
+    "123456",
+    "12345678",
+    "123456789",
+    "api_key",
+    "apikey",
+    "api-key",
+    "token",
+    "letmein",
+    "qwerty",
+    "default",
+    "example",
+    "demo",
+    "dev",
+];
+
+/// Whether `digest` is the SHA-256 of one of [`WEAK_KEYS`].
+fn is_weak_digest(digest: &[u8; 32]) -> bool {
+    static WEAK: std::sync::LazyLock<Vec<[u8; 32]>> =
+        std::sync::LazyLock::new(|| WEAK_KEYS.iter().map(|key| Sha256::digest(key.as_bytes()).into()).collect());
+    WEAK.contains(digest)
+}
 
 impl ApiKey {
     /// An entry from a plain key (at least [`KEY_CHARS_MIN`] characters).
@@ -109,7 +151,8 @@ impl ApiKey {
         Ok(ApiKey { name, role, digest: Sha256::digest(key.as_bytes()).into() })
     }
 
-    /// An entry from the lowercase or uppercase hex SHA-256 of a key.
+    /// An entry from the lowercase or uppercase hex SHA-256 of a key; not
+    /// the digest of one of [`WEAK_KEYS`].
     pub fn from_sha256(name: String, role: Role, hex: &str) -> Result<ApiKey, String> {
         let bytes = hex.as_bytes();
         if bytes.len() != 64 || !bytes.iter().all(u8::is_ascii_hexdigit) {
@@ -119,6 +162,12 @@ impl ApiKey {
         for (index, pair) in bytes.chunks_exact(2).enumerate() {
             let text = std::str::from_utf8(pair).expect("hex digits are ASCII");
             digest[index] = u8::from_str_radix(text, 16).expect("checked to be hex digits");
+        }
+        if is_weak_digest(&digest) {
+            return Err(format!(
+                "key_sha256 of {name} is the digest of a well-known weak key; \
+                 give the digest of a random key (see README.md, \"Run it in production\")"
+            ));
         }
         Ok(ApiKey { name, role, digest })
     }
@@ -268,8 +317,28 @@ mod tests {
         assert!(ApiKey::from_key("short".into(), Role::Worker, "x".repeat(31).as_str()).is_err());
         assert!(ApiKey::from_sha256("bad".into(), Role::Worker, "abc").is_err());
         assert!(ApiKey::from_sha256("bad".into(), Role::Worker, &"g".repeat(64)).is_err());
+        assert!(WEAK_KEYS.iter().all(|key| key.chars().count() < KEY_CHARS_MIN));
         let debug = format!("{:?}", ApiKey::from_key("ops".into(), Role::Admin, &"s".repeat(40)).unwrap());
         assert!(debug.contains("ops") && !debug.contains("digest"));
+    }
+
+    #[test]
+    fn digests_of_weak_keys_are_refused_in_either_case() {
+        let hex = |key: &str| -> String { Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect() };
+        // Known values, so the list is hashed as the documentation's recipe hashes it.
+        assert_eq!(hex("test"), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+        assert_eq!(hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        for weak in ["test", "password", "secret", "changeme", "admin", "key", "svc", "123456", "", "api_key"]
+            .into_iter()
+            .chain(["apikey", "token", "letmein", "qwerty", "default"])
+        {
+            for digest in [hex(weak), hex(weak).to_uppercase()] {
+                let error = ApiKey::from_sha256("shop".into(), Role::Producer, &digest).unwrap_err();
+                assert!(error.contains("shop") && error.contains("weak"), "{weak:?}: {error}");
+            }
+        }
+        assert!(ApiKey::from_sha256("shop".into(), Role::Producer, &hex("Test")).is_ok(), "only the listed keys");
+        assert!(ApiKey::from_sha256("shop".into(), Role::Producer, &hex(&"r".repeat(32))).is_ok());
     }
 
     #[test]

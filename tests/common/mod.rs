@@ -1,5 +1,7 @@
 //! Test support: a real server on 127.0.0.1:0 with a temp data dir, a small
 //! blocking JSON client, and fixed entropy for engines on a manual clock.
+//! `TestServer::start_checked` serves the HTTP front end with every access
+//! setting of the config applied (`AppState::with_access_checks`).
 #![allow(dead_code)]
 
 use reqwest::blocking::{Client, Response};
@@ -28,6 +30,26 @@ pub struct TestServer {
     pub server: Option<RunningServer>,
     pub base: String,
     pub client: Client,
+    /// What `start_checked` runs instead of `server`.
+    front: Option<FrontEnd>,
+}
+
+/// An engine and the HTTP front end over it, on a runtime of their own.
+struct FrontEnd {
+    engine: Option<svc::engine::Engine>,
+    handle: svc::engine::EngineHandle,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for FrontEnd {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+        if let Some(engine) = self.engine.take() {
+            engine.close();
+        }
+    }
 }
 
 /// What a test reads from a response.
@@ -60,7 +82,41 @@ impl TestServer {
     pub fn start_with(config: &Config, engine: EngineConfig) -> TestServer {
         let server = start(config, engine).expect("server starts");
         let base = format!("http://{}", server.addr);
-        TestServer { server: Some(server), base, client: http_client() }
+        TestServer { server: Some(server), base, client: http_client(), front: None }
+    }
+
+    /// Serves `config`'s API keys, rate limit and access settings (the
+    /// browser guard, allowed origins, the limit of wrong keys) on
+    /// `config.listen`, answering each connection with
+    /// `svc::http::serve_request` as the server does; no webhook deliveries.
+    pub fn start_checked(config: &Config) -> TestServer {
+        use svc::http::{AppState, serve_request};
+        let engine = svc::engine::Engine::open(engine_config(config)).expect("engine opens");
+        let handle = engine.handle().clone();
+        let app = AppState::new(handle.clone(), Duration::from_millis(config.request_timeout_ms));
+        let app = match config.rate_limit {
+            Some((requests, window_s)) => app.with_rate_limit(requests, window_s),
+            None => app,
+        };
+        let mut app = app.with_keys(config.api_keys.clone());
+        app.metrics_public = config.metrics_public;
+        let app = std::sync::Arc::new(app.with_access_checks(config));
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let listener = runtime.block_on(tokio::net::TcpListener::bind(&config.listen)).expect("binds");
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        runtime.spawn(async move {
+            while let Ok((stream, peer)) = listener.accept().await {
+                let app = app.clone();
+                let principal = app.principal(peer.ip());
+                let service =
+                    hyper::service::service_fn(move |request| serve_request(app.clone(), principal.clone(), request));
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                tokio::spawn(connection);
+            }
+        });
+        let front = FrontEnd { engine: Some(engine), handle, runtime: Some(runtime) };
+        TestServer { server: None, base, client: http_client(), front: Some(front) }
     }
 
     /// A server whose engine reads `clock` and checks its invariants after
@@ -86,10 +142,16 @@ impl TestServer {
     }
 
     pub fn engine(&self) -> &svc::engine::EngineHandle {
-        &self.server.as_ref().expect("server running").engine
+        match &self.front {
+            Some(front) => &front.handle,
+            None => &self.server.as_ref().expect("server running").engine,
+        }
     }
 
     pub fn stop(mut self) {
+        if self.front.take().is_some() {
+            return;
+        }
         self.server.take().expect("server running").stop().expect("server stops cleanly");
     }
 
