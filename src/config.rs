@@ -10,7 +10,9 @@
 //! | direct (`O_DIRECT`) log writes where possible | — | `SVC_DIRECT_WRITES=0` turns off | `storage.direct_writes` | true |
 //! | bind beyond loopback without auth | `--insecure-no-auth` | `SVC_INSECURE_NO_AUTH=1` | `insecure_no_auth` | false |
 //!
-//! The file may also set `http.request_timeout_ms`, `http.max_connections`, `jobs.default_timeout_ms`,
+//! The file may also set `http.request_timeout_ms`, `http.max_connections`,
+//! `http.allowed_origins` (origins such as `https://admin.example.com` whose
+//! pages a server without keys serves), `jobs.default_timeout_ms`,
 //! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
 //! table), `retention.{completed,cancelled,discarded,dead_letter}` and
 //! `shutdown.grace_period` (ISO 8601 durations), `retention.max_terminal_jobs`
@@ -62,6 +64,9 @@ pub struct Config {
     pub auth_failed_attempts_per_minute: u64,
     /// `GET /metrics` needs no key (`metrics.public`).
     pub metrics_public: bool,
+    /// Without keys, the origins whose web pages may send requests
+    /// (`http.allowed_origins`), as `scheme://host[:port]`.
+    pub http_allowed_origins: Vec<String>,
     /// How long a graceful shutdown waits for active jobs.
     pub shutdown_grace_ms: u64,
     pub jobs: JobDefaults,
@@ -99,6 +104,7 @@ impl Default for Config {
             api_keys: Vec::new(),
             auth_failed_attempts_per_minute: crate::http::auth::FAILED_ATTEMPTS_PER_MINUTE,
             metrics_public: false,
+            http_allowed_origins: Vec::new(),
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
             retention: Retention::default(),
@@ -225,6 +231,7 @@ struct StorageSection {
 struct HttpSection {
     request_timeout_ms: Option<u64>,
     max_connections: Option<usize>,
+    allowed_origins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -387,6 +394,19 @@ impl Config {
             }
             if let Some(max) = http.max_connections {
                 self.max_connections = max;
+            }
+            if let Some(origins) = http.allowed_origins {
+                self.http_allowed_origins = origins
+                    .iter()
+                    .map(|text| {
+                        crate::http::auth::origin_of(text).ok_or_else(|| {
+                            format!(
+                                "http.allowed_origins: {text:?} is not an origin \
+                                 (scheme://host[:port], http or https, no path)"
+                            )
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
             }
         }
         if let Some(jobs) = file.jobs {
@@ -682,6 +702,30 @@ mod tests {
         assert_eq!(load("[auth]\nfailed_attempts_per_minute = 3\n").unwrap().auth_failed_attempts_per_minute, 3);
         assert_eq!(load("[auth]\nfailed_attempts_per_minute = 0\n").unwrap().auth_failed_attempts_per_minute, 0);
         assert!(load("[auth]\nfailed_attempts_per_minute = -1\n").is_err());
+    }
+
+    #[test]
+    fn allowed_origins_are_read_as_browsers_send_them_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        let load = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            Config::load(&[], &HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]))
+        };
+        assert!(Config::load(&[], &HashMap::new()).unwrap().http_allowed_origins.is_empty());
+        let config =
+            load("[http]\nallowed_origins = [\"https://Admin.Example.com\", \"http://localhost:3000/\", \"https://x.example:443\"]\n")
+                .unwrap();
+        assert_eq!(
+            config.http_allowed_origins,
+            ["https://admin.example.com", "http://localhost:3000", "https://x.example"]
+        );
+        for bad in
+            ["\"https://admin.example.com/app\"", "\"*\"", "\"null\"", "\"admin.example.com\"", "\"ftp://a.example\""]
+        {
+            let error = load(&format!("[http]\nallowed_origins = [{bad}]\n")).unwrap_err();
+            assert!(error.contains("http.allowed_origins"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -404,6 +404,128 @@ fn without_keys_requests_from_web_pages_and_other_hosts_are_refused() {
     assert_eq!(client.post(&pause).send().unwrap().status().as_u16(), 200, "a local program");
 }
 
+/// Sends `head` (the request line and headers, each line ending in CRLF)
+/// on a connection of its own; the status and the JSON body.
+fn raw(server: &TestServer, head: &[u8]) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(server.base().trim_start_matches("http://")).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    stream.write_all(head).unwrap();
+    stream.write_all(b"Connection: close\r\n\r\n").unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let text = String::from_utf8_lossy(&response);
+    let status = text.get(9..12).and_then(|code| code.parse().ok()).unwrap_or_else(|| panic!("{text}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+#[test]
+fn without_keys_the_guard_comes_before_every_route_the_public_ones_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { metrics_public: true, ..config_for(dir.path()) };
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let client = common::http_client();
+    let public = ["/svc/manifest", "/svc/v1/health", "/health", "/ready", "/svc/v1/errors", "/svc/v1/openapi.json"];
+    for path in public.into_iter().chain(["/metrics", "/svc/v1/queues", "/svc/v1/nothing-here"]) {
+        let url = format!("{}{path}", server.base());
+        let expected = if path.ends_with("nothing-here") { 404 } else { 200 };
+        assert_eq!(client.get(&url).send().unwrap().status().as_u16(), expected, "{path}");
+        for (header, value, reason) in [
+            ("origin", "https://evil.example", "origin_not_allowed"),
+            ("host", "evil.example:8080", "host_not_allowed"),
+        ] {
+            let response = client.get(&url).header(header, value).send().unwrap();
+            assert_eq!(response.status().as_u16(), 403, "{path} with {header}: {value}");
+            let body: Value = response.json().unwrap();
+            assert_eq!(
+                (body["error"]["code"].as_str(), body["error"]["details"]["reason"].as_str()),
+                (Some("forbidden"), Some(reason))
+            );
+            assert!(body["error"]["request_id"].is_string(), "{body}");
+        }
+    }
+}
+
+#[test]
+fn without_keys_a_malformed_doubled_or_absolute_form_host_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    let port = server.base().rsplit(':').next().unwrap().to_string();
+    let refused: Vec<Vec<u8>> = vec![
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1\xff\r\n".to_vec(),
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: localhost\xc3\xa9\r\n".to_vec(),
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: [::1]evil.example\r\n".to_vec(),
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1:80:80\r\n".to_vec(),
+        b"GET /svc/v1/health HTTP/1.1\r\nHost: user@127.0.0.1\r\n".to_vec(),
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n".to_vec(),
+        b"GET /svc/v1/health HTTP/1.1\r\nHost: evil.example\r\nHost: 127.0.0.1\r\n".to_vec(),
+        b"GET http://evil.example/svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\n".to_vec(),
+        format!("POST http://evil.example:{port}/svc/v1/queues/q/pause HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n").into_bytes(),
+        b"GET http://evil.example/svc/manifest HTTP/1.1\r\nHost: localhost\r\n".to_vec(),
+    ];
+    for head in &refused {
+        let (status, body) = raw(&server, head);
+        let shown = String::from_utf8_lossy(head);
+        assert_eq!((status, body["error"]["details"]["reason"].as_str()), (403, Some("host_not_allowed")), "{shown}");
+    }
+    assert_eq!(server.get("/svc/v1/queues/q/stats").status, 404, "the queue was never paused");
+    let accepted: Vec<Vec<u8>> = vec![
+        format!("GET /svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n").into_bytes(),
+        format!("GET http://127.0.0.1:{port}/svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n").into_bytes(),
+        format!("GET http://localhost:{port}/svc/v1/health HTTP/1.1\r\nHost: localhost:{port}\r\n").into_bytes(),
+        b"GET /svc/v1/queues HTTP/1.0\r\n".to_vec(),
+    ];
+    for head in &accepted {
+        assert_eq!(raw(&server, head).0, 200, "{}", String::from_utf8_lossy(head));
+    }
+}
+
+#[test]
+fn without_keys_behind_a_proxy_web_pages_stay_out_but_allowed_origins_come_in() {
+    let dir = tempfile::tempdir().unwrap();
+    // --insecure-no-auth, bound beyond loopback (the harness talks to it on 127.0.0.1).
+    let config = Config {
+        listen: "0.0.0.0:0".into(),
+        insecure_no_auth: true,
+        http_allowed_origins: vec!["https://admin.example.com".into()],
+        ..config_for(dir.path())
+    };
+    let server = TestServer::start_checked(&config);
+    let client = common::http_client();
+    let pause = format!("{}/svc/v1/queues/q/pause", server.base());
+    // A bodyless cross-site POST: no Content-Type to refuse it by.
+    for origin in ["https://evil.example", "null", "https://admin.example.com:8443"] {
+        let response = client.post(&pause).header("origin", origin).header("host", "svc.example.com").send().unwrap();
+        assert_eq!(response.status().as_u16(), 403, "{origin}");
+        let body: Value = response.json().unwrap();
+        assert_eq!(body["error"]["details"]["reason"], "origin_not_allowed");
+    }
+    let health = format!("{}/svc/v1/health", server.base());
+    assert_eq!(client.get(&health).header("origin", "https://evil.example").send().unwrap().status().as_u16(), 403);
+    assert_eq!(server.get("/svc/v1/queues/q/stats").status, 404, "the queue was never paused");
+    // The proxy's host names are its own to judge.
+    let proxied =
+        client.get(format!("{}/svc/v1/queues", server.base())).header("host", "svc.example.com").send().unwrap();
+    assert_eq!(proxied.status().as_u16(), 200);
+    let admin = client.post(&pause).header("origin", "https://admin.example.com").send().unwrap();
+    assert_eq!(admin.status().as_u16(), 200, "a page of an allowed origin");
+    assert_eq!(server.get("/svc/v1/queues/q/stats").body["paused"], true);
+}
+
+#[test]
+fn without_keys_on_loopback_allowed_origins_come_in_and_hosts_are_still_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { http_allowed_origins: vec!["http://localhost:3000".into()], ..config_for(dir.path()) };
+    let server = TestServer::start_checked(&config);
+    let client = common::http_client();
+    let queues = format!("{}/svc/v1/queues", server.base());
+    assert_eq!(client.get(&queues).header("origin", "http://localhost:3000").send().unwrap().status().as_u16(), 200);
+    assert_eq!(client.get(&queues).header("origin", "http://localhost:3001").send().unwrap().status().as_u16(), 403);
+    let rebound = client.get(&queues).header("origin", "http://localhost:3000").header("host", "evil.example").send();
+    assert_eq!(rebound.unwrap().status().as_u16(), 403, "a name rebound to 127.0.0.1");
+}
+
 /// A server run as users run it, logging every request (debug, JSON lines):
 /// neither keys, nor job args, meta or results reach its log.
 #[test]

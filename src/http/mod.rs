@@ -107,12 +107,23 @@ impl AppState {
 
     /// The checks `config` asks for ahead of the routes, after `with_keys`:
     /// the browser guard of a server without keys (docs/api.md,
-    /// "Authentication") and the limit of wrong keys per address.
+    /// "Authentication") with `http.allowed_origins`, and the limit of wrong
+    /// keys per address.
     pub fn with_access_checks(self, config: &crate::config::Config) -> Self {
-        let app = self.with_failed_attempt_limit(config.auth_failed_attempts_per_minute);
+        let mut app = self.with_failed_attempt_limit(config.auth_failed_attempts_per_minute);
+        if app.auth.is_enabled() {
+            return app;
+        }
         // A server bound beyond loopback without keys sits behind a proxy that
-        // authenticates (`--insecure-no-auth`), whose host names it cannot know.
-        if config.binds_loopback_only() { app.with_browser_guard(&config.listen) } else { app }
+        // authenticates (`--insecure-no-auth`), whose host names it cannot
+        // know; web pages are kept out all the same.
+        let guard = if config.binds_loopback_only() {
+            auth::BrowserGuard::new(&config.listen)
+        } else {
+            auth::BrowserGuard::any_host()
+        };
+        app.browser_guard = Some(guard.allow_origins(&config.http_allowed_origins));
+        app
     }
 
     /// Requires one of `keys` on every request but the public ones. Call
@@ -268,7 +279,8 @@ fn request_id(app: &AppState, headers: &HeaderMap) -> String {
     }
 }
 
-/// The order of checks of docs/api.md: public routes, authentication (an
+/// The order of checks of docs/api.md: without keys, the browser guard;
+/// public routes; authentication (an
 /// address over its limit of wrong keys, or of failed attempts under the
 /// request rate limit, is refused first), route, role, request rate (per
 /// key, or per address without keys).
@@ -280,13 +292,13 @@ async fn dispatch(
 ) -> Result<Reply, ApiError> {
     let route = router::route(request.method(), request.uri().path());
     *label = route.as_ref().ok().map(Route::template);
+    if let Some(guard) = &app.browser_guard {
+        guard.check(request.uri(), request.headers())?;
+    }
     if let Ok(route) = &route
         && (route.is_public() || (*route == Route::Metrics && app.metrics_public))
     {
         return respond(app, route.clone(), request).await;
-    }
-    if let Some(guard) = &app.browser_guard {
-        guard.check(request.headers())?;
     }
     let now_s = crate::clock::Clock::now_ms(&crate::clock::SystemClock).max(0) as u64 / 1000;
     let address = client.requests.as_deref();

@@ -103,7 +103,11 @@ impl TestServer {
         let app = std::sync::Arc::new(app.with_access_checks(config));
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let listener = runtime.block_on(tokio::net::TcpListener::bind(&config.listen)).expect("binds");
-        let base = format!("http://{}", listener.local_addr().unwrap());
+        let mut address = listener.local_addr().unwrap();
+        if address.ip().is_unspecified() {
+            address.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let base = format!("http://{address}");
         runtime.spawn(async move {
             while let Ok((stream, peer)) = listener.accept().await {
                 let app = app.clone();
