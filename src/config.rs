@@ -23,8 +23,9 @@
 //! per client; off unless both are set), and `[[auth.keys]]` entries (`name`,
 //! `role`, and one of `key`, `key_env`, `key_sha256`; no two with the same
 //! key, and no digest of a well-known weak key); with keys, any address
-//! may be bound; `auth.failed_attempts_per_minute` (wrong keys an address
-//! may send a minute, 10; 0 turns the limit off); `metrics.public` (bool) serves `/metrics` without a key;
+//! may be bound; `auth.failed_attempts_per_minute` (wrong keys after which
+//! an address gets 429 for the rest of the minute, 10; 0 turns the limit
+//! off); `metrics.public` (bool) serves `/metrics` without a key;
 //! `webhooks.allow_private_targets` (bool) lets webhooks go to loopback and
 //! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs,
 //! `webhooks.timeout_s`, `webhooks.priority` (`"idle"` or `"low"`),

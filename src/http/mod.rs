@@ -137,7 +137,7 @@ impl AppState {
         self.with_failed_attempt_limit(per_minute)
     }
 
-    /// With keys, answers 429 to a client address that sent more than
+    /// With keys, answers 429 to a client address that has sent
     /// `per_minute` wrong keys in the current minute, before its key is
     /// looked at; 0 turns the limit off.
     pub fn with_failed_attempt_limit(mut self, per_minute: u64) -> Self {
@@ -280,10 +280,9 @@ fn request_id(app: &AppState, headers: &HeaderMap) -> String {
 }
 
 /// The order of checks of docs/api.md: without keys, the browser guard;
-/// public routes; authentication (an
-/// address over its limit of wrong keys, or of failed attempts under the
-/// request rate limit, is refused first), route, role, request rate (per
-/// key, or per address without keys).
+/// public routes; authentication (an address over its limit of wrong keys,
+/// or of failed attempts under the request rate limit, is refused first);
+/// route; role; request rate (per key, or per address without keys).
 async fn dispatch(
     app: &AppState,
     client: &Principal,
@@ -308,7 +307,7 @@ async fn dispatch(
             && limiter.exhausted(window, now_s)
         {
             let mut error = rate_limited(app, limiter, limiter.take(window, now_s), now_s);
-            error.message = format!("more than {} wrong keys from this address in a minute", limiter.limit());
+            error.message = format!("{} wrong keys from this address this minute; wait for the next", limiter.limit());
             return Err(error.detail("reason", "failed_attempts"));
         }
         if let (Some(limiter), Some(window)) = (&app.rate_limiter, address)
