@@ -11,7 +11,9 @@
 //! | bind beyond loopback without auth | `--insecure-no-auth` | `SVC_INSECURE_NO_AUTH=1` | `insecure_no_auth` | false |
 //!
 //! The file may also set `http.request_timeout_ms`, `http.max_connections`,
-//! `http.max_connections_per_address`, `limits.max_live_bytes`, `jobs.default_timeout_ms`,
+//! `http.max_connections_per_address`, `limits.max_live_bytes`,
+//! `http.allowed_origins` (origins such as `https://admin.example.com` whose
+//! pages a server without keys serves), `jobs.default_timeout_ms`,
 //! `jobs.default_visibility_timeout_ms`, `jobs.default_retry` (a retry policy
 //! table), `retention.{completed,cancelled,discarded,dead_letter}` and
 //! `shutdown.grace_period` (ISO 8601 durations), `retention.max_terminal_jobs`
@@ -20,8 +22,11 @@
 //! `retention.max_terminal_workflow_bytes` (integers, at least 1), `limits.max_cron`,
 //! `rate_limit.requests` with `rate_limit.window_s` (the request rate limit
 //! per client; off unless both are set), and `[[auth.keys]]` entries (`name`,
-//! `role`, and one of `key`, `key_env`, `key_sha256`); with keys, any address
-//! may be bound; `metrics.public` (bool) serves `/metrics` without a key;
+//! `role`, and one of `key`, `key_env`, `key_sha256`; no two with the same
+//! key, and no digest of a well-known weak key); with keys, any address
+//! may be bound; `auth.failed_attempts_per_minute` (wrong keys after which
+//! an address gets 429 for the rest of the minute, 10; 0 turns the limit
+//! off); `metrics.public` (bool) serves `/metrics` without a key;
 //! `webhooks.allow_private_targets` (bool) lets webhooks go to loopback and
 //! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs,
 //! `webhooks.timeout_s`, `webhooks.priority` (`"idle"` or `"low"`),
@@ -61,8 +66,14 @@ pub struct Config {
     pub insecure_no_auth: bool,
     /// API keys (`[[auth.keys]]`); none: authentication is off.
     pub api_keys: Vec<ApiKey>,
+    /// Wrong keys one client address may send a minute before it is
+    /// answered 429 (`auth.failed_attempts_per_minute`); 0: no limit.
+    pub auth_failed_attempts_per_minute: u64,
     /// `GET /metrics` needs no key (`metrics.public`).
     pub metrics_public: bool,
+    /// Without keys, the origins whose web pages may send requests
+    /// (`http.allowed_origins`), as `scheme://host[:port]`.
+    pub http_allowed_origins: Vec<String>,
     /// How long a graceful shutdown waits for active jobs.
     pub shutdown_grace_ms: u64,
     pub jobs: JobDefaults,
@@ -100,7 +111,9 @@ impl Default for Config {
             rate_limit: None,
             insecure_no_auth: false,
             api_keys: Vec::new(),
+            auth_failed_attempts_per_minute: crate::http::auth::FAILED_ATTEMPTS_PER_MINUTE,
             metrics_public: false,
+            http_allowed_origins: Vec::new(),
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
             retention: Retention::default(),
@@ -160,6 +173,7 @@ struct WebhooksSection {
 struct AuthSection {
     #[serde(default)]
     keys: Vec<KeyEntry>,
+    failed_attempts_per_minute: Option<u64>,
 }
 
 /// One `[[auth.keys]]` entry: a name, a role, and the key as text, as the
@@ -231,6 +245,7 @@ struct HttpSection {
     request_timeout_ms: Option<u64>,
     max_connections: Option<usize>,
     max_connections_per_address: Option<usize>,
+    allowed_origins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -360,6 +375,18 @@ impl Config {
             if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
                 return Err(format!("auth.keys: the name {} is used twice", pair[0]));
             }
+            // A key under two entries would act with whichever role comes first.
+            for (index, key) in self.api_keys.iter().enumerate() {
+                if let Some(other) = self.api_keys[index + 1..].iter().find(|other| other.digest == key.digest) {
+                    return Err(format!(
+                        "auth.keys: {} and {} have the same key; give each entry a key of its own",
+                        key.name, other.name
+                    ));
+                }
+            }
+            if let Some(attempts) = auth.failed_attempts_per_minute {
+                self.auth_failed_attempts_per_minute = attempts;
+            }
         }
         if let Some(listen) = file.listen {
             self.listen = listen;
@@ -387,6 +414,19 @@ impl Config {
             }
             if let Some(max) = http.max_connections_per_address {
                 self.max_connections_per_address = max;
+            }
+            if let Some(origins) = http.allowed_origins {
+                self.http_allowed_origins = origins
+                    .iter()
+                    .map(|text| {
+                        crate::http::auth::origin_of(text).ok_or_else(|| {
+                            format!(
+                                "http.allowed_origins: {text:?} is not an origin \
+                                 (scheme://host[:port], http or https, no path)"
+                            )
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
             }
         }
         if let Some(jobs) = file.jobs {
@@ -682,6 +722,44 @@ mod tests {
         assert_eq!(load("[rate_limit]\nrequests = 1000\nwindow_s = 1\n").unwrap().rate_limit, Some((1000, 1)));
         assert!(load("[rate_limit]\nrequests = 0\nwindow_s = 1\n").is_err());
         assert!(load("[rate_limit]\nrequests = 10\n").is_err(), "both are needed");
+    }
+
+    #[test]
+    fn wrong_keys_are_limited_unless_the_file_turns_it_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        let load = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            Config::load(&[], &HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]))
+        };
+        assert_eq!(Config::load(&[], &HashMap::new()).unwrap().auth_failed_attempts_per_minute, 10);
+        assert_eq!(load("[auth]\nfailed_attempts_per_minute = 3\n").unwrap().auth_failed_attempts_per_minute, 3);
+        assert_eq!(load("[auth]\nfailed_attempts_per_minute = 0\n").unwrap().auth_failed_attempts_per_minute, 0);
+        assert!(load("[auth]\nfailed_attempts_per_minute = -1\n").is_err());
+    }
+
+    #[test]
+    fn allowed_origins_are_read_as_browsers_send_them_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        let load = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            Config::load(&[], &HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]))
+        };
+        assert!(Config::load(&[], &HashMap::new()).unwrap().http_allowed_origins.is_empty());
+        let config =
+            load("[http]\nallowed_origins = [\"https://Admin.Example.com\", \"http://localhost:3000/\", \"https://x.example:443\"]\n")
+                .unwrap();
+        assert_eq!(
+            config.http_allowed_origins,
+            ["https://admin.example.com", "http://localhost:3000", "https://x.example"]
+        );
+        for bad in
+            ["\"https://admin.example.com/app\"", "\"*\"", "\"null\"", "\"admin.example.com\"", "\"ftp://a.example\""]
+        {
+            let error = load(&format!("[http]\nallowed_origins = [{bad}]\n")).unwrap_err();
+            assert!(error.contains("http.allowed_origins"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -264,9 +264,7 @@ fn app_state(
     app.webhooks_allow_private_targets = config.webhooks_allow_private_targets;
     app.webhook_client = Some(client);
     app.webhook_timeout = Duration::from_millis(config.webhooks_timeout_ms);
-    // A server bound beyond loopback without keys sits behind a proxy that
-    // authenticates (`--insecure-no-auth`), whose host names it cannot know.
-    if config.binds_loopback_only() { app.with_browser_guard(&config.listen) } else { app }
+    app.with_access_checks(config)
 }
 
 /// Stops the delivery pool once the engine has stopped: attempts still in

@@ -1,7 +1,8 @@
 //! API keys and roles (docs/api.md, "Authentication"): every route with no
 //! key, a wrong key, and a key of each role; key material never in a
-//! response; failed attempts counted against the address; keys from the
-//! environment and as digests; the manifest's scheme.
+//! response; failed attempts counted against the address, and wrong keys
+//! limited per address; keys from the environment and as digests, never a
+//! weak one's digest nor one key twice; the manifest's scheme.
 
 mod common;
 
@@ -22,9 +23,11 @@ fn keys() -> Vec<ApiKey> {
     ]
 }
 
+/// A server with the three keys, and without the limit of wrong keys, which
+/// these tests send many of.
 fn start(dir: &std::path::Path, rate_limit: Option<(u64, u64)>) -> TestServer {
-    let config = Config { api_keys: keys(), rate_limit, ..config_for(dir) };
-    TestServer::start_with(&config, svc::server::engine_config(&config))
+    let config = Config { api_keys: keys(), rate_limit, auth_failed_attempts_per_minute: 0, ..config_for(dir) };
+    TestServer::start_checked(&config)
 }
 
 fn send(server: &TestServer, method: &str, path: &str, body: Option<&Value>, key: Option<&str>) -> (u16, Value) {
@@ -225,7 +228,8 @@ fn keys_come_from_the_file_the_environment_or_as_digests() {
     use std::collections::HashMap;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("svc.toml");
-    let digest = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"; // sha256("password")
+    // sha256 of a random key (`openssl rand -hex 32 | tr -d '\n' | sha256sum`)
+    let digest = "6a889e903f537199388c74817b9e49cbccb9faac68b7975fbc328049c6ecb53e";
     std::fs::write(
         &file,
         format!(
@@ -247,6 +251,22 @@ fn keys_come_from_the_file_the_environment_or_as_digests() {
         ("name = \"a\"\nrole = \"root\"\nkey_sha256 = \"00\"", "role"),
         ("name = \"a\"\nrole = \"admin\"", "exactly one"),
         ("name = \"a\"\nrole = \"admin\"\nkey_env = \"MISSING\"", "not set"),
+        // sha256("password"), sha256("test"), sha256(""), upper-case too
+        (
+            "name = \"a\"\nrole = \"admin\"\nkey_sha256 = \"5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\"",
+            "weak key",
+        ),
+        (
+            "name = \"a\"\nrole = \"admin\"\nkey_sha256 = \"9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08\"",
+            "weak key",
+        ),
+        (
+            "name = \"a\"\nrole = \"admin\"\nkey_sha256 = \"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\"",
+            "weak key",
+        ),
+        // the plain-text minimum still holds, for a listed weak key too
+        ("name = \"a\"\nrole = \"admin\"\nkey = \"changeme\"", "shorter than 32"),
+        (&format!("name = \"a\"\nrole = \"admin\"\nkey = \"{}\"", "k".repeat(31)), "shorter than 32"),
     ] {
         std::fs::write(&file, format!("[[auth.keys]]\n{entry}\n")).unwrap();
         let error = Config::load(&args, &HashMap::new()).unwrap_err();
@@ -255,6 +275,111 @@ fn keys_come_from_the_file_the_environment_or_as_digests() {
     }
     std::fs::write(&file, "listen = \"0.0.0.0:0\"\n").unwrap();
     assert!(Config::load(&args, &HashMap::new()).is_err(), "without keys, only loopback");
+}
+
+#[test]
+fn one_key_under_two_entries_is_refused_naming_both() {
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("svc.toml");
+    let args = vec!["--config".to_string(), file.display().to_string()];
+    let env: HashMap<String, String> = [("SAME_KEY".to_string(), ADMIN.to_string())].into();
+    let digest: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(ADMIN.as_bytes()).iter().map(|byte| format!("{byte:02x}")).collect()
+    };
+    // The same key as text twice, as text and from the environment, and as
+    // text and as its (upper-case) digest; roles differ or not.
+    for (first, second) in [
+        (format!("key = \"{ADMIN}\""), format!("key = \"{ADMIN}\"")),
+        (format!("key = \"{ADMIN}\""), "key_env = \"SAME_KEY\"".to_string()),
+        ("key_env = \"SAME_KEY\"".to_string(), format!("key_sha256 = \"{}\"", digest.to_uppercase())),
+    ] {
+        for second_role in ["admin", "worker"] {
+            std::fs::write(
+                &file,
+                format!(
+                    "[[auth.keys]]\nname = \"ops\"\nrole = \"admin\"\n{first}\n\
+                     [[auth.keys]]\nname = \"ok\"\nrole = \"producer\"\nkey = \"{PRODUCER}\"\n\
+                     [[auth.keys]]\nname = \"mailers\"\nrole = \"{second_role}\"\n{second}\n"
+                ),
+            )
+            .unwrap();
+            let error = Config::load(&args, &env).unwrap_err();
+            assert!(error.contains("ops and mailers") && error.contains("same key"), "{first} / {second}: {error}");
+            assert!(!error.contains(ADMIN) && !error.contains(&digest), "no key material in errors: {error}");
+        }
+    }
+}
+
+/// Sends `count` requests with a wrong key, asserting each is 401.
+fn wrong_keys(server: &TestServer, count: usize) {
+    for attempt in 0..count {
+        let (status, _) = send(server, "GET", "/svc/v1/queues", None, Some("wrong-key-wrong-key-wrong-key-wrong"));
+        assert_eq!(status, 401, "wrong key {attempt}");
+    }
+}
+
+#[test]
+fn an_address_sending_ten_wrong_keys_in_a_minute_is_refused_until_the_minute_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    // As `svc serve` runs with keys and no other setting: the limit is on.
+    let config = Config { api_keys: keys(), ..config_for(dir.path()) };
+    assert_eq!(config.auth_failed_attempts_per_minute, 10);
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    // Requests without a key guess nothing and are not counted.
+    for _ in 0..20 {
+        assert_eq!(send(&server, "GET", "/svc/v1/queues", None, None).0, 401);
+    }
+    assert_eq!(send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN)).0, 200);
+    // A minute boundary between the attempts would start the count again.
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    if now_s % 60 >= 57 {
+        std::thread::sleep(std::time::Duration::from_secs(61 - now_s % 60));
+    }
+    wrong_keys(&server, 10);
+    for key in [Some(ADMIN), Some("wrong-key-wrong-key-wrong-key-wrong"), None] {
+        let response = common::http_client()
+            .get(format!("{}/svc/v1/queues", server.base()))
+            .header("authorization", format!("Bearer {}", key.unwrap_or("")))
+            .send()
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 429, "before the key is looked at: {key:?}");
+        let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry_after), "until the minute ends: {retry_after}");
+        let body: Value = response.json().unwrap();
+        let error = &body["error"];
+        assert_eq!((error["code"].as_str(), error["retryable"].as_bool()), (Some("rate_limited"), Some(true)));
+        assert_eq!(error["details"]["reason"], "failed_attempts");
+        assert_eq!(
+            (error["details"]["limit"].as_u64(), error["details"]["window_seconds"].as_u64()),
+            (Some(10), Some(60))
+        );
+        assert_eq!(error["details"]["retry_after_seconds"].as_u64(), Some(retry_after));
+        assert!(error["request_id"].is_string());
+    }
+    assert_eq!(send(&server, "GET", "/svc/v1/health", None, None).0, 200, "public routes need no key");
+}
+
+#[test]
+fn the_limit_of_wrong_keys_is_a_setting_and_zero_turns_it_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { api_keys: keys(), auth_failed_attempts_per_minute: 3, ..config_for(dir.path()) };
+    let server = TestServer::start_checked(&config);
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    if now_s % 60 >= 57 {
+        std::thread::sleep(std::time::Duration::from_secs(61 - now_s % 60));
+    }
+    wrong_keys(&server, 3);
+    let (status, answer) = send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN));
+    assert_eq!((status, answer["error"]["details"]["limit"].as_u64()), (429, Some(3)));
+    drop(server);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { api_keys: keys(), auth_failed_attempts_per_minute: 0, ..config_for(dir.path()) };
+    let server = TestServer::start_checked(&config);
+    wrong_keys(&server, 30);
+    assert_eq!(send(&server, "GET", "/svc/v1/queues", None, Some(ADMIN)).0, 200);
 }
 
 #[test]
@@ -277,6 +402,128 @@ fn without_keys_requests_from_web_pages_and_other_hosts_are_refused() {
     }
     assert_eq!(server.get("/svc/v1/queues/q/stats").status, 404, "the queue was never paused");
     assert_eq!(client.post(&pause).send().unwrap().status().as_u16(), 200, "a local program");
+}
+
+/// Sends `head` (the request line and headers, each line ending in CRLF)
+/// on a connection of its own; the status and the JSON body.
+fn raw(server: &TestServer, head: &[u8]) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(server.base().trim_start_matches("http://")).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    stream.write_all(head).unwrap();
+    stream.write_all(b"Connection: close\r\n\r\n").unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let text = String::from_utf8_lossy(&response);
+    let status = text.get(9..12).and_then(|code| code.parse().ok()).unwrap_or_else(|| panic!("{text}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+#[test]
+fn without_keys_the_guard_comes_before_every_route_the_public_ones_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { metrics_public: true, ..config_for(dir.path()) };
+    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let client = common::http_client();
+    let public = ["/svc/manifest", "/svc/v1/health", "/health", "/ready", "/svc/v1/errors", "/svc/v1/openapi.json"];
+    for path in public.into_iter().chain(["/metrics", "/svc/v1/queues", "/svc/v1/nothing-here"]) {
+        let url = format!("{}{path}", server.base());
+        let expected = if path.ends_with("nothing-here") { 404 } else { 200 };
+        assert_eq!(client.get(&url).send().unwrap().status().as_u16(), expected, "{path}");
+        for (header, value, reason) in [
+            ("origin", "https://evil.example", "origin_not_allowed"),
+            ("host", "evil.example:8080", "host_not_allowed"),
+        ] {
+            let response = client.get(&url).header(header, value).send().unwrap();
+            assert_eq!(response.status().as_u16(), 403, "{path} with {header}: {value}");
+            let body: Value = response.json().unwrap();
+            assert_eq!(
+                (body["error"]["code"].as_str(), body["error"]["details"]["reason"].as_str()),
+                (Some("forbidden"), Some(reason))
+            );
+            assert!(body["error"]["request_id"].is_string(), "{body}");
+        }
+    }
+}
+
+#[test]
+fn without_keys_a_malformed_doubled_or_absolute_form_host_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    let port = server.base().rsplit(':').next().unwrap().to_string();
+    let refused: Vec<Vec<u8>> = vec![
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1\xff\r\n".to_vec(),
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: localhost\xc3\xa9\r\n".to_vec(),
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: [::1]evil.example\r\n".to_vec(),
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1:80:80\r\n".to_vec(),
+        b"GET /svc/v1/health HTTP/1.1\r\nHost: user@127.0.0.1\r\n".to_vec(),
+        b"GET /svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n".to_vec(),
+        b"GET /svc/v1/health HTTP/1.1\r\nHost: evil.example\r\nHost: 127.0.0.1\r\n".to_vec(),
+        b"GET http://evil.example/svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\n".to_vec(),
+        format!("POST http://evil.example:{port}/svc/v1/queues/q/pause HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n").into_bytes(),
+        b"GET http://evil.example/svc/manifest HTTP/1.1\r\nHost: localhost\r\n".to_vec(),
+    ];
+    for head in &refused {
+        let (status, body) = raw(&server, head);
+        let shown = String::from_utf8_lossy(head);
+        assert_eq!((status, body["error"]["details"]["reason"].as_str()), (403, Some("host_not_allowed")), "{shown}");
+    }
+    assert_eq!(server.get("/svc/v1/queues/q/stats").status, 404, "the queue was never paused");
+    let accepted: Vec<Vec<u8>> = vec![
+        format!("GET /svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n").into_bytes(),
+        format!("GET http://127.0.0.1:{port}/svc/v1/queues HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n").into_bytes(),
+        format!("GET http://localhost:{port}/svc/v1/health HTTP/1.1\r\nHost: localhost:{port}\r\n").into_bytes(),
+        b"GET /svc/v1/queues HTTP/1.0\r\n".to_vec(),
+    ];
+    for head in &accepted {
+        assert_eq!(raw(&server, head).0, 200, "{}", String::from_utf8_lossy(head));
+    }
+}
+
+#[test]
+fn without_keys_behind_a_proxy_web_pages_stay_out_but_allowed_origins_come_in() {
+    let dir = tempfile::tempdir().unwrap();
+    // --insecure-no-auth, bound beyond loopback (the harness talks to it on 127.0.0.1).
+    let config = Config {
+        listen: "0.0.0.0:0".into(),
+        insecure_no_auth: true,
+        http_allowed_origins: vec!["https://admin.example.com".into()],
+        ..config_for(dir.path())
+    };
+    let server = TestServer::start_checked(&config);
+    let client = common::http_client();
+    let pause = format!("{}/svc/v1/queues/q/pause", server.base());
+    // A bodyless cross-site POST: no Content-Type to refuse it by.
+    for origin in ["https://evil.example", "null", "https://admin.example.com:8443"] {
+        let response = client.post(&pause).header("origin", origin).header("host", "svc.example.com").send().unwrap();
+        assert_eq!(response.status().as_u16(), 403, "{origin}");
+        let body: Value = response.json().unwrap();
+        assert_eq!(body["error"]["details"]["reason"], "origin_not_allowed");
+    }
+    let health = format!("{}/svc/v1/health", server.base());
+    assert_eq!(client.get(&health).header("origin", "https://evil.example").send().unwrap().status().as_u16(), 403);
+    assert_eq!(server.get("/svc/v1/queues/q/stats").status, 404, "the queue was never paused");
+    // The proxy's host names are its own to judge.
+    let proxied =
+        client.get(format!("{}/svc/v1/queues", server.base())).header("host", "svc.example.com").send().unwrap();
+    assert_eq!(proxied.status().as_u16(), 200);
+    let admin = client.post(&pause).header("origin", "https://admin.example.com").send().unwrap();
+    assert_eq!(admin.status().as_u16(), 200, "a page of an allowed origin");
+    assert_eq!(server.get("/svc/v1/queues/q/stats").body["paused"], true);
+}
+
+#[test]
+fn without_keys_on_loopback_allowed_origins_come_in_and_hosts_are_still_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { http_allowed_origins: vec!["http://localhost:3000".into()], ..config_for(dir.path()) };
+    let server = TestServer::start_checked(&config);
+    let client = common::http_client();
+    let queues = format!("{}/svc/v1/queues", server.base());
+    assert_eq!(client.get(&queues).header("origin", "http://localhost:3000").send().unwrap().status().as_u16(), 200);
+    assert_eq!(client.get(&queues).header("origin", "http://localhost:3001").send().unwrap().status().as_u16(), 403);
+    let rebound = client.get(&queues).header("origin", "http://localhost:3000").header("host", "evil.example").send();
+    assert_eq!(rebound.unwrap().status().as_u16(), 403, "a name rebound to 127.0.0.1");
 }
 
 /// A server run as users run it, logging every request (debug, JSON lines):

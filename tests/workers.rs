@@ -1,6 +1,7 @@
 //! The worker registry and operator signals (docs/api.md, "The worker registry and signals"): workers appear
 //! on contact, quiet and terminate stop new claims, signals survive restarts,
-//! and forgetting a worker clears its signal.
+//! and forgetting a worker clears its signal. Heartbeats as SDKs send them
+//! (docs/api.md, "Heartbeat") extend the jobs they list.
 
 mod common;
 
@@ -134,4 +135,44 @@ fn workers_idle_for_a_day_are_forgotten_with_their_signals() {
     assert_eq!(server.get("/svc/v1/workers/idle").status, 404);
     let beat = server.post("/svc/v1/workers/heartbeat", json!({"worker_id": "idle"}));
     assert_eq!(beat.body["state"], "running", "its terminate signal was forgotten with it");
+}
+
+/// A heartbeat as the OJS JavaScript SDK sends it: `active_jobs` a count,
+/// `active_job_ids` the list. The list extends the job's visibility, so it
+/// is not handed out again when the fetch's deadline passes.
+#[test]
+fn a_heartbeat_with_a_count_beside_the_list_extends_the_listed_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = svc::clock::ManualClock::new(1_750_000_000_000);
+    let server = TestServer::start_at(dir.path(), &clock);
+    let kept = server.enqueue(json!({"type": "t", "args": [1], "queue": "sdk"}));
+    let counted = server.enqueue(json!({"type": "t", "args": [2], "queue": "counted"}));
+    let fetch = |queue: &str, worker: &str| {
+        let body = json!({"queues": [queue], "worker_id": worker, "visibility_timeout_ms": 5000});
+        server.post("/svc/v1/workers/fetch", body).body["jobs"].as_array().unwrap().clone()
+    };
+    assert_eq!(fetch("sdk", "w-sdk")[0]["id"], kept);
+    assert_eq!(fetch("counted", "w-count")[0]["id"], counted);
+    server.advance(&clock, 4_000);
+
+    let beat =
+        json!({"worker_id": "w-sdk", "active_jobs": 1, "active_job_ids": [kept], "visibility_timeout_ms": 60_000});
+    let answer = server.post("/svc/v1/workers/heartbeat", beat);
+    assert_eq!((answer.status, answer.body["jobs_extended"].as_i64()), (200, Some(1)), "{}", answer.body);
+    // A count alone still extends nothing.
+    let count_only = json!({"worker_id": "w-count", "active_jobs": 1, "visibility_timeout_ms": 60_000});
+    assert_eq!(server.post("/svc/v1/workers/heartbeat", count_only).body["jobs_extended"], 0);
+
+    server.advance(&clock, 2_000); // past the fetch's 5 s, within the heartbeat's 60 s
+    assert!(fetch("sdk", "w-other").is_empty(), "the extended job is not handed out again");
+    assert_eq!(server.job(&kept)["state"], "active");
+    assert_eq!(fetch("counted", "w-other")[0]["id"], counted, "the job a bare count named went back");
+
+    // The list is checked as `active_jobs` is, and named in the error.
+    let bad = json!({"worker_id": "w-sdk", "active_jobs": 1, "active_job_ids": "x"});
+    let answer = server.post("/svc/v1/workers/heartbeat", bad);
+    assert_eq!((answer.status, answer.body["error"]["details"]["field"].as_str()), (400, Some("active_job_ids")));
+    // A list in `active_jobs` wins over `active_job_ids`.
+    let both = json!({"worker_id": "w-sdk", "active_jobs": [kept], "active_job_ids": []});
+    assert_eq!(server.post("/svc/v1/workers/heartbeat", both).body["jobs_extended"], 1);
 }

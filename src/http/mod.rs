@@ -58,6 +58,11 @@ pub struct AppState {
     pub auth: auth::Authenticator,
     /// With keys and a rate limit: each key's window, by the key's index.
     key_windows: Vec<Arc<Window>>,
+    /// With keys: wrong keys counted per client address (IPv6: per /64),
+    /// in windows of a minute; `None` when not limited.
+    failed_attempts: Option<RateLimiter>,
+    /// `auth.failed_attempts_per_minute`; 0: no limit.
+    failed_attempts_per_minute: u64,
     /// Without keys: what keeps web pages out.
     browser_guard: Option<auth::BrowserGuard>,
     /// `GET /metrics` needs no key.
@@ -81,6 +86,8 @@ impl AppState {
             rate_limiter: None,
             auth: auth::Authenticator::default(),
             key_windows: Vec::new(),
+            failed_attempts: None,
+            failed_attempts_per_minute: auth::FAILED_ATTEMPTS_PER_MINUTE,
             browser_guard: None,
             metrics_public: false,
             webhooks_allow_private_targets: false,
@@ -89,13 +96,25 @@ impl AppState {
         }
     }
 
-    /// Without keys, refuses requests from web pages and for other host
-    /// names than the loopback ones and `listen`'s.
-    pub fn with_browser_guard(mut self, listen: &str) -> Self {
-        if !self.auth.is_enabled() {
-            self.browser_guard = Some(auth::BrowserGuard::new(listen));
+    /// The checks `config` asks for ahead of the routes, after `with_keys`:
+    /// the browser guard of a server without keys (docs/api.md,
+    /// "Authentication") with `http.allowed_origins`, and the limit of wrong
+    /// keys per address.
+    pub fn with_access_checks(self, config: &crate::config::Config) -> Self {
+        let mut app = self.with_failed_attempt_limit(config.auth_failed_attempts_per_minute);
+        if app.auth.is_enabled() {
+            return app;
         }
-        self
+        // A server bound beyond loopback without keys sits behind a proxy that
+        // authenticates (`--insecure-no-auth`), whose host names it cannot
+        // know; web pages are kept out all the same.
+        let guard = if config.binds_loopback_only() {
+            auth::BrowserGuard::new(&config.listen)
+        } else {
+            auth::BrowserGuard::any_host()
+        };
+        app.browser_guard = Some(guard.allow_origins(&config.http_allowed_origins));
+        app
     }
 
     /// Requires one of `keys` on every request but the public ones. Call
@@ -105,6 +124,17 @@ impl AppState {
             self.key_windows = keys.iter().map(|_| limiter.new_window()).collect();
         }
         self.auth = auth::Authenticator::new(keys);
+        let per_minute = self.failed_attempts_per_minute;
+        self.with_failed_attempt_limit(per_minute)
+    }
+
+    /// With keys, answers 429 to a client address that has sent
+    /// `per_minute` wrong keys in the current minute, before its key is
+    /// looked at; 0 turns the limit off.
+    pub fn with_failed_attempt_limit(mut self, per_minute: u64) -> Self {
+        self.failed_attempts_per_minute = per_minute;
+        self.failed_attempts =
+            (self.auth.is_enabled() && per_minute > 0).then(|| RateLimiter::new(per_minute, FAILED_ATTEMPTS_WINDOW_S));
         self
     }
 
@@ -114,13 +144,39 @@ impl AppState {
         self
     }
 
-    /// The rate-limit window of a client connecting from `address`, if requests are limited.
-    pub fn principal(&self, address: std::net::IpAddr) -> Option<Arc<Window>> {
-        self.rate_limiter.as_ref().map(|limiter| limiter.principal(address))
+    /// The windows of a client connecting from `address` (once per connection).
+    pub fn principal(&self, address: std::net::IpAddr) -> Principal {
+        Principal {
+            requests: self.rate_limiter.as_ref().map(|limiter| limiter.principal(address)),
+            failed_attempts: self.failed_attempts.as_ref().map(|limiter| limiter.principal(attempts_key(address))),
+        }
     }
 
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+/// The windows of one client address, looked up when its connection is
+/// accepted; each request then only counts in them.
+#[derive(Debug, Clone, Default)]
+pub struct Principal {
+    /// Its window of the request rate limit, if requests are limited.
+    pub requests: Option<Arc<Window>>,
+    /// Its count of wrong keys, if they are limited.
+    pub failed_attempts: Option<Arc<Window>>,
+}
+
+/// The window, in seconds, of `auth.failed_attempts_per_minute`.
+const FAILED_ATTEMPTS_WINDOW_S: u64 = 60;
+
+/// Whom wrong keys are counted against: the address, or for IPv6 its /64,
+/// which one subscriber usually holds whole (an IPv4 address in IPv6 form
+/// counts as itself).
+fn attempts_key(address: std::net::IpAddr) -> std::net::IpAddr {
+    match address.to_canonical() {
+        std::net::IpAddr::V6(v6) => std::net::IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        v4 => v4,
     }
 }
 
@@ -155,16 +211,16 @@ const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-r
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Serves one request; never fails (every error becomes an error body).
-/// `principal` is the client's rate-limit window, when requests are limited.
+/// `principal` holds the client's windows ([`AppState::principal`]).
 pub async fn serve_request(
     app: Arc<AppState>,
-    principal: Option<Arc<Window>>,
+    principal: Principal,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let started = Instant::now();
     let request_id = request_id(&app, request.headers());
     let mut label = None;
-    let dispatched = dispatch(&app, principal.as_deref(), request, &mut label);
+    let dispatched = dispatch(&app, &principal, request, &mut label);
     let outcome = match tokio::time::timeout(app.request_timeout, dispatched).await {
         Ok(outcome) => outcome,
         Err(_) => Err(ApiError::new("timeout", "the request was not completed in time; its outcome is unknown")),
@@ -214,28 +270,37 @@ fn request_id(app: &AppState, headers: &HeaderMap) -> String {
     }
 }
 
-/// The order of checks of docs/api.md: public routes, authentication (an
-/// address over its limit of failed attempts is refused first), route,
-/// role, request rate (per key, or per address without keys).
+/// The order of checks of docs/api.md: without keys, the browser guard;
+/// public routes; authentication (an address over its limit of wrong keys,
+/// or of failed attempts under the request rate limit, is refused first);
+/// route; role; request rate (per key, or per address without keys).
 async fn dispatch(
     app: &AppState,
-    address: Option<&Window>,
+    client: &Principal,
     request: Request<Incoming>,
     label: &mut Option<(usize, &'static str, &'static str)>,
 ) -> Result<Reply, ApiError> {
     let route = router::route(request.method(), request.uri().path());
     *label = route.as_ref().ok().map(Route::template);
+    if let Some(guard) = &app.browser_guard {
+        guard.check(request.uri(), request.headers())?;
+    }
     if let Ok(route) = &route
         && (route.is_public() || (*route == Route::Metrics && app.metrics_public))
     {
         return respond(app, route.clone(), request).await;
     }
-    if let Some(guard) = &app.browser_guard {
-        guard.check(request.headers())?;
-    }
     let now_s = crate::clock::Clock::now_ms(&crate::clock::SystemClock).max(0) as u64 / 1000;
+    let address = client.requests.as_deref();
     let mut principal = address;
     if app.auth.is_enabled() {
+        if let (Some(limiter), Some(window)) = (&app.failed_attempts, client.failed_attempts.as_deref())
+            && limiter.exhausted(window, now_s)
+        {
+            let mut error = rate_limited(app, limiter, limiter.take(window, now_s), now_s);
+            error.message = format!("{} wrong keys from this address this minute; wait for the next", limiter.limit());
+            return Err(error.detail("reason", "failed_attempts"));
+        }
         if let (Some(limiter), Some(window)) = (&app.rate_limiter, address)
             && limiter.exhausted(window, now_s)
         {
@@ -244,8 +309,14 @@ async fn dispatch(
         let (index, key) = match app.auth.authenticate(request.headers()) {
             Ok(found) => found,
             Err(error) => {
-                // A failed attempt counts against the address.
+                // A failed attempt counts against the address, and a key
+                // that was sent but is wrong against its wrong keys.
                 if let (Some(limiter), Some(window)) = (&app.rate_limiter, address) {
+                    limiter.take(window, now_s);
+                }
+                if let (Some(limiter), Some(window)) = (&app.failed_attempts, client.failed_attempts.as_deref())
+                    && request.headers().contains_key(hyper::header::AUTHORIZATION)
+                {
                     limiter.take(window, now_s);
                 }
                 return Err(error);
@@ -382,4 +453,20 @@ fn check_content_type(content_type: Option<&str>) -> Result<(), ApiError> {
     let media_type = media_type.to_ascii_lowercase();
     Err(ApiError::invalid_request(None, format!("Content-Type {media_type} is not supported; send {MEDIA_TYPE}"))
         .detail("reason", "unsupported_media_type"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_keys_count_per_address_and_per_ipv6_64() {
+        let key = |text: &str| attempts_key(text.parse().unwrap()).to_string();
+        assert_eq!(key("203.0.113.9"), "203.0.113.9");
+        assert_eq!(key("::ffff:203.0.113.9"), "203.0.113.9", "an IPv4 client of a dual-stack socket");
+        assert_eq!(key("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_eq!(key("::1"), "::");
+    }
 }

@@ -1,6 +1,8 @@
 //! The request rate limit (docs/api.md, "Request rate limit"): at most
 //! `requests` per fixed window of `window_s` seconds for each principal (the
-//! client's address while svc has no authentication).
+//! client's address while svc has no authentication). The limit of wrong
+//! keys per address (`auth.failed_attempts_per_minute`, docs/api.md,
+//! "Authentication") counts in windows of the same kind.
 //!
 //! A connection looks its principal's window up once, when it is accepted;
 //! each request then costs one atomic update of that window, no lock, so
@@ -45,6 +47,11 @@ impl RateLimiter {
 
     pub fn window_s(&self) -> u64 {
         self.window_s
+    }
+
+    /// Requests allowed per window.
+    pub fn limit(&self) -> u64 {
+        self.requests
     }
 
     /// The window of the principal at `address` (once per connection).

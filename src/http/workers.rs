@@ -195,21 +195,28 @@ pub(super) async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiE
     let Some(worker_id) = worker_id(&object)? else {
         return Err(ApiError::invalid_request(Some("worker_id"), "worker_id is required"));
     };
-    let listed = object.get_present("active_jobs").or_else(|| object.get_present("active_job_ids"));
-    let active_jobs = match listed.map(|raw| (raw, kind_of(raw))) {
+    let is_count = |raw: &RawValue| kind_of(raw) == JsonKind::Number && raw.get().bytes().all(|b| b.is_ascii_digit());
+    // `active_jobs` may be a count beside the list in `active_job_ids` (as
+    // the OJS JavaScript SDK sends them): the list is what counts then.
+    let listed = match (object.get_present("active_jobs"), object.get_present("active_job_ids")) {
+        (Some(count), Some(ids)) if is_count(count) => Some(("active_job_ids", ids)),
+        (Some(jobs), _) => Some(("active_jobs", jobs)),
+        (None, ids) => ids.map(|ids| ("active_job_ids", ids)),
+    };
+    let active_jobs = match listed.map(|(field, raw)| (field, raw, kind_of(raw))) {
         None => None,
         // A bare count is accepted and extends nothing.
-        Some((raw, JsonKind::Number)) if raw.get().bytes().all(|byte| byte.is_ascii_digit()) => Some(Vec::new()),
-        Some((raw, JsonKind::Array)) => {
+        Some((_, raw, JsonKind::Number)) if is_count(raw) => Some(Vec::new()),
+        Some((field, raw, JsonKind::Array)) => {
             let ids: Option<Vec<_>> = serde_json::from_str::<Vec<&RawValue>>(raw.get())
                 .ok()
                 .filter(|items| items.len() <= HEARTBEAT_JOBS_MAX)
                 .and_then(|items| items.iter().map(|item| string_value(item)).collect());
-            let Some(ids) = ids else { return Err(active_jobs_error()) };
+            let Some(ids) = ids else { return Err(active_jobs_error(field)) };
             // Ids that cannot exist are ignored like unknown ones.
             Some(ids.iter().filter_map(|id| JobId::parse_any_case(id)).collect())
         }
-        Some(_) => return Err(active_jobs_error()),
+        Some((field, _, _)) => return Err(active_jobs_error(field)),
     };
     let visibility_timeout_ms = visibility_timeout(&object)?;
     let beat = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
@@ -221,11 +228,9 @@ pub(super) async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiE
     Ok(Reply::ok(json!({"state": state, "jobs_extended": extended, "server_time": server_time}).to_string()))
 }
 
-pub(super) fn active_jobs_error() -> ApiError {
-    ApiError::invalid_request(
-        Some("active_jobs"),
-        format!("active_jobs must be an array of at most {HEARTBEAT_JOBS_MAX} job ids"),
-    )
+/// 400 for a list of active jobs (`field`: `active_jobs` or `active_job_ids`) that is not one.
+pub(super) fn active_jobs_error(field: &str) -> ApiError {
+    ApiError::invalid_request(Some(field), format!("{field} must be an array of at most {HEARTBEAT_JOBS_MAX} job ids"))
 }
 
 pub(super) fn render_worker(entry: &crate::engine::workers::WorkerEntry, now: i64) -> Value {

@@ -57,6 +57,11 @@ impl TestServer {
         Self::start_with(&config, engine_config(&config))
     }
 
+    /// A server with every setting of `config` (keys, access checks, limits).
+    pub fn start_checked(config: &Config) -> TestServer {
+        Self::start_with(config, engine_config(config))
+    }
+
     pub fn start_with(config: &Config, engine: EngineConfig) -> TestServer {
         let server = start(config, engine).expect("server starts");
         let base = format!("http://{}", server.addr);
