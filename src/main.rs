@@ -191,7 +191,7 @@ struct BenchFlags {
     key: Option<String>,
     #[arg(long)]
     key_env: Option<String>,
-    /// What the fill workload fills: svc, or Redis for the side-by-side figure.
+    /// What the fill and steady workloads drive: svc, or Redis for the side-by-side figure.
     #[arg(long, value_enum, default_value = "svc")]
     target: TargetName,
 }
@@ -222,11 +222,12 @@ enum WorkloadName {
     Fill,
 }
 
-/// What `svc bench --workload fill` fills.
+/// What `svc bench --workload fill` fills, or `steady` drives.
 #[derive(Clone, Copy, ValueEnum)]
 enum TargetName {
     Svc,
-    /// A Redis server, with one `LPUSH` of the same 100 jobs a request.
+    /// A Redis server: for `fill`, one `LPUSH` of the same 100 jobs a
+    /// request; for `steady`, `LPUSH`, then `BLMOVE` and `LREM`.
     Redis,
 }
 
@@ -322,6 +323,9 @@ fn bench(flags: BenchFlags) -> ExitCode {
             TargetName::Redis => bench::fill::Target::Redis,
         };
         return print_report(bench::run_fill(options, target));
+    }
+    if workload == Workload::Steady && matches!(flags.target, TargetName::Redis) {
+        return print_report(bench::run_steady_redis(options));
     }
     print_report(bench::run(options))
 }

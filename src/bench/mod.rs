@@ -11,9 +11,11 @@
 //! next hour, to measure the others against), and `ping` (the enqueue request
 //! against any server, e.g. the hello-world ceiling in `examples/hello_ceiling.rs`).
 //! `fill` (in `fill.rs`) loads many jobs with batch enqueue and reports rate
-//! and server memory as the store grows.
+//! and server memory as the store grows; `steady_redis.rs` runs `steady`
+//! against Redis.
 
 pub mod fill;
+pub mod steady_redis;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -500,6 +502,13 @@ pub fn run_fill(options: BenchOptions, target: fill::Target) -> Result<fill::Fil
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
     runtime.block_on(fill::run(&options, target))
+}
+
+/// Runs the steady workload against a Redis server (`steady_redis.rs`).
+pub fn run_steady_redis(options: BenchOptions) -> Result<BenchReport, String> {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
+    runtime.block_on(steady_redis::run(&options))
 }
 
 /// Runs a workload to completion and reports.
