@@ -598,6 +598,9 @@ impl Writer {
     /// in this turn's commit, then handed to the delivery pool.
     fn start_deliveries(&mut self, now: Millis, records: &mut Vec<Record>, replies: &mut Vec<Responder>) {
         let Some(sink) = self.deliveries.clone() else { return };
+        // Counts of dropped and abandoned deliveries go out within a minute
+        // of the last one, on the next turn.
+        self.delivery_log.flush_if_due();
         // Only as many as may be in flight: the pool never queues an
         // attempt, so no lease runs out while it waits.
         let mut ids = Vec::new();
