@@ -17,6 +17,12 @@ use svc::server::engine_config;
 
 const SECRET: &str = "receiver-secret-0123456789";
 
+/// A number for a file name no other in the test process has.
+fn next_file() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// One request the receiver got.
 struct Received {
     path: String,
@@ -41,6 +47,8 @@ struct Receiver {
 }
 
 impl Receiver {
+    /// A receiver whose certificate is issued by a CA of its own; the CA is
+    /// written to `ca_file`.
     fn start(dir: &Path) -> Receiver {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -54,16 +62,47 @@ impl Receiver {
             rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
         leaf_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
-        let ca_file = dir.join("receiver-ca.pem");
+        let ca_file = dir.join(format!("receiver-ca-{}.pem", next_file()));
         std::fs::write(&ca_file, ca.pem()).unwrap();
+        Receiver::serve(leaf.der().clone(), &leaf_key, ca_file)
+    }
 
+    /// A receiver presenting a self-signed certificate for `names`, valid
+    /// from `not_before` to `not_after`; the certificate itself is written
+    /// to `ca_file`.
+    fn self_signed(
+        dir: &Path,
+        is_ca: rcgen::IsCa,
+        names: &[&str],
+        not_before: (i32, u8, u8),
+        not_after: (i32, u8, u8),
+    ) -> Receiver {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|name| name.to_string()).collect::<Vec<_>>()).unwrap();
+        params.is_ca = is_ca;
+        params.distinguished_name.push(rcgen::DnType::CommonName, "svc self-signed receiver");
+        params.not_before = rcgen::date_time_ymd(not_before.0, not_before.1, not_before.2);
+        params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+        let certificate = params.self_signed(&key).unwrap();
+        let ca_file = dir.join(format!("receiver-self-signed-{}.pem", next_file()));
+        std::fs::write(&ca_file, certificate.pem()).unwrap();
+        Receiver::serve(certificate.der().clone(), &key, ca_file)
+    }
+
+    /// Serves HTTPS with `certificate` (alone, no chain) and its key.
+    fn serve(
+        certificate: rustls::pki_types::CertificateDer<'static>,
+        key: &rcgen::KeyPair,
+        ca_file: PathBuf,
+    ) -> Receiver {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
         let tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_no_client_auth()
-            .with_single_cert(vec![leaf.der().clone()], key)
+            .with_single_cert(vec![certificate], key)
             .unwrap();
         let tls = Arc::new(tls);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -285,6 +324,87 @@ fn an_untrusted_certificate_fails_the_attempt() {
     let answer = test_event(&server, &id);
     assert_eq!((answer["success"].as_bool(), answer["error"].as_str()), (Some(false), Some("tls_error")), "{answer}");
     assert_eq!(receiver.count(), 0, "nothing was sent");
+}
+
+/// A file holding the certificates of every file in `files`.
+fn bundle(dir: &Path, files: &[&Path]) -> PathBuf {
+    let text: String = files.iter().map(|file| std::fs::read_to_string(file).unwrap()).collect();
+    let path = dir.join(format!("bundle-{}.pem", next_file()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// What `openssl req -x509` makes by default: a self-signed certificate
+/// that says it is a CA (webpki takes no CA as a receiver's certificate).
+fn like_openssl() -> rcgen::IsCa {
+    rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained)
+}
+
+const LONG_AGO: (i32, u8, u8) = (2020, 1, 1);
+const FAR_OFF: (i32, u8, u8) = (2200, 1, 1);
+
+/// A self-signed receiver certificate listed in `webhooks.extra_ca_file` is
+/// taken as presented (pinned by its bytes), whatever its basic
+/// constraints, beside a CA listed there; one not listed is refused.
+#[test]
+fn a_listed_self_signed_certificate_is_trusted_as_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = ["localhost", "127.0.0.1"];
+    let pinned = Receiver::self_signed(dir.path(), like_openssl(), &names, LONG_AGO, FAR_OFF);
+    let plain = Receiver::self_signed(dir.path(), rcgen::IsCa::NoCa, &names, LONG_AGO, FAR_OFF);
+    let unlisted = Receiver::self_signed(dir.path(), like_openssl(), &names, LONG_AGO, FAR_OFF);
+    let unlisted_plain = Receiver::self_signed(dir.path(), rcgen::IsCa::NoCa, &names, LONG_AGO, FAR_OFF);
+    let chained = Receiver::start(dir.path());
+    let listed = bundle(dir.path(), &[&chained.ca_file, &pinned.ca_file, &plain.ca_file]);
+    let server = server(&dir.path().join("svc"), true, Some(&listed));
+
+    for receiver in [&pinned, &plain] {
+        for host in ["127.0.0.1", "localhost"] {
+            let id = subscribe(&server, &receiver.url(host));
+            let answer = test_event(&server, &id);
+            assert_eq!(
+                (answer["success"].as_bool(), answer["status_code"].as_u64()),
+                (Some(true), Some(200)),
+                "{answer}"
+            );
+        }
+        assert_eq!(receiver.count(), 2);
+    }
+    let id = subscribe(&server, &chained.url("127.0.0.1"));
+    assert_eq!(test_event(&server, &id)["success"], true, "a CA in the same file still issues");
+
+    for receiver in [&unlisted, &unlisted_plain] {
+        let id = subscribe(&server, &receiver.url("127.0.0.1"));
+        let answer = test_event(&server, &id);
+        assert_eq!(
+            (answer["success"].as_bool(), answer["error"].as_str()),
+            (Some(false), Some("tls_error")),
+            "{answer}"
+        );
+        assert_eq!(receiver.count(), 0, "nothing was sent");
+    }
+}
+
+/// A pinned certificate is still checked for the host name and its
+/// validity period.
+#[test]
+fn a_listed_self_signed_certificate_must_name_the_host_and_be_current() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = Receiver::self_signed(dir.path(), like_openssl(), &["receiver.example"], LONG_AGO, FAR_OFF);
+    let expired = Receiver::self_signed(dir.path(), like_openssl(), &["127.0.0.1"], LONG_AGO, (2021, 1, 1));
+    let early = Receiver::self_signed(dir.path(), like_openssl(), &["127.0.0.1"], (2190, 1, 1), FAR_OFF);
+    let listed = bundle(dir.path(), &[&elsewhere.ca_file, &expired.ca_file, &early.ca_file]);
+    let server = server(&dir.path().join("svc"), true, Some(&listed));
+    for receiver in [&elsewhere, &expired, &early] {
+        let id = subscribe(&server, &receiver.url("127.0.0.1"));
+        let answer = test_event(&server, &id);
+        assert_eq!(
+            (answer["success"].as_bool(), answer["error"].as_str()),
+            (Some(false), Some("tls_error")),
+            "{answer}"
+        );
+        assert_eq!(receiver.count(), 0, "nothing was sent");
+    }
 }
 
 /// Subscriptions made while private targets were allowed, checked again at

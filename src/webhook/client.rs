@@ -3,7 +3,7 @@
 //! the checked addresses (so a name cannot be re-pointed between check and
 //! connect), no redirects, no proxies, TLS 1.2 or later with certificate
 //! and host name verified, against the system's roots plus an optional
-//! extra bundle.
+//! extra bundle whose certificates are also pinned as receivers' own.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::guard::classify;
 use super::signature::sign;
 use super::subscription::Subscription;
+use super::verifier::ReceiverVerifier;
 
 /// Why an attempt failed, as the test answer and the logs name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,24 +122,28 @@ impl DeliveryClient {
             // A system certificate rustls cannot read is skipped, as browsers do.
             let _ = roots.add(certificate);
         }
+        // The extra file's certificates are roots, and also pinned: one the
+        // receiver presents as its own is taken as it is (self-signed receivers).
+        let mut pinned = Vec::new();
         if let Some(path) = extra_ca_file {
             let text =
                 std::fs::read(path).map_err(|error| format!("webhooks.extra_ca_file {}: {error}", path.display()))?;
-            let mut added = 0;
             for certificate in rustls_pemfile_certs(&text) {
                 roots
-                    .add(certificate)
+                    .add(certificate.clone())
                     .map_err(|error| format!("webhooks.extra_ca_file {}: {error}", path.display()))?;
-                added += 1;
+                pinned.push(certificate);
             }
-            if added == 0 {
+            if pinned.is_empty() {
                 return Err(format!("webhooks.extra_ca_file {} holds no PEM certificate", path.display()));
             }
         }
+        let verifier = ReceiverVerifier::new(roots, pinned, provider.clone())?;
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|error| format!("TLS setup: {error}"))?
-            .with_root_certificates(roots)
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
             .with_no_client_auth();
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
