@@ -53,7 +53,8 @@ impl Receiver {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "svc test CA");
+        // A name of its own: a CA of the same name would say "bad signature".
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("svc test CA {}", next_file()));
         ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
         let ca = ca_params.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
@@ -315,6 +316,63 @@ fn redirects_are_not_followed_and_failures_are_named() {
     assert!(refused.get("status_code").is_none());
 }
 
+/// The answer's `error` and its `error_detail`, which must name `cause`.
+fn failure_of(answer: &Value, error: &str, cause: &str) -> String {
+    assert_eq!((answer["success"].as_bool(), answer["error"].as_str()), (Some(false), Some(error)), "{answer}");
+    let detail = answer["error_detail"].as_str().unwrap_or_else(|| panic!("no error_detail in {answer}"));
+    assert!(detail.to_lowercase().contains(&cause.to_lowercase()), "{detail:?} does not name {cause:?}");
+    detail.to_string()
+}
+
+/// A failed test event says why, in `error_detail`: what the connection,
+/// the TLS handshake, the receiver or the guard said, never the body.
+#[test]
+fn a_failed_test_event_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let stranger = Receiver::start(dir.path());
+    let elsewhere = Receiver::self_signed(dir.path(), rcgen::IsCa::NoCa, &["receiver.example"], LONG_AGO, FAR_OFF);
+    let mut config = config_for(&dir.path().join("svc"));
+    config.webhooks_allow_private_targets = true;
+    config.webhooks_extra_ca_file = Some(bundle(dir.path(), &[&receiver.ca_file, &elsewhere.ca_file]));
+    config.webhooks_timeout_ms = 300;
+    let server = TestServer::start_with(&config, engine_config(&config));
+
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("https://127.0.0.1:{}/x", closed.local_addr().unwrap().port());
+    drop(closed);
+    let refused = test_event(&server, &subscribe(&server, &dead));
+    failure_of(&refused, "connection_failed", "connection refused");
+    assert!(refused.get("status_code").is_none());
+
+    let unknown = test_event(&server, &subscribe(&server, &stranger.url("127.0.0.1")));
+    failure_of(&unknown, "tls_error", "UnknownIssuer");
+    let wrong_name = test_event(&server, &subscribe(&server, &elsewhere.url("127.0.0.1")));
+    failure_of(&wrong_name, "tls_error", "not valid for name");
+
+    let id = subscribe(&server, &receiver.url("127.0.0.1"));
+    receiver.answer_next(500, Vec::new());
+    let failed = test_event(&server, &id);
+    let detail = failure_of(&failed, "http_status", "500");
+    assert!(!detail.contains("ok"), "the receiver's body is not shown: {detail:?}");
+    receiver.answer_next(429, vec![("retry-after", "120".to_string())]);
+    failure_of(&test_event(&server, &id), "http_status", "Retry-After: 120 s");
+    receiver.answer_next(302, vec![("location", "https://elsewhere.example/".to_string())]);
+    failure_of(&test_event(&server, &id), "redirect", "302");
+
+    *receiver.delay.lock().unwrap() = std::time::Duration::from_secs(2);
+    let slow = test_event(&server, &subscribe(&server, &receiver.slow_url("127.0.0.1")));
+    failure_of(&slow, "timeout", "no answer within 300 ms");
+    *receiver.delay.lock().unwrap() = std::time::Duration::ZERO;
+
+    // The same subscriptions once private targets are refused.
+    server.stop();
+    config.webhooks_allow_private_targets = false;
+    let server = TestServer::start_with(&config, engine_config(&config));
+    let literal = test_event(&server, &id);
+    failure_of(&literal, "blocked_address", "allow_private_targets");
+}
+
 #[test]
 fn an_untrusted_certificate_fails_the_attempt() {
     let dir = tempfile::tempdir().unwrap();
@@ -431,6 +489,7 @@ fn the_guard_runs_again_at_every_attempt() {
             (Some(false), Some("blocked_address")),
             "{id}"
         );
+        failure_of(&answer, "blocked_address", "allowed only with webhooks.allow_private_targets");
     }
     assert_eq!(receiver.count(), before, "no connection was made");
     assert_eq!(server.post_raw("/svc/v1/webhooks/sub_nope/test", "", None).status, 404);

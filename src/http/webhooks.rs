@@ -174,5 +174,8 @@ pub async fn test(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     if let Some(error) = outcome.error {
         answer["error"] = error.as_str().into();
     }
+    if let Some(detail) = outcome.detail {
+        answer["error_detail"] = detail.into();
+    }
     Ok(Reply::ok(answer.to_string()))
 }

@@ -206,6 +206,7 @@ async fn attempt(
         subscription_id = %format!("sub_{}", subscription.id),
         status = outcome.status,
         error = outcome.error.map(AttemptError::as_str),
+        detail = outcome.detail.as_deref(),
         "webhook attempt failed"
     );
     AttemptResult::Failed {
