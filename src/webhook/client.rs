@@ -10,10 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use super::guard::{AddressClass, classify};
 use super::signature::sign;
 use super::subscription::Subscription;
 use super::verifier::ReceiverVerifier;
+use crate::clock::Millis;
 
 /// Why an attempt failed, as the test answer and the logs name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +48,9 @@ impl AttemptError {
     }
 }
 
+/// How long a connection to a receiver stays open unused.
+const IDLE_CONNECTION_KEPT: Duration = Duration::from_secs(90);
+
 /// The longest [`AttemptOutcome::detail`], in bytes.
 const DETAIL_MAX: usize = 300;
 
@@ -69,15 +75,28 @@ impl AttemptOutcome {
     }
 }
 
-/// One delivery to send: the body is the event envelope, serialised once.
+/// One delivery to send: the body is the event envelope, serialised once
+/// and shared, not copied, by every attempt ([`shared_body`]).
 pub struct Attempt<'a> {
+    /// As stored: the secrets that sign are the ones in force at `now`.
     pub subscription: &'a Subscription,
     pub delivery_id: &'a str,
     pub event_type: &'a str,
-    pub body: &'a [u8],
-    /// Unix seconds this attempt is signed at.
-    pub timestamp: i64,
+    pub body: Bytes,
+    /// When this attempt is signed; `X-SVC-Timestamp` carries its seconds.
+    pub now: Millis,
     pub timeout: Duration,
+}
+
+/// A delivery's body as the request sends it, without copying it.
+pub fn shared_body(body: &Arc<str>) -> Bytes {
+    struct Shared(Arc<str>);
+    impl AsRef<[u8]> for Shared {
+        fn as_ref(&self) -> &[u8] {
+            self.0.as_bytes()
+        }
+    }
+    Bytes::from_owner(Shared(body.clone()))
 }
 
 /// Sends delivery attempts; cheap to clone (one connection pool).
@@ -186,6 +205,10 @@ impl DeliveryClient {
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .dns_resolver(GuardedResolver { allow_private })
+            // Attempts to a receiver reuse its open connections (docs/api.md,
+            // "Where deliveries may go"): no handshake, no resolution, no
+            // guard run again, as the connection goes where the guard let it.
+            .pool_idle_timeout(IDLE_CONNECTION_KEPT)
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .user_agent(concat!("svc-webhooks/", env!("CARGO_PKG_VERSION")))
@@ -202,44 +225,55 @@ impl DeliveryClient {
             AttemptOutcome { status, error, detail, retry_after_s, elapsed_ms: started.elapsed().as_millis() as u64 }
         };
         let subscription = attempt.subscription;
-        // An address written in the URL never goes through the resolver.
-        if let Ok(url) = url::Url::parse(&subscription.url) {
-            let literal: Option<IpAddr> = match url.host() {
-                Some(url::Host::Ipv4(address)) => Some(address.into()),
-                Some(url::Host::Ipv6(address)) => Some(address.into()),
-                _ => None,
-            };
-            let refused = if url.scheme() != "https" {
-                Some("the URL is not https")
-            } else {
-                match literal.map(classify) {
-                    Some(AddressClass::Forbidden) => Some("the URL names an address deliveries may never go to"),
-                    Some(class) if !class.allowed(self.allow_private) => Some(
-                        "the URL names a loopback or private address, allowed only with \
-                         webhooks.allow_private_targets",
-                    ),
-                    _ => None,
-                }
-            };
-            if let Some(reason) = refused {
-                return done(None, Some((AttemptError::BlockedAddress, reason.to_string())), None);
+        // Parsed once, here: the guard looks at this URL and the request
+        // goes to it.
+        let url = match url::Url::parse(&subscription.url) {
+            Ok(url) => url,
+            Err(error) => {
+                return done(
+                    None,
+                    Some((AttemptError::ConnectionFailed, format!("the URL cannot be used: {error}"))),
+                    None,
+                );
             }
+        };
+        // An address written in the URL never goes through the resolver.
+        let literal: Option<IpAddr> = match url.host() {
+            Some(url::Host::Ipv4(address)) => Some(address.into()),
+            Some(url::Host::Ipv6(address)) => Some(address.into()),
+            _ => None,
+        };
+        let refused = if url.scheme() != "https" {
+            Some("the URL is not https")
+        } else {
+            match literal.map(classify) {
+                Some(AddressClass::Forbidden) => Some("the URL names an address deliveries may never go to"),
+                Some(class) if !class.allowed(self.allow_private) => Some(
+                    "the URL names a loopback or private address, allowed only with \
+                     webhooks.allow_private_targets",
+                ),
+                _ => None,
+            }
+        };
+        if let Some(reason) = refused {
+            return done(None, Some((AttemptError::BlockedAddress, reason.to_string())), None);
         }
+        let timestamp = attempt.now.div_euclid(1000);
+        let (secret, next_secret) = subscription.signing_secrets(attempt.now);
         let mut request = self
             .http
-            .post(&subscription.url)
+            .post(url)
             .timeout(attempt.timeout)
             .header("content-type", "application/json")
-            .header("x-svc-timestamp", attempt.timestamp.to_string())
-            .header("x-svc-signature", sign(&subscription.secret, attempt.timestamp, attempt.body))
+            .header("x-svc-timestamp", itoa::Buffer::new().format(timestamp))
+            .header("x-svc-signature", sign(secret, timestamp, &attempt.body))
             .header("x-svc-delivery-id", attempt.delivery_id)
             .header("x-svc-event-type", attempt.event_type)
             .header("x-svc-subscription-id", format!("sub_{}", subscription.id));
-        if let Some(rotation) = &subscription.rotation {
-            request =
-                request.header("x-svc-signature-new", sign(&rotation.next_secret, attempt.timestamp, attempt.body));
+        if let Some(next_secret) = next_secret {
+            request = request.header("x-svc-signature-new", sign(next_secret, timestamp, &attempt.body));
         }
-        match request.body(attempt.body.to_vec()).send().await {
+        match request.body(attempt.body).send().await {
             Ok(response) => {
                 let status = response.status();
                 let retry_after_s = (status.as_u16() == 429)
