@@ -17,6 +17,12 @@ use svc::server::engine_config;
 
 const SECRET: &str = "receiver-secret-0123456789";
 
+/// A number for a file name no other in the test process has.
+fn next_file() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// One request the receiver got.
 struct Received {
     path: String,
@@ -41,11 +47,14 @@ struct Receiver {
 }
 
 impl Receiver {
+    /// A receiver whose certificate is issued by a CA of its own; the CA is
+    /// written to `ca_file`.
     fn start(dir: &Path) -> Receiver {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "svc test CA");
+        // A name of its own: a CA of the same name would say "bad signature".
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("svc test CA {}", next_file()));
         ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
         let ca = ca_params.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
@@ -54,16 +63,47 @@ impl Receiver {
             rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
         leaf_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
-        let ca_file = dir.join("receiver-ca.pem");
+        let ca_file = dir.join(format!("receiver-ca-{}.pem", next_file()));
         std::fs::write(&ca_file, ca.pem()).unwrap();
+        Receiver::serve(leaf.der().clone(), &leaf_key, ca_file)
+    }
 
+    /// A receiver presenting a self-signed certificate for `names`, valid
+    /// from `not_before` to `not_after`; the certificate itself is written
+    /// to `ca_file`.
+    fn self_signed(
+        dir: &Path,
+        is_ca: rcgen::IsCa,
+        names: &[&str],
+        not_before: (i32, u8, u8),
+        not_after: (i32, u8, u8),
+    ) -> Receiver {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|name| name.to_string()).collect::<Vec<_>>()).unwrap();
+        params.is_ca = is_ca;
+        params.distinguished_name.push(rcgen::DnType::CommonName, "svc self-signed receiver");
+        params.not_before = rcgen::date_time_ymd(not_before.0, not_before.1, not_before.2);
+        params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+        let certificate = params.self_signed(&key).unwrap();
+        let ca_file = dir.join(format!("receiver-self-signed-{}.pem", next_file()));
+        std::fs::write(&ca_file, certificate.pem()).unwrap();
+        Receiver::serve(certificate.der().clone(), &key, ca_file)
+    }
+
+    /// Serves HTTPS with `certificate` (alone, no chain) and its key.
+    fn serve(
+        certificate: rustls::pki_types::CertificateDer<'static>,
+        key: &rcgen::KeyPair,
+        ca_file: PathBuf,
+    ) -> Receiver {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
         let tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_no_client_auth()
-            .with_single_cert(vec![leaf.der().clone()], key)
+            .with_single_cert(vec![certificate], key)
             .unwrap();
         let tls = Arc::new(tls);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -276,6 +316,63 @@ fn redirects_are_not_followed_and_failures_are_named() {
     assert!(refused.get("status_code").is_none());
 }
 
+/// The answer's `error` and its `error_detail`, which must name `cause`.
+fn failure_of(answer: &Value, error: &str, cause: &str) -> String {
+    assert_eq!((answer["success"].as_bool(), answer["error"].as_str()), (Some(false), Some(error)), "{answer}");
+    let detail = answer["error_detail"].as_str().unwrap_or_else(|| panic!("no error_detail in {answer}"));
+    assert!(detail.to_lowercase().contains(&cause.to_lowercase()), "{detail:?} does not name {cause:?}");
+    detail.to_string()
+}
+
+/// A failed test event says why, in `error_detail`: what the connection,
+/// the TLS handshake, the receiver or the guard said, never the body.
+#[test]
+fn a_failed_test_event_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path());
+    let stranger = Receiver::start(dir.path());
+    let elsewhere = Receiver::self_signed(dir.path(), rcgen::IsCa::NoCa, &["receiver.example"], LONG_AGO, FAR_OFF);
+    let mut config = config_for(&dir.path().join("svc"));
+    config.webhooks_allow_private_targets = true;
+    config.webhooks_extra_ca_file = Some(bundle(dir.path(), &[&receiver.ca_file, &elsewhere.ca_file]));
+    config.webhooks_timeout_ms = 300;
+    let server = TestServer::start_with(&config, engine_config(&config));
+
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("https://127.0.0.1:{}/x", closed.local_addr().unwrap().port());
+    drop(closed);
+    let refused = test_event(&server, &subscribe(&server, &dead));
+    failure_of(&refused, "connection_failed", "connection refused");
+    assert!(refused.get("status_code").is_none());
+
+    let unknown = test_event(&server, &subscribe(&server, &stranger.url("127.0.0.1")));
+    failure_of(&unknown, "tls_error", "UnknownIssuer");
+    let wrong_name = test_event(&server, &subscribe(&server, &elsewhere.url("127.0.0.1")));
+    failure_of(&wrong_name, "tls_error", "not valid for name");
+
+    let id = subscribe(&server, &receiver.url("127.0.0.1"));
+    receiver.answer_next(500, Vec::new());
+    let failed = test_event(&server, &id);
+    let detail = failure_of(&failed, "http_status", "500");
+    assert!(!detail.contains("ok"), "the receiver's body is not shown: {detail:?}");
+    receiver.answer_next(429, vec![("retry-after", "120".to_string())]);
+    failure_of(&test_event(&server, &id), "http_status", "Retry-After: 120 s");
+    receiver.answer_next(302, vec![("location", "https://elsewhere.example/".to_string())]);
+    failure_of(&test_event(&server, &id), "redirect", "302");
+
+    *receiver.delay.lock().unwrap() = std::time::Duration::from_secs(2);
+    let slow = test_event(&server, &subscribe(&server, &receiver.slow_url("127.0.0.1")));
+    failure_of(&slow, "timeout", "no answer within 300 ms");
+    *receiver.delay.lock().unwrap() = std::time::Duration::ZERO;
+
+    // The same subscriptions once private targets are refused.
+    server.stop();
+    config.webhooks_allow_private_targets = false;
+    let server = TestServer::start_with(&config, engine_config(&config));
+    let literal = test_event(&server, &id);
+    failure_of(&literal, "blocked_address", "allow_private_targets");
+}
+
 #[test]
 fn an_untrusted_certificate_fails_the_attempt() {
     let dir = tempfile::tempdir().unwrap();
@@ -285,6 +382,87 @@ fn an_untrusted_certificate_fails_the_attempt() {
     let answer = test_event(&server, &id);
     assert_eq!((answer["success"].as_bool(), answer["error"].as_str()), (Some(false), Some("tls_error")), "{answer}");
     assert_eq!(receiver.count(), 0, "nothing was sent");
+}
+
+/// A file holding the certificates of every file in `files`.
+fn bundle(dir: &Path, files: &[&Path]) -> PathBuf {
+    let text: String = files.iter().map(|file| std::fs::read_to_string(file).unwrap()).collect();
+    let path = dir.join(format!("bundle-{}.pem", next_file()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// What `openssl req -x509` makes by default: a self-signed certificate
+/// that says it is a CA (webpki takes no CA as a receiver's certificate).
+fn like_openssl() -> rcgen::IsCa {
+    rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained)
+}
+
+const LONG_AGO: (i32, u8, u8) = (2020, 1, 1);
+const FAR_OFF: (i32, u8, u8) = (2200, 1, 1);
+
+/// A self-signed receiver certificate listed in `webhooks.extra_ca_file` is
+/// taken as presented (pinned by its bytes), whatever its basic
+/// constraints, beside a CA listed there; one not listed is refused.
+#[test]
+fn a_listed_self_signed_certificate_is_trusted_as_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = ["localhost", "127.0.0.1"];
+    let pinned = Receiver::self_signed(dir.path(), like_openssl(), &names, LONG_AGO, FAR_OFF);
+    let plain = Receiver::self_signed(dir.path(), rcgen::IsCa::NoCa, &names, LONG_AGO, FAR_OFF);
+    let unlisted = Receiver::self_signed(dir.path(), like_openssl(), &names, LONG_AGO, FAR_OFF);
+    let unlisted_plain = Receiver::self_signed(dir.path(), rcgen::IsCa::NoCa, &names, LONG_AGO, FAR_OFF);
+    let chained = Receiver::start(dir.path());
+    let listed = bundle(dir.path(), &[&chained.ca_file, &pinned.ca_file, &plain.ca_file]);
+    let server = server(&dir.path().join("svc"), true, Some(&listed));
+
+    for receiver in [&pinned, &plain] {
+        for host in ["127.0.0.1", "localhost"] {
+            let id = subscribe(&server, &receiver.url(host));
+            let answer = test_event(&server, &id);
+            assert_eq!(
+                (answer["success"].as_bool(), answer["status_code"].as_u64()),
+                (Some(true), Some(200)),
+                "{answer}"
+            );
+        }
+        assert_eq!(receiver.count(), 2);
+    }
+    let id = subscribe(&server, &chained.url("127.0.0.1"));
+    assert_eq!(test_event(&server, &id)["success"], true, "a CA in the same file still issues");
+
+    for receiver in [&unlisted, &unlisted_plain] {
+        let id = subscribe(&server, &receiver.url("127.0.0.1"));
+        let answer = test_event(&server, &id);
+        assert_eq!(
+            (answer["success"].as_bool(), answer["error"].as_str()),
+            (Some(false), Some("tls_error")),
+            "{answer}"
+        );
+        assert_eq!(receiver.count(), 0, "nothing was sent");
+    }
+}
+
+/// A pinned certificate is still checked for the host name and its
+/// validity period.
+#[test]
+fn a_listed_self_signed_certificate_must_name_the_host_and_be_current() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = Receiver::self_signed(dir.path(), like_openssl(), &["receiver.example"], LONG_AGO, FAR_OFF);
+    let expired = Receiver::self_signed(dir.path(), like_openssl(), &["127.0.0.1"], LONG_AGO, (2021, 1, 1));
+    let early = Receiver::self_signed(dir.path(), like_openssl(), &["127.0.0.1"], (2190, 1, 1), FAR_OFF);
+    let listed = bundle(dir.path(), &[&elsewhere.ca_file, &expired.ca_file, &early.ca_file]);
+    let server = server(&dir.path().join("svc"), true, Some(&listed));
+    for receiver in [&elsewhere, &expired, &early] {
+        let id = subscribe(&server, &receiver.url("127.0.0.1"));
+        let answer = test_event(&server, &id);
+        assert_eq!(
+            (answer["success"].as_bool(), answer["error"].as_str()),
+            (Some(false), Some("tls_error")),
+            "{answer}"
+        );
+        assert_eq!(receiver.count(), 0, "nothing was sent");
+    }
 }
 
 /// Subscriptions made while private targets were allowed, checked again at
@@ -311,6 +489,7 @@ fn the_guard_runs_again_at_every_attempt() {
             (Some(false), Some("blocked_address")),
             "{id}"
         );
+        failure_of(&answer, "blocked_address", "allowed only with webhooks.allow_private_targets");
     }
     assert_eq!(receiver.count(), before, "no connection was made");
     assert_eq!(server.post_raw("/svc/v1/webhooks/sub_nope/test", "", None).status, 404);

@@ -135,7 +135,6 @@ pub async fn test(app: &AppState, id: &str) -> Result<Reply, ApiError> {
         .as_ref()
         .ok_or_else(|| ApiError::new("backend_error", "webhook deliveries are not set up on this server"))?;
     let now = now(app);
-    let subscription = subscription.settled(now);
     let (event_id, delivery_id) = {
         let mut ids = app.request_ids.lock();
         (ids.next(now, rand::random()), ids.next(now, rand::random()))
@@ -157,8 +156,8 @@ pub async fn test(app: &AppState, id: &str) -> Result<Reply, ApiError> {
         subscription: &subscription,
         delivery_id: &delivery_id,
         event_type: "webhook.test",
-        body: body.as_bytes(),
-        timestamp: now.div_euclid(1000),
+        body: body.into(),
+        now,
         timeout: app.webhook_timeout.min(TEST_TIMEOUT),
     };
     let outcome = client.send(attempt).await;
@@ -173,6 +172,9 @@ pub async fn test(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     }
     if let Some(error) = outcome.error {
         answer["error"] = error.as_str().into();
+    }
+    if let Some(detail) = outcome.detail {
+        answer["error_detail"] = detail.into();
     }
     Ok(Reply::ok(answer.to_string()))
 }

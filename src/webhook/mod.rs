@@ -7,6 +7,7 @@ pub mod guard;
 pub mod pool;
 pub mod signature;
 pub mod subscription;
+pub mod verifier;
 
 pub use guard::{AddressClass, classify};
 pub use pool::DeliveryPriority;

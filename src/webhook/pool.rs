@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::client::{Attempt, AttemptError, DeliveryClient};
+use super::client::{Attempt, AttemptError, DeliveryClient, shared_body};
 use crate::engine::outbox::{Delivery, StartedAttempts};
 use crate::engine::{AttemptOutcome, AttemptResult, EngineConfig, EngineError, EngineHandle, Unavailable};
 
@@ -186,15 +186,14 @@ async fn attempt(
 ) -> AttemptResult {
     let Some(subscription) = engine.webhook(delivery.subscription) else { return AttemptResult::NoSubscription };
     let now = crate::clock::Clock::now_ms(engine.clock().as_ref());
-    let subscription = subscription.settled(now);
     let delivery_id = format!("del_{}", delivery.id);
     let outcome = client
         .send(Attempt {
             subscription: &subscription,
             delivery_id: &delivery_id,
             event_type: &delivery.event_type,
-            body: delivery.body.as_bytes(),
-            timestamp: now.div_euclid(1000),
+            body: shared_body(&delivery.body),
+            now,
             timeout,
         })
         .await;
@@ -206,6 +205,7 @@ async fn attempt(
         subscription_id = %format!("sub_{}", subscription.id),
         status = outcome.status,
         error = outcome.error.map(AttemptError::as_str),
+        detail = outcome.detail.as_deref(),
         "webhook attempt failed"
     );
     AttemptResult::Failed {

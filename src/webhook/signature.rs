@@ -7,15 +7,17 @@ type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
 /// The signature header value for a body sent at `timestamp` (Unix seconds).
 pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut mac = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
-    mac.update(timestamp.to_string().as_bytes());
+    mac.update(itoa::Buffer::new().format(timestamp).as_bytes());
     mac.update(b".");
     mac.update(body);
     let digest = mac.finalize().into_bytes();
     let mut out = String::with_capacity(7 + 64);
     out.push_str("sha256=");
     for byte in digest {
-        out.push_str(&format!("{byte:02x}"));
+        out.push(HEX[(byte >> 4) as usize] as char);
+        out.push(HEX[(byte & 0x0f) as usize] as char);
     }
     out
 }

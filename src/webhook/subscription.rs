@@ -105,6 +105,18 @@ impl Subscription {
         settled
     }
 
+    /// The secrets that sign at `now`, as [`Subscription::settled`] has
+    /// them, without copying the subscription: the one for
+    /// `X-SVC-Signature`, and during a rotation the one for
+    /// `X-SVC-Signature-New` (docs/api.md, "Rotating a secret").
+    pub fn signing_secrets(&self, now: Millis) -> (&str, Option<&str>) {
+        match &self.rotation {
+            Some(rotation) if now >= rotation.expires_at => (&rotation.next_secret, None),
+            Some(rotation) => (&self.secret, Some(&rotation.next_secret)),
+            None => (&self.secret, None),
+        }
+    }
+
     /// Whether an event is for this subscription: an active one whose
     /// patterns take the type and whose filter takes the event's queue and
     /// job type (an event without them passes no filter that names them).
@@ -547,6 +559,13 @@ mod tests {
             updated_at: 0,
         };
         assert_eq!(subscription.settled(99).secret, "old-secret-0123456");
+        for now in [99, 100] {
+            let settled = subscription.settled(now);
+            let expected = (settled.secret.as_str(), settled.rotation.as_ref().map(|r| r.next_secret.as_str()));
+            assert_eq!(subscription.signing_secrets(now), expected, "at {now}");
+            assert_eq!(settled.signing_secrets(now), expected, "settled twice at {now}");
+        }
+        assert_eq!(subscription.signing_secrets(99), ("old-secret-0123456", Some("new-secret-0123456")));
         let ended = subscription.settled(100);
         assert_eq!((ended.secret.as_str(), ended.rotation.is_none()), ("new-secret-0123456", true));
         assert!(!format!("{subscription:?}").contains("secret-0123456"), "Debug never shows a secret");
