@@ -28,7 +28,7 @@
 //! an address gets 429 for the rest of the minute, 10; 0 turns the limit
 //! off); `metrics.public` (bool) serves `/metrics` without a key;
 //! `webhooks.allow_private_targets` (bool) lets webhooks go to loopback and
-//! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs,
+//! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs and pins self-signed receivers,
 //! `webhooks.timeout_s`, `webhooks.priority` (`"idle"` or `"low"`),
 //! `webhooks.max_pending`, `webhooks.max_pending_bytes`, `webhooks.max_outbox`,
 //! `webhooks.max_outbox_bytes`, `webhooks.concurrency`,
