@@ -275,6 +275,17 @@ impl State {
         self.dirty_workers.insert(worker_id.to_string());
     }
 
+    /// Workers whose entry changed since [`State::take_dirty_workers`]
+    /// (each whose active jobs changed among them).
+    pub fn dirty_workers(&self) -> impl Iterator<Item = &String> {
+        self.dirty_workers.iter()
+    }
+
+    /// Whether `worker_id` holds active jobs.
+    pub fn holds_active(&self, worker_id: &str) -> bool {
+        self.active_by_worker.contains_key(worker_id)
+    }
+
     /// The active jobs `worker_id` holds, in id order.
     pub fn active_of_worker(&self, worker_id: &str) -> Vec<JobId> {
         self.active_by_worker.get(worker_id).map(|ids| ids.iter().copied().collect()).unwrap_or_default()
