@@ -101,3 +101,64 @@ fn delete_removes_a_discarded_job_for_good() {
     assert_eq!(server.get(&format!("/svc/v1/jobs/{gone}")).status, 404, "the deletion is durable");
     assert_eq!(listed(&server.get("/svc/v1/dead-letter")), [kept], "the listing is rebuilt at start");
 }
+
+/// The job's fields, of those a run gathers, that `job` shows.
+fn run_fields(job: &Value) -> Vec<&'static str> {
+    let fields = [
+        "started_at",
+        "worker_id",
+        "completed_at",
+        "cancelled_at",
+        "discarded_at",
+        "retry_at",
+        "retry_delay_ms",
+        "error",
+        "result",
+        "expires_at",
+    ];
+    fields.into_iter().filter(|field| job.get(*field).is_some()).collect()
+}
+
+#[test]
+fn a_revived_job_starts_a_fresh_run_keeping_only_its_error_history() {
+    const START: i64 = 1_800_000_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = svc::clock::ManualClock::new(START);
+    let server = TestServer::start_at(dir.path(), &clock);
+    let expires = "2027-01-16T00:00:00.000Z";
+    let id = server.enqueue(json!({"type": "t", "args": [], "options": {"retry": {"max_attempts": 2, "jitter": false}, "expires_at": expires}}));
+    let fetch = json!({"queues": ["default"], "worker_id": "w-1"});
+    let fail = json!({"job_id": id, "error": {"type": "Boom", "message": "no"}});
+    for _ in 0..2 {
+        assert_eq!(server.post("/svc/v1/workers/fetch", fetch.clone()).body["jobs"][0]["id"], id.as_str());
+        assert_eq!(server.post("/svc/v1/workers/nack", fail.clone()).status, 200);
+        server.advance(&clock, 1_000);
+    }
+    let discarded = server.job(&id);
+    assert_eq!(discarded["state"], "discarded");
+    assert_eq!(
+        run_fields(&discarded),
+        ["started_at", "worker_id", "completed_at", "discarded_at", "retry_delay_ms", "error", "expires_at"],
+        "{discarded}"
+    );
+
+    server.advance(&clock, 5_000);
+    let revived = server.post(&format!("/svc/v1/dead-letter/{id}/retry"), json!({}));
+    assert_eq!(revived.status, 200, "{}", revived.body);
+    for job in [revived.body["job"].clone(), server.job(&id)] {
+        assert_eq!((job["state"].as_str(), job["attempt"].as_i64()), (Some("available"), Some(0)));
+        assert_eq!(run_fields(&job), Vec::<&str>::new(), "nothing of the old run: {job}");
+        assert_eq!(job["enqueued_at"], "2027-01-15T08:00:07Z");
+        assert_eq!(job["errors"].as_array().unwrap().len(), 2, "the history stays");
+    }
+
+    // Replay gives the same job.
+    server.stop();
+    let server = TestServer::start_at(dir.path(), &clock);
+    assert_eq!(run_fields(&server.job(&id)), Vec::<&str>::new());
+    server.advance(&clock, 1_000);
+    let claimed = server.post("/svc/v1/workers/fetch", json!({"queues": ["default"], "worker_id": "w-2"}));
+    let job = &claimed.body["jobs"][0];
+    assert_eq!((job["attempt"].as_i64(), job["started_at"].as_str()), (Some(1), Some("2027-01-15T08:00:08Z")));
+    assert_eq!(run_fields(job), ["started_at", "worker_id"], "{job}");
+}

@@ -1,7 +1,8 @@
 //! Dispatch limits (docs/api.md, "Dispatch limits"): concurrency per key,
 //! sliding rate windows on a manual clock, keys independent of each other
-//! and of unlimited jobs, different rates under one key, the window kept
-//! across a restart, and a long-poll fetch answered when a window opens.
+//! and of unlimited jobs, different rates under one key, claims without a
+//! rate counting toward none within a fetch, the window kept across a
+//! restart, and a long-poll fetch answered when a window opens.
 
 mod common;
 
@@ -113,6 +114,32 @@ fn a_smaller_rate_under_a_key_does_not_shorten_the_window_of_a_larger_one() {
     assert!(server.fetch(&["q"], 10).is_empty(), "and after a restart from a snapshot");
     server.advance(&clock, 3_600_000 - 6_000);
     assert_eq!(ids(&server.fetch(&["q"], 10)), [last], "the first two claims left the hour");
+}
+
+/// Only claims of jobs with a rate count toward a rate, within one fetch as
+/// across fetches: a fetch that hands out a concurrency-only job under the
+/// key still hands out the rated job behind it.
+#[test]
+fn claims_of_jobs_without_a_rate_do_not_count_toward_a_rate_in_the_same_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let server = TestServer::start_at(dir.path(), &clock);
+    let capped = json!({"key": "mixed", "concurrency": 5});
+    let rated = json!({"key": "mixed", "concurrency": 5, "rate": 2, "period": "minute"});
+    let jobs = [
+        server.enqueue(limited("q", 0, capped.clone())),
+        server.enqueue(limited("q", 1, rated.clone())),
+        server.enqueue(limited("q", 2, capped)),
+        server.enqueue(limited("q", 3, rated.clone())),
+        server.enqueue(limited("q", 4, rated)),
+    ];
+    let one_fetch = ids(&server.fetch(&["q"], 10));
+    assert_eq!(one_fetch, jobs[..4], "two rated claims fit the minute; the third rated job waits");
+    assert_eq!(server.job(&jobs[4])["state"], "available");
+    server.advance(&clock, 59_999);
+    assert!(server.fetch(&["q"], 10).is_empty());
+    server.advance(&clock, 1);
+    assert_eq!(ids(&server.fetch(&["q"], 10)), [jobs[4].clone()]);
 }
 
 #[test]

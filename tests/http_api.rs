@@ -570,6 +570,82 @@ fn cancel_from_each_state() {
     assert_eq!(server.delete("/svc/v1/jobs/019539a4-0000-7000-8000-000000000000").status, 404);
 }
 
+/// Docs/api.md, "Which times a job carries": the times of a job in each
+/// state, live and after a restart.
+#[test]
+fn each_state_carries_its_own_times() {
+    const TIMES: [&str; 8] = [
+        "created_at",
+        "scheduled_at",
+        "enqueued_at",
+        "started_at",
+        "completed_at",
+        "cancelled_at",
+        "discarded_at",
+        "retry_at",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let server = TestServer::start_at(dir.path(), &clock);
+    let in_queue = |queue: &str, options: Value| {
+        let mut options = options;
+        options["queue"] = json!(queue);
+        server.enqueue(json!({"type": "t", "args": [], "options": options}))
+    };
+    let claim = |queue: &str| server.fetch(&[queue], 1)[0]["id"].as_str().unwrap().to_string();
+    let fail =
+        |id: &str| server.post("/svc/v1/workers/nack", json!({"job_id": id, "error": {"type": "E", "message": "m"}}));
+
+    let expired = in_queue("expired", json!({"pending": true, "expires_at": "2027-01-15T08:00:01Z"}));
+    server.advance(&clock, 2_000);
+    let pending = in_queue("pending", json!({"pending": true}));
+    let scheduled = in_queue("scheduled", json!({"scheduled_at": "2027-01-16T00:00:00Z"}));
+    let available = in_queue("available", json!({}));
+    let active = in_queue("active", json!({}));
+    claim("active");
+    let retryable = in_queue("retryable", json!({}));
+    claim("retryable");
+    assert_eq!(fail(&retryable).body["state"], "retryable");
+    let completed = in_queue("completed", json!({}));
+    claim("completed");
+    assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": completed})).status, 200);
+    let discarded = in_queue("discarded", json!({"retry": {"max_attempts": 1}}));
+    claim("discarded");
+    assert_eq!(fail(&discarded).body["state"], "discarded");
+    let cancelled_waiting = in_queue("cancelled", json!({}));
+    let cancelled_active = in_queue("cancelled-active", json!({}));
+    claim("cancelled-active");
+    for id in [&cancelled_waiting, &cancelled_active] {
+        assert_eq!(server.delete(&format!("/svc/v1/jobs/{id}")).status, 200);
+    }
+
+    let expected: [(&str, &str, &[&str]); 10] = [
+        (&pending, "pending", &["created_at"]),
+        (&scheduled, "scheduled", &["created_at", "scheduled_at"]),
+        (&available, "available", &["created_at", "enqueued_at"]),
+        (&active, "active", &["created_at", "enqueued_at", "started_at"]),
+        (&retryable, "retryable", &["created_at", "enqueued_at", "started_at", "retry_at"]),
+        (&completed, "completed", &["created_at", "enqueued_at", "started_at", "completed_at"]),
+        (&discarded, "discarded", &["created_at", "enqueued_at", "started_at", "completed_at", "discarded_at"]),
+        (&expired, "discarded", &["created_at", "discarded_at"]),
+        (&cancelled_waiting, "cancelled", &["created_at", "enqueued_at", "cancelled_at"]),
+        (&cancelled_active, "cancelled", &["created_at", "enqueued_at", "started_at", "cancelled_at"]),
+    ];
+    let check = |server: &TestServer| {
+        for (id, state, times) in &expected {
+            let job = server.job(id);
+            assert_eq!(job["state"], *state, "{job}");
+            let shown: Vec<&str> = TIMES.into_iter().filter(|time| job.get(*time).is_some()).collect();
+            assert_eq!(shown, *times, "{state}: {job}");
+        }
+    };
+    check(&server);
+    let discarded = server.job(&discarded);
+    assert_eq!(discarded["completed_at"], discarded["discarded_at"], "the failure that discarded it ended the attempt");
+    server.stop();
+    check(&TestServer::start_at(dir.path(), &clock));
+}
+
 #[test]
 fn batch_enqueue_is_atomic() {
     let (_dir, server) = server();

@@ -176,3 +176,48 @@ fn a_heartbeat_with_a_count_beside_the_list_extends_the_listed_jobs() {
     let both = json!({"worker_id": "w-sdk", "active_jobs": [kept], "active_job_ids": []});
     assert_eq!(server.post("/svc/v1/workers/heartbeat", both).body["jobs_extended"], 1);
 }
+
+/// A full registry makes room by forgetting the least recently seen worker
+/// without active jobs: one that held a job when last seen counts as idle
+/// once the job ends, and one holding a job is passed over however old.
+#[test]
+fn a_full_registry_forgets_the_least_recently_seen_idle_worker() {
+    use svc::clock::ManualClock;
+    use svc::engine::FetchRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let server = TestServer::start_at(dir.path(), &clock);
+    let handle = server.engine();
+    let fetch = |worker: &str| {
+        let request = FetchRequest {
+            queues: vec!["default".into()],
+            count: 1,
+            worker_id: Some(worker.to_string()),
+            visibility_timeout_ms: Some(3_600_000),
+        };
+        handle.fetch(request).wait().unwrap()[0].id
+    };
+    server.enqueue(json!({"type": "t", "args": []}));
+    server.enqueue(json!({"type": "t", "args": []}));
+    fetch("a-busy");
+    server.advance(&clock, 1);
+    let done = fetch("b-done");
+    server.advance(&clock, 1);
+    handle.heartbeat("b-done".into(), None, None).wait().unwrap();
+    server.advance(&clock, 1);
+    handle.ack(done, None, None).wait().unwrap();
+    server.advance(&clock, 1);
+    let fillers: Vec<_> =
+        (0..svc::limits::WORKERS_MAX - 2).map(|n| handle.heartbeat(format!("f{n:05}"), None, None)).collect();
+    for beat in fillers {
+        beat.wait().unwrap();
+    }
+    server.advance(&clock, 1);
+
+    handle.heartbeat("new-1".into(), None, None).wait().unwrap();
+    assert!(handle.worker("b-done").is_none(), "the worker whose job ended was the least recently seen idle one");
+    handle.heartbeat("new-2".into(), None, None).wait().unwrap();
+    assert!(handle.worker("f00000").is_none(), "then the oldest filler");
+    assert!(handle.worker("a-busy").is_some_and(|worker| worker.active_job_ids.len() == 1));
+    assert!(handle.worker("f00001").is_some() && handle.worker("new-1").is_some());
+}

@@ -370,6 +370,104 @@ fn ended_workflows_are_pruned_after_their_retention() {
     assert_eq!((gone.status, gone.body["error"]["details"]["resource_type"].as_str()), (404, Some("workflow")));
 }
 
+/// A server on a manual clock, checking its invariants, with the job and
+/// workflow retention `change` sets.
+fn start_retaining(dir: &std::path::Path, clock: &ManualClock, change: fn(&mut svc::engine::Retention)) -> TestServer {
+    let config = common::config_for(dir);
+    let mut engine = svc::server::engine_config(&config);
+    engine.clock = std::sync::Arc::new(clock.clone());
+    engine.entropy = Box::new(common::FixedEntropy(0));
+    engine.check_invariants = true;
+    change(&mut engine.retention);
+    TestServer::start_with(&config, engine)
+}
+
+/// The members of a workflow object as `(job_id, type, queue, state)`.
+fn members(workflow: &Value, list: &str) -> Vec<(String, String, String, String)> {
+    let text = |member: &Value, key: &str| member[key].as_str().unwrap_or("<none>").to_string();
+    workflow[list]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|member| (text(member, "job_id"), text(member, "type"), text(member, "queue"), text(member, "state")))
+        .collect()
+}
+
+#[test]
+fn members_whose_jobs_were_pruned_keep_their_ids_and_how_they_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let retention = |retention: &mut svc::engine::Retention| retention.completed_ms = 60_000;
+    let server = start_retaining(dir.path(), &clock, retention);
+    let answer = server.post("/svc/v1/workflows", chain("pc", 2));
+    let id = answer.body["workflow"]["id"].as_str().unwrap().to_string();
+    let first = server.fetch(&["pc"], 1)[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": first, "result": {"n": 1}})).status, 200);
+
+    // The first step's job goes while the chain still runs; what it gave
+    // is the workflow's, and still passed on.
+    server.advance(&clock, 60_001);
+    assert_eq!(server.get(&format!("/svc/v1/jobs/{first}")).status, 404);
+    let running = server.get(&format!("/svc/v1/workflows/{id}")).body["workflow"].clone();
+    assert_eq!((running["state"].as_str(), running["steps_completed"].as_u64()), (Some("running"), Some(1)));
+    let shown = members(&running, "steps");
+    assert_eq!(shown[0], (first.clone(), "step.s0".into(), "pc".into(), "completed".into()));
+    assert_eq!(shown[1].3, "available");
+    let second = server.fetch(&["pc"], 1)[0].clone();
+    assert_eq!(second["parent_results"], json!([{"n": 1}]));
+    assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": second["id"]})).status, 200);
+    server.advance(&clock, 60_001);
+    let ended = server.get(&format!("/svc/v1/workflows/{id}")).body["workflow"].clone();
+    assert_eq!((ended["state"].as_str(), ended["jobs_completed"].as_u64()), (Some("completed"), Some(2)));
+    assert_eq!(members(&ended, "steps").iter().map(|member| member.3.as_str()).collect::<Vec<_>>(), ["completed"; 2]);
+
+    // A group member discarded, sent back, completed and pruned: the
+    // member shows the end the workflow recorded all along.
+    let group =
+        json!({"type": "group", "jobs": [{"type": "g", "options": {"queue": "pg", "retry": {"max_attempts": 1}}}]});
+    let answer = server.post("/svc/v1/workflows", group);
+    let group_id = answer.body["workflow"]["id"].as_str().unwrap().to_string();
+    let job = server.fetch(&["pg"], 1)[0]["id"].as_str().unwrap().to_string();
+    let failed = server.post("/svc/v1/workers/nack", json!({"job_id": job, "error": {"type": "E", "message": "m"}}));
+    assert_eq!(failed.body["state"], "discarded");
+    assert_eq!(server.post(&format!("/svc/v1/dead-letter/{job}/retry"), json!({})).status, 200);
+    assert_eq!(server.fetch(&["pg"], 1)[0]["id"], job.as_str());
+    assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": job})).status, 200);
+    let expected = vec![(job.clone(), "g".to_string(), "pg".to_string(), "discarded".to_string())];
+    let shown = server.get(&format!("/svc/v1/workflows/{group_id}")).body["workflow"].clone();
+    assert_eq!((shown["state"].as_str(), members(&shown, "jobs")), (Some("failed"), expected.clone()));
+    server.advance(&clock, 60_001);
+    assert_eq!(server.get(&format!("/svc/v1/jobs/{job}")).status, 404);
+    server.stop();
+    let server = start_retaining(dir.path(), &clock, retention);
+    let shown = server.get(&format!("/svc/v1/workflows/{group_id}")).body["workflow"].clone();
+    assert_eq!((shown["jobs_failed"].as_u64(), members(&shown, "jobs")), (Some(1), expected));
+}
+
+#[test]
+fn jobs_whose_workflow_was_pruned_keep_its_id_but_not_its_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let retention = |retention: &mut svc::engine::Retention| retention.workflows_ms = 60_000;
+    let server = start_retaining(dir.path(), &clock, retention);
+    let answer = server.post("/svc/v1/workflows", chain("pw", 2));
+    let id = answer.body["workflow"]["id"].as_str().unwrap().to_string();
+    let mut steps = Vec::new();
+    for n in 0..2 {
+        let step = server.fetch(&["pw"], 1)[0]["id"].as_str().unwrap().to_string();
+        assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": step, "result": n})).status, 200);
+        steps.push(step);
+    }
+    assert_eq!(server.job(&steps[1])["parent_results"], json!([0]));
+    server.advance(&clock, 60_001);
+    assert_eq!(server.get(&format!("/svc/v1/workflows/{id}")).status, 404);
+    for step in &steps {
+        let job = server.job(step);
+        assert_eq!((job["state"].as_str(), job["workflow_id"].as_str()), (Some("completed"), Some(id.as_str())));
+        assert!(job.get("parent_results").is_none() && job.get("parent_states").is_none(), "{job}");
+    }
+}
+
 #[test]
 fn invalid_creations_are_refused_and_create_nothing() {
     let flow = Flow::new();

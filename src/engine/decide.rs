@@ -7,8 +7,8 @@ use super::state::{QueueState, State};
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, ValidationError};
 use crate::limits::CLIENT_ID_AHEAD_MS_MAX;
-use crate::schedule::ReadyKey;
 use crate::schedule::retry_delay_ms;
+use crate::schedule::{ReadyKey, Taken};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -259,14 +259,15 @@ impl State {
         queue: &'a QueueState,
         wanted: usize,
         now: Millis,
-        taken: &mut HashMap<&'a str, u32>,
+        taken: &mut HashMap<&'a str, Taken>,
     ) -> Vec<JobId> {
         if queue.limited.is_empty() {
             return queue.ready.iter().take(wanted).map(|key| key.id).collect();
         }
-        let open = |job: &ReadyKey, key: &str, taken: &HashMap<&str, u32>| {
-            let limit = self.job(job.id).and_then(|job| job.dispatch_limit()).expect("limited jobs have a limit");
-            self.dispatch.allowance(key, limit, taken.get(key).copied().unwrap_or(0), now) > 0
+        let limit_of =
+            |job: &ReadyKey| self.job(job.id).and_then(|job| job.dispatch_limit()).expect("limited jobs have a limit");
+        let open = |job: &ReadyKey, key: &str, taken: &HashMap<&str, Taken>| {
+            self.dispatch.allowance(key, limit_of(job), taken.get(key).copied().unwrap_or_default(), now) > 0
         };
         let mut plain = queue.ready.iter().peekable();
         let mut heads = queue.limited.heads().peekable();
@@ -299,7 +300,7 @@ impl State {
             if !next_of_taken.remove(&(job, key)) {
                 heads.next();
             }
-            *taken.entry(key).or_default() += 1;
+            taken.entry(key).or_default().add(limit_of(&job));
             if let Some(next) = queue.limited.next_after(key, &job)
                 && open(&next, key, taken)
             {

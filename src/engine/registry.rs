@@ -20,9 +20,14 @@ pub(crate) fn touch(
     heartbeat: bool,
     events: &mut EventSink,
 ) {
+    if contacts.len() >= WORKERS_MAX && contacts.get(worker_id).is_none() {
+        // Room is made from the idle workers: bring in what this turn changed.
+        for worker in state.dirty_workers() {
+            contacts.set_busy(worker, state.holds_active(worker));
+        }
+    }
     let held = &*state;
-    let touched =
-        contacts.touch(worker_id, now, heartbeat, WORKERS_MAX, |worker| !held.active_of_worker(worker).is_empty());
+    let touched = contacts.touch(worker_id, now, heartbeat, WORKERS_MAX, |worker| held.holds_active(worker));
     if touched.new && state.worker_signal(worker_id).is_none() {
         events.push_other(now, EventKind::WorkerStarted { worker_id: worker_id.to_string() });
     }

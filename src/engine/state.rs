@@ -18,8 +18,8 @@ use super::workers::WorkerSignal;
 use super::workflow_table::Workflow;
 use crate::clock::Millis;
 use crate::job::{
-    DispatchLimit, ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdSet, JobState, SharedPolicies,
-    UniqueKey,
+    DispatchLimit, ErrorEntry, Exhaustion, FailureReport, IdGenerator, Job, JobId, JobIdSet, JobRun, JobState,
+    SharedPolicies, UniqueKey,
 };
 use crate::limits::DISPATCH_WINDOW_MS_MAX;
 use crate::limits::ERROR_HISTORY_MAX;
@@ -273,6 +273,17 @@ impl State {
     /// Marks a worker's entry as changed (contact recorded by the writer).
     pub fn touch_worker(&mut self, worker_id: &str) {
         self.dirty_workers.insert(worker_id.to_string());
+    }
+
+    /// Workers whose entry changed since [`State::take_dirty_workers`]
+    /// (each whose active jobs changed among them).
+    pub fn dirty_workers(&self) -> impl Iterator<Item = &String> {
+        self.dirty_workers.iter()
+    }
+
+    /// Whether `worker_id` holds active jobs.
+    pub fn holds_active(&self, worker_id: &str) -> bool {
+        self.active_by_worker.contains_key(worker_id)
     }
 
     /// The active jobs `worker_id` holds, in id order.
@@ -880,19 +891,17 @@ impl State {
         Ok(())
     }
 
+    /// A revived job starts a fresh run: of the old one only the error
+    /// history stays (docs/api.md, "Which times a job carries").
     fn apply_dead_letter_retry(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
         self.update(id, |job| {
             job.state = JobState::Available;
             job.attempt = 0;
             job.set_enqueued_at(Some(at));
-            job.run_mut().error = None;
-            job.run_mut().completed_at = None;
-            job.run_mut().discarded_at = None;
-            job.run_mut().retry_at = None;
             // Else an expired job would expire again at once.
             job.set_expires_at(None);
-            job.run_mut().worker_id = None;
-            clear_claim(job);
+            let errors = job.run_if_any_mut().map(|run| std::mem::take(&mut run.errors)).unwrap_or_default();
+            *job.run_mut() = JobRun { errors, ..JobRun::default() };
         })?;
         events.push(at, EventKind::Revived, id);
         Ok(())
@@ -1205,6 +1214,7 @@ impl State {
                     return Err(format!("job {id} has deadline {deadline} but no timer"));
                 }
             }
+            times_fit_state(job)?;
             if (job.state == JobState::Active) != job.run().visibility_deadline.is_some() {
                 return Err(format!(
                     "job {id} is {} with visibility deadline {:?}",
@@ -1302,6 +1312,43 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// The times a job carries in its state (docs/api.md, "Which times a job
+/// carries"): each end time only in its own end state, `completed_at` also
+/// on a job a failed attempt discarded, `retry_at` only while `retryable`,
+/// and `started_at` once the run was claimed, never while it waits for its
+/// first claim.
+fn times_fit_state(job: &Job) -> Result<(), String> {
+    let run = job.run();
+    let state = job.state;
+    let completed_fits = match state {
+        JobState::Completed => run.completed_at.is_some(),
+        JobState::Discarded => run.completed_at.is_none_or(|at| Some(at) == run.discarded_at),
+        _ => run.completed_at.is_none(),
+    };
+    // A requeue gives the attempt back but not the claim's `started_at`.
+    let started_fits = match run.started_at {
+        Some(_) => !matches!(state, JobState::Pending | JobState::Scheduled),
+        None => job.attempt == 0,
+    };
+    let enqueued_fits = match state {
+        JobState::Pending | JobState::Scheduled => job.enqueued_at().is_none(),
+        JobState::Available | JobState::Active | JobState::Retryable | JobState::Completed => {
+            job.enqueued_at().is_some()
+        }
+        JobState::Discarded | JobState::Cancelled => true,
+    };
+    if !completed_fits
+        || !started_fits
+        || !enqueued_fits
+        || run.cancelled_at.is_some() != (state == JobState::Cancelled)
+        || run.discarded_at.is_some() != (state == JobState::Discarded)
+        || run.retry_at.is_some() != (state == JobState::Retryable)
+    {
+        return Err(format!("job {} is {} with times {run:?}", job.id, state.as_str()));
+    }
+    Ok(())
 }
 
 /// Rows 5/6: a `pending` job becomes `scheduled` until its time, else `available`.

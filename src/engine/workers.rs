@@ -4,7 +4,7 @@
 //! restart.
 
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::clock::Millis;
 use crate::job::JobId;
@@ -75,14 +75,38 @@ pub struct Touched {
 
 /// The soft half of the registry, bounded: when full, the least recently
 /// seen worker without active jobs is forgotten.
+///
+/// The workers last known to hold no active jobs are also kept ordered by
+/// when they were last seen, so that finding that worker takes O(log n)
+/// instead of a look at every worker. Whether a worker holds jobs is the
+/// engine state's to say: the writer reports each change after its turn
+/// ([`Contacts::set_busy`]), and [`Contacts::touch`] checks the one it picks,
+/// so a worker that took a job since is passed over, never forgotten.
 #[derive(Debug, Default)]
 pub struct Contacts {
-    seen: HashMap<String, Contact>,
+    seen: HashMap<String, Seen>,
+    /// `(last_seen_at, worker_id)` of every worker in `seen` not known busy.
+    idle: BTreeSet<(Millis, String)>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    contact: Contact,
+    /// Held active jobs when last told; such a worker is not in `idle`.
+    busy: bool,
 }
 
 impl Contacts {
     pub fn get(&self, worker_id: &str) -> Option<&Contact> {
-        self.seen.get(worker_id)
+        self.seen.get(worker_id).map(|seen| &seen.contact)
+    }
+
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
     }
 
     /// Records contact; `busy` says whether a worker holds active jobs (they
@@ -97,40 +121,92 @@ impl Contacts {
     ) -> Touched {
         let mut forgotten = None;
         if !self.seen.contains_key(worker_id) && self.seen.len() >= limit {
-            let idle = self.seen.iter().filter(|(id, _)| !busy(id)).min_by_key(|(_, contact)| contact.last_seen_at);
-            if let Some(id) = idle.map(|(id, _)| id.clone()) {
-                self.seen.remove(&id);
+            // Oldest first; one that took a job since it was last reported
+            // idle is marked busy and passed over.
+            let mut taken = Vec::new();
+            let mut idle = None;
+            for (_, id) in &self.idle {
+                if !busy(id) {
+                    idle = Some(id.clone());
+                    break;
+                }
+                taken.push(id.clone());
+            }
+            for id in taken {
+                self.set_busy(&id, true);
+            }
+            if let Some(id) = idle {
+                self.forget(&id);
                 forgotten = Some(id);
             }
         }
+        let is_busy = busy(worker_id);
         let new = !self.seen.contains_key(worker_id);
-        let contact = self.seen.entry(worker_id.to_string()).or_insert(Contact {
-            first_seen_at: now,
-            last_seen_at: now,
-            last_heartbeat_at: None,
+        let seen = self.seen.entry(worker_id.to_string()).or_insert_with(|| Seen {
+            contact: Contact { first_seen_at: now, last_seen_at: now, last_heartbeat_at: None },
+            busy: true,
         });
-        contact.last_seen_at = now;
+        if !seen.busy {
+            self.idle.remove(&(seen.contact.last_seen_at, worker_id.to_string()));
+        }
+        seen.contact.last_seen_at = now;
         if heartbeat {
-            contact.last_heartbeat_at = Some(now);
+            seen.contact.last_heartbeat_at = Some(now);
+        }
+        seen.busy = is_busy;
+        if !is_busy {
+            self.idle.insert((now, worker_id.to_string()));
         }
         Touched { new, forgotten }
     }
 
+    /// Notes whether a known worker holds active jobs now.
+    pub fn set_busy(&mut self, worker_id: &str, busy: bool) {
+        let Some(seen) = self.seen.get_mut(worker_id) else { return };
+        if seen.busy == busy {
+            return;
+        }
+        seen.busy = busy;
+        let key = (seen.contact.last_seen_at, worker_id.to_string());
+        if busy {
+            self.idle.remove(&key);
+        } else {
+            self.idle.insert(key);
+        }
+    }
+
     /// Workers last seen before `cutoff`.
     pub fn seen_before(&self, cutoff: Millis) -> Vec<String> {
-        self.seen.iter().filter(|(_, contact)| contact.last_seen_at < cutoff).map(|(id, _)| id.clone()).collect()
+        self.seen.iter().filter(|(_, seen)| seen.contact.last_seen_at < cutoff).map(|(id, _)| id.clone()).collect()
     }
 
     /// Workers seen at or after `since`, in id order.
     pub fn seen_since(&self, since: Millis) -> Vec<String> {
         let mut ids: Vec<String> =
-            self.seen.iter().filter(|(_, contact)| contact.last_seen_at >= since).map(|(id, _)| id.clone()).collect();
+            self.seen.iter().filter(|(_, seen)| seen.contact.last_seen_at >= since).map(|(id, _)| id.clone()).collect();
         ids.sort();
         ids
     }
 
     pub fn forget(&mut self, worker_id: &str) -> bool {
-        self.seen.remove(worker_id).is_some()
+        let Some(seen) = self.seen.remove(worker_id) else { return false };
+        if !seen.busy {
+            self.idle.remove(&(seen.contact.last_seen_at, worker_id.to_string()));
+        }
+        true
+    }
+
+    /// Checks that `idle` holds exactly the known workers not marked busy,
+    /// each at its last contact (tests).
+    #[cfg(test)]
+    fn check(&self) {
+        let expected: BTreeSet<(Millis, String)> = self
+            .seen
+            .iter()
+            .filter(|(_, seen)| !seen.busy)
+            .map(|(id, seen)| (seen.contact.last_seen_at, id.clone()))
+            .collect();
+        assert_eq!(self.idle, expected);
     }
 }
 
@@ -150,5 +226,48 @@ mod tests {
         assert_eq!(contacts.seen_before(3), vec!["old-busy".to_string()]);
         assert!(contacts.get("old-busy").is_some() && contacts.get("new").is_some());
         assert_eq!(contacts.get("recent").unwrap().last_heartbeat_at, Some(3));
+        contacts.check();
+    }
+
+    /// The idle order follows contact and reported work: the worker picked
+    /// is the least recently seen of those holding no job, whether it
+    /// became idle by a report or turns out busy when picked.
+    #[test]
+    fn the_least_recently_seen_idle_worker_is_forgotten_by_last_contact() {
+        let mut contacts = Contacts::default();
+        let limit = 1_000;
+        for n in 0..limit {
+            contacts.touch(&format!("w{n}"), n as Millis, false, limit, |_| false);
+        }
+        // w0 is seen again, w1 and w2 take jobs (w2's goes unreported).
+        contacts.touch("w0", 5_000, true, limit, |_| false);
+        contacts.set_busy("w1", true);
+        let busy = |id: &str| id == "w1" || id == "w2";
+        contacts.check();
+
+        let touched = contacts.touch("n0", 6_000, false, limit, busy);
+        assert_eq!(touched, Touched { new: true, forgotten: Some("w3".to_string()) });
+        contacts.check();
+        assert!(contacts.get("w2").is_some(), "a worker found busy when picked stays");
+        let touched = contacts.touch("n1", 6_001, false, limit, busy);
+        assert_eq!(touched.forgotten.as_deref(), Some("w4"));
+
+        // w1 finishes its job: the oldest idle worker again.
+        contacts.set_busy("w1", false);
+        let touched = contacts.touch("n2", 6_002, false, limit, |id| id == "w2");
+        assert_eq!(touched.forgotten.as_deref(), Some("w1"));
+        contacts.check();
+        assert!(contacts.forget("w5") && !contacts.forget("w5"));
+        contacts.check();
+        assert_eq!(contacts.len(), limit - 1);
+        let touched = contacts.touch("n3", 6_003, false, limit, |_| false);
+        assert_eq!(touched, Touched { new: true, forgotten: None }, "room was left");
+        contacts.set_busy("w2", false);
+        let touched = contacts.touch("n4", 6_004, false, limit, |_| false);
+        assert_eq!(touched.forgotten.as_deref(), Some("w2"), "reported idle, w2 is the oldest");
+        let everyone_busy = contacts.touch("n5", 6_005, false, limit, |_| true);
+        assert_eq!(everyone_busy.forgotten, None);
+        assert_eq!(contacts.len(), limit + 1, "no idle worker to forget: the registry grows");
+        contacts.check();
     }
 }

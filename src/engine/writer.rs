@@ -652,6 +652,8 @@ impl Writer {
             .take_dirty_workers()
             .into_iter()
             .map(|worker| {
+                // Keeps the registry's idle order in step (`Contacts`).
+                self.contacts.set_busy(&worker, self.state.holds_active(&worker));
                 let entry = registry::entry(&self.state, &self.contacts, &worker);
                 (worker, entry)
             })

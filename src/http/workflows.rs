@@ -45,6 +45,11 @@ pub(super) async fn cancel(app: &AppState, id: &str) -> Result<Reply, ApiError> 
 
 /// The workflow object: counts, members with their jobs' states, a
 /// batch's callbacks, and how it ended.
+///
+/// A member or fired callback whose job has ended shows the end the
+/// workflow recorded, which its counts and outcome follow; its job may be
+/// pruned since, or sent back by a dead-letter retry, without changing it
+/// (docs/api.md, "`GET /workflows/{id}`").
 fn render(app: &AppState, workflow: &Workflow) -> Value {
     let (completed, failed) = workflow.member_counts();
     let state_of = |job_id: JobId| app.engine.job(job_id).map(|job| job.state);
@@ -53,7 +58,7 @@ fn render(app: &AppState, workflow: &Workflow) -> Value {
         .iter()
         .enumerate()
         .map(|(index, member)| {
-            let state = state_of(member.job_id).or(member.outcome.as_ref().map(|outcome| outcome.state));
+            let state = member.outcome.as_ref().map(|outcome| outcome.state).or_else(|| state_of(member.job_id));
             json!({"index": index, "type": member.job_type, "queue": member.queue,
                    "job_id": member.job_id.to_string(), "state": state.map(|state| state.as_str())})
         })
@@ -76,7 +81,7 @@ fn render(app: &AppState, workflow: &Workflow) -> Value {
             let mut entry = json!({"type": callback.job.payload.job_type(), "queue": callback.job.queue});
             if callback.fired {
                 entry["job_id"] = callback.job.id.to_string().into();
-                let state = state_of(callback.job.id).or(callback.outcome);
+                let state = callback.outcome.or_else(|| state_of(callback.job.id));
                 entry["state"] = state.map(|state| state.as_str()).into();
             }
             callbacks.insert(callback.kind.as_str().to_string(), entry);
@@ -98,12 +103,14 @@ fn render(app: &AppState, workflow: &Workflow) -> Value {
 }
 
 /// What a workflow's job shows besides itself: the workflow's id, and the
-/// results (and for a callback, the final states) it is given.
+/// results (and for a callback, the final states) it is given. Those are
+/// the workflow's: once it is pruned, its jobs show only its id
+/// (docs/api.md, "`GET /workflows/{id}`").
 pub(super) fn job_fields(app: &AppState, job: &Job) -> Vec<(&'static str, Value)> {
     let Some((id, role)) = job.workflow() else { return Vec::new() };
     let mut fields = vec![("workflow_id", Value::from(id.to_string()))];
-    let ParentResults { results, states } =
-        app.engine.workflow(id).map(|workflow| workflow.parent_results(role)).unwrap_or_default();
+    let Some(workflow) = app.engine.workflow(id) else { return fields };
+    let ParentResults { results, states } = workflow.parent_results(role);
     let results = results
         .iter()
         .map(|result| result.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or(Value::Null))

@@ -28,6 +28,23 @@ impl KeyState {
     }
 }
 
+/// The claims one fetch has decided under a key so far: all of them count
+/// toward a concurrency limit, only those of jobs with a rate toward a
+/// rate, as only those are recorded ([`DispatchTable::claimed`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub claims: u32,
+    pub rated: u32,
+}
+
+impl Taken {
+    /// One more claim, by a job limited by `limit`.
+    pub fn add(&mut self, limit: &DispatchLimit) {
+        self.claims += 1;
+        self.rated += u32::from(limit.rate.is_some());
+    }
+}
+
 /// Every key with active jobs, recent claims or live jobs with a rate.
 #[derive(Debug, Default, Clone)]
 pub struct DispatchTable {
@@ -40,12 +57,12 @@ impl DispatchTable {
     }
 
     /// How many more claims `limit` allows under `key` at `now`, with
-    /// `taken` claims already decided in this fetch (0 = at its limit).
-    pub fn allowance(&self, key: &str, limit: &DispatchLimit, taken: u32, now: Millis) -> u32 {
+    /// `taken` already decided in this fetch (0 = at its limit).
+    pub fn allowance(&self, key: &str, limit: &DispatchLimit, taken: Taken, now: Millis) -> u32 {
         let state = self.keys.get(key);
         let mut allowed = u32::MAX;
         if let Some(concurrency) = limit.concurrency {
-            let active = state.map_or(0, |state| state.active) + taken;
+            let active = state.map_or(0, |state| state.active) + taken.claims;
             allowed = allowed.min(concurrency.saturating_sub(active));
         }
         if let Some(rate) = &limit.rate {
@@ -53,7 +70,7 @@ impl DispatchTable {
             let recent = state.map_or(0, |state| {
                 let claims = &state.claims;
                 (claims.len() - claims.partition_point(|at| *at <= since)) as u32
-            }) + taken;
+            }) + taken.rated;
             allowed = allowed.min(rate.count.saturating_sub(recent));
         }
         allowed
@@ -177,17 +194,21 @@ mod tests {
         DispatchLimit { key: None, concurrency, rate: rate.map(|(count, period_ms)| RateWindow { count, period_ms }) }
     }
 
+    fn taken(claims: u32, rated: u32) -> Taken {
+        Taken { claims, rated }
+    }
+
     #[test]
     fn concurrency_counts_active_jobs_and_this_fetchs_claims() {
         let mut table = DispatchTable::default();
         let two = limit(Some(2), None);
-        assert_eq!(table.allowance("k", &two, 0, 0), 2);
+        assert_eq!(table.allowance("k", &two, Taken::default(), 0), 2);
         table.activated("k");
-        assert_eq!(table.allowance("k", &two, 0, 0), 1);
-        assert_eq!(table.allowance("k", &two, 1, 0), 0);
-        assert_eq!(table.allowance("other", &two, 0, 0), 2);
+        assert_eq!(table.allowance("k", &two, Taken::default(), 0), 1);
+        assert_eq!(table.allowance("k", &two, taken(1, 0), 0), 0);
+        assert_eq!(table.allowance("other", &two, Taken::default(), 0), 2);
         table.deactivated("k");
-        assert_eq!(table.allowance("k", &two, 0, 0), 2);
+        assert_eq!(table.allowance("k", &two, Taken::default(), 0), 2);
         assert!(table.get("k").is_none());
     }
 
@@ -197,10 +218,11 @@ mod tests {
         let two_per_second = limit(None, Some((2, 1000)));
         table.claimed("k", &two_per_second, 100);
         table.claimed("k", &two_per_second, 600);
-        assert_eq!(table.allowance("k", &two_per_second, 0, 1000), 0);
+        assert_eq!(table.allowance("k", &two_per_second, Taken::default(), 1000), 0);
         assert_eq!(table.opens_at("k", &two_per_second, 1000), Some(1100));
-        assert_eq!(table.allowance("k", &two_per_second, 0, 1100), 1);
-        assert_eq!(table.allowance("k", &two_per_second, 0, 1600), 2);
+        assert_eq!(table.allowance("k", &two_per_second, Taken::default(), 1100), 1);
+        assert_eq!(table.allowance("k", &two_per_second, Taken::default(), 1600), 2);
+        assert_eq!(table.allowance("k", &two_per_second, taken(3, 1), 1600), 1, "claims without a rate pass by");
         assert_eq!(table.opens_at("k", &two_per_second, 1600), None);
         table.claimed("k", &two_per_second, 1700);
         assert_eq!(table.get("k").unwrap().claims, [600, 1700], "only the latest `rate` claims are kept");

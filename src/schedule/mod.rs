@@ -6,6 +6,6 @@ mod ready;
 mod timers;
 
 pub use backoff::retry_delay_ms;
-pub use dispatch::DispatchTable;
+pub use dispatch::{DispatchTable, Taken};
 pub use ready::{KeyedReady, ReadyKey, ReadyQueue};
 pub use timers::TimerSet;
