@@ -6,12 +6,12 @@
 # The figure is the time from the enqueue call to the job's arrival at a
 # worker. Run after `cargo build --release`; quote the ratios, not the figures.
 #
-#   [RATE=500] [SECONDS=10] [CONNECTIONS=4] benches/latency.sh [ROUNDS]
+#   [RATE=500] [DURATION=10] [CONNECTIONS=4] benches/latency.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 RATE=${RATE:-500}
-SECONDS_PER_ROUND=${SECONDS:-10}
+SECONDS_PER_ROUND=${DURATION:-10}
 CONNECTIONS=${CONNECTIONS:-4}
 WORK=$(mktemp -d)
 SVC_PORT=18481

@@ -34,6 +34,8 @@ until [ -s "$WORK/ca.pem" ]; do sleep 0.1; done
 } >"$WORK/svc.toml"
 
 delivered() { tail -n 1 "$WORK/receiver.log" | sed -n 's/deliveries=//p'; }
+# The server's CPU time so far (user + system), in seconds.
+cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$1/stat"; }
 
 round() { # with_subscription
     rm -rf "$WORK/data"
@@ -61,9 +63,10 @@ round() { # with_subscription
         done
         local ended; ended=$(date +%s.%N)
         local rate; rate=$(echo "3 * $JOBS / ($ended - $started)" | bc)
-        echo "subscription $result deliveries=$((3 * JOBS)) deliveries/s=$rate" | tee -a "$WORK/rounds"
+        echo "subscription $result deliveries=$((3 * JOBS)) deliveries/s=$rate cpu_s=$(cpu_seconds "$pid")" \
+            | tee -a "$WORK/rounds"
     else
-        echo "none         $result" | tee -a "$WORK/rounds"
+        echo "none         $result cpu_s=$(cpu_seconds "$pid")" | tee -a "$WORK/rounds"
     fi
     kill "$pid"; wait "$pid" 2>/dev/null || true
 }
@@ -76,3 +79,6 @@ done
 median() { grep "^$1" "$WORK/rounds" | grep -o 'jobs/s=[0-9]*' | cut -d= -f2 | sort -n | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
 none=$(median none); with=$(median subscription)
 echo "median jobs/s: none=$none subscription=$with ratio=$(echo "scale=2; $with / $none" | bc)"
+# Server CPU a delivery costs: the rounds' medians, with against without, over the deliveries.
+cpu() { grep "^$1" "$WORK/rounds" | grep -o 'cpu_s=[0-9.]*' | cut -d= -f2 | sort -n | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+echo "server CPU per delivery: $(echo "scale=1; ($(cpu subscription) - $(cpu none)) * 1000000 / (3 * $JOBS)" | bc) us"
