@@ -12,7 +12,11 @@
 # server's CPU; RECEIVER_PRIORITY=normal runs it beside the server as an
 # equal, which charges its work to the ratio.
 #
-#   [CONCURRENCY=N] [PRIORITY=idle|low] [RECEIVER_PRIORITY=normal] benches/webhooks.sh [JOBS] [ROUNDS]
+# BUSY=N keeps N busy loops running through the rounds (workers beside the
+# server holding the cores); the receiver reports each delivery's lag from
+# its event's time, and the last round's p99 and most are printed.
+#
+#   [CONCURRENCY=N] [PRIORITY=idle|low] [RECEIVER_PRIORITY=normal] [BUSY=N] benches/webhooks.sh [JOBS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${1:-20000}
@@ -33,7 +37,9 @@ until [ -s "$WORK/ca.pem" ]; do sleep 0.1; done
     if [ -n "${PRIORITY:-}" ]; then printf 'priority = "%s"\n' "$PRIORITY"; fi
 } >"$WORK/svc.toml"
 
-delivered() { tail -n 1 "$WORK/receiver.log" | sed -n 's/deliveries=//p'; }
+delivered() { tail -n 1 "$WORK/receiver.log" | sed -n 's/^deliveries=\([0-9]*\).*/\1/p'; }
+# The receiver's lag figures so far (event time to arrival).
+lag() { tail -n 1 "$WORK/receiver.log" | grep -o 'lag_p99_ms=[0-9-]* lag_max_ms=[0-9-]*'; }
 # The server's CPU time so far (user + system), in seconds.
 cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$1/stat"; }
 
@@ -63,7 +69,8 @@ round() { # with_subscription
         done
         local ended; ended=$(date +%s.%N)
         local rate; rate=$(echo "3 * $JOBS / ($ended - $started)" | bc)
-        echo "subscription $result deliveries=$((3 * JOBS)) deliveries/s=$rate cpu_s=$(cpu_seconds "$pid")" \
+        sleep 1.1
+        echo "subscription $result deliveries=$((3 * JOBS)) deliveries/s=$rate cpu_s=$(cpu_seconds "$pid") $(lag)" \
             | tee -a "$WORK/rounds"
     else
         echo "none         $result cpu_s=$(cpu_seconds "$pid")" | tee -a "$WORK/rounds"
@@ -71,6 +78,9 @@ round() { # with_subscription
     kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
+for _ in $(seq "${BUSY:-0}"); do
+    sh -c 'while :; do :; done' &
+done
 for _ in $(seq "$ROUNDS"); do
     round no
     round yes
