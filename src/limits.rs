@@ -102,6 +102,11 @@ pub const ENGINE_INBOX_MAX: usize = 65_536;
 pub const ENGINE_INBOX_BYTES_MAX: u64 = 256 * 1024 * 1024;
 /// Most commands the engine applies in one batch (one write, one fsync).
 pub const ENGINE_BATCH_COMMANDS_MAX: usize = 4096;
+/// Most bytes of commands the engine takes into one batch (one larger
+/// command is taken alone): what one turn logs is bounded by this, its
+/// events' deliveries (each body once) and the outbox's caps, whatever
+/// the inbox holds.
+pub const ENGINE_BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// Largest payload of one log frame; the decoder refuses larger lengths before allocating.
 pub const FRAME_PAYLOAD_BYTES_MAX: usize = 128 * 1024 * 1024;
 // One request's records must fit half a frame (a turn's records are cut

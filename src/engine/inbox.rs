@@ -135,9 +135,10 @@ pub(crate) struct InboxReceiver {
 }
 
 impl InboxReceiver {
-    /// Moves up to `max` queued commands into `batch`, first waiting up to
-    /// `timeout` for one when none is queued.
-    pub fn receive(&self, batch: &mut Vec<Command>, max: usize, timeout: Duration) -> Received {
+    /// Moves up to `max` queued commands, holding at most `max_bytes` (but
+    /// always the first), into `batch`, first waiting up to `timeout` for one
+    /// when none is queued.
+    pub fn receive(&self, batch: &mut Vec<Command>, max: usize, max_bytes: u64, timeout: Duration) -> Received {
         let deadline = Instant::now() + timeout;
         let mut queue = self.shared.queue.lock();
         while queue.commands.is_empty() {
@@ -151,12 +152,16 @@ impl InboxReceiver {
             }
         }
         queue.sleeping = false;
-        let count = queue.commands.len().min(max);
+        let mut count = 0;
         let mut taken = 0;
-        batch.extend(queue.commands.drain(..count).map(|(command, bytes)| {
+        for (_, bytes) in queue.commands.iter().take(max) {
+            if count > 0 && taken + bytes > max_bytes {
+                break;
+            }
+            count += 1;
             taken += bytes;
-            command
-        }));
+        }
+        batch.extend(queue.commands.drain(..count).map(|(command, _)| command));
         queue.bytes -= taken;
         Received::Commands
     }
@@ -195,9 +200,9 @@ mod tests {
             answers.push(answer);
         }
         let mut batch = Vec::new();
-        assert_eq!(receiver.receive(&mut batch, 3, Duration::ZERO), Received::Commands);
+        assert_eq!(receiver.receive(&mut batch, 3, u64::MAX, Duration::ZERO), Received::Commands);
         assert_eq!(batch.len(), 3);
-        assert_eq!(receiver.receive(&mut batch, 3, Duration::ZERO), Received::Commands);
+        assert_eq!(receiver.receive(&mut batch, 3, u64::MAX, Duration::ZERO), Received::Commands);
         assert_eq!(batch.len(), 5);
     }
 
@@ -220,12 +225,29 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_takes_commands_up_to_its_bytes_but_always_one() {
+        let (sender, receiver) = inbox(100, u64::MAX);
+        for bytes in [50_000, 4_000, 4_000, 4_000] {
+            sender.send(ack_with_result(bytes)).unwrap();
+        }
+        let mut batch = Vec::new();
+        receiver.receive(&mut batch, 8, 10_000, Duration::ZERO);
+        assert_eq!(batch.len(), 1, "a command over the bound comes alone");
+        batch.clear();
+        receiver.receive(&mut batch, 8, 10_000, Duration::ZERO);
+        assert_eq!(batch.len(), 2, "two of 4 000 bytes and their envelopes fit, three do not");
+        batch.clear();
+        receiver.receive(&mut batch, 8, 10_000, Duration::ZERO);
+        assert_eq!(batch.len(), 1);
+    }
+
+    #[test]
     fn the_inbox_is_bounded_by_bytes_too_but_always_takes_one_command() {
         let (sender, receiver) = inbox(100, 10_000);
         sender.send(ack_with_result(50_000)).expect("an empty inbox takes any one command");
         assert_eq!(sender.send(ack_with_result(10)), Err(SendError::Full));
         let mut batch = Vec::new();
-        assert_eq!(receiver.receive(&mut batch, 8, Duration::ZERO), Received::Commands);
+        assert_eq!(receiver.receive(&mut batch, 8, u64::MAX, Duration::ZERO), Received::Commands);
         sender.send(ack_with_result(4_000)).unwrap();
         sender.send(ack_with_result(4_000)).unwrap();
         assert_eq!(sender.send(ack_with_result(4_000)), Err(SendError::Full), "past 10 000 bytes");
@@ -245,12 +267,12 @@ mod tests {
     fn an_empty_wait_times_out_and_the_last_sender_gone_disconnects() {
         let (sender, receiver) = inbox(4, u64::MAX);
         let mut batch = Vec::new();
-        assert_eq!(receiver.receive(&mut batch, 8, Duration::from_millis(1)), Received::Timeout);
+        assert_eq!(receiver.receive(&mut batch, 8, u64::MAX, Duration::from_millis(1)), Received::Timeout);
         let second = sender.clone();
         drop(sender);
-        assert_eq!(receiver.receive(&mut batch, 8, Duration::ZERO), Received::Timeout);
+        assert_eq!(receiver.receive(&mut batch, 8, u64::MAX, Duration::ZERO), Received::Timeout);
         drop(second);
-        assert_eq!(receiver.receive(&mut batch, 8, Duration::from_secs(60)), Received::Disconnected);
+        assert_eq!(receiver.receive(&mut batch, 8, u64::MAX, Duration::from_secs(60)), Received::Disconnected);
     }
 
     #[test]
@@ -262,7 +284,7 @@ mod tests {
             sender
         });
         let mut batch = Vec::new();
-        assert_eq!(receiver.receive(&mut batch, 8, Duration::from_secs(60)), Received::Commands);
+        assert_eq!(receiver.receive(&mut batch, 8, u64::MAX, Duration::from_secs(60)), Received::Commands);
         assert_eq!(batch.len(), 1);
         drop(submitter.join().unwrap());
     }

@@ -29,7 +29,7 @@ use super::workers::Contacts;
 use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
 use crate::job::JobId;
-use crate::limits::ENGINE_BATCH_COMMANDS_MAX;
+use crate::limits::{ENGINE_BATCH_BYTES_MAX, ENGINE_BATCH_COMMANDS_MAX};
 use crate::storage::{
     FileSystem, PageCache, StorageError, read_newest_into_page_cache, remove_obsolete, write_snapshot_with,
 };
@@ -204,7 +204,9 @@ impl Writer {
         self.outbox_wake = self.deliveries.as_ref().and(self.state.outbox.next_due());
         loop {
             let mut batch = Vec::new();
-            if self.inbox.receive(&mut batch, ENGINE_BATCH_COMMANDS_MAX, self.idle_wait()) == Received::Disconnected {
+            if self.inbox.receive(&mut batch, ENGINE_BATCH_COMMANDS_MAX, ENGINE_BATCH_BYTES_MAX, self.idle_wait())
+                == Received::Disconnected
+            {
                 break;
             }
             // An empty batch: a deadline came with no command.
