@@ -361,6 +361,14 @@ fn sockets_held_past_the_open_file_limit_do_not_stop_the_server() {
         let address = serde_json::from_str::<Value>(&listening).unwrap()["address"].as_str().unwrap().to_string();
         (child, receiver, address, early)
     };
+    // This process holds the client side of every socket: its own limit up to the hard one.
+    let mut own = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain calls with a valid, writable rlimit.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut own);
+        own.rlim_cur = own.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &own);
+    }
     let (mut child, log, address, early) = spawn(512);
     let http = common::http_client();
     let base = format!("http://{address}/svc/v1");
