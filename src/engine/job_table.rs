@@ -1,6 +1,6 @@
 //! Every job the engine holds, in one map that the engine and its readers
-//! share (a second copy for readers cost 28–57 bytes a job; see "What a job
-//! costs in memory" in ARCHITECTURE.md).
+//! share (a second copy for readers cost memory for every job; see "Memory
+//! per job" in docs/perf-log.md).
 //!
 //! The map is split into shards, each behind a read-write lock. Readers take
 //! a shard's read lock for one lookup. The engine thread is the only writer:
@@ -38,8 +38,8 @@ type JobChange = (JobId, Option<Arc<Job>>);
 /// engine thread's time in a batch fill of 2 M jobs. With the hash in the
 /// slot, growing reads the table alone, and a lookup reads the id of no
 /// job whose hash differs. A full `u64` hash and an `Arc` make a 16-byte
-/// slot, 13 bytes a job more at 10 M jobs (ARCHITECTURE.md, "What a job
-/// costs in memory"); packed to 4-byte alignment it is 12 bytes.
+/// slot, more memory a job at 10 M jobs (docs/perf-log.md, "Job table");
+/// packed to 4-byte alignment it is 12 bytes.
 #[repr(C, packed(4))]
 struct Held {
     /// From [`Arc::into_raw`]: the slot holds one of the job's references.

@@ -5,7 +5,7 @@
 //! told to hurry (a whole snapshot interval of log has built up behind it,
 //! or the server waits for it). A rest is at most 100 ms, and the sort
 //! before the first byte is not paced. Why an eighth, and what it costs, is
-//! in ARCHITECTURE.md ("What a job costs in memory", on snapshots and p99).
+//! in docs/perf-log.md ("Snapshots and request latency").
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

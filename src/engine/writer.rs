@@ -743,7 +743,7 @@ impl Writer {
             let _busy = ClearOnDrop(busy);
             yield_to_the_engine();
             let started = std::time::Instant::now();
-            // Past the page cache, and paced (`pace`; ARCHITECTURE.md, "What a job costs in memory").
+            // Past the page cache, and paced (`pace`; docs/perf-log.md, "Snapshots and request latency").
             let cache = PageCache::Bypass;
             let result =
                 write_snapshot_with(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, cache, &mut |out| {
@@ -784,9 +784,9 @@ impl Drop for ClearOnDrop {
 
 /// Lowers the calling thread's scheduling priority (nice 10), so that when
 /// the cores are busy a background snapshot takes what the engine and the
-/// request threads leave: with 5 M jobs held and snapshots back to back,
-/// single enqueues' p99 was 3.6 ms instead of 4.7 ms, at more throughput
-/// (ARCHITECTURE.md, "What a job costs in memory").
+/// request threads leave: single enqueues' p99 while snapshots are written
+/// is lower, at more throughput (docs/perf-log.md, "Snapshots and request
+/// latency").
 fn yield_to_the_engine() {
     #[cfg(target_os = "linux")]
     // SAFETY: plain integer arguments; on Linux the nice value belongs to

@@ -186,8 +186,8 @@ pub struct Job {
 
 /// What few jobs carry: their [`JobExtra`]s and an expiry. One pointer,
 /// null for a job with neither (most). The job's fields are sized so that
-/// it fills a 112-byte allocation with its reference counts (ARCHITECTURE.md,
-/// "What a job costs in memory").
+/// it fills a 112-byte allocation with its reference counts (docs/perf-log.md,
+/// "Memory per job").
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct JobExtras(Option<Box<RareFields>>);
 

@@ -45,7 +45,7 @@ const BLOCK_KEYS: usize = 512;
 /// almost always enters `available` later than every job of its priority
 /// already there, so most pushes append to the last block, and a full block
 /// costs 24 bytes a key where the B-tree's half-full leaves cost about 50
-/// (ARCHITECTURE.md, "What a job costs in memory"). A key that sorts
+/// (docs/perf-log.md, "Memory per job"). A key that sorts
 /// elsewhere (a higher priority, a job retried with an earlier entry time)
 /// goes into its block, which splits in halves when full.
 #[derive(Debug, Default, Clone)]
