@@ -17,10 +17,37 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::view::DeadLetterKey;
-use crate::job::{IdHashState, Job, JobId, JobIdMap};
+use crate::job::{IdHashState, Job, JobId, JobIdMap, JobState};
 
 const SHARDS: usize = 64;
+
+/// Position in the dead letter listing kept beside the jobs: newest
+/// `discarded_at` first, then the higher id first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct DeadLetterKey {
+    discarded_at: std::cmp::Reverse<i64>,
+    id: std::cmp::Reverse<JobId>,
+}
+
+impl DeadLetterKey {
+    pub(crate) fn new(discarded_at: i64, id: JobId) -> DeadLetterKey {
+        DeadLetterKey { discarded_at: std::cmp::Reverse(discarded_at), id: std::cmp::Reverse(id) }
+    }
+
+    /// The key of a job the listing holds: a discarded one.
+    pub(crate) fn of(job: &Job) -> Option<DeadLetterKey> {
+        let discarded_at = job.run().discarded_at.filter(|_| job.state == JobState::Discarded)?;
+        Some(DeadLetterKey::new(discarded_at, job.id))
+    }
+
+    pub(crate) fn discarded_at(&self) -> i64 {
+        self.discarded_at.0
+    }
+
+    pub(crate) fn id(&self) -> JobId {
+        self.id.0
+    }
+}
 
 /// Jobs keyed by the id inside them: a slot is a pointer and part of the
 /// id's hash (12 bytes and a control byte), not an id and a pointer (24

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use super::cron_table::CronEntry;
 use super::events::{Event, EventBuffer, EventKind, EventPage};
-use super::job_table::SharedJobs;
+use super::job_table::{DeadLetterKey, SharedJobs};
 use super::workers::WorkerEntry;
 use super::workflow_table::Workflow;
 use crate::clock::Millis;
@@ -67,21 +67,6 @@ impl Throughput {
     }
 }
 
-/// Position in the dead letter listing: newest `discarded_at` first, then
-/// the higher id first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct DeadLetterKey {
-    discarded_at: std::cmp::Reverse<i64>,
-    id: std::cmp::Reverse<JobId>,
-}
-
-impl DeadLetterKey {
-    pub(crate) fn of(job: &Job) -> Option<DeadLetterKey> {
-        let discarded_at = job.run().discarded_at.filter(|_| job.state == JobState::Discarded)?;
-        Some(DeadLetterKey { discarded_at: std::cmp::Reverse(discarded_at), id: std::cmp::Reverse(job.id) })
-    }
-}
-
 /// Where a page of the dead letter listing ended: an opaque position that
 /// reads and prints as text, to hand to a client and back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,16 +78,13 @@ impl DeadLetterCursor {
         let (at, id) = text.split_once('/')?;
         let discarded_at = at.parse::<i64>().ok()?;
         let id = JobId::parse(id)?;
-        Some(DeadLetterCursor(DeadLetterKey {
-            discarded_at: std::cmp::Reverse(discarded_at),
-            id: std::cmp::Reverse(id),
-        }))
+        Some(DeadLetterCursor(DeadLetterKey::new(discarded_at, id)))
     }
 }
 
 impl std::fmt::Display for DeadLetterCursor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.0.discarded_at.0, self.0.id.0)
+        write!(f, "{}/{}", self.0.discarded_at(), self.0.id())
     }
 }
 
