@@ -560,9 +560,27 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
         tokio::time::sleep(options.duration).await;
         stop.store(true, Ordering::SeqCst);
     }
+    let mut report = gather_report(options.workload, options.connections, tasks, started, &end_to_end).await?;
+    if options.workload == Workload::Steady {
+        report.jobs = report.jobs.min(report.requests);
+    }
+    Ok(report)
+}
+
+type LoopResult = Result<(u64, Vec<u32>), String>;
+
+/// Waits for a run's connection loops and adds up their jobs and latencies,
+/// with the end-to-end delays its consumers recorded.
+async fn gather_report(
+    workload: Workload,
+    connections: usize,
+    tasks: Vec<tokio::task::JoinHandle<LoopResult>>,
+    started: Instant,
+    end_to_end: &std::sync::Mutex<Vec<u32>>,
+) -> Result<BenchReport, String> {
     let mut report = BenchReport {
-        workload: options.workload,
-        connections: options.connections,
+        workload,
+        connections,
         jobs: 0,
         requests: 0,
         elapsed: Duration::ZERO,
@@ -580,13 +598,8 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
     report.latencies_us.sort_unstable();
     report.end_to_end_us = std::mem::take(&mut *end_to_end.lock().map_err(|_| "a consumer panicked".to_string())?);
     report.end_to_end_us.sort_unstable();
-    if options.workload == Workload::Steady {
-        report.jobs = report.jobs.min(report.requests);
-    }
     Ok(report)
 }
-
-type LoopResult = Result<(u64, Vec<u32>), String>;
 
 async fn enqueue_loop(connection: &mut Connection, options: &BenchOptions, counter: &AtomicU64) -> LoopResult {
     let mut latencies = Vec::new();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::{BenchOptions, BenchReport, LoopResult, Workload, micros, since_start_us};
+use super::{BenchOptions, BenchReport, LoopResult, Workload, gather_report, micros, since_start_us};
 
 const LIST: &str = "bench";
 const PROCESSING: &str = "bench:processing";
@@ -90,27 +90,7 @@ pub async fn run(options: &BenchOptions) -> Result<BenchReport, String> {
     }
     tokio::time::sleep(options.duration).await;
     stop.store(true, Ordering::SeqCst);
-    let mut report = BenchReport {
-        workload: Workload::Steady,
-        connections: options.connections,
-        jobs: 0,
-        requests: 0,
-        elapsed: Duration::ZERO,
-        latencies_us: Vec::new(),
-        end_to_end_us: Vec::new(),
-        workflows: None,
-    };
-    for task in tasks {
-        let (jobs, latencies) = task.await.map_err(|error| error.to_string())??;
-        report.jobs += jobs;
-        report.requests += latencies.len() as u64;
-        report.latencies_us.extend(latencies);
-    }
-    report.elapsed = started.elapsed();
-    report.latencies_us.sort_unstable();
-    report.end_to_end_us = std::mem::take(&mut *end_to_end.lock().map_err(|_| "a consumer panicked".to_string())?);
-    report.end_to_end_us.sort_unstable();
-    Ok(report)
+    gather_report(Workload::Steady, options.connections, tasks, started, &end_to_end).await
 }
 
 /// `LPUSH`es stamped jobs at this connection's share of the rate until `stop`.
