@@ -16,6 +16,10 @@ pub const RESULT_BYTES_MAX: usize = 1024 * 1024;
 /// Largest `result` a `job.completed` event (listed, or sent to a webhook)
 /// carries; a larger one is left out and `result_omitted: true` said instead.
 pub const EVENT_RESULT_BYTES_MAX: usize = 64 * 1024;
+/// The longest progress message a worker may report (docs/api.md, "Progress").
+pub const PROGRESS_MESSAGE_BYTES_MAX: usize = 4 * 1024;
+/// The most JSON a progress report may carry as `data`.
+pub const PROGRESS_DATA_BYTES_MAX: usize = 64 * 1024;
 /// Deepest JSON nesting accepted in a request body.
 pub const JSON_DEPTH_MAX: usize = 64;
 /// Most jobs in one batch enqueue.

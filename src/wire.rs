@@ -279,6 +279,29 @@ fn push_extras(out: &mut String, job: &Job) {
         out.push_str(key!("schema"));
         push_json_string(out, schema);
     }
+    if let Some(progress) = job.progress() {
+        out.push_str(key!("progress"));
+        out.push_str(&progress_number(progress.fraction));
+        if let Some(message) = &progress.message {
+            out.push_str(key!("progress_message"));
+            push_json_string(out, message);
+        }
+    }
+}
+
+/// A progress fraction as JSON: shortest round-trip form, `1.0` as `1.0`.
+pub fn progress_number(fraction: f64) -> String {
+    ryu::Buffer::new().format(fraction).to_string()
+}
+
+/// `progress`, `message`, `data` and `updated_at` of a progress report.
+pub fn push_progress_fields(object: &mut ObjectWriter, progress: &crate::job::JobProgress) {
+    object.raw("progress", &progress_number(progress.fraction));
+    match &progress.message {
+        Some(message) => object.string("message", message),
+        None => object.raw("message", "null"),
+    };
+    object.raw("data", progress.data.as_deref().unwrap_or("null")).time("updated_at", progress.updated_at);
 }
 
 fn push_number(out: &mut String, key: &str, number: impl itoa::Integer) {
@@ -603,6 +626,12 @@ fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
         }
         EventKind::Deleted => {
             data.string("reason", "api").string("previous_state", "discarded");
+        }
+        EventKind::Progress => {
+            data.number("attempt", job.attempt);
+            if let Some(progress) = job.progress() {
+                push_progress_fields(data, progress);
+            }
         }
         EventKind::Expired => {
             data.time("created_at", job.created_at)

@@ -37,6 +37,7 @@ fn send(server: &TestServer, method: &str, path: &str, body: Option<&Value>, key
         "GET" => client.get(url),
         "DELETE" => client.delete(url),
         "PATCH" => client.patch(url),
+        "PUT" => client.put(url),
         _ => client.post(url),
     };
     if let Some(key) = key {
@@ -75,6 +76,8 @@ fn every_route_asks_for_a_key_and_the_right_role() {
             [true, false, true],
         ),
         ("POST", format!("/svc/v1/jobs/{id}/fail"), Some(json!({"error": {"message": "m"}})), [true, false, true]),
+        ("PUT", format!("/svc/v1/jobs/{id}/progress"), Some(json!({"progress": 0.5})), [true, false, true]),
+        ("GET", format!("/svc/v1/jobs/{id}/progress"), None, [true, true, true]),
         ("POST", "/svc/v1/workers/heartbeat".into(), Some(json!({"worker_id": "w"})), [true, false, true]),
         (
             "POST",

@@ -326,7 +326,7 @@ impl State {
     }
 
     /// Finds the active job a worker reports on, checking the claim's owner.
-    fn active_job(&self, id: JobId, worker_id: Option<&str>) -> Result<&Job, EngineError> {
+    pub(super) fn active_job(&self, id: JobId, worker_id: Option<&str>) -> Result<&Job, EngineError> {
         let job = self.job(id).ok_or(EngineError::NotFound { id })?;
         if job.state != JobState::Active {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::InvalidState });

@@ -34,6 +34,8 @@ pub enum EventKind {
         reason: &'static str,
     },
     Expired,
+    /// Progress reported on an active job.
+    Progress,
     /// Back from the dead letter listing.
     Revived,
     /// Removed from the dead letter listing.
@@ -147,6 +149,7 @@ impl EventKind {
             EventKind::Discarded { .. } => "job.discarded",
             EventKind::Cancelled { .. } => "job.cancelled",
             EventKind::Expired => "job.expired",
+            EventKind::Progress => "job.progress",
             EventKind::Revived => "job.enqueued",
             EventKind::Deleted => "job.deleted",
             EventKind::CronTriggered { .. } => "cron.triggered",

@@ -19,6 +19,7 @@ mod job_table;
 mod legacy;
 pub mod outbox;
 mod pace;
+mod progress;
 #[doc(hidden)]
 pub mod record;
 mod registry;
@@ -42,6 +43,7 @@ pub use events::{CronInfo, CronSkip, Event, EventId, EventKind, EventPage, Signa
 pub use handle::{EngineHandle, Pending};
 #[doc(hidden)]
 pub use image::{IMAGE_VERSION, StateImage, decode_image};
+pub use progress::ReportProgress;
 pub use requests::Request;
 pub use state::Retention;
 #[doc(hidden)]

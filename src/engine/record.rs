@@ -236,6 +236,7 @@ pub enum Record {
         events: Vec<super::outbox::QueuedEvent>,
         deliveries: Vec<super::outbox::QueuedDelivery>,
     },
+    Progress(super::progress::ProgressReported),
 }
 
 impl Record {
@@ -286,6 +287,7 @@ impl Record {
             Record::DeliveryRetry { .. } => "delivery_retry",
             Record::DeliveriesDone { .. } => "deliveries_done",
             Record::DeliveriesQueuedOnce { .. } => "deliveries_queued",
+            Record::Progress(_) => "progress",
         }
     }
 
@@ -326,7 +328,14 @@ impl Record {
             | Record::CronFire { at, .. }
             | Record::PruneCapped { at, .. }
             | Record::QueuePause { at, .. } => *at,
+            Record::Progress(record) => record.at(),
         }
+    }
+}
+
+impl From<super::progress::ProgressReported> for Record {
+    fn from(record: super::progress::ProgressReported) -> Record {
+        Record::Progress(record)
     }
 }
 

@@ -25,7 +25,7 @@ use crate::cron::CronDefinition;
 use crate::job::{FailureReport, Job, JobId, NewJob};
 use crate::workflow::WorkflowDefinition;
 
-mod sealed {
+pub(crate) mod sealed {
     /// Only this crate's requests can be sent to the engine.
     pub trait Sealed {}
 }

@@ -595,6 +595,7 @@ impl State {
             }
             Record::Claim { at, worker_id, claims } => self.apply_claim(*at, worker_id, claims, events),
             Record::Ack { at, id, result } => self.apply_ack(*at, *id, result, events),
+            Record::Progress(record) => self.apply_progress(record, events),
             Record::Fail { at, id, report, outcome } => self.apply_fail(*at, *id, report, *outcome, events),
             Record::Cancel { at, id } => self.cancel(*at, *id, "api", events),
             Record::Promote { at, ids } => self.apply_promote(*at, ids),
@@ -782,6 +783,7 @@ impl State {
                 job.run_mut().visibility_deadline = Some(claim.visibility_deadline);
                 job.run_mut().execution_deadline = Some(claim.execution_deadline);
                 job.run_mut().claim_visibility_ms = (claim.visibility_deadline - at).max(0) as u64;
+                job.set_progress(None);
             })?;
             if let Some((limit, key)) = job.limit_and_key() {
                 self.dispatch.claimed(key, limit, at);

@@ -79,6 +79,7 @@ impl Role {
             | AddWebhookSecret(_)
             | DropPreviousWebhookSecret(_)
             | TestWebhook(_) => self == Role::Admin,
+            Progress(route) => route.allows(self),
         }
     }
 }

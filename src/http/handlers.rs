@@ -59,5 +59,6 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::AddWebhookSecret(id) => super::webhooks::add_secret(app, &id, &body).await,
         Route::DropPreviousWebhookSecret(id) => super::webhooks::drop_previous_secret(app, &id).await,
         Route::TestWebhook(id) => super::webhooks::test(app, &id).await,
+        Route::Progress(route) => route.handle(app, &body).await,
     }
 }

@@ -16,6 +16,7 @@ mod handlers;
 pub mod jobs;
 mod paging;
 mod probes;
+mod progress;
 mod queues;
 pub mod rate_limit;
 mod router;

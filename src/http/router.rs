@@ -56,6 +56,7 @@ pub enum Route {
     AddWebhookSecret(String),
     DropPreviousWebhookSecret(String),
     TestWebhook(String),
+    Progress(super::progress::ProgressRoute),
 }
 
 impl Route {
@@ -119,6 +120,7 @@ impl Route {
             AddWebhookSecret(_) => (47, "POST", "/svc/v1/webhooks/{id}/secrets"),
             DropPreviousWebhookSecret(_) => (48, "DELETE", "/svc/v1/webhooks/{id}/secrets/previous"),
             TestWebhook(_) => (49, "POST", "/svc/v1/webhooks/{id}/test"),
+            Progress(route) => route.template(),
         }
     }
 
@@ -179,6 +181,9 @@ impl Route {
             DropPreviousWebhookSecret(id()),
             TestWebhook(id()),
         ]
+        .into_iter()
+        .chain(super::progress::ProgressRoute::samples())
+        .collect()
     }
 }
 
@@ -240,6 +245,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["svc", "v1", "jobs", id, "ack"] if !id.is_empty() => {
             vec![(Method::POST, Route::AckById(decoded(id)))]
         }
+        ["svc", "v1", "jobs", id, "progress"] if !id.is_empty() => super::progress::ProgressRoute::choices(decoded(id)),
         ["svc", "v1", "jobs", id, "fail"] if !id.is_empty() => {
             vec![(Method::POST, Route::FailById(decoded(id)))]
         }

@@ -10,6 +10,7 @@ mod id;
 pub mod json;
 mod payload;
 pub(crate) mod postcard_form;
+mod progress;
 mod queue_name;
 mod retry;
 mod stored;
@@ -25,6 +26,7 @@ pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
 pub use id::{IdGenerator, IdHashState, JobId, JobIdMap, JobIdSet};
 pub use payload::JobPayload;
+pub use progress::JobProgress;
 pub use queue_name::QueueName;
 pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
 pub(crate) use stored::StoredJobDecoder;
@@ -120,6 +122,8 @@ pub enum JobExtra {
     Workflow { id: JobId, role: WorkflowRole },
     /// The registered schema its `args` were checked against (its URI).
     Schema(Arc<str>),
+    /// Progress reported in the current attempt (docs/api.md, "Progress").
+    Progress(Box<JobProgress>),
 }
 
 /// A job's part in its workflow.
@@ -451,7 +455,8 @@ impl Job {
             + self.queue.len()
             + run_bytes
             + self.extras.0.as_ref().map_or(0, |_| std::mem::size_of::<RareFields>())
-            + self.extras.len() * (std::mem::size_of::<JobExtra>() + EXTRA_BYTES);
+            + self.extras.len() * (std::mem::size_of::<JobExtra>() + EXTRA_BYTES)
+            + self.progress().map_or(0, JobProgress::held_bytes);
         bytes as u64
     }
 }

@@ -132,6 +132,15 @@ impl TestServer {
         Self::answer(request.send().expect("request sent"))
     }
 
+    pub fn put(&self, path: &str, body: Value) -> Answer {
+        let request = self
+            .client
+            .put(format!("{}{path}", self.base))
+            .body(body.to_string())
+            .header("content-type", "application/svc+json");
+        Self::answer(request.send().expect("request sent"))
+    }
+
     pub fn patch(&self, path: &str, body: Value) -> Answer {
         let request = self
             .client

@@ -1,0 +1,20 @@
+//! The log record of a progress report: which job, and what it reported
+//! (its `updated_at` is the record's time).
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Millis;
+use crate::job::{JobId, JobProgress};
+
+/// A worker reported progress on the active job `id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgressReported {
+    pub id: JobId,
+    pub progress: JobProgress,
+}
+
+impl ProgressReported {
+    pub fn at(&self) -> Millis {
+        self.progress.updated_at
+    }
+}
