@@ -22,6 +22,7 @@
 //! svc.close();
 //! ```
 
+pub mod backend;
 pub mod clock;
 #[doc(hidden)]
 pub mod config;

@@ -354,14 +354,14 @@ async fn serve(
                 Some(Control::Drain) if drain_ends.is_none() => {
                     tracing::info!(grace_ms = grace.as_millis() as u64, "draining: no new claims; waiting for active jobs");
                     app.shutting_down.store(true, Ordering::SeqCst);
-                    let _ = app.engine.begin_drain().outcome().await;
+                    let _ = app.backend.begin_drain().outcome().await;
                     drain_ends = Some(tokio::time::Instant::now() + grace);
                 }
                 Some(Control::Drain) => {}
                 Some(Control::Stop) | None => break,
             },
             () = tokio::time::sleep(DRAIN_POLL), if drain_ends.is_some() => {
-                let active = app.engine.active_jobs();
+                let active = app.backend.active_jobs();
                 if active == 0 || drain_ends.is_some_and(|ends| tokio::time::Instant::now() >= ends) {
                     tracing::info!(active_jobs = active, "drain finished");
                     break;
@@ -382,9 +382,9 @@ async fn serve(
 /// Completes a short while after the log fails, so that clients still get
 /// 503 answers (and health reports the failure) before the process goes.
 async fn watch_storage(app: Arc<AppState>) {
-    app.engine.storage_failure().await;
-    let reason = app.engine.failure().map_or("unknown", |failure| failure.code());
-    let cause = app.engine.failure_cause().unwrap_or_else(|| "not known".to_string());
+    app.backend.failed().await;
+    let reason = app.backend.failure().map_or("unknown", |failure| failure.code());
+    let cause = app.backend.failure_cause().unwrap_or_else(|| "not known".to_string());
     tracing::error!(reason = reason, cause = %cause, "stopping: the engine accepts no more writes");
     tokio::time::sleep(Duration::from_millis(POISON_EXIT_DELAY_MS)).await;
 }

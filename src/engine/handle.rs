@@ -20,30 +20,44 @@ use crate::schema::SchemaEntry;
 use crate::webhook::Subscription;
 use crate::workflow::WorkflowDefinition;
 
-/// A command on its way; await it, or `wait()` for it from synchronous code.
+/// An answer on its way: await [`Pending::outcome`], or [`Pending::wait`]
+/// for it from synchronous code.
 #[must_use = "a command's outcome says whether it happened"]
 pub struct Pending<T> {
-    receiver: Result<oneshot::Receiver<Result<T, EngineError>>, EngineError>,
+    receiver: Result<oneshot::Receiver<Result<T, EngineError>>, Result<T, EngineError>>,
 }
 
 impl<T> Pending<T> {
+    /// An answer known at once (a read, or a request refused before it
+    /// was sent).
+    pub fn ready(outcome: Result<T, EngineError>) -> Pending<T> {
+        Pending { receiver: Err(outcome) }
+    }
+
+    /// An answer to come through `sender`; dropping the sender answers
+    /// that the backend stopped.
+    pub fn channel() -> (oneshot::Sender<Result<T, EngineError>>, Pending<T>) {
+        let (sender, receiver) = oneshot::channel();
+        (sender, Pending { receiver: Ok(receiver) })
+    }
+
     pub async fn outcome(self) -> Result<T, EngineError> {
         match self.receiver {
             Ok(receiver) => {
                 receiver.await.unwrap_or(Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }))
             }
-            Err(error) => Err(error),
+            Err(outcome) => outcome,
         }
     }
 
     /// Blocks the calling thread until the outcome is known. Must not be
-    /// called from inside an async runtime.
+    /// called from inside an async runtime unless the answer is ready.
     pub fn wait(self) -> Result<T, EngineError> {
         match self.receiver {
             Ok(receiver) => {
                 receiver.blocking_recv().unwrap_or(Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }))
             }
-            Err(error) => Err(error),
+            Err(outcome) => outcome,
         }
     }
 }
@@ -83,8 +97,8 @@ impl EngineHandle {
         let (reply, receiver) = oneshot::channel();
         let receiver = match self.inbox.send(make(reply)) {
             Ok(()) => Ok(receiver),
-            Err(SendError::Full) => Err(EngineError::Unavailable { reason: Unavailable::Overloaded }),
-            Err(SendError::Stopped) => Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }),
+            Err(SendError::Full) => Err(Err(EngineError::Unavailable { reason: Unavailable::Overloaded })),
+            Err(SendError::Stopped) => Err(Err(EngineError::Unavailable { reason: Unavailable::EngineStopped })),
         };
         Pending { receiver }
     }
@@ -94,7 +108,7 @@ impl EngineHandle {
     pub fn enqueue(&self, jobs: Vec<NewJob>) -> Pending<Vec<Enqueued>> {
         let batch = jobs.len() > 1;
         if let Err(error) = self.check_schemas(jobs.iter().enumerate().map(|(i, job)| (batch.then_some(i), job))) {
-            return Pending { receiver: Err(error) };
+            return Pending::ready(Err(error));
         }
         self.submit(requests::Enqueue { jobs })
     }
@@ -203,7 +217,7 @@ impl EngineHandle {
     /// Registers a cron entry, or replaces the one of the same name; says whether it is new.
     pub fn cron_put(&self, definition: CronDefinition) -> Pending<(Arc<CronEntry>, bool)> {
         if let Err(error) = self.check_cron_schema(&definition) {
-            return Pending { receiver: Err(error) };
+            return Pending::ready(Err(error));
         }
         self.submit(requests::CronPut { definition, write: CronWrite::Upsert })
     }
@@ -211,7 +225,7 @@ impl EngineHandle {
     /// Changes a cron entry, provided it is still at `revision`.
     pub fn cron_patch(&self, definition: CronDefinition, revision: u64) -> Pending<(Arc<CronEntry>, bool)> {
         if let Err(error) = self.check_cron_schema(&definition) {
-            return Pending { receiver: Err(error) };
+            return Pending::ready(Err(error));
         }
         self.submit(requests::CronPut { definition, write: CronWrite::Patch { revision } })
     }
@@ -302,7 +316,7 @@ impl EngineHandle {
         let members = definition.jobs.iter().enumerate().map(|(i, job)| (Some(i), job));
         let callbacks = definition.callbacks.iter().map(|(_, job)| (None, job));
         if let Err(error) = self.check_schemas(members.chain(callbacks)) {
-            return Pending { receiver: Err(error) };
+            return Pending::ready(Err(error));
         }
         self.submit(requests::CreateWorkflow { definition })
     }
@@ -352,7 +366,7 @@ impl EngineHandle {
         // Shutdown waits for room rather than failing on a full inbox.
         let receiver = match self.inbox.send(Command::Shutdown { snapshot, reply }) {
             Ok(()) => Ok(receiver),
-            Err(_) => Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }),
+            Err(_) => Err(Err(EngineError::Unavailable { reason: Unavailable::EngineStopped })),
         };
         Pending { receiver }
     }

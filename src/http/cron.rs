@@ -60,8 +60,8 @@ fn known_name(name: &str) -> Result<&str, ApiError> {
 }
 
 pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
-    let definition = parse_cron_body(body, app.engine.defaults())?;
-    let (entry, created) = app.engine.cron_put(definition).outcome().await?;
+    let definition = parse_cron_body(body, &app.defaults)?;
+    let (entry, created) = app.backend.cron_put(definition).outcome().await?;
     let reply = Reply::ok(cron_body(&entry));
     Ok(if created {
         reply
@@ -72,7 +72,7 @@ pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
     })
 }
 
-pub fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+pub async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let enabled = match query_value(&pairs, "enabled").filter(|value| !value.is_empty()) {
@@ -82,26 +82,30 @@ pub fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
         Some(_) => return Err(ApiError::invalid_request(Some("enabled"), "enabled must be true or false")),
     };
     let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
-    let (page, has_more) = app
-        .engine
-        .crons_page(after.as_deref(), limit, |entry| enabled.is_none_or(|enabled| entry.definition.enabled == enabled));
+    let (page, has_more) = app.backend.crons_page(after, limit, enabled).outcome().await?;
     let cursor =
         if has_more { page.last().map(|entry| Value::from(encode_cursor(&entry.definition.name))) } else { None };
     let crons: Vec<Value> = page.iter().map(|entry| render_cron(entry)).collect();
     Ok(Reply::ok(json!({"crons": crons, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
-pub fn get(app: &AppState, name: &str) -> Result<Reply, ApiError> {
-    let entry = app.engine.cron(known_name(name)?).ok_or_else(|| ApiError::not_found("cron", name))?;
+pub async fn get(app: &AppState, name: &str) -> Result<Reply, ApiError> {
+    let entry = app
+        .backend
+        .cron(known_name(name)?.to_string())
+        .outcome()
+        .await?
+        .ok_or_else(|| ApiError::not_found("cron", name))?;
     Ok(Reply::ok(cron_body(&entry)))
 }
 
 pub async fn patch(app: &AppState, name: &str, body: &Bytes) -> Result<Reply, ApiError> {
     let name = known_name(name)?;
     for _ in 0..PATCH_ATTEMPTS_MAX {
-        let current = app.engine.cron(name).ok_or_else(|| ApiError::not_found("cron", name))?;
-        let definition = patch_cron_body(&current.definition, body, app.engine.defaults())?;
-        match app.engine.cron_patch(definition, current.revision).outcome().await {
+        let current =
+            app.backend.cron(name.to_string()).outcome().await?.ok_or_else(|| ApiError::not_found("cron", name))?;
+        let definition = patch_cron_body(&current.definition, body, &app.defaults)?;
+        match app.backend.cron_patch(definition, current.revision).outcome().await {
             Ok((entry, _)) => return Ok(Reply::ok(cron_body(&entry))),
             // Changed meanwhile: apply the patch to the newer entry.
             Err(EngineError::CronChanged { .. }) => continue,
@@ -112,6 +116,6 @@ pub async fn patch(app: &AppState, name: &str, body: &Bytes) -> Result<Reply, Ap
 }
 
 pub async fn delete(app: &AppState, name: &str) -> Result<Reply, ApiError> {
-    let entry = app.engine.cron_delete(known_name(name)?.to_string()).outcome().await?;
+    let entry = app.backend.cron_delete(known_name(name)?.to_string()).outcome().await?;
     Ok(Reply::ok(json!({"cron": render_cron(&entry), "deleted": true}).to_string()))
 }

@@ -14,7 +14,7 @@ pub(super) fn dead_letter_id(text: &str) -> Result<JobId, ApiError> {
     JobId::parse_any_case(text).ok_or_else(|| ApiError::not_found("dead_letter_job", text))
 }
 
-pub(super) fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+pub(super) async fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     use crate::engine::DeadLetterCursor;
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
@@ -30,13 +30,14 @@ pub(super) fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError
             Some(DeadLetterCursor::parse(&decode_cursor(cursor)?).ok_or_else(invalid)?)
         }
     };
-    let (jobs, next) = app.engine.dead_letter_page(after, limit, queue);
+    let (jobs, next) = app.backend.dead_letter_page(after, limit, queue.map(str::to_string)).outcome().await?;
+    let fields = super::workflows::job_fields(app, &jobs).await?;
     let has_more = next.is_some();
     let cursor = match next {
         Some(next) => format!("\"{}\"", encode_cursor(&next.to_string())),
         None => "null".to_string(),
     };
-    let mut body = jobs_object_with("jobs", &jobs, |job| super::workflows::job_fields(app, job));
+    let mut body = jobs_object_with("jobs", &jobs, |job| fields.get(&job.id).cloned().unwrap_or_default());
     body.raw("cursor", &cursor).bool("has_more", has_more);
     Ok(Reply::ok(body.finish()))
 }
@@ -45,12 +46,12 @@ pub(super) async fn dead_letter_retry(app: &AppState, id: &str, body: &[u8]) -> 
     if !is_empty_body(body) {
         object_body(body)?;
     }
-    let job = app.engine.dead_letter_retry(dead_letter_id(id)?).outcome().await?;
+    let job = app.backend.dead_letter_retry(dead_letter_id(id)?).outcome().await?;
     Ok(Reply::ok(job_body(&job)))
 }
 
 pub(super) async fn dead_letter_delete(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = dead_letter_id(id)?;
-    app.engine.dead_letter_delete(id).outcome().await?;
+    app.backend.dead_letter_delete(id).outcome().await?;
     Ok(Reply::ok(json!({"deleted": true, "job_id": id.to_string()}).to_string()))
 }

@@ -5,32 +5,24 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::paging::{page_limit, query_pairs, query_value};
 use super::{AppState, Reply};
-use crate::webhook::subscription::pattern_matches;
+use crate::backend::EventFilter;
 use crate::wire::{ObjectWriter, render_event};
 
 pub(super) fn list_filter(pairs: &[(String, String)], key: &str) -> Option<Vec<String>> {
     query_value(pairs, key).map(|text| text.split(',').filter(|item| !item.is_empty()).map(str::to_string).collect())
 }
 
-pub(super) fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+pub(super) async fn events(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
-    let types = list_filter(&pairs, "types");
-    let queues = list_filter(&pairs, "queues");
-    let job_types = list_filter(&pairs, "job_types");
-    let subject = query_value(&pairs, "subject").map(str::to_string);
+    let filter = EventFilter {
+        types: list_filter(&pairs, "types"),
+        queues: list_filter(&pairs, "queues"),
+        job_types: list_filter(&pairs, "job_types"),
+        subject: query_value(&pairs, "subject").map(str::to_string),
+    };
     let after = query_value(&pairs, "after").or_else(|| query_value(&pairs, "cursor")).filter(|id| !id.is_empty());
-    let page = app.engine.events_page(after, limit, |event| {
-        let job = event.job.as_ref();
-        types.as_ref().is_none_or(|types| types.iter().any(|pattern| pattern_matches(pattern, event.kind.type_name())))
-            && queues
-                .as_ref()
-                .is_none_or(|queues| job.is_some_and(|job| queues.iter().any(|queue| *queue == job.queue)))
-            && job_types.as_ref().is_none_or(|types| {
-                job.is_some_and(|job| types.iter().any(|pattern| pattern_matches(pattern, job.payload.job_type())))
-            })
-            && subject.as_ref().is_none_or(|subject| event.subject().as_ref() == Some(subject))
-    });
+    let page = app.backend.events_page(after.map(str::to_string), limit, filter).outcome().await?;
     let cursor = page.events.last().map(|event| event.id.to_string()).or_else(|| after.map(str::to_string));
     let mut events = String::from("[");
     for (index, event) in page.events.iter().enumerate() {

@@ -14,8 +14,8 @@ use crate::limits::{BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX};
 use crate::wire::{job_body, push_job, render_job};
 
 pub(super) async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
-    let new_job = parse_enqueue_body(body, app.engine.defaults())?;
-    let mut enqueued = app.engine.enqueue(vec![new_job]).outcome().await?;
+    let new_job = parse_enqueue_body(body, &app.defaults)?;
+    let mut enqueued = app.backend.enqueue(vec![new_job]).outcome().await?;
     let Enqueued { job, deduplicated } = enqueued.swap_remove(0);
     if deduplicated {
         // A unique `ignore` policy met a held job: that job answers, once in
@@ -28,8 +28,8 @@ pub(super) async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, Api
 }
 
 pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
-    let new_jobs = parse_batch(body, app.engine.defaults())?;
-    let enqueued = app.engine.enqueue(new_jobs).outcome().await?;
+    let new_jobs = parse_batch(body, &app.defaults)?;
+    let enqueued = app.backend.enqueue(new_jobs).outcome().await?;
     Ok(Reply::ok(render_batch(&enqueued)).with_status(StatusCode::CREATED))
 }
 
@@ -122,17 +122,20 @@ pub fn render_batch(enqueued: &[Enqueued]) -> String {
     body
 }
 
-pub(super) fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+pub(super) async fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = job_id(id)?;
-    let job = app.engine.job(id).ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
-    let extra = super::workflows::job_fields(app, &job);
+    let job = app.backend.job(id).outcome().await?.ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
+    let extra = super::workflows::job_fields(app, std::slice::from_ref(&job)).await?.remove(&id).unwrap_or_default();
     Ok(Reply::ok(format!("{{\"job\":{}}}", render_job(&job, &extra))))
 }
 
 pub(super) async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = job_id(id)?;
-    let cancelled = app.engine.cancel(id).outcome().await?;
-    let mut extra = super::workflows::job_fields(app, &cancelled.job);
+    let cancelled = app.backend.cancel(id).outcome().await?;
+    let mut extra = super::workflows::job_fields(app, std::slice::from_ref(&cancelled.job))
+        .await?
+        .remove(&cancelled.job.id)
+        .unwrap_or_default();
     extra.push(("previous_state", Value::from(cancelled.previous_state.as_str())));
     Ok(Reply::ok(format!("{{\"job\":{}}}", render_job(&cancelled.job, &extra))))
 }
@@ -142,7 +145,7 @@ pub(super) async fn activate_job(app: &AppState, id: &str, body: &[u8]) -> Resul
     if !is_empty_body(body) {
         object_body(body)?;
     }
-    let job = app.engine.activate(job_id(id)?).outcome().await?;
+    let job = app.backend.activate(job_id(id)?).outcome().await?;
     Ok(Reply::ok(job_body(&job)))
 }
 

@@ -36,8 +36,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::backend::Backend;
 use crate::engine::EngineHandle;
-use crate::job::IdGenerator;
+use crate::job::{IdGenerator, JobDefaults};
 use crate::limits::{BATCH_BODY_BYTES_MAX, REQUEST_BODY_BYTES_MAX, REQUEST_ID_CHARS_MAX};
 use rate_limit::{RateLimiter, Window};
 use router::Route;
@@ -47,7 +48,12 @@ pub const MEDIA_TYPE: &str = "application/svc+json";
 
 /// Everything a request handler may use.
 pub struct AppState {
-    pub engine: EngineHandle,
+    /// Every operation of the service (docs: `backend/mod.rs`).
+    pub backend: Arc<dyn Backend>,
+    /// Wiring beside the backend: time, job defaults, metrics.
+    pub clock: Arc<dyn crate::clock::Clock>,
+    pub defaults: Arc<JobDefaults>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub started: Instant,
     pub request_timeout: Duration,
     /// Set once shutdown begins (`/ready` turns 503).
@@ -77,9 +83,27 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The front end of the local engine.
     pub fn new(engine: EngineHandle, request_timeout: Duration) -> Self {
+        let clock = engine.clock().clone();
+        let defaults = Arc::new(engine.defaults().clone());
+        let metrics = engine.metrics().clone();
+        Self::with_backend(Arc::new(engine), clock, defaults, metrics, request_timeout)
+    }
+
+    /// The front end of any backend.
+    pub fn with_backend(
+        backend: Arc<dyn Backend>,
+        clock: Arc<dyn crate::clock::Clock>,
+        defaults: Arc<JobDefaults>,
+        metrics: Arc<crate::metrics::Metrics>,
+        request_timeout: Duration,
+    ) -> Self {
         Self {
-            engine,
+            backend,
+            clock,
+            defaults,
+            metrics,
             started: Instant::now(),
             request_timeout,
             shutting_down: AtomicBool::new(false),
@@ -232,7 +256,7 @@ pub async fn serve_request(
     };
     let (index, method, template) = label.unwrap_or((router::UNKNOWN_ROUTE.0, "OTHER", router::UNKNOWN_ROUTE.1));
     let seconds = started.elapsed().as_secs_f64();
-    app.engine.metrics().request((index, template), method, status.as_u16(), seconds);
+    app.metrics.request((index, template), method, status.as_u16(), seconds);
     // The route's template, never its path: ids and names stay out of logs.
     tracing::debug!(request_id = %request_id, method, route = template, status = status.as_u16(), seconds, "request");
     let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -261,7 +285,7 @@ fn request_id(app: &AppState, headers: &HeaderMap) -> String {
             id.to_string()
         }
         _ => {
-            let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
+            let now = crate::clock::Clock::now_ms(app.clock.as_ref());
             let id = app.request_ids.lock().next(now, rand::random());
             let mut text = String::with_capacity(40);
             text.push_str("req_");
@@ -355,7 +379,7 @@ async fn dispatch(
 
 /// 429 `rate_limited` for a window with nothing left.
 fn rate_limited(app: &AppState, limiter: &RateLimiter, quota: rate_limit::Quota, now_s: u64) -> ApiError {
-    app.engine.metrics().rate_limited.inc();
+    app.metrics.rate_limited.inc();
     let retry_after = quota.reset_at.saturating_sub(now_s).max(1);
     let mut error =
         ApiError::new("rate_limited", format!("more than {} requests in {} s", quota.limit, limiter.window_s()))

@@ -13,11 +13,11 @@ use crate::limits::{
 
 pub(super) async fn health(app: &AppState) -> Result<Reply, ApiError> {
     let started = Instant::now();
-    let probe = tokio::time::timeout(Duration::from_millis(HEALTH_PROBE_MS), app.engine.probe().outcome()).await;
+    let probe = tokio::time::timeout(Duration::from_millis(HEALTH_PROBE_MS), app.backend.probe().outcome()).await;
     let latency_ms = started.elapsed().as_millis() as u64;
-    let problem = if let Some(failure) = app.engine.failure() {
+    let problem = if let Some(failure) = app.backend.failure() {
         Some(failure.code())
-    } else if app.engine.disk_full() {
+    } else if app.backend.disk_full() {
         Some("disk_full")
     } else {
         match probe {
@@ -46,7 +46,7 @@ pub(super) async fn health(app: &AppState) -> Result<Reply, ApiError> {
 pub(super) fn ready(app: &AppState) -> Result<Reply, ApiError> {
     let reason = if app.is_shutting_down() {
         Some("shutting_down")
-    } else if app.engine.storage_failed() {
+    } else if app.backend.failure().is_some() {
         Some("backend_unavailable")
     } else {
         None
@@ -102,8 +102,8 @@ pub(super) fn manifest(app: &AppState) -> Value {
 }
 
 /// `GET /metrics`: the Prometheus text format (docs/api.md, "Metrics").
-pub(super) fn metrics(app: &AppState) -> Result<Reply, ApiError> {
-    let (queues, _) = app.engine.queues_page(None, crate::metrics::QUEUE_LABELS_MAX);
+pub(super) async fn metrics(app: &AppState) -> Result<Reply, ApiError> {
+    let (queues, _) = app.backend.queues_page(None, crate::metrics::QUEUE_LABELS_MAX).outcome().await?;
     let queues: Vec<crate::metrics::QueueGauge> = queues
         .into_iter()
         .map(|queue| {
@@ -111,11 +111,12 @@ pub(super) fn metrics(app: &AppState) -> Result<Reply, ApiError> {
             crate::metrics::QueueGauge { name: queue.name, paused: queue.paused, counts }
         })
         .collect();
-    let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
+    let now = crate::clock::Clock::now_ms(app.clock.as_ref());
     let mut workers = [("running", 0u64), ("quiet", 0), ("terminate", 0), ("stale", 0)];
     let mut after: Option<String> = None;
     loop {
-        let (page, more) = app.engine.workers_page(after.as_deref(), crate::limits::PAGE_SIZE_MAX, |_| true);
+        let (page, more) =
+            app.backend.workers_page(after.clone(), crate::limits::PAGE_SIZE_MAX, None).outcome().await?;
         for entry in &page {
             let slot = if now - entry.last_seen_at > crate::limits::WORKER_STALE_MS {
                 3
@@ -133,6 +134,6 @@ pub(super) fn metrics(app: &AppState) -> Result<Reply, ApiError> {
             _ => break,
         }
     }
-    let text = app.engine.metrics().render(&queues, &workers);
+    let text = app.metrics.render(&queues, &workers);
     Ok(Reply::ok(text).header(hyper::header::CONTENT_TYPE, "text/plain".to_string()))
 }

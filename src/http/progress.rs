@@ -9,7 +9,6 @@ use super::extract::{job_id, object_body};
 use super::router::Route;
 use super::workers::{report_error, worker_id};
 use super::{AppState, Reply};
-use crate::engine::ReportProgress;
 use crate::job::{Job, JobProgress};
 use crate::wire::{ObjectWriter, push_progress_fields};
 
@@ -48,7 +47,7 @@ impl ProgressRoute {
     pub async fn handle(self, app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
         match self {
             ProgressRoute::Report(id) => report(app, &id, body).await,
-            ProgressRoute::Get(id) => get(app, &id),
+            ProgressRoute::Get(id) => get(app, &id).await,
         }
     }
 
@@ -65,13 +64,13 @@ async fn report(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError
     let object = object_body(body)?;
     let progress = JobProgress::from_object(&object)?;
     let worker_id = worker_id(&object)?;
-    let job = app.engine.submit(ReportProgress { id, progress, worker_id }).outcome().await.map_err(report_error)?;
+    let job = app.backend.report_progress(id, progress, worker_id).outcome().await.map_err(report_error)?;
     Ok(Reply::ok(render(&job)))
 }
 
-fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = job_id(id)?;
-    let job = app.engine.job(id).ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
+    let job = app.backend.job(id).outcome().await?.ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
     Ok(Reply::ok(render(&job)))
 }
 

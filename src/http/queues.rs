@@ -10,11 +10,11 @@ use crate::engine::QueueSummary;
 use crate::job::{JobState, is_valid_queue};
 
 /// `GET /queues`: queues by name, paged.
-pub(super) fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+pub(super) async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
-    let (page, has_more) = app.engine.queues_page(after.as_deref(), limit);
+    let (page, has_more) = app.backend.queues_page(after, limit).outcome().await?;
     let cursor = if has_more { page.last().map(|queue| Value::from(encode_cursor(&queue.name))) } else { None };
     let queues: Vec<Value> =
         page.iter().map(|queue| json!({"name": queue.name, "size": queue.size(), "paused": queue.paused})).collect();
@@ -31,9 +31,14 @@ fn queue_name(name: &str) -> Result<&str, ApiError> {
 }
 
 /// `GET /queues/{name}/stats`.
-pub(super) fn stats(app: &AppState, name: &str) -> Result<Reply, ApiError> {
+pub(super) async fn stats(app: &AppState, name: &str) -> Result<Reply, ApiError> {
     let name = queue_name(name)?;
-    let stats = app.engine.queue_stats(name).ok_or_else(|| ApiError::not_found("queue", name.to_string()))?;
+    let stats = app
+        .backend
+        .queue_stats(name.to_string())
+        .outcome()
+        .await?
+        .ok_or_else(|| ApiError::not_found("queue", name.to_string()))?;
     let summary = &stats.summary;
     let mut states = serde_json::Map::new();
     for state in JobState::ALL {
@@ -58,6 +63,6 @@ pub(super) async fn pause(app: &AppState, name: &str, paused: bool, body: &[u8])
     if !is_empty_body(body) {
         return Err(ApiError::invalid_request(None, "this request takes no body"));
     }
-    let summary: QueueSummary = app.engine.pause_queue(name.to_string(), paused).outcome().await?;
+    let summary: QueueSummary = app.backend.pause_queue(name.to_string(), paused).outcome().await?;
     Ok(Reply::ok(json!({"queue": summary.name, "paused": summary.paused}).to_string()))
 }

@@ -4,6 +4,8 @@
 use bytes::Bytes;
 use hyper::StatusCode;
 use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::error::ApiError;
 use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
@@ -35,32 +37,40 @@ fn known_uri(uri: &str) -> Result<&str, ApiError> {
 }
 
 pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
-    let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
-    let registration = parse_registration(body, now, &|uri| app.engine.schema(uri))?;
-    let entry = app.engine.register_schema(registration).outcome().await?;
+    let now = crate::clock::Clock::now_ms(app.clock.as_ref());
+    // `$ref`s may name registered schemas: the registry is read first (it
+    // is bounded by `schemas.max`, and registering is rare).
+    let registered = all_schemas(app).await?;
+    let registration = parse_registration(body, now, &|uri| registered.get(uri).cloned())?;
+    let entry = app.backend.register_schema(registration).outcome().await?;
     let location = format!("/svc/v1/schemas/{}", encode_path_segment(&entry.uri));
     Ok(Reply::ok(json!({"schema": render_schema(&entry, false)}).to_string())
         .with_status(StatusCode::CREATED)
         .header(hyper::header::LOCATION, location))
 }
 
-pub fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+pub async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
-    let (page, has_more) = app.engine.schemas_page(after.as_deref(), limit);
+    let (page, has_more) = app.backend.schemas_page(after, limit).outcome().await?;
     let cursor = if has_more { page.last().map(|entry| Value::from(encode_cursor(&entry.uri))) } else { None };
     let schemas: Vec<Value> = page.iter().map(|entry| render_schema(entry, false)).collect();
     Ok(Reply::ok(json!({"schemas": schemas, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
-pub fn get(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
-    let entry = app.engine.schema(known_uri(uri)?).ok_or_else(|| ApiError::not_found("schema", uri))?;
+pub async fn get(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
+    let entry = app
+        .backend
+        .schema(known_uri(uri)?.to_string())
+        .outcome()
+        .await?
+        .ok_or_else(|| ApiError::not_found("schema", uri))?;
     Ok(Reply::ok(json!({"schema": render_schema(&entry, true)}).to_string()))
 }
 
 pub async fn delete(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
-    let entry = app.engine.delete_schema(known_uri(uri)?.to_string()).outcome().await?;
+    let entry = app.backend.delete_schema(known_uri(uri)?.to_string()).outcome().await?;
     Ok(Reply::ok(json!({"deleted": true, "uri": entry.uri}).to_string()))
 }
 
@@ -75,4 +85,18 @@ fn encode_path_segment(text: &str) -> String {
         }
     }
     out
+}
+
+/// Every registered schema by URI.
+async fn all_schemas(app: &AppState) -> Result<HashMap<String, Arc<SchemaEntry>>, ApiError> {
+    let mut all = HashMap::new();
+    let mut after = None;
+    loop {
+        let (page, more) = app.backend.schemas_page(after, crate::limits::PAGE_SIZE_MAX).outcome().await?;
+        after = page.last().map(|entry| entry.uri.clone());
+        all.extend(page.into_iter().map(|entry| (entry.uri.clone(), entry)));
+        if !more || after.is_none() {
+            return Ok(all);
+        }
+    }
 }

@@ -57,7 +57,7 @@ pub fn render_subscription(subscription: &Subscription, now: crate::clock::Milli
 }
 
 fn now(app: &AppState) -> crate::clock::Millis {
-    crate::clock::Clock::now_ms(app.engine.clock().as_ref())
+    crate::clock::Clock::now_ms(app.clock.as_ref())
 }
 
 fn subscription_body(app: &AppState, subscription: &Subscription) -> String {
@@ -66,13 +66,13 @@ fn subscription_body(app: &AppState, subscription: &Subscription) -> String {
 
 pub async fn create(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
     let new = parse_subscription(body, app.webhooks_allow_private_targets)?;
-    let subscription = app.engine.create_webhook(new).outcome().await?;
+    let subscription = app.backend.create_webhook(new).outcome().await?;
     Ok(Reply::ok(subscription_body(app, &subscription))
         .with_status(StatusCode::CREATED)
         .header(hyper::header::LOCATION, format!("/svc/v1/webhooks/{}", subscription_id(subscription.id))))
 }
 
-pub fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+pub async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let after =
@@ -85,40 +85,41 @@ pub fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
                 })?)
             }
         };
-    let (page, has_more) = app.engine.webhooks_page(after, limit);
+    let (page, has_more) = app.backend.webhooks_page(after, limit).outcome().await?;
     let cursor = if has_more { page.last().map(|last| Value::from(encode_cursor(&last.id.to_string()))) } else { None };
     let now = now(app);
     let subscriptions: Vec<Value> = page.iter().map(|subscription| render_subscription(subscription, now)).collect();
     Ok(Reply::ok(json!({"subscriptions": subscriptions, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
-pub fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
-    let subscription = app.engine.webhook(parse_id(id)?).ok_or_else(|| ApiError::not_found("webhook", id))?;
+pub async fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let subscription =
+        app.backend.webhook(parse_id(id)?).outcome().await?.ok_or_else(|| ApiError::not_found("webhook", id))?;
     Ok(Reply::ok(subscription_body(app, &subscription)))
 }
 
 pub async fn patch(app: &AppState, id: &str, body: &Bytes) -> Result<Reply, ApiError> {
     let id = parse_id(id)?;
     let patch = parse_subscription_patch(body, app.webhooks_allow_private_targets)?;
-    let subscription = app.engine.change_webhook(id, WebhookChange::Patch(patch)).outcome().await?;
+    let subscription = app.backend.change_webhook(id, WebhookChange::Patch(patch)).outcome().await?;
     Ok(Reply::ok(subscription_body(app, &subscription)))
 }
 
 pub async fn delete(app: &AppState, id: &str) -> Result<Reply, ApiError> {
-    let subscription = app.engine.delete_webhook(parse_id(id)?).outcome().await?;
+    let subscription = app.backend.delete_webhook(parse_id(id)?).outcome().await?;
     Ok(Reply::ok(json!({"deleted": true, "id": subscription_id(subscription.id)}).to_string()))
 }
 
 pub async fn add_secret(app: &AppState, id: &str, body: &Bytes) -> Result<Reply, ApiError> {
     let id = parse_id(id)?;
     let secret = parse_secret_body(body)?;
-    let subscription = app.engine.change_webhook(id, WebhookChange::AddSecret(secret)).outcome().await?;
+    let subscription = app.backend.change_webhook(id, WebhookChange::AddSecret(secret)).outcome().await?;
     Ok(Reply::ok(subscription_body(app, &subscription)))
 }
 
 pub async fn drop_previous_secret(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = parse_id(id)?;
-    let subscription = app.engine.change_webhook(id, WebhookChange::DropPreviousSecret).outcome().await?;
+    let subscription = app.backend.change_webhook(id, WebhookChange::DropPreviousSecret).outcome().await?;
     Ok(Reply::ok(subscription_body(app, &subscription)))
 }
 
@@ -129,7 +130,8 @@ const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// signed and guarded like a delivery; nothing is stored, nothing retried.
 pub async fn test(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = parse_id(id)?;
-    let subscription = app.engine.webhook(id).ok_or_else(|| ApiError::not_found("webhook", subscription_id(id)))?;
+    let subscription =
+        app.backend.webhook(id).outcome().await?.ok_or_else(|| ApiError::not_found("webhook", subscription_id(id)))?;
     let client = app
         .webhook_client
         .as_ref()

@@ -9,7 +9,7 @@ use super::error::ApiError;
 use super::extract::{job_id, object_body};
 use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
 use super::{AppState, Reply, is_empty_body};
-use crate::engine::{EngineError, FetchRequest};
+use crate::engine::{EngineError, FetchRequest, WorkerState};
 use crate::job::json::{JsonKind, RawObject, kind_of, minify, string_value};
 use crate::job::time::format_timestamp;
 use crate::job::{JobId, body_error, is_valid_queue, parse_failure_report, raw_integer};
@@ -91,8 +91,9 @@ pub(super) async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError
     };
     let request = FetchRequest { queues, count, worker_id: worker_id(&object)?, visibility_timeout_ms };
     // A draining engine hands out no new work (docs/api.md, "Shutting down").
-    let jobs = app.engine.fetch_waiting(request, wait_ms).outcome().await?;
-    Ok(Reply::ok(jobs_object_with("jobs", &jobs, |job| super::workflows::job_fields(app, job)).finish()))
+    let jobs = app.backend.fetch(request, wait_ms).outcome().await?;
+    let fields = super::workflows::job_fields(app, &jobs).await?;
+    Ok(Reply::ok(jobs_object_with("jobs", &jobs, |job| fields.get(&job.id).cloned().unwrap_or_default()).finish()))
 }
 
 /// The job id of a worker report: from the path, or `job_id` in the body.
@@ -132,7 +133,7 @@ pub(super) async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> R
         return Err(ApiError::from(crate::job::ValidationError::too_large("result", RESULT_BYTES_MAX, result.len())));
     }
     let worker = worker_id(&object)?;
-    let job = app.engine.ack(id, result, worker).outcome().await.map_err(report_error)?;
+    let job = app.backend.ack(id, result, worker).outcome().await.map_err(report_error)?;
     let mut body = crate::wire::ObjectWriter::default();
     body.job("job", &job)
         .raw("acknowledged", "true")
@@ -166,7 +167,7 @@ pub(super) async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> 
             return Err(ApiError::invalid_request(Some("requeue"), "requeue must be a boolean"));
         }
     };
-    let job = app.engine.fail(id, report, requeue, worker_id(&object)?).outcome().await.map_err(report_error)?;
+    let job = app.backend.fail(id, report, requeue, worker_id(&object)?).outcome().await.map_err(report_error)?;
     let mut body = crate::wire::ObjectWriter::default();
     body.job("job", &job)
         .id("id", job.id)
@@ -219,9 +220,9 @@ pub(super) async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiE
         Some((field, _, _)) => return Err(active_jobs_error(field)),
     };
     let visibility_timeout_ms = visibility_timeout(&object)?;
-    let beat = app.engine.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
+    let beat = app.backend.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
     let (extended, signal) = (beat.extended, beat.signal);
-    let now = crate::clock::Clock::now_ms(app.engine.clock().as_ref());
+    let now = crate::clock::Clock::now_ms(app.clock.as_ref());
     // While the engine drains, the signal is `terminate` (docs/api.md, "Shutting down").
     let state = crate::engine::WorkerState::of(signal).as_str();
     let server_time = crate::job::time::format_timestamp(now);
@@ -249,41 +250,41 @@ pub(super) fn render_worker(entry: &crate::engine::workers::WorkerEntry, now: i6
 }
 
 pub(super) fn now_ms(app: &AppState) -> i64 {
-    crate::clock::Clock::now_ms(app.engine.clock().as_ref())
+    crate::clock::Clock::now_ms(app.clock.as_ref())
 }
 
 /// `GET /workers`: by worker id, paged, optionally filtered by `state`.
-pub(super) fn workers(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+pub(super) async fn workers(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let state = match query_value(&pairs, "state").filter(|state| !state.is_empty()) {
-        Some(state @ ("running" | "quiet" | "terminate")) => Some(state.to_string()),
+        Some("running") => Some(WorkerState::Running),
+        Some("quiet") => Some(WorkerState::Quiet),
+        Some("terminate") => Some(WorkerState::Terminate),
         Some(_) => return Err(ApiError::invalid_request(Some("state"), "state must be running, quiet or terminate")),
         None => None,
     };
     let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
-    let (page, has_more) = app.engine.workers_page(after.as_deref(), limit, |entry| {
-        state.as_deref().is_none_or(|state| entry.state.as_str() == state)
-    });
+    let (page, has_more) = app.backend.workers_page(after, limit, state).outcome().await?;
     let now = now_ms(app);
     let cursor = if has_more { page.last().map(|entry| Value::from(encode_cursor(&entry.worker_id))) } else { None };
     let workers: Vec<Value> = page.iter().map(|entry| render_worker(entry, now)).collect();
     Ok(Reply::ok(json!({"workers": workers, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
-pub(super) fn worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
-    let entry = app.engine.worker(id).ok_or_else(|| ApiError::not_found("worker", id))?;
+pub(super) async fn worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+    let entry = app.backend.worker(id.to_string()).outcome().await?.ok_or_else(|| ApiError::not_found("worker", id))?;
     Ok(Reply::ok(json!({"worker": render_worker(&entry, now_ms(app))}).to_string()))
 }
 
 pub(super) async fn signal_worker(app: &AppState, id: &str, signal: &str) -> Result<Reply, ApiError> {
     use crate::engine::workers::WorkerSignal;
     let signal = if signal == "quiet" { WorkerSignal::Quiet } else { WorkerSignal::Terminate };
-    let entry = app.engine.signal_worker(id.to_string(), signal).outcome().await?;
+    let entry = app.backend.signal_worker(id.to_string(), signal).outcome().await?;
     Ok(Reply::ok(json!({"worker": render_worker(&entry, now_ms(app))}).to_string()))
 }
 
 pub(super) async fn forget_worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
-    app.engine.forget_worker(id.to_string()).outcome().await?;
+    app.backend.forget_worker(id.to_string()).outcome().await?;
     Ok(Reply::ok(json!({"deleted": true, "worker_id": id}).to_string()))
 }

@@ -9,9 +9,11 @@ use super::error::ApiError;
 use super::{AppState, Reply};
 use crate::engine::{ParentResults, Workflow, WorkflowState};
 use crate::job::time::format_timestamp;
-use crate::job::{Job, JobId};
+use crate::job::{Job, JobId, JobState, WorkflowRole};
 use crate::wire::report_value;
 use crate::workflow::{WorkflowKind, parse_workflow_body};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 fn workflow_id(text: &str) -> Result<JobId, ApiError> {
     JobId::parse_any_case(text).ok_or_else(|| ApiError::not_found("workflow", text))
@@ -19,28 +21,45 @@ fn workflow_id(text: &str) -> Result<JobId, ApiError> {
 
 /// `POST /workflows`: 201 `{workflow}` with its `Location`.
 pub(super) async fn create(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
-    let definition = parse_workflow_body(body, app.engine.defaults())?;
-    let id = app.engine.create_workflow(definition).outcome().await?;
-    let workflow = app.engine.workflow(id).ok_or_else(|| ApiError::not_found("workflow", id.to_string()))?;
-    let body = json!({"workflow": render(app, &workflow)}).to_string();
+    let definition = parse_workflow_body(body, &app.defaults)?;
+    let id = app.backend.create_workflow(definition).outcome().await?;
+    let body = json!({"workflow": read(app, id).await?}).to_string();
     Ok(Reply::ok(body)
         .with_status(StatusCode::CREATED)
         .header(hyper::header::LOCATION, format!("/svc/v1/workflows/{id}")))
 }
 
 /// `GET /workflows/{id}`.
-pub(super) fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+pub(super) async fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = workflow_id(id)?;
-    let workflow = app.engine.workflow(id).ok_or_else(|| ApiError::not_found("workflow", id.to_string()))?;
-    Ok(Reply::ok(json!({"workflow": render(app, &workflow)}).to_string()))
+    Ok(Reply::ok(json!({"workflow": read(app, id).await?}).to_string()))
 }
 
 /// `DELETE /workflows/{id}`: cancels it; 409 once it has ended.
 pub(super) async fn cancel(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = workflow_id(id)?;
-    app.engine.cancel_workflow(id).outcome().await?;
-    let workflow = app.engine.workflow(id).ok_or_else(|| ApiError::not_found("workflow", id.to_string()))?;
-    Ok(Reply::ok(json!({"workflow": render(app, &workflow)}).to_string()))
+    app.backend.cancel_workflow(id).outcome().await?;
+    Ok(Reply::ok(json!({"workflow": read(app, id).await?}).to_string()))
+}
+
+/// The workflow object of `id`, with the states of the jobs it shows.
+async fn read(app: &AppState, id: JobId) -> Result<Value, ApiError> {
+    let workflow =
+        app.backend.workflow(id).outcome().await?.ok_or_else(|| ApiError::not_found("workflow", id.to_string()))?;
+    // The states of members and fired callbacks the workflow has no end for.
+    let open_members = workflow.members.iter().filter(|member| member.outcome.is_none()).map(|member| member.job_id);
+    let open_callbacks = workflow
+        .callbacks
+        .iter()
+        .filter(|callback| callback.fired && callback.outcome.is_none())
+        .map(|callback| callback.job.id);
+    let mut states = HashMap::new();
+    for job_id in open_members.chain(open_callbacks) {
+        if let Some(job) = app.backend.job(job_id).outcome().await? {
+            states.insert(job_id, job.state);
+        }
+    }
+    Ok(render(&workflow, &states))
 }
 
 /// The workflow object: counts, members with their jobs' states, a
@@ -50,9 +69,9 @@ pub(super) async fn cancel(app: &AppState, id: &str) -> Result<Reply, ApiError> 
 /// workflow recorded, which its counts and outcome follow; its job may be
 /// pruned since, or sent back by a dead-letter retry, without changing it
 /// (docs/api.md, "`GET /workflows/{id}`").
-fn render(app: &AppState, workflow: &Workflow) -> Value {
+fn render(workflow: &Workflow, states: &HashMap<JobId, JobState>) -> Value {
     let (completed, failed) = workflow.member_counts();
-    let state_of = |job_id: JobId| app.engine.job(job_id).map(|job| job.state);
+    let state_of = |job_id: JobId| states.get(&job_id).copied();
     let members: Vec<Value> = workflow
         .members
         .iter()
@@ -102,14 +121,26 @@ fn render(app: &AppState, workflow: &Workflow) -> Value {
     object
 }
 
-/// What a workflow's job shows besides itself: the workflow's id, and the
-/// results (and for a callback, the final states) it is given. Those are
-/// the workflow's: once it is pruned, its jobs show only its id
-/// (docs/api.md, "`GET /workflows/{id}`").
-pub(super) fn job_fields(app: &AppState, job: &Job) -> Vec<(&'static str, Value)> {
-    let Some((id, role)) = job.workflow() else { return Vec::new() };
+/// What each workflow job of `jobs` shows besides itself: the workflow's
+/// id, and the results (and for a callback, the final states) it is given.
+/// Those are the workflow's: once it is pruned, its jobs show only its id
+/// (docs/api.md, "`GET /workflows/{id}`"). Jobs of no workflow have no entry.
+pub(super) async fn job_fields(
+    app: &AppState,
+    jobs: &[Arc<Job>],
+) -> Result<HashMap<JobId, Vec<(&'static str, Value)>>, ApiError> {
+    let mut fields = HashMap::new();
+    for job in jobs {
+        let Some((id, role)) = job.workflow() else { continue };
+        let workflow = app.backend.workflow(id).outcome().await?;
+        fields.insert(job.id, workflow_fields(id, role, workflow.as_deref()));
+    }
+    Ok(fields)
+}
+
+fn workflow_fields(id: JobId, role: WorkflowRole, workflow: Option<&Workflow>) -> Vec<(&'static str, Value)> {
     let mut fields = vec![("workflow_id", Value::from(id.to_string()))];
-    let Some(workflow) = app.engine.workflow(id) else { return fields };
+    let Some(workflow) = workflow else { return fields };
     let ParentResults { results, states } = workflow.parent_results(role);
     let results = results
         .iter()

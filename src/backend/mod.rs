@@ -1,0 +1,183 @@
+//! The backend seam: every operation of the service, as one trait.
+//!
+//! The HTTP front end and the embedding API ([`crate::Svc`]) reach the
+//! service only through [`Backend`]: typed requests in, typed answers and
+//! [`EngineError`](crate::engine::EngineError) out, each answer a
+//! [`Pending`] that can be awaited or waited for. The local engine
+//! ([`EngineHandle`](crate::engine::EngineHandle), `local.rs`) is the first
+//! implementation. Every method is one unit of work a backend can do as one
+//! transaction (a database backend: one SQL transaction), and reads take
+//! typed filters, never closures, so they can become queries.
+//!
+//! What is not here is wiring, not service: the clock, job defaults,
+//! metrics, and the local engine's snapshots and shutdown.
+
+mod local;
+
+use std::sync::Arc;
+
+use crate::cron::CronDefinition;
+use crate::engine::{
+    Cancelled, CronEntry, DeadLetterCursor, EngineFailure, Enqueued, Event, EventPage, FetchRequest, HeartbeatOutcome,
+    Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
+};
+use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
+use crate::schema::{SchemaEntry, SchemaRegistration};
+use crate::webhook::Subscription;
+use crate::webhook::subscription::{NewSubscription, pattern_matches};
+use crate::workflow::WorkflowDefinition;
+
+/// A page of a listing: the items, and whether more follow.
+pub type Page<T> = (Vec<T>, bool);
+
+/// Every operation of the service. Writes answer once their change is
+/// durable; reads see every write answered before them.
+pub trait Backend: Send + Sync + 'static {
+    // Jobs.
+
+    /// Enqueues jobs atomically: all of them or none; jobs naming a schema
+    /// are checked against it first.
+    fn enqueue(&self, jobs: Vec<NewJob>) -> Pending<Vec<Enqueued>>;
+    fn job(&self, id: JobId) -> Pending<Option<Arc<Job>>>;
+    /// Cancels a job that has not ended (again: no change, same answer).
+    fn cancel(&self, id: JobId) -> Pending<Cancelled>;
+    /// Activates a staged (`pending`) job.
+    fn activate(&self, id: JobId) -> Pending<Arc<Job>>;
+
+    // Workers.
+
+    /// Claims up to `request.count` jobs; with `wait_ms`, waits that long
+    /// for one to appear when none qualifies (long polling).
+    fn fetch(&self, request: FetchRequest, wait_ms: u64) -> Pending<Vec<Arc<Job>>>;
+    /// Completes an active job; `result` is compact JSON text.
+    fn ack(&self, id: JobId, result: Option<String>, worker_id: Option<String>) -> Pending<Arc<Job>>;
+    /// Reports a failed attempt; the retry policy decides what follows (with
+    /// `requeue`, the job goes back at once and the attempt does not count).
+    fn fail(&self, id: JobId, report: FailureReport, requeue: bool, worker_id: Option<String>) -> Pending<Arc<Job>>;
+    /// Extends the claims of a worker's active jobs (the listed ones, or all).
+    fn heartbeat(
+        &self,
+        worker_id: String,
+        active_jobs: Option<Vec<JobId>>,
+        visibility_timeout_ms: Option<u64>,
+    ) -> Pending<HeartbeatOutcome>;
+    /// Reports progress on an active job (docs/api.md, "Progress").
+    fn report_progress(&self, id: JobId, progress: JobProgress, worker_id: Option<String>) -> Pending<Arc<Job>>;
+    fn workers_page(
+        &self,
+        after: Option<String>,
+        limit: usize,
+        state: Option<WorkerState>,
+    ) -> Pending<Page<WorkerEntry>>;
+    fn worker(&self, worker_id: String) -> Pending<Option<WorkerEntry>>;
+    fn signal_worker(&self, worker_id: String, signal: WorkerSignal) -> Pending<WorkerEntry>;
+    /// Forgets a worker's entry and signal; its jobs are untouched.
+    fn forget_worker(&self, worker_id: String) -> Pending<()>;
+
+    // Queues.
+
+    fn queues_page(&self, after: Option<String>, limit: usize) -> Pending<Page<QueueSummary>>;
+    /// A queue's figures and its last minute; `None` for a queue that holds
+    /// nothing and is not paused.
+    fn queue_stats(&self, name: String) -> Pending<Option<QueueStats>>;
+    /// Pauses (`true`) or resumes a queue; answers its figures.
+    fn pause_queue(&self, name: String, paused: bool) -> Pending<QueueSummary>;
+
+    // The dead letter listing.
+
+    /// Newest first: up to `limit` jobs after `after`, and the cursor of
+    /// the next page if more follow.
+    fn dead_letter_page(
+        &self,
+        after: Option<DeadLetterCursor>,
+        limit: usize,
+        queue: Option<String>,
+    ) -> Pending<(Vec<Arc<Job>>, Option<DeadLetterCursor>)>;
+    /// Sends a discarded job back to `available`, as a fresh run.
+    fn dead_letter_retry(&self, id: JobId) -> Pending<Arc<Job>>;
+    fn dead_letter_delete(&self, id: JobId) -> Pending<()>;
+
+    // Cron.
+
+    fn crons_page(&self, after: Option<String>, limit: usize, enabled: Option<bool>) -> Pending<Page<Arc<CronEntry>>>;
+    fn cron(&self, name: String) -> Pending<Option<Arc<CronEntry>>>;
+    /// Registers an entry or replaces the one of its name; says whether it is new.
+    fn cron_put(&self, definition: CronDefinition) -> Pending<(Arc<CronEntry>, bool)>;
+    /// Changes an entry, provided it is still at `revision`.
+    fn cron_patch(&self, definition: CronDefinition, revision: u64) -> Pending<(Arc<CronEntry>, bool)>;
+    fn cron_delete(&self, name: String) -> Pending<Arc<CronEntry>>;
+
+    // Workflows.
+
+    /// Creates a workflow; answers its id.
+    fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<JobId>;
+    fn workflow(&self, id: JobId) -> Pending<Option<Arc<Workflow>>>;
+    fn cancel_workflow(&self, id: JobId) -> Pending<()>;
+
+    // Schemas.
+
+    fn register_schema(&self, registration: SchemaRegistration) -> Pending<Arc<SchemaEntry>>;
+    fn delete_schema(&self, uri: String) -> Pending<Arc<SchemaEntry>>;
+    fn schema(&self, uri: String) -> Pending<Option<Arc<SchemaEntry>>>;
+    fn schemas_page(&self, after: Option<String>, limit: usize) -> Pending<Page<Arc<SchemaEntry>>>;
+
+    // Webhook subscriptions.
+
+    fn create_webhook(&self, subscription: NewSubscription) -> Pending<Arc<Subscription>>;
+    /// Changes a subscription's fields or its secrets.
+    fn change_webhook(&self, id: JobId, change: WebhookChange) -> Pending<Arc<Subscription>>;
+    fn delete_webhook(&self, id: JobId) -> Pending<Arc<Subscription>>;
+    fn webhook(&self, id: JobId) -> Pending<Option<Arc<Subscription>>>;
+    fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Subscription>>>;
+
+    // Events and health.
+
+    /// Events after the one named `after`, oldest first.
+    fn events_page(&self, after: Option<String>, limit: usize, filter: EventFilter) -> Pending<EventPage>;
+    /// A round trip through the backend's writer (health checks).
+    fn probe(&self) -> Pending<()>;
+    /// A graceful shutdown begins: no more cron firings, workers are told
+    /// to terminate.
+    fn begin_drain(&self) -> Pending<()>;
+    /// Completes once the backend takes no more writes (the process
+    /// should then restart).
+    fn failed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+    /// Why the backend takes no more writes, once it does not.
+    fn failure(&self) -> Option<EngineFailure>;
+    /// What made it fail, in words.
+    fn failure_cause(&self) -> Option<String>;
+    /// New work is refused for lack of disk; work in hand can still end.
+    fn disk_full(&self) -> bool;
+    /// Jobs claimed and not yet reported on, across all queues.
+    fn active_jobs(&self) -> u64;
+}
+
+/// Which events a listing keeps: each filter given must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventFilter {
+    /// Event types: exact, `prefix.*` or `*`.
+    pub types: Option<Vec<String>>,
+    /// The queue of the event's job.
+    pub queues: Option<Vec<String>>,
+    /// The event's job type, as patterns like `types`.
+    pub job_types: Option<Vec<String>>,
+    /// The envelope's `subject`.
+    pub subject: Option<String>,
+}
+
+impl EventFilter {
+    pub fn keeps(&self, event: &Event) -> bool {
+        let job = event.job.as_ref();
+        self.types
+            .as_ref()
+            .is_none_or(|types| types.iter().any(|pattern| pattern_matches(pattern, event.kind.type_name())))
+            && self
+                .queues
+                .as_ref()
+                .is_none_or(|queues| job.is_some_and(|job| queues.iter().any(|queue| *queue == job.queue)))
+            && self.job_types.as_ref().is_none_or(|types| {
+                job.is_some_and(|job| types.iter().any(|pattern| pattern_matches(pattern, job.payload.job_type())))
+            })
+            && self.subject.as_ref().is_none_or(|subject| event.subject().as_ref() == Some(subject))
+    }
+}
