@@ -1,5 +1,6 @@
 //! The embedding API: the engine without HTTP, called from synchronous code.
 
+use serde::Serialize;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +10,11 @@ use crate::engine::{
     Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued, FetchRequest, QueueStats,
     QueueSummary, Workflow,
 };
-use crate::job::{FailureReport, Job, JobBuilder, JobId, JobState, NewJob, ValidationError, parse_enqueue_body};
+use crate::job::{
+    Failure, Job, JobBuilder, JobId, JobState, NewJob, ValidationError, ValidationKind, check_batch_size, fetch_count,
+    fetch_queues, fetch_wait_ms, invalid_queue, invalid_worker_id, is_valid_queue, is_valid_worker_id,
+    parse_ack_result, parse_enqueue_body,
+};
 use crate::schema::{SchemaBuilder, SchemaEntry, SchemaViolation};
 use crate::storage::StorageError;
 use crate::webhook::Subscription;
@@ -18,9 +23,15 @@ use crate::workflow::WorkflowBuilder;
 
 /// Why an embedded call failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SvcError {
+    /// The call was refused before it reached the engine, as the HTTP API
+    /// refuses the same request with a 4xx: `field` names the argument
+    /// (as the HTTP body would name it, e.g. `queues`, `result`, `error.type`).
     Invalid(ValidationError),
+    /// The engine refused or could not take the request.
     Engine(EngineError),
+    /// The data dir could not be opened.
     Storage(StorageError),
     /// The webhook settings cannot be used (an unreadable CA bundle).
     Webhooks(String),
@@ -77,8 +88,16 @@ pub struct Svc {
 }
 
 /// How an embedded queue sends webhook deliveries (the `[webhooks]`
-/// settings of the server).
+/// settings of the server): [`WebhookSettings::default`] and its setters.
+///
+/// ```
+/// let settings = svc::WebhookSettings::default()
+///     .allow_private_targets(true)
+///     .timeout(std::time::Duration::from_secs(5));
+/// assert!(settings.allow_private_targets && settings.extra_ca_file.is_none());
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct WebhookSettings {
     /// Deliveries may go to loopback and private addresses.
     pub allow_private_targets: bool,
@@ -98,6 +117,32 @@ impl Default for WebhookSettings {
             timeout: std::time::Duration::from_secs(30),
             priority: crate::webhook::DeliveryPriority::default(),
         }
+    }
+}
+
+impl WebhookSettings {
+    /// Deliveries may go to loopback and private addresses.
+    pub fn allow_private_targets(mut self, allow: bool) -> Self {
+        self.allow_private_targets = allow;
+        self
+    }
+
+    /// Extra CA certificates (PEM) receivers are trusted by.
+    pub fn extra_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.extra_ca_file = Some(path.into());
+        self
+    }
+
+    /// How long one attempt may take.
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How the delivery thread shares the CPU with the rest of the program.
+    pub fn priority(mut self, priority: crate::webhook::DeliveryPriority) -> Self {
+        self.priority = priority;
+        self
     }
 }
 
@@ -143,11 +188,22 @@ impl Svc {
     }
 
     /// Enqueues jobs atomically: all of them or none; the answers in order.
+    /// A batch holds 1 to 10 000 jobs.
     pub fn enqueue_batch(&self, jobs: impl IntoIterator<Item = JobBuilder>) -> Result<Vec<Enqueued>, SvcError> {
+        // Counted first, as an HTTP batch is before its items are read.
+        let jobs: Vec<JobBuilder> = jobs.into_iter().collect();
+        check_batch_size(jobs.len()).map_err(SvcError::Invalid)?;
         let defaults = self.handle().defaults();
         let new_jobs = jobs
             .into_iter()
-            .map(|job| job.build(defaults))
+            .enumerate()
+            .map(|(index, job)| {
+                job.build(defaults).map_err(|mut error| {
+                    error = error.within(&format!("jobs[{index}]"));
+                    error.details.push(("index", index.into()));
+                    error
+                })
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(SvcError::Invalid)?;
         Ok(self.handle().enqueue(new_jobs).wait()?)
@@ -160,8 +216,8 @@ impl Svc {
         self.enqueue_new(new_job)
     }
 
-    /// Enqueues an already validated job.
-    pub fn enqueue_new(&self, job: NewJob) -> Result<Enqueued, SvcError> {
+    /// Enqueues a job validated by [`JobBuilder::build`] or [`parse_enqueue_body`].
+    fn enqueue_new(&self, job: NewJob) -> Result<Enqueued, SvcError> {
         let mut jobs = self.handle().enqueue(vec![job]).wait()?;
         Ok(jobs.remove(0))
     }
@@ -283,18 +339,19 @@ impl Svc {
     }
 
     /// Claims up to `count` jobs from `queues`, in the order given.
+    ///
+    /// `queues` are 1 to 32 valid queue names, `count` at least 1 (more than
+    /// 100 claims 100), and `worker_id`, if given, 1 to 256 characters of
+    /// `A-Z a-z 0-9 . _ : @ -`; anything else is refused with
+    /// [`SvcError::Invalid`], as the HTTP fetch refuses it.
     pub fn fetch(&self, queues: &[&str], count: usize, worker_id: Option<&str>) -> Result<Vec<Arc<Job>>, SvcError> {
-        let request = FetchRequest {
-            queues: queues.iter().map(|queue| queue.to_string()).collect(),
-            count: count.clamp(1, crate::limits::FETCH_COUNT_MAX),
-            worker_id: worker_id.map(str::to_string),
-            visibility_timeout_ms: None,
-        };
+        let request = fetch_request(queues, count, worker_id)?;
         Ok(self.handle().fetch(request).wait()?)
     }
 
     /// Like [`Svc::fetch`], but when no job qualifies, waits up to `wait_ms`
-    /// for one to appear in `queues` (answered empty when the time is up).
+    /// (at most 20 000) for one to appear in `queues` (answered empty when
+    /// the time is up).
     pub fn fetch_waiting(
         &self,
         queues: &[&str],
@@ -302,25 +359,54 @@ impl Svc {
         worker_id: Option<&str>,
         wait_ms: u64,
     ) -> Result<Vec<Arc<Job>>, SvcError> {
-        let request = FetchRequest {
-            queues: queues.iter().map(|queue| queue.to_string()).collect(),
-            count: count.clamp(1, crate::limits::FETCH_COUNT_MAX),
-            worker_id: worker_id.map(str::to_string),
-            visibility_timeout_ms: None,
-        };
-        let wait_ms = wait_ms.min(crate::limits::FETCH_WAIT_MS_MAX);
+        let request = fetch_request(queues, count, worker_id)?;
+        let wait_ms = fetch_wait_ms(Some(i64::try_from(wait_ms).unwrap_or(i64::MAX))).map_err(SvcError::Invalid)?;
         Ok(self.handle().fetch_waiting(request, wait_ms).wait()?)
     }
 
-    /// Completes an active job; `result` is JSON text.
-    pub fn ack(&self, id: JobId, result: Option<String>) -> Result<Arc<Job>, SvcError> {
+    /// Completes an active job, with no result.
+    pub fn ack(&self, id: JobId) -> Result<Arc<Job>, SvcError> {
+        Ok(self.handle().ack(id, None, None).wait()?)
+    }
+
+    /// Completes an active job with a result: anything that serializes to
+    /// JSON (at most 1 MiB of it, compact), as an HTTP ack's `result`; a
+    /// `null` result is none. The workflow steps after the job are given it
+    /// (see [`Svc::parent_results`]).
+    pub fn ack_with<T: Serialize + ?Sized>(&self, id: JobId, result: &T) -> Result<Arc<Job>, SvcError> {
+        let text = serde_json::to_string(result).map_err(|error| {
+            SvcError::Invalid(ValidationError::request(
+                Some("result".to_string()),
+                format!("result does not serialize to JSON: {error}"),
+            ))
+        })?;
+        let result = parse_ack_result(&text).map_err(SvcError::Invalid)?;
         Ok(self.handle().ack(id, result, None).wait()?)
     }
 
-    /// Reports a failed attempt (`error_type` and `message`); the retry policy decides.
-    pub fn nack(&self, id: JobId, error_type: &str, message: &str) -> Result<Arc<Job>, SvcError> {
-        let report = FailureReport { message: message.to_string(), ..FailureReport::server(error_type, "") };
+    /// Completes an active job with a result given as JSON text, checked as
+    /// an HTTP ack's `result` is: text that is not JSON, or too large or
+    /// deep, is refused with [`SvcError::Invalid`] and the job stays active.
+    pub fn ack_json(&self, id: JobId, result: &str) -> Result<Arc<Job>, SvcError> {
+        let result = parse_ack_result(result).map_err(SvcError::Invalid)?;
+        Ok(self.handle().ack(id, result, None).wait()?)
+    }
+
+    /// Reports a failed attempt. The job's retry policy decides what
+    /// follows (a retry later, or `discarded` once attempts are used up),
+    /// unless the failure is [`Failure::non_retryable`]: then it is
+    /// discarded at once.
+    pub fn nack(&self, id: JobId, failure: Failure) -> Result<Arc<Job>, SvcError> {
+        let report = failure.build().map_err(SvcError::Invalid)?;
         Ok(self.handle().fail(id, report, false, None).wait()?)
+    }
+
+    /// Gives an active job back, `available` at once: the attempt does not
+    /// count and no retry delay applies (an HTTP nack with `requeue`). For a
+    /// worker that stops before it finishes its jobs.
+    pub fn requeue(&self, id: JobId, failure: Failure) -> Result<Arc<Job>, SvcError> {
+        let report = failure.build().map_err(SvcError::Invalid)?;
+        Ok(self.handle().fail(id, report, true, None).wait()?)
     }
 
     pub fn cancel(&self, id: JobId) -> Result<Cancelled, SvcError> {
@@ -334,12 +420,12 @@ impl Svc {
     /// Pauses a queue: new jobs for it are refused
     /// (`EngineError::QueuePaused`), fetches skip it, its timers run on.
     pub fn pause_queue(&self, queue: &str) -> Result<QueueSummary, SvcError> {
-        Ok(self.handle().pause_queue(queue.to_string(), true).wait()?)
+        Ok(self.handle().pause_queue(queue_name(queue)?, true).wait()?)
     }
 
     /// Resumes a paused queue.
     pub fn resume_queue(&self, queue: &str) -> Result<QueueSummary, SvcError> {
-        Ok(self.handle().pause_queue(queue.to_string(), false).wait()?)
+        Ok(self.handle().pause_queue(queue_name(queue)?, false).wait()?)
     }
 
     /// A queue's figures and what it completed and failed in the last minute.
@@ -369,4 +455,25 @@ impl Svc {
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));
         }
     }
+}
+
+/// A fetch's parameters, checked as the HTTP fetch checks its body.
+fn fetch_request(queues: &[&str], count: usize, worker_id: Option<&str>) -> Result<FetchRequest, SvcError> {
+    let queues = fetch_queues(queues.iter().map(Some)).map_err(SvcError::Invalid)?;
+    let count = fetch_count(Some(i64::try_from(count).unwrap_or(i64::MAX))).map_err(SvcError::Invalid)?;
+    let worker_id = match worker_id {
+        Some(id) if !is_valid_worker_id(id) => return Err(SvcError::Invalid(invalid_worker_id())),
+        id => id.map(str::to_string),
+    };
+    Ok(FetchRequest { queues, count, worker_id, visibility_timeout_ms: None })
+}
+
+/// A queue named in a call, as a queue route's path must name one.
+fn queue_name(name: &str) -> Result<String, SvcError> {
+    if !is_valid_queue(name) {
+        let mut error = invalid_queue("queue");
+        error.kind = ValidationKind::Request;
+        return Err(SvcError::Invalid(error));
+    }
+    Ok(name.to_string())
 }

@@ -153,6 +153,15 @@ pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
     serde_json::from_str::<RawObject>(text).map_err(classify)
 }
 
+/// Parses text that must be one JSON value and stands for a member of a
+/// request body: it may nest one level less deeply than a body, which holds it.
+pub fn parse_member_value(text: &str) -> Result<&RawValue, BodyError> {
+    if nesting_depth(text.as_bytes()) >= JSON_DEPTH_MAX {
+        return Err(BodyError::TooDeep);
+    }
+    serde_json::from_str::<&RawValue>(text).map_err(|error| BodyError::Malformed(error.to_string()))
+}
+
 /// A body's text once it is known not to nest too deeply and to be UTF-8.
 fn checked_text(bytes: &[u8]) -> Result<&str, BodyError> {
     if nests_too_deep(bytes) {
