@@ -506,6 +506,7 @@ fn string_end(bytes: &[u8], mut from: usize) -> usize {
 /// together), without the general UTF-8 check `str::from_utf8` makes: for
 /// the short texts of every response (ids, timestamps) it cost as much as
 /// writing them.
+#[allow(unsafe_code)]
 pub fn push_ascii(out: &mut String, bytes: &[u8]) {
     assert!(bytes.is_ascii(), "push_ascii takes ASCII only");
     // SAFETY: ASCII bytes are whole UTF-8 characters, so `out` stays valid UTF-8.
