@@ -3,10 +3,16 @@
 //! Run with `cargo run --example embed`.
 
 use svc::Svc;
-use svc::job::{DispatchLimit, JobBuilder, OnConflict, RateWindow, UniquePolicy};
+use svc::job::{DispatchLimit, Failure, JobBuilder, JobProgress, OnConflict, RateWindow, UniquePolicy};
 use svc::schema::SchemaBuilder;
 use svc::webhook::subscription::WebhookBuilder;
 use svc::workflow::WorkflowBuilder;
+
+/// What a mail job completes with: any serde-serializable value.
+#[derive(serde::Serialize)]
+struct Done {
+    done: bool,
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("svc-embed-example-{}", std::process::id()));
@@ -48,8 +54,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     for claimed in svc.fetch(&["mail"], 10, Some("example-worker"))? {
         println!("working on {} {} with args {}", claimed.payload.job_type(), claimed.id, claimed.payload.args());
-        svc.ack(claimed.id, Some(r#"{"done":true}"#.to_string()))?;
+        // A long job says how far it got (GET /svc/v1/jobs/{id}/progress shows it).
+        svc.report_progress(claimed.id, JobProgress::new(0.5).message("halfway"))?;
+        svc.ack_with(claimed.id, &Done { done: true })?;
     }
+
+    // A failure is retried as the job's retry policy says; a final one is
+    // not, and the job goes to the dead letter listing.
+    let ping = svc.enqueue(JobBuilder::new("partner.ping").args(["https://partner.invalid"]).queue("partners"))?;
+    svc.fetch(&["partners"], 1, Some("example-worker"))?;
+    let failed = svc.nack(ping.job.id, Failure::new("InvalidHost", "no such host").non_retryable())?;
+    println!("{} is {} after a final failure", failed.id, failed.state.as_str());
 
     // A chain: the second step starts once the first completed, and is given its result.
     let onboarding = WorkflowBuilder::chain([
@@ -60,7 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(step) = svc.fetch(&["onboarding"], 1, Some("example-worker"))?.pop() {
         let given = svc.parent_results(&step).map(|given| given.results).unwrap_or_default();
         println!("step {} given {given:?}", step.payload.job_type());
-        svc.ack(step.id, Some(r#"{"user_id":7}"#.to_string()))?;
+        svc.ack_with(step.id, &serde_json::json!({"user_id": 7}))?;
     }
     println!("workflow {} is {}", chain.id, svc.workflow(chain.id).expect("stored").state.as_str());
 

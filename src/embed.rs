@@ -1,15 +1,21 @@
 //! The embedding API: the engine without HTTP, called from synchronous code.
 
+use serde::Serialize;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::backend::Backend;
 use crate::engine::WebhookChange;
 use crate::engine::{
-    Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued, FetchRequest, QueueStats,
-    QueueSummary, Workflow,
+    Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued, FetchRequest, Pending,
+    QueueStats, QueueSummary, Workflow,
 };
-use crate::job::{FailureReport, Job, JobBuilder, JobId, JobState, NewJob, ValidationError, parse_enqueue_body};
+use crate::job::{
+    Failure, Job, JobBuilder, JobId, JobProgress, JobState, NewJob, ValidationError, ValidationKind, check_batch_size,
+    fetch_count, fetch_queues, fetch_wait_ms, invalid_queue, invalid_worker_id, is_valid_queue, is_valid_worker_id,
+    parse_ack_result, parse_enqueue_body,
+};
 use crate::schema::{SchemaBuilder, SchemaEntry, SchemaViolation};
 use crate::storage::StorageError;
 use crate::webhook::Subscription;
@@ -18,9 +24,15 @@ use crate::workflow::WorkflowBuilder;
 
 /// Why an embedded call failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SvcError {
+    /// The call was refused before it reached the engine, as the HTTP API
+    /// refuses the same request with a 4xx: `field` names the argument
+    /// (as the HTTP body would name it, e.g. `queues`, `result`, `error.type`).
     Invalid(ValidationError),
+    /// The engine refused or could not take the request.
     Engine(EngineError),
+    /// The data dir could not be opened.
     Storage(StorageError),
     /// The webhook settings cannot be used (an unreadable CA bundle).
     Webhooks(String),
@@ -71,14 +83,24 @@ pub struct GivenResults {
 /// A job queue in a local data dir. Every call returns once its change is on disk.
 pub struct Svc {
     engine: Engine,
+    /// Every operation goes through the backend seam, as HTTP's do.
+    backend: Arc<dyn Backend>,
     /// Sends webhook deliveries, when opened with [`Svc::open_with_webhooks`].
     deliveries: Option<tokio::runtime::Runtime>,
     allow_private_targets: bool,
 }
 
 /// How an embedded queue sends webhook deliveries (the `[webhooks]`
-/// settings of the server).
+/// settings of the server): [`WebhookSettings::default`] and its setters.
+///
+/// ```
+/// let settings = svc::WebhookSettings::default()
+///     .allow_private_targets(true)
+///     .timeout(std::time::Duration::from_secs(5));
+/// assert!(settings.allow_private_targets && settings.extra_ca_file.is_none());
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct WebhookSettings {
     /// Deliveries may go to loopback and private addresses.
     pub allow_private_targets: bool,
@@ -101,6 +123,32 @@ impl Default for WebhookSettings {
     }
 }
 
+impl WebhookSettings {
+    /// Deliveries may go to loopback and private addresses.
+    pub fn allow_private_targets(mut self, allow: bool) -> Self {
+        self.allow_private_targets = allow;
+        self
+    }
+
+    /// Extra CA certificates (PEM) receivers are trusted by.
+    pub fn extra_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.extra_ca_file = Some(path.into());
+        self
+    }
+
+    /// How long one attempt may take.
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How the delivery thread shares the CPU with the rest of the program.
+    pub fn priority(mut self, priority: crate::webhook::DeliveryPriority) -> Self {
+        self.priority = priority;
+        self
+    }
+}
+
 impl Svc {
     /// Opens (or creates) the data dir with default settings.
     pub fn open(data_dir: impl Into<PathBuf>) -> Result<Svc, SvcError> {
@@ -111,7 +159,8 @@ impl Svc {
     /// kept, but no deliveries are sent (see [`Svc::open_with_webhooks`]).
     pub fn open_with(config: EngineConfig) -> Result<Svc, SvcError> {
         let engine = Engine::open(config).map_err(SvcError::Storage)?;
-        Ok(Svc { engine, deliveries: None, allow_private_targets: false })
+        let backend: Arc<dyn Backend> = Arc::new(engine.handle().clone());
+        Ok(Svc { engine, backend, deliveries: None, allow_private_targets: false })
     }
 
     /// Opens the data dir and sends webhook deliveries, as a server does,
@@ -127,7 +176,8 @@ impl Svc {
         let pool = crate::webhook::pool::Pool::attach(&mut config, client, webhooks.priority);
         let engine = Engine::open(config).map_err(SvcError::Storage)?;
         let runtime = pool.spawn(engine.handle().clone()).map_err(|error| SvcError::Webhooks(error.to_string()))?;
-        Ok(Svc { engine, deliveries: Some(runtime), allow_private_targets: webhooks.allow_private_targets })
+        let backend: Arc<dyn Backend> = Arc::new(engine.handle().clone());
+        Ok(Svc { engine, backend, deliveries: Some(runtime), allow_private_targets: webhooks.allow_private_targets })
     }
 
     /// The engine handle, for async callers.
@@ -143,14 +193,25 @@ impl Svc {
     }
 
     /// Enqueues jobs atomically: all of them or none; the answers in order.
+    /// A batch holds 1 to 10 000 jobs.
     pub fn enqueue_batch(&self, jobs: impl IntoIterator<Item = JobBuilder>) -> Result<Vec<Enqueued>, SvcError> {
+        // Counted first, as an HTTP batch is before its items are read.
+        let jobs: Vec<JobBuilder> = jobs.into_iter().collect();
+        check_batch_size(jobs.len()).map_err(SvcError::Invalid)?;
         let defaults = self.handle().defaults();
         let new_jobs = jobs
             .into_iter()
-            .map(|job| job.build(defaults))
+            .enumerate()
+            .map(|(index, job)| {
+                job.build(defaults).map_err(|mut error| {
+                    error = error.within(&format!("jobs[{index}]"));
+                    error.details.push(("index", index.into()));
+                    error
+                })
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(SvcError::Invalid)?;
-        Ok(self.handle().enqueue(new_jobs).wait()?)
+        Ok(self.backend.enqueue(new_jobs).wait()?)
     }
 
     /// Enqueues a job given as an enqueue body (`{type, args, meta?, options?}`),
@@ -160,16 +221,16 @@ impl Svc {
         self.enqueue_new(new_job)
     }
 
-    /// Enqueues an already validated job.
-    pub fn enqueue_new(&self, job: NewJob) -> Result<Enqueued, SvcError> {
-        let mut jobs = self.handle().enqueue(vec![job]).wait()?;
+    /// Enqueues a job validated by [`JobBuilder::build`] or [`parse_enqueue_body`].
+    fn enqueue_new(&self, job: NewJob) -> Result<Enqueued, SvcError> {
+        let mut jobs = self.backend.enqueue(vec![job]).wait()?;
         Ok(jobs.remove(0))
     }
 
     /// Creates a workflow (a chain, group or batch), all or nothing.
     pub fn create_workflow(&self, workflow: WorkflowBuilder) -> Result<Arc<Workflow>, SvcError> {
         let definition = workflow.build(self.handle().defaults()).map_err(SvcError::Invalid)?;
-        let id = self.handle().create_workflow(definition).wait()?;
+        let id = self.backend.create_workflow(definition).wait()?;
         Ok(self.workflow(id).expect("a created workflow is in the view"))
     }
 
@@ -185,7 +246,7 @@ impl Svc {
 
     /// A registered schema.
     pub fn schema(&self, uri: &str) -> Option<Arc<SchemaEntry>> {
-        self.handle().schema(uri)
+        local_read(self.backend.schema(uri.to_string()))
     }
 
     /// Every registered schema, by URI.
@@ -193,7 +254,7 @@ impl Svc {
         let mut all = Vec::new();
         loop {
             let after = all.last().map(|entry: &Arc<SchemaEntry>| entry.uri.clone());
-            let (page, has_more) = self.handle().schemas_page(after.as_deref(), crate::limits::PAGE_SIZE_MAX);
+            let (page, has_more) = local_read(self.backend.schemas_page(after.clone(), crate::limits::PAGE_SIZE_MAX));
             all.extend(page);
             if !has_more {
                 return all;
@@ -203,7 +264,7 @@ impl Svc {
 
     /// Removes a schema; jobs that named it keep their `schema`.
     pub fn delete_schema(&self, uri: &str) -> Result<Arc<SchemaEntry>, SvcError> {
-        Ok(self.handle().delete_schema(uri.to_string()).wait()?)
+        Ok(self.backend.delete_schema(uri.to_string()).wait()?)
     }
 
     /// Subscribes an HTTPS URL to events. Deliveries are sent when the queue
@@ -213,7 +274,7 @@ impl Svc {
         let body = webhook.into_json().to_string();
         let new = crate::webhook::subscription::parse_subscription(body.as_bytes(), self.allow_private_targets)
             .map_err(SvcError::Invalid)?;
-        Ok(self.handle().create_webhook(new).wait()?)
+        Ok(self.backend.create_webhook(new).wait()?)
     }
 
     /// Changes a subscription; a new secret starts a rotation.
@@ -221,20 +282,20 @@ impl Svc {
         let body = update.into_json().to_string();
         let patch = crate::webhook::subscription::parse_subscription_patch(body.as_bytes(), self.allow_private_targets)
             .map_err(SvcError::Invalid)?;
-        Ok(self.handle().change_webhook(id, WebhookChange::Patch(patch)).wait()?)
+        Ok(self.backend.change_webhook(id, WebhookChange::Patch(patch)).wait()?)
     }
 
     /// Ends a secret rotation: the new secret alone signs from now on.
     pub fn drop_previous_webhook_secret(&self, id: JobId) -> Result<Arc<Subscription>, SvcError> {
-        Ok(self.handle().change_webhook(id, WebhookChange::DropPreviousSecret).wait()?)
+        Ok(self.backend.change_webhook(id, WebhookChange::DropPreviousSecret).wait()?)
     }
 
     pub fn delete_webhook(&self, id: JobId) -> Result<Arc<Subscription>, SvcError> {
-        Ok(self.handle().delete_webhook(id).wait()?)
+        Ok(self.backend.delete_webhook(id).wait()?)
     }
 
     pub fn webhook(&self, id: JobId) -> Option<Arc<Subscription>> {
-        self.handle().webhook(id)
+        local_read(self.backend.webhook(id))
     }
 
     /// Every subscription, in creation order.
@@ -242,7 +303,7 @@ impl Svc {
         let mut all: Vec<Arc<Subscription>> = Vec::new();
         loop {
             let after = all.last().map(|subscription| subscription.id);
-            let (page, has_more) = self.handle().webhooks_page(after, crate::limits::PAGE_SIZE_MAX);
+            let (page, has_more) = local_read(self.backend.webhooks_page(after, crate::limits::PAGE_SIZE_MAX));
             all.extend(page);
             if !has_more {
                 return all;
@@ -252,13 +313,13 @@ impl Svc {
 
     /// A workflow with its members' states and outcomes.
     pub fn workflow(&self, id: JobId) -> Option<Arc<Workflow>> {
-        self.handle().workflow(id)
+        local_read(self.backend.workflow(id))
     }
 
     /// Cancels a running workflow and every job of it not yet ended; no
     /// callback fires afterwards.
     pub fn cancel_workflow(&self, id: JobId) -> Result<Arc<Workflow>, SvcError> {
-        self.handle().cancel_workflow(id).wait()?;
+        self.backend.cancel_workflow(id).wait()?;
         Ok(self.workflow(id).expect("a cancelled workflow is in the view"))
     }
 
@@ -279,22 +340,23 @@ impl Svc {
     /// Activates a staged job (enqueued with [`JobBuilder::pending`]): it
     /// becomes available, or scheduled until its time.
     pub fn activate(&self, id: JobId) -> Result<Arc<Job>, SvcError> {
-        Ok(self.handle().activate(id).wait()?)
+        Ok(self.backend.activate(id).wait()?)
     }
 
     /// Claims up to `count` jobs from `queues`, in the order given.
+    ///
+    /// `queues` are 1 to 32 valid queue names, `count` at least 1 (more than
+    /// 100 claims 100), and `worker_id`, if given, 1 to 256 characters of
+    /// `A-Z a-z 0-9 . _ : @ -`; anything else is refused with
+    /// [`SvcError::Invalid`], as the HTTP fetch refuses it.
     pub fn fetch(&self, queues: &[&str], count: usize, worker_id: Option<&str>) -> Result<Vec<Arc<Job>>, SvcError> {
-        let request = FetchRequest {
-            queues: queues.iter().map(|queue| queue.to_string()).collect(),
-            count: count.clamp(1, crate::limits::FETCH_COUNT_MAX),
-            worker_id: worker_id.map(str::to_string),
-            visibility_timeout_ms: None,
-        };
-        Ok(self.handle().fetch(request).wait()?)
+        let request = fetch_request(queues, count, worker_id)?;
+        Ok(self.backend.fetch(request, 0).wait()?)
     }
 
     /// Like [`Svc::fetch`], but when no job qualifies, waits up to `wait_ms`
-    /// for one to appear in `queues` (answered empty when the time is up).
+    /// (at most 20 000) for one to appear in `queues` (answered empty when
+    /// the time is up).
     pub fn fetch_waiting(
         &self,
         queues: &[&str],
@@ -302,62 +364,106 @@ impl Svc {
         worker_id: Option<&str>,
         wait_ms: u64,
     ) -> Result<Vec<Arc<Job>>, SvcError> {
-        let request = FetchRequest {
-            queues: queues.iter().map(|queue| queue.to_string()).collect(),
-            count: count.clamp(1, crate::limits::FETCH_COUNT_MAX),
-            worker_id: worker_id.map(str::to_string),
-            visibility_timeout_ms: None,
-        };
-        let wait_ms = wait_ms.min(crate::limits::FETCH_WAIT_MS_MAX);
-        Ok(self.handle().fetch_waiting(request, wait_ms).wait()?)
+        let request = fetch_request(queues, count, worker_id)?;
+        let wait_ms = fetch_wait_ms(Some(i64::try_from(wait_ms).unwrap_or(i64::MAX))).map_err(SvcError::Invalid)?;
+        Ok(self.backend.fetch(request, wait_ms).wait()?)
     }
 
-    /// Completes an active job; `result` is JSON text.
-    pub fn ack(&self, id: JobId, result: Option<String>) -> Result<Arc<Job>, SvcError> {
-        Ok(self.handle().ack(id, result, None).wait()?)
+    /// Completes an active job, with no result.
+    pub fn ack(&self, id: JobId) -> Result<Arc<Job>, SvcError> {
+        Ok(self.backend.ack(id, None, None).wait()?)
     }
 
-    /// Reports a failed attempt (`error_type` and `message`); the retry policy decides.
-    pub fn nack(&self, id: JobId, error_type: &str, message: &str) -> Result<Arc<Job>, SvcError> {
-        let report = FailureReport { message: message.to_string(), ..FailureReport::server(error_type, "") };
-        Ok(self.handle().fail(id, report, false, None).wait()?)
+    /// Completes an active job with a result: anything that serializes to
+    /// JSON (at most 1 MiB of it, compact), as an HTTP ack's `result`; a
+    /// `null` result is none. The workflow steps after the job are given it
+    /// (see [`Svc::parent_results`]).
+    pub fn ack_with<T: Serialize + ?Sized>(&self, id: JobId, result: &T) -> Result<Arc<Job>, SvcError> {
+        let text = serde_json::to_string(result).map_err(|error| {
+            SvcError::Invalid(ValidationError::request(
+                Some("result".to_string()),
+                format!("result does not serialize to JSON: {error}"),
+            ))
+        })?;
+        let result = parse_ack_result(&text).map_err(SvcError::Invalid)?;
+        Ok(self.backend.ack(id, result, None).wait()?)
+    }
+
+    /// Completes an active job with a result given as JSON text, checked as
+    /// an HTTP ack's `result` is: text that is not JSON, or too large or
+    /// deep, is refused with [`SvcError::Invalid`] and the job stays active.
+    pub fn ack_json(&self, id: JobId, result: &str) -> Result<Arc<Job>, SvcError> {
+        let result = parse_ack_result(result).map_err(SvcError::Invalid)?;
+        Ok(self.backend.ack(id, result, None).wait()?)
+    }
+
+    /// Reports a failed attempt. The job's retry policy decides what
+    /// follows (a retry later, or `discarded` once attempts are used up),
+    /// unless the failure is [`Failure::non_retryable`]: then it is
+    /// discarded at once.
+    pub fn nack(&self, id: JobId, failure: Failure) -> Result<Arc<Job>, SvcError> {
+        let report = failure.build().map_err(SvcError::Invalid)?;
+        Ok(self.backend.fail(id, report, false, None).wait()?)
+    }
+
+    /// Gives an active job back, `available` at once: the attempt does not
+    /// count and no retry delay applies (an HTTP nack with `requeue`). For a
+    /// worker that stops before it finishes its jobs.
+    pub fn requeue(&self, id: JobId, failure: Failure) -> Result<Arc<Job>, SvcError> {
+        let report = failure.build().map_err(SvcError::Invalid)?;
+        Ok(self.backend.fail(id, report, true, None).wait()?)
     }
 
     pub fn cancel(&self, id: JobId) -> Result<Cancelled, SvcError> {
-        Ok(self.handle().cancel(id).wait()?)
+        Ok(self.backend.cancel(id).wait()?)
     }
 
     pub fn get(&self, id: JobId) -> Option<Arc<Job>> {
-        self.handle().job(id)
+        local_read(self.backend.job(id))
     }
 
     /// Pauses a queue: new jobs for it are refused
     /// (`EngineError::QueuePaused`), fetches skip it, its timers run on.
     pub fn pause_queue(&self, queue: &str) -> Result<QueueSummary, SvcError> {
-        Ok(self.handle().pause_queue(queue.to_string(), true).wait()?)
+        Ok(self.backend.pause_queue(queue_name(queue)?, true).wait()?)
     }
 
     /// Resumes a paused queue.
     pub fn resume_queue(&self, queue: &str) -> Result<QueueSummary, SvcError> {
-        Ok(self.handle().pause_queue(queue.to_string(), false).wait()?)
+        Ok(self.backend.pause_queue(queue_name(queue)?, false).wait()?)
     }
 
     /// A queue's figures and what it completed and failed in the last minute.
     pub fn queue_stats(&self, queue: &str) -> Option<QueueStats> {
-        self.handle().queue_stats(queue)
+        local_read(self.backend.queue_stats(queue.to_string()))
+    }
+
+    /// Reports progress on an active job (docs/api.md, "Progress"): a
+    /// fraction (clamped to 0.0-1.0), and optionally a message and data
+    /// ([`JobProgress::message`], [`JobProgress::data`]). Refused with
+    /// [`SvcError::Invalid`] as HTTP refuses it; a job that is not active is
+    /// a conflict.
+    pub fn report_progress(&self, id: JobId, progress: JobProgress) -> Result<Arc<Job>, SvcError> {
+        progress.check().map_err(SvcError::Invalid)?;
+        Ok(self.backend.report_progress(id, progress, None).wait()?)
+    }
+
+    /// The progress the job's current attempt last reported, if any.
+    pub fn progress(&self, id: JobId) -> Option<JobProgress> {
+        self.get(id).and_then(|job| job.progress().cloned())
     }
 
     /// Whether the disk is full: new work (enqueue) is refused with
     /// `EngineError::Unavailable { reason: "disk_full" }` until space is
     /// freed, while work already accepted can still end.
     pub fn disk_full(&self) -> bool {
-        self.handle().disk_full()
+        self.backend.disk_full()
     }
 
     /// Why the engine takes no more writes at all, if it does not (a failed
     /// sync, or its thread stopped): reopen the data dir to recover.
     pub fn failure(&self) -> Option<EngineFailure> {
-        self.handle().failure()
+        self.backend.failure()
     }
 
     /// Stops cleanly: queued commands finish and a final snapshot is written,
@@ -369,4 +475,31 @@ impl Svc {
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));
         }
     }
+}
+
+/// A read of the local engine: answered at once from the read view, and
+/// never refused.
+fn local_read<T: Default>(pending: Pending<T>) -> T {
+    pending.wait().unwrap_or_default()
+}
+
+/// A fetch's parameters, checked as the HTTP fetch checks its body.
+fn fetch_request(queues: &[&str], count: usize, worker_id: Option<&str>) -> Result<FetchRequest, SvcError> {
+    let queues = fetch_queues(queues.iter().map(Some)).map_err(SvcError::Invalid)?;
+    let count = fetch_count(Some(i64::try_from(count).unwrap_or(i64::MAX))).map_err(SvcError::Invalid)?;
+    let worker_id = match worker_id {
+        Some(id) if !is_valid_worker_id(id) => return Err(SvcError::Invalid(invalid_worker_id())),
+        id => id.map(str::to_string),
+    };
+    Ok(FetchRequest { queues, count, worker_id, visibility_timeout_ms: None })
+}
+
+/// A queue named in a call, as a queue route's path must name one.
+fn queue_name(name: &str) -> Result<String, SvcError> {
+    if !is_valid_queue(name) {
+        let mut error = invalid_queue("queue");
+        error.kind = ValidationKind::Request;
+        return Err(SvcError::Invalid(error));
+    }
+    Ok(name.to_string())
 }

@@ -5,6 +5,12 @@
 //! [`Svc::handle`] is the [`engine::EngineHandle`] the server itself uses: it
 //! takes every [`engine::Request`] and reads the durable state.
 //!
+//! [`Svc`] checks every call as the HTTP API checks the same request, and
+//! refuses what it would refuse with [`SvcError::Invalid`]. Results and
+//! failure reports are typed: [`Svc::ack_with`] takes anything that
+//! serializes to JSON ([`Svc::ack_json`] takes JSON text, checked as such),
+//! [`Svc::nack`] a [`job::Failure`].
+//!
 //! What an embedding program uses is documented here: [`Svc`], [`engine`]
 //! (the handle, its requests and answers, the configuration), [`job`] (jobs
 //! and their parts), [`cron`] (cron registrations), [`clock`] (to inject
@@ -13,13 +19,25 @@
 //! rest) are public for it and for the tests, and hidden from these docs.
 //!
 //! ```no_run
-//! let svc = svc::Svc::open("./data").expect("data dir opens");
-//! let job = svc::job::JobBuilder::new("email.send").args(["a@example.com"]);
-//! let enqueued = svc.enqueue(job).expect("enqueued");
-//! let claimed = svc.fetch(&["default"], 1, Some("worker-1")).expect("fetched");
-//! svc.ack(claimed[0].id, Some(r#"{"sent":true}"#.into())).expect("acked");
-//! assert_eq!(svc.get(enqueued.job.id).expect("stored").state, svc::job::JobState::Completed);
+//! use svc::job::{Failure, JobBuilder};
+//!
+//! #[derive(serde::Serialize)]
+//! struct Sent {
+//!     message_id: String,
+//! }
+//!
+//! # fn send(args: &str) -> Result<String, String> { Ok(args.into()) }
+//! let svc = svc::Svc::open("./data")?;
+//! svc.enqueue(JobBuilder::new("email.send").args(["a@example.com"]))?;
+//! for job in svc.fetch(&["default"], 10, Some("worker-1"))? {
+//!     match send(job.payload.args()) {
+//!         Ok(message_id) => svc.ack_with(job.id, &Sent { message_id })?,
+//!         // Retried later as the job's retry policy says.
+//!         Err(error) => svc.nack(job.id, Failure::new("SmtpError", error))?,
+//!     };
+//! }
 //! svc.close();
+//! # Ok::<(), svc::SvcError>(())
 //! ```
 
 pub mod backend;

@@ -30,6 +30,7 @@ struct Mimalloc;
 
 // SAFETY: each method hands the request to the mimalloc call that honours
 // its size and alignment; blocks from any of them are freed by `mi_free`.
+#[allow(unsafe_code)]
 unsafe impl std::alloc::GlobalAlloc for Mimalloc {
     #[inline]
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
@@ -92,6 +93,7 @@ const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
 
 /// Applies allocator settings, unless the environment sets them.
+#[allow(unsafe_code)]
 fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: setting an option is thread-safe in mimalloc and takes effect

@@ -1,7 +1,18 @@
 //! The embedding API: the same engine called from a Rust program, no HTTP.
 
-use svc::Svc;
-use svc::job::JobState;
+mod common;
+
+use serde_json::{Value, json};
+use svc::job::{Failure, JobBuilder, JobState, ValidationKind};
+use svc::{Svc, SvcError};
+
+/// The argument a call was refused for, as the HTTP API would name it.
+fn refused_field(outcome: Result<impl std::fmt::Debug, SvcError>) -> (ValidationKind, String) {
+    match outcome {
+        Err(SvcError::Invalid(error)) => (error.kind, error.field.unwrap_or_default()),
+        other => panic!("refused as invalid, got {other:?}"),
+    }
+}
 
 #[test]
 fn embedded_queue_round_trip_survives_reopen() {
@@ -18,8 +29,8 @@ fn embedded_queue_round_trip_survives_reopen() {
     let cancelled = svc.enqueue_json(r#"{"type":"email.send","args":[]}"#).unwrap().job;
     let claimed = svc.fetch(&["mail"], 2, Some("worker-1")).unwrap();
     assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), [job.id, failing.id]);
-    svc.ack(job.id, Some(r#"{"sent":true}"#.into())).unwrap();
-    assert_eq!(svc.nack(failing.id, "SmtpError", "mailbox full").unwrap().state, JobState::Discarded);
+    svc.ack_with(job.id, &serde_json::json!({"sent": true})).unwrap();
+    assert_eq!(svc.nack(failing.id, Failure::new("SmtpError", "mailbox full")).unwrap().state, JobState::Discarded);
     assert_eq!(svc.cancel(cancelled.id).unwrap().previous_state, JobState::Available);
     assert!(svc.enqueue_json(r#"{"type":"bad type","args":[]}"#).is_err());
     svc.close();
@@ -45,7 +56,7 @@ fn an_embedded_queue_caps_its_finished_jobs_and_reports_a_full_disk() {
     for n in 0..4 {
         let job = svc.enqueue_json(&format!(r#"{{"type":"t","args":[{n}]}}"#)).unwrap().job;
         svc.fetch(&["default"], 1, None).unwrap();
-        svc.ack(job.id, None).unwrap();
+        svc.ack(job.id).unwrap();
         done.push(job.id);
     }
     assert!(svc.get(done[0]).is_none() && svc.get(done[1]).is_none(), "the oldest finished jobs are pruned");
@@ -70,7 +81,7 @@ fn an_embedded_queue_caps_its_finished_jobs_and_reports_a_full_disk() {
         "{refused:?}"
     );
     assert!(svc.disk_full() && svc.failure().is_none());
-    assert_eq!(svc.ack(active.id, None).unwrap().state, JobState::Completed, "accepted work still ends");
+    assert_eq!(svc.ack(active.id).unwrap().state, JobState::Completed, "accepted work still ends");
     svc.close();
 }
 
@@ -99,7 +110,7 @@ fn embedded_programs_use_unique_policies_and_dispatch_limits_through_typed_value
     }
     let claimed = svc.fetch(&["bulk"], 10, None).unwrap();
     assert_eq!(claimed.len(), 1, "one at a time under the key");
-    svc.ack(claimed[0].id, None).unwrap();
+    svc.ack(claimed[0].id).unwrap();
     assert_eq!(svc.fetch(&["bulk"], 10, None).unwrap().len(), 1);
     let invalid = DispatchLimit { key: None, concurrency: Some(0), rate: None };
     assert!(matches!(svc.enqueue(JobBuilder::new("t").rate_limit(invalid)), Err(svc::SvcError::Invalid(_))));
@@ -119,11 +130,11 @@ fn embedded_programs_run_workflows_through_typed_builders() {
     assert_eq!((chain.state, chain.members.len()), (WorkflowState::Running, 2));
     let first = svc.fetch(&["flow"], 10, None).unwrap();
     assert_eq!(first.len(), 1);
-    svc.ack(first[0].id, Some(r#"{"user_id":7}"#.into())).unwrap();
+    svc.ack_json(first[0].id, r#"{"user_id":7}"#).unwrap();
     let second = svc.fetch(&["flow"], 10, None).unwrap().remove(0);
     let given = svc.parent_results(&second).unwrap();
     assert_eq!((given.results, given.states), (vec![serde_json::json!({"user_id": 7})], None));
-    svc.ack(second.id, None).unwrap();
+    svc.ack(second.id).unwrap();
     assert_eq!(svc.workflow(chain.id).unwrap().state, WorkflowState::Completed);
 
     let batch = WorkflowBuilder::batch([JobBuilder::new("part").queue("parts")])
@@ -198,5 +209,182 @@ fn embedded_programs_manage_webhook_subscriptions_through_typed_builders() {
     assert_eq!(svc.webhooks().len(), 1, "durable");
     svc.delete_webhook(created.id).unwrap();
     assert!(svc.webhook(created.id).is_none());
+    svc.close();
+}
+
+#[test]
+fn results_and_failure_reports_are_checked_as_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let job = svc.enqueue(JobBuilder::new("t")).unwrap().job;
+    svc.fetch(&["default"], 1, None).unwrap();
+    let request = (ValidationKind::Request, "result".to_string());
+    assert_eq!(refused_field(svc.ack_json(job.id, "not json")), request);
+    assert_eq!(refused_field(svc.ack_json(job.id, "")), request);
+    assert_eq!(refused_field(svc.ack_json(job.id, r#"{"a":1} trailing"#)), request);
+    let deep = format!("{}{}", "[".repeat(64), "]".repeat(64));
+    assert_eq!(refused_field(svc.ack_json(job.id, &deep)), request, "deeper than an ack body may nest");
+    let deep: Value = serde_json::from_str(&deep[1..deep.len() - 1]).unwrap();
+    let mut deeper = deep.clone();
+    deeper = Value::Array(vec![deeper]);
+    assert_eq!(refused_field(svc.ack_with(job.id, &deeper)), request);
+    let too_large = (ValidationKind::TooLarge, "result".to_string());
+    let big = "x".repeat(svc::limits::RESULT_BYTES_MAX);
+    assert_eq!(refused_field(svc.ack_with(job.id, &big)), too_large);
+    assert_eq!(refused_field(svc.ack_json(job.id, &format!("\"{big}\""))), too_large);
+    let mut keyed = std::collections::HashMap::new();
+    keyed.insert((1, 2), "a map with keys that are not strings");
+    assert_eq!(refused_field(svc.ack_with(job.id, &keyed)), request);
+
+    let error_type = (ValidationKind::Request, "error.type".to_string());
+    assert_eq!(refused_field(svc.nack(job.id, Failure::new("", "no type"))), error_type);
+    assert_eq!(refused_field(svc.nack(job.id, Failure::new("T".repeat(256), "too long a type"))), error_type);
+    assert_eq!(refused_field(svc.requeue(job.id, Failure::new("", "no type"))), error_type);
+    let details = Failure::new("E", "m").details([1, 2]);
+    assert_eq!(refused_field(svc.nack(job.id, details)), (ValidationKind::Request, "error.details".to_string()));
+    let stored = svc.get(job.id).unwrap();
+    assert_eq!((stored.state, stored.attempt, stored.run().error.is_none()), (JobState::Active, 1, true));
+
+    // What is accepted is stored compact, and a `null` result is none.
+    assert_eq!(svc.ack_with(job.id, &deep).unwrap().run().result.as_deref(), Some(&*deep.to_string()));
+    let spaced = svc.enqueue(JobBuilder::new("t")).unwrap().job;
+    let nothing = svc.enqueue(JobBuilder::new("t")).unwrap().job;
+    svc.fetch(&["default"], 2, None).unwrap();
+    let acked = svc.ack_json(spaced.id, " { \"sent\" :\n true } ").unwrap();
+    assert_eq!(acked.run().result.as_deref(), Some(r#"{"sent":true}"#));
+    assert_eq!(svc.ack_with(nothing.id, &Option::<u8>::None).unwrap().run().result, None);
+    svc.close();
+}
+
+#[test]
+fn fetches_batches_and_queue_names_are_checked_as_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    svc.enqueue(JobBuilder::new("t").queue("mail")).unwrap();
+    let queues = (ValidationKind::Request, "queues".to_string());
+    assert_eq!(refused_field(svc.fetch(&["Not A Queue"], 1, None)), queues);
+    assert_eq!(refused_field(svc.fetch(&["mail", "mail/inbox"], 1, None)), queues);
+    assert_eq!(refused_field(svc.fetch(&[], 1, None)), queues);
+    assert_eq!(refused_field(svc.fetch(&["mail"; 33], 1, None)), queues);
+    assert_eq!(refused_field(svc.fetch(&["mail"], 0, None)), (ValidationKind::Request, "count".to_string()));
+    for worker in ["", "fetch", "a/b", "w 1"] {
+        let refused = svc.fetch(&["mail"], 1, Some(worker));
+        assert_eq!(refused_field(refused), (ValidationKind::Request, "worker_id".to_string()), "{worker:?}");
+    }
+    let wait = svc.fetch_waiting(&["mail"], 1, None, 20_001);
+    assert_eq!(refused_field(wait), (ValidationKind::Request, "wait_ms".to_string()));
+    assert!(svc.handle().worker("a/b").is_none() && svc.handle().worker("fetch").is_none(), "no worker was made");
+    let claimed = svc.fetch_waiting(&["mail"; 32], 1000, Some("host-1:w@2"), 20_000).unwrap();
+    assert_eq!(claimed.len(), 1, "32 queues, a count over the most (claims at most 100), the longest wait");
+
+    let queue = (ValidationKind::Request, "queue".to_string());
+    assert_eq!(refused_field(svc.pause_queue("Mail")), queue);
+    assert_eq!(refused_field(svc.resume_queue("")), queue);
+    assert!(svc.queue_stats("Mail").is_none(), "no queue was made");
+    assert!(svc.pause_queue("mail").unwrap().paused);
+
+    assert_eq!(refused_field(svc.enqueue_batch([])), (ValidationKind::Request, "jobs".to_string()));
+    let too_many = (0..=svc::limits::BATCH_JOBS_MAX).map(|n| JobBuilder::new("t").args([n]));
+    match svc.enqueue_batch(too_many) {
+        Err(SvcError::Invalid(error)) => {
+            assert_eq!(error.kind, ValidationKind::TooLarge);
+            assert!(error.details.contains(&("received", json!(svc::limits::BATCH_JOBS_MAX + 1))));
+        }
+        other => panic!("a batch over the most is refused, got {other:?}"),
+    }
+    let invalid_item = svc.enqueue_batch([JobBuilder::new("t"), JobBuilder::new("t").priority(500)]);
+    assert_eq!(refused_field(invalid_item), (ValidationKind::Payload, "jobs[1].options.priority".to_string()));
+    svc.close();
+}
+
+#[test]
+fn a_failure_report_says_whether_the_job_is_retried() {
+    use svc::job::RetryPolicy;
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let retried = RetryPolicy { max_attempts: 5, ..RetryPolicy::default() };
+    let job = |n: u32| JobBuilder::new("t").args([n]).retry(&retried);
+    let [again, last, back] = [1, 2, 3].map(|n| svc.enqueue(job(n)).unwrap().job);
+    assert_eq!(svc.fetch(&["default"], 3, Some("w-1")).unwrap().len(), 3);
+
+    let report = Failure::new("SmtpError", "421").code("smtp_421").backtrace(["send", "run"]);
+    let failed = svc.nack(again.id, report.details(json!({"error_class": "smtp.Transient"}))).unwrap();
+    assert_eq!(failed.state, JobState::Retryable, "retried as the policy says");
+    let error = failed.run().error.clone().unwrap();
+    assert_eq!(
+        (error.error_type.as_str(), error.code.as_str(), error.message.as_str()),
+        ("SmtpError", "smtp_421", "421")
+    );
+    assert_eq!(
+        (error.backtrace.as_slice(), error.error_class().as_deref()),
+        (["send", "run"].map(String::from).as_slice(), Some("smtp.Transient"))
+    );
+
+    let failed = svc.nack(last.id, Failure::new("InvalidAddress", "no such domain").non_retryable()).unwrap();
+    assert_eq!((failed.state, failed.run().error.as_ref().unwrap().retryable), (JobState::Discarded, Some(false)));
+
+    let requeued = svc.requeue(back.id, Failure::new("Shutdown", "the worker stops")).unwrap();
+    assert_eq!((requeued.state, requeued.attempt), (JobState::Available, 0), "the attempt does not count");
+    svc.close();
+}
+
+/// A job completed in process reads back over HTTP as the JSON it was
+/// given, once a server opens the data dir.
+#[test]
+fn results_acked_in_process_read_back_as_json_over_http() {
+    #[derive(serde::Serialize)]
+    struct Receipt {
+        message_id: u64,
+        to: Vec<&'static str>,
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let ids: Vec<_> = (0..3).map(|n| svc.enqueue(JobBuilder::new("t").args([n])).unwrap().job.id).collect();
+    svc.fetch(&["default"], 3, None).unwrap();
+    svc.ack_with(ids[0], &Receipt { message_id: 7, to: vec!["ada@example.com"] }).unwrap();
+    assert!(svc.ack_json(ids[1], "not json").is_err());
+    svc.ack_json(ids[1], "[1, \"two\", {\"three\": 3}]").unwrap();
+    svc.ack(ids[2]).unwrap();
+    svc.close();
+
+    let (_server, base) = common::spawn_server(dir.path());
+    let client = common::http_client();
+    let read = |id: svc::job::JobId| {
+        let text = client.get(format!("{base}/svc/v1/jobs/{id}")).send().unwrap().text().unwrap();
+        let body: Value = serde_json::from_str(&text).unwrap_or_else(|error| panic!("{error}: {text}"));
+        body["job"].clone()
+    };
+    let job = read(ids[0]);
+    assert_eq!(
+        (&job["state"], &job["result"]),
+        (&json!("completed"), &json!({"message_id": 7, "to": ["ada@example.com"]}))
+    );
+    assert_eq!(read(ids[1])["result"], json!([1, "two", {"three": 3}]));
+    assert!(read(ids[2]).get("result").is_none_or(Value::is_null));
+}
+
+#[test]
+fn an_embedded_worker_reports_progress_checked_as_over_http() {
+    use svc::job::JobProgress;
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let waiting = svc.enqueue(JobBuilder::new("report.build").queue("idle")).unwrap().job;
+    let refused = svc.report_progress(waiting.id, JobProgress::new(0.5));
+    assert!(matches!(refused, Err(SvcError::Engine(svc::engine::EngineError::Conflict { .. }))), "{refused:?}");
+
+    let job = svc.enqueue(JobBuilder::new("report.build")).unwrap().job;
+    svc.fetch(&["default"], 1, None).unwrap();
+    let too_long = JobProgress::new(0.5).message("m".repeat(4097));
+    assert_eq!(refused_field(svc.report_progress(job.id, too_long)).1, "message");
+    assert_eq!(refused_field(svc.report_progress(job.id, JobProgress::new(f64::NAN))).1, "progress");
+    assert!(svc.progress(job.id).is_none(), "nothing refused was kept");
+
+    let progress = JobProgress::new(1.7).message("rows").data(&json!({"rows": 12})).unwrap();
+    let reported = svc.report_progress(job.id, progress).unwrap();
+    assert_eq!(reported.progress().map(|p| p.fraction), Some(1.0), "clamped");
+    svc.close();
+    let svc = Svc::open(dir.path()).unwrap();
+    let kept = svc.progress(job.id).unwrap();
+    assert_eq!((kept.message.as_deref(), kept.data.as_deref()), (Some("rows"), Some(r#"{"rows":12}"#)));
     svc.close();
 }

@@ -321,6 +321,7 @@ fn a_large_batch_fanned_out_to_subscriptions_is_logged_and_kept() {
 /// limit the server now caps its connections below it, refuses the rest,
 /// and snapshots and rotations go on.
 #[test]
+#[allow(unsafe_code)]
 fn sockets_held_past_the_open_file_limit_do_not_stop_the_server() {
     use std::io::{BufRead, BufReader};
     use std::os::unix::process::CommandExt;

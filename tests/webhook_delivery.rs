@@ -814,13 +814,12 @@ fn an_embedded_queue_delivers_when_opened_with_webhooks() {
     use svc::webhook::subscription::WebhookBuilder;
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start(dir.path());
-    let settings = svc::WebhookSettings {
-        allow_private_targets: true,
-        extra_ca_file: Some(receiver.ca_file.clone()),
-        timeout: std::time::Duration::from_secs(5),
+    let settings = svc::WebhookSettings::default()
+        .allow_private_targets(true)
+        .extra_ca_file(receiver.ca_file.clone())
+        .timeout(std::time::Duration::from_secs(5))
         // The server's tests run the default, the idle class; this one the other.
-        priority: svc::webhook::DeliveryPriority::Low,
-    };
+        .priority(svc::webhook::DeliveryPriority::Low);
     let queue =
         svc::Svc::open_with_webhooks(svc::engine::EngineConfig::new(dir.path().join("data")), settings).unwrap();
     queue.create_webhook(WebhookBuilder::new(&receiver.url("127.0.0.1"), ["job.enqueued"], SECRET)).unwrap();

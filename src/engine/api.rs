@@ -50,7 +50,9 @@ pub struct HeartbeatOutcome {
     pub signal: Option<WorkerSignal>,
 }
 
+/// Why the engine refused a request, or could not take it.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum EngineError {
     NotFound {
         id: JobId,
@@ -155,6 +157,7 @@ pub enum EngineError {
 
 /// Why a job is in the way of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConflictReason {
     /// The job is not in a state the request applies to.
     InvalidState,
@@ -179,6 +182,7 @@ impl ConflictReason {
 
 /// Why the engine cannot take a request now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Unavailable {
     /// Too many requests wait already; retry shortly.
     Overloaded,

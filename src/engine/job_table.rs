@@ -83,8 +83,12 @@ const _: fn() = || {
 };
 
 // SAFETY: a `Held` owns an `Arc<Job>` kept as its pointer, and `Arc<Job>`
-// is `Send` and `Sync`.
+// is `Send`.
+#[allow(unsafe_code)]
 unsafe impl Send for Held {}
+// SAFETY: a `Held` only hands out `&Job` and new `Arc<Job>`s, and `Arc<Job>`
+// is `Sync`.
+#[allow(unsafe_code)]
 unsafe impl Sync for Held {}
 
 impl Held {
@@ -93,6 +97,7 @@ impl Held {
     }
 
     /// The job, alive as long as the slot holds it.
+    #[allow(unsafe_code)]
     fn job(&self) -> &Job {
         // SAFETY: the pointer came from `Arc::into_raw` and the slot still
         // holds that reference. `{ self.job }` copies the packed field.
@@ -100,6 +105,7 @@ impl Held {
     }
 
     /// A new reference to the job.
+    #[allow(unsafe_code)]
     fn handle(&self) -> Arc<Job> {
         let job = self.job;
         // SAFETY: as in `job`; the count is raised for the `Arc` made here.
@@ -110,6 +116,7 @@ impl Held {
     }
 
     /// Puts `job` in the slot and hands back the one it held.
+    #[allow(unsafe_code)]
     fn replace(&mut self, job: Arc<Job>) -> Arc<Job> {
         let old = self.job;
         self.job = Arc::into_raw(job);
@@ -118,6 +125,7 @@ impl Held {
     }
 
     /// The slot's reference to its job.
+    #[allow(unsafe_code)]
     fn into_job(self) -> Arc<Job> {
         let held = std::mem::ManuallyDrop::new(self);
         // SAFETY: as in `replace`; `held` is not dropped.
@@ -143,6 +151,7 @@ impl Held {
 }
 
 impl Drop for Held {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
         // SAFETY: as in `replace`; the slot is going.
         drop(unsafe { Arc::from_raw(self.job) });
@@ -211,6 +220,7 @@ impl SharedJobs {
     /// [`JobTable::new`]), only through `&mut JobTable`, and only under the
     /// shard's write lock; the engine reads through `&JobTable`, so none of
     /// its reads overlaps one of its writes. Other threads only read.
+    #[allow(unsafe_code)]
     fn unlocked(&self, id: JobId) -> Option<&Held> {
         // SAFETY: see above; the data lives as long as `self`.
         let set = unsafe { &*self.shard(id).data_ptr() };
@@ -218,6 +228,7 @@ impl SharedJobs {
         set.find(Held::table_hash(hash), |held| held.is(hash, id))
     }
 
+    #[allow(unsafe_code)]
     fn all_unlocked(&self) -> impl Iterator<Item = &Held> {
         // SAFETY: as in `unlocked`.
         self.shards.iter().flat_map(|shard| unsafe { &*shard.data_ptr() }.iter())
@@ -397,6 +408,7 @@ impl JobTable {
     }
 
     /// About how many jobs there are (what the shards hold).
+    #[allow(unsafe_code)]
     fn len_hint(&self) -> usize {
         // SAFETY: as in `SharedJobs::unlocked`.
         self.shared.shards.iter().map(|shard| unsafe { &*shard.data_ptr() }.len()).sum()
@@ -583,6 +595,7 @@ fn relist(
 
 /// Asks the processor to fetch the cache line at `at` (a hint: it reads
 /// nothing and cannot fault).
+#[allow(unsafe_code)]
 fn prefetch<T>(at: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch instruction has no effect a program can observe.

@@ -70,7 +70,9 @@ use record::{Record, decode_batch};
 use view::ReadView;
 use writer::{SnapshotPolicy, Writer};
 
-/// How to open an engine.
+/// How to open an engine: [`EngineConfig::new`], then change the fields
+/// that differ from the defaults.
+#[non_exhaustive]
 pub struct EngineConfig {
     pub data_dir: PathBuf,
     pub clock: Arc<dyn Clock>,

@@ -123,6 +123,7 @@ pub struct ReadView {
 
 /// Why the engine has stopped accepting writes; the process should restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EngineFailure {
     /// A log write or sync failed.
     SyncFailed,

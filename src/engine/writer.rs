@@ -787,6 +787,7 @@ impl Drop for ClearOnDrop {
 /// request threads leave: single enqueues' p99 while snapshots are written
 /// is lower, at more throughput (docs/perf-log.md, "Snapshots and request
 /// latency").
+#[allow(unsafe_code)]
 fn yield_to_the_engine() {
     #[cfg(target_os = "linux")]
     // SAFETY: plain integer arguments; on Linux the nice value belongs to

@@ -33,6 +33,7 @@ const CONNECTIONS_MIN: usize = 4;
 /// Raises the soft open-file limit to the hard one (the default soft limit
 /// of 1 024 is far below what a server with many clients needs); returns
 /// the limit in force afterwards, or `None` where it cannot be read.
+#[allow(unsafe_code)]
 pub fn raise_open_file_limit() -> Option<u64> {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `limit` is a valid, writable rlimit for the call.

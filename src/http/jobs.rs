@@ -9,7 +9,9 @@ use super::extract::{job_id, location};
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::Enqueued;
 use crate::job::json::{ArrayMember, BodyError, ObjectElement, minify, parse_array_member, parse_object_array_member};
-use crate::job::{JobDefaults, NewJob, ValidationError, body_error, parse_enqueue_body, parse_enqueue_object};
+use crate::job::{
+    JobDefaults, NewJob, ValidationError, body_error, check_batch_size, parse_enqueue_body, parse_enqueue_object,
+};
 use crate::limits::{BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX};
 use crate::wire::{job_body, push_job, render_job};
 
@@ -76,21 +78,18 @@ pub fn parse_batch(body: &[u8], defaults: &JobDefaults) -> Result<Vec<NewJob>, A
 fn batch_items<T>(member: Result<ArrayMember<T>, BodyError>) -> Result<Vec<T>, ApiError> {
     let required = || ApiError::invalid_request(Some("jobs"), "jobs is required: a non-empty array of enqueue items");
     // Counted before it is kept: a body of tiny items must not become millions of entries.
-    let items = match member.map_err(|error| ApiError::from(body_error(error)))? {
+    let (items, count) = match member.map_err(|error| ApiError::from(body_error(error)))? {
         ArrayMember::Missing => return Err(required()),
         ArrayMember::NotArray => {
             return Err(ApiError::invalid_request(Some("jobs"), "jobs must be a non-empty array of enqueue items"));
         }
-        ArrayMember::TooMany(received) => {
-            return Err(ApiError::new("envelope_too_large", format!("a batch holds at most {BATCH_JOBS_MAX} jobs"))
-                .detail("limit", BATCH_JOBS_MAX)
-                .detail("received", received));
+        ArrayMember::TooMany(received) => (Vec::new(), received),
+        ArrayMember::Elements(items) => {
+            let count = items.len();
+            (items, count)
         }
-        ArrayMember::Elements(items) => items,
     };
-    if items.is_empty() {
-        return Err(ApiError::invalid_request(Some("jobs"), "jobs must not be empty"));
-    }
+    check_batch_size(count)?;
     Ok(items)
 }
 

@@ -3,39 +3,29 @@
 
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use std::borrow::Cow;
 
 use super::error::ApiError;
 use super::extract::{job_id, object_body};
 use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::{EngineError, FetchRequest, WorkerState};
-use crate::job::json::{JsonKind, RawObject, kind_of, minify, string_value};
+use crate::job::json::{JsonKind, RawObject, kind_of, string_value};
 use crate::job::time::format_timestamp;
-use crate::job::{JobId, body_error, is_valid_queue, parse_failure_report, raw_integer};
-use crate::limits::{
-    FETCH_COUNT_MAX, FETCH_QUEUES_MAX, FETCH_WAIT_MS_MAX, HEARTBEAT_JOBS_MAX, RESULT_BYTES_MAX, TIMEOUT_MS_MAX,
-    WORKER_ID_CHARS_MAX,
+use crate::job::{
+    JobId, ack_result, body_error, fetch_count, fetch_queues, fetch_wait_ms, invalid_worker_id, is_valid_worker_id,
+    parse_failure_report, raw_integer,
 };
+use crate::limits::{HEARTBEAT_JOBS_MAX, TIMEOUT_MS_MAX};
 use crate::wire::jobs_object_with;
 
-/// `^[A-Za-z0-9._:@-]{1,256}$`, minus names that collide with worker routes.
+/// The optional `worker_id` of a body (see [`is_valid_worker_id`]).
 pub(super) fn worker_id(object: &RawObject) -> Result<Option<String>, ApiError> {
     let Some(raw) = object.get_present("worker_id") else {
         return Ok(None);
     };
-    let valid = string_value(raw).filter(|text| {
-        !text.is_empty()
-            && text.len() <= WORKER_ID_CHARS_MAX
-            && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
-            && !matches!(text.as_ref(), "." | ".." | "fetch" | "ack" | "nack" | "heartbeat")
-    });
-    match valid {
+    match string_value(raw).filter(|text| is_valid_worker_id(text)) {
         Some(text) => Ok(Some(text.into_owned())),
-        None => Err(ApiError::invalid_request(
-            Some("worker_id"),
-            "worker_id must be 1 to 256 characters of A-Z, a-z, 0-9, '.', '_', ':', '@' and '-'",
-        )),
+        None => Err(ApiError::from(invalid_worker_id())),
     }
 }
 
@@ -53,41 +43,17 @@ pub(super) fn visibility_timeout(object: &RawObject) -> Result<Option<u64>, ApiE
 
 pub(super) async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let object = object_body(body)?;
-    let queues_error = || {
-        ApiError::invalid_request(
-            Some("queues"),
-            format!("queues is required: an array of 1 to {FETCH_QUEUES_MAX} queue names"),
-        )
-    };
     let items = object.get_present("queues").and_then(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok());
-    let queues: Vec<String> = match items {
-        Some(items) if !items.is_empty() && items.len() <= FETCH_QUEUES_MAX => items
-            .iter()
-            .map(|item| {
-                string_value(item).filter(|name| is_valid_queue(name)).map(Cow::into_owned).ok_or_else(queues_error)
-            })
-            .collect::<Result<_, _>>()?,
-        _ => return Err(queues_error()),
-    };
+    // Missing or not an array: no queues, refused as such.
+    let queues = fetch_queues(items.iter().flatten().map(|item| string_value(item)))?;
     let count = match object.get_present("count") {
         None => 1,
-        Some(raw) => match raw_integer(raw) {
-            Some(count) if count >= 1 => (count as usize).min(FETCH_COUNT_MAX),
-            _ => {
-                return Err(ApiError::invalid_request(Some("count"), "count must be an integer of at least 1"));
-            }
-        },
+        Some(raw) => fetch_count(raw_integer(raw))?,
     };
     let visibility_timeout_ms = visibility_timeout(&object)?;
     let wait_ms = match object.get_present("wait_ms") {
         None => 0,
-        Some(raw) => match raw_integer(raw) {
-            Some(wait) if (0..=FETCH_WAIT_MS_MAX as i64).contains(&wait) => wait as u64,
-            _ => {
-                let message = format!("wait_ms must be an integer from 0 to {FETCH_WAIT_MS_MAX}");
-                return Err(ApiError::invalid_request(Some("wait_ms"), message));
-            }
-        },
+        Some(raw) => fetch_wait_ms(raw_integer(raw))?,
     };
     let request = FetchRequest { queues, count, worker_id: worker_id(&object)?, visibility_timeout_ms };
     // A draining engine hands out no new work (docs/api.md, "Shutting down").
@@ -126,12 +92,7 @@ pub(super) fn report_error(error: EngineError) -> ApiError {
 pub(super) async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
     let object = if path_id.is_some() && is_empty_body(body) { Default::default() } else { object_body(body)? };
     let id = report_job_id(path_id, object.get_present("job_id"))?;
-    let result = object.get_present("result").map(|raw| minify(raw.get()));
-    if let Some(result) = &result
-        && result.len() > RESULT_BYTES_MAX
-    {
-        return Err(ApiError::from(crate::job::ValidationError::too_large("result", RESULT_BYTES_MAX, result.len())));
-    }
+    let result = object.get_present("result").map(ack_result).transpose()?;
     let worker = worker_id(&object)?;
     let job = app.backend.ack(id, result, worker).outcome().await.map_err(report_error)?;
     let mut body = crate::wire::ObjectWriter::default();

@@ -18,8 +18,8 @@ use super::retry::RetryPolicy;
 use super::time::{TimeSpec, parse_time_spec};
 use super::{DispatchLimit, JobId, JobPayload, NewJob, QueueName, UniquePolicy};
 use crate::limits::{
-    ENVELOPE_BYTES_MAX, META_BYTES_MAX, PRIORITY_MAX, PRIORITY_MIN, QUEUE_CHARS_MAX, TAG_CHARS_MAX, TAGS_MAX,
-    TIMEOUT_MS_MAX, TYPE_CHARS_MAX,
+    BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX, META_BYTES_MAX, PRIORITY_MAX, PRIORITY_MIN, QUEUE_CHARS_MAX, TAG_CHARS_MAX,
+    TAGS_MAX, TIMEOUT_MS_MAX, TYPE_CHARS_MAX,
 };
 
 /// Server-wide defaults applied to fields a client leaves out.
@@ -102,6 +102,21 @@ pub fn parse_enqueue_body(bytes: &[u8], defaults: &JobDefaults) -> Result<NewJob
         }
     }
     parse_enqueue_object(&object, defaults)
+}
+
+/// How many jobs one batch enqueue holds: 1 to `BATCH_JOBS_MAX`.
+pub fn check_batch_size(count: usize) -> Result<(), ValidationError> {
+    if count == 0 {
+        return Err(ValidationError::request(Some("jobs".to_string()), "jobs must not be empty"));
+    }
+    if count > BATCH_JOBS_MAX {
+        let mut error = ValidationError::request(None, format!("a batch holds at most {BATCH_JOBS_MAX} jobs"));
+        error.kind = super::ValidationKind::TooLarge;
+        error.details.push(("limit", BATCH_JOBS_MAX.into()));
+        error.details.push(("received", count.into()));
+        return Err(error);
+    }
+    Ok(())
 }
 
 /// Maps a body that is not a JSON object to its error.
@@ -424,9 +439,20 @@ fn parse_meta<'a>(meta: Option<&'a RawValue>, metadata: Option<&'a RawValue>) ->
 /// thread parsed: the engine thread takes it as it is, where building it
 /// there cost a counted reference, a full memory barrier, for every job.
 fn parse_queue_field(raw: &RawValue, path: &str) -> Result<QueueName, ValidationError> {
-    string_value(raw).filter(|text| is_valid_queue(text)).map(|text| QueueName::new(&text)).ok_or_else(|| {
-        ValidationError::payload(path, format!("{path} must be 1 to {QUEUE_CHARS_MAX} characters of a-z, 0-9, '.' and '-', starting with a letter or digit"))
-    })
+    string_value(raw)
+        .filter(|text| is_valid_queue(text))
+        .map(|text| QueueName::new(&text))
+        .ok_or_else(|| invalid_queue(path))
+}
+
+/// The error of a queue name at `path` that is not one (see [`is_valid_queue`]).
+pub fn invalid_queue(path: &str) -> ValidationError {
+    ValidationError::payload(
+        path,
+        format!(
+            "{path} must be 1 to {QUEUE_CHARS_MAX} characters of a-z, 0-9, '.' and '-', starting with a letter or digit"
+        ),
+    )
 }
 
 /// An integer written without fraction or exponent, within i64.

@@ -132,6 +132,89 @@ pub fn parse_failure_report(value: Option<&Value>) -> Result<FailureReport, Vali
     })
 }
 
+/// A failed attempt described in Rust for the embedding API
+/// ([`Svc::nack`](crate::Svc::nack)). It builds the `error` object an HTTP
+/// worker sends with a nack and is checked by the same
+/// [`parse_failure_report`], so both doors take the same reports.
+///
+/// ```
+/// use svc::job::Failure;
+/// let failure = Failure::new("SmtpError", "421 try again later")
+///     .backtrace(["mailer::send", "worker::run"])
+///     .details(serde_json::json!({"error_class": "smtp.Transient"}));
+/// let report = failure.build().expect("a valid report");
+/// assert_eq!((report.error_type.as_str(), report.retryable), ("SmtpError", None));
+///
+/// // Final: no retry whatever the policy; the job goes to the dead letter listing.
+/// let report = Failure::new("InvalidAddress", "no such domain").non_retryable().build().unwrap();
+/// assert_eq!(report.retryable, Some(false));
+/// assert!(Failure::new("", "a failure needs a type").build().is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Failure {
+    error: serde_json::Map<String, Value>,
+    /// The first value that could not be turned into JSON, by field.
+    unserializable: Option<(&'static str, String)>,
+}
+
+impl Failure {
+    /// A failure of `error_type` (1 to 255 characters, e.g. the error's type
+    /// name), with a message for people (cut to 4096 characters).
+    pub fn new(error_type: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut error = serde_json::Map::new();
+        error.insert("type".into(), Value::String(error_type.into()));
+        error.insert("message".into(), Value::String(message.into()));
+        Failure { error, unserializable: None }
+    }
+
+    /// A code besides the type (the type when not given); retry policies'
+    /// `non_retryable_errors` match either.
+    pub fn code(mut self, code: impl Into<String>) -> Self {
+        self.error.insert("code".into(), Value::String(code.into()));
+        self
+    }
+
+    /// Where it failed, innermost frame first (kept up to 50 frames and
+    /// 10 000 characters).
+    pub fn backtrace<I: IntoIterator<Item = S>, S: Into<String>>(mut self, frames: I) -> Self {
+        let frames = frames.into_iter().map(|frame| Value::String(frame.into())).collect();
+        self.error.insert("backtrace".into(), Value::Array(frames));
+        self
+    }
+
+    /// Anything that serializes to a JSON object; its `error_class` is
+    /// matched by retry policies' `non_retryable_errors` too.
+    pub fn details(mut self, details: impl Serialize) -> Self {
+        match serde_json::to_value(details) {
+            Ok(details) => {
+                self.error.insert("details".into(), details);
+            }
+            Err(error) => {
+                self.unserializable.get_or_insert(("error.details", error.to_string()));
+            }
+        }
+        self
+    }
+
+    /// Final: the job is not retried, whatever its retry policy and attempts
+    /// left, and goes to the dead letter listing (`discarded`).
+    pub fn non_retryable(mut self) -> Self {
+        self.error.insert("retryable".into(), Value::Bool(false));
+        self
+    }
+
+    /// Validates the report as the server validates a nack's `error`.
+    pub fn build(self) -> Result<FailureReport, ValidationError> {
+        if let Some((field, problem)) = self.unserializable {
+            return Err(ValidationError::request(
+                Some(field.to_string()),
+                format!("{field} does not serialize to JSON: {problem}"),
+            ));
+        }
+        parse_failure_report(Some(&Value::Object(self.error)))
+    }
+}
+
 fn cut_backtrace(frames: &[Value]) -> Vec<String> {
     let mut kept = Vec::new();
     let mut chars = 0;

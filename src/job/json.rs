@@ -153,6 +153,15 @@ pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, BodyError> {
     serde_json::from_str::<RawObject>(text).map_err(classify)
 }
 
+/// Parses text that must be one JSON value and stands for a member of a
+/// request body: it may nest one level less deeply than a body, which holds it.
+pub fn parse_member_value(text: &str) -> Result<&RawValue, BodyError> {
+    if nesting_depth(text.as_bytes()) >= JSON_DEPTH_MAX {
+        return Err(BodyError::TooDeep);
+    }
+    serde_json::from_str::<&RawValue>(text).map_err(|error| BodyError::Malformed(error.to_string()))
+}
+
 /// A body's text once it is known not to nest too deeply and to be UTF-8.
 fn checked_text(bytes: &[u8]) -> Result<&str, BodyError> {
     if nests_too_deep(bytes) {
@@ -497,6 +506,7 @@ fn string_end(bytes: &[u8], mut from: usize) -> usize {
 /// together), without the general UTF-8 check `str::from_utf8` makes: for
 /// the short texts of every response (ids, timestamps) it cost as much as
 /// writing them.
+#[allow(unsafe_code)]
 pub fn push_ascii(out: &mut String, bytes: &[u8]) {
     assert!(bytes.is_ascii(), "push_ascii takes ASCII only");
     // SAFETY: ASCII bytes are whole UTF-8 characters, so `out` stays valid UTF-8.

@@ -16,14 +16,16 @@ mod retry;
 mod stored;
 pub mod time;
 mod unique;
+mod worker;
 
 pub use builder::JobBuilder;
 pub use dispatch_limit::{DISPATCH_KEY_CHARS_MAX, DISPATCH_LIMIT_MAX, DispatchLimit, RateWindow};
 pub use enqueue::{
-    JobDefaults, body_error, is_valid_queue, is_valid_type, parse_enqueue_body, parse_enqueue_object, raw_integer,
+    JobDefaults, body_error, check_batch_size, invalid_queue, is_valid_queue, is_valid_type, parse_enqueue_body,
+    parse_enqueue_object, raw_integer,
 };
 pub use error::{ValidationError, ValidationKind};
-pub use failure::{ErrorEntry, FailureReport, parse_failure_report};
+pub use failure::{ErrorEntry, Failure, FailureReport, parse_failure_report};
 pub use id::{IdGenerator, IdHashState, JobId, JobIdMap, JobIdSet};
 pub use payload::JobPayload;
 pub use progress::JobProgress;
@@ -32,6 +34,9 @@ pub use retry::{Exhaustion, RetryPolicy, SharedPolicies};
 pub(crate) use stored::StoredJobDecoder;
 pub use stored::{StoredJob, StoredJobEncoder};
 pub use unique::{OnConflict, UNIQUE_KEY_NAME_CHARS_MAX, UNIQUE_KEY_NAMES_MAX, UniqueKey, UniquePolicy};
+pub use worker::{
+    ack_result, fetch_count, fetch_queues, fetch_wait_ms, invalid_worker_id, is_valid_worker_id, parse_ack_result,
+};
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;

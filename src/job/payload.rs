@@ -80,6 +80,7 @@ impl JobPayload {
         &self.0.header.header
     }
 
+    #[allow(unsafe_code)]
     fn text(&self) -> &str {
         // SAFETY: the bytes are copied from a `&str` (`from_text`), never changed.
         unsafe { std::str::from_utf8_unchecked(&self.0.slice) }

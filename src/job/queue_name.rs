@@ -45,6 +45,7 @@ impl QueueName {
         })
     }
 
+    #[allow(unsafe_code)]
     pub fn as_str(&self) -> &str {
         // SAFETY: the bytes were copied from a `&str` (`new`) and never change.
         unsafe { std::str::from_utf8_unchecked(&self.0.slice) }

@@ -256,7 +256,7 @@ impl<'a, 'p> StoredJobDecoder<'a, 'p> {
 
 /// Encodes jobs one after another into their stored form: the same bytes
 /// as through serde (tests check it), with less work per job, as
-/// [`StoredJobDecoder`] reads them back. The plain fields are written as
+/// `StoredJobDecoder` reads them back. The plain fields are written as
 /// postcard writes them (LEB128 varints, zigzag for signed numbers, a 0 or
 /// 1 before an option's value, a length before a text or list); a policy
 /// shared with the previous job is copied as the bytes it encoded to, and a

@@ -41,7 +41,7 @@ const BLOCK_KEYS: usize = 512;
 
 /// The available jobs of one queue, in fetch order.
 ///
-/// Sorted blocks of up to [`BLOCK_KEYS`] keys rather than a B-tree: a job
+/// Sorted blocks of up to `BLOCK_KEYS` (512) keys rather than a B-tree: a job
 /// almost always enters `available` later than every job of its priority
 /// already there, so most pushes append to the last block, and a full block
 /// costs 24 bytes a key where the B-tree's half-full leaves cost about 50

@@ -51,11 +51,13 @@ impl AlignedBuffer {
         self.blocks.len() * DIRECT_BLOCK_BYTES
     }
 
+    #[allow(unsafe_code)]
     pub(super) fn bytes(&self) -> &[u8] {
         // SAFETY: as in `bytes_mut`, borrowed shared.
         unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len()) }
     }
 
+    #[allow(unsafe_code)]
     pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: `Block` is `repr(C)` around a byte array, with no padding
         // (size == alignment, asserted above), so the vector's blocks are one

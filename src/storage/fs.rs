@@ -86,8 +86,11 @@ impl LogFile for RealFile {
         Ok(self.0.metadata()?.len())
     }
 
+    #[allow(unsafe_code)]
     fn free_space(&self) -> io::Result<u64> {
         use std::os::fd::AsRawFd;
+        // SAFETY: `statvfs` is a C struct of integers, for which all-zero
+        // bytes are a valid value.
         let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
         // SAFETY: the descriptor is open for as long as `self`, and `stats`
         // is a valid place for the kernel to write to.
@@ -100,6 +103,7 @@ impl LogFile for RealFile {
     }
 
     #[cfg(target_os = "linux")]
+    #[allow(unsafe_code)]
     fn start_writeback(&self, offset: u64, length: u64) {
         use std::os::fd::AsRawFd;
         // SAFETY: plain integer arguments on a descriptor open for as long

@@ -33,6 +33,7 @@ const DELIVERY_NICENESS: libc::c_int = 10;
 /// (`webhooks.priority`; docs/api.md, "Deliveries").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum DeliveryPriority {
     /// Linux's idle scheduling class: the CPU time nothing else wants, so
     /// deliveries slow job operations the least, but stop altogether while
@@ -84,6 +85,7 @@ impl Pool {
 /// thread; a nice value alone leaves those threads queued behind it
 /// (ARCHITECTURE.md, "Webhooks"). On Linux both are per thread.
 #[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
 fn lower_priority(priority: DeliveryPriority) {
     if priority == DeliveryPriority::Idle {
         let param = libc::sched_param { sched_priority: 0 };
