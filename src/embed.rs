@@ -8,8 +8,8 @@ use std::sync::Arc;
 use crate::backend::Backend;
 use crate::engine::WebhookChange;
 use crate::engine::{
-    Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued, FetchRequest, Pending,
-    QueueStats, QueueSummary, Workflow,
+    ACKS_MAX, AckItem, AckMany, Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued,
+    FetchRequest, Pending, QueueStats, QueueSummary, Workflow,
 };
 use crate::job::{
     Failure, Job, JobBuilder, JobId, JobProgress, JobState, NewJob, ValidationError, ValidationKind, check_batch_size,
@@ -379,13 +379,7 @@ impl Svc {
     /// `null` result is none. The workflow steps after the job are given it
     /// (see [`Svc::parent_results`]).
     pub fn ack_with<T: Serialize + ?Sized>(&self, id: JobId, result: &T) -> Result<Arc<Job>, SvcError> {
-        let text = serde_json::to_string(result).map_err(|error| {
-            SvcError::Invalid(ValidationError::request(
-                Some("result".to_string()),
-                format!("result does not serialize to JSON: {error}"),
-            ))
-        })?;
-        let result = parse_ack_result(&text).map_err(SvcError::Invalid)?;
+        let result = checked_result(result)?;
         Ok(self.backend.ack(id, result, None).wait()?)
     }
 
@@ -395,6 +389,54 @@ impl Svc {
     pub fn ack_json(&self, id: JobId, result: &str) -> Result<Arc<Job>, SvcError> {
         let result = parse_ack_result(result).map_err(SvcError::Invalid)?;
         Ok(self.backend.ack(id, result, None).wait()?)
+    }
+
+    /// Completes an active job and claims up to `count` jobs from `queues`
+    /// for `worker_id` in the same durable step; the fetch runs only if the
+    /// ack went through. Answers the acked job and the claimed ones.
+    pub fn ack_and_fetch<T: Serialize + ?Sized>(
+        &self,
+        id: JobId,
+        result: Option<&T>,
+        queues: &[&str],
+        count: usize,
+        worker_id: Option<&str>,
+    ) -> Result<(Arc<Job>, Vec<Arc<Job>>), SvcError> {
+        let result = match result {
+            Some(result) => checked_result(result)?,
+            None => None,
+        };
+        let fetch = fetch_request(queues, count, worker_id)?;
+        let mut request = AckMany::new(vec![AckItem { id, result }], fetch.worker_id.clone(), Some((fetch, 0)));
+        request.fetch_unless_refused = true;
+        let outcome = self.backend.ack_many(request).wait()?;
+        let acked = outcome.acked.into_iter().next().expect("one ack, one outcome")?;
+        Ok((acked, outcome.jobs))
+    }
+
+    /// Completes several active jobs, each on its own (one refused leaves
+    /// the others done), in one durable step: each job's outcome, in order.
+    pub fn ack_many(
+        &self,
+        acks: &[(JobId, Option<serde_json::Value>)],
+    ) -> Result<Vec<Result<Arc<Job>, EngineError>>, SvcError> {
+        if acks.is_empty() || acks.len() > ACKS_MAX {
+            return Err(SvcError::Invalid(ValidationError::request(
+                Some("acks".to_string()),
+                format!("acks must name 1 to {ACKS_MAX} jobs"),
+            )));
+        }
+        let items = acks
+            .iter()
+            .map(|(id, result)| {
+                let result = match result {
+                    Some(result) => checked_result(result)?,
+                    None => None,
+                };
+                Ok(AckItem { id: *id, result })
+            })
+            .collect::<Result<Vec<_>, SvcError>>()?;
+        Ok(self.backend.ack_many(AckMany::new(items, None, None)).wait()?.acked)
     }
 
     /// Reports a failed attempt. The job's retry policy decides what
@@ -475,6 +517,18 @@ impl Svc {
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));
         }
     }
+}
+
+/// An ack's result: what `result` serializes to, checked as an HTTP ack's
+/// `result` is (`null` is none).
+fn checked_result<T: Serialize + ?Sized>(result: &T) -> Result<Option<String>, SvcError> {
+    let text = serde_json::to_string(result).map_err(|error| {
+        SvcError::Invalid(ValidationError::request(
+            Some("result".to_string()),
+            format!("result does not serialize to JSON: {error}"),
+        ))
+    })?;
+    parse_ack_result(&text).map_err(SvcError::Invalid)
 }
 
 /// A read of the local engine: answered at once from the read view, and

@@ -388,3 +388,26 @@ fn an_embedded_worker_reports_progress_checked_as_over_http() {
     assert_eq!((kept.message.as_deref(), kept.data.as_deref()), (Some("rows"), Some(r#"{"rows":12}"#)));
     svc.close();
 }
+
+#[test]
+fn an_embedded_worker_acks_and_fetches_in_one_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let ids: Vec<_> = (0..4).map(|n| svc.enqueue(JobBuilder::new("t").args([n])).unwrap().job.id).collect();
+    let first = svc.fetch(&["default"], 1, Some("w1")).unwrap().remove(0);
+    let (acked, next) = svc.ack_and_fetch(first.id, Some(&json!({"n": 0})), &["default"], 2, Some("w1")).unwrap();
+    assert_eq!((acked.state, acked.run().result.as_deref()), (JobState::Completed, Some(r#"{"n":0}"#)));
+    assert_eq!(next.iter().map(|job| job.id).collect::<Vec<_>>(), [ids[1], ids[2]]);
+    assert!(next.iter().all(|job| job.run().worker_id.as_deref() == Some("w1")));
+
+    // A refused ack claims nothing.
+    let refused = svc.ack_and_fetch::<Value>(ids[3], None, &["default"], 1, Some("w1"));
+    assert!(matches!(refused, Err(SvcError::Engine(_))), "{refused:?}");
+    assert_eq!(svc.get(ids[3]).unwrap().state, JobState::Available);
+
+    let outcomes = svc.ack_many(&[(ids[1], Some(json!("done"))), (ids[3], None), (ids[2], None)]).unwrap();
+    let done: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
+    assert_eq!(done, [true, false, true], "each on its own");
+    assert!(matches!(svc.ack_many(&[]), Err(SvcError::Invalid(_))));
+    svc.close();
+}

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use super::{Backend, EventFilter, Page};
 use crate::cron::CronDefinition;
 use crate::engine::{
-    Cancelled, CronEntry, DeadLetterCursor, EngineFailure, EngineHandle, Enqueued, EventPage, FetchRequest,
-    HeartbeatOutcome, Pending, QueueStats, QueueSummary, ReportProgress, WebhookChange, WorkerEntry, WorkerSignal,
-    WorkerState, Workflow,
+    AckMany, AckOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineFailure, EngineHandle, Enqueued, EventPage,
+    FetchRequest, HeartbeatOutcome, Pending, QueueStats, QueueSummary, ReportProgress, WebhookChange, WorkerEntry,
+    WorkerSignal, WorkerState, Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -40,6 +40,10 @@ impl Backend for EngineHandle {
 
     fn ack(&self, id: JobId, result: Option<String>, worker_id: Option<String>) -> Pending<Arc<Job>> {
         EngineHandle::ack(self, id, result, worker_id)
+    }
+
+    fn ack_many(&self, request: AckMany) -> Pending<AckOutcome> {
+        self.submit(request)
     }
 
     fn fail(&self, id: JobId, report: FailureReport, requeue: bool, worker_id: Option<String>) -> Pending<Arc<Job>> {

@@ -18,8 +18,9 @@ use std::sync::Arc;
 
 use crate::cron::CronDefinition;
 use crate::engine::{
-    Cancelled, CronEntry, DeadLetterCursor, EngineFailure, Enqueued, Event, EventPage, FetchRequest, HeartbeatOutcome,
-    Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
+    AckMany, AckOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineFailure, Enqueued, Event, EventPage,
+    FetchRequest, HeartbeatOutcome, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal,
+    WorkerState, Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -51,6 +52,9 @@ pub trait Backend: Send + Sync + 'static {
     fn fetch(&self, request: FetchRequest, wait_ms: u64) -> Pending<Vec<Arc<Job>>>;
     /// Completes an active job; `result` is compact JSON text.
     fn ack(&self, id: JobId, result: Option<String>, worker_id: Option<String>) -> Pending<Arc<Job>>;
+    /// Completes several jobs, each on its own, then claims the next ones
+    /// in the same durable step (docs/api.md, "Ack").
+    fn ack_many(&self, request: AckMany) -> Pending<AckOutcome>;
     /// Reports a failed attempt; the retry policy decides what follows (with
     /// `requeue`, the job goes back at once and the attempt does not count).
     fn fail(&self, id: JobId, report: FailureReport, requeue: bool, worker_id: Option<String>) -> Pending<Arc<Job>>;

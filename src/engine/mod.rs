@@ -4,6 +4,7 @@
 //! log after it through the same `apply` the live engine uses, and starts the
 //! writer thread. Everything else goes through the [`EngineHandle`].
 
+mod acks;
 mod api;
 mod commit;
 mod cron;
@@ -32,6 +33,7 @@ mod workflow_table;
 mod workflows;
 mod writer;
 
+pub use acks::{ACKS_MAX, AckItem, AckMany, AckOutcome};
 pub use api::{
     Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable,
 };

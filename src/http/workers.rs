@@ -8,15 +8,16 @@ use super::error::ApiError;
 use super::extract::{job_id, object_body};
 use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
 use super::{AppState, Reply, is_empty_body};
-use crate::engine::{EngineError, FetchRequest, WorkerState};
+use crate::engine::{ACKS_MAX, AckItem, AckMany, EngineError, FetchRequest, WorkerState};
 use crate::job::json::{JsonKind, RawObject, kind_of, string_value};
 use crate::job::time::format_timestamp;
 use crate::job::{
-    JobId, ack_result, body_error, fetch_count, fetch_queues, fetch_wait_ms, invalid_worker_id, is_valid_worker_id,
-    parse_failure_report, raw_integer,
+    Job, JobId, ack_result, body_error, fetch_count, fetch_queues, fetch_wait_ms, invalid_worker_id,
+    is_valid_worker_id, parse_failure_report, raw_integer,
 };
 use crate::limits::{HEARTBEAT_JOBS_MAX, TIMEOUT_MS_MAX};
-use crate::wire::jobs_object_with;
+use crate::wire::{ObjectWriter, jobs_object_with};
+use std::sync::Arc;
 
 /// The optional `worker_id` of a body (see [`is_valid_worker_id`]).
 pub(super) fn worker_id(object: &RawObject) -> Result<Option<String>, ApiError> {
@@ -43,6 +44,20 @@ pub(super) fn visibility_timeout(object: &RawObject) -> Result<Option<u64>, ApiE
 
 pub(super) async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let object = object_body(body)?;
+    let (request, wait_ms) = fetch_request(&object)?;
+    // A draining engine hands out no new work (docs/api.md, "Shutting down").
+    let jobs = app.backend.fetch(request, wait_ms).outcome().await?;
+    Ok(Reply::ok(jobs_with_fields(app, "jobs", &jobs).await?.finish()))
+}
+
+/// `{"<key>": [jobs]}` (left open), each job with its workflow's fields.
+async fn jobs_with_fields(app: &AppState, key: &str, jobs: &[Arc<Job>]) -> Result<ObjectWriter, ApiError> {
+    let fields = super::workflows::job_fields(app, jobs).await?;
+    Ok(jobs_object_with(key, jobs, |job| fields.get(&job.id).cloned().unwrap_or_default()))
+}
+
+/// A fetch body (or an ack's `fetch` member): the request and its wait.
+fn fetch_request(object: &RawObject) -> Result<(FetchRequest, u64), ApiError> {
     let items = object.get_present("queues").and_then(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok());
     // Missing or not an array: no queues, refused as such.
     let queues = fetch_queues(items.iter().flatten().map(|item| string_value(item)))?;
@@ -50,16 +65,12 @@ pub(super) async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError
         None => 1,
         Some(raw) => fetch_count(raw_integer(raw))?,
     };
-    let visibility_timeout_ms = visibility_timeout(&object)?;
+    let visibility_timeout_ms = visibility_timeout(object)?;
     let wait_ms = match object.get_present("wait_ms") {
         None => 0,
         Some(raw) => fetch_wait_ms(raw_integer(raw))?,
     };
-    let request = FetchRequest { queues, count, worker_id: worker_id(&object)?, visibility_timeout_ms };
-    // A draining engine hands out no new work (docs/api.md, "Shutting down").
-    let jobs = app.backend.fetch(request, wait_ms).outcome().await?;
-    let fields = super::workflows::job_fields(app, &jobs).await?;
-    Ok(Reply::ok(jobs_object_with("jobs", &jobs, |job| fields.get(&job.id).cloned().unwrap_or_default()).finish()))
+    Ok((FetchRequest { queues, count, worker_id: worker_id(object)?, visibility_timeout_ms }, wait_ms))
 }
 
 /// The job id of a worker report: from the path, or `job_id` in the body.
@@ -89,14 +100,44 @@ pub(super) fn report_error(error: EngineError) -> ApiError {
     if is_state_conflict { api.detail("expected_state", "active") } else { api }
 }
 
+/// `POST /workers/ack` (or `/jobs/{id}/ack`): one job by `job_id`, or
+/// several by `acks`; with `fetch`, the next jobs are claimed in the same
+/// step and answered as `jobs` (docs/api.md, "Ack").
 pub(super) async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
     let object = if path_id.is_some() && is_empty_body(body) { Default::default() } else { object_body(body)? };
+    let worker = worker_id(&object)?;
+    let fetch = match object.get_present("fetch") {
+        None => None,
+        Some(raw) => Some(ack_fetch(raw, worker.as_deref())?),
+    };
+    if let Some(acks) = object.get_present("acks") {
+        if path_id.is_some() || object.get_present("job_id").is_some() || object.get_present("result").is_some() {
+            return Err(ApiError::invalid_request(Some("acks"), "acks names the jobs: no job_id or result beside it"));
+        }
+        return ack_many(app, acks, worker, fetch).await;
+    }
     let id = report_job_id(path_id, object.get_present("job_id"))?;
     let result = object.get_present("result").map(ack_result).transpose()?;
-    let worker = worker_id(&object)?;
-    let job = app.backend.ack(id, result, worker).outcome().await.map_err(report_error)?;
-    let mut body = crate::wire::ObjectWriter::default();
-    body.job("job", &job)
+    let job = match fetch {
+        None => app.backend.ack(id, result, worker).outcome().await.map_err(report_error)?,
+        Some(fetch) => {
+            let mut request = AckMany::new(vec![AckItem { id, result }], worker, Some(fetch));
+            request.fetch_unless_refused = true;
+            let outcome = app.backend.ack_many(request).outcome().await?;
+            let acked = outcome.acked.into_iter().next().expect("one ack, one outcome").map_err(report_error)?;
+            let mut body = jobs_with_fields(app, "jobs", &outcome.jobs).await?;
+            push_acked(&mut body, &acked);
+            return Ok(Reply::ok(body.finish()));
+        }
+    };
+    let mut body = ObjectWriter::default();
+    push_acked(&mut body, &job);
+    Ok(Reply::ok(body.finish()))
+}
+
+/// The fields of a one-job ack's answer.
+fn push_acked(body: &mut ObjectWriter, job: &Job) {
+    body.job("job", job)
         .raw("acknowledged", "true")
         .id("id", job.id)
         .id("job_id", job.id)
@@ -104,6 +145,77 @@ pub(super) async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> R
     if let Some(at) = job.run().completed_at {
         body.time("completed_at", at);
     }
+}
+
+/// An ack's `fetch` member: a fetch body, whose `worker_id` (if any) is the ack's.
+fn ack_fetch(raw: &RawValue, worker: Option<&str>) -> Result<(FetchRequest, u64), ApiError> {
+    let object = crate::job::json::parse_object(raw.get().as_bytes())
+        .map_err(|_| ApiError::invalid_request(Some("fetch"), "fetch must be an object, as a fetch body is"))?;
+    let (mut request, wait_ms) = fetch_request(&object)?;
+    match (request.worker_id.as_deref(), worker) {
+        (Some(inner), Some(outer)) if inner != outer => {
+            return Err(ApiError::invalid_request(Some("fetch.worker_id"), "fetch names another worker than the ack"));
+        }
+        (None, Some(outer)) => request.worker_id = Some(outer.to_string()),
+        _ => {}
+    }
+    Ok((request, wait_ms))
+}
+
+/// `acks: [{job_id, result?}, ...]`: each acked on its own; the answer says
+/// how each went, and holds the jobs `fetch` claimed.
+async fn ack_many(
+    app: &AppState,
+    raw: &RawValue,
+    worker: Option<String>,
+    fetch: Option<(FetchRequest, u64)>,
+) -> Result<Reply, ApiError> {
+    let invalid = || {
+        ApiError::invalid_request(
+            Some("acks"),
+            format!("acks must be an array of 1 to {ACKS_MAX} objects, each with a job_id and an optional result"),
+        )
+    };
+    let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|_| invalid())?;
+    if items.is_empty() || items.len() > ACKS_MAX {
+        return Err(invalid());
+    }
+    let mut acks = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let object = crate::job::json::parse_object(item.get().as_bytes()).map_err(|_| invalid())?;
+        let within = |error: ApiError| error.detail("index", index);
+        let id = report_job_id(None, object.get_present("job_id")).map_err(within)?;
+        let result = object.get_present("result").map(ack_result).transpose().map_err(|e| within(e.into()))?;
+        acks.push(AckItem { id, result });
+    }
+    let ids: Vec<JobId> = acks.iter().map(|ack| ack.id).collect();
+    let outcome = app.backend.ack_many(AckMany::new(acks, worker, fetch)).outcome().await?;
+    let results: Vec<Value> = ids
+        .iter()
+        .zip(&outcome.acked)
+        .map(|(id, acked)| match acked {
+            Ok(job) => {
+                let mut entry = json!({"job_id": id.to_string(), "acknowledged": true, "state": job.state.as_str()});
+                if let Some(at) = job.run().completed_at {
+                    entry["completed_at"] = format_timestamp(at).into();
+                }
+                entry
+            }
+            Err(error) => {
+                // The error object of a whole refusal, without what belongs
+                // to the request rather than the item.
+                let mut error = report_error(error.clone()).body("")["error"].take();
+                if let Some(fields) = error.as_object_mut() {
+                    for key in ["request_id", "hint", "docs_url"] {
+                        fields.remove(key);
+                    }
+                }
+                json!({"job_id": id.to_string(), "acknowledged": false, "error": error})
+            }
+        })
+        .collect();
+    let mut body = jobs_with_fields(app, "jobs", &outcome.jobs).await?;
+    body.value("acks", &Value::Array(results));
     Ok(Reply::ok(body.finish()))
 }
 
