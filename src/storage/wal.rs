@@ -6,41 +6,24 @@
 //! ([`WalWriter::space_budget`] tells how much) and takes more once space is
 //! freed.
 //!
-//! Reading (recovery policy "truncate torn tail"): a frame that fails to decode
-//! in the last segment is a torn write — and cut off — only if no valid frame
-//! follows it; anywhere else a bad frame refuses recovery, naming file and offset.
-//! Since each batch is written after the previous one was synced, a valid frame
-//! after a bad one can only mean damage to acknowledged data.
+//! Reading the log back: [`replay_log`] (`wal/replay.rs`). Zeroed space ahead
+//! of the writer: the zeroer (`wal/zeroer.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use super::direct::DirectWriter;
-use super::frame::{Decoded, decode_frame, encode_frame};
-use super::layout::{
-    SEGMENT_HEADER_BYTES, check_segment_header, encode_segment_header, list_segments, previous_segment_length,
-    segment_path,
-};
-use super::{FileSystem, LogFile, StorageError, io_error, is_out_of_descriptors, read_file};
+use super::frame::encode_frame;
+use super::layout::{SEGMENT_HEADER_BYTES, encode_segment_header, segment_path};
+use super::{FileSystem, LogFile, StorageError, io_error, is_out_of_descriptors};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
+use zeroer::{ZERO_CHUNK_BYTES, ZEROER_FULL_RETRY, Zeroer};
 
-/// Zeroed space is laid down in chunks of this size...
-const ZERO_CHUNK_BYTES: u64 = 1024 * 1024;
-/// ...up to this far ahead of the write offset, once the zeroed space ahead
-/// has shrunk below half of it. Topping up in whole chunks keeps the
-/// zeroer's syncs, which compete with the log's, to one per chunk.
-const ZERO_LOOKAHEAD_BYTES: u64 = 8 * 1024 * 1024;
-/// With the disk full, how often the zeroer tries again; also how often an
-/// idle zeroer wakes to see whether the disk has room (otherwise it sleeps
-/// until the writer needs space).
-const ZEROER_FULL_RETRY: Duration = Duration::from_millis(500);
-/// The disk counts as full once less than this is free on it: new work
-/// stops while the space laid down ahead is still there for the work
-/// already accepted.
-const FREE_SPACE_MIN_BYTES: u64 = ZERO_LOOKAHEAD_BYTES;
+mod replay;
+mod zeroer;
+
+pub use replay::{FrameVisitor, ReplayEnd, SegmentScan, TailPolicy, replay_log, scan_segment};
+
 /// Log bytes a frame needs beyond its records: its header, a sequence's
 /// count, and a direct write's padding to the next block.
 const FRAME_OVERHEAD_BYTES: u64 = 8 * 1024;
@@ -460,304 +443,12 @@ fn open_direct(
     }
 }
 
-/// The background thread that keeps zeroed, synced space ahead of the writer.
-/// It only ever writes at or beyond `zeroed_end`, and the writer only writes
-/// below it while the zeroer runs, so their ranges never meet.
-///
-/// It writes and syncs through a handle of its own: Linux reports a failed
-/// writeback once per open file, so an error it swallowed on a shared handle
-/// could let the writer's next sync succeed over lost data. Any error of its
-/// own is handed to the writer, which poisons the log, except a full disk:
-/// then it tries again every half second, and meanwhile the writer spends
-/// the space already laid down.
-///
-/// It lays space down up to a little past the segment's size (a quarter of
-/// it, at most half the lookahead), so that when the disk fills up the
-/// writer has room to finish what it accepted even at a segment's end.
-struct Zeroer {
-    zeroed_end: Arc<AtomicU64>,
-    write_offset: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    /// The last write or sync failed for lack of space.
-    full: Arc<AtomicBool>,
-    /// A failure other than a full disk; the writer takes it and poisons the log.
-    failure: Arc<parking_lot::Mutex<Option<std::io::Error>>>,
-    /// Where the zeroer stops laying space down in this segment.
-    limit: u64,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Zeroer {
-    fn start(
-        fs: &dyn FileSystem,
-        path: &Path,
-        write_offset: u64,
-        zeroed_end: u64,
-        segment_bytes_max: u64,
-    ) -> Result<Zeroer, StorageError> {
-        let file = fs.open_existing(path).map_err(open_error(path))?;
-        let zeroed = Arc::new(AtomicU64::new(zeroed_end));
-        let offset = Arc::new(AtomicU64::new(write_offset));
-        let stop = Arc::new(AtomicBool::new(false));
-        // Known before the first write: a server started on a full disk says so at once.
-        let full = Arc::new(AtomicBool::new(file.free_space().is_ok_and(|free| free < FREE_SPACE_MIN_BYTES)));
-        let failure = Arc::new(parking_lot::Mutex::new(None));
-        let limit = segment_bytes_max + (segment_bytes_max / 4).min(ZERO_LOOKAHEAD_BYTES / 2);
-        let (zeroed_end, write_offset, stopped) = (zeroed.clone(), offset.clone(), stop.clone());
-        let (no_space, failed) = (full.clone(), failure.clone());
-        let thread = std::thread::Builder::new()
-            .name("svc-wal-zeroer".into())
-            .spawn(move || {
-                let chunk = vec![0u8; ZERO_CHUNK_BYTES as usize];
-                let mut space_checked: Option<std::time::Instant> = None;
-                while !stopped.load(Ordering::Acquire) {
-                    let mut end = zeroed_end.load(Ordering::Acquire);
-                    let offset = write_offset.load(Ordering::Acquire);
-                    if end >= limit || end >= offset + ZERO_LOOKAHEAD_BYTES / 2 {
-                        // Idle: whether the next top-up would find room (so a
-                        // server started on a full disk knows at once).
-                        if space_checked.is_none_or(|at| at.elapsed() >= ZEROER_FULL_RETRY) {
-                            space_checked = Some(std::time::Instant::now());
-                            if let Ok(free) = file.free_space() {
-                                no_space.store(free < FREE_SPACE_MIN_BYTES, Ordering::Release);
-                            }
-                        }
-                        // Woken by the writer once it needs space (`note_offset`), or by `stop`.
-                        std::thread::park_timeout(ZEROER_FULL_RETRY);
-                        continue;
-                    }
-                    let wanted = (offset + ZERO_LOOKAHEAD_BYTES).min(limit);
-                    while end < wanted && !stopped.load(Ordering::Acquire) {
-                        let length = (wanted - end).min(ZERO_CHUNK_BYTES) as usize;
-                        match file.write_at(end, &chunk[..length]).and_then(|()| file.sync_data()) {
-                            Ok(()) => {
-                                let free = file.free_space().unwrap_or(u64::MAX);
-                                no_space.store(free < FREE_SPACE_MIN_BYTES, Ordering::Release);
-                                end += length as u64;
-                                zeroed_end.store(end, Ordering::Release);
-                            }
-                            Err(error) if is_no_space(&error) => {
-                                no_space.store(true, Ordering::Release);
-                                std::thread::sleep(ZEROER_FULL_RETRY);
-                            }
-                            Err(error) => {
-                                *failed.lock() = Some(error);
-                                return;
-                            }
-                        }
-                    }
-                }
-            })
-            .ok();
-        Ok(Zeroer { zeroed_end: zeroed, write_offset: offset, stop, full, failure, limit, thread })
-    }
-
-    fn zeroed_end(&self) -> u64 {
-        self.zeroed_end.load(Ordering::Acquire)
-    }
-
-    fn is_stopped(&self) -> bool {
-        self.thread.is_none()
-    }
-
-    fn is_full(&self) -> bool {
-        self.full.load(Ordering::Acquire)
-    }
-
-    fn take_failure(&self) -> Option<std::io::Error> {
-        self.failure.lock().take()
-    }
-
-    /// Tells the zeroer where the writer is, and wakes it if that leaves
-    /// it work (as its own loop decides: less than half the lookahead
-    /// zeroed ahead, and the segment's limit not reached). A wake-up that
-    /// comes before the zeroer sleeps makes it not sleep.
-    fn note_offset(&self, offset: u64) {
-        self.write_offset.store(offset, Ordering::Release);
-        let zeroed_end = self.zeroed_end.load(Ordering::Acquire);
-        if zeroed_end < self.limit
-            && zeroed_end < offset + ZERO_LOOKAHEAD_BYTES / 2
-            && let Some(thread) = &self.thread
-        {
-            thread.thread().unpark();
-        }
-    }
-
-    /// Stops the thread and waits until its last write is done.
-    fn stop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
-        }
-        // Nothing beyond this point is being zeroed any more.
-        self.zeroed_end.store(0, Ordering::Release);
-    }
-}
-
-/// Called with (file, offset, payload) for each valid frame, in log order.
-pub type FrameVisitor<'a> = dyn FnMut(&Path, u64, &[u8]) -> Result<(), StorageError> + 'a;
-
-/// What recovery does with a torn tail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TailPolicy {
-    /// Cut the file back to its last valid frame (normal start).
-    Truncate,
-    /// Leave files untouched (inspection).
-    ReadOnly,
-}
-
-/// The result of reading one segment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SegmentScan {
-    pub index: u64,
-    pub path: PathBuf,
-    pub file_bytes: u64,
-    pub frames: u64,
-    /// Bytes up to the end of the last valid frame.
-    pub valid_bytes: u64,
-    /// Where a torn tail starts and why, if there is one.
-    pub torn_at: Option<(u64, String)>,
-}
-
-/// Reads segment `index`, calling `on_frame(offset, payload)` for each valid frame.
-pub fn scan_segment(
-    path: &Path,
-    index: u64,
-    is_last: bool,
-    on_frame: &mut FrameVisitor<'_>,
-) -> Result<SegmentScan, StorageError> {
-    let bytes = read_file(path)?;
-    let file_bytes = bytes.len() as u64;
-    let mut scan =
-        SegmentScan { index, path: path.to_path_buf(), file_bytes, frames: 0, valid_bytes: 0, torn_at: None };
-    let corrupt = |offset: u64, reason: String| StorageError::Corrupt { path: path.to_path_buf(), offset, reason };
-    if file_bytes < SEGMENT_HEADER_BYTES as u64 {
-        if is_last {
-            scan.torn_at = Some((0, "segment header incomplete".to_string()));
-            return Ok(scan);
-        }
-        return Err(corrupt(0, "segment header incomplete".to_string()));
-    }
-    let bytes: &[u8] = &bytes;
-    check_segment_header(&bytes[..SEGMENT_HEADER_BYTES], index).map_err(|reason| corrupt(0, reason))?;
-    let mut offset = SEGMENT_HEADER_BYTES;
-    loop {
-        if offset == bytes.len() {
-            break;
-        }
-        let reason = match decode_frame(&bytes[offset..]) {
-            Decoded::Frame { payload, size } => {
-                on_frame(path, offset as u64, payload)?;
-                scan.frames += 1;
-                offset += size;
-                continue;
-            }
-            Decoded::Incomplete => "frame runs past the end of the file",
-            Decoded::Invalid(reason) => reason,
-        };
-        if bytes[offset..].iter().all(|byte| *byte == 0) {
-            // Zeroed space laid down ahead of the writer: the clean end.
-            break;
-        }
-        if !is_last {
-            return Err(corrupt(offset as u64, format!("{reason} in a sealed segment")));
-        }
-        if let Some(next) = next_valid_frame(bytes, offset + 1) {
-            return Err(corrupt(offset as u64, format!("{reason}, and a valid frame follows at offset {next}")));
-        }
-        scan.torn_at = Some((offset as u64, reason.to_string()));
-        break;
-    }
-    scan.valid_bytes = offset as u64;
-    Ok(scan)
-}
-
-/// Checks that the segment before the one at `path` ends where that one's
-/// header says it did: frames lost at the end of a sealed segment would
-/// otherwise read as its clean end.
-fn check_continuity(previous: &SegmentScan, path: &Path) -> Result<(), StorageError> {
-    use std::io::Read;
-    let mut header = [0u8; SEGMENT_HEADER_BYTES];
-    let read = std::fs::File::open(path).and_then(|mut file| file.read_exact(&mut header));
-    // A header that does not read back is reported by the segment's own scan.
-    let Some(recorded) = read.ok().and_then(|()| previous_segment_length(&header)) else { return Ok(()) };
-    if previous.valid_bytes != recorded {
-        return Err(StorageError::Corrupt {
-            path: previous.path.clone(),
-            offset: previous.valid_bytes,
-            reason: format!(
-                "the segment's frames end at byte {}, but the next segment records that they ended at byte {recorded}: \
-                 written frames were lost",
-                previous.valid_bytes
-            ),
-        });
-    }
-    Ok(())
-}
-
-fn next_valid_frame(bytes: &[u8], from: usize) -> Option<usize> {
-    (from..bytes.len()).find(|&start| matches!(decode_frame(&bytes[start..]), Decoded::Frame { .. }))
-}
-
-/// Where replay ended: the segment to continue writing, and what was cut off.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplayEnd {
-    /// (index, valid bytes) of the last segment, if any segment exists.
-    pub last_segment: Option<(u64, u64)>,
-    pub scans: Vec<SegmentScan>,
-}
-
-/// Replays every frame of segments `from_segment..` in order.
-pub fn replay_log(
-    dir: &Path,
-    from_segment: u64,
-    policy: TailPolicy,
-    on_frame: &mut FrameVisitor<'_>,
-) -> Result<ReplayEnd, StorageError> {
-    let segments: Vec<(u64, PathBuf)> =
-        list_segments(dir)?.into_iter().filter(|(index, _)| *index >= from_segment).collect();
-    let mut end = ReplayEnd { last_segment: None, scans: Vec::new() };
-    for (position, (index, path)) in segments.iter().enumerate() {
-        let expected = from_segment + position as u64;
-        if *index != expected {
-            return Err(StorageError::Corrupt {
-                path: segment_path(dir, expected),
-                offset: 0,
-                reason: format!("log segment {expected} is missing (found {index} next)"),
-            });
-        }
-        let is_last = position + 1 == segments.len();
-        if let Some(previous) = end.scans.last() {
-            check_continuity(previous, path)?;
-        }
-        let scan = scan_segment(path, *index, is_last, on_frame)?;
-        if let Some((offset, reason)) = &scan.torn_at
-            && policy == TailPolicy::Truncate
-        {
-            tracing::warn!(
-                file = %path.display(),
-                offset = *offset,
-                reason = %reason,
-                dropped_bytes = scan.file_bytes - offset,
-                "cutting off the torn tail of the log"
-            );
-            // Zero the damaged tail (keeping the file's zeroed space) and make it durable.
-            let file = std::fs::OpenOptions::new().write(true).open(path).map_err(io_error(path))?;
-            let zeros = vec![0u8; (scan.file_bytes - offset) as usize];
-            std::os::unix::fs::FileExt::write_all_at(&file, &zeros, *offset).map_err(io_error(path))?;
-            file.sync_all().map_err(io_error(path))?;
-        }
-        end.last_segment = Some((*index, scan.valid_bytes));
-        end.scans.push(scan);
-    }
-    Ok(end)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::zeroer::ZERO_LOOKAHEAD_BYTES;
     use super::*;
-    use crate::storage::{FaultyFileSystem, RealFileSystem};
+    use crate::storage::{FaultyFileSystem, RealFileSystem, list_segments};
+    use std::time::Duration;
 
     fn collect(dir: &Path, policy: TailPolicy) -> Result<(Vec<Vec<u8>>, ReplayEnd), StorageError> {
         let mut frames = Vec::new();
