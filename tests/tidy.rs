@@ -627,10 +627,12 @@ fn dependency_problems(sources: &Sources, document: &str) -> Vec<String> {
 
 // ---- Cycles between the files of a directory module ----
 
-/// Which file of `src/<module>/` uses which sibling, with the first line that
-/// does: `engine/state.rs` → {`engine/record.rs`: 15, ..}. A child's own
-/// children (`engine/state/read.rs`) count as part of it; test modules are
-/// left out.
+/// Which file of `src/<module>/` uses which other, with the first line that
+/// does: `engine/state.rs` → {`engine/record.rs`: 15, ..}. Every file is a
+/// node, those of a child's own folder too (a feature folder's record
+/// payloads sit below the files that use them); a path names the deepest
+/// file it reaches (`super::progress::record::X`: `engine/progress/record.rs`).
+/// Test modules are left out.
 fn file_graph(files: &BTreeMap<&str, File>, module: &str) -> Graph {
     let prefix = format!("{module}/");
     let root = format!("{module}/mod.rs");
@@ -639,17 +641,31 @@ fn file_graph(files: &BTreeMap<&str, File>, module: &str) -> Graph {
         rest.split('/').next().map(|first| first.trim_end_matches(".rs").to_string())
     };
     let children: BTreeSet<String> = files.keys().filter_map(|path| child_of(path)).collect();
-    let node = |child: &str| {
-        let file = format!("{prefix}{child}.rs");
-        if files.contains_key(file.as_str()) { file } else { format!("{prefix}{child}/mod.rs") }
+    // The deepest file `segments` (from the module root) name.
+    let node = |segments: &[String]| -> String {
+        let mut dir = module.to_string();
+        let mut found = None;
+        for segment in segments {
+            let file = format!("{dir}/{segment}.rs");
+            let folder = format!("{dir}/{segment}/mod.rs");
+            if files.contains_key(file.as_str()) {
+                found = Some(file);
+            } else if files.contains_key(folder.as_str()) {
+                found = Some(folder);
+            } else {
+                break;
+            }
+            dir = format!("{dir}/{segment}");
+        }
+        found.unwrap_or_else(|| format!("{prefix}{}/mod.rs", segments[0]))
     };
     // What `mod.rs` imports from its children, by the name it goes by there.
-    let mut imported_from: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut imported_from: BTreeMap<&str, &[String]> = BTreeMap::new();
     if let Some(file) = files.get(root.as_str()) {
         for reference in file.paths.iter().filter(|reference| reference.in_use && reference.depth == 0) {
             let rest = relative(module, &reference.segments, 0, &children);
-            if let Some(child) = rest.and_then(<[String]>::first).filter(|child| children.contains(*child)) {
-                imported_from.insert(reference.imported_name(), child);
+            if let Some(rest) = rest.filter(|rest| rest.first().is_some_and(|child| children.contains(child))) {
+                imported_from.insert(reference.imported_name(), rest);
             }
         }
     }
@@ -657,10 +673,7 @@ fn file_graph(files: &BTreeMap<&str, File>, module: &str) -> Graph {
     let mut graph = Graph::new();
     for (&path, file) in files.iter().filter(|(path, _)| path.starts_with(&prefix)) {
         let is_root = path == root;
-        let from = match child_of(path) {
-            Some(child) => node(&child),
-            None => root.clone(),
-        };
+        let from = path.to_string();
         // How far the file's top level sits below the module root: `a.rs` 1,
         // `a/b.rs` 2, `a/mod.rs` 1.
         let rest = &path[prefix.len()..];
@@ -668,16 +681,14 @@ fn file_graph(files: &BTreeMap<&str, File>, module: &str) -> Graph {
         let arrows = graph.entry(from.clone()).or_default();
         for reference in file.paths.iter().filter(|reference| !reference.in_test) {
             let supers = below + reference.depth;
-            let Some(first) = relative(module, &reference.segments, supers, &children).and_then(<[String]>::first)
-            else {
-                continue;
-            };
+            let Some(segments) = relative(module, &reference.segments, supers, &children) else { continue };
+            let Some(first) = segments.first() else { continue };
             let target = if children.contains(first) {
                 // An import in mod.rs counts where mod.rs's own code names it.
                 if is_root && reference.in_use && !file.idents.contains(reference.imported_name()) {
                     continue;
                 }
-                node(first)
+                node(segments)
             } else if first == "self" {
                 continue;
             } else {

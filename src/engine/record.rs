@@ -236,7 +236,7 @@ pub enum Record {
         events: Vec<super::outbox::QueuedEvent>,
         deliveries: Vec<super::outbox::QueuedDelivery>,
     },
-    Progress(super::progress::ProgressReported),
+    Progress(super::progress::record::ProgressReported),
 }
 
 impl Record {
@@ -333,8 +333,8 @@ impl Record {
     }
 }
 
-impl From<super::progress::ProgressReported> for Record {
-    fn from(record: super::progress::ProgressReported) -> Record {
+impl From<super::progress::record::ProgressReported> for Record {
+    fn from(record: super::progress::record::ProgressReported) -> Record {
         Record::Progress(record)
     }
 }

@@ -288,10 +288,6 @@ sealed!(
     CancelWorkflow,
     RegisterSchema,
     DeleteSchema,
-    super::webhooks::CreateWebhook,
-    super::webhooks::ChangeWebhook,
-    super::webhooks::DeleteWebhook,
-    super::webhooks::DeliveryOutcomes,
 );
 
 /// Registers a schema compiled by the caller (`schema::parse_registration`);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::api::EngineError;
 use super::record::Record;
-use super::requests::{Request, Turn};
+use super::requests::{Request, Turn, sealed};
 use crate::job::JobId;
 use crate::webhook::subscription::{NewSubscription, Rotation, Subscription, SubscriptionPatch};
 
@@ -204,3 +204,9 @@ impl Request for DeliveryOutcomes {
         Ok(abandoned)
     }
 }
+
+// Only this crate's requests reach the engine (see `requests::Request`).
+impl sealed::Sealed for CreateWebhook {}
+impl sealed::Sealed for ChangeWebhook {}
+impl sealed::Sealed for DeleteWebhook {}
+impl sealed::Sealed for DeliveryOutcomes {}

@@ -10,7 +10,6 @@ use hyper::header::{AUTHORIZATION, HeaderMap, WWW_AUTHENTICATE};
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use super::router::Route;
 
 /// What a key may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,48 +37,6 @@ impl Role {
             Role::Admin => "admin",
             Role::Producer => "producer",
             Role::Worker => "worker",
-        }
-    }
-
-    /// Whether this role may use `route` (public routes need no key at all).
-    pub fn allows(self, route: &Route) -> bool {
-        use Route::*;
-        match route {
-            Manifest | Health | Ready | ErrorCatalog | Metrics | OpenApi | GetJob(_) => true,
-            CreateJob | BatchJobs | ActivateJob(_) | CancelJob(_) | CreateWorkflow | GetWorkflow(_) => {
-                matches!(self, Role::Admin | Role::Producer)
-            }
-            Fetch | Ack | Nack | AckById(_) | FailById(_) | Heartbeat => matches!(self, Role::Admin | Role::Worker),
-            CancelWorkflow(_)
-            | Queues
-            | QueueStats(_)
-            | PauseQueue(..)
-            | Events
-            | Workers
-            | Worker(_)
-            | ForgetWorker(_)
-            | SignalWorker(..)
-            | DeadLetter
-            | DeadLetterRetry(_)
-            | DeadLetterDelete(_)
-            | Crons
-            | RegisterCron
-            | GetCron(_)
-            | PatchCron(_)
-            | DeleteCron(_)
-            | Schemas
-            | RegisterSchema
-            | GetSchema(_)
-            | DeleteSchema(_)
-            | Webhooks
-            | CreateWebhook
-            | GetWebhook(_)
-            | PatchWebhook(_)
-            | DeleteWebhook(_)
-            | AddWebhookSecret(_)
-            | DropPreviousWebhookSecret(_)
-            | TestWebhook(_) => self == Role::Admin,
-            Progress(route) => route.allows(self),
         }
     }
 }
@@ -518,14 +475,5 @@ mod tests {
             assert_eq!(origin_of(bad), None, "{bad}");
         }
         assert_eq!(origin_of("http://[::1]:8080").as_deref(), Some("http://[::1]:8080"));
-    }
-
-    #[test]
-    fn roles_follow_the_table() {
-        assert!(Role::Producer.allows(&Route::CreateJob) && !Role::Worker.allows(&Route::CreateJob));
-        assert!(Role::Worker.allows(&Route::Fetch) && !Role::Producer.allows(&Route::Fetch));
-        assert!(Role::Worker.allows(&Route::GetJob("x".into())));
-        assert!(!Role::Producer.allows(&Route::CancelWorkflow("x".into())));
-        assert!(Role::Admin.allows(&Route::Crons) && !Role::Producer.allows(&Route::Crons));
     }
 }

@@ -12,7 +12,7 @@ pub(crate) fn query_pairs(query: &str) -> Vec<(String, String)> {
         .filter(|pair| !pair.is_empty())
         .map(|pair| {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let decode = |text: &str| super::router::percent_decode(&text.replace('+', " "));
+            let decode = |text: &str| percent_decode(&text.replace('+', " "));
             (decode(key), decode(value))
         })
         .collect()
@@ -47,4 +47,24 @@ pub(crate) fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
         .ok()
         .and_then(|bytes| String::from_utf8(bytes).ok())
         .ok_or_else(|| ApiError::invalid_request(Some("cursor"), "cursor is not one this server issued"))
+}
+
+/// Decodes `%XX` escapes once; malformed escapes are kept as written.
+pub fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%'
+            && let Some(hex) = text.get(index + 1..index + 3)
+            && let Ok(byte) = u8::from_str_radix(hex, 16)
+        {
+            out.push(byte);
+            index += 3;
+            continue;
+        }
+        out.push(bytes[index]);
+        index += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

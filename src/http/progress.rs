@@ -6,7 +6,6 @@ use hyper::Method;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{job_id, object_body};
-use super::router::Route;
 use super::workers::{report_error, worker_id};
 use super::{AppState, Reply};
 use crate::job::{Job, JobProgress};
@@ -21,14 +20,11 @@ pub enum ProgressRoute {
 
 impl ProgressRoute {
     /// What `/svc/v1/jobs/{id}/progress` takes.
-    pub fn choices(id: String) -> Vec<(Method, Route)> {
-        vec![
-            (Method::PUT, Route::Progress(ProgressRoute::Report(id.clone()))),
-            (Method::GET, Route::Progress(ProgressRoute::Get(id))),
-        ]
+    pub fn choices(id: String) -> Vec<(Method, ProgressRoute)> {
+        vec![(Method::PUT, ProgressRoute::Report(id.clone())), (Method::GET, ProgressRoute::Get(id))]
     }
 
-    /// The metrics number, method and template (see `Route::template`).
+    /// The metrics number, method and template (as the router's templates).
     pub fn template(&self) -> (usize, &'static str, &'static str) {
         match self {
             ProgressRoute::Report(_) => (50, "PUT", "/svc/v1/jobs/{id}/progress"),
@@ -52,8 +48,8 @@ impl ProgressRoute {
     }
 
     #[cfg(test)]
-    pub fn samples() -> Vec<Route> {
-        vec![Route::Progress(ProgressRoute::Report("x".into())), Route::Progress(ProgressRoute::Get("x".into()))]
+    pub fn samples() -> Vec<ProgressRoute> {
+        vec![ProgressRoute::Report("x".into()), ProgressRoute::Get("x".into())]
     }
 }
 

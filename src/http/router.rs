@@ -3,6 +3,7 @@
 
 use hyper::Method;
 
+use super::auth::Role;
 use super::error::ApiError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,6 +125,48 @@ impl Route {
         }
     }
 
+    /// Whether `role` may use this route (public routes need no key at all).
+    pub fn allowed_for(&self, role: Role) -> bool {
+        use Route::*;
+        match self {
+            Manifest | Health | Ready | ErrorCatalog | Metrics | OpenApi | GetJob(_) => true,
+            CreateJob | BatchJobs | ActivateJob(_) | CancelJob(_) | CreateWorkflow | GetWorkflow(_) => {
+                matches!(role, Role::Admin | Role::Producer)
+            }
+            Fetch | Ack | Nack | AckById(_) | FailById(_) | Heartbeat => matches!(role, Role::Admin | Role::Worker),
+            CancelWorkflow(_)
+            | Queues
+            | QueueStats(_)
+            | PauseQueue(..)
+            | Events
+            | Workers
+            | Worker(_)
+            | ForgetWorker(_)
+            | SignalWorker(..)
+            | DeadLetter
+            | DeadLetterRetry(_)
+            | DeadLetterDelete(_)
+            | Crons
+            | RegisterCron
+            | GetCron(_)
+            | PatchCron(_)
+            | DeleteCron(_)
+            | Schemas
+            | RegisterSchema
+            | GetSchema(_)
+            | DeleteSchema(_)
+            | Webhooks
+            | CreateWebhook
+            | GetWebhook(_)
+            | PatchWebhook(_)
+            | DeleteWebhook(_)
+            | AddWebhookSecret(_)
+            | DropPreviousWebhookSecret(_)
+            | TestWebhook(_) => role == Role::Admin,
+            Progress(route) => route.allows(role),
+        }
+    }
+
     /// One route of each kind, for listing every (method, path template).
     #[cfg(test)]
     fn samples() -> Vec<Route> {
@@ -182,7 +225,7 @@ impl Route {
             TestWebhook(id()),
         ]
         .into_iter()
-        .chain(super::progress::ProgressRoute::samples())
+        .chain(super::progress::ProgressRoute::samples().into_iter().map(Route::Progress))
         .collect()
     }
 }
@@ -212,7 +255,7 @@ pub const UNKNOWN_ROUTE: (usize, &str) = (63, "unknown");
 /// `Allow`) for a known path and another method.
 pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
     let segments: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
-    let decoded = |segment: &str| percent_decode(segment);
+    let decoded = |segment: &str| super::paging::percent_decode(segment);
     let choices: Vec<(Method, Route)> = match segments.as_slice() {
         ["svc", "manifest"] => vec![(Method::GET, Route::Manifest)],
         ["health"] | ["svc", "v1", "health"] => vec![(Method::GET, Route::Health)],
@@ -245,7 +288,10 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["svc", "v1", "jobs", id, "ack"] if !id.is_empty() => {
             vec![(Method::POST, Route::AckById(decoded(id)))]
         }
-        ["svc", "v1", "jobs", id, "progress"] if !id.is_empty() => super::progress::ProgressRoute::choices(decoded(id)),
+        ["svc", "v1", "jobs", id, "progress"] if !id.is_empty() => super::progress::ProgressRoute::choices(decoded(id))
+            .into_iter()
+            .map(|(m, r)| (m, Route::Progress(r)))
+            .collect(),
         ["svc", "v1", "jobs", id, "fail"] if !id.is_empty() => {
             vec![(Method::POST, Route::FailById(decoded(id)))]
         }
@@ -309,7 +355,7 @@ fn webhook_choices(rest: &[&str]) -> Vec<(Method, Route)> {
         ["subscriptions", tail @ ..] => tail,
         _ => rest,
     };
-    let id = |segment: &str| percent_decode(segment);
+    let id = |segment: &str| super::paging::percent_decode(segment);
     match rest {
         [] => vec![(Method::GET, Route::Webhooks), (Method::POST, Route::CreateWebhook)],
         [raw] if !raw.is_empty() => vec![
@@ -326,29 +372,18 @@ fn webhook_choices(rest: &[&str]) -> Vec<(Method, Route)> {
     }
 }
 
-/// Decodes `%XX` escapes once; malformed escapes are kept as written.
-pub fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        if bytes[index] == b'%'
-            && let Some(hex) = text.get(index + 1..index + 3)
-            && let Ok(byte) = u8::from_str_radix(hex, 16)
-        {
-            out.push(byte);
-            index += 3;
-            continue;
-        }
-        out.push(bytes[index]);
-        index += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roles_follow_the_table() {
+        assert!(Route::CreateJob.allowed_for(Role::Producer) && !Route::CreateJob.allowed_for(Role::Worker));
+        assert!(Route::Fetch.allowed_for(Role::Worker) && !Route::Fetch.allowed_for(Role::Producer));
+        assert!(Route::GetJob("x".into()).allowed_for(Role::Worker));
+        assert!(!Route::CancelWorkflow("x".into()).allowed_for(Role::Producer));
+        assert!(Route::Crons.allowed_for(Role::Admin) && !Route::Crons.allowed_for(Role::Producer));
+    }
 
     #[test]
     fn the_openapi_document_has_every_route_and_no_other() {

@@ -6,7 +6,7 @@
 //! new attempt starts without the last one's progress. A report does not
 //! extend the claim: a heartbeat does that.
 
-mod record;
+pub(super) mod record;
 
 pub use record::ProgressReported;
 
