@@ -639,7 +639,7 @@ export class Client implements Enqueuer {
 
   /** `GET /svc/v1/health`. */
   health(call: CallOptions = {}): Promise<Health> {
-    return this.request<Health>({ method: "GET", path: "/health", idempotent: true, retry: false, ...call });
+    return this.request<Health>({ method: "GET", path: "/svc/v1/health", idempotent: true, retry: false, ...call });
   }
 
   private async list<T>(

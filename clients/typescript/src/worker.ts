@@ -175,6 +175,7 @@ export class Worker {
   private quiet = false;
   private heartbeatInFlight: Promise<HeartbeatAnswer | undefined> | undefined;
   private checkingClaims = false;
+  private heartbeatFailures = 0;
   private signalCleanup: (() => void) | undefined;
 
   constructor(url: string, options: WorkerOptions = {}) {
@@ -470,7 +471,17 @@ export class Worker {
       Math.max(0, held.deadline - Date.now()),
     );
     const run = runChain(this.middleware, handler, job.args, this.context(held)).then(
-      (result): Outcome => ({ kind: "ack", result }),
+      (result): Outcome => {
+        try {
+          JSON.stringify(result);
+        } catch (error) {
+          return {
+            kind: "fail",
+            failure: { type: "invalid_result", message: `the handler's result is not JSON: ${(error as Error).message}` },
+          };
+        }
+        return { kind: "ack", result };
+      },
       (error: unknown): Outcome => ({ kind: "fail", failure: failureOf(error) }),
     );
     const aborted = new Promise<unknown>((resolve) => {
@@ -545,8 +556,17 @@ export class Worker {
           }
           return;
         }
-        if (error instanceof SvcError && !error.retryable) {
-          this.logger.error(`job ${job.id}: ${outcome.kind} failed: ${error.message}`, { code: error.code });
+        if (outcome.kind === "ack" && error instanceof ValidationError) {
+          // The result was refused (over 1 MiB, say): fail the job rather
+          // than leave it active until its claim runs out.
+          this.logger.error(`job ${job.id}: ack refused: ${error.message}`, { code: error.code });
+          outcome = { kind: "fail", failure: { type: "invalid_result", message: `svc refused the result: ${error.message}` } };
+          continue;
+        }
+        if (!(error instanceof SvcError) || !error.retryable) {
+          this.logger.error(`job ${job.id}: ${outcome.kind} failed: ${(error as Error).message}`, {
+            code: error instanceof SvcError ? error.code : undefined,
+          });
           return;
         }
         if (error instanceof SvcError && error.maybeApplied) maybeApplied = true;
@@ -612,8 +632,8 @@ export class Worker {
       }
       const answer = await this.heartbeat();
       if (answer === undefined && !this.final.signal.aborted) {
-        // svc unreachable: try again soon, without spinning.
-        await pause(250, this.final.signal);
+        // svc unreachable: try again soon, backing off, without spinning.
+        await pause(Math.min(2_000, 125 * 2 ** Math.min(this.heartbeatFailures, 4)), this.final.signal);
       }
     }
   }
@@ -639,9 +659,13 @@ export class Worker {
         signal: this.final.signal,
       });
     } catch (error) {
-      this.logger.warn(`heartbeat failed: ${(error as Error).message}`);
+      this.heartbeatFailures++;
+      const log = this.heartbeatFailures === 1 ? this.logger.warn : this.logger.debug;
+      log.call(this.logger, `heartbeat failed: ${(error as Error).message}`, { failures: this.heartbeatFailures });
       return undefined;
     }
+    if (this.heartbeatFailures > 0) this.logger.info("heartbeats work again", { failures: this.heartbeatFailures });
+    this.heartbeatFailures = 0;
     for (const held of listed) {
       held.extendedAt = sentAt;
       held.leaseUntil = Math.max(held.leaseUntil, sentAt + held.vtMs);
