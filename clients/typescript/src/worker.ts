@@ -365,7 +365,7 @@ export class Worker {
         // A long poll answered early with nothing: the worker was told to go
         // quiet or terminate, or the server drains. The heartbeat says which.
         const answer = await this.heartbeat();
-        if (answer?.state === "running") await this.waitUnlessStopping(1_000);
+        if (answer === undefined || answer.state === "running") await this.waitUnlessStopping(1_000);
       }
     }
   }

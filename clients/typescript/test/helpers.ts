@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -48,16 +48,24 @@ export class TestServer {
   private process: ChildProcess | undefined;
   private log = "";
 
-  constructor() {
+  private readonly args: string[] = [];
+
+  constructor(config?: string) {
     this.dataDir = mkdtempSync(join(tmpdir(), "svc-client-ts-"));
+    if (config !== undefined) {
+      const file = join(this.dataDir, "svc.toml");
+      writeFileSync(file, config);
+      this.args.push("--config", file);
+    }
   }
 
   get url(): string {
     return `http://127.0.0.1:${this.port}`;
   }
 
-  static async start(): Promise<TestServer> {
-    const server = new TestServer();
+  /** Starts a server; `config` is the text of a TOML settings file. */
+  static async start(config?: string): Promise<TestServer> {
+    const server = new TestServer(config);
     server.port = await freePort();
     await server.launch();
     return server;
@@ -65,7 +73,7 @@ export class TestServer {
 
   /** Starts the binary (again) on the same port and data dir, and waits for health. */
   async launch(): Promise<void> {
-    const child = spawn(svcBin, ["serve", "--listen", `127.0.0.1:${this.port}`, "--data-dir", this.dataDir], {
+    const child = spawn(svcBin, ["serve", "--listen", `127.0.0.1:${this.port}`, "--data-dir", this.dataDir, ...this.args], {
       stdio: ["ignore", "ignore", "pipe"],
     });
     this.process = child;
