@@ -115,7 +115,8 @@ export class Transport {
   }
 
   url(path: string, query?: RequestSpec["query"]): string {
-    const url = new URL(path.startsWith("/svc/") || path.startsWith("/ready") || path.startsWith("/health") ? this.origin + path : this.baseUrl + path);
+    // Paths under /svc/ are taken from the server's root, the rest from /svc/v1.
+    const url = new URL(path.startsWith("/svc/") ? this.origin + path : this.baseUrl + path);
     if (query) {
       for (const [key, value] of Object.entries(query)) {
         if (value !== undefined) url.searchParams.set(key, String(value));
@@ -125,7 +126,13 @@ export class Transport {
   }
 
   async request<T>(spec: RequestSpec): Promise<Answer<T>> {
-    const retry = spec.retry === false ? { ...this.retry, maxRetries: 0 } : { ...this.retry, ...(spec.retry ?? {}) };
+    const retry = { ...this.retry };
+    if (spec.retry === false) retry.maxRetries = 0;
+    else if (spec.retry !== undefined) {
+      for (const [key, value] of Object.entries(spec.retry) as Array<[keyof RetryOptions, number | undefined]>) {
+        if (value !== undefined) retry[key] = value;
+      }
+    }
     let maybeApplied = false;
     for (let attempt = 0; ; attempt++) {
       if (spec.signal?.aborted) throw abortReason(spec.signal);

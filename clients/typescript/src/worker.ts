@@ -219,16 +219,21 @@ export class Worker {
 
   /**
    * Runs until the worker stops: after {@link stop}, a signal (SIGTERM,
-   * SIGINT), or a `terminate` from svc. Resolves once every job in hand was
+   * SIGINT), a `terminate` from svc, or the abort of `signal`. Resolves once every job in hand was
    * acked or released; rejects if the worker cannot work at all (a wrong key,
    * a malformed queue name).
    */
-  async run(): Promise<void> {
+  async run(options: { signal?: AbortSignal } = {}): Promise<void> {
     if (this.status !== "idle") throw new Error("this worker already ran");
     this.status = "running";
     this.installSignals();
+    // Aborting `signal` stops the worker like stop() does.
+    const onAbort = (): void => void this.stop();
+    if (options.signal?.aborted) onAbort();
+    else options.signal?.addEventListener("abort", onAbort, { once: true });
     const loops = Promise.all([this.fetchLoop(), this.heartbeatLoop()]);
     await this.stopped;
+    options.signal?.removeEventListener("abort", onAbort);
     await loops;
     this.signalCleanup?.();
     this.status = "stopped";

@@ -296,7 +296,7 @@ describe("worker", () => {
     assert.equal((await client.get(job.id)).state, "cancelled");
   });
 
-  test("stop() lets jobs in hand finish, then run() resolves", async () => {
+  test("stopping (here through run's signal) lets jobs in hand finish, then run() resolves", async () => {
     const jobs = await client.enqueueBatch([1, 2, 3].map((n) => ({ type: "finish.me", args: [n], queue: "stopq" })));
     let startedCount = 0;
     const worker = makeWorker({ queues: ["stopq"], concurrency: 3 });
@@ -305,9 +305,10 @@ describe("worker", () => {
       await delay(500);
       return "ok";
     });
-    const run = worker.run();
+    const controller = new AbortController();
+    const run = worker.run({ signal: controller.signal });
     await eventually(() => startedCount === 3);
-    await worker.stop();
+    controller.abort();
     await run;
     for (const job of jobs) assert.equal((await client.get(job.id)).state, "completed");
   });
