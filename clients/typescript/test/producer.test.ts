@@ -223,8 +223,11 @@ describe("cron, queues, dead letter, webhooks", () => {
       args: [30],
       queue: "maintenance",
       overlapPolicy: "skip",
+      description: "purge old rows",
       options: { priority: 4, retry: { maxAttempts: 2 } },
     });
+    assert.equal(entry.description, "purge old rows");
+    assert.equal(entry.options["priority"], 4);
     assert.equal(entry.name, "nightly-cleanup");
     assert.equal(entry.timezone, "Europe/Berlin");
     assert.equal(entry.status, "active");
