@@ -8,6 +8,7 @@ mod common;
 use common::{FixedEntropy, TestServer};
 use serde_json::json;
 use std::sync::Arc;
+use svc::backend::Backend;
 use svc::clock::ManualClock;
 use svc::engine::{Engine, EngineConfig, FetchRequest};
 use svc::job::{JobDefaults, JobId, parse_enqueue_body};

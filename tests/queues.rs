@@ -8,6 +8,7 @@ mod common;
 use common::{FixedEntropy, TestServer};
 use serde_json::json;
 use std::sync::Arc;
+use svc::backend::Backend;
 use svc::clock::ManualClock;
 use svc::engine::{Engine, EngineConfig, EngineError};
 use svc::job::{JobDefaults, parse_enqueue_body};

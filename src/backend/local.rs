@@ -8,8 +8,8 @@ use super::{Backend, EventFilter, Page};
 use crate::cron::CronDefinition;
 use crate::engine::{
     AckMany, AckOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineFailure, EngineHandle, Enqueued, EventPage,
-    FetchRequest, HeartbeatOutcome, Pending, QueueStats, QueueSummary, ReportProgress, WebhookChange, WorkerEntry,
-    WorkerSignal, WorkerState, Workflow,
+    FetchRequest, HeartbeatOutcome, PauseQueue, Pending, QueueStats, QueueSummary, ReportProgress, WebhookChange,
+    WorkerEntry, WorkerSignal, WorkerState, Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -94,7 +94,7 @@ impl Backend for EngineHandle {
     }
 
     fn pause_queue(&self, name: String, paused: bool) -> Pending<QueueSummary> {
-        EngineHandle::pause_queue(self, name, paused)
+        self.submit(PauseQueue { queue: name, paused })
     }
 
     fn dead_letter_page(

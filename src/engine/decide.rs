@@ -197,12 +197,6 @@ impl State {
         Ok(Record::Activate { at: now, id })
     }
 
-    /// Pauses or resumes a queue: `None` when it already is (no record, no event).
-    pub fn decide_queue_pause(&self, now: Millis, queue: &str, paused: bool) -> Option<Record> {
-        let current = self.queue(queue).is_some_and(|state| state.paused);
-        (current != paused).then(|| Record::QueuePause { at: now, queue: queue.to_string(), paused })
-    }
-
     /// A generated id that no stored job and none of `taken` uses. The
     /// generator's ids increase past every id it has seen, so an id is looked
     /// up among the stored ones only when it is not above all of them, and

@@ -395,11 +395,6 @@ impl EngineHandle {
         Some(QueueStats { summary, completed_last_minute, failed_last_minute })
     }
 
-    /// Pauses (`true`) or resumes a queue; answers its figures.
-    pub fn pause_queue(&self, queue: String, paused: bool) -> Pending<QueueSummary> {
-        self.submit(requests::PauseQueue { queue, paused })
-    }
-
     /// Jobs claimed by workers and not yet reported on, across all queues.
     pub fn active_jobs(&self) -> u64 {
         self.view.queues().values().map(|queue| queue.count(crate::job::JobState::Active)).sum()

@@ -21,6 +21,7 @@ mod legacy;
 pub mod outbox;
 mod pace;
 mod progress;
+mod queues;
 #[doc(hidden)]
 pub mod record;
 mod registry;
@@ -46,6 +47,7 @@ pub use handle::{EngineHandle, Pending};
 #[doc(hidden)]
 pub use image::{IMAGE_VERSION, StateImage, decode_image};
 pub use progress::ReportProgress;
+pub use queues::PauseQueue;
 pub use requests::Request;
 pub use state::Retention;
 #[doc(hidden)]

@@ -136,12 +136,7 @@ pub enum Record {
         at: Millis,
         ids: Vec<JobId>,
     },
-    /// A queue paused (new work refused, fetches skip it) or resumed.
-    QueuePause {
-        at: Millis,
-        queue: String,
-        paused: bool,
-    },
+    QueuePause(super::queues::record::QueuePause),
     /// New jobs, complete with id, state and timestamps; a batch enqueue is
     /// one record. `replaced` are the jobs a unique `replace` policy cancels
     /// first. The jobs are shared with the state that applies them.
@@ -273,7 +268,7 @@ impl Record {
             Record::CronDelete { .. } => "cron_delete",
             Record::CronFire { .. } | Record::CronFireV1 { .. } => "cron_fire",
             Record::PruneCapped { .. } => "prune_capped",
-            Record::QueuePause { .. } => "queue_pause",
+            Record::QueuePause(_) => "queue_pause",
             Record::Activate { .. } => "activate",
             Record::WorkflowCreate { .. } => "workflow_create",
             Record::WorkflowCancel { .. } => "workflow_cancel",
@@ -327,9 +322,15 @@ impl Record {
             | Record::CronDelete { at, .. }
             | Record::CronFire { at, .. }
             | Record::PruneCapped { at, .. }
-            | Record::QueuePause { at, .. } => *at,
+            | Record::QueuePause(super::queues::record::QueuePause { at, .. }) => *at,
             Record::Progress(record) => record.at(),
         }
+    }
+}
+
+impl From<super::queues::record::QueuePause> for Record {
+    fn from(record: super::queues::record::QueuePause) -> Record {
+        Record::QueuePause(record)
     }
 }
 

@@ -18,7 +18,6 @@ use super::events::EventSink;
 use super::record::Record;
 use super::registry;
 use super::state::State;
-use super::view::QueueSummary;
 use super::workers::{Contacts, WorkerEntry, WorkerSignal};
 use crate::clock::Millis;
 use crate::cron::CronDefinition;
@@ -282,7 +281,6 @@ sealed!(
     CronDelete,
     BeginDrain,
     Probe,
-    PauseQueue,
     Activate,
     CreateWorkflow,
     CancelWorkflow,
@@ -747,25 +745,6 @@ impl Request for CronDelete {
         let entry = turn.state().crons().get(&self.name).cloned().expect("a cron entry to delete is stored");
         turn.apply(record);
         Ok(entry)
-    }
-}
-
-/// Pauses a queue (its new work is refused with `QueuePaused`, fetches skip
-/// it, its timers run on) or resumes it; answers the queue's figures. Doing
-/// it again changes nothing.
-pub struct PauseQueue {
-    pub queue: String,
-    pub paused: bool,
-}
-
-impl Request for PauseQueue {
-    type Output = QueueSummary;
-
-    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        if let Some(record) = turn.state().decide_queue_pause(turn.now, &self.queue, self.paused) {
-            turn.apply(record);
-        }
-        Ok(turn.state().queue_summary(&self.queue))
     }
 }
 

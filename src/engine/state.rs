@@ -379,18 +379,16 @@ impl State {
                 }
                 Ok(())
             }
-            Record::QueuePause { at, queue, paused } => {
-                self.apply_queue_pause(queue, *paused);
-                let kind = if *paused { EventKind::QueuePaused } else { EventKind::QueueResumed };
-                events.push_other(*at, kind(queue.clone()));
+            Record::QueuePause(record) => {
+                self.apply_queue_pause(record, events);
                 Ok(())
             }
         }
     }
 
-    /// Pauses or resumes a queue, making its record if needed (and dropping
-    /// it again when it is resumed holding nothing).
-    fn apply_queue_pause(&mut self, name: &str, paused: bool) {
+    /// Pauses or resumes a queue in the queue table, making its entry if
+    /// needed (and dropping it again when it is resumed holding nothing).
+    pub(super) fn set_queue_paused(&mut self, name: &str, paused: bool) {
         let queue = self.queues.entry(name.to_string()).or_default();
         queue.paused = paused;
         Self::queue_changed(&mut self.dirty_queues, name, queue);

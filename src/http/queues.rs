@@ -1,16 +1,75 @@
 //! The queue routes (docs/api.md, "Queues"): the listing, one queue's
 //! figures with its last minute, and pausing and resuming.
 
+use hyper::Method;
 use serde_json::{Value, json};
 
+use super::auth::Role;
 use super::error::ApiError;
-use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::paging::{decode_cursor, encode_cursor, page_limit, percent_decode, query_pairs, query_value};
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::QueueSummary;
 use crate::job::{JobState, is_valid_queue};
 
+/// The queue routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueRoute {
+    List,
+    Stats(String),
+    /// Pause (`true`) or resume a queue.
+    Pause(String, bool),
+}
+
+impl QueueRoute {
+    /// What a path under `/svc/v1/queues` takes (`rest`: the segments after it).
+    pub fn choices(rest: &[&str]) -> Vec<(Method, QueueRoute)> {
+        match rest {
+            [] => vec![(Method::GET, QueueRoute::List)],
+            [name, "stats"] if !name.is_empty() => vec![(Method::GET, QueueRoute::Stats(percent_decode(name)))],
+            [name, action @ ("pause" | "resume")] if !name.is_empty() => {
+                vec![(Method::POST, QueueRoute::Pause(percent_decode(name), *action == "pause"))]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The metrics number, method and template (as the router's templates).
+    pub fn template(&self) -> (usize, &'static str, &'static str) {
+        match self {
+            QueueRoute::List => (18, "GET", "/svc/v1/queues"),
+            QueueRoute::Stats(_) => (19, "GET", "/svc/v1/queues/{name}/stats"),
+            QueueRoute::Pause(_, true) => (20, "POST", "/svc/v1/queues/{name}/pause"),
+            QueueRoute::Pause(_, false) => (21, "POST", "/svc/v1/queues/{name}/resume"),
+        }
+    }
+
+    /// Queues are the operator's.
+    pub fn allows(&self, role: Role) -> bool {
+        role == Role::Admin
+    }
+
+    pub async fn handle(self, app: &AppState, query: &str, body: &[u8]) -> Result<Reply, ApiError> {
+        match self {
+            QueueRoute::List => list(app, query).await,
+            QueueRoute::Stats(name) => stats(app, &name).await,
+            QueueRoute::Pause(name, paused) => pause(app, &name, paused, body).await,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn samples() -> Vec<QueueRoute> {
+        let name = || "x".to_string();
+        vec![
+            QueueRoute::List,
+            QueueRoute::Stats(name()),
+            QueueRoute::Pause(name(), true),
+            QueueRoute::Pause(name(), false),
+        ]
+    }
+}
+
 /// `GET /queues`: queues by name, paged.
-pub(super) async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
@@ -31,7 +90,7 @@ fn queue_name(name: &str) -> Result<&str, ApiError> {
 }
 
 /// `GET /queues/{name}/stats`.
-pub(super) async fn stats(app: &AppState, name: &str) -> Result<Reply, ApiError> {
+async fn stats(app: &AppState, name: &str) -> Result<Reply, ApiError> {
     let name = queue_name(name)?;
     let stats = app
         .backend
@@ -58,7 +117,7 @@ pub(super) async fn stats(app: &AppState, name: &str) -> Result<Reply, ApiError>
 }
 
 /// `POST /queues/{name}/pause` and `/resume` (no body; idempotent).
-pub(super) async fn pause(app: &AppState, name: &str, paused: bool, body: &[u8]) -> Result<Reply, ApiError> {
+async fn pause(app: &AppState, name: &str, paused: bool, body: &[u8]) -> Result<Reply, ApiError> {
     let name = queue_name(name)?;
     if !is_empty_body(body) {
         return Err(ApiError::invalid_request(None, "this request takes no body"));

@@ -27,10 +27,7 @@ pub enum Route {
     Nack,
     AckById(String),
     FailById(String),
-    Queues,
-    QueueStats(String),
-    /// Pause (`true`) or resume a queue.
-    PauseQueue(String, bool),
+    Queues(super::queues::QueueRoute),
     Events,
     Heartbeat,
     Workers,
@@ -89,10 +86,7 @@ impl Route {
             Nack => (15, "POST", "/svc/v1/workers/nack"),
             AckById(_) => (16, "POST", "/svc/v1/jobs/{id}/ack"),
             FailById(_) => (17, "POST", "/svc/v1/jobs/{id}/fail"),
-            Queues => (18, "GET", "/svc/v1/queues"),
-            QueueStats(_) => (19, "GET", "/svc/v1/queues/{name}/stats"),
-            PauseQueue(_, true) => (20, "POST", "/svc/v1/queues/{name}/pause"),
-            PauseQueue(_, false) => (21, "POST", "/svc/v1/queues/{name}/resume"),
+            Queues(route) => route.template(),
             Events => (22, "GET", "/svc/v1/events"),
             Heartbeat => (23, "POST", "/svc/v1/workers/heartbeat"),
             Workers => (24, "GET", "/svc/v1/workers"),
@@ -135,9 +129,6 @@ impl Route {
             }
             Fetch | Ack | Nack | AckById(_) | FailById(_) | Heartbeat => matches!(role, Role::Admin | Role::Worker),
             CancelWorkflow(_)
-            | Queues
-            | QueueStats(_)
-            | PauseQueue(..)
             | Events
             | Workers
             | Worker(_)
@@ -164,6 +155,7 @@ impl Route {
             | DropPreviousWebhookSecret(_)
             | TestWebhook(_) => role == Role::Admin,
             Progress(route) => route.allows(role),
+            Queues(route) => route.allows(role),
         }
     }
 
@@ -191,10 +183,6 @@ impl Route {
             Nack,
             AckById(id()),
             FailById(id()),
-            Queues,
-            QueueStats(id()),
-            PauseQueue(id(), true),
-            PauseQueue(id(), false),
             Events,
             Heartbeat,
             Workers,
@@ -226,6 +214,7 @@ impl Route {
         ]
         .into_iter()
         .chain(super::progress::ProgressRoute::samples().into_iter().map(Route::Progress))
+        .chain(super::queues::QueueRoute::samples().into_iter().map(Route::Queues))
         .collect()
     }
 }
@@ -299,12 +288,8 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["svc", "v1", "workflows", id] if !id.is_empty() => {
             vec![(Method::GET, Route::GetWorkflow(decoded(id))), (Method::DELETE, Route::CancelWorkflow(decoded(id)))]
         }
-        ["svc", "v1", "queues"] => vec![(Method::GET, Route::Queues)],
-        ["svc", "v1", "queues", name, "stats"] if !name.is_empty() => {
-            vec![(Method::GET, Route::QueueStats(decoded(name)))]
-        }
-        ["svc", "v1", "queues", name, action @ ("pause" | "resume")] if !name.is_empty() => {
-            vec![(Method::POST, Route::PauseQueue(decoded(name), *action == "pause"))]
+        ["svc", "v1", "queues", rest @ ..] => {
+            super::queues::QueueRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Queues(r))).collect()
         }
         ["svc", "v1", "events"] => vec![(Method::GET, Route::Events)],
         ["svc", "v1", "dead-letter"] => vec![(Method::GET, Route::DeadLetter)],

@@ -17,6 +17,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use svc::backend::Backend;
 use svc::clock::ManualClock;
 use svc::engine::{Engine, EngineConfig, EngineError, Entropy, FetchRequest, WorkflowState};
 use svc::job::{FailureReport, JobDefaults, JobId, JobState, parse_enqueue_body};
