@@ -96,3 +96,22 @@ class AsyncLoseResponses(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class AsyncRecorder(httpx.AsyncBaseTransport):
+    """Passes requests through and keeps (time, method, path, body) of each."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.seen: list[tuple[float, str, str, bytes]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        self.seen.append((time.monotonic(), request.method, request.url.path, body))
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def paths(self, since: float = 0.0) -> list[str]:
+        return [path for at, _, path, _ in self.seen if at >= since]

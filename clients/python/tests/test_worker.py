@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import threading
 import time
 from typing import Any
 
 from conftest import SvcServer
-from helpers import running, wait_until
+from helpers import AsyncRecorder, running, wait_until
 
 from svc_client import (
     Client,
@@ -294,3 +295,44 @@ def test_async_handlers_context_middleware_and_tracing(server: SvcServer, client
     assert seen["parent_traceparent"] == traceparent == seen["current"] == seen["child_traceparent"]
     assert calls[:2] == ["before trace.parent", "after trace.parent"]
     assert "before trace.child" in calls
+
+
+def test_idle_worker_only_long_polls_and_fetches_for_free_slots(server: SvcServer, client: Client) -> None:
+    recorder = AsyncRecorder()
+    gate = threading.Event()
+    worker = Worker(server.url, concurrency=3, wait=1, transport=recorder)
+
+    @worker.handler("gated.job")
+    def gated(i: int) -> int:
+        gate.wait(10)
+        return i
+
+    with running(worker):
+        time.sleep(0.2)
+        idle_from = time.monotonic()
+        time.sleep(2.5)
+        idle = recorder.paths(idle_from)
+        assert set(idle) <= {"/svc/v1/workers/fetch"} and len(idle) <= 4  # one long poll a second
+        jobs = client.enqueue_batch([JobSpec("gated.job", [i]) for i in range(7)])
+        wait_until(lambda: sum(1 for j in jobs if client.get(j.id).state == "active") == 3)
+        gate.set()
+        wait_until(lambda: client.queues.stats("default").states["completed"] == 7)
+    fetches = [json.loads(body) for _, _, path, body in recorder.seen if path.endswith("/workers/fetch")]
+    assert all(f["count"] <= 3 and f["queues"] == ["default"] and f["wait_ms"] == 1000 for f in fetches)
+
+
+def test_extend_lease_from_the_handler(server: SvcServer, client: Client) -> None:
+    job = client.enqueue("lease.me", [], visibility_timeout=1)
+    worker = Worker(server.url, wait=1, heartbeat_interval=60)  # no periodic heartbeat in time
+
+    @worker.handler("lease.me")
+    def lease_me(ctx: JobContext) -> str:
+        for _ in range(5):
+            time.sleep(0.5)
+            reply = ctx.extend_lease()
+            assert reply is not None and reply.state == "running" and reply.jobs_extended == 1
+        return "kept"
+
+    with running(worker):
+        done = client.wait_for(job.id, timeout=15)
+    assert done.state == "completed" and done.attempt == 1 and not done.errors
