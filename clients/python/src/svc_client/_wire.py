@@ -108,15 +108,22 @@ def parse_timestamp(text: str | None) -> datetime | None:
     value = text.strip()
     if value.endswith(("Z", "z")):
         value = value[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        parsed = _parse_timestamp_slow(value)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed
+
+
+def _parse_timestamp_slow(value: str) -> datetime:
     # Python 3.10's fromisoformat takes 3 or 6 fractional digits only.
     match = re.match(r"^(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(.*)$", value)
     if match:
         frac = (match.group(2) or "")[:6].ljust(6, "0") if match.group(2) else ""
         value = match.group(1) + (f".{frac}" if frac else "") + match.group(3)
-    parsed = datetime.fromisoformat(value)
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed
+    return datetime.fromisoformat(value)
 
 
 def relative_timestamp(seconds: float) -> str:

@@ -6,9 +6,10 @@ fields this version does not model are still at hand.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, Mapping, Sequence, TypeVar, Union
+from typing import Any, Generic, Literal, TypeVar, Union
 
 from ._wire import (
     Duration,
