@@ -288,6 +288,13 @@ def test_cron_queues_dead_letter_webhooks(client: Client) -> None:
     client.cron.delete("nightly-cleanup")
     with pytest.raises(NotFoundError):
         client.cron.get("nightly-cleanup")
+    client.schemas.register("urn:test:report:v1", {"type": "array", "prefixItems": [{"type": "integer"}]})
+    with pytest.raises(ValidationError) as mismatch:
+        client.cron.register("hourly", "@hourly", "report.build", ["x"], schema="urn:test:report:v1")
+    assert mismatch.value.code == "schema_validation"
+    hourly = client.cron.register("hourly", "@hourly", "report.build", [1], schema="urn:test:report:v1",
+                                  options={"priority": 3})
+    assert hourly.options == {"priority": 3} and hourly.args == [1]
 
     client.enqueue("a.b", [], queue="q-one")
     assert client.queues.pause("q-one") is True

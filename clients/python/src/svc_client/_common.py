@@ -90,6 +90,7 @@ def cron_body(
     overlap_policy: OverlapPolicy | None,
     enabled: bool | None,
     description: str | None,
+    schema: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"name": name, "schedule": schedule, "type": type, "args": list(args or [])}
     for key, value in (
@@ -100,6 +101,7 @@ def cron_body(
         ("overlap_policy", overlap_policy),
         ("enabled", enabled),
         ("description", description),
+        ("schema", schema),
     ):
         if value is not None:
             body[key] = value

@@ -381,11 +381,17 @@ class Cron(_Namespace):
         overlap_policy: OverlapPolicy | None = None,
         enabled: bool | None = None,
         description: str | None = None,
+        schema: str | None = None,
     ) -> CronEntry:
-        """Registers (or replaces, by name) a cron entry."""
+        """Registers (or replaces, by name) a cron entry.
+
+        ``options`` are the fired jobs' enqueue options as svc names them
+        (``priority``, ``timeout_ms``, ``retry``, ...); ``schema`` a
+        registered JSON Schema their ``args`` must match.
+        """
         body = cron_body(
             name, schedule, type, args, timezone=timezone, queue=queue, meta=meta, options=options,
-            overlap_policy=overlap_policy, enabled=enabled, description=description,
+            overlap_policy=overlap_policy, enabled=enabled, description=description, schema=schema,
         )
         return self._run(_ops.register_cron(body))
 
