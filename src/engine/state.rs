@@ -231,7 +231,7 @@ impl State {
         let at = record.at();
         self.latest_at = self.latest_at.max(at);
         // What the jobs that ended set going, until nothing more ends: a cron
-        // run staged behind a run that just ended starts now (rows 5/6), and
+        // run staged behind a run that just ended starts now (docs/api.md, "Job state table", row 10), and
         // workflows move on (a step, a callback, a cancelled rest).
         while !self.ended_with_waiter.is_empty() || !self.ended_in_workflow.is_empty() {
             for previous in std::mem::take(&mut self.ended_with_waiter) {
@@ -247,7 +247,7 @@ impl State {
         Ok(())
     }
 
-    /// Cancels a non-terminal job (row 16).
+    /// Cancels a non-terminal job (docs/api.md, "Job state table", rows 26–30).
     pub(super) fn cancel(
         &mut self,
         at: Millis,
@@ -417,7 +417,7 @@ impl State {
         Ok(())
     }
 
-    /// Stages no longer: `available`, or `scheduled` until its time (rows 5/6).
+    /// Stages no longer: `available`, or `scheduled` until its time (docs/api.md, "Job state table", rows 8 and 9).
     fn apply_activate(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
         match self.jobs.get(&id) {
             Some(job) if job.state == JobState::Pending => {}
@@ -744,7 +744,7 @@ impl State {
         Ok(())
     }
 }
-/// Rows 5/6: a `pending` job becomes `scheduled` until its time, else `available`.
+/// A `pending` job becomes `scheduled` until its time, else `available` (docs/api.md, "Job state table", rows 8–12).
 pub(super) fn activate(job: &mut Job, at: Millis) {
     if job.scheduled_at().is_some_and(|scheduled| scheduled > at) {
         job.state = JobState::Scheduled;
@@ -773,7 +773,7 @@ fn push_error(job: &mut Job, report: FailureReport, at: Millis) {
     run.error = Some(report);
 }
 
-/// The effects of a failed attempt (rows 9–14 of the state table).
+/// The effects of a failed attempt (docs/api.md, "Job state table", rows 17–24).
 fn fail(job: &mut Job, at: Millis, report: &FailureReport, outcome: FailOutcome) {
     push_error(job, report.clone(), at);
     clear_claim(job);
