@@ -187,6 +187,10 @@ struct BenchFlags {
     /// The enqueue workload gives every job a unique policy with a key of its own.
     #[arg(long)]
     unique: bool,
+    /// Drain and steady consumers ack with `fetch`, claiming the next job in
+    /// the same request (one round trip per job).
+    #[arg(long)]
+    ack_fetch: bool,
     /// An API key to send with every request; `--key-env VAR` reads it from
     /// an environment variable instead, keeping it out of the process list.
     #[arg(long)]
@@ -317,6 +321,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         crons: flags.crons,
         wait_ms: flags.wait_ms,
         unique: flags.unique,
+        ack_fetch: flags.ack_fetch,
         key: flags.key.or_else(|| flags.key_env.and_then(|variable| std::env::var(variable).ok())),
     };
     if workload == Workload::Fill {

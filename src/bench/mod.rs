@@ -103,6 +103,8 @@ pub struct BenchOptions {
     /// `enqueue` gives every job a unique policy, each with a key of its
     /// own (distinct across runs too), so the server's fingerprint index grows.
     pub unique: bool,
+    /// `drain` and `steady` consumers ack with `fetch`: one request per job.
+    pub ack_fetch: bool,
     /// An API key sent with every request (`Authorization: Bearer`).
     pub key: Option<String>,
 }
@@ -462,7 +464,8 @@ async fn drain_all(options: &BenchOptions) -> Result<(u64, Vec<u32>), String> {
     for _ in 0..options.connections {
         let mut connection = Connection::open(&options.address).await?;
         let end_to_end = end_to_end.clone();
-        tasks.push(tokio::spawn(async move { drain_loop(&mut connection, None, 0, &end_to_end).await }));
+        let ack_fetch = options.ack_fetch;
+        tasks.push(tokio::spawn(async move { drain_loop(&mut connection, None, 0, ack_fetch, &end_to_end).await }));
     }
     let (mut jobs, mut latencies) = (0, Vec::new());
     for task in tasks {
@@ -546,13 +549,15 @@ async fn run_async(options: BenchOptions) -> Result<BenchReport, String> {
         tasks.push(tokio::spawn(async move {
             match options.workload {
                 Workload::Enqueue | Workload::Ping => enqueue_loop(&mut connection, &options, &counter).await,
-                Workload::Drain => drain_loop(&mut connection, None, 0, &end_to_end).await,
+                Workload::Drain => drain_loop(&mut connection, None, 0, options.ack_fetch, &end_to_end).await,
                 Workload::Retry => retry_loop(&mut connection, &options, &counter).await,
                 Workload::Backlog | Workload::Schedules | Workload::Chain | Workload::Group | Workload::Fill => {
                     unreachable!("run before the loop")
                 }
                 Workload::Steady if worker % 2 == 0 => paced_enqueue(&mut connection, &options, &stop).await,
-                Workload::Steady => drain_loop(&mut connection, Some(&stop), options.wait_ms, &end_to_end).await,
+                Workload::Steady => {
+                    drain_loop(&mut connection, Some(&stop), options.wait_ms, options.ack_fetch, &end_to_end).await
+                }
             }
         }));
     }
@@ -624,6 +629,7 @@ async fn drain_loop(
     connection: &mut Connection,
     until: Option<&AtomicBool>,
     wait_ms: u64,
+    ack_fetch: bool,
     end_to_end: &std::sync::Mutex<Vec<u32>>,
 ) -> LoopResult {
     let mut latencies = Vec::new();
@@ -641,35 +647,52 @@ async fn drain_loop(
         }
         Ok((jobs, latencies))
     };
+    // With `ack_fetch`, the job in hand came with the last ack's answer.
+    let mut next: Option<(String, Option<u64>)> = None;
     loop {
         if until.is_some_and(|stop| stop.load(Ordering::SeqCst)) {
             return finish(jobs, latencies, delays);
         }
-        let (status, body, latency) = connection.post("/svc/v1/workers/fetch", fetch.clone()).await?;
-        if status != StatusCode::OK {
-            return Err(format!("fetch answered {status}: {}", String::from_utf8_lossy(&body)));
-        }
-        latencies.push(micros(latency));
-        let fetched = Fetched::parse(&body)?;
-        let Some(job) = fetched.jobs.first() else {
-            if steady {
-                if wait_ms == 0 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+        let (id, sent) = match next.take() {
+            Some(job) => job,
+            None => {
+                let (status, body, latency) = connection.post("/svc/v1/workers/fetch", fetch.clone()).await?;
+                if status != StatusCode::OK {
+                    return Err(format!("fetch answered {status}: {}", String::from_utf8_lossy(&body)));
                 }
-                continue;
+                latencies.push(micros(latency));
+                let fetched = Fetched::parse(&body)?;
+                let Some(job) = fetched.jobs.first() else {
+                    if steady {
+                        if wait_ms == 0 {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        continue;
+                    }
+                    return finish(jobs, latencies, delays);
+                };
+                (job.id.to_string(), job.sent_us())
             }
-            return finish(jobs, latencies, delays);
         };
-        if let Some(sent) = job.sent_us() {
+        if let Some(sent) = sent {
             delays.push(since_start_us().saturating_sub(sent).min(u64::from(u32::MAX)) as u32);
         }
-        let id = job.id.to_string();
-        let (status, body, latency) = connection.post("/svc/v1/workers/ack", format!(r#"{{"job_id":"{id}"}}"#)).await?;
+        let ack = if ack_fetch {
+            // The next job comes now if one is ready; an empty queue is
+            // asked again by a plain fetch (which may wait).
+            format!(r#"{{"job_id":"{id}","fetch":{{"queues":["{QUEUE}"],"count":1}}}}"#)
+        } else {
+            format!(r#"{{"job_id":"{id}"}}"#)
+        };
+        let (status, body, latency) = connection.post("/svc/v1/workers/ack", ack).await?;
         if status != StatusCode::OK {
             return Err(format!("ack answered {status}: {}", String::from_utf8_lossy(&body)));
         }
         latencies.push(micros(latency));
         jobs += 1;
+        if ack_fetch {
+            next = Fetched::parse(&body)?.jobs.first().map(|job| (job.id.to_string(), job.sent_us()));
+        }
     }
 }
 
