@@ -1,9 +1,9 @@
-// Acks that claim the next jobs (`fetch`) and several acks in one request
-// (`acks`), against a real server.
+// Acks that claim the next jobs (`fetch`), several acks in one request
+// (`acks`), and the worker loop built on them, against a real server.
 import { strict as assert } from "node:assert";
 import { after, before, describe, test } from "node:test";
-import { Client, ConflictError, newJobId } from "../src/index.js";
-import { TestServer, eventually } from "./helpers.js";
+import { Client, ConflictError, Worker, newJobId, silentLogger, type Logger } from "../src/index.js";
+import { TestServer, delay, eventually } from "./helpers.js";
 
 let server: TestServer;
 let client: Client;
@@ -15,6 +15,19 @@ before(async () => {
 after(async () => {
   await server.stop();
 });
+
+/** A `fetch` that counts requests by path and keeps the bodies of the acks. */
+function countingFetch(): { fetch: typeof fetch; counts: Map<string, number>; ackBodies: Array<Record<string, unknown>> } {
+  const counts = new Map<string, number>();
+  const ackBodies: Array<Record<string, unknown>> = [];
+  const wrapped: typeof fetch = (input, init) => {
+    const path = new URL(String(input)).pathname.replace(/^\/svc\/v1/, "");
+    counts.set(path, (counts.get(path) ?? 0) + 1);
+    if (path === "/workers/ack" && typeof init?.body === "string") ackBodies.push(JSON.parse(init.body));
+    return fetch(input, init);
+  };
+  return { fetch: wrapped, counts, ackBodies };
+}
 
 /**
  * A `fetch` whose first ack request reaches the server but loses its answer
@@ -35,6 +48,11 @@ function losingFirstAck(): { fetch: typeof fetch; ackBodies: Array<Record<string
     return response;
   };
   return { fetch: wrapped, ackBodies };
+}
+
+function recordingLogger(): Logger & { warnings: string[] } {
+  const warnings: string[] = [];
+  return { ...silentLogger, warn: (message: string) => void warnings.push(message), warnings };
 }
 
 async function enqueueMany(queue: string, n: number, type = "t"): Promise<string[]> {
@@ -188,5 +206,163 @@ describe("ackMany", () => {
       [true, true],
     );
     for (const job of jobs) assert.equal((await client.get(job.id)).state, "completed");
+  });
+});
+
+describe("the worker's ack pipeline", () => {
+  test("500 jobs at concurrency 32: each exactly once, in far fewer requests than jobs", async () => {
+    const total = 500;
+    const ids = await enqueueMany("pipe", total, "pipe.job");
+    const counting = countingFetch();
+    const seen = new Map<string, number>();
+    let running = 0;
+    let peak = 0;
+    const worker = new Worker(server.url, {
+      queues: ["pipe"],
+      concurrency: 32,
+      workerId: "w-pipe",
+      handleSignals: false,
+      logger: silentLogger,
+      fetch: counting.fetch,
+    });
+    worker.handle<[number]>("pipe.job", async ([n], ctx) => {
+      running++;
+      peak = Math.max(peak, running);
+      seen.set(ctx.jobId, (seen.get(ctx.jobId) ?? 0) + 1);
+      if (n % 3 === 0) await delay(n % 7);
+      running--;
+      return n;
+    });
+    const run = worker.run();
+    await eventually(async () => (await client.queues.stats("pipe")).states.completed === total, 30_000, "all completed");
+    await worker.stop();
+    await run;
+    assert.equal(seen.size, total);
+    for (const [id, count] of seen) assert.equal(count, 1, `job ${id} ran ${count} times`);
+    assert.ok(peak <= 32, `peak concurrency ${peak}`);
+    assert.equal((await client.get(ids[123]!)).result, 123);
+    const requests = [...counting.counts.values()].reduce((a, b) => a + b, 0);
+    const acked = counting.ackBodies.reduce((sum, body) => sum + ((body["acks"] as unknown[] | undefined)?.length ?? 1), 0);
+    assert.equal(acked, total, "every job acked once");
+    assert.ok(requests < total / 2, `${requests} requests for ${total} jobs (${JSON.stringify([...counting.counts])})`);
+    assert.ok(
+      counting.ackBodies.some((body) => (body["acks"] as unknown[]).length > 1),
+      "acks finishing together share a request",
+    );
+    assert.ok(
+      counting.ackBodies.some((body) => body["fetch"] !== undefined),
+      "acks claim the next jobs",
+    );
+  });
+
+  test("a lone ack claims the next job: one request per job", async () => {
+    await enqueueMany("pipe-one", 10, "one.job");
+    const counting = countingFetch();
+    const order: number[] = [];
+    const worker = new Worker(server.url, {
+      queues: ["pipe-one"],
+      concurrency: 1,
+      handleSignals: false,
+      logger: silentLogger,
+      fetch: counting.fetch,
+      pollWaitMs: 20_000,
+    });
+    worker.handle<[number]>("one.job", ([n]) => void order.push(n));
+    const run = worker.run();
+    await eventually(() => order.length === 10, 10_000, "10 jobs");
+    await eventually(async () => (await client.queues.stats("pipe-one")).states.completed === 10, 5_000, "all acked");
+    await worker.stop();
+    await run;
+    assert.deepEqual(order, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    // The first fetch, one ack (with the next fetch) per job, and the long poll
+    // after the last one.
+    assert.equal(counting.counts.get("/workers/ack"), 10);
+    assert.ok((counting.counts.get("/workers/fetch") ?? 0) <= 3, JSON.stringify([...counting.counts]));
+  });
+
+  test("an ack refused for one job (its lease lost) is logged and dropped; the others are acked", async () => {
+    const ids = await enqueueMany("pipe-lost", 4, "lost.job");
+    const logger = recordingLogger();
+    const victim = ids[1]!;
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let arrived = 0;
+    const worker = new Worker(server.url, {
+      queues: ["pipe-lost"],
+      concurrency: 4,
+      handleSignals: false,
+      logger,
+    });
+    worker.handle("lost.job", async (_args, ctx) => {
+      // All four finish together, so that their acks share a request.
+      if (++arrived === 4) release();
+      await gate;
+      if (ctx.jobId === victim) await client.cancel(victim);
+      return "ok";
+    });
+    const run = worker.run();
+    await eventually(
+      async () => (await client.queues.stats("pipe-lost")).states.completed === 3,
+      10_000,
+      "the other three completed",
+    );
+    await worker.stop();
+    await run;
+    assert.equal((await client.get(victim)).state, "cancelled");
+    for (const id of ids) if (id !== victim) assert.equal((await client.get(id)).state, "completed");
+    assert.ok(
+      logger.warnings.some((w) => w.includes(victim) && w.includes("ack refused")),
+      JSON.stringify(logger.warnings),
+    );
+  });
+
+  test("a result over 1 MiB fails its job with invalid_result; the others are acked", async () => {
+    const ids = await enqueueMany("pipe-big", 3, "big.job");
+    const worker = new Worker(server.url, {
+      queues: ["pipe-big"],
+      concurrency: 3,
+      handleSignals: false,
+      logger: silentLogger,
+    });
+    worker.handle<[number]>("big.job", ([n]) => (n === 1 ? "x".repeat(1024 * 1024 + 1) : n));
+    const run = worker.run();
+    await eventually(
+      async () => {
+        const states = await Promise.all(ids.map(async (id) => (await client.get(id)).state));
+        return states[1] !== "active" && states[1] !== "available" && states[0] === "completed" && states[2] === "completed";
+      },
+      10_000,
+      "the jobs to settle",
+    );
+    await worker.stop();
+    await run;
+    const big = await client.get(ids[1]!);
+    assert.equal(big.error?.type, "invalid_result");
+    assert.equal((await client.get(ids[2]!)).result, 2);
+  });
+
+  test("stopping: acks go out without a fetch", async () => {
+    await enqueueMany("pipe-stop", 4, "stop.job");
+    const counting = countingFetch();
+    let started = 0;
+    const worker = new Worker(server.url, {
+      queues: ["pipe-stop"],
+      concurrency: 2,
+      handleSignals: false,
+      logger: silentLogger,
+      fetch: counting.fetch,
+    });
+    worker.handle("stop.job", async () => {
+      started++;
+      await delay(300);
+    });
+    const run = worker.run();
+    await eventually(() => started === 2, 5_000, "2 jobs started");
+    await worker.stop();
+    await run;
+    assert.equal(started, 2, "nothing new started while stopping");
+    assert.equal((await client.queues.stats("pipe-stop")).states.completed, 2);
+    assert.equal((await client.queues.stats("pipe-stop")).states.available, 2);
+    for (const body of counting.ackBodies) assert.equal(body["fetch"], undefined);
   });
 });
