@@ -1,5 +1,6 @@
 // Jobs per second through the worker loop: batch-enqueues N no-op jobs, then
-// times a Worker (concurrency 32 by default) draining them.
+// times a Worker (concurrency 32 by default) draining them, and counts the
+// worker's requests.
 //
 //   npm run build && node bench.mjs [--url http://127.0.0.1:8080] [--jobs 20000] [--concurrency 32]
 //
@@ -69,7 +70,12 @@ try {
   let handled = 0;
   let resolveDone;
   const allDone = new Promise((r) => (resolveDone = r));
-  const worker = new Worker(url, { queues: [queue], concurrency, handleSignals: false, logger: silentLogger });
+  let requests = 0;
+  const counting = (input, init) => {
+    requests++;
+    return fetch(input, init);
+  };
+  const worker = new Worker(url, { queues: [queue], concurrency, handleSignals: false, logger: silentLogger, fetch: counting });
   worker.handle("bench.noop", () => {
     if (++handled === total) resolveDone();
   });
@@ -80,7 +86,9 @@ try {
   await run;
   const seconds = (performance.now() - start) / 1000;
   console.log(`enqueued ${total} jobs in ${enqueueSeconds.toFixed(2)} s (${Math.round(total / enqueueSeconds)} jobs/s, batches of 5000)`);
-  console.log(`drained ${total} jobs at concurrency ${concurrency} in ${seconds.toFixed(2)} s: ${Math.round(total / seconds)} jobs/s`);
+  console.log(
+    `drained ${total} jobs at concurrency ${concurrency} in ${seconds.toFixed(2)} s: ${Math.round(total / seconds)} jobs/s, ${requests} requests`,
+  );
 } finally {
   if (child) {
     child.kill("SIGKILL");

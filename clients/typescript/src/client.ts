@@ -1,7 +1,11 @@
-import { ConflictError, DuplicateError } from "./errors.js";
+import { ConflictError, DuplicateError, SvcError } from "./errors.js";
 import { Transport, type RequestSpec, type RetryOptions } from "./http.js";
 import type {
   AckAnswer,
+  AckFetch,
+  AckItem,
+  AckManyAnswer,
+  AckOutcome,
   BatchItem,
   CallOptions,
   CronEntry,
@@ -35,7 +39,7 @@ import type {
   WorkflowType,
 } from "./types.js";
 import { isTraceparent } from "./util.js";
-import { wireCron, wireItem, wireOptions, wireWebhook, wireWorkflowJob, type WireItem } from "./wire.js";
+import { wireAckFetch, wireCron, wireItem, wireOptions, wireWebhook, wireWorkflowJob, type WireItem } from "./wire.js";
 
 export type { WireItem } from "./wire.js";
 
@@ -295,29 +299,115 @@ export class Client implements Enqueuer {
    * Completes an active job (`POST /workers/ack`). Safe to retry: when an
    * earlier attempt was applied, the retry's 409 is answered by reading the
    * completed job.
+   *
+   * With `fetch`, the same durable step claims the next jobs for `workerId`
+   * once the ack went through, answered in `jobs`; a refused ack claims
+   * nothing (it rejects as without `fetch`). The request carrying the fetch
+   * is sent again only when it surely was not applied. After an unclear
+   * failure the ack alone is sent again and `jobs` is empty: jobs claimed by
+   * the lost answer come back after their visibility timeout (as with
+   * {@link claim}), and a fetch sent again with each retry could strand more.
    */
   async ack(
     id: string,
     result?: unknown,
-    options: CallOptions & { workerId?: string } = {},
+    options: CallOptions & { workerId?: string; fetch?: AckFetch } = {},
   ): Promise<AckAnswer> {
     const body: JsonObject = { job_id: id, worker_id: options.workerId };
     if (result !== undefined) body["result"] = result;
-    try {
-      return await this.request<AckAnswer>({
+    return (await this.sendAck<AckAnswer>(body, options)).data;
+  }
+
+  /**
+   * Completes several active jobs in one request (`POST /workers/ack` with
+   * `acks`, 1 to 100 of them): each is acked on its own, in order, and its
+   * outcome is in `acks` (`acknowledged: false` with the `error` it would
+   * have had alone: `not_found`, or `conflict` for a lease lost or a job
+   * held by another worker). With `fetch`, the next jobs are claimed for
+   * `workerId` in the same durable step, whatever became of the acks,
+   * answered in `jobs`.
+   *
+   * Retried like {@link ack}: the request carrying the fetch only when it
+   * surely was not applied, then the acks alone. After such an unclear
+   * failure a job refused as `completed` is read, and counted as
+   * acknowledged when this worker (or, without `workerId`, anyone)
+   * completed it.
+   */
+  async ackMany(
+    acks: AckItem[],
+    options: CallOptions & { workerId?: string; fetch?: AckFetch } = {},
+  ): Promise<AckManyAnswer> {
+    const items = acks.map(({ jobId, result }): JsonObject =>
+      result === undefined ? { job_id: jobId } : { job_id: jobId, result },
+    );
+    const body: JsonObject = { acks: items, worker_id: options.workerId };
+    const { data, maybeApplied } = await this.sendAck<AckManyAnswer>(body, options);
+    data.jobs ??= [];
+    if (maybeApplied) {
+      data.acks = await Promise.all(
+        data.acks.map(async (outcome) => {
+          if (outcome.acknowledged || outcome.error.code !== "conflict") return outcome;
+          if (outcome.error.details["current_state"] !== "completed") return outcome;
+          const job = await this.get(outcome.job_id, { signal: options.signal }).catch(() => undefined);
+          if (job === undefined || job.state !== "completed") return outcome;
+          if (options.workerId !== undefined && job.worker_id !== options.workerId) return outcome;
+          const done: AckOutcome = { job_id: outcome.job_id, acknowledged: true, state: job.state };
+          if (job.completed_at !== undefined) done.completed_at = job.completed_at;
+          return done;
+        }),
+      );
+    }
+    return data;
+  }
+
+  /**
+   * Sends an ack body, with `fetch` once (retried only when surely not
+   * applied), then without it after an unclear failure. `maybeApplied`: an
+   * attempt before the one answered may have been applied.
+   */
+  private async sendAck<T extends { jobs?: Job[] }>(
+    body: JsonObject,
+    options: CallOptions & { workerId?: string; fetch?: AckFetch },
+  ): Promise<{ data: T; maybeApplied: boolean }> {
+    const single = typeof body["job_id"] === "string";
+    const send = (fetch: AckFetch | undefined) =>
+      this.transport.request<T>({
         method: "POST",
         path: "/workers/ack",
-        body,
-        idempotent: true,
+        body: fetch === undefined ? body : { ...body, fetch: wireAckFetch(fetch) },
+        idempotent: fetch === undefined,
         signal: options.signal,
-        timeoutMs: options.timeoutMs,
+        timeoutMs: (options.timeoutMs ?? this.transport.timeoutMs) + (fetch?.waitMs ?? 0),
         retry: options.retry,
       });
+    let earlier = false;
+    try {
+      if (options.fetch !== undefined) {
+        try {
+          const answer = await send(options.fetch);
+          answer.data.jobs ??= [];
+          return { data: answer.data, maybeApplied: answer.maybeApplied };
+        } catch (error) {
+          if (!(error instanceof SvcError && error.maybeApplied && error.retryable) || options.retry === false) throw error;
+          earlier = true;
+        }
+      }
+      const answer = await send(undefined);
+      if (options.fetch !== undefined) answer.data.jobs ??= [];
+      return { data: answer.data, maybeApplied: earlier || answer.maybeApplied };
     } catch (error) {
-      if (error instanceof ConflictError && error.maybeApplied && error.currentState === "completed") {
-        const job = await this.get(id, options);
+      if (earlier && error instanceof SvcError) error.maybeApplied = true;
+      if (
+        single &&
+        error instanceof ConflictError &&
+        error.maybeApplied &&
+        error.currentState === "completed"
+      ) {
+        const id = body["job_id"] as string;
+        const job = await this.get(id, { signal: options.signal, timeoutMs: options.timeoutMs, retry: options.retry });
         if (options.workerId === undefined || job.worker_id === options.workerId) {
-          return { job, acknowledged: true, id, job_id: id, state: job.state, completed_at: job.completed_at! };
+          const data = { job, acknowledged: true, id, job_id: id, state: job.state, completed_at: job.completed_at! };
+          return { data: (options.fetch === undefined ? data : { ...data, jobs: [] }) as unknown as T, maybeApplied: true };
         }
       }
       throw error;

@@ -405,6 +405,43 @@ export interface AckAnswer {
   job_id: string;
   state: JobState;
   completed_at?: string;
+  /** The jobs claimed by the ack's `fetch` (present when it had one). */
+  jobs?: Job[];
+}
+
+/** The fetch an ack carries: the next jobs, claimed once the ack went through. */
+export interface AckFetch {
+  /** Queues to claim from, most important first (strict order). */
+  queues: string[];
+  /** How many jobs, 1…100 (default 1). */
+  count?: number;
+  /** Long-poll time after the ack committed, 0…20 000 ms (default 0). */
+  waitMs?: number;
+  visibilityTimeoutMs?: number;
+}
+
+/** One job of {@link Client.ackMany}. */
+export interface AckItem {
+  jobId: string;
+  /** The job's result (any JSON); none when left out. */
+  result?: unknown;
+}
+
+/** What became of one job of an `ackMany`, as svc renders it. */
+export type AckOutcome =
+  | { job_id: string; acknowledged: true; state: JobState; completed_at?: string }
+  | {
+      job_id: string;
+      acknowledged: false;
+      /** Why this job was refused: the body of the error it would have had alone. */
+      error: { code: string; message: string; retryable: boolean; details: Record<string, unknown> };
+    };
+
+export interface AckManyAnswer {
+  /** One per job sent, in order. */
+  acks: AckOutcome[];
+  /** The jobs claimed by the `fetch` (empty without one). */
+  jobs: Job[];
 }
 
 export interface NackAnswer {

@@ -1,5 +1,6 @@
 /** Translation of the client's camelCase options into svc's wire bodies. */
 import type {
+  AckFetch,
   CronPatch,
   CronRegistration,
   Duration,
@@ -146,5 +147,16 @@ export function wireWebhook(body: WebhookPatch): JsonObject {
         ? undefined
         : compact({ queues: body.filter.queues, job_types: body.filter.jobTypes }),
     active: body.active,
+  });
+}
+
+/** The `fetch` of an ack (its worker is the ack's `worker_id`). */
+export function wireAckFetch(fetch: AckFetch): JsonObject {
+  if (!Array.isArray(fetch.queues) || fetch.queues.length === 0) throw new TypeError("an ack's fetch needs at least one queue");
+  return compact({
+    queues: fetch.queues,
+    count: fetch.count ?? 1,
+    wait_ms: fetch.waitMs !== undefined && fetch.waitMs > 0 ? fetch.waitMs : undefined,
+    visibility_timeout_ms: fetch.visibilityTimeoutMs,
   });
 }

@@ -19,7 +19,7 @@ import {
   ValidationError,
 } from "./errors.js";
 import { InlineWorker } from "./inline.js";
-import type { FailureInput, HeartbeatAnswer, Job, JobProgress } from "./types.js";
+import type { AckManyAnswer, AckOutcome, FailureInput, HeartbeatAnswer, Job, JobProgress } from "./types.js";
 import { abortReason, anySignal, backoffDelay, sleep } from "./util.js";
 
 /** Where the worker writes what happens to it. */
@@ -92,7 +92,7 @@ export interface WorkerOptions extends ClientOptions {
 export type WorkerStatus = "idle" | "running" | "quiet" | "draining" | "stopping" | "stopped";
 
 type Outcome =
-  | { kind: "ack"; result: unknown }
+  | { kind: "ack"; result: unknown; bytes: number }
   | { kind: "fail"; failure: FailureInput }
   | { kind: "release"; failure: FailureInput }
   | { kind: "drop"; why: string };
@@ -107,7 +107,29 @@ interface Held {
   leaseUntil: number;
   readonly deadline: number;
   done: Promise<void>;
+  /** The handler is over; the job is being acked, nacked or released. */
+  settling: boolean;
 }
+
+/** An ack waiting for, or riding in, a request of the ack pipeline. */
+interface PendingAck {
+  readonly held: Held;
+  readonly result: unknown;
+  readonly bytes: number;
+  /** `done`: acked, or refused for good; otherwise the job is acked on its own from here. */
+  readonly resolve: (fate: AckFate) => void;
+}
+
+type AckFate = { done: true } | { done: false; maybeApplied: boolean };
+
+/** Jobs acked in one request at most (svc's limit). */
+const MAX_ACKS = 100;
+/** Result bytes in one ack request at most (svc takes bodies up to 2 MiB). */
+const MAX_ACK_BATCH_BYTES = 1024 * 1024;
+/** svc's limit for one result: larger ones are acked alone, to be refused (and failed) alone. */
+const MAX_RESULT_BYTES = 1024 * 1024;
+/** Ack requests under way at once; acks finishing meanwhile wait for the next one. */
+const MAX_ACK_REQUESTS = 1;
 
 class Notifier {
   private waiters: Array<() => void> = [];
@@ -142,9 +164,11 @@ function defaultWorkerId(): string {
 
 /**
  * Fetches jobs from svc and runs their handlers: long-polls for work, runs
- * up to `concurrency` jobs at once, acks results and nacks failures, sends
- * heartbeats and obeys their answer, enforces each job's timeout, and on
- * SIGTERM/SIGINT stops taking work and lets the jobs in hand finish.
+ * up to `concurrency` jobs at once, acks results (several to a request,
+ * each request claiming the next jobs for the slots it frees) and nacks
+ * failures, sends heartbeats and obeys their answer, enforces each job's
+ * timeout, and on SIGTERM/SIGINT stops taking work and lets the jobs in hand
+ * finish.
  */
 export class Worker {
   readonly client: Client;
@@ -177,6 +201,14 @@ export class Worker {
   private checkingClaims = false;
   private heartbeatFailures = 0;
   private signalCleanup: (() => void) | undefined;
+  /** Acks waiting for the next request of the pipeline. */
+  private ackQueue: PendingAck[] = [];
+  /** Acks in requests under way (their first attempt). */
+  private acksInFlight = 0;
+  private ackRequests = 0;
+  private ackFlushScheduled = false;
+  /** Jobs asked for by claims under way: the long poll's, and those riding on acks. */
+  private reserved = 0;
 
   constructor(url: string, options: WorkerOptions = {}) {
     this.options = options;
@@ -321,12 +353,25 @@ export class Worker {
     const base = this.options.reconnect?.baseDelayMs ?? 200;
     const max = this.options.reconnect?.maxDelayMs ?? 5_000;
     let failures = 0;
+    let deferred = false;
     while (!this.stopping) {
       if (this.quiet || this.status === "draining") {
         await this.stateChanged.wait();
         continue;
       }
-      const free = this.concurrency - this.held.size;
+      if (this.held.size > 0 && !deferred) {
+        // Let acks finishing in this turn join the pipeline first: their
+        // requests claim the next jobs, so a fetch of its own is not needed.
+        await new Promise<void>((resolve) => setImmediate(resolve));
+        deferred = true;
+        continue;
+      }
+      deferred = false;
+      if (this.ackQueue.length > 0 || this.ackRequests > 0) {
+        await this.slotFreed.wait();
+        continue;
+      }
+      const free = Math.min(100, this.freeSlots());
       if (free <= 0) {
         await this.slotFreed.wait();
         continue;
@@ -335,6 +380,7 @@ export class Worker {
       this.fetchAbort = controller;
       const sentAt = Date.now();
       let jobs: Job[];
+      this.reserved += free;
       try {
         jobs = await this.client.claim({
           queues: [...this.queues],
@@ -362,6 +408,7 @@ export class Worker {
         continue;
       } finally {
         this.fetchAbort = undefined;
+        this.reserved -= free;
       }
       if (failures > 0) this.logger.info("fetch works again", { failures });
       failures = 0;
@@ -393,6 +440,7 @@ export class Worker {
       leaseUntil: sentAt + vtMs,
       deadline: now + (job.timeout_ms ?? 30_000),
       done: Promise.resolve(),
+      settling: false,
     };
     const previous = this.latest.get(job.id);
     this.latest.set(job.id, held);
@@ -420,8 +468,11 @@ export class Worker {
         return;
       }
     }
-    if (this.stopping) {
-      await this.settle(held, { kind: "release", failure: this.releaseFailure("shutdown") });
+    if (this.stopping || this.status === "draining") {
+      // Claimed by a request under way when the worker began to stop (or was
+      // told to terminate): give it back untouched.
+      const why = this.stopping ? "shutdown" : "terminate";
+      await this.settle(held, { kind: "release", failure: this.releaseFailure(why) });
       return;
     }
     const handler = this.handlers.get(job.type);
@@ -477,15 +528,16 @@ export class Worker {
     );
     const run = runChain(this.middleware, handler, job.args, this.context(held)).then(
       (result): Outcome => {
+        let text: string | undefined;
         try {
-          JSON.stringify(result);
+          text = JSON.stringify(result);
         } catch (error) {
           return {
             kind: "fail",
             failure: { type: "invalid_result", message: `the handler's result is not JSON: ${(error as Error).message}` },
           };
         }
-        return { kind: "ack", result };
+        return { kind: "ack", result, bytes: text === undefined ? 0 : Buffer.byteLength(text) };
       },
       (error: unknown): Outcome => ({ kind: "fail", failure: failureOf(error) }),
     );
@@ -531,6 +583,7 @@ export class Worker {
    */
   private async settle(held: Held, outcome: Outcome): Promise<void> {
     const { job } = held;
+    held.settling = true;
     if (outcome.kind === "drop") {
       this.logger.info(`job ${job.id}: ${outcome.why}; its result is dropped`);
       return;
@@ -538,6 +591,13 @@ export class Worker {
     const base = this.options.reconnect?.baseDelayMs ?? 200;
     const max = this.options.reconnect?.maxDelayMs ?? 5_000;
     let maybeApplied = false;
+    if (outcome.kind === "ack" && outcome.bytes <= MAX_RESULT_BYTES) {
+      // First through the pipeline, with other acks and the next fetch;
+      // what did not go through there is acked alone below.
+      const fate = await this.pipelineAck(held, outcome.result, outcome.bytes);
+      if (fate.done) return;
+      maybeApplied = fate.maybeApplied;
+    }
     for (let attempt = 0; ; attempt++) {
       try {
         if (outcome.kind === "ack") {
@@ -554,6 +614,10 @@ export class Worker {
         return;
       } catch (error) {
         if (error instanceof ConflictError || error instanceof NotFoundError) {
+          if (outcome.kind === "ack" && maybeApplied && error instanceof ConflictError && error.currentState === "completed") {
+            this.logger.debug(`job ${job.id}: acked by an earlier attempt whose answer was lost`);
+            return;
+          }
           if (!(maybeApplied && outcome.kind !== "ack")) {
             this.logger.warn(`job ${job.id}: ${outcome.kind === "ack" ? "ack" : "nack"} refused: ${error.message}`, {
               code: error.code,
@@ -588,6 +652,118 @@ export class Worker {
         await sleep(delay);
       }
     }
+  }
+
+  // ------------------------------------------------------------ the ack pipeline
+
+  /** Slots neither running, nor settling outside the pipeline, nor asked for by a claim under way. */
+  private freeSlots(): number {
+    return this.concurrency - this.held.size + this.ackQueue.length + this.acksInFlight - this.reserved;
+  }
+
+  /** Whether the acks sent now should claim the next jobs. */
+  private get fetchesWithAcks(): boolean {
+    return this.status === "running" && !this.quiet;
+  }
+
+  /**
+   * Queues an ack for the pipeline. Acks are sent together, with a fetch of
+   * as many jobs as slots are then free: at once when no ack request is
+   * under way (after the current turn of the event loop, so that handlers
+   * finishing together share a request), else as soon as it is answered.
+   */
+  private pipelineAck(held: Held, result: unknown, bytes: number): Promise<AckFate> {
+    return new Promise((resolve) => {
+      this.ackQueue.push({ held, result, bytes, resolve });
+      this.scheduleAcks();
+    });
+  }
+
+  private scheduleAcks(): void {
+    if (this.ackFlushScheduled || this.ackQueue.length === 0 || this.ackRequests >= MAX_ACK_REQUESTS) return;
+    this.ackFlushScheduled = true;
+    setImmediate(() => {
+      this.ackFlushScheduled = false;
+      while (this.ackQueue.length > 0 && this.ackRequests < MAX_ACK_REQUESTS) void this.sendAcks(this.takeAckBatch());
+    });
+  }
+
+  private takeAckBatch(): PendingAck[] {
+    let bytes = 0;
+    let count = 0;
+    while (count < this.ackQueue.length && count < MAX_ACKS) {
+      const next = this.ackQueue[count]!;
+      if (count > 0 && bytes + next.bytes > MAX_ACK_BATCH_BYTES) break;
+      bytes += next.bytes;
+      count++;
+    }
+    return this.ackQueue.splice(0, count);
+  }
+
+  /** One request of the pipeline: the acks of `batch`, and the next jobs for the slots free. */
+  private async sendAcks(batch: PendingAck[]): Promise<void> {
+    this.ackRequests++;
+    this.acksInFlight += batch.length;
+    const count = this.fetchesWithAcks ? Math.max(0, Math.min(100, this.freeSlots())) : 0;
+    this.reserved += count;
+    const sentAt = Date.now();
+    let answer: AckManyAnswer | undefined;
+    let failure: unknown;
+    try {
+      answer = await this.client.ackMany(
+        batch.map(({ held, result }) => (result === undefined ? { jobId: held.job.id } : { jobId: held.job.id, result })),
+        {
+          workerId: this.workerId,
+          ...(count === 0
+            ? {}
+            : {
+                fetch: {
+                  queues: [...this.queues],
+                  count,
+                  ...(this.options.visibilityTimeoutMs === undefined
+                    ? {}
+                    : { visibilityTimeoutMs: this.options.visibilityTimeoutMs }),
+                },
+              }),
+        },
+      );
+    } catch (error) {
+      failure = error;
+    } finally {
+      this.reserved -= count;
+      this.acksInFlight -= batch.length;
+      this.ackRequests--;
+    }
+    if (answer !== undefined) {
+      for (const job of answer.jobs) this.start(job, sentAt);
+      batch.forEach((entry, index) => entry.resolve(this.ackFate(entry, answer!.acks[index])));
+    } else {
+      const maybeApplied = failure instanceof SvcError && failure.maybeApplied;
+      this.logger.warn(`ack of ${batch.length} job(s) failed (${(failure as Error).message}); acking each on its own`, {
+        code: failure instanceof SvcError ? failure.code : undefined,
+      });
+      for (const entry of batch) entry.resolve({ done: false, maybeApplied });
+    }
+    this.scheduleAcks();
+    // With the pipeline idle, the fetch loop takes over free slots (a
+    // short answer: the queues ran dry, so it long-polls).
+    this.slotFreed.notify();
+  }
+
+  private ackFate(entry: PendingAck, outcome: AckOutcome | undefined): AckFate {
+    const id = entry.held.job.id;
+    if (outcome === undefined || outcome.job_id !== id) {
+      this.logger.warn(`job ${id}: no outcome for its ack in svc's answer; acking it on its own`);
+      return { done: false, maybeApplied: true };
+    }
+    if (outcome.acknowledged) return { done: true };
+    const { code, message } = outcome.error;
+    if (code === "not_found" || code === "conflict") {
+      // The claim is no longer ours (it ran out, or the job was cancelled).
+      this.logger.warn(`job ${id}: ack refused: ${message}`, { code });
+      return { done: true };
+    }
+    return { done: false, maybeApplied: false };
   }
 
   /** Whether svc still shows this claim as ours (before a nack is sent again). */
@@ -686,7 +862,8 @@ export class Worker {
     this.checkingClaims = true;
     try {
       for (const held of listed) {
-        if (!this.held.has(held) || held.controller.signal.aborted) continue;
+        // A job whose handler is over may be completed by an ack under way.
+        if (!this.held.has(held) || held.settling || held.controller.signal.aborted) continue;
         const job = await this.client.get(held.job.id).catch((error: unknown) =>
           error instanceof NotFoundError ? null : undefined,
         );
