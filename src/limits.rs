@@ -176,3 +176,5 @@ const _: () = assert!(PAGE_SIZE_DEFAULT <= PAGE_SIZE_MAX);
 /// dir in use. A child process holds the lock for an instant between fork and
 /// exec: it inherits the lock's file descriptor, which exec then closes.
 pub const DATA_DIR_LOCK_WAIT_MS: u64 = 1000;
+/// The longest schema URI.
+pub const SCHEMA_URI_CHARS_MAX: usize = 1024;

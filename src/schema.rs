@@ -17,8 +17,7 @@ use crate::clock::Millis;
 use crate::job::ValidationError;
 use crate::job::json::{self, RawObject};
 
-/// The longest schema URI.
-pub const SCHEMA_URI_CHARS_MAX: usize = 1024;
+pub use crate::limits::SCHEMA_URI_CHARS_MAX;
 /// The largest schema document, as compact JSON.
 pub const SCHEMA_DOCUMENT_BYTES_MAX: usize = 256 * 1024;
 /// The most validation errors one answer lists.
@@ -401,27 +400,7 @@ fn references_in(value: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// A schema URI: absolute (it has a scheme), at most [`SCHEMA_URI_CHARS_MAX`]
-/// characters, no white space or control characters.
-pub fn check_uri(uri: &str) -> Result<(), String> {
-    if uri.is_empty() || uri.chars().count() > SCHEMA_URI_CHARS_MAX {
-        return Err(format!("uri must be an absolute URI of 1 to {SCHEMA_URI_CHARS_MAX} characters"));
-    }
-    if uri.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("uri must not contain white space or control characters".to_string());
-    }
-    let scheme = uri.split(':').next().unwrap_or("");
-    let scheme_ok = uri.contains(':')
-        && scheme.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
-    if !scheme_ok || uri.len() == scheme.len() + 1 {
-        return Err("uri must be an absolute URI (with a scheme, e.g. urn:svc:email.send:v1)".to_string());
-    }
-    if uri.contains('#') {
-        return Err("uri must not have a fragment".to_string());
-    }
-    Ok(())
-}
+pub use crate::job::check_schema_uri as check_uri;
 
 #[cfg(test)]
 mod tests {

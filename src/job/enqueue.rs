@@ -4,6 +4,7 @@
 //! upstream top-level spellings are accepted as aliases, the first source
 //! listed wins, and unknown top-level fields are kept verbatim.
 
+use crate::limits::SCHEMA_URI_CHARS_MAX;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -214,7 +215,7 @@ pub fn parse_enqueue_object(object: &RawObject, defaults: &JobDefaults) -> Resul
             let uri = serde_json::from_str::<String>(raw.get()).map_err(|_| {
                 ValidationError::payload("schema", "schema must be a string (a registered schema's URI)")
             })?;
-            crate::schema::check_uri(&uri).map_err(|message| ValidationError::payload("schema", message))?;
+            check_schema_uri(&uri).map_err(|message| ValidationError::payload("schema", message))?;
             Some(Arc::from(uri))
         }
         None => None,
@@ -504,6 +505,28 @@ fn parse_tags(raw: &RawValue, path: &str) -> Result<Vec<String>, ValidationError
         return Err(invalid());
     }
     Ok(tags)
+}
+
+/// A schema URI: absolute (it has a scheme), at most [`SCHEMA_URI_CHARS_MAX`]
+/// characters, no white space or control characters.
+pub fn check_schema_uri(uri: &str) -> Result<(), String> {
+    if uri.is_empty() || uri.chars().count() > SCHEMA_URI_CHARS_MAX {
+        return Err(format!("uri must be an absolute URI of 1 to {SCHEMA_URI_CHARS_MAX} characters"));
+    }
+    if uri.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("uri must not contain white space or control characters".to_string());
+    }
+    let scheme = uri.split(':').next().unwrap_or("");
+    let scheme_ok = uri.contains(':')
+        && scheme.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !scheme_ok || uri.len() == scheme.len() + 1 {
+        return Err("uri must be an absolute URI (with a scheme, e.g. urn:svc:email.send:v1)".to_string());
+    }
+    if uri.contains('#') {
+        return Err("uri must not have a fragment".to_string());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

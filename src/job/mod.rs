@@ -21,8 +21,8 @@ mod worker;
 pub use builder::JobBuilder;
 pub use dispatch_limit::{DISPATCH_KEY_CHARS_MAX, DISPATCH_LIMIT_MAX, DispatchLimit, RateWindow};
 pub use enqueue::{
-    JobDefaults, body_error, check_batch_size, invalid_queue, is_valid_queue, is_valid_type, parse_enqueue_body,
-    parse_enqueue_object, raw_integer,
+    JobDefaults, body_error, check_batch_size, check_schema_uri, invalid_queue, is_valid_queue, is_valid_type,
+    parse_enqueue_body, parse_enqueue_object, raw_integer,
 };
 pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, Failure, FailureReport, parse_failure_report};
