@@ -27,6 +27,7 @@ pub mod record;
 mod recover;
 mod registry;
 pub mod requests;
+mod snapshot;
 mod state;
 mod view;
 mod webhooks;

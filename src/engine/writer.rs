@@ -16,13 +16,14 @@ use super::api::{EngineError, Unavailable};
 use super::commit::{Committer, ViewDelta, storage_failed};
 use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
-use super::image::{IMAGE_VERSION, StateImage};
+use super::image::StateImage;
 use super::inbox::{Command, InboxReceiver, Received};
 use super::outbox::{QUEUED_RECORD_BODY_BYTES_MAX, QUEUED_RECORD_DELIVERIES_MAX};
-use super::pace::{PaceSignals, PacedWriter};
+use super::pace::PaceSignals;
 use super::record::{Record, encode_sequences_into};
 use super::registry;
 use super::requests::{Parked, RECORD_BYTES_PER_JOB, Ran, Responder, Turn};
+use super::snapshot::{BackgroundSnapshot, write_in_place};
 use super::state::State;
 use super::view::ReadView;
 use super::workers::Contacts;
@@ -30,9 +31,7 @@ use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
 use crate::job::JobId;
 use crate::limits::{ENGINE_BATCH_BYTES_MAX, ENGINE_BATCH_COMMANDS_MAX};
-use crate::storage::{
-    FileSystem, PageCache, StorageError, read_newest_into_page_cache, remove_obsolete, write_snapshot_with,
-};
+use crate::storage::{FileSystem, StorageError, read_newest_into_page_cache};
 
 /// Most due jobs handled in one turn; the rest follow in the next turn at once.
 const DUE_JOBS_PER_TURN_MAX: usize = 10_000;
@@ -693,13 +692,10 @@ impl Writer {
     /// stays in the page cache: a clean stop's is read by the restart that follows.
     fn snapshot_now(&mut self) -> Result<(), StorageError> {
         self.wait_for_snapshot();
-        let (replay_from, mut image) = self.snapshot_image()?;
-        let (file_system, dir) = (self.snapshots.file_system.as_ref(), &self.snapshots.dir);
-        write_snapshot_with(file_system, dir, replay_from, IMAGE_VERSION, PageCache::Fill, &mut |out| {
-            image.encode_to(out)
-        })?;
+        let (replay_from, image) = self.snapshot_image()?;
+        write_in_place(self.snapshots.file_system.as_ref(), &self.snapshots.dir, replay_from, image)?;
         self.snapshot_written.store(true, Ordering::SeqCst);
-        remove_obsolete(dir, replay_from)
+        Ok(())
     }
 
     /// Starts a background snapshot once enough log has been written; when
@@ -716,7 +712,7 @@ impl Writer {
         if self.snapshot_retry_at.is_some_and(|at| taking < at) {
             return;
         }
-        let (replay_from, mut image) = match self.snapshot_image() {
+        let (replay_from, image) = match self.snapshot_image() {
             Ok(snapshot) => snapshot,
             Err(error) => {
                 // A transient want leaves the log as it was: the snapshot is
@@ -729,42 +725,20 @@ impl Writer {
         self.snapshot_retry_at = None;
         self.snapshot_busy.store(true, Ordering::SeqCst);
         self.snapshot_pace.start();
-        let pace = self.snapshot_pace.clone();
-        let busy = self.snapshot_busy.clone();
-        let written = self.snapshot_written.clone();
-        let file_system = self.snapshots.file_system.clone();
-        let dir = self.snapshots.dir.clone();
-        let metrics = self.metrics.clone();
-        // How long the engine thread spent starting the segment and taking the image.
-        let image_seconds = taking.elapsed().as_secs_f64();
+        let job = BackgroundSnapshot {
+            replay_from,
+            image,
+            pace: self.snapshot_pace.clone(),
+            busy: self.snapshot_busy.clone(),
+            written: self.snapshot_written.clone(),
+            file_system: self.snapshots.file_system.clone(),
+            dir: self.snapshots.dir.clone(),
+            metrics: self.metrics.clone(),
+            // How long the engine thread spent starting the segment and taking the image.
+            image_seconds: taking.elapsed().as_secs_f64(),
+        };
         let busy_if_not_started = self.snapshot_busy.clone();
-        let spawned = std::thread::Builder::new().name("svc-snapshot".into()).spawn(move || {
-            // Cleared however the thread ends, a panic included: a stop waits for it.
-            let _busy = ClearOnDrop(busy);
-            yield_to_the_engine();
-            let started = std::time::Instant::now();
-            // Past the page cache, and paced (`pace`; docs/perf-log.md, "Snapshots and request latency").
-            let cache = PageCache::Bypass;
-            let result =
-                write_snapshot_with(file_system.as_ref(), &dir, replay_from, IMAGE_VERSION, cache, &mut |out| {
-                    image.encode_to(&mut PacedWriter::new(out, &pace))
-                })
-                .inspect(|_| written.store(true, Ordering::SeqCst))
-                .and_then(|bytes| remove_obsolete(&dir, replay_from).map(|()| bytes));
-            metrics.snapshot_seconds.observe(started.elapsed().as_secs_f64());
-            match result {
-                Ok(bytes) => tracing::info!(
-                    replay_from_segment = replay_from,
-                    bytes,
-                    seconds = started.elapsed().as_secs_f64(),
-                    image_seconds,
-                    "snapshot written"
-                ),
-                // The log segments are still there, so nothing is lost; the next
-                // snapshot tries again.
-                Err(error) => tracing::error!(error = %error, "snapshot failed"),
-            }
-        });
+        let spawned = job.spawn();
         if let Err(error) = spawned {
             // The log segments are kept; the next due snapshot tries again.
             tracing::error!(error = %error, "could not start a snapshot thread");
@@ -772,33 +746,6 @@ impl Writer {
         }
     }
 }
-
-/// Sets its flag to false when dropped.
-struct ClearOnDrop(Arc<AtomicBool>);
-
-impl Drop for ClearOnDrop {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
-
-/// Lowers the calling thread's scheduling priority (nice 10), so that when
-/// the cores are busy a background snapshot takes what the engine and the
-/// request threads leave: single enqueues' p99 while snapshots are written
-/// is lower, at more throughput (docs/perf-log.md, "Snapshots and request
-/// latency").
-#[allow(unsafe_code)]
-fn yield_to_the_engine() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: plain integer arguments; on Linux the nice value belongs to
-    // the thread named by its id. Failure leaves the priority as it was.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, SNAPSHOT_NICE);
-    }
-}
-
-/// The nice value of a snapshot thread (0 is the default; 19 the lowest).
-const SNAPSHOT_NICE: libc::c_int = 10;
 
 /// Job transitions counted a run at a time: a turn's events mostly come in
 /// runs of one kind in one queue (a batch enqueue's), and a counter is
@@ -863,23 +810,5 @@ fn count_event(
         (EventKind::Cancelled { .. }, Some(job)) => counts.add(metrics, JobCount::Cancelled, &job.queue),
         (EventKind::Expired, Some(job)) => counts.add(metrics, JobCount::Expired, &job.queue),
         _ => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_snapshot_thread_that_panics_still_clears_its_busy_flag() {
-        let busy = Arc::new(AtomicBool::new(true));
-        let flag = busy.clone();
-        let ended = std::thread::spawn(move || {
-            let _busy = ClearOnDrop(flag);
-            panic!("a snapshot thread failing halfway");
-        })
-        .join();
-        assert!(ended.is_err(), "the thread panicked");
-        assert!(!busy.load(Ordering::SeqCst), "a stop waiting for the snapshot would otherwise wait for ever");
     }
 }
