@@ -165,7 +165,9 @@ impl Svc {
 
     /// Opens the data dir and sends webhook deliveries, as a server does,
     /// from a small runtime of its own, at a lower priority than the caller's
-    /// threads (`webhooks.priority`).
+    /// threads (`webhooks.priority`). Needs the `webhooks` feature (on by
+    /// default, with `server`).
+    #[cfg(feature = "webhooks")]
     pub fn open_with_webhooks(mut config: EngineConfig, webhooks: WebhookSettings) -> Result<Svc, SvcError> {
         let client = crate::webhook::client::DeliveryClient::new(
             webhooks.allow_private_targets,

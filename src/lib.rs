@@ -42,15 +42,18 @@
 
 pub mod backend;
 pub mod clock;
+#[cfg(feature = "server")]
 #[doc(hidden)]
 pub mod config;
 pub mod cron;
 pub mod engine;
+#[cfg(feature = "server")]
 #[doc(hidden)]
 pub mod http;
 pub mod job;
 #[doc(hidden)]
 pub mod limits;
+#[cfg(feature = "server")]
 #[doc(hidden)]
 pub mod logging;
 #[doc(hidden)]
@@ -59,6 +62,7 @@ pub mod metrics;
 pub mod schedule;
 /// The schema registry's documents: registration, compilation, checking `args`.
 pub mod schema;
+#[cfg(feature = "server")]
 #[doc(hidden)]
 pub mod server;
 pub mod storage;

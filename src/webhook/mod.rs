@@ -2,14 +2,33 @@
 //! delivery needs that does not depend on the engine: the address guard and
 //! the signature.
 
+#[cfg(feature = "webhooks")]
 pub mod client;
 pub mod guard;
+#[cfg(feature = "webhooks")]
 pub mod pool;
 pub mod signature;
 pub mod subscription;
+#[cfg(feature = "webhooks")]
 pub mod verifier;
 
 pub use guard::{AddressClass, classify};
-pub use pool::DeliveryPriority;
 pub use signature::sign;
 pub use subscription::{Rotation, Subscription, SubscriptionFilter};
+
+/// How the delivery thread shares the CPU with job operations
+/// (`webhooks.priority`; docs/api.md, "Deliveries").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum DeliveryPriority {
+    /// Linux's idle scheduling class: the CPU time nothing else wants, so
+    /// deliveries slow job operations the least, but stop altogether while
+    /// other work keeps every core busy (as workers beside the server do).
+    Idle,
+    /// Nice 10 (the default): deliveries always keep a share of a busy core
+    /// (about a tenth against one busy thread at nice 0), so subscribers do
+    /// not go quiet when the host is loaded.
+    #[default]
+    Low,
+}

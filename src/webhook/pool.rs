@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use super::DeliveryPriority;
 use super::client::{Attempt, AttemptError, DeliveryClient, shared_body};
 use crate::engine::outbox::{Delivery, StartedAttempts};
 use crate::engine::{AttemptOutcome, AttemptResult, EngineConfig, EngineError, EngineHandle, Unavailable};
@@ -28,23 +29,6 @@ const HANDOFF_WARNING_EVERY: Duration = Duration::from_secs(60);
 /// about a tenth of a CPU other threads keep busy).
 #[cfg(target_os = "linux")]
 const DELIVERY_NICENESS: libc::c_int = 10;
-
-/// How the delivery thread shares the CPU with job operations
-/// (`webhooks.priority`; docs/api.md, "Deliveries").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum DeliveryPriority {
-    /// Linux's idle scheduling class: the CPU time nothing else wants, so
-    /// deliveries slow job operations the least, but stop altogether while
-    /// other work keeps every core busy (as workers beside the server do).
-    Idle,
-    /// Nice 10 (the default): deliveries always keep a share of a busy core
-    /// (about a tenth against one busy thread at nice 0), so subscribers do
-    /// not go quiet when the host is loaded.
-    #[default]
-    Low,
-}
 
 /// A delivery pool attached to an engine's settings, started by [`Pool::spawn`].
 pub struct Pool {
