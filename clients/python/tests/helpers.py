@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 
@@ -115,3 +117,44 @@ class AsyncRecorder(httpx.AsyncBaseTransport):
 
     def paths(self, since: float = 0.0) -> list[str]:
         return [path for at, _, path, _ in self.seen if at >= since]
+
+
+class AsyncScripted(httpx.AsyncBaseTransport):
+    """Passes requests through and keeps (method, path, JSON body) of each.
+
+    The POSTs whose path ends in ``path_suffix`` take, one after the other,
+    the actions in ``script`` (then ``"pass"``): ``"drop"`` fails before the
+    server sees the request (a reset: the client cannot tell), ``"lose"``
+    lets the server apply it and then drops the answer, and a number holds
+    the answer back that many seconds.
+    """
+
+    def __init__(self, path_suffix: str, script: list[str | float]) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.path_suffix = path_suffix
+        self.script = list(script)
+        self.seen: list[tuple[str, str, Any]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        self.seen.append((request.method, request.url.path, json.loads(body) if body else None))
+        action: str | float = "pass"
+        if request.method == "POST" and request.url.path.endswith(self.path_suffix) and self.script:
+            action = self.script.pop(0)
+        if action == "drop":
+            raise httpx.ReadError("connection reset by peer (simulated)", request=request)
+        response = await self.inner.handle_async_request(request)
+        if action == "lose":
+            await response.aread()
+            await response.aclose()
+            raise httpx.ReadError("connection reset by peer (simulated)", request=request)
+        if isinstance(action, (int, float)):
+            await response.aread()
+            await asyncio.sleep(action)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def bodies(self, path_suffix: str) -> list[Any]:
+        return [body for method, path, body in self.seen if method == "POST" and path.endswith(path_suffix)]

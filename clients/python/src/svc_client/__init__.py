@@ -37,8 +37,11 @@ from .inline import InlineClient, InlineJobFailed
 from .middleware import Middleware
 from .models import (
     TERMINAL_STATES,
+    AckManyResult,
+    AckOutcome,
     CronEntry,
     Failure,
+    FetchSpec,
     HeartbeatReply,
     Job,
     JobProgress,
@@ -59,6 +62,8 @@ from .version import __version__
 from .worker import Worker
 
 __all__ = [
+    "AckManyResult",
+    "AckOutcome",
     "AsyncClient",
     "AuthError",
     "Client",
@@ -66,6 +71,7 @@ __all__ = [
     "CronEntry",
     "DuplicateError",
     "Failure",
+    "FetchSpec",
     "ForbiddenError",
     "HeartbeatReply",
     "InlineClient",

@@ -1,8 +1,9 @@
 """A lean HTTP/1.1 keep-alive transport for httpx on asyncio (plain ``http://``).
 
-The worker sends two small requests per job (fetch, ack) to one server over
-loopback or a LAN, where the general-purpose connection pool under
-``httpx.AsyncClient`` costs several times what the request itself does.
+The worker sends small requests (acks that fetch the next jobs, fetches,
+heartbeats) to one server over loopback or a LAN, where the
+general-purpose connection pool under ``httpx.AsyncClient`` costs several
+times what the request itself does.
 This transport keeps a stack of open connections per server and speaks
 just enough HTTP/1.1 for svc: ``Content-Length`` and chunked bodies,
 keep-alive, ``Connection: close``. It plugs in under an ordinary

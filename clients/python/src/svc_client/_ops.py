@@ -11,7 +11,11 @@ The rule for each operation (see the README, "Retries"):
   heartbeats, progress reports (each replaces the last), cron
   registration (an upsert by name) and changes are idempotent;
 - ``ack`` is idempotent: a job acknowledged once is ``completed`` for good,
-  so a retry that finds it completed returns it;
+  so a retry that finds it completed returns it; so is ``ack_many``
+  without ``fetch`` (an ack that landed before answers ``conflict``);
+- an ack with ``fetch`` is not sent again unless the failure proves the
+  first try was not applied: the jobs a lost answer claimed stay claimed
+  until their visibility timeout, and a second try would claim more;
 - ``nack``, ``fetch``, workflow and webhook creation are not sent again
   unless the failure proves the first try was not applied;
 - deletes are idempotent: a retry that finds the thing gone counts as done.
@@ -29,6 +33,7 @@ from urllib.parse import quote
 from ._transport import Call, Recovery, Safety
 from .errors import ConflictError, DuplicateError, NotFoundError, SvcError
 from .models import (
+    AckManyResult,
     CronEntry,
     HeartbeatReply,
     Job,
@@ -39,6 +44,7 @@ from .models import (
     WebhookSubscription,
     WorkerInfo,
     Workflow,
+    fetch_body,
 )
 
 
@@ -190,18 +196,16 @@ def fetch(
     wait_ms: int = 0,
     visibility_timeout_ms: int | None = None,
 ) -> Call[list[Job]]:
-    if isinstance(queues, str):
-        queues = [queues]
-    body: dict[str, Any] = {"queues": list(queues), "count": max(1, min(int(count), 100))}
-    if worker_id is not None:
-        body["worker_id"] = worker_id
-    if wait_ms:
-        body["wait_ms"] = max(0, min(int(wait_ms), 20_000))
-    if visibility_timeout_ms is not None:
-        body["visibility_timeout_ms"] = visibility_timeout_ms
+    body = fetch_body(queues, count, worker_id, wait_ms, visibility_timeout_ms)
+    return Call(
+        "POST", "/workers/fetch", _jobs, body=body, has_body=True, safety=Safety.UNSAFE, timeout=_wait_timeout(body)
+    )
+
+
+def _wait_timeout(fetch: Mapping[str, Any]) -> float:
     # A long poll is held by the server: the read timeout must outlast it.
-    timeout = (body.get("wait_ms", 0) / 1000.0) + 15.0
-    return Call("POST", "/workers/fetch", _jobs, body=body, has_body=True, safety=Safety.UNSAFE, timeout=timeout)
+    wait_ms = fetch.get("wait_ms")
+    return (wait_ms / 1000.0 if isinstance(wait_ms, (int, float)) else 0.0) + 15.0
 
 
 def ack(job_id: str, result: Any = None, worker_id: str | None = None) -> Call[Job]:
@@ -217,6 +221,51 @@ def ack(job_id: str, result: Any = None, worker_id: str | None = None) -> Call[J
         return None
 
     return Call("POST", "/workers/ack", _job, body=body, has_body=True, recover=recover)
+
+
+def ack_fetch(job_id: str, result: Any, worker_id: str | None, fetch: Mapping[str, Any]) -> Call[list[Job]]:
+    """An ack that claims the next jobs (``jobs`` of the answer) in the same step.
+
+    Not sent again after an unknown outcome: the jobs a lost answer claimed
+    are held until their visibility timeout, and a second try would claim
+    more. A refused ack claims nothing.
+    """
+    body: dict[str, Any] = {"job_id": job_id}
+    if result is not None:
+        body["result"] = result
+    if worker_id is not None:
+        body["worker_id"] = worker_id
+    body["fetch"] = dict(fetch)
+    return Call(
+        "POST", "/workers/ack", _jobs, body=body, has_body=True, safety=Safety.UNSAFE, timeout=_wait_timeout(fetch)
+    )
+
+
+def ack_many(
+    acks: Sequence[Mapping[str, Any]],
+    worker_id: str | None = None,
+    fetch: Mapping[str, Any] | None = None,
+) -> Call[AckManyResult]:
+    """Acks of several jobs (``acks``), each on its own, and a fetch run either way.
+
+    Without ``fetch`` it is sent again after an unknown outcome (an ack
+    that landed the first time then answers ``conflict``, ``current_state:
+    completed``); with one, only when the failure proves nothing was applied.
+    """
+    body: dict[str, Any] = {"acks": list(acks)}
+    if worker_id is not None:
+        body["worker_id"] = worker_id
+    if fetch is not None:
+        body["fetch"] = dict(fetch)
+    return Call(
+        "POST",
+        "/workers/ack",
+        lambda a: AckManyResult.from_json(a if isinstance(a, Mapping) else {}),
+        body=body,
+        has_body=True,
+        safety=Safety.UNSAFE if fetch is not None else Safety.IDEMPOTENT,
+        timeout=_wait_timeout(fetch) if fetch is not None else None,
+    )
 
 
 def nack(

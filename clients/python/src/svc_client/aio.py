@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import asyncio
 import time
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Mapping, Sequence, TypeVar, overload
 
 import httpx
 
@@ -16,7 +16,10 @@ from ._wire import Duration, Timestamp, to_millis
 from .errors import SvcError
 from .middleware import Middleware, chain_async
 from .models import (
+    AckInput,
+    AckManyResult,
     CronEntry,
+    FetchInput,
     HeartbeatReply,
     Job,
     JobInput,
@@ -32,6 +35,8 @@ from .models import (
     WebhookSubscription,
     WorkerInfo,
     Workflow,
+    ack_item_json,
+    fetch_json,
 )
 from .tracing import TraceparentProvider
 
@@ -242,9 +247,53 @@ class AsyncClient:
             )
         )
 
-    async def ack(self, job_id: str, result: Any = None, *, worker_id: str | None = None) -> Job:
-        """Completes an active job with ``result``."""
-        return await self._run(_ops.ack(job_id, result, worker_id))
+    @overload
+    async def ack(self, job_id: str, result: Any = None, *, worker_id: str | None = None, fetch: None = None) -> Job: ...
+
+    @overload
+    async def ack(
+        self, job_id: str, result: Any = None, *, worker_id: str | None = None, fetch: FetchInput
+    ) -> list[Job]: ...
+
+    async def ack(
+        self, job_id: str, result: Any = None, *, worker_id: str | None = None, fetch: FetchInput | None = None
+    ) -> Job | list[Job]:
+        """Completes an active job with ``result``; returns it as stored.
+
+        With ``fetch`` (a :class:`FetchSpec`, or a fetch body), the next jobs
+        are claimed for ``worker_id`` in the same durable step and returned
+        instead: one round trip per job for a busy worker. A refused ack
+        raises and claims nothing. Such an ack is sent again only after a
+        failure that proves it was not applied: should its answer be lost,
+        the jobs it claimed come back to their queues after their
+        visibility timeout.
+        """
+        if fetch is None:
+            return await self._run(_ops.ack(job_id, result, worker_id))
+        return await self._run(_ops.ack_fetch(job_id, result, worker_id, fetch_json(fetch)))
+
+    async def ack_many(
+        self,
+        acks: Sequence[AckInput],
+        *,
+        worker_id: str | None = None,
+        fetch: FetchInput | None = None,
+    ) -> AckManyResult:
+        """Completes several jobs in one request (1 to 100), each on its own.
+
+        ``acks`` holds job ids, ``(job_id, result)`` pairs or ``{"job_id",
+        "result"}`` mappings. One refused (a lease lost, an unknown job)
+        leaves the others done: the answer's ``acks`` say how each went, in
+        order. With ``fetch``, the next jobs are claimed for ``worker_id``
+        whatever the acks came to, and returned as ``jobs``. Without
+        ``fetch`` the request is retried like an ack (an ack that landed on
+        a lost try then shows as refused with ``current_state`` ``completed``);
+        with it, only after a failure that proves nothing was applied.
+        """
+        if isinstance(acks, (str, bytes)) or not isinstance(acks, Sequence):
+            raise TypeError("acks must be a list of job ids, (job_id, result) pairs or mappings")
+        items = [ack_item_json(item) for item in acks]
+        return await self._run(_ops.ack_many(items, worker_id, fetch_json(fetch) if fetch is not None else None))
 
     async def nack(
         self,

@@ -190,6 +190,39 @@ def error_from_response(
     )
 
 
+#: The HTTP status each error code comes with, for errors reported inside
+#: a 200 answer (an ack of several jobs reports each refusal on its own).
+_STATUS_OF_CODE = {
+    "invalid_request": 400,
+    "invalid_payload": 400,
+    "schema_validation": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "conflict": 409,
+    "duplicate": 409,
+    "envelope_too_large": 413,
+    "unsupported": 422,
+    "rate_limited": 429,
+    "timeout": 504,
+}
+
+
+def error_from_item(err: Any) -> SvcError:
+    """The exception for an error object reported for one item of a request
+    (``{code, message, retryable, details}``): the one a request for that
+    item alone would have raised."""
+    if not isinstance(err, Mapping):
+        err = {}
+    code = str(err.get("code") or "error")
+    status = _STATUS_OF_CODE.get(code)
+    message = str(err.get("message") or code)
+    details = err.get("details") if isinstance(err.get("details"), Mapping) else {}
+    cls = _class_for(status, code, details or {}) if status is not None else SvcError
+    return cls(message, code=code, retryable=err.get("retryable") is True, details=details, status=status)
+
+
 def _default_code(status: int) -> str:
     return {
         400: "invalid_request",

@@ -22,6 +22,7 @@ from ._wire import (
     to_millis,
     to_seconds,
 )
+from .errors import SvcError, error_from_item
 
 JobState = Literal[
     "scheduled", "available", "pending", "active", "retryable", "completed", "discarded", "cancelled"
@@ -743,6 +744,130 @@ class HeartbeatReply:
             state=_str(data, "state", "running"),
             jobs_extended=_int(data, "jobs_extended"),
             server_time=_ts(data, "server_time"),
+        )
+
+
+@dataclass(frozen=True)
+class FetchSpec:
+    """What an ack claims next (``fetch`` of ``POST /workers/ack``): up to
+    ``count`` jobs of ``queues`` (most important first), waiting up to
+    ``wait`` seconds (20 at most) for one after the ack is committed.
+    ``visibility_timeout`` overrides the claimed jobs' own."""
+
+    queues: Sequence[str]
+    count: int = 1
+    wait: float = 0.0
+    visibility_timeout: Duration | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return fetch_body(
+            self.queues,
+            self.count,
+            wait_ms=int(self.wait * 1000),
+            visibility_timeout_ms=to_millis(self.visibility_timeout) if self.visibility_timeout is not None else None,
+        )
+
+
+#: A fetch to attach to an ack: a :class:`FetchSpec`, or a fetch body sent as is.
+FetchInput = Union[FetchSpec, Mapping[str, Any]]
+
+#: One job of :meth:`Client.ack_many <svc_client.Client.ack_many>`: its id,
+#: ``(id, result)``, or ``{"job_id": ..., "result": ...}``.
+AckInput = Union[str, tuple[str, Any], Mapping[str, Any]]
+
+
+def fetch_body(
+    queues: Sequence[str],
+    count: int = 1,
+    worker_id: str | None = None,
+    wait_ms: int = 0,
+    visibility_timeout_ms: int | None = None,
+) -> dict[str, Any]:
+    """A fetch body (``POST /workers/fetch``, or an ack's ``fetch``)."""
+    if isinstance(queues, str):
+        queues = [queues]
+    body: dict[str, Any] = {"queues": list(queues), "count": max(1, min(int(count), 100))}
+    if worker_id is not None:
+        body["worker_id"] = worker_id
+    if wait_ms:
+        body["wait_ms"] = max(0, min(int(wait_ms), 20_000))
+    if visibility_timeout_ms is not None:
+        body["visibility_timeout_ms"] = visibility_timeout_ms
+    return body
+
+
+def fetch_json(fetch: FetchInput) -> dict[str, Any]:
+    if isinstance(fetch, FetchSpec):
+        return fetch.to_json()
+    if isinstance(fetch, Mapping):
+        return dict(fetch)
+    raise TypeError("fetch must be a FetchSpec or a mapping")
+
+
+def ack_item_json(item: AckInput) -> dict[str, Any]:
+    if isinstance(item, str):
+        return {"job_id": item}
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+        entry: dict[str, Any] = {"job_id": item[0]}
+        if item[1] is not None:
+            entry["result"] = item[1]
+        return entry
+    if isinstance(item, Mapping):
+        return dict(item)
+    raise TypeError("an ack is a job id, (job_id, result), or a mapping with job_id and result")
+
+
+@dataclass(frozen=True)
+class AckOutcome:
+    """How one ack of :meth:`Client.ack_many <svc_client.Client.ack_many>` went.
+
+    ``acknowledged`` jobs carry their ``state`` (``completed``) and
+    ``completed_at``; a refused one carries ``error``, the exception a
+    one-job ack would have raised (a :class:`~svc_client.ConflictError` for
+    a job no longer active or held by another worker, a
+    :class:`~svc_client.NotFoundError` for an unknown one).
+    """
+
+    job_id: str
+    acknowledged: bool
+    state: str | None = None
+    completed_at: datetime | None = None
+    error: SvcError | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AckOutcome:
+        acknowledged = data.get("acknowledged") is True
+        return cls(
+            job_id=_str(data, "job_id"),
+            acknowledged=acknowledged,
+            state=_opt_str(data, "state"),
+            completed_at=_ts(data, "completed_at"),
+            error=None if acknowledged else error_from_item(data.get("error")),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True)
+class AckManyResult:
+    """The answer to an ack of several jobs: each ack's outcome, in the
+    order sent, and the jobs its ``fetch`` claimed."""
+
+    acks: list[AckOutcome]
+    jobs: list[Job]
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def refused(self) -> list[AckOutcome]:
+        """The acks that did not go through."""
+        return [a for a in self.acks if not a.acknowledged]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AckManyResult:
+        return cls(
+            acks=[AckOutcome.from_json(a) for a in _list(data.get("acks")) if isinstance(a, Mapping)],
+            jobs=[Job.from_json(j) for j in _list(data.get("jobs")) if isinstance(j, Mapping)],
+            raw=dict(data),
         )
 
 

@@ -1,7 +1,9 @@
 """The worker: fetches jobs, runs handlers, reports the outcome.
 
-One asyncio loop drives everything: a fetch loop (long polls for as many
-jobs as there are free slots), a heartbeat loop (every third of the
+One asyncio loop drives everything: an ack loop (acks of jobs that finish
+close together go in one request, which also claims the next jobs for the
+free slots), a fetch loop (long polls for free slots the acks did not
+fill: when idle, after failures), a heartbeat loop (every third of the
 visibility timeout while jobs are in hand), and one task per job. Sync
 handlers run on a pool of daemon threads, async handlers on the loop.
 """
@@ -9,6 +11,7 @@ handlers run on a pool of daemon threads, async handlers on the loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import inspect
 import logging
@@ -39,7 +42,9 @@ from .errors import (
     NotFoundError,
     PayloadTooLargeError,
     SvcError,
+    TransportError,
     ValidationError,
+    error_from_item,
 )
 from .middleware import Middleware, chain_execute
 from .models import HeartbeatReply, Job, JobProgress
@@ -60,6 +65,16 @@ TIMEOUT = "timeout"
 WORKER_SHUTDOWN = "worker_shutdown"
 WORKER_TERMINATED = "worker_terminated"
 INVALID_RESULT = "invalid_result"
+
+#: Jobs one ack request names at most (svc's limit).
+_ACKS_MAX = 100
+#: Result bytes one ack request carries at most, so that a request stays
+#: within svc's 2 MiB body limit; a larger result goes alone.
+_ACK_BATCH_BYTES = 1 << 20
+#: Ack requests in flight at once: one, and more only while full ones wait.
+_ACK_FLIGHTS = 4
+#: In flight at once when acks go one job a request (a server without ``acks``).
+_ONE_JOB_ACK_FLIGHTS = 16
 
 
 def default_worker_id() -> str:
@@ -155,7 +170,31 @@ class _Held:
     settled: bool = False
     released: bool = False
     slot_freed: bool = False
-    settle_task: asyncio.Task[None] | None = None
+    #: The slot is free but the outcome not yet known (a sync handler returned).
+    settling: bool = False
+    #: Bytes of the result as JSON, once the handler returned one.
+    result_size: int = 0
+    #: Done once the outcome is reported or given up: the nack's task, or
+    #: for an ack a future the ack loop resolves.
+    settle_task: asyncio.Future[None] | None = None
+
+
+@dataclass(eq=False)
+class _AckItem:
+    """An ack waiting to be sent (or sent again)."""
+
+    held: _Held
+    result: Any
+    queued_at: float
+    #: Resolved once the ack is reported, refused or given up (the held
+    #: job's ``settle_task`` until then).
+    done: asyncio.Future[None]
+    #: Tries that failed so far: an ack sent again never carries a fetch.
+    failures: int = 0
+    #: The last failed try may have been applied: check the claim before sending again.
+    ambiguous: bool = False
+    #: Goes in a request of its own.
+    solo: bool = False
 
 
 async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
@@ -212,8 +251,12 @@ class Worker:
             ``shutdown_grace + settle_timeout``).
         idle_heartbeat: heartbeat period while quiet with nothing in hand.
         fetch_linger: while jobs run and only a few slots are free (under a
-            quarter), how long the worker waits for more to free up before
-            fetching, so that one fetch claims several jobs.
+            quarter), how long the fetch loop waits for more to free up
+            before a fetch of its own, so that one fetch claims several jobs.
+        ack_linger: how long an ack may wait for others to finish and go in
+            the same request, when no ack request is in flight and other
+            jobs still run (acks finishing while one is in flight go in the
+            next).
         transport: an httpx transport to send requests through (proxies, tests).
     """
 
@@ -235,6 +278,7 @@ class Worker:
         settle_timeout: float = 4.0,
         idle_heartbeat: float = 5.0,
         fetch_linger: float = 0.02,
+        ack_linger: float = 0.002,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if isinstance(queues, str):
@@ -264,6 +308,7 @@ class Worker:
         self.settle_timeout = settle_timeout
         self.idle_heartbeat = idle_heartbeat
         self.fetch_linger = fetch_linger
+        self.ack_linger = max(0.0, ack_linger)
         self._refill = max(1, concurrency // 4)
         self._transport = transport
         self._handlers: dict[str, _Handler] = {}
@@ -274,7 +319,23 @@ class Worker:
         self._client: AsyncClient | None = None
         self._pool: _ThreadPool | None = None
         self._held: dict[str, _Held] = {}
+        #: Jobs whose handler holds a slot.
         self._busy = 0
+        #: Slots promised to fetches in flight (the fetch loop's, and acks' ``fetch``).
+        self._reserved = 0
+        #: Slots freed by handlers whose outcome is not yet settled.
+        self._settling = 0
+        #: Acks waiting to be sent, oldest first.
+        self._acks: collections.deque[_AckItem] = collections.deque()
+        self._ack_wake: asyncio.Event | None = None
+        self._ack_flights: set[asyncio.Task[None]] = set()
+        #: Ack requests in flight that carry a fetch.
+        self._fetching_flights = 0
+        #: Tasks that wait to send an ack again.
+        self._ack_retries: set[asyncio.Task[None]] = set()
+        self._ack_backoff = _Backoff(base=0.05, cap=2.0)
+        #: The server takes no ``acks``: one job a request, no fetch.
+        self._one_job_acks = False
         #: What the server last told this worker: running, quiet, draining.
         self._remote = "running"
         self._stopping = False
@@ -349,6 +410,7 @@ class Worker:
         self._stop_event = asyncio.Event()
         self._hurry = asyncio.Event()
         self._changed = asyncio.Event()
+        self._ack_wake = asyncio.Event()
         connections = min(self.concurrency, 16) + 2
         transport = self._transport
         if transport is None and self.url.startswith("http://"):
@@ -367,13 +429,15 @@ class Worker:
         log.info("worker %s started: queues=%s concurrency=%d", self.worker_id, self.queues, self.concurrency)
         fetcher = loop.create_task(self._fetch_loop(), name="svc-fetch")
         beater = loop.create_task(self._heartbeat_loop(), name="svc-heartbeat")
+        acker = loop.create_task(self._ack_loop(), name="svc-ack")
         try:
             await self._stop_event.wait()
             await self._shutdown(fetcher)
         finally:
-            beater.cancel()
-            fetcher.cancel()
-            await asyncio.gather(beater, fetcher, return_exceptions=True)
+            background = [beater, fetcher, acker, *self._ack_flights, *self._ack_retries]
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             for sig in installed:
                 try:
                     loop.remove_signal_handler(sig)
@@ -439,60 +503,95 @@ class Worker:
                 if left <= 0:
                     break
                 await self._wait_changed(min(left, 0.5))
-        reason = WORKER_TERMINATED if self._remote == "terminate" else WORKER_SHUTDOWN
         for held in list(self._held.values()):
             if not held.settled:
-                self._release(held, reason)
-        pending = [h.settle_task for h in self._held.values() if h.settle_task is not None]
-        if pending:
-            done, late = await asyncio.wait(pending, timeout=self.settle_timeout)
-            if late:
+                self._release(held, self._release_reason())
+        # Outcomes still to report. Jobs an ack in flight claims meanwhile
+        # are released as they come (see _took), which adds to them.
+        deadline = time.monotonic() + self.settle_timeout
+        while True:
+            pending = {
+                h.settle_task for h in self._held.values() if h.settle_task is not None and not h.settle_task.done()
+            }
+            if not pending:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
                 log.error(
                     "worker %s: %d outcomes not reported before exit; the server retries those jobs after their lease",
-                    self.worker_id, len(late),
+                    self.worker_id, len(pending),
                 )
-                for task in late:
+                for task in pending:
                     task.cancel()
-                await asyncio.gather(*late, return_exceptions=True)
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+            await asyncio.wait(pending, timeout=left)
         stray = [h.task for h in self._held.values() if h.task is not None and not h.task.done()]
         for task in stray:
             task.cancel()
         await asyncio.gather(*stray, return_exceptions=True)
+
+    def _release_reason(self) -> str:
+        return WORKER_TERMINATED if self._remote == "terminate" else WORKER_SHUTDOWN
 
     def _running_jobs(self) -> bool:
         return any(not h.settled or (h.settle_task is not None and not h.settle_task.done()) for h in self._held.values())
 
     # ------------------------------------------------------------------ fetching
 
+    def _may_fetch(self) -> bool:
+        return not self._stopping and self._remote == "running"
+
+    def _free(self) -> int:
+        """Slots neither running a handler nor promised to a fetch in flight."""
+        return self.concurrency - self._busy - self._reserved
+
+    def _acks_will_fetch(self) -> bool:
+        """Whether an ack about to go (or on its way) claims jobs for free slots."""
+        if self._fetching_flights:
+            return True
+        if self._one_job_acks:
+            return False
+        return any(item.failures == 0 and not item.solo for item in self._acks)
+
     async def _fetch_loop(self) -> None:
+        """Claims jobs for free slots that no ack fills: long polls while the
+        worker is idle, and fetches after failures, releases, or an ack whose
+        fetch came back short."""
         assert self._client is not None
         backoff = _Backoff()
         early = _Backoff(base=0.25, cap=5.0)
+        linger_until: float | None = None
         while not self._stopping:
             if self._remote != "running":
+                linger_until = None
                 await self._wait_changed(self.idle_heartbeat)
                 continue
-            free = self.concurrency - self._busy
-            if free <= 0:
+            # Slots whose handler returned wait for their outcome: an ack
+            # fetches for them in the same request.
+            free = self._free() - self._settling
+            if free <= 0 or self._acks_will_fetch():
                 await self._wait_changed()
                 continue
             if free < self._refill and self._busy > 0:
                 # A slot or two just freed while others still run: wait a
                 # moment for more, so that one fetch claims several jobs.
-                linger_until = time.monotonic() + self.fetch_linger
-                while not self._stopping and self.concurrency - self._busy < self._refill:
-                    left = linger_until - time.monotonic()
-                    if left <= 0:
-                        break
-                    await self._wait_changed(left)
-                free = self.concurrency - self._busy
-                if free <= 0:
+                now = time.monotonic()
+                if linger_until is None:
+                    linger_until = now + self.fetch_linger
+                if now < linger_until:
+                    await self._wait_changed(linger_until - now)
                     continue
-            call = _ops.fetch(self.queues, min(free, 100), self.worker_id, int(self.wait * 1000), self.visibility_timeout_ms)
+            linger_until = None
+            count = min(free, 100)
+            call = _ops.fetch(self.queues, count, self.worker_id, int(self.wait * 1000), self.visibility_timeout_ms)
             started = time.monotonic()
+            self._reserved += count
             try:
                 jobs = call.parse(await self._client._send(call))
             except SvcError as exc:
+                self._reserved -= count
+                self._notify()
                 if self._fatal_error(exc):
                     return
                 delay = backoff.next()
@@ -500,13 +599,17 @@ class Worker:
                 log.log(level, "worker %s: fetch failed (%s); again in %.2fs", self.worker_id, exc, delay)
                 await self._sleep(delay)
                 continue
+            except BaseException:
+                self._reserved -= count
+                raise
+            self._reserved -= count
             backoff.reset()
             received = time.monotonic()
-            for job in jobs:
-                self._start(job, received)
+            self._took(jobs, received)
             if jobs:
                 early.reset()
                 continue
+            self._notify()
             if self.wait > 0 and received - started < self.wait * 0.9:
                 # An empty answer before the wait was up: the server drains or
                 # told this worker to stop. A heartbeat says which.
@@ -626,7 +729,21 @@ class Worker:
 
     # ------------------------------------------------------------------ running a job
 
-    def _start(self, job: Job, received: float) -> None:
+    def _took(self, jobs: Sequence[Job], received: float) -> None:
+        """Jobs a fetch (or an ack's fetch) claimed: run them, or, once the
+        worker is stopping, release them at once."""
+        for job in jobs:
+            held = self._hold(job, received)
+            if self._stopping:
+                self._release(held, self._release_reason())
+            else:
+                self._busy += 1
+                assert self._loop is not None
+                held.task = self._loop.create_task(self._execute(held), name=f"svc-job-{job.id}")
+        if jobs:
+            self._notify()
+
+    def _hold(self, job: Job, received: float) -> _Held:
         self.stats["fetched"] += 1
         visibility = (self.visibility_timeout_ms or job.visibility_timeout_ms or 30_000) / 1000.0
         timeout = job.timeout_ms / 1000.0 if job.timeout_ms else None
@@ -635,19 +752,20 @@ class Worker:
         previous = self._held.get(job.id)
         if previous is not None and not previous.settled:
             # The server handed out a job this worker still runs: the earlier
-            # run lost its lease. The new claim wins; the old run's outcome is dropped.
+            # run lost its lease. The new claim wins; the old run's outcome is
+            # dropped (an ack of it still waiting is dropped too, see _stale).
             previous.released = True
             previous.ctx._cancel("lease lost")
         self._held[job.id] = held
-        self._busy += 1
-        assert self._loop is not None
-        held.task = self._loop.create_task(self._execute(held), name=f"svc-job-{job.id}")
-        self._notify()
+        return held
 
     def _free_slot(self, held: _Held) -> None:
         if not held.slot_freed:
             held.slot_freed = True
             self._busy -= 1
+            if not held.settled:
+                held.settling = True
+                self._settling += 1
             self._notify()
 
     async def _execute(self, held: _Held) -> None:
@@ -716,7 +834,7 @@ class Worker:
         except Exception as exc:  # the handler's failure
             return "nack", failure_body(exc)
         try:
-            dumps(result)
+            held.result_size = len(dumps(result))
         except (TypeError, ValueError) as exc:
             return "nack", {
                 "type": INVALID_RESULT,
@@ -777,42 +895,46 @@ class Worker:
         if held.settled:
             return
         held.settled = True
+        if held.settling:
+            held.settling = False
+            self._settling -= 1
+            self._notify()
         assert self._loop is not None
-        held.settle_task = self._loop.create_task(self._report(held, kind, payload, requeue))
+        if kind == "ack":
+            # Acks go through the ack loop, several to a request.
+            done: asyncio.Future[None] = self._loop.create_future()
+            held.settle_task = done
+            self._acks.append(_AckItem(held=held, result=payload, queued_at=time.monotonic(), done=done))
+            assert self._ack_wake is not None
+            self._ack_wake.set()
+        else:
+            held.settle_task = self._loop.create_task(self._report(held, payload, requeue))
 
-    async def _report(self, held: _Held, kind: str, payload: Any, requeue: bool) -> None:
-        """Sends an ack or nack until it lands, the job is no longer ours, or its lease ran out."""
+    async def _report(self, held: _Held, error: Any, requeue: bool) -> None:
+        """Sends a nack until it lands, the job is no longer ours, or its lease ran out."""
         assert self._client is not None
         job = held.job
         backoff = _Backoff(base=0.05, cap=2.0)
         ambiguous = False
+        call = _ops.nack(job.id, error, requeue, self.worker_id)
         try:
             while True:
-                call: Call[Job]
-                if kind == "ack":
-                    call = _ops.ack(job.id, payload, self.worker_id)
-                else:
-                    call = _ops.nack(job.id, payload, requeue, self.worker_id)
                 if ambiguous and not await self._still_ours(held):
-                    log.debug("worker %s: %s of %s landed before (or the claim is gone)", self.worker_id, kind, job.id)
+                    log.debug("worker %s: nack of %s landed before (or the claim is gone)", self.worker_id, job.id)
                     break
                 try:
                     await self._client._send(call)
-                    self.stats["acked" if kind == "ack" else "nacked"] += 1
+                    self.stats["nacked"] += 1
                     break
                 except ConflictError as exc:
                     # Cancelled meanwhile, or the lease ran out and the job
                     # went back to the queue: nothing left to report.
-                    log.warning("worker %s: %s of job %s refused: %s", self.worker_id, kind, job.id, exc)
+                    log.warning("worker %s: nack of job %s refused: %s", self.worker_id, job.id, exc)
                     break
                 except NotFoundError as exc:
                     log.warning("worker %s: job %s is gone: %s", self.worker_id, job.id, exc)
                     break
-                except (PayloadTooLargeError, ValidationError) as exc:
-                    if kind == "ack":
-                        # The result was refused (too large): fail the attempt instead.
-                        kind, payload = "nack", {"type": INVALID_RESULT, "message": f"result refused: {exc.message}"}
-                        continue
+                except ValidationError as exc:
                     log.error("worker %s: nack of job %s refused: %s", self.worker_id, job.id, exc)
                     break
                 except SvcError as exc:
@@ -821,26 +943,327 @@ class Worker:
                     if may_have_applied(exc):
                         ambiguous = True
                     if not transient(exc):
-                        log.error("worker %s: %s of job %s failed: %s", self.worker_id, kind, job.id, exc)
+                        log.error("worker %s: nack of job %s failed: %s", self.worker_id, job.id, exc)
                         break
                     if time.monotonic() > held.lease_until + 1.0:
                         log.error(
-                            "worker %s: could not report %s of job %s before its lease ran out (%s); "
+                            "worker %s: could not report nack of job %s before its lease ran out (%s); "
                             "the server will hand it out again",
-                            self.worker_id, kind, job.id, exc,
+                            self.worker_id, job.id, exc,
                         )
                         break
                     delay = backoff.next()
                     level = logging.WARNING if backoff.n == 1 else logging.DEBUG
                     log.log(
-                        level, "worker %s: %s of job %s failed (%s); again in %.2fs",
-                        self.worker_id, kind, job.id, exc, delay,
+                        level, "worker %s: nack of job %s failed (%s); again in %.2fs",
+                        self.worker_id, job.id, exc, delay,
                     )
                     await asyncio.sleep(delay)
         finally:
             if self._held.get(job.id) is held:
                 del self._held[job.id]
             self._notify()
+
+    # ------------------------------------------------------------------ acks
+
+    async def _ack_loop(self) -> None:
+        """Sends the acks waiting, several jobs a request (``acks``), with a
+        ``fetch`` for the free slots while the worker is running.
+
+        One request is in flight at a time (more only while full ones wait):
+        acks that finish meanwhile go together in the next. With none in
+        flight, an ack waits up to ``ack_linger`` for jobs still running to
+        join it.
+        """
+        assert self._ack_wake is not None
+        while True:
+            self._ack_wake.clear()
+            if self._acks and self._may_send_acks():
+                if not self._ack_flights and not self._one_job_acks:
+                    await self._linger_acks()
+                batch = self._take_acks()
+                if batch:
+                    self._launch_acks(batch)
+                continue
+            await self._ack_wake.wait()
+
+    def _may_send_acks(self) -> bool:
+        flights = len(self._ack_flights)
+        if self._one_job_acks:
+            return flights < _ONE_JOB_ACK_FLIGHTS
+        return flights == 0 or (flights < _ACK_FLIGHTS and len(self._acks) >= _ACKS_MAX)
+
+    async def _linger_acks(self) -> None:
+        assert self._ack_wake is not None
+        deadline = self._acks[0].queued_at + self.ack_linger
+        while len(self._acks) < _ACKS_MAX and (self._busy > 0 or self._settling > 0):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._ack_wake.clear()
+            await _wait_event(self._ack_wake, left)
+            if not self._acks:
+                return
+
+    def _stale(self, item: _AckItem) -> bool:
+        """Whether an ack is no longer to be sent: given up at shutdown, or
+        its claim superseded by a new one of the same job."""
+        return item.done.done() or self._held.get(item.held.job.id) is not item.held
+
+    def _take_acks(self) -> list[_AckItem]:
+        """The next request's acks, in order: up to 100 and 1 MiB of results."""
+        batch: list[_AckItem] = []
+        size = 0
+        limit = 1 if self._one_job_acks else _ACKS_MAX
+        while self._acks and len(batch) < limit:
+            item = self._acks[0]
+            if self._stale(item):
+                self._acks.popleft()
+                self._ack_done(item)
+                continue
+            item_size = item.held.result_size
+            if item_size > _ACK_BATCH_BYTES:
+                item.solo = True
+            if item.solo:
+                if not batch:
+                    batch.append(self._acks.popleft())
+                break
+            if batch and size + item_size > _ACK_BATCH_BYTES:
+                break
+            batch.append(self._acks.popleft())
+            size += item_size
+        return batch
+
+    def _launch_acks(self, batch: list[_AckItem]) -> None:
+        """Starts an ack request. What it fetches is decided, and its slots
+        reserved, here and now: before the fetch loop looks again."""
+        assert self._loop is not None
+        # An ack alone in its request (a result svc refused in company, or
+        # too large for it) goes in the one-job form, as it would without acks.
+        one_job = self._one_job_acks or batch[0].solo
+        count = 0
+        if not one_job and self._may_fetch() and all(item.failures == 0 for item in batch):
+            count = max(0, min(self._free(), 100))
+        if count:
+            self._reserved += count
+            self._fetching_flights += 1
+        task = self._loop.create_task(self._send_acks(batch, one_job, count), name="svc-ack-request")
+        self._ack_flights.add(task)
+        task.add_done_callback(self._ack_flight_done)
+
+    def _ack_flight_done(self, task: asyncio.Task[None]) -> None:
+        self._ack_flights.discard(task)
+        if self._ack_wake is not None:
+            self._ack_wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker %s: ack request failed unexpectedly", self.worker_id, exc_info=task.exception())
+
+    async def _send_acks(self, batch: list[_AckItem], one_job: bool, count: int) -> None:
+        """One ack request, with a fetch of ``count`` jobs (already reserved)."""
+        assert self._client is not None
+        call: Call[Any]
+        if one_job:
+            item = batch[0]
+            call = _ops.ack(item.held.job.id, item.result, self.worker_id)
+        else:
+            fetch: dict[str, Any] | None = None
+            if count:
+                fetch = {"queues": self.queues, "count": count}
+                if self.visibility_timeout_ms is not None:
+                    fetch["visibility_timeout_ms"] = self.visibility_timeout_ms
+            acks = [
+                {"job_id": i.held.job.id} if i.result is None else {"job_id": i.held.job.id, "result": i.result}
+                for i in batch
+            ]
+            call = _ops.ack_many(acks, self.worker_id, fetch)
+        reserved = True
+        try:
+            try:
+                answer = await self._client._send(call)
+            except Exception as exc:
+                self._unreserve(count)
+                reserved = False
+                if not isinstance(exc, SvcError):
+                    log.error("worker %s: ack request failed unexpectedly", self.worker_id, exc_info=exc)
+                    exc = TransportError(f"{type(exc).__name__}: {exc}", sent=True, cause=exc)
+                self._ack_failed(batch, exc, many=not one_job)
+                return
+            received = time.monotonic()
+            self._unreserve(count)
+            reserved = False
+            self._ack_backoff.reset()
+            if one_job:
+                self._acked(batch[0], {"acknowledged": True})
+                return
+            entries = answer.get("acks") if isinstance(answer, dict) else None
+            if not isinstance(entries, list):
+                entries = []
+            for index, item in enumerate(batch):
+                entry = entries[index] if index < len(entries) else None
+                if isinstance(entry, dict) and entry.get("job_id") == item.held.job.id:
+                    self._acked(item, entry)
+                else:
+                    log.error("worker %s: the answer to an ack says nothing of job %s", self.worker_id, item.held.job.id)
+                    self._ack_done(item)
+            self._took(_ops._jobs(answer), received)
+        finally:
+            if reserved:
+                self._unreserve(count)
+
+    def _unreserve(self, count: int) -> None:
+        if count:
+            self._reserved -= count
+            self._fetching_flights -= 1
+            self._notify()
+
+    def _acked(self, item: _AckItem, entry: dict[str, Any]) -> None:
+        """One ack's outcome as the answer tells it."""
+        job = item.held.job
+        if entry.get("acknowledged") is True:
+            self.stats["acked"] += 1
+            self._ack_done(item)
+            return
+        exc = error_from_item(entry.get("error"))
+        if isinstance(exc, (ConflictError, NotFoundError)):
+            # Cancelled meanwhile, or the lease ran out and the job went back
+            # to the queue (or to another worker): nothing left to report.
+            level = logging.DEBUG if item.failures else logging.WARNING
+            log.log(level, "worker %s: ack of job %s refused: %s", self.worker_id, job.id, exc)
+            self._ack_done(item)
+        elif isinstance(exc, ValidationError):
+            self._result_refused(item, exc)
+        elif exc.retryable:
+            self._ack_retry([item], exc)
+        else:
+            log.error("worker %s: ack of job %s refused: %s", self.worker_id, job.id, exc)
+            self._ack_done(item)
+
+    def _ack_failed(self, batch: list[_AckItem], exc: SvcError, *, many: bool) -> None:
+        """A whole ack request failed (``many``: one in the ``acks`` form)."""
+        index = exc.details.get("index")
+        if (
+            isinstance(exc, (ValidationError, ConflictError, NotFoundError))
+            and isinstance(index, int)
+            and not isinstance(index, bool)
+            and 0 <= index < len(batch)
+            and len(batch) > 1
+        ):
+            # One ack spoiled the request (before anything was applied): it
+            # goes its own way, the others again at once.
+            self._requeue_front(batch[:index] + batch[index + 1:])
+            bad = batch[index]
+            if isinstance(exc, ValidationError):
+                self._result_refused(bad, exc)
+            else:
+                log.warning("worker %s: ack of job %s refused: %s", self.worker_id, bad.held.job.id, exc)
+                self._ack_done(bad)
+            return
+        if isinstance(exc, ValidationError):
+            if (
+                many
+                and not self._one_job_acks
+                and exc.details.get("field") == "job_id"
+                and "index" not in exc.details
+                and not isinstance(exc, PayloadTooLargeError)
+            ):
+                log.warning(
+                    "worker %s: the server does not take acks of several jobs (%s); acking one job a request",
+                    self.worker_id, exc,
+                )
+                self._one_job_acks = True
+                self._requeue_front(batch)
+                return
+            if many:
+                # Which ack spoiled it is not said (a result nested too
+                # deep for the body, say): each goes alone.
+                for item in batch:
+                    item.solo = True
+                self._requeue_front(batch)
+                return
+            self._result_refused(batch[0], exc)
+            return
+        if self._fatal_error(exc):
+            for item in batch:
+                self._ack_done(item)
+            return
+        if isinstance(exc, (ConflictError, NotFoundError)) and len(batch) == 1:
+            level = logging.DEBUG if batch[0].failures else logging.WARNING
+            log.log(level, "worker %s: ack of job %s refused: %s", self.worker_id, batch[0].held.job.id, exc)
+            self._ack_done(batch[0])
+            return
+        if not transient(exc):
+            log.error("worker %s: ack of %d jobs failed: %s", self.worker_id, len(batch), exc)
+            for item in batch:
+                self._ack_done(item)
+            return
+        self._ack_retry(batch, exc)
+
+    def _ack_retry(self, batch: list[_AckItem], exc: SvcError) -> None:
+        """Sends acks again after a transient failure, until their lease runs out.
+        After a try that may have landed, the claim is read first."""
+        assert self._loop is not None
+        ambiguous = may_have_applied(exc)
+        delay = self._ack_backoff.next()
+        level = logging.WARNING if self._ack_backoff.n == 1 else logging.DEBUG
+        log.log(
+            level, "worker %s: ack of %d jobs failed (%s); again in %.2fs",
+            self.worker_id, len(batch), exc, delay,
+        )
+        now = time.monotonic()
+        for item in batch:
+            item.failures += 1
+            item.ambiguous = item.ambiguous or ambiguous
+            if now > item.held.lease_until + 1.0:
+                log.error(
+                    "worker %s: could not report ack of job %s before its lease ran out (%s); "
+                    "the server will hand it out again",
+                    self.worker_id, item.held.job.id, exc,
+                )
+                self._ack_done(item)
+                continue
+            task = self._loop.create_task(self._ack_again(item, delay))
+            self._ack_retries.add(task)
+            task.add_done_callback(self._ack_retries.discard)
+
+    async def _ack_again(self, item: _AckItem, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self._stale(item):
+            self._ack_done(item)
+            return
+        if item.ambiguous:
+            if not await self._still_ours(item.held):
+                log.debug("worker %s: ack of %s landed before (or the claim is gone)", self.worker_id, item.held.job.id)
+                self._ack_done(item)
+                return
+            item.ambiguous = False
+        self._acks.append(item)
+        assert self._ack_wake is not None
+        self._ack_wake.set()
+
+    def _requeue_front(self, batch: list[_AckItem]) -> None:
+        for item in reversed(batch):
+            self._acks.appendleft(item)
+        assert self._ack_wake is not None
+        self._ack_wake.set()
+
+    def _result_refused(self, item: _AckItem, exc: SvcError) -> None:
+        """The server refused an ack's result (too large): the attempt fails instead."""
+        held = item.held
+        assert self._loop is not None
+        log.warning("worker %s: result of job %s refused (%s); failing the attempt", self.worker_id, held.job.id, exc)
+        payload = {"type": INVALID_RESULT, "message": f"result refused: {exc.message}"}
+        held.settle_task = self._loop.create_task(self._report(held, payload, False))
+        if not item.done.done():
+            item.done.set_result(None)
+
+    def _ack_done(self, item: _AckItem) -> None:
+        """An ack reported, refused or given up: the job leaves the worker's hands."""
+        held = item.held
+        if not item.done.done():
+            item.done.set_result(None)
+        if self._held.get(held.job.id) is held:
+            del self._held[held.job.id]
+        self._notify()
 
     async def _still_ours(self, held: _Held) -> bool:
         """After a try that may have landed: is the claim we report on still current?"""
