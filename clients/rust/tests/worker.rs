@@ -345,6 +345,50 @@ async fn progress_traces_and_middleware_reach_the_job() {
     assert_eq!(*seen.lock().unwrap(), [format!("before {trace}"), "after Some(String(\"done\"))".to_string()]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cancelled_while_it_runs_cancels_its_handler() {
+    logs();
+    let Some(server) = Server::start() else { return };
+    let client = server.client();
+    struct Dropped(Arc<AtomicBool>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let context = Arc::new(Mutex::new(None));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (kept, flag) = (context.clone(), dropped.clone());
+    let mut worker =
+        Worker::builder().visibility_timeout(Duration::from_millis(600)).handle_signals(false).build(client.clone());
+    worker.handle("test.cancel", move |_: Value, ctx: JobContext| {
+        *kept.lock().unwrap() = Some(ctx);
+        let guard = Dropped(flag.clone());
+        async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+            Ok::<_, JobError>(())
+        }
+    });
+    let stop = worker.stop_handle();
+    let running = tokio::spawn(worker.run());
+    let job = client.enqueue(Enqueue::new("test.cancel")).await.unwrap();
+    eventually(Duration::from_secs(5), "the job to start", || async {
+        client.get(&job.id).await.ok().filter(|job| job.state == JobState::Active)
+    })
+    .await;
+    client.cancel(&job.id).await.unwrap();
+    eventually(Duration::from_secs(5), "the handler to be dropped", || async {
+        dropped.load(Ordering::SeqCst).then_some(())
+    })
+    .await;
+    let ctx = context.lock().unwrap().take().unwrap();
+    assert_eq!(ctx.cancel_reason(), Some(CancelReason::Cancelled));
+    stop.stop();
+    running.await.unwrap().unwrap();
+    assert_eq!(client.get(&job.id).await.unwrap().state, JobState::Cancelled);
+}
+
 /// The inline mode: an embedded svc on a temporary directory, the worker
 /// run until there is nothing left to do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

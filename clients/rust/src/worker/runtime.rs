@@ -589,7 +589,7 @@ impl Dispatcher {
                 }
             }
             Some(Err(error)) => {
-                if error.is_auth() || matches!(error.code(), "invalid_request" | "invalid_argument") {
+                if error.is_auth() || matches!(error.code(), "invalid_request" | "invalid_argument" | "not_found") {
                     tracing::error!(target: LOG, %error, "fetch refused: the worker cannot work");
                     self.fatal = Some(error);
                     self.begin_stop(self.config().shutdown_grace);
@@ -663,40 +663,43 @@ impl Dispatcher {
                     self.shared.quiet.store(false, std::sync::atomic::Ordering::Relaxed);
                     self.shared.reschedule.notify_one();
                 }
-                if self.mode == Mode::Recovering {
-                    tracing::info!(target: LOG, "svc is back: fetching again");
-                    self.mode = Mode::Running;
-                    self.fetch_not_before = Instant::now();
-                }
             }
         }
     }
 
-    fn on_decided(&mut self, draining: bool) {
-        if self.mode != Mode::Deciding {
-            return;
-        }
-        if draining {
-            tracing::info!(target: LOG, "svc is shutting down; waiting for it to come back");
-            self.mode = Mode::Recovering;
-            let source = self.shared.source.clone();
-            let shared = self.shared.clone();
-            let config = self.config().clone();
-            self.decide_task = Some(tokio::spawn(async move {
-                for attempt in 0.. {
-                    tokio::time::sleep(backoff(attempt, config.reconnect_base, config.reconnect_max)).await;
-                    if !source.draining().await
-                        && let Ok(state) = shared.heartbeat().await
-                        && state != WorkerState::Terminate
-                    {
-                        return true;
+    /// What the check after a terminate found (`draining`: svc drains for a
+    /// restart), or, while recovering, that svc is back.
+    fn on_decided(&mut self, outcome: bool) {
+        match self.mode {
+            Mode::Recovering if outcome => {
+                tracing::info!(target: LOG, "svc is back: fetching again");
+                self.mode = Mode::Running;
+                self.fetch_not_before = Instant::now();
+            }
+            Mode::Deciding if outcome => {
+                tracing::info!(target: LOG, "svc is shutting down; waiting for it to come back");
+                self.mode = Mode::Recovering;
+                let source = self.shared.source.clone();
+                let shared = self.shared.clone();
+                let config = self.config().clone();
+                self.decide_task = Some(tokio::spawn(async move {
+                    for attempt in 0.. {
+                        tokio::time::sleep(backoff(attempt, config.reconnect_base, config.reconnect_max)).await;
+                        if !source.draining().await
+                            && let Ok(state) = shared.heartbeat().await
+                            && state != WorkerState::Terminate
+                        {
+                            return true;
+                        }
                     }
-                }
-                false
-            }));
-        } else {
-            tracing::info!(target: LOG, "told to terminate: stopping");
-            self.mode = Mode::Stopping;
+                    false
+                }));
+            }
+            Mode::Deciding => {
+                tracing::info!(target: LOG, "told to terminate: stopping");
+                self.mode = Mode::Stopping;
+            }
+            _ => {}
         }
     }
 
