@@ -204,3 +204,60 @@ async fn a_draining_server_gets_its_jobs_back_and_the_worker_waits_for_it() {
     assert_eq!(released, ["worker_terminated"]);
     assert_eq!(completed.attempt, 1);
 }
+
+/// The worker process of [`sigterm_lets_the_jobs_in_hand_finish`]: runs only
+/// when that test starts this binary again with `SVC_CLIENT_CHILD_URL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_child_worker() {
+    let Ok(url) = std::env::var("SVC_CLIENT_CHILD_URL") else { return };
+    let client = Client::new(url).unwrap();
+    // Signals are handled by default.
+    let mut worker = Worker::builder().queues(["work"]).concurrency(4).build(client);
+    worker.handle("test.work", |n: u64, _ctx: JobContext| async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        Ok::<_, JobError>(n)
+    });
+    worker.run().await.unwrap();
+    println!("child worker stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_the_jobs_in_hand_finish() {
+    logs();
+    if std::env::var_os("SVC_CLIENT_CHILD_URL").is_some() {
+        return;
+    }
+    let Some(server) = Server::start() else { return };
+    let client = server.client();
+    let jobs = enqueue(&client, 12).await;
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["sigterm_child_worker", "--exact", "--nocapture", "--test-threads", "1"])
+        .env("SVC_CLIENT_CHILD_URL", server.url())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let active = eventually(Duration::from_secs(10), "the child to take 4 jobs", || async {
+        let states = states(&client, &jobs).await;
+        (states.get(&JobState::Active) == Some(&4)).then_some(states)
+    })
+    .await;
+    assert_eq!(active.get(&JobState::Available), Some(&8));
+    let signalled = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+    assert!(signalled.success());
+    let status = tokio::task::spawn_blocking(move || {
+        let output = child.wait_with_output().unwrap();
+        (output.status, String::from_utf8_lossy(&output.stdout).to_string())
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "the child worker exits cleanly: {status:?}");
+    assert!(status.1.contains("child worker stopped"), "{}", status.1);
+    // The four jobs in hand were finished and acked, none released; the
+    // rest were not touched.
+    let after = states(&client, &jobs).await;
+    assert_eq!((after.get(&JobState::Completed), after.get(&JobState::Available)), (Some(&4), Some(&8)), "{after:?}");
+    for job in &jobs {
+        let job = client.get(&job.id).await.unwrap();
+        assert!(job.errors.is_empty(), "nothing was released or failed: {:?}", job.errors);
+    }
+}
