@@ -321,3 +321,32 @@ async fn workflows_cron_queues_and_webhooks() {
     let health: Value = client.health().await.unwrap();
     assert_eq!(health["status"], json!("ok"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limited_calls_wait_for_retry_after() {
+    logs();
+    let Some(server) = Server::start_with_config("[rate_limit]\nrequests = 4\nwindow_s = 1\n") else { return };
+    let client = server.client();
+    let job = client.enqueue(Enqueue::new("a.b")).await.unwrap();
+    let started = std::time::Instant::now();
+    for _ in 0..6 {
+        client.get(&job.id).await.expect("a 429 is waited out");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(300), "the window had to pass: {:?}", started.elapsed());
+
+    let impatient = Client::builder(server.url())
+        .retry(svc_client::RequestRetry::default().max_retry_after(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    let mut refused = None;
+    for _ in 0..8 {
+        if let Err(error) = impatient.get(&job.id).await {
+            refused = Some(error);
+            break;
+        }
+    }
+    let refused = refused.expect("the limit is reached");
+    assert_eq!((refused.status(), refused.code()), (429, "rate_limited"));
+    assert!(refused.retryable());
+    assert!(refused.api().unwrap().retry_after.is_some());
+}

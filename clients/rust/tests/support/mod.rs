@@ -51,8 +51,15 @@ pub struct Server {
 impl Server {
     /// Starts a server, or `None` when there is no binary (skipped).
     pub fn start() -> Option<Server> {
+        Server::start_with_config("")
+    }
+
+    /// Starts a server with these settings (TOML), or `None` when there is
+    /// no binary (skipped).
+    pub fn start_with_config(config: &str) -> Option<Server> {
         let bin = svc_bin()?;
         let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::write(dir.path().join("svc.toml"), config).expect("the settings are written");
         let mut server = Server { bin, child: None, port: free_port(), dir };
         server.spawn();
         Some(server)
@@ -66,6 +73,8 @@ impl Server {
             .expect("the server log opens");
         let child = Command::new(&self.bin)
             .arg("serve")
+            .arg("--config")
+            .arg(self.dir.path().join("svc.toml"))
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--data-dir")
