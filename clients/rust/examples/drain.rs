@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use svc_client::{Client, Enqueue, JobContext, JobError, Worker};
+use svc_client::{Client, Enqueue, JobContext, Worker};
 
 struct Options {
     url: String,
@@ -75,7 +75,7 @@ async fn main() -> svc_client::Result<()> {
         if count.fetch_add(1, Ordering::Relaxed) + 1 == total {
             last.notify_one();
         }
-        async { Ok::<_, JobError>(()) }
+        async { Ok(()) }
     });
     let started = Instant::now();
     let running = tokio::spawn(worker.run_until(async move { finished.notified().await }));

@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! # async fn run() -> svc_client::Result<()> {
-//! use svc_client::{Client, Enqueue, JobContext, JobError, Worker};
+//! use svc_client::{Client, Enqueue, JobContext, Worker};
 //!
 //! #[derive(serde::Serialize, serde::Deserialize)]
 //! struct Email { to: String }
@@ -14,7 +14,7 @@
 //!
 //! let mut worker = Worker::builder().queues(["default"]).concurrency(8).build(client);
 //! worker.handle("email.send", |email: Email, _ctx: JobContext| async move {
-//!     Ok::<_, JobError>(format!("sent to {}", email.to))
+//!     Ok(format!("sent to {}", email.to))
 //! });
 //! worker.run().await
 //! # }

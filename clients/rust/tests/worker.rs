@@ -128,7 +128,7 @@ async fn failures_are_retried_then_dead_lettered() {
         RetryPolicy::new().max_attempts(2).backoff(Duration::from_millis(100), 1.0).jitter(false).dead_letter();
     let job = client.enqueue(Enqueue::new("test.fail").queue("fail").retry(policy)).await.unwrap();
     let mut worker = Worker::builder().queues(["fail"]).handle_signals(false).build(client.clone());
-    worker.handle("test.fail", |_: Value, _ctx: JobContext| async move { Err::<(), _>(SmtpError) });
+    worker.handle("test.fail", |_: Value, _ctx: JobContext| async move { Err::<(), _>(SmtpError.into()) });
     let stop = worker.stop_handle();
     let running = tokio::spawn(worker.run());
     let discarded = eventually(Duration::from_secs(10), "the job to be discarded", || async {

@@ -192,7 +192,7 @@ impl StopHandle {
 ///
 /// ```no_run
 /// # async fn run() -> svc_client::Result<()> {
-/// use svc_client::{Client, JobContext, JobError, Worker};
+/// use svc_client::{Client, JobContext, Worker};
 ///
 /// #[derive(serde::Deserialize)]
 /// struct Email { to: String }
@@ -201,7 +201,7 @@ impl StopHandle {
 /// let mut worker = Worker::builder().queues(["mail", "default"]).concurrency(8).build(client);
 /// worker.handle("email.send", |email: Email, ctx: JobContext| async move {
 ///     ctx.progress(0.5, Some("connecting")).await?;
-///     Ok::<_, JobError>(serde_json::json!({ "sent_to": email.to }))
+///     Ok(serde_json::json!({ "sent_to": email.to }))
 /// });
 /// worker.run().await // until SIGTERM or SIGINT
 /// # }
@@ -253,14 +253,13 @@ impl Worker {
     /// (else from the array), otherwise from the array, so a struct takes
     /// one object argument and a tuple several. The handler's `Ok` value,
     /// anything `Serialize` (`()` for none), is the job's result; its `Err`
-    /// converts into a [`JobError`] (any `std::error::Error` does).
-    pub fn handle<T, R, E, F, Fut>(&mut self, job_type: impl Into<String>, handler: F) -> &mut Self
+    /// is a [`JobError`], which any `std::error::Error` converts into (`?`).
+    pub fn handle<T, R, F, Fut>(&mut self, job_type: impl Into<String>, handler: F) -> &mut Self
     where
         T: DeserializeOwned + Send + 'static,
         R: Serialize + Send + 'static,
-        E: Into<JobError> + Send + 'static,
         F: Fn(T, JobContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = std::result::Result<R, E>> + Send + 'static,
+        Fut: Future<Output = std::result::Result<R, JobError>> + Send + 'static,
     {
         let handler = Arc::new(handler);
         let erased: Arc<HandlerFn> = Arc::new(move |args: Vec<Value>, ctx: JobContext| {
@@ -268,7 +267,7 @@ impl Worker {
             Box::pin(async move {
                 let args: T = crate::types::args_from(&args)
                     .map_err(|error| JobError::new("invalid_args", error.message().to_string()))?;
-                let result = handler(args, ctx).await.map_err(Into::into)?;
+                let result = handler(args, ctx).await?;
                 serde_json::to_value(result).map_err(|error| {
                     JobError::new("invalid_result", format!("the result does not serialize to JSON: {error}"))
                 })
