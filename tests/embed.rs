@@ -411,3 +411,20 @@ fn an_embedded_worker_acks_and_fetches_in_one_step() {
     assert!(matches!(svc.ack_many(&[]), Err(SvcError::Invalid(_))));
     svc.close();
 }
+
+#[test]
+fn an_embedded_engine_opens_works_and_closes_inside_an_async_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let svc = Svc::open(dir.path()).unwrap();
+        let job = svc.enqueue(JobBuilder::new("t")).unwrap().job;
+        assert_eq!(svc.fetch(&["default"], 1, None).unwrap()[0].id, job.id);
+        svc.ack(job.id).unwrap();
+        svc.close();
+        // Dropped without a close, too.
+        let reopened = Svc::open(dir.path()).unwrap();
+        assert_eq!(reopened.get(job.id).unwrap().state, JobState::Completed);
+        drop(reopened);
+    });
+}

@@ -50,14 +50,41 @@ impl<T> Pending<T> {
         }
     }
 
-    /// Blocks the calling thread until the outcome is known. Must not be
-    /// called from inside an async runtime unless the answer is ready.
+    /// Blocks the calling thread until the outcome is known. Callable from
+    /// any thread, a runtime's too (where it holds that thread meanwhile:
+    /// async code should await [`Pending::outcome`] instead).
     pub fn wait(self) -> Result<T, EngineError> {
         match self.receiver {
             Ok(receiver) => {
-                receiver.blocking_recv().unwrap_or(Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }))
+                block_on(receiver).unwrap_or(Err(EngineError::Unavailable { reason: Unavailable::EngineStopped }))
             }
             Err(outcome) => outcome,
+        }
+    }
+}
+
+/// Runs `future` to its end on this thread, parking it while the future
+/// waits. Unlike a runtime's own blocking wait, it does not refuse to run
+/// on a runtime's thread, so closing an embedded engine from async code
+/// (or dropping it there) works.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        match future.as_mut().poll(&mut context) {
+            Poll::Ready(output) => return output,
+            // A wake-up before the park makes the park return at once.
+            Poll::Pending => std::thread::park(),
         }
     }
 }
