@@ -138,3 +138,28 @@ fn malformed_acks_are_refused_and_change_nothing() {
     }
     assert_eq!(server.job(&id)["state"], "active");
 }
+
+#[test]
+fn an_ack_item_refused_for_its_own_content_leaves_the_others_done() {
+    let (_dir, server) = server();
+    (0..2).for_each(|n| {
+        server.enqueue(json!({"type": "t", "args": [n], "options": {"queue": "q"}}));
+    });
+    let held = claim(&server, "q", 2);
+    let too_large = "x".repeat(1024 * 1024 + 1);
+    let body = json!({"acks": [
+        {"job_id": held[0], "result": too_large},
+        {"job_id": "not-an-id"},
+        {"job_id": held[1], "result": {"ok": true}},
+    ]});
+    let answer = server.post("/svc/v1/workers/ack", body);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let acks = answer.body["acks"].as_array().unwrap();
+    let codes: Vec<&str> = acks.iter().map(|ack| ack["error"]["code"].as_str().unwrap_or("")).collect();
+    assert_eq!(codes, ["envelope_too_large", "not_found", ""], "{}", answer.body);
+    assert_eq!(acks[1]["job_id"], "not-an-id");
+    assert_eq!(
+        (server.job(&held[0])["state"].as_str(), server.job(&held[1])["state"].as_str()),
+        (Some("active"), Some("completed"))
+    );
+}

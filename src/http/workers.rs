@@ -162,6 +162,18 @@ fn ack_fetch(raw: &RawValue, worker: Option<&str>) -> Result<(FetchRequest, u64)
     Ok((request, wait_ms))
 }
 
+/// The error object of a whole refusal, without what belongs to the
+/// request rather than the item.
+fn item_error(error: ApiError) -> Value {
+    let mut error = error.body("")["error"].take();
+    if let Some(fields) = error.as_object_mut() {
+        for key in ["request_id", "hint", "docs_url"] {
+            fields.remove(key);
+        }
+    }
+    error
+}
+
 /// `acks: [{job_id, result?}, ...]`: each acked on its own; the answer says
 /// how each went, and holds the jobs `fetch` claimed.
 async fn ack_many(
@@ -180,38 +192,47 @@ async fn ack_many(
     if items.is_empty() || items.len() > ACKS_MAX {
         return Err(invalid());
     }
+    // Each item is checked on its own: one naming no valid job, or with a
+    // result too large, is refused in its place and the others go on.
     let mut acks = Vec::with_capacity(items.len());
+    let mut checked: Vec<(String, Result<(), ApiError>)> = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let object = crate::job::json::parse_object(item.get().as_bytes()).map_err(|_| invalid())?;
-        let within = |error: ApiError| error.detail("index", index);
-        let id = report_job_id(None, object.get_present("job_id")).map_err(within)?;
-        let result = object.get_present("result").map(ack_result).transpose().map_err(|e| within(e.into()))?;
-        acks.push(AckItem { id, result });
+        let Some(text) = object.get_present("job_id").and_then(string_value) else {
+            return Err(invalid().detail("index", index));
+        };
+        let item = report_job_id(None, object.get_present("job_id")).and_then(|id| {
+            let result = object.get_present("result").map(ack_result).transpose()?;
+            Ok(AckItem { id, result })
+        });
+        match item {
+            Ok(item) => {
+                checked.push((item.id.to_string(), Ok(())));
+                acks.push(item);
+            }
+            Err(error) => checked.push((text.into_owned(), Err(error))),
+        }
     }
-    let ids: Vec<JobId> = acks.iter().map(|ack| ack.id).collect();
-    let outcome = app.backend.ack_many(AckMany::new(acks, worker, fetch)).outcome().await?;
-    let results: Vec<Value> = ids
-        .iter()
-        .zip(&outcome.acked)
-        .map(|(id, acked)| match acked {
-            Ok(job) => {
-                let mut entry = json!({"job_id": id.to_string(), "acknowledged": true, "state": job.state.as_str()});
+    let outcome = if acks.is_empty() && fetch.is_none() {
+        crate::engine::AckOutcome { acked: Vec::new(), jobs: Vec::new() }
+    } else {
+        app.backend.ack_many(AckMany::new(acks, worker, fetch)).outcome().await?
+    };
+    let mut acked = outcome.acked.iter();
+    let results: Vec<Value> = checked
+        .into_iter()
+        .map(|(id, checked)| match checked.map(|()| acked.next().expect("an outcome for each ack sent")) {
+            Ok(Ok(job)) => {
+                let mut entry = json!({"job_id": id, "acknowledged": true, "state": job.state.as_str()});
                 if let Some(at) = job.run().completed_at {
                     entry["completed_at"] = format_timestamp(at).into();
                 }
                 entry
             }
-            Err(error) => {
-                // The error object of a whole refusal, without what belongs
-                // to the request rather than the item.
-                let mut error = report_error(error.clone()).body("")["error"].take();
-                if let Some(fields) = error.as_object_mut() {
-                    for key in ["request_id", "hint", "docs_url"] {
-                        fields.remove(key);
-                    }
-                }
-                json!({"job_id": id.to_string(), "acknowledged": false, "error": error})
+            Ok(Err(error)) => {
+                json!({"job_id": id, "acknowledged": false, "error": item_error(report_error(error.clone()))})
             }
+            Err(error) => json!({"job_id": id, "acknowledged": false, "error": item_error(error)}),
         })
         .collect();
     let mut body = jobs_with_fields(app, "jobs", &outcome.jobs).await?;
