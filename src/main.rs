@@ -197,7 +197,7 @@ struct BenchFlags {
     key: Option<String>,
     #[arg(long)]
     key_env: Option<String>,
-    /// What the fill and steady workloads drive: svc, or Redis for the side-by-side figure.
+    /// What the fill, steady and drain workloads drive: svc, or Redis for the side-by-side figure.
     #[arg(long, value_enum, default_value = "svc")]
     target: TargetName,
 }
@@ -233,7 +233,8 @@ enum WorkloadName {
 enum TargetName {
     Svc,
     /// A Redis server: for `fill`, one `LPUSH` of the same 100 jobs a
-    /// request; for `steady`, `LPUSH`, then `BLMOVE` and `LREM`.
+    /// request; for `steady`, `LPUSH`, then `BLMOVE` and `LREM`; for `drain`,
+    /// `LMOVE` and `LREM` until the list is empty.
     Redis,
 }
 
@@ -331,8 +332,8 @@ fn bench(flags: BenchFlags) -> ExitCode {
         };
         return print_report(bench::run_fill(options, target));
     }
-    if workload == Workload::Steady && matches!(flags.target, TargetName::Redis) {
-        return print_report(bench::run_steady_redis(options));
+    if matches!(workload, Workload::Steady | Workload::Drain) && matches!(flags.target, TargetName::Redis) {
+        return print_report(bench::run_redis(options));
     }
     print_report(bench::run(options))
 }

@@ -11,11 +11,11 @@
 //! next hour, to measure the others against), and `ping` (the enqueue request
 //! against any server, e.g. the hello-world ceiling in `examples/hello_ceiling.rs`).
 //! `fill` (in `fill.rs`) loads many jobs with batch enqueue and reports rate
-//! and server memory as the store grows; `steady_redis.rs` runs `steady`
+//! and server memory as the store grows; `redis.rs` runs `steady` and `drain`
 //! against Redis.
 
 pub mod fill;
-pub mod steady_redis;
+pub mod redis;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -507,11 +507,14 @@ pub fn run_fill(options: BenchOptions, target: fill::Target) -> Result<fill::Fil
     runtime.block_on(fill::run(&options, target))
 }
 
-/// Runs the steady workload against a Redis server (`steady_redis.rs`).
-pub fn run_steady_redis(options: BenchOptions) -> Result<BenchReport, String> {
+/// Runs the steady or drain workload against a Redis server (`redis.rs`).
+pub fn run_redis(options: BenchOptions) -> Result<BenchReport, String> {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
-    runtime.block_on(steady_redis::run(&options))
+    match options.workload {
+        Workload::Drain => runtime.block_on(redis::run_drain(&options)),
+        _ => runtime.block_on(redis::run(&options)),
+    }
 }
 
 /// Runs a workload to completion and reports.

@@ -1,10 +1,13 @@
-//! `svc bench --workload steady --target redis`: the steady workload against
-//! a Redis server, for the side-by-side latency figure. Producers `LPUSH`
-//! jobs stamped with when they were sent, at the same total rate as against
-//! svc; consumers take each with a blocking `BLMOVE` into a processing list
-//! (the reliable-queue pattern) and finish it with `LREM`. The end-to-end
-//! figure is measured as against svc: from the enqueue call to the job's
-//! arrival at a consumer.
+//! `svc bench --target redis` for `steady` and `drain`: the same workloads
+//! against a Redis server, for side-by-side figures. Jobs are taken with a
+//! move into a processing list (the reliable-queue pattern: `BLMOVE`, or
+//! `LMOVE` when draining) and finished with `LREM`.
+//!
+//! `steady`: producers `LPUSH` jobs stamped with when they were sent, at the
+//! same total rate as against svc; the end-to-end figure is measured as
+//! against svc, from the enqueue call to the job's arrival at a consumer.
+//! `drain`: `--jobs` jobs are loaded 100 to an `LPUSH`, then every
+//! connection moves and removes jobs until the list is empty.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +94,48 @@ pub async fn run(options: &BenchOptions) -> Result<BenchReport, String> {
     tokio::time::sleep(options.duration).await;
     stop.store(true, Ordering::SeqCst);
     gather_report(Workload::Steady, options.connections, tasks, started, &end_to_end).await
+}
+
+/// Loads `options.jobs` jobs, then drains them over every connection;
+/// the rate counts the drain alone.
+pub async fn run_drain(options: &BenchOptions) -> Result<BenchReport, String> {
+    let mut setup = RedisConnection::open(&options.address).await?;
+    setup.call(&[b"DEL", LIST.as_bytes(), PROCESSING.as_bytes()]).await?;
+    let mut loaded = 0;
+    while loaded < options.jobs {
+        let batch: Vec<String> = (loaded..options.jobs.min(loaded + 100))
+            .map(|n| format!(r#"{{"type":"bench.job","args":[{n}]}}"#))
+            .collect();
+        let mut parts: Vec<&[u8]> = vec![b"LPUSH", LIST.as_bytes()];
+        parts.extend(batch.iter().map(|job| job.as_bytes()));
+        setup.call(&parts).await?;
+        loaded += batch.len() as u64;
+    }
+    let end_to_end = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut connections = Vec::new();
+    for _ in 0..options.connections {
+        connections.push(RedisConnection::open(&options.address).await?);
+    }
+    let started = Instant::now();
+    let tasks = connections.into_iter().map(|mut connection| tokio::spawn(async move { drain(&mut connection).await }));
+    gather_report(Workload::Drain, options.connections, tasks.collect(), started, &end_to_end).await
+}
+
+/// Moves jobs to the processing list and removes them until none is left.
+async fn drain(connection: &mut RedisConnection) -> LoopResult {
+    let (mut latencies, mut jobs) = (Vec::new(), 0);
+    loop {
+        let sent = Instant::now();
+        let reply = connection.call(&[b"LMOVE", LIST.as_bytes(), PROCESSING.as_bytes(), b"RIGHT", b"LEFT"]).await?;
+        latencies.push(micros(sent.elapsed()));
+        let Reply::Bulk(Some(job)) = reply else { return Ok((jobs, latencies)) };
+        let sent = Instant::now();
+        match connection.call(&[b"LREM", PROCESSING.as_bytes(), b"1", &job]).await? {
+            Reply::Integer(1) => latencies.push(micros(sent.elapsed())),
+            other => return Err(format!("LREM answered {other:?}")),
+        }
+        jobs += 1;
+    }
 }
 
 /// `LPUSH`es stamped jobs at this connection's share of the rate until `stop`.
