@@ -9,7 +9,7 @@ use crate::backend::Backend;
 use crate::engine::WebhookChange;
 use crate::engine::{
     ACKS_MAX, AckItem, AckMany, Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued,
-    FetchRequest, Pending, QueueStats, QueueSummary, Workflow,
+    FetchRequest, HeartbeatOutcome, Pending, QueueStats, QueueSummary, Workflow,
 };
 use crate::job::{
     Failure, Job, JobBuilder, JobId, JobProgress, JobState, NewJob, ValidationError, ValidationKind, check_batch_size,
@@ -439,6 +439,17 @@ impl Svc {
             })
             .collect::<Result<Vec<_>, SvcError>>()?;
         Ok(self.backend.ack_many(AckMany::new(items, None, None)).wait()?.acked)
+    }
+
+    /// Extends the claims of `worker_id`'s active jobs (the listed ones, or
+    /// all it holds), as an HTTP heartbeat does; answers how many, the listed
+    /// ones not extended, and the signal the worker should obey.
+    pub fn heartbeat(&self, worker_id: &str, active_jobs: Option<&[JobId]>) -> Result<HeartbeatOutcome, SvcError> {
+        if !is_valid_worker_id(worker_id) {
+            return Err(SvcError::Invalid(invalid_worker_id()));
+        }
+        let listed = active_jobs.map(<[JobId]>::to_vec);
+        Ok(self.backend.heartbeat(worker_id.to_string(), listed, None).wait()?)
     }
 
     /// Reports a failed attempt. The job's retry policy decides what

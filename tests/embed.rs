@@ -428,3 +428,17 @@ fn an_embedded_engine_opens_works_and_closes_inside_an_async_runtime() {
         drop(reopened);
     });
 }
+
+#[test]
+fn an_embedded_heartbeat_extends_what_the_worker_holds_and_names_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let held = svc.enqueue(JobBuilder::new("t")).unwrap().job;
+    let waiting = svc.enqueue(JobBuilder::new("t").queue("other")).unwrap().job;
+    svc.fetch(&["default"], 1, Some("w1")).unwrap();
+    let beat = svc.heartbeat("w1", Some(&[held.id, waiting.id])).unwrap();
+    assert_eq!((beat.extended, beat.not_extended.as_slice()), (1, &[waiting.id][..]));
+    assert_eq!(svc.heartbeat("w1", None).unwrap().extended, 1, "all it holds");
+    assert!(matches!(svc.heartbeat("a/b", None), Err(SvcError::Invalid(_))));
+    svc.close();
+}

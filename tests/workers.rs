@@ -221,3 +221,30 @@ fn a_full_registry_forgets_the_least_recently_seen_idle_worker() {
     assert!(handle.worker("a-busy").is_some_and(|worker| worker.active_job_ids.len() == 1));
     assert!(handle.worker("f00001").is_some() && handle.worker("new-1").is_some());
 }
+
+#[test]
+fn a_heartbeat_names_the_listed_jobs_it_did_not_extend() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::TestServer::start(dir.path());
+    let ids: Vec<String> = (0..3)
+        .map(|n| server.enqueue(serde_json::json!({"type": "t", "args": [n], "options": {"queue": "q"}})))
+        .collect();
+    let fetched =
+        server.post("/svc/v1/workers/fetch", serde_json::json!({"queues": ["q"], "count": 2, "worker_id": "w1"}));
+    assert_eq!(fetched.body["jobs"].as_array().map(Vec::len), Some(2), "{}", fetched.body);
+    // One held job is cancelled meanwhile; the third was never claimed; one id is unknown.
+    assert_eq!(server.delete(&format!("/svc/v1/jobs/{}", ids[1])).status, 200);
+    let unknown = "019539a4-0000-7000-8000-000000000000";
+    let listed = [ids[0].as_str(), ids[1].as_str(), ids[2].as_str(), unknown];
+    let beat =
+        server.post("/svc/v1/workers/heartbeat", serde_json::json!({"worker_id": "w1", "active_job_ids": listed}));
+    assert_eq!(beat.status, 200, "{}", beat.body);
+    assert_eq!(beat.body["jobs_extended"], 1);
+    let mut expected = vec![ids[1].clone(), ids[2].clone(), unknown.to_string()];
+    expected.sort();
+    assert_eq!(beat.body["jobs_not_extended"], serde_json::json!(expected));
+    // All extended: the field is left out.
+    let beat =
+        server.post("/svc/v1/workers/heartbeat", serde_json::json!({"worker_id": "w1", "active_job_ids": [ids[0]]}));
+    assert!(beat.body.get("jobs_not_extended").is_none(), "{}", beat.body);
+}

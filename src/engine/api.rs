@@ -41,10 +41,13 @@ pub struct QueueStats {
 }
 
 /// What a heartbeat answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatOutcome {
     /// Claims extended.
     pub extended: usize,
+    /// The listed jobs whose claims were not extended: ended, cancelled,
+    /// unknown, or held by another worker (a worker stops their handlers).
+    pub not_extended: Vec<JobId>,
     /// What the worker should do: an operator's signal, or `Terminate` while
     /// the engine drains.
     pub signal: Option<WorkerSignal>,

@@ -381,13 +381,10 @@ impl State {
         listed: Option<&[JobId]>,
         visibility_ms: Option<u64>,
     ) -> Option<(Record, usize)> {
-        let covered = |job: &Job| {
-            job.state == JobState::Active && job.run().worker_id.as_deref().is_none_or(|owner| owner == worker_id)
-        };
         let ids: Vec<JobId> = match listed {
             Some(ids) => {
                 let mut unique: Vec<JobId> =
-                    ids.iter().copied().filter(|id| self.job(*id).is_some_and(&covered)).collect();
+                    ids.iter().copied().filter(|id| self.heartbeat_covers(*id, worker_id)).collect();
                 unique.sort();
                 unique.dedup();
                 unique
@@ -408,6 +405,14 @@ impl State {
             .collect();
         let extended = extensions.len();
         (extended > 0).then_some((Record::Heartbeat { at: now, extensions }, extended))
+    }
+
+    /// Whether a heartbeat of `worker_id` extends job `id`'s claim: it is
+    /// active and claimed by no worker or this one.
+    pub fn heartbeat_covers(&self, id: JobId, worker_id: &str) -> bool {
+        self.job(id).is_some_and(|job| {
+            job.state == JobState::Active && job.run().worker_id.as_deref().is_none_or(|owner| owner == worker_id)
+        })
     }
 
     /// A job in the dead letter listing (state `discarded`), else not found.

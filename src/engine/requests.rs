@@ -616,6 +616,14 @@ impl Request for Heartbeat {
         turn.touch_worker(&self.worker_id, true);
         let signal = turn.state().worker_signal(&self.worker_id).map(|(signal, _)| signal);
         let listed = self.active_jobs.as_deref();
+        let mut not_extended: Vec<JobId> = listed
+            .unwrap_or_default()
+            .iter()
+            .copied()
+            .filter(|id| !turn.state().heartbeat_covers(*id, &self.worker_id))
+            .collect();
+        not_extended.sort();
+        not_extended.dedup();
         let record = turn.state().decide_heartbeat(now, &self.worker_id, listed, self.visibility_timeout_ms);
         let extended = match &record {
             Some((_, extended)) => *extended,
@@ -625,7 +633,7 @@ impl Request for Heartbeat {
             turn.apply(record);
         }
         let signal = if *turn.draining { Some(WorkerSignal::Terminate) } else { signal };
-        Ok(HeartbeatOutcome { extended, signal })
+        Ok(HeartbeatOutcome { extended, not_extended, signal })
     }
 
     fn full_disk_bytes(&self, turn: &Turn<'_>) -> Option<u64> {

@@ -316,11 +316,16 @@ pub(super) async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiE
     let visibility_timeout_ms = visibility_timeout(&object)?;
     let beat = app.backend.heartbeat(worker_id, active_jobs, visibility_timeout_ms).outcome().await?;
     let (extended, signal) = (beat.extended, beat.signal);
+    let not_extended: Vec<String> = beat.not_extended.iter().map(JobId::to_string).collect();
     let now = crate::clock::Clock::now_ms(app.clock.as_ref());
     // While the engine drains, the signal is `terminate` (docs/api.md, "Shutting down").
     let state = crate::engine::WorkerState::of(signal).as_str();
     let server_time = crate::job::time::format_timestamp(now);
-    Ok(Reply::ok(json!({"state": state, "jobs_extended": extended, "server_time": server_time}).to_string()))
+    let mut body = json!({"state": state, "jobs_extended": extended, "server_time": server_time});
+    if !not_extended.is_empty() {
+        body["jobs_not_extended"] = not_extended.into();
+    }
+    Ok(Reply::ok(body.to_string()))
 }
 
 /// 400 for a list of active jobs (`field`: `active_jobs` or `active_job_ids`) that is not one.
