@@ -372,25 +372,24 @@ impl State {
 
     /// Extends the claims a worker's heartbeat covers (docs/api.md, "Heartbeat"): the
     /// listed ids that are active and claimed by no worker or this one, or,
-    /// with no list, every active job this worker holds; with how many.
-    /// `None` when there is nothing to extend.
+    /// with no list, every active job this worker holds; with how many
+    /// (`None` when there is nothing to extend), and the listed ids it does
+    /// not cover.
     pub fn decide_heartbeat(
         &self,
         now: Millis,
         worker_id: &str,
         listed: Option<&[JobId]>,
         visibility_ms: Option<u64>,
-    ) -> Option<(Record, usize)> {
-        let ids: Vec<JobId> = match listed {
-            Some(ids) => {
-                let mut unique: Vec<JobId> =
-                    ids.iter().copied().filter(|id| self.heartbeat_covers(*id, worker_id)).collect();
-                unique.sort();
-                unique.dedup();
-                unique
-            }
-            None => self.active_of_worker(worker_id),
+    ) -> (Option<(Record, usize)>, Vec<JobId>) {
+        let (mut ids, mut not_extended): (Vec<JobId>, Vec<JobId>) = match listed {
+            Some(ids) => ids.iter().copied().partition(|id| self.heartbeat_covers(*id, worker_id)),
+            None => (self.active_of_worker(worker_id), Vec::new()),
         };
+        for list in [&mut ids, &mut not_extended] {
+            list.sort();
+            list.dedup();
+        }
         let extensions: Vec<(JobId, Millis)> = ids
             .into_iter()
             .map(|id| {
@@ -404,12 +403,12 @@ impl State {
             })
             .collect();
         let extended = extensions.len();
-        (extended > 0).then_some((Record::Heartbeat { at: now, extensions }, extended))
+        ((extended > 0).then_some((Record::Heartbeat { at: now, extensions }, extended)), not_extended)
     }
 
     /// Whether a heartbeat of `worker_id` extends job `id`'s claim: it is
     /// active and claimed by no worker or this one.
-    pub fn heartbeat_covers(&self, id: JobId, worker_id: &str) -> bool {
+    fn heartbeat_covers(&self, id: JobId, worker_id: &str) -> bool {
         self.job(id).is_some_and(|job| {
             job.state == JobState::Active && job.run().worker_id.as_deref().is_none_or(|owner| owner == worker_id)
         })

@@ -616,15 +616,8 @@ impl Request for Heartbeat {
         turn.touch_worker(&self.worker_id, true);
         let signal = turn.state().worker_signal(&self.worker_id).map(|(signal, _)| signal);
         let listed = self.active_jobs.as_deref();
-        let mut not_extended: Vec<JobId> = listed
-            .unwrap_or_default()
-            .iter()
-            .copied()
-            .filter(|id| !turn.state().heartbeat_covers(*id, &self.worker_id))
-            .collect();
-        not_extended.sort();
-        not_extended.dedup();
-        let record = turn.state().decide_heartbeat(now, &self.worker_id, listed, self.visibility_timeout_ms);
+        let (record, not_extended) =
+            turn.state().decide_heartbeat(now, &self.worker_id, listed, self.visibility_timeout_ms);
         let extended = match &record {
             Some((_, extended)) => *extended,
             None => 0,
