@@ -18,6 +18,7 @@ use super::cron_table::CronEntry;
 use super::events::Event;
 use super::job_table::JobTable;
 use super::requests::Responder;
+use super::table::Changes;
 use super::view::{QueueSummary, ReadView};
 use super::workers::WorkerEntry;
 use crate::job::JobId;
@@ -34,11 +35,11 @@ pub(crate) fn storage_failed() -> EngineError {
 #[derive(Default)]
 pub(crate) struct ViewDelta {
     pub workers: Vec<(String, Option<WorkerEntry>)>,
-    pub crons: Vec<(String, Option<Arc<CronEntry>>)>,
-    pub workflows: Vec<(JobId, Option<Arc<super::workflow_table::Workflow>>)>,
+    pub crons: Changes<String, CronEntry>,
+    pub workflows: Changes<JobId, super::workflow_table::Workflow>,
     pub queues: Vec<(String, Option<QueueSummary>)>,
-    pub schemas: Vec<(String, Option<Arc<crate::schema::SchemaEntry>>)>,
-    pub webhooks: Vec<(JobId, Option<Arc<crate::webhook::Subscription>>)>,
+    pub schemas: Changes<String, crate::schema::SchemaEntry>,
+    pub webhooks: Changes<JobId, crate::webhook::Subscription>,
     pub events: Vec<Event>,
 }
 
@@ -48,18 +49,10 @@ impl ViewDelta {
         if !self.workers.is_empty() {
             view.publish_workers(self.workers.into_iter());
         }
-        if !self.crons.is_empty() {
-            view.publish_crons(self.crons.into_iter());
-        }
-        if !self.webhooks.is_empty() {
-            view.publish_webhooks(self.webhooks.into_iter());
-        }
-        if !self.schemas.is_empty() {
-            view.publish_schemas(self.schemas.into_iter());
-        }
-        if !self.workflows.is_empty() {
-            view.publish_workflows(self.workflows.into_iter());
-        }
+        view.crons.publish(self.crons);
+        view.webhooks.publish(self.webhooks);
+        view.schemas.publish(self.schemas);
+        view.workflows.publish(self.workflows);
         jobs.publish();
         if !self.queues.is_empty() {
             view.publish_queues(self.queues.into_iter());

@@ -4,9 +4,10 @@
 //! carries. The decisions that change the table are in `cron.rs`.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use super::table::{Changes, Table};
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, CronExpr, CronSchedule, parse_timezone};
 use crate::job::{Job, JobId};
@@ -70,12 +71,11 @@ pub struct CronFire {
 /// The engine's cron entries and their due order.
 #[derive(Debug, Clone, Default)]
 pub struct CronTable {
-    entries: BTreeMap<String, Arc<CronEntry>>,
+    entries: Table<String, CronEntry>,
     schedules: HashMap<String, CronSchedule>,
     due: BTreeSet<(Millis, String)>,
     /// A run that waits (`pending`, policy `enqueue`) for the previous one to end: previous → waiting.
     pub(crate) waiters: BTreeMap<JobId, JobId>,
-    dirty: HashSet<String>,
 }
 
 /// Compiles a stored definition's schedule.
@@ -116,9 +116,9 @@ impl CronTable {
         self.due.iter().take_while(|(at, _)| *at <= now).take(max).map(|(_, name)| name.clone()).collect()
     }
 
-    /// Entries changed since the last call.
-    pub fn take_dirty(&mut self) -> HashSet<String> {
-        std::mem::take(&mut self.dirty)
+    /// Entries changed since the last call, as they are now.
+    pub(crate) fn take_changes(&mut self) -> Changes<String, CronEntry> {
+        self.entries.take_changes()
     }
 
     /// Stores an entry (replacing one of the same name); an entry whose
@@ -132,7 +132,6 @@ impl CronTable {
             self.due.insert((at, name.clone()));
         }
         self.schedules.insert(name.clone(), schedule);
-        self.dirty.insert(name.clone());
         self.entries.insert(name, Arc::new(entry));
         Ok(())
     }
@@ -143,7 +142,6 @@ impl CronTable {
             self.due.remove(&(at, name.to_string()));
         }
         self.schedules.remove(name);
-        self.dirty.insert(name.to_string());
         Some(entry)
     }
 
@@ -153,7 +151,8 @@ impl CronTable {
         if scheduled != self.due.len() {
             return Err(format!("{} due entries for {scheduled} scheduled cron entries", self.due.len()));
         }
-        for (name, entry) in &self.entries {
+        for entry in self.entries.values() {
+            let name = &entry.definition.name;
             if let Some(at) = entry.next_run_at
                 && !self.due.contains(&(at, name.clone()))
             {

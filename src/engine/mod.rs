@@ -29,6 +29,7 @@ mod registry;
 pub mod requests;
 mod snapshot;
 mod state;
+mod table;
 mod view;
 mod webhooks;
 pub mod workers;

@@ -11,10 +11,11 @@ use super::cron_table::{CronOutcome, CronTable};
 use super::events::{CronInfo, CronSkip, EventKind, EventSink, SignalledWorker};
 use super::job_table::JobTable;
 use super::record::{FailOutcome, Record, TimeoutKind};
+use super::table::Table;
 use super::workers::WorkerSignal;
 use super::workflow_table::Workflow;
 use crate::clock::Millis;
-use crate::job::{ErrorEntry, FailureReport, IdGenerator, Job, JobId, JobIdSet, JobRun, JobState, UniqueKey};
+use crate::job::{ErrorEntry, FailureReport, IdGenerator, Job, JobId, JobRun, JobState, UniqueKey};
 use crate::limits::DISPATCH_WINDOW_MS_MAX;
 use crate::limits::ERROR_HISTORY_MAX;
 use crate::schedule::{DispatchTable, KeyedReady, ReadyQueue, TimerSet};
@@ -139,24 +140,18 @@ pub struct State {
     /// Claims under a limit since old claims were last forgotten.
     claims_since_forget: u32,
     /// Workflows by id, shared with the read view.
-    pub(crate) workflows: BTreeMap<JobId, Arc<Workflow>>,
+    pub(crate) workflows: Table<JobId, Workflow>,
     /// Ended workflows by when they ended, for retention and the caps.
     pub(crate) terminal_workflows: std::collections::BTreeSet<(Millis, JobId)>,
     /// The sum of [`Workflow::held_bytes`] over ended workflows (which do
     /// not change size once ended).
     pub(crate) terminal_workflow_bytes: u64,
-    /// Workflows changed since the view was last updated.
-    pub(crate) dirty_workflows: JobIdSet,
     /// Workflow jobs that ended during the record being applied.
     ended_in_workflow: Vec<JobId>,
     /// Registered schemas by URI, shared with the read view.
-    pub(crate) schemas: BTreeMap<String, Arc<crate::schema::SchemaEntry>>,
-    /// Schemas registered or removed since the view was last updated.
-    dirty_schemas: Vec<String>,
+    pub(crate) schemas: Table<String, crate::schema::SchemaEntry>,
     /// Webhook subscriptions by id, shared with the read view.
-    pub(crate) webhooks: BTreeMap<JobId, Arc<crate::webhook::Subscription>>,
-    /// Subscriptions changed since the view was last updated.
-    dirty_webhooks: Vec<JobId>,
+    pub(crate) webhooks: Table<JobId, crate::webhook::Subscription>,
     /// Webhook deliveries on their way.
     pub(crate) outbox: super::outbox::Outbox,
 }
@@ -190,15 +185,12 @@ impl State {
             unique_index: HashMap::new(),
             dispatch: DispatchTable::default(),
             claims_since_forget: 0,
-            workflows: BTreeMap::new(),
+            workflows: Table::default(),
             terminal_workflows: std::collections::BTreeSet::new(),
             terminal_workflow_bytes: 0,
-            dirty_workflows: JobIdSet::default(),
             ended_in_workflow: Vec::new(),
-            schemas: BTreeMap::new(),
-            dirty_schemas: Vec::new(),
-            webhooks: BTreeMap::new(),
-            dirty_webhooks: Vec::new(),
+            schemas: Table::default(),
+            webhooks: Table::default(),
             outbox: super::outbox::Outbox::default(),
         };
         state.queues.insert("default".to_string(), QueueState::default());
@@ -313,18 +305,15 @@ impl State {
                 if self.schemas.contains_key(&entry.uri) {
                     return Err(ApplyError(format!("record registers schema {} twice", entry.uri)));
                 }
-                self.dirty_schemas.push(entry.uri.clone());
                 self.schemas.insert(entry.uri.clone(), entry.clone());
                 Ok(())
             }
             Record::SchemaDelete { uri, .. } => {
                 self.schemas.remove(uri).ok_or_else(|| ApplyError(format!("record deletes unknown schema {uri}")))?;
-                self.dirty_schemas.push(uri.clone());
                 Ok(())
             }
             Record::WebhookPut { subscription, .. } => {
                 self.ids.observe(subscription.id);
-                self.dirty_webhooks.push(subscription.id);
                 self.webhooks.insert(subscription.id, subscription.clone());
                 // A paused subscription's queued deliveries are dropped.
                 if !subscription.active {
@@ -334,7 +323,6 @@ impl State {
             }
             Record::WebhookDelete { id, .. } => {
                 self.webhooks.remove(id).ok_or_else(|| ApplyError(format!("record deletes unknown webhook {id}")))?;
-                self.dirty_webhooks.push(*id);
                 self.outbox.drop_subscription(*id);
                 Ok(())
             }

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use super::cron_table::CronEntry;
 use super::events::{Event, EventBuffer, EventKind, EventPage};
 use super::job_table::{DeadLetterKey, SharedJobs};
+use super::table::{Published, take_page};
 use super::workers::WorkerEntry;
 use super::workflow_table::Workflow;
 use crate::clock::Millis;
@@ -103,13 +104,13 @@ pub struct ReadView {
     /// Per queue, what completed and failed lately (for queue stats).
     throughput: Mutex<std::collections::HashMap<String, Throughput>>,
     /// Cron entries by name.
-    crons: RwLock<std::collections::BTreeMap<String, Arc<CronEntry>>>,
+    pub(super) crons: Published<String, CronEntry>,
     /// Workflows by id.
-    workflows: RwLock<crate::job::JobIdMap<Arc<Workflow>>>,
+    pub(super) workflows: Published<JobId, Workflow>,
     /// Registered schemas by URI.
-    schemas: RwLock<std::collections::BTreeMap<String, Arc<SchemaEntry>>>,
+    pub(super) schemas: Published<String, SchemaEntry>,
     /// Webhook subscriptions by id (creation order).
-    webhooks: RwLock<std::collections::BTreeMap<JobId, Arc<crate::webhook::Subscription>>>,
+    pub(super) webhooks: Published<JobId, crate::webhook::Subscription>,
     /// Why the engine accepts no more writes: 0 while it does, else an
     /// [`EngineFailure`] as `1 + its index`.
     failure: AtomicU8,
@@ -150,10 +151,10 @@ impl ReadView {
             queues: RwLock::new(Arc::new(QueueTable::new())),
             events: Mutex::new(EventBuffer::default()),
             throughput: Mutex::new(std::collections::HashMap::new()),
-            crons: RwLock::new(std::collections::BTreeMap::new()),
-            workflows: RwLock::new(crate::job::JobIdMap::default()),
-            schemas: RwLock::new(std::collections::BTreeMap::new()),
-            webhooks: RwLock::new(std::collections::BTreeMap::new()),
+            crons: Published::default(),
+            workflows: Published::default(),
+            schemas: Published::default(),
+            webhooks: Published::default(),
             failure: AtomicU8::new(0),
             failure_notify: tokio::sync::Notify::new(),
             disk_full: AtomicBool::new(false),
@@ -231,89 +232,33 @@ impl ReadView {
         limit: usize,
         keep: impl Fn(&CronEntry) -> bool,
     ) -> (Vec<Arc<CronEntry>>, bool) {
-        use std::ops::Bound;
-        let crons = self.crons.read();
-        let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_string()));
-        take_page(crons.range((start, Bound::Unbounded)).map(|(_, entry)| entry).filter(|entry| keep(entry)), limit)
+        self.crons.page(after, limit, keep)
     }
 
     pub fn cron(&self, name: &str) -> Option<Arc<CronEntry>> {
-        self.crons.read().get(name).cloned()
+        self.crons.get(name)
     }
 
     /// Up to `limit` schemas after `after` (by URI), and whether more follow.
     pub fn schemas_page(&self, after: Option<&str>, limit: usize) -> (Vec<Arc<SchemaEntry>>, bool) {
-        use std::ops::Bound;
-        let schemas = self.schemas.read();
-        let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_string()));
-        take_page(schemas.range((start, Bound::Unbounded)).map(|(_, entry)| entry), limit)
+        self.schemas.page(after, limit, |_| true)
     }
 
     pub fn schema(&self, uri: &str) -> Option<Arc<SchemaEntry>> {
-        self.schemas.read().get(uri).cloned()
-    }
-
-    /// Writer only: publishes registered and removed schemas (`None` removes).
-    pub(crate) fn publish_schemas(&self, changes: impl Iterator<Item = (String, Option<Arc<SchemaEntry>>)>) {
-        let mut schemas = self.schemas.write();
-        for (uri, entry) in changes {
-            match entry {
-                Some(entry) => schemas.insert(uri, entry),
-                None => schemas.remove(&uri),
-            };
-        }
+        self.schemas.get(uri)
     }
 
     /// Up to `limit` subscriptions after `after` (creation order), and whether more follow.
     pub fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<crate::webhook::Subscription>>, bool) {
-        use std::ops::Bound;
-        let webhooks = self.webhooks.read();
-        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-        take_page(webhooks.range((start, Bound::Unbounded)).map(|(_, subscription)| subscription), limit)
+        self.webhooks.page(after.as_ref(), limit, |_| true)
     }
 
     pub fn webhook(&self, id: JobId) -> Option<Arc<crate::webhook::Subscription>> {
-        self.webhooks.read().get(&id).cloned()
-    }
-
-    /// Writer only: publishes changed subscriptions (`None` removes).
-    pub(crate) fn publish_webhooks(
-        &self,
-        changes: impl Iterator<Item = (JobId, Option<Arc<crate::webhook::Subscription>>)>,
-    ) {
-        let mut webhooks = self.webhooks.write();
-        for (id, subscription) in changes {
-            match subscription {
-                Some(subscription) => webhooks.insert(id, subscription),
-                None => webhooks.remove(&id),
-            };
-        }
+        self.webhooks.get(&id)
     }
 
     pub fn workflow(&self, id: JobId) -> Option<Arc<Workflow>> {
-        self.workflows.read().get(&id).cloned()
-    }
-
-    /// Writer only: publishes changed workflows (`None` removes).
-    pub(crate) fn publish_workflows(&self, changes: impl Iterator<Item = (JobId, Option<Arc<Workflow>>)>) {
-        let mut workflows = self.workflows.write();
-        for (id, workflow) in changes {
-            match workflow {
-                Some(workflow) => workflows.insert(id, workflow),
-                None => workflows.remove(&id),
-            };
-        }
-    }
-
-    /// Writer only: publishes changed cron entries (`None` removes).
-    pub(crate) fn publish_crons(&self, changes: impl Iterator<Item = (String, Option<Arc<CronEntry>>)>) {
-        let mut crons = self.crons.write();
-        for (name, entry) in changes {
-            match entry {
-                Some(entry) => crons.insert(name, entry),
-                None => crons.remove(&name),
-            };
-        }
+        self.workflows.get(&id)
     }
 
     pub(crate) fn queues(&self) -> Arc<QueueTable> {
@@ -412,12 +357,6 @@ impl ReadView {
 }
 
 /// The first `limit` items of a listing, and whether more follow.
-fn take_page<'a, T: Clone + 'a>(mut matching: impl Iterator<Item = &'a T>, limit: usize) -> (Vec<T>, bool) {
-    let page: Vec<T> = matching.by_ref().take(limit).cloned().collect();
-    let has_more = matching.next().is_some();
-    (page, has_more)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -115,7 +115,6 @@ impl State {
         }
         self.highest_stored_id = self.highest_stored_id.max(workflow.id);
         self.workflows.insert(workflow.id, workflow.clone());
-        self.dirty_workflows.insert(workflow.id);
         let started = WorkflowEvent::Started {
             name: workflow.name.clone(),
             workflow_type: workflow.kind.as_str(),
@@ -177,7 +176,6 @@ impl State {
                 workflow.ended_at.ok_or_else(|| ApplyError(format!("record prunes running workflow {id}")))?;
             self.terminal_workflows.remove(&(ended_at, *id));
             self.terminal_workflow_bytes -= workflow.held_bytes();
-            self.dirty_workflows.insert(*id);
         }
         Ok(())
     }
@@ -192,9 +190,7 @@ impl State {
     ) -> Result<(), ApplyError> {
         let Some(job) = self.job_handle(job_id) else { return Ok(()) };
         let Some((id, role)) = job.workflow() else { return Ok(()) };
-        let Some(workflow) = self.workflows.get_mut(&id) else { return Ok(()) };
-        let workflow = Arc::make_mut(workflow);
-        self.dirty_workflows.insert(id);
+        let Some(workflow) = self.workflows.update(&id) else { return Ok(()) };
         match role {
             WorkflowRole::Member(index) => {
                 let index = index as usize;
@@ -264,7 +260,7 @@ impl State {
         job: &Job,
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
-        let workflow = self.workflows[&id].clone();
+        let workflow = self.workflows.get(&id).expect("a known workflow").clone();
         if is_failure(job.state) {
             let failure = WorkflowFailure { index: Some(index as u32), job_id: job.id, error: job.run().error.clone() };
             self.finish(at, id, Some(failure), events);
@@ -294,7 +290,7 @@ impl State {
     /// A group's or batch's job ended: once all have, a group ends and a
     /// batch fires its callbacks.
     fn member_of_many_ended(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
-        let workflow = self.workflows[&id].clone();
+        let workflow = self.workflows.get(&id).expect("a known workflow").clone();
         if workflow.members.iter().any(|member| member.outcome.is_none()) {
             return Ok(());
         }
@@ -329,7 +325,7 @@ impl State {
         }
         let mut fired = Vec::with_capacity(firing.len());
         {
-            let workflow = Arc::make_mut(self.workflows.get_mut(&id).expect("looked up above"));
+            let workflow = self.workflows.update(&id).expect("looked up above");
             for template in &firing {
                 if let Some(callback) = workflow.callbacks.iter_mut().find(|callback| callback.job.id == template.id) {
                     callback.fired = true;
@@ -357,7 +353,7 @@ impl State {
 
     /// Ends a running workflow: completed, or failed by `failure`.
     fn finish(&mut self, at: Millis, id: JobId, failure: Option<WorkflowFailure>, events: &mut EventSink) {
-        let workflow = &self.workflows[&id];
+        let workflow = self.workflows.get(&id).expect("a known workflow");
         let workflow_type = workflow.kind.as_str();
         let event = match &failure {
             None => WorkflowEvent::Completed { workflow_type, duration_ms: at - workflow.created_at },
@@ -374,13 +370,12 @@ impl State {
     }
 
     fn end_workflow(&mut self, id: JobId, at: Millis, state: WorkflowState, failure: Option<WorkflowFailure>) {
-        let workflow = Arc::make_mut(self.workflows.get_mut(&id).expect("a known workflow"));
+        let workflow = self.workflows.update(&id).expect("a known workflow");
         workflow.state = state;
         workflow.ended_at = Some(at);
         workflow.failure = failure;
         self.terminal_workflow_bytes += workflow.held_bytes();
         self.terminal_workflows.insert((at, id));
-        self.dirty_workflows.insert(id);
     }
 
     /// Ended workflows past their retention, or over the caps (oldest

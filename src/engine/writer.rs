@@ -659,20 +659,11 @@ impl Writer {
                 (worker, entry)
             })
             .collect();
-        let crons = self
-            .state
-            .crons
-            .take_dirty()
-            .into_iter()
-            .map(|name| {
-                let entry = self.state.crons().get(&name).cloned();
-                (name, entry)
-            })
-            .collect();
-        let workflows = self.state.take_dirty_workflows();
+        let crons = self.state.crons.take_changes();
+        let workflows = self.state.workflows.take_changes();
         let queues = self.state.take_dirty_queues();
-        let schemas = self.state.take_dirty_schemas();
-        let webhooks = self.state.take_dirty_webhooks();
+        let schemas = self.state.schemas.take_changes();
+        let webhooks = self.state.webhooks.take_changes();
         ViewDelta { workers, crons, workflows, queues, schemas, webhooks, events }
     }
 

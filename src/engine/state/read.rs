@@ -113,24 +113,6 @@ impl State {
         self.workflows.get(&id)
     }
 
-    /// Workflows changed since the last call, as they are now (`None`: pruned).
-    pub fn take_dirty_workflows(&mut self) -> Vec<(JobId, Option<Arc<Workflow>>)> {
-        let ids: Vec<JobId> = self.dirty_workflows.drain().collect();
-        ids.into_iter().map(|id| (id, self.workflows.get(&id).cloned())).collect()
-    }
-
-    /// Schemas registered or removed since the last call, as they are now.
-    pub fn take_dirty_schemas(&mut self) -> Vec<(String, Option<Arc<crate::schema::SchemaEntry>>)> {
-        let uris = std::mem::take(&mut self.dirty_schemas);
-        uris.into_iter().map(|uri| (uri.clone(), self.schemas.get(&uri).cloned())).collect()
-    }
-
-    /// Subscriptions changed since the last call, as they are now.
-    pub fn take_dirty_webhooks(&mut self) -> Vec<(JobId, Option<Arc<crate::webhook::Subscription>>)> {
-        let ids = std::mem::take(&mut self.dirty_webhooks);
-        ids.into_iter().map(|id| (id, self.webhooks.get(&id).cloned())).collect()
-    }
-
     /// Live jobs holding `key`, oldest first.
     pub fn jobs_with_unique_key(&self, key: &UniqueKey) -> &[JobId] {
         self.unique_index.get(key).map_or(&[], Vec::as_slice)

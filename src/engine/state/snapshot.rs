@@ -115,13 +115,11 @@ impl State {
                 state.terminal_workflows.insert((ended_at, workflow.id));
                 state.terminal_workflow_bytes += workflow.held_bytes();
             }
-            state.dirty_workflows.insert(workflow.id);
             state.highest_stored_id = state.highest_stored_id.max(workflow.id);
             state.workflows.insert(workflow.id, workflow);
         }
         for subscription in image.webhooks {
             state.ids.observe(subscription.id);
-            state.dirty_webhooks.push(subscription.id);
             state.webhooks.insert(subscription.id, subscription);
         }
         let mut previous: Option<Arc<super::super::outbox::Delivery>> = None;
@@ -131,7 +129,6 @@ impl State {
             previous = Some(delivery);
         }
         for entry in image.schemas {
-            state.dirty_schemas.push(entry.uri.clone());
             state.schemas.insert(entry.uri.clone(), entry);
         }
         state.ids = image.ids;
