@@ -272,12 +272,12 @@ impl EngineHandle {
 
     /// Registers a schema checked and compiled by `schema::parse_registration`.
     pub fn register_schema(&self, registration: crate::schema::SchemaRegistration) -> Pending<Arc<SchemaEntry>> {
-        self.submit(requests::RegisterSchema { entry: registration.entry })
+        self.submit(super::schemas::RegisterSchema { entry: registration.entry })
     }
 
     /// Removes a schema from the registry.
     pub fn delete_schema(&self, uri: String) -> Pending<Arc<SchemaEntry>> {
-        self.submit(requests::DeleteSchema { uri })
+        self.submit(super::schemas::DeleteSchema { uri })
     }
 
     /// A registered schema, as of the last commit.

@@ -27,6 +27,7 @@ pub mod record;
 mod recover;
 mod registry;
 pub mod requests;
+mod schemas;
 mod snapshot;
 mod state;
 mod table;
@@ -53,6 +54,7 @@ pub use progress::ReportProgress;
 pub use queues::PauseQueue;
 pub use recover::recover;
 pub use requests::Request;
+pub use schemas::{DeleteSchema, RegisterSchema};
 pub use state::Retention;
 #[doc(hidden)]
 pub use state::State;

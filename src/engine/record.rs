@@ -176,16 +176,8 @@ pub enum Record {
         at: Millis,
         ids: Vec<JobId>,
     },
-    /// A schema registered (with the documents its references reached).
-    SchemaPut {
-        at: Millis,
-        entry: Arc<crate::schema::SchemaEntry>,
-    },
-    /// A schema removed from the registry; jobs that named it are untouched.
-    SchemaDelete {
-        at: Millis,
-        uri: String,
-    },
+    SchemaPut(super::schemas::record::SchemaPut),
+    SchemaDelete(super::schemas::record::SchemaDelete),
     /// A webhook subscription created or changed, whole.
     WebhookPut {
         at: Millis,
@@ -273,8 +265,8 @@ impl Record {
             Record::WorkflowCreate { .. } => "workflow_create",
             Record::WorkflowCancel { .. } => "workflow_cancel",
             Record::WorkflowPrune { .. } => "workflow_prune",
-            Record::SchemaPut { .. } => "schema_put",
-            Record::SchemaDelete { .. } => "schema_delete",
+            Record::SchemaPut(_) => "schema_put",
+            Record::SchemaDelete(_) => "schema_delete",
             Record::WebhookPut { .. } => "webhook_put",
             Record::WebhookDelete { .. } => "webhook_delete",
             Record::DeliveriesQueued { .. } => "deliveries_queued",
@@ -296,8 +288,6 @@ impl Record {
             | Record::WorkflowCreate { at, .. }
             | Record::WorkflowCancel { at, .. }
             | Record::WorkflowPrune { at, .. }
-            | Record::SchemaPut { at, .. }
-            | Record::SchemaDelete { at, .. }
             | Record::WebhookPut { at, .. }
             | Record::WebhookDelete { at, .. }
             | Record::DeliveriesQueued { at, .. }
@@ -322,7 +312,9 @@ impl Record {
             | Record::CronDelete { at, .. }
             | Record::CronFire { at, .. }
             | Record::PruneCapped { at, .. }
-            | Record::QueuePause(super::queues::record::QueuePause { at, .. }) => *at,
+            | Record::QueuePause(super::queues::record::QueuePause { at, .. })
+            | Record::SchemaPut(super::schemas::record::SchemaPut { at, .. })
+            | Record::SchemaDelete(super::schemas::record::SchemaDelete { at, .. }) => *at,
             Record::Progress(record) => record.at(),
         }
     }
@@ -331,6 +323,18 @@ impl Record {
 impl From<super::queues::record::QueuePause> for Record {
     fn from(record: super::queues::record::QueuePause) -> Record {
         Record::QueuePause(record)
+    }
+}
+
+impl From<super::schemas::record::SchemaPut> for Record {
+    fn from(record: super::schemas::record::SchemaPut) -> Record {
+        Record::SchemaPut(record)
+    }
+}
+
+impl From<super::schemas::record::SchemaDelete> for Record {
+    fn from(record: super::schemas::record::SchemaDelete) -> Record {
+        Record::SchemaDelete(record)
     }
 }
 

@@ -284,59 +284,7 @@ sealed!(
     Activate,
     CreateWorkflow,
     CancelWorkflow,
-    RegisterSchema,
-    DeleteSchema,
 );
-
-/// Registers a schema compiled by the caller (`schema::parse_registration`);
-/// a URI already registered is refused. Answers the stored entry.
-pub struct RegisterSchema {
-    pub entry: crate::schema::SchemaEntry,
-}
-
-impl Request for RegisterSchema {
-    type Output = Arc<crate::schema::SchemaEntry>;
-
-    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        let mut entry = self.entry;
-        if turn.state().schemas.contains_key(&entry.uri) {
-            return Err(EngineError::SchemaExists { uri: entry.uri });
-        }
-        if turn.state().schemas.len() >= turn.max_schemas {
-            return Err(EngineError::SchemaLimit { max_schemas: turn.max_schemas });
-        }
-        entry.created_at = turn.now;
-        let entry = Arc::new(entry);
-        turn.apply(Record::SchemaPut { at: turn.now, entry: entry.clone() });
-        Ok(entry)
-    }
-
-    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
-        None
-    }
-
-    fn held_bytes(&self) -> u64 {
-        let resources: usize = self.entry.resources.iter().map(|(uri, text)| uri.len() + text.len()).sum();
-        (self.entry.document.len() + self.entry.uri.len() + resources) as u64
-    }
-}
-
-/// Removes a schema; jobs that named it keep their `schema` field.
-pub struct DeleteSchema {
-    pub uri: String,
-}
-
-impl Request for DeleteSchema {
-    type Output = Arc<crate::schema::SchemaEntry>;
-
-    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        let Some(entry) = turn.state().schemas.get(&self.uri).cloned() else {
-            return Err(EngineError::SchemaNotFound { uri: self.uri });
-        };
-        turn.apply(Record::SchemaDelete { at: turn.now, uri: self.uri });
-        Ok(entry)
-    }
-}
 
 /// Creates a workflow with its jobs, all or nothing; answers its id.
 pub struct CreateWorkflow {

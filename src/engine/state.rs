@@ -301,17 +301,8 @@ impl State {
                 events.push_other(*at, EventKind::Pruned { count: ids.len() as u64 });
                 Ok(())
             }
-            Record::SchemaPut { entry, .. } => {
-                if self.schemas.contains_key(&entry.uri) {
-                    return Err(ApplyError(format!("record registers schema {} twice", entry.uri)));
-                }
-                self.schemas.insert(entry.uri.clone(), entry.clone());
-                Ok(())
-            }
-            Record::SchemaDelete { uri, .. } => {
-                self.schemas.remove(uri).ok_or_else(|| ApplyError(format!("record deletes unknown schema {uri}")))?;
-                Ok(())
-            }
+            Record::SchemaPut(record) => self.apply_schema_put(record),
+            Record::SchemaDelete(record) => self.apply_schema_delete(record),
             Record::WebhookPut { subscription, .. } => {
                 self.ids.observe(subscription.id);
                 self.webhooks.insert(subscription.id, subscription.clone());

@@ -42,10 +42,7 @@ pub enum Route {
     GetCron(String),
     PatchCron(String),
     DeleteCron(String),
-    Schemas,
-    RegisterSchema,
-    GetSchema(String),
-    DeleteSchema(String),
+    Schemas(super::schemas::SchemaRoute),
     Webhooks,
     CreateWebhook,
     GetWebhook(String),
@@ -103,10 +100,7 @@ impl Route {
             PatchCron(_) => (35, "PATCH", "/svc/v1/cron/{name}"),
             DeleteCron(_) => (36, "DELETE", "/svc/v1/cron/{name}"),
             OpenApi => (37, "GET", "/svc/v1/openapi.json"),
-            Schemas => (38, "GET", "/svc/v1/schemas"),
-            RegisterSchema => (39, "POST", "/svc/v1/schemas"),
-            GetSchema(_) => (40, "GET", "/svc/v1/schemas/{uri}"),
-            DeleteSchema(_) => (41, "DELETE", "/svc/v1/schemas/{uri}"),
+            Schemas(route) => route.template(),
             Webhooks => (42, "GET", "/svc/v1/webhooks"),
             CreateWebhook => (43, "POST", "/svc/v1/webhooks"),
             GetWebhook(_) => (44, "GET", "/svc/v1/webhooks/{id}"),
@@ -142,10 +136,6 @@ impl Route {
             | GetCron(_)
             | PatchCron(_)
             | DeleteCron(_)
-            | Schemas
-            | RegisterSchema
-            | GetSchema(_)
-            | DeleteSchema(_)
             | Webhooks
             | CreateWebhook
             | GetWebhook(_)
@@ -156,6 +146,7 @@ impl Route {
             | TestWebhook(_) => role == Role::Admin,
             Progress(route) => route.allows(role),
             Queues(route) => route.allows(role),
+            Schemas(route) => route.allows(role),
         }
     }
 
@@ -199,10 +190,6 @@ impl Route {
             PatchCron(id()),
             DeleteCron(id()),
             OpenApi,
-            Schemas,
-            RegisterSchema,
-            GetSchema(id()),
-            DeleteSchema(id()),
             Webhooks,
             CreateWebhook,
             GetWebhook(id()),
@@ -215,6 +202,7 @@ impl Route {
         .into_iter()
         .chain(super::progress::ProgressRoute::samples().into_iter().map(Route::Progress))
         .chain(super::queues::QueueRoute::samples().into_iter().map(Route::Queues))
+        .chain(super::schemas::SchemaRoute::samples().into_iter().map(Route::Schemas))
         .collect()
     }
 }
@@ -306,11 +294,8 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
             (Method::DELETE, Route::DeleteCron(decoded(name))),
         ],
         ["svc", "v1", "webhooks", rest @ ..] => webhook_choices(rest),
-        ["svc", "v1", "schemas"] => vec![(Method::GET, Route::Schemas), (Method::POST, Route::RegisterSchema)],
-        // A schema URI may hold `/` (`https://…`): the rest of the path is the URI.
-        ["svc", "v1", "schemas", rest @ ..] if !rest.concat().is_empty() => {
-            let uri = decoded(&rest.join("/"));
-            vec![(Method::GET, Route::GetSchema(uri.clone())), (Method::DELETE, Route::DeleteSchema(uri))]
+        ["svc", "v1", "schemas", rest @ ..] => {
+            super::schemas::SchemaRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Schemas(r))).collect()
         }
         _ => Vec::new(),
     };
@@ -360,6 +345,7 @@ fn webhook_choices(rest: &[&str]) -> Vec<(Method, Route)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::schemas::SchemaRoute;
 
     #[test]
     fn roles_follow_the_table() {
@@ -450,11 +436,11 @@ mod tests {
     fn a_schema_uri_takes_the_rest_of_the_path() {
         assert_eq!(
             route(&Method::GET, "/svc/v1/schemas/urn%3Asvc%3Aemail%3Av1").unwrap(),
-            Route::GetSchema("urn:svc:email:v1".into())
+            Route::Schemas(SchemaRoute::Get("urn:svc:email:v1".into()))
         );
         assert_eq!(
             route(&Method::DELETE, "/svc/v1/schemas/https://example.com/s/a.json").unwrap(),
-            Route::DeleteSchema("https://example.com/s/a.json".into())
+            Route::Schemas(SchemaRoute::Delete("https://example.com/s/a.json".into()))
         );
         assert_eq!(route(&Method::GET, "/svc/v1/schemas/").unwrap_err().code, "not_found");
     }

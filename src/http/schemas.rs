@@ -1,17 +1,72 @@
 //! The schema registry's endpoints (docs/api.md, "Schemas"): register, list,
 //! read and delete JSON Schemas that jobs name in `schema`.
 
-use bytes::Bytes;
-use hyper::StatusCode;
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::auth::Role;
 use super::error::ApiError;
-use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::paging::{decode_cursor, encode_cursor, page_limit, percent_decode, query_pairs, query_value};
 use super::{AppState, Reply};
 use crate::job::time::format_timestamp;
 use crate::schema::{SchemaEntry, parse_registration};
+
+/// The schema routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchemaRoute {
+    List,
+    Register,
+    Get(String),
+    Delete(String),
+}
+
+impl SchemaRoute {
+    /// What a path under `/svc/v1/schemas` takes (`rest`: the segments after
+    /// it). A schema URI may hold `/` (`https://…`): the rest of the path is
+    /// the URI.
+    pub fn choices(rest: &[&str]) -> Vec<(Method, SchemaRoute)> {
+        if rest.is_empty() {
+            return vec![(Method::GET, SchemaRoute::List), (Method::POST, SchemaRoute::Register)];
+        }
+        if rest.concat().is_empty() {
+            return Vec::new();
+        }
+        let uri = percent_decode(&rest.join("/"));
+        vec![(Method::GET, SchemaRoute::Get(uri.clone())), (Method::DELETE, SchemaRoute::Delete(uri))]
+    }
+
+    /// The metrics number, method and template (as the router's templates).
+    pub fn template(&self) -> (usize, &'static str, &'static str) {
+        match self {
+            SchemaRoute::List => (38, "GET", "/svc/v1/schemas"),
+            SchemaRoute::Register => (39, "POST", "/svc/v1/schemas"),
+            SchemaRoute::Get(_) => (40, "GET", "/svc/v1/schemas/{uri}"),
+            SchemaRoute::Delete(_) => (41, "DELETE", "/svc/v1/schemas/{uri}"),
+        }
+    }
+
+    /// The registry is the operator's.
+    pub fn allows(&self, role: Role) -> bool {
+        role == Role::Admin
+    }
+
+    pub async fn handle(self, app: &AppState, query: &str, body: &[u8]) -> Result<Reply, ApiError> {
+        match self {
+            SchemaRoute::List => list(app, query).await,
+            SchemaRoute::Register => register(app, body).await,
+            SchemaRoute::Get(uri) => get(app, &uri).await,
+            SchemaRoute::Delete(uri) => delete(app, &uri).await,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn samples() -> Vec<SchemaRoute> {
+        let uri = || "x".to_string();
+        vec![SchemaRoute::List, SchemaRoute::Register, SchemaRoute::Get(uri()), SchemaRoute::Delete(uri())]
+    }
+}
 
 /// The schema object; the document itself only when `with_document`.
 pub fn render_schema(entry: &SchemaEntry, with_document: bool) -> Value {
@@ -36,7 +91,7 @@ fn known_uri(uri: &str) -> Result<&str, ApiError> {
     }
 }
 
-pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
+async fn register(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let now = crate::clock::Clock::now_ms(app.clock.as_ref());
     // `$ref`s may name registered schemas: the registry is read first (it
     // is bounded by `schemas.max`, and registering is rare).
@@ -49,7 +104,7 @@ pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
         .header(hyper::header::LOCATION, location))
 }
 
-pub async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let after = query_value(&pairs, "cursor").filter(|cursor| !cursor.is_empty()).map(decode_cursor).transpose()?;
@@ -59,7 +114,7 @@ pub async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     Ok(Reply::ok(json!({"schemas": schemas, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
-pub async fn get(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
+async fn get(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
     let entry = app
         .backend
         .schema(known_uri(uri)?.to_string())
@@ -69,7 +124,7 @@ pub async fn get(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
     Ok(Reply::ok(json!({"schema": render_schema(&entry, true)}).to_string()))
 }
 
-pub async fn delete(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
+async fn delete(app: &AppState, uri: &str) -> Result<Reply, ApiError> {
     let entry = app.backend.delete_schema(known_uri(uri)?.to_string()).outcome().await?;
     Ok(Reply::ok(json!({"deleted": true, "uri": entry.uri}).to_string()))
 }
