@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use super::api::{EngineError, Unavailable};
-use super::cron_table::CronEntry;
+use super::cron::table::CronEntry;
 use super::events::Event;
 use super::job_table::JobTable;
 use super::requests::Responder;

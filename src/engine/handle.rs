@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::api::{Cancelled, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable};
-use super::cron_table::{CronEntry, CronWrite};
+use super::cron::table::{CronEntry, CronWrite};
 use super::events::{Event, EventPage};
 use super::inbox::Command;
 use super::inbox::{InboxSender, SendError};
@@ -246,7 +246,7 @@ impl EngineHandle {
         if let Err(error) = self.check_cron_schema(&definition) {
             return Pending::ready(Err(error));
         }
-        self.submit(requests::CronPut { definition, write: CronWrite::Upsert })
+        self.submit(super::cron::PutCron { definition, write: CronWrite::Upsert })
     }
 
     /// Changes a cron entry, provided it is still at `revision`.
@@ -254,7 +254,7 @@ impl EngineHandle {
         if let Err(error) = self.check_cron_schema(&definition) {
             return Pending::ready(Err(error));
         }
-        self.submit(requests::CronPut { definition, write: CronWrite::Patch { revision } })
+        self.submit(super::cron::PutCron { definition, write: CronWrite::Patch { revision } })
     }
 
     /// A cron entry's args are checked when it is registered; each firing
@@ -267,7 +267,7 @@ impl EngineHandle {
 
     /// Removes a cron entry; jobs it already created are untouched.
     pub fn cron_delete(&self, name: String) -> Pending<Arc<CronEntry>> {
-        self.submit(requests::CronDelete { name })
+        self.submit(super::cron::DeleteCron { name })
     }
 
     /// Registers a schema checked and compiled by `schema::parse_registration`.

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::io::Read;
 use std::sync::Arc;
 
-use super::cron_table::CronEntry;
+use super::cron::table::CronEntry;
 use super::legacy::JobV1;
 use super::workers::WorkerSignal;
 use crate::clock::Millis;

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use super::cron_table::{CronFire, CronOutcome};
+use super::cron::table::{CronFire, CronOutcome};
 use crate::clock::Millis;
 use crate::job::{ErrorEntry, FailureReport, Job, JobId, JobPayload, JobState, RetryPolicy, StoredJob};
 

@@ -8,7 +8,6 @@ mod acks;
 mod api;
 mod commit;
 mod cron;
-mod cron_table;
 mod decide;
 mod events;
 mod handle;
@@ -42,7 +41,8 @@ pub use acks::{ACKS_MAX, AckItem, AckMany, AckOutcome};
 pub use api::{
     Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable,
 };
-pub use cron_table::{CronEntry, CronWrite};
+pub use cron::table::{CronEntry, CronWrite};
+pub use cron::{DeleteCron, PutCron};
 pub use decide::{EnqueueSlot, Entropy, SystemEntropy};
 #[doc(hidden)]
 pub use events::EventSink;

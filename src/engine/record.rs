@@ -115,15 +115,8 @@ pub enum Record {
         at: Millis,
         worker_id: String,
     },
-    /// A cron entry registered or changed, complete with its next run.
-    CronPut {
-        at: Millis,
-        entry: super::cron_table::CronEntry,
-    },
-    CronDelete {
-        at: Millis,
-        name: String,
-    },
+    CronPut(super::cron::record::CronPut),
+    CronDelete(super::cron::record::CronDelete),
     /// `CronFire` as logged before jobs carried extras; upgraded when read.
     CronFireV1 {
         at: Millis,
@@ -145,12 +138,7 @@ pub enum Record {
         jobs: Vec<Arc<Job>>,
         replaced: Vec<JobId>,
     },
-    /// One evaluation of a due cron entry.
-    CronFire {
-        at: Millis,
-        name: String,
-        fire: super::cron_table::CronFire,
-    },
+    CronFire(super::cron::record::CronFired),
     /// A staged (`pending`) job activated: `available`, or `scheduled` when
     /// its time has not come.
     Activate {
@@ -235,7 +223,9 @@ impl Record {
                 jobs: jobs.into_iter().map(|job| Arc::new(job.into())).collect(),
                 replaced: Vec::new(),
             },
-            Record::CronFireV1 { at, name, fire } => Record::CronFire { at, name, fire: (*fire).into() },
+            Record::CronFireV1 { at, name, fire } => {
+                Record::CronFire(super::cron::record::CronFired { at, name, fire: (*fire).into() })
+            }
             current => current,
         }
     }
@@ -256,9 +246,9 @@ impl Record {
             Record::Heartbeat { .. } => "heartbeat",
             Record::WorkerSignal { .. } => "worker_signal",
             Record::WorkerForget { .. } => "worker_forget",
-            Record::CronPut { .. } => "cron_put",
-            Record::CronDelete { .. } => "cron_delete",
-            Record::CronFire { .. } | Record::CronFireV1 { .. } => "cron_fire",
+            Record::CronPut(_) => "cron_put",
+            Record::CronDelete(_) => "cron_delete",
+            Record::CronFire(_) | Record::CronFireV1 { .. } => "cron_fire",
             Record::PruneCapped { .. } => "prune_capped",
             Record::QueuePause(_) => "queue_pause",
             Record::Activate { .. } => "activate",
@@ -308,13 +298,13 @@ impl Record {
             | Record::Heartbeat { at, .. }
             | Record::WorkerSignal { at, .. }
             | Record::WorkerForget { at, .. }
-            | Record::CronPut { at, .. }
-            | Record::CronDelete { at, .. }
-            | Record::CronFire { at, .. }
             | Record::PruneCapped { at, .. }
             | Record::QueuePause(super::queues::record::QueuePause { at, .. })
             | Record::SchemaPut(super::schemas::record::SchemaPut { at, .. })
-            | Record::SchemaDelete(super::schemas::record::SchemaDelete { at, .. }) => *at,
+            | Record::SchemaDelete(super::schemas::record::SchemaDelete { at, .. })
+            | Record::CronPut(super::cron::record::CronPut { at, .. })
+            | Record::CronDelete(super::cron::record::CronDelete { at, .. })
+            | Record::CronFire(super::cron::record::CronFired { at, .. }) => *at,
             Record::Progress(record) => record.at(),
         }
     }
@@ -335,6 +325,24 @@ impl From<super::schemas::record::SchemaPut> for Record {
 impl From<super::schemas::record::SchemaDelete> for Record {
     fn from(record: super::schemas::record::SchemaDelete) -> Record {
         Record::SchemaDelete(record)
+    }
+}
+
+impl From<super::cron::record::CronPut> for Record {
+    fn from(record: super::cron::record::CronPut) -> Record {
+        Record::CronPut(record)
+    }
+}
+
+impl From<super::cron::record::CronDelete> for Record {
+    fn from(record: super::cron::record::CronDelete) -> Record {
+        Record::CronDelete(record)
+    }
+}
+
+impl From<super::cron::record::CronFired> for Record {
+    fn from(record: super::cron::record::CronFired) -> Record {
+        Record::CronFire(record)
     }
 }
 

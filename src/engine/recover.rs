@@ -254,10 +254,11 @@ fn decode_frame(
     for record in &mut records {
         let jobs = match record {
             Record::Enqueue { jobs, .. } => jobs.as_mut_slice(),
-            Record::CronFire {
-                fire: super::cron_table::CronFire { outcome: super::cron_table::CronOutcome::Enqueued { job, .. }, .. },
+            Record::CronFire(super::cron::record::CronFired {
+                fire:
+                    super::cron::table::CronFire { outcome: super::cron::table::CronOutcome::Enqueued { job, .. }, .. },
                 ..
-            } => std::slice::from_mut(job),
+            }) => std::slice::from_mut(job),
             _ => &mut [],
         };
         jobs.iter_mut().filter_map(Arc::get_mut).for_each(|job| policies.share(&mut job.retry));

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::api::{Cancelled, EngineError, Enqueued, FetchRequest, HeartbeatOutcome};
-use super::cron_table::{CronEntry, CronWrite};
 use super::decide::{EnqueueSlot, Entropy};
 use super::events::EventSink;
 use super::record::Record;
@@ -20,7 +19,6 @@ use super::registry;
 use super::state::State;
 use super::workers::{Contacts, WorkerEntry, WorkerSignal};
 use crate::clock::Millis;
-use crate::cron::CronDefinition;
 use crate::job::{FailureReport, Job, JobId, NewJob};
 use crate::workflow::WorkflowDefinition;
 
@@ -277,8 +275,6 @@ sealed!(
     ForgetWorker,
     DeadLetterRetry,
     DeadLetterDelete,
-    CronPut,
-    CronDelete,
     BeginDrain,
     Probe,
     Activate,
@@ -655,45 +651,6 @@ impl Request for DeadLetterDelete {
         let record = turn.state().decide_dead_letter_delete(turn.now, self.id)?;
         turn.apply(record);
         Ok(())
-    }
-}
-
-/// Registers a cron entry, replaces one, or changes one still at a revision;
-/// answers the entry and whether it is new.
-pub struct CronPut {
-    pub definition: CronDefinition,
-    pub write: CronWrite,
-}
-
-impl Request for CronPut {
-    type Output = (Arc<CronEntry>, bool);
-
-    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        let name = self.definition.name.clone();
-        let limit = turn.cron_entries_max;
-        let (record, created) = turn.state().decide_cron_put(turn.now, self.definition, self.write, limit)?;
-        turn.apply(record);
-        Ok((turn.state().crons().get(&name).cloned().expect("a cron entry just put is stored"), created))
-    }
-
-    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
-        None
-    }
-}
-
-/// Removes a cron entry; jobs it already created are untouched.
-pub struct CronDelete {
-    pub name: String,
-}
-
-impl Request for CronDelete {
-    type Output = Arc<CronEntry>;
-
-    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        let record = turn.state().decide_cron_delete(turn.now, &self.name)?;
-        let entry = turn.state().crons().get(&self.name).cloned().expect("a cron entry to delete is stored");
-        turn.apply(record);
-        Ok(entry)
     }
 }
 

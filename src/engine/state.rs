@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::cron_table::{CronOutcome, CronTable};
-use super::events::{CronInfo, CronSkip, EventKind, EventSink, SignalledWorker};
+use super::cron::table::CronTable;
+use super::events::{EventKind, EventSink, SignalledWorker};
 use super::job_table::JobTable;
 use super::record::{FailOutcome, Record, TimeoutKind};
 use super::table::Table;
@@ -288,13 +288,9 @@ impl State {
                 self.dirty_workers.insert(worker_id.clone());
                 Ok(())
             }
-            Record::CronPut { entry, .. } => self.crons.put(entry.clone()).map_err(ApplyError),
-            Record::CronDelete { name, .. } => self
-                .crons
-                .remove(name)
-                .map(drop)
-                .ok_or_else(|| ApplyError(format!("record deletes unknown cron entry {name}"))),
-            Record::CronFire { at, name, fire } => self.apply_cron_fire(*at, name, fire, events),
+            Record::CronPut(record) => self.apply_cron_put(record),
+            Record::CronDelete(record) => self.apply_cron_delete(record),
+            Record::CronFire(record) => self.apply_cron_fire(record, events),
             Record::Prune { ids, .. } => self.prune(ids),
             Record::PruneCapped { at, ids } => {
                 self.prune(ids)?;
@@ -603,110 +599,6 @@ impl State {
         }));
         events.push_other(at, kind);
         Ok(())
-    }
-
-    fn apply_cron_fire(
-        &mut self,
-        at: Millis,
-        name: &str,
-        fire: &super::cron_table::CronFire,
-        events: &mut EventSink,
-    ) -> Result<(), ApplyError> {
-        let entry =
-            self.crons.get(name).cloned().ok_or_else(|| ApplyError(format!("record fires unknown cron {name}")))?;
-        let definition = &entry.definition;
-        let info = |scheduled_time| CronInfo {
-            name: name.to_string(),
-            schedule: definition.schedule.clone(),
-            timezone: definition.timezone.clone(),
-            scheduled_time,
-        };
-        if fire.missed > 0 {
-            let kind = EventKind::CronSkipped(Box::new(CronSkip {
-                cron: info(fire.scheduled),
-                reason: "misfire",
-                existing_job_id: None,
-                missed_count: Some(fire.missed),
-            }));
-            events.push_other(at, kind);
-        }
-        let mut updated = entry.as_ref().clone();
-        updated.next_run_at = fire.next_run_at;
-        match &fire.outcome {
-            CronOutcome::Enqueued { job, cancelled, waits_for, replaced } => {
-                if self.jobs.contains_key(&job.id) {
-                    return Err(ApplyError(format!("cron record enqueues job {} twice", job.id)));
-                }
-                // The run waits before anything is cancelled: if the previous
-                // run is also the unique holder `replace` cancels, its end
-                // releases the waiting run instead of leaving it pending.
-                if let Some(previous) = waits_for {
-                    self.crons.waiters.insert(*previous, job.id);
-                }
-                if let Some(previous) = cancelled {
-                    self.cancel(at, *previous, "cron_cancel_previous", events)?;
-                }
-                for id in replaced {
-                    if self.jobs.get(id).is_some_and(|job| !job.state.is_terminal()) {
-                        self.cancel(at, *id, "unique_replace", events)?;
-                    }
-                }
-                updated.run_count += 1;
-                updated.last_run_at = Some(fire.scheduled);
-                updated.last_job_id = Some(job.id);
-                let kind =
-                    EventKind::CronTriggered { cron: Box::new(info(fire.scheduled)), run_count: updated.run_count };
-                events.push(at, kind, job.id);
-                events.push(at, EventKind::Enqueued, job.id);
-                self.insert_loaded(job.clone());
-            }
-            CronOutcome::Skipped { existing } => {
-                let kind = EventKind::CronSkipped(Box::new(CronSkip {
-                    cron: info(fire.scheduled),
-                    reason: "overlap_skip",
-                    existing_job_id: Some(*existing),
-                    missed_count: None,
-                }));
-                events.push_other(at, kind);
-            }
-            CronOutcome::Duplicate { existing } => {
-                let kind = EventKind::CronSkipped(Box::new(CronSkip {
-                    cron: info(fire.scheduled),
-                    reason: "duplicate",
-                    existing_job_id: Some(*existing),
-                    missed_count: None,
-                }));
-                events.push_other(at, kind);
-            }
-            CronOutcome::QueuePaused => {
-                let kind = EventKind::CronSkipped(Box::new(CronSkip {
-                    cron: info(fire.scheduled),
-                    reason: "queue_paused",
-                    existing_job_id: None,
-                    missed_count: None,
-                }));
-                events.push_other(at, kind);
-            }
-            CronOutcome::SchemaNotRegistered => {
-                let kind = EventKind::CronSkipped(Box::new(CronSkip {
-                    cron: info(fire.scheduled),
-                    reason: "schema_not_registered",
-                    existing_job_id: None,
-                    missed_count: None,
-                }));
-                events.push_other(at, kind);
-            }
-        }
-        if let Some(gap) = fire.skipped_gap {
-            let kind = EventKind::CronSkipped(Box::new(CronSkip {
-                cron: info(gap),
-                reason: "dst_skip",
-                existing_job_id: None,
-                missed_count: None,
-            }));
-            events.push_other(at, kind);
-        }
-        self.crons.put(updated).map_err(ApplyError)
     }
 
     /// Removes terminal jobs for good.

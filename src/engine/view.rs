@@ -6,7 +6,7 @@ use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-use super::cron_table::CronEntry;
+use super::cron::table::CronEntry;
 use super::events::{Event, EventBuffer, EventKind, EventPage};
 use super::job_table::{DeadLetterKey, SharedJobs};
 use super::table::{Published, take_page};

@@ -1,15 +1,81 @@
 //! The cron endpoints (docs/api.md, "The other cron routes") and the cron object.
 
-use bytes::Bytes;
-use hyper::StatusCode;
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use super::auth::Role;
 use super::error::ApiError;
-use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::paging::{decode_cursor, encode_cursor, page_limit, percent_decode, query_pairs, query_value};
 use super::{AppState, Reply};
 use crate::cron::{is_valid_cron_name, parse_cron_body, patch_cron_body};
 use crate::engine::{CronEntry, EngineError};
 use crate::job::time::format_timestamp;
+
+/// The cron routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CronRoute {
+    List,
+    Register,
+    Get(String),
+    Patch(String),
+    Delete(String),
+}
+
+impl CronRoute {
+    /// What a path under `/svc/v1/cron` takes (`rest`: the segments after it).
+    pub fn choices(rest: &[&str]) -> Vec<(Method, CronRoute)> {
+        match rest {
+            [] => vec![(Method::GET, CronRoute::List), (Method::POST, CronRoute::Register)],
+            [name] if !name.is_empty() => {
+                let name = percent_decode(name);
+                vec![
+                    (Method::GET, CronRoute::Get(name.clone())),
+                    (Method::PATCH, CronRoute::Patch(name.clone())),
+                    (Method::DELETE, CronRoute::Delete(name)),
+                ]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The metrics number, method and template (as the router's templates).
+    pub fn template(&self) -> (usize, &'static str, &'static str) {
+        match self {
+            CronRoute::List => (32, "GET", "/svc/v1/cron"),
+            CronRoute::Register => (33, "POST", "/svc/v1/cron"),
+            CronRoute::Get(_) => (34, "GET", "/svc/v1/cron/{name}"),
+            CronRoute::Patch(_) => (35, "PATCH", "/svc/v1/cron/{name}"),
+            CronRoute::Delete(_) => (36, "DELETE", "/svc/v1/cron/{name}"),
+        }
+    }
+
+    /// Cron entries are the operator's.
+    pub fn allows(&self, role: Role) -> bool {
+        role == Role::Admin
+    }
+
+    pub async fn handle(self, app: &AppState, query: &str, body: &[u8]) -> Result<Reply, ApiError> {
+        match self {
+            CronRoute::List => list(app, query).await,
+            CronRoute::Register => register(app, body).await,
+            CronRoute::Get(name) => get(app, &name).await,
+            CronRoute::Patch(name) => patch(app, &name, body).await,
+            CronRoute::Delete(name) => delete(app, &name).await,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn samples() -> Vec<CronRoute> {
+        let name = || "x".to_string();
+        vec![
+            CronRoute::List,
+            CronRoute::Register,
+            CronRoute::Get(name()),
+            CronRoute::Patch(name()),
+            CronRoute::Delete(name()),
+        ]
+    }
+}
 
 /// How often a `PATCH` retries when the entry changed between read and write.
 const PATCH_ATTEMPTS_MAX: usize = 3;
@@ -59,7 +125,7 @@ fn known_name(name: &str) -> Result<&str, ApiError> {
     if is_valid_cron_name(name) { Ok(name) } else { Err(ApiError::not_found("cron", name)) }
 }
 
-pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
+async fn register(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let definition = parse_cron_body(body, &app.defaults)?;
     let (entry, created) = app.backend.cron_put(definition).outcome().await?;
     let reply = Reply::ok(cron_body(&entry));
@@ -72,7 +138,7 @@ pub async fn register(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
     })
 }
 
-pub async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let enabled = match query_value(&pairs, "enabled").filter(|value| !value.is_empty()) {
@@ -89,7 +155,7 @@ pub async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     Ok(Reply::ok(json!({"crons": crons, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
-pub async fn get(app: &AppState, name: &str) -> Result<Reply, ApiError> {
+async fn get(app: &AppState, name: &str) -> Result<Reply, ApiError> {
     let entry = app
         .backend
         .cron(known_name(name)?.to_string())
@@ -99,7 +165,7 @@ pub async fn get(app: &AppState, name: &str) -> Result<Reply, ApiError> {
     Ok(Reply::ok(cron_body(&entry)))
 }
 
-pub async fn patch(app: &AppState, name: &str, body: &Bytes) -> Result<Reply, ApiError> {
+async fn patch(app: &AppState, name: &str, body: &[u8]) -> Result<Reply, ApiError> {
     let name = known_name(name)?;
     for _ in 0..PATCH_ATTEMPTS_MAX {
         let current =
@@ -115,7 +181,7 @@ pub async fn patch(app: &AppState, name: &str, body: &Bytes) -> Result<Reply, Ap
     Err(EngineError::CronChanged { name: name.to_string() }.into())
 }
 
-pub async fn delete(app: &AppState, name: &str) -> Result<Reply, ApiError> {
+async fn delete(app: &AppState, name: &str) -> Result<Reply, ApiError> {
     let entry = app.backend.cron_delete(known_name(name)?.to_string()).outcome().await?;
     Ok(Reply::ok(json!({"cron": render_cron(&entry), "deleted": true}).to_string()))
 }

@@ -37,11 +37,7 @@ pub enum Route {
     DeadLetter,
     DeadLetterRetry(String),
     DeadLetterDelete(String),
-    Crons,
-    RegisterCron,
-    GetCron(String),
-    PatchCron(String),
-    DeleteCron(String),
+    Cron(super::cron::CronRoute),
     Schemas(super::schemas::SchemaRoute),
     Webhooks,
     CreateWebhook,
@@ -94,11 +90,7 @@ impl Route {
             DeadLetter => (29, "GET", "/svc/v1/dead-letter"),
             DeadLetterRetry(_) => (30, "POST", "/svc/v1/dead-letter/{id}/retry"),
             DeadLetterDelete(_) => (31, "DELETE", "/svc/v1/dead-letter/{id}"),
-            Crons => (32, "GET", "/svc/v1/cron"),
-            RegisterCron => (33, "POST", "/svc/v1/cron"),
-            GetCron(_) => (34, "GET", "/svc/v1/cron/{name}"),
-            PatchCron(_) => (35, "PATCH", "/svc/v1/cron/{name}"),
-            DeleteCron(_) => (36, "DELETE", "/svc/v1/cron/{name}"),
+            Cron(route) => route.template(),
             OpenApi => (37, "GET", "/svc/v1/openapi.json"),
             Schemas(route) => route.template(),
             Webhooks => (42, "GET", "/svc/v1/webhooks"),
@@ -131,11 +123,6 @@ impl Route {
             | DeadLetter
             | DeadLetterRetry(_)
             | DeadLetterDelete(_)
-            | Crons
-            | RegisterCron
-            | GetCron(_)
-            | PatchCron(_)
-            | DeleteCron(_)
             | Webhooks
             | CreateWebhook
             | GetWebhook(_)
@@ -147,6 +134,7 @@ impl Route {
             Progress(route) => route.allows(role),
             Queues(route) => route.allows(role),
             Schemas(route) => route.allows(role),
+            Cron(route) => route.allows(role),
         }
     }
 
@@ -184,11 +172,6 @@ impl Route {
             DeadLetter,
             DeadLetterRetry(id()),
             DeadLetterDelete(id()),
-            Crons,
-            RegisterCron,
-            GetCron(id()),
-            PatchCron(id()),
-            DeleteCron(id()),
             OpenApi,
             Webhooks,
             CreateWebhook,
@@ -203,6 +186,7 @@ impl Route {
         .chain(super::progress::ProgressRoute::samples().into_iter().map(Route::Progress))
         .chain(super::queues::QueueRoute::samples().into_iter().map(Route::Queues))
         .chain(super::schemas::SchemaRoute::samples().into_iter().map(Route::Schemas))
+        .chain(super::cron::CronRoute::samples().into_iter().map(Route::Cron))
         .collect()
     }
 }
@@ -287,12 +271,9 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["svc", "v1", "dead-letter", id, "retry"] if !id.is_empty() => {
             vec![(Method::POST, Route::DeadLetterRetry(decoded(id)))]
         }
-        ["svc", "v1", "cron"] => vec![(Method::GET, Route::Crons), (Method::POST, Route::RegisterCron)],
-        ["svc", "v1", "cron", name] if !name.is_empty() => vec![
-            (Method::GET, Route::GetCron(decoded(name))),
-            (Method::PATCH, Route::PatchCron(decoded(name))),
-            (Method::DELETE, Route::DeleteCron(decoded(name))),
-        ],
+        ["svc", "v1", "cron", rest @ ..] => {
+            super::cron::CronRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Cron(r))).collect()
+        }
         ["svc", "v1", "webhooks", rest @ ..] => webhook_choices(rest),
         ["svc", "v1", "schemas", rest @ ..] => {
             super::schemas::SchemaRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Schemas(r))).collect()
@@ -353,7 +334,8 @@ mod tests {
         assert!(Route::Fetch.allowed_for(Role::Worker) && !Route::Fetch.allowed_for(Role::Producer));
         assert!(Route::GetJob("x".into()).allowed_for(Role::Worker));
         assert!(!Route::CancelWorkflow("x".into()).allowed_for(Role::Producer));
-        assert!(Route::Crons.allowed_for(Role::Admin) && !Route::Crons.allowed_for(Role::Producer));
+        let crons = Route::Cron(crate::http::cron::CronRoute::List);
+        assert!(crons.allowed_for(Role::Admin) && !crons.allowed_for(Role::Producer));
     }
 
     #[test]

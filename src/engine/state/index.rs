@@ -159,7 +159,7 @@ impl State {
     }
 
     /// Adds a job (new, or loaded from a snapshot).
-    pub(super) fn insert_loaded(&mut self, job: Arc<Job>) {
+    pub(in crate::engine) fn insert_loaded(&mut self, job: Arc<Job>) {
         self.note_loaded(&job);
         self.jobs.insert(job);
     }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use super::super::cron_table::CronTable;
+use super::super::cron::table::CronTable;
 use super::super::view::QueueSummary;
 use super::super::workers::WorkerSignal;
 use super::super::workflow_table::Workflow;

@@ -1,13 +1,13 @@
 //! The engine's cron table: registered entries as stored, waiting in an
 //! ordered set by `next_run_at` so that a turn touches only the entries that
 //! are due, however many are registered; and the decided firing a record
-//! carries. The decisions that change the table are in `cron.rs`.
+//! carries. The decisions that change the table are in `mod.rs`.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::table::{Changes, Table};
+use super::super::table::{Changes, Table};
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, CronExpr, CronSchedule, parse_timezone};
 use crate::job::{Job, JobId};

@@ -1,0 +1,349 @@
+//! Cron (docs/api.md, "Cron"): registering, changing, deleting and firing
+//! the entries of the cron table (`table.rs`).
+//!
+//! The feature is here: the requests, their decisions, their records
+//! (`record.rs`) and how those records apply. A firing is one record
+//! holding the created job and the entry's new `next_run_at`, so a replayed
+//! log never fires a slot twice and never loses a registration. Parsing
+//! expressions and finding the next time is `crate::cron`'s.
+
+pub(super) mod record;
+pub(crate) mod table;
+
+use std::sync::Arc;
+
+use super::api::EngineError;
+use super::decide::Entropy;
+use super::events::{CronInfo, CronSkip, EventKind, EventSink};
+use super::record::Record;
+use super::requests::{Request, Turn, sealed};
+use super::state::{ApplyError, State};
+use crate::clock::Millis;
+use crate::cron::{CronDefinition, OverlapPolicy};
+use crate::job::time::format_timestamp;
+use crate::job::{Job, JobId, JobState, NewJob, OnConflict};
+use crate::limits::CRON_MISSED_COUNT_MAX;
+use record::{CronDelete, CronFired, CronPut};
+use table::{CronEntry, CronFire, CronOutcome, CronWrite, compile};
+
+/// Registers a cron entry, replaces one, or changes one still at a revision;
+/// answers the entry and whether it is new.
+pub struct PutCron {
+    pub definition: CronDefinition,
+    pub write: CronWrite,
+}
+
+impl sealed::Sealed for PutCron {}
+
+impl Request for PutCron {
+    type Output = (Arc<CronEntry>, bool);
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let name = self.definition.name.clone();
+        let limit = turn.cron_entries_max;
+        let (record, created) = turn.state().decide_cron_put(turn.now, self.definition, self.write, limit)?;
+        turn.apply(record);
+        Ok((turn.state().crons().get(&name).cloned().expect("a cron entry just put is stored"), created))
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        None
+    }
+}
+
+/// Removes a cron entry; jobs it already created are untouched.
+pub struct DeleteCron {
+    pub name: String,
+}
+
+impl sealed::Sealed for DeleteCron {}
+
+impl Request for DeleteCron {
+    type Output = Arc<CronEntry>;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let record = turn.state().decide_cron_delete(turn.now, &self.name)?;
+        let entry = turn.state().crons().get(&self.name).cloned().expect("a cron entry to delete is stored");
+        turn.apply(record);
+        Ok(entry)
+    }
+}
+
+impl State {
+    /// Registers or changes an entry. Returns the record and whether the entry is new.
+    pub fn decide_cron_put(
+        &self,
+        now: Millis,
+        definition: CronDefinition,
+        write: CronWrite,
+        max_entries: usize,
+    ) -> Result<(Record, bool), EngineError> {
+        let existing = self.crons.get(&definition.name);
+        match (existing, write) {
+            (None, CronWrite::Patch { .. }) => return Err(EngineError::CronNotFound { name: definition.name }),
+            (Some(entry), CronWrite::Patch { revision }) if entry.revision != revision => {
+                return Err(EngineError::CronChanged { name: definition.name });
+            }
+            (None, CronWrite::Upsert) if self.crons.len() >= max_entries => {
+                return Err(EngineError::CronLimit { max_entries });
+            }
+            _ => {}
+        }
+        let schedule = compile(&definition).map_err(|problem| EngineError::Invalid {
+            error: crate::job::ValidationError::request(Some("schedule".to_string()), problem),
+            index: None,
+        })?;
+        // No backfill: the first run is strictly after now (docs/api.md, "Firing").
+        let next_run_at = if definition.enabled { schedule.next_fire(now).map(|next| next.at) } else { None };
+        let entry = CronEntry {
+            created_at: existing.map_or(now, |entry| entry.created_at),
+            updated_at: now,
+            revision: existing.map_or(1, |entry| entry.revision + 1),
+            run_count: existing.map_or(0, |entry| entry.run_count),
+            last_run_at: existing.and_then(|entry| entry.last_run_at),
+            last_job_id: existing.and_then(|entry| entry.last_job_id),
+            next_run_at,
+            definition: Arc::new(definition),
+        };
+        Ok((CronPut { at: now, entry }.into(), existing.is_none()))
+    }
+
+    pub fn decide_cron_delete(&self, now: Millis, name: &str) -> Result<Record, EngineError> {
+        if self.crons.get(name).is_none() {
+            return Err(EngineError::CronNotFound { name: name.to_string() });
+        }
+        Ok(CronDelete { at: now, name: name.to_string() }.into())
+    }
+
+    /// Fires every entry due at `now` (at most `max`), one record each.
+    pub fn decide_cron_due(&mut self, now: Millis, max: usize, entropy: &mut dyn Entropy) -> Vec<Record> {
+        let mut records = Vec::new();
+        let mut made = crate::job::JobIdSet::default();
+        let mut made_jobs: Vec<Arc<Job>> = Vec::new();
+        for name in self.crons.due(now, max) {
+            let (Some(entry), Some(schedule)) = (self.crons.get(&name).cloned(), self.crons.schedule(&name).cloned())
+            else {
+                continue;
+            };
+            let Some(first_due) = entry.next_run_at else { continue };
+            // After downtime or a clock jump: fire once, for the latest missed slot.
+            let scheduled = schedule.latest_fire_at_or_before(now).filter(|at| *at > first_due).unwrap_or(first_due);
+            let missed = if scheduled > first_due {
+                schedule.count_fires(first_due, scheduled, CRON_MISSED_COUNT_MAX)
+            } else {
+                0
+            };
+            let next = schedule.next_fire(now.max(scheduled));
+            let previous = entry.last_job_id.and_then(|id| self.job(id)).filter(|job| !job.state.is_terminal());
+            let definition = &entry.definition;
+            let paused = self.queue(&definition.job.queue).is_some_and(|queue| queue.paused);
+            let schema = definition.schema();
+            let schema_missing = schema.as_deref().is_some_and(|uri| !self.schemas.contains_key(uri));
+            let outcome = match (previous, definition.overlap) {
+                _ if schema_missing => CronOutcome::SchemaNotRegistered,
+                _ if paused => CronOutcome::QueuePaused,
+                (Some(previous), OverlapPolicy::Skip) => CronOutcome::Skipped { existing: previous.id },
+                // At most one run waits behind the previous one.
+                (Some(previous), OverlapPolicy::Enqueue) if previous.state == JobState::Pending => {
+                    CronOutcome::Skipped { existing: previous.id }
+                }
+                (previous, policy) => {
+                    let (state, cancelled, waits_for) = match (previous, policy) {
+                        (Some(previous), OverlapPolicy::CancelPrevious) => {
+                            (JobState::Available, Some(previous.id), None)
+                        }
+                        (Some(previous), OverlapPolicy::Enqueue) => (JobState::Pending, None, Some(previous.id)),
+                        _ => (JobState::Available, None, None),
+                    };
+                    let id = self.fresh_id(now, entropy, &made);
+                    let job = fired_job(definition, id, state, now, scheduled);
+                    match self.unique_holders(&job, now, &made_jobs, &[]) {
+                        Some((OnConflict::Reject | OnConflict::Ignore, holders)) => {
+                            CronOutcome::Duplicate { existing: holders[0] }
+                        }
+                        found => {
+                            let replaced = found.map(|(_, holders)| holders).unwrap_or_default();
+                            made.insert(id);
+                            let job = Arc::new(job);
+                            made_jobs.push(job.clone());
+                            CronOutcome::Enqueued { job, cancelled, waits_for, replaced }
+                        }
+                    }
+                }
+            };
+            let fire = CronFire {
+                scheduled,
+                missed,
+                skipped_gap: next.and_then(|next| next.skipped_gap),
+                next_run_at: next.map(|next| next.at),
+                outcome,
+            };
+            records.push(CronFired { at: now, name, fire }.into());
+        }
+        records
+    }
+}
+
+impl State {
+    pub(super) fn apply_cron_put(&mut self, record: &CronPut) -> Result<(), ApplyError> {
+        self.crons.put(record.entry.clone()).map_err(ApplyError)
+    }
+
+    pub(super) fn apply_cron_delete(&mut self, record: &CronDelete) -> Result<(), ApplyError> {
+        let name = &record.name;
+        self.crons.remove(name).map(drop).ok_or_else(|| ApplyError(format!("record deletes unknown cron entry {name}")))
+    }
+
+    pub(super) fn apply_cron_fire(&mut self, record: &CronFired, events: &mut EventSink) -> Result<(), ApplyError> {
+        let CronFired { at, name, fire } = record;
+        let at = *at;
+        let entry =
+            self.crons.get(name).cloned().ok_or_else(|| ApplyError(format!("record fires unknown cron {name}")))?;
+        let definition = &entry.definition;
+        let info = |scheduled_time| CronInfo {
+            name: name.to_string(),
+            schedule: definition.schedule.clone(),
+            timezone: definition.timezone.clone(),
+            scheduled_time,
+        };
+        if fire.missed > 0 {
+            let kind = EventKind::CronSkipped(Box::new(CronSkip {
+                cron: info(fire.scheduled),
+                reason: "misfire",
+                existing_job_id: None,
+                missed_count: Some(fire.missed),
+            }));
+            events.push_other(at, kind);
+        }
+        let mut updated = entry.as_ref().clone();
+        updated.next_run_at = fire.next_run_at;
+        match &fire.outcome {
+            CronOutcome::Enqueued { job, cancelled, waits_for, replaced } => {
+                if self.jobs.contains_key(&job.id) {
+                    return Err(ApplyError(format!("cron record enqueues job {} twice", job.id)));
+                }
+                // The run waits before anything is cancelled: if the previous
+                // run is also the unique holder `replace` cancels, its end
+                // releases the waiting run instead of leaving it pending.
+                if let Some(previous) = waits_for {
+                    self.crons.waiters.insert(*previous, job.id);
+                }
+                if let Some(previous) = cancelled {
+                    self.cancel(at, *previous, "cron_cancel_previous", events)?;
+                }
+                for id in replaced {
+                    if self.jobs.get(id).is_some_and(|job| !job.state.is_terminal()) {
+                        self.cancel(at, *id, "unique_replace", events)?;
+                    }
+                }
+                updated.run_count += 1;
+                updated.last_run_at = Some(fire.scheduled);
+                updated.last_job_id = Some(job.id);
+                let kind =
+                    EventKind::CronTriggered { cron: Box::new(info(fire.scheduled)), run_count: updated.run_count };
+                events.push(at, kind, job.id);
+                events.push(at, EventKind::Enqueued, job.id);
+                self.insert_loaded(job.clone());
+            }
+            CronOutcome::Skipped { existing } => {
+                let kind = EventKind::CronSkipped(Box::new(CronSkip {
+                    cron: info(fire.scheduled),
+                    reason: "overlap_skip",
+                    existing_job_id: Some(*existing),
+                    missed_count: None,
+                }));
+                events.push_other(at, kind);
+            }
+            CronOutcome::Duplicate { existing } => {
+                let kind = EventKind::CronSkipped(Box::new(CronSkip {
+                    cron: info(fire.scheduled),
+                    reason: "duplicate",
+                    existing_job_id: Some(*existing),
+                    missed_count: None,
+                }));
+                events.push_other(at, kind);
+            }
+            CronOutcome::QueuePaused => {
+                let kind = EventKind::CronSkipped(Box::new(CronSkip {
+                    cron: info(fire.scheduled),
+                    reason: "queue_paused",
+                    existing_job_id: None,
+                    missed_count: None,
+                }));
+                events.push_other(at, kind);
+            }
+            CronOutcome::SchemaNotRegistered => {
+                let kind = EventKind::CronSkipped(Box::new(CronSkip {
+                    cron: info(fire.scheduled),
+                    reason: "schema_not_registered",
+                    existing_job_id: None,
+                    missed_count: None,
+                }));
+                events.push_other(at, kind);
+            }
+        }
+        if let Some(gap) = fire.skipped_gap {
+            let kind = EventKind::CronSkipped(Box::new(CronSkip {
+                cron: info(gap),
+                reason: "dst_skip",
+                existing_job_id: None,
+                missed_count: None,
+            }));
+            events.push_other(at, kind);
+        }
+        self.crons.put(updated).map_err(ApplyError)
+    }
+}
+
+/// The job a firing creates: the template, with the cron's name and the
+/// nominal time added to `meta`.
+fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Millis, scheduled: Millis) -> Job {
+    let template = &definition.job;
+    let mut meta: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(template.payload.meta()).unwrap_or_default();
+    meta.insert("cron_name".to_string(), definition.name.clone().into());
+    meta.insert("cron_triggered_at".to_string(), format_timestamp(scheduled).into());
+    let payload = template.payload.with_meta(&serde_json::Value::Object(meta).to_string());
+    let (unique, rate_limit) = definition.job_controls();
+    let schema = definition.schema().map(Arc::from);
+    let request = NewJob {
+        id: Some(id),
+        payload,
+        queue: template.queue.as_str().into(),
+        priority: template.priority,
+        timeout_ms: template.timeout_ms,
+        visibility_timeout_ms: template.visibility_timeout_ms,
+        scheduled_at: None,
+        expires_at: None,
+        retry: template.retry.clone(),
+        unique,
+        rate_limit,
+        pending: false,
+        schema,
+    };
+    Job::accept(request, id, state, now, None, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_records_are_encoded_as_the_struct_variants_they_replaced() {
+        let record = Record::CronDelete(CronDelete { at: 5, name: "n".into() });
+        // Kind 15 (docs/wal-format.md), then the fields in order: 5 as a
+        // zigzag varint, the name's length and text.
+        assert_eq!(postcard::to_allocvec(&record).unwrap(), [15, 10, 1, b'n']);
+        let fire = CronFire {
+            scheduled: 3,
+            missed: 0,
+            skipped_gap: None,
+            next_run_at: None,
+            outcome: CronOutcome::QueuePaused,
+        };
+        let fired = postcard::to_allocvec(&Record::CronFire(CronFired { at: 5, name: "n".into(), fire: fire.clone() }));
+        let mut expected = vec![20, 10, 1, b'n'];
+        expected.extend(postcard::to_allocvec(&fire).unwrap());
+        assert_eq!(fired.unwrap(), expected);
+    }
+}
