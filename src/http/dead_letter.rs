@@ -1,20 +1,69 @@
 //! The dead letter routes: list, retry, delete (docs/api.md, "Dead letter").
 
+use hyper::Method;
 use serde_json::json;
 
+use super::auth::Role;
 use super::error::ApiError;
 use super::extract::object_body;
-use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::paging::{decode_cursor, encode_cursor, page_limit, percent_decode, query_pairs, query_value};
 use super::{AppState, Reply, is_empty_body};
 use crate::job::{JobId, is_valid_queue};
 use crate::wire::{job_body, jobs_object_with};
+
+/// The dead letter routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetterRoute {
+    List,
+    Retry(String),
+    Delete(String),
+}
+
+impl DeadLetterRoute {
+    /// What a path under `/svc/v1/dead-letter` takes (`rest`: the segments after it).
+    pub fn choices(rest: &[&str]) -> Vec<(Method, DeadLetterRoute)> {
+        match rest {
+            [] => vec![(Method::GET, DeadLetterRoute::List)],
+            [id] if !id.is_empty() => vec![(Method::DELETE, DeadLetterRoute::Delete(percent_decode(id)))],
+            [id, "retry"] if !id.is_empty() => vec![(Method::POST, DeadLetterRoute::Retry(percent_decode(id)))],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The metrics number, method and template (as the router's templates).
+    pub fn template(&self) -> (usize, &'static str, &'static str) {
+        match self {
+            DeadLetterRoute::List => (29, "GET", "/svc/v1/dead-letter"),
+            DeadLetterRoute::Retry(_) => (30, "POST", "/svc/v1/dead-letter/{id}/retry"),
+            DeadLetterRoute::Delete(_) => (31, "DELETE", "/svc/v1/dead-letter/{id}"),
+        }
+    }
+
+    /// The dead letter listing is the operator's.
+    pub fn allows(&self, role: Role) -> bool {
+        role == Role::Admin
+    }
+
+    pub async fn handle(self, app: &AppState, query: &str, body: &[u8]) -> Result<Reply, ApiError> {
+        match self {
+            DeadLetterRoute::List => dead_letter(app, query).await,
+            DeadLetterRoute::Retry(id) => dead_letter_retry(app, &id, body).await,
+            DeadLetterRoute::Delete(id) => dead_letter_delete(app, &id).await,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn samples() -> Vec<DeadLetterRoute> {
+        vec![DeadLetterRoute::List, DeadLetterRoute::Retry("x".into()), DeadLetterRoute::Delete("x".into())]
+    }
+}
 
 /// A dead letter id: a malformed one cannot be listed, so it is not found.
 pub(super) fn dead_letter_id(text: &str) -> Result<JobId, ApiError> {
     JobId::parse_any_case(text).ok_or_else(|| ApiError::not_found("dead_letter_job", text))
 }
 
-pub(super) async fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+async fn dead_letter(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     use crate::engine::DeadLetterCursor;
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
@@ -42,7 +91,7 @@ pub(super) async fn dead_letter(app: &AppState, query: &str) -> Result<Reply, Ap
     Ok(Reply::ok(body.finish()))
 }
 
-pub(super) async fn dead_letter_retry(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
+async fn dead_letter_retry(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
     if !is_empty_body(body) {
         object_body(body)?;
     }
@@ -50,7 +99,7 @@ pub(super) async fn dead_letter_retry(app: &AppState, id: &str, body: &[u8]) -> 
     Ok(Reply::ok(job_body(&job)))
 }
 
-pub(super) async fn dead_letter_delete(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn dead_letter_delete(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = dead_letter_id(id)?;
     app.backend.dead_letter_delete(id).outcome().await?;
     Ok(Reply::ok(json!({"deleted": true, "job_id": id.to_string()}).to_string()))

@@ -19,9 +19,7 @@ pub enum Route {
     GetJob(String),
     CancelJob(String),
     ActivateJob(String),
-    CreateWorkflow,
-    GetWorkflow(String),
-    CancelWorkflow(String),
+    Workflows(super::workflows::WorkflowRoute),
     Fetch,
     Ack,
     Nack,
@@ -34,19 +32,10 @@ pub enum Route {
     Worker(String),
     ForgetWorker(String),
     SignalWorker(String, &'static str),
-    DeadLetter,
-    DeadLetterRetry(String),
-    DeadLetterDelete(String),
+    DeadLetter(super::dead_letter::DeadLetterRoute),
     Cron(super::cron::CronRoute),
     Schemas(super::schemas::SchemaRoute),
-    Webhooks,
-    CreateWebhook,
-    GetWebhook(String),
-    PatchWebhook(String),
-    DeleteWebhook(String),
-    AddWebhookSecret(String),
-    DropPreviousWebhookSecret(String),
-    TestWebhook(String),
+    Webhooks(super::webhooks::WebhookRoute),
     Progress(super::progress::ProgressRoute),
 }
 
@@ -71,9 +60,7 @@ impl Route {
             GetJob(_) => (7, "GET", "/svc/v1/jobs/{id}"),
             CancelJob(_) => (8, "DELETE", "/svc/v1/jobs/{id}"),
             ActivateJob(_) => (9, "POST", "/svc/v1/jobs/{id}/activate"),
-            CreateWorkflow => (10, "POST", "/svc/v1/workflows"),
-            GetWorkflow(_) => (11, "GET", "/svc/v1/workflows/{id}"),
-            CancelWorkflow(_) => (12, "DELETE", "/svc/v1/workflows/{id}"),
+            Workflows(route) => route.template(),
             Fetch => (13, "POST", "/svc/v1/workers/fetch"),
             Ack => (14, "POST", "/svc/v1/workers/ack"),
             Nack => (15, "POST", "/svc/v1/workers/nack"),
@@ -87,20 +74,11 @@ impl Route {
             ForgetWorker(_) => (26, "DELETE", "/svc/v1/workers/{id}"),
             SignalWorker(_, "quiet") => (27, "POST", "/svc/v1/workers/{id}/quiet"),
             SignalWorker(..) => (28, "POST", "/svc/v1/workers/{id}/terminate"),
-            DeadLetter => (29, "GET", "/svc/v1/dead-letter"),
-            DeadLetterRetry(_) => (30, "POST", "/svc/v1/dead-letter/{id}/retry"),
-            DeadLetterDelete(_) => (31, "DELETE", "/svc/v1/dead-letter/{id}"),
+            DeadLetter(route) => route.template(),
             Cron(route) => route.template(),
             OpenApi => (37, "GET", "/svc/v1/openapi.json"),
             Schemas(route) => route.template(),
-            Webhooks => (42, "GET", "/svc/v1/webhooks"),
-            CreateWebhook => (43, "POST", "/svc/v1/webhooks"),
-            GetWebhook(_) => (44, "GET", "/svc/v1/webhooks/{id}"),
-            PatchWebhook(_) => (45, "PATCH", "/svc/v1/webhooks/{id}"),
-            DeleteWebhook(_) => (46, "DELETE", "/svc/v1/webhooks/{id}"),
-            AddWebhookSecret(_) => (47, "POST", "/svc/v1/webhooks/{id}/secrets"),
-            DropPreviousWebhookSecret(_) => (48, "DELETE", "/svc/v1/webhooks/{id}/secrets/previous"),
-            TestWebhook(_) => (49, "POST", "/svc/v1/webhooks/{id}/test"),
+            Webhooks(route) => route.template(),
             Progress(route) => route.template(),
         }
     }
@@ -110,31 +88,16 @@ impl Route {
         use Route::*;
         match self {
             Manifest | Health | Ready | ErrorCatalog | Metrics | OpenApi | GetJob(_) => true,
-            CreateJob | BatchJobs | ActivateJob(_) | CancelJob(_) | CreateWorkflow | GetWorkflow(_) => {
-                matches!(role, Role::Admin | Role::Producer)
-            }
+            CreateJob | BatchJobs | ActivateJob(_) | CancelJob(_) => matches!(role, Role::Admin | Role::Producer),
             Fetch | Ack | Nack | AckById(_) | FailById(_) | Heartbeat => matches!(role, Role::Admin | Role::Worker),
-            CancelWorkflow(_)
-            | Events
-            | Workers
-            | Worker(_)
-            | ForgetWorker(_)
-            | SignalWorker(..)
-            | DeadLetter
-            | DeadLetterRetry(_)
-            | DeadLetterDelete(_)
-            | Webhooks
-            | CreateWebhook
-            | GetWebhook(_)
-            | PatchWebhook(_)
-            | DeleteWebhook(_)
-            | AddWebhookSecret(_)
-            | DropPreviousWebhookSecret(_)
-            | TestWebhook(_) => role == Role::Admin,
+            Events | Workers | Worker(_) | ForgetWorker(_) | SignalWorker(..) => role == Role::Admin,
+            Workflows(route) => route.allows(role),
+            DeadLetter(route) => route.allows(role),
             Progress(route) => route.allows(role),
             Queues(route) => route.allows(role),
             Schemas(route) => route.allows(role),
             Cron(route) => route.allows(role),
+            Webhooks(route) => route.allows(role),
         }
     }
 
@@ -154,9 +117,6 @@ impl Route {
             GetJob(id()),
             CancelJob(id()),
             ActivateJob(id()),
-            CreateWorkflow,
-            GetWorkflow(id()),
-            CancelWorkflow(id()),
             Fetch,
             Ack,
             Nack,
@@ -169,24 +129,16 @@ impl Route {
             ForgetWorker(id()),
             SignalWorker(id(), "quiet"),
             SignalWorker(id(), "terminate"),
-            DeadLetter,
-            DeadLetterRetry(id()),
-            DeadLetterDelete(id()),
             OpenApi,
-            Webhooks,
-            CreateWebhook,
-            GetWebhook(id()),
-            PatchWebhook(id()),
-            DeleteWebhook(id()),
-            AddWebhookSecret(id()),
-            DropPreviousWebhookSecret(id()),
-            TestWebhook(id()),
         ]
         .into_iter()
         .chain(super::progress::ProgressRoute::samples().into_iter().map(Route::Progress))
         .chain(super::queues::QueueRoute::samples().into_iter().map(Route::Queues))
         .chain(super::schemas::SchemaRoute::samples().into_iter().map(Route::Schemas))
         .chain(super::cron::CronRoute::samples().into_iter().map(Route::Cron))
+        .chain(super::workflows::WorkflowRoute::samples().into_iter().map(Route::Workflows))
+        .chain(super::dead_letter::DeadLetterRoute::samples().into_iter().map(Route::DeadLetter))
+        .chain(super::webhooks::WebhookRoute::samples().into_iter().map(Route::Webhooks))
         .collect()
     }
 }
@@ -256,25 +208,23 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["svc", "v1", "jobs", id, "fail"] if !id.is_empty() => {
             vec![(Method::POST, Route::FailById(decoded(id)))]
         }
-        ["svc", "v1", "workflows"] => vec![(Method::POST, Route::CreateWorkflow)],
-        ["svc", "v1", "workflows", id] if !id.is_empty() => {
-            vec![(Method::GET, Route::GetWorkflow(decoded(id))), (Method::DELETE, Route::CancelWorkflow(decoded(id)))]
+        ["svc", "v1", "workflows", rest @ ..] => {
+            super::workflows::WorkflowRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Workflows(r))).collect()
         }
         ["svc", "v1", "queues", rest @ ..] => {
             super::queues::QueueRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Queues(r))).collect()
         }
         ["svc", "v1", "events"] => vec![(Method::GET, Route::Events)],
-        ["svc", "v1", "dead-letter"] => vec![(Method::GET, Route::DeadLetter)],
-        ["svc", "v1", "dead-letter", id] if !id.is_empty() => {
-            vec![(Method::DELETE, Route::DeadLetterDelete(decoded(id)))]
-        }
-        ["svc", "v1", "dead-letter", id, "retry"] if !id.is_empty() => {
-            vec![(Method::POST, Route::DeadLetterRetry(decoded(id)))]
-        }
+        ["svc", "v1", "dead-letter", rest @ ..] => super::dead_letter::DeadLetterRoute::choices(rest)
+            .into_iter()
+            .map(|(m, r)| (m, Route::DeadLetter(r)))
+            .collect(),
         ["svc", "v1", "cron", rest @ ..] => {
             super::cron::CronRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Cron(r))).collect()
         }
-        ["svc", "v1", "webhooks", rest @ ..] => webhook_choices(rest),
+        ["svc", "v1", "webhooks", rest @ ..] => {
+            super::webhooks::WebhookRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Webhooks(r))).collect()
+        }
         ["svc", "v1", "schemas", rest @ ..] => {
             super::schemas::SchemaRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Schemas(r))).collect()
         }
@@ -299,30 +249,6 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
     }
 }
 
-/// The webhook routes, under `/svc/v1/webhooks` or its alias
-/// `/svc/v1/webhooks/subscriptions`.
-fn webhook_choices(rest: &[&str]) -> Vec<(Method, Route)> {
-    let rest = match rest {
-        ["subscriptions", tail @ ..] => tail,
-        _ => rest,
-    };
-    let id = |segment: &str| super::paging::percent_decode(segment);
-    match rest {
-        [] => vec![(Method::GET, Route::Webhooks), (Method::POST, Route::CreateWebhook)],
-        [raw] if !raw.is_empty() => vec![
-            (Method::GET, Route::GetWebhook(id(raw))),
-            (Method::PATCH, Route::PatchWebhook(id(raw))),
-            (Method::DELETE, Route::DeleteWebhook(id(raw))),
-        ],
-        [raw, "secrets" | "rotate-secret"] if !raw.is_empty() => vec![(Method::POST, Route::AddWebhookSecret(id(raw)))],
-        [raw, "test"] if !raw.is_empty() => vec![(Method::POST, Route::TestWebhook(id(raw)))],
-        [raw, "secrets", "previous"] if !raw.is_empty() => {
-            vec![(Method::DELETE, Route::DropPreviousWebhookSecret(id(raw)))]
-        }
-        _ => Vec::new(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,7 +259,9 @@ mod tests {
         assert!(Route::CreateJob.allowed_for(Role::Producer) && !Route::CreateJob.allowed_for(Role::Worker));
         assert!(Route::Fetch.allowed_for(Role::Worker) && !Route::Fetch.allowed_for(Role::Producer));
         assert!(Route::GetJob("x".into()).allowed_for(Role::Worker));
-        assert!(!Route::CancelWorkflow("x".into()).allowed_for(Role::Producer));
+        assert!(
+            !Route::Workflows(crate::http::workflows::WorkflowRoute::Cancel("x".into())).allowed_for(Role::Producer)
+        );
         let crons = Route::Cron(crate::http::cron::CronRoute::List);
         assert!(crons.allowed_for(Role::Admin) && !crons.allowed_for(Role::Producer));
     }

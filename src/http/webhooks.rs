@@ -2,18 +2,106 @@
 //! `/svc/v1/webhooks` and its alias `/svc/v1/webhooks/subscriptions`.
 //! Secrets go in and never come out.
 
-use bytes::Bytes;
-use hyper::StatusCode;
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use super::auth::Role;
 use super::error::ApiError;
-use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::paging::{decode_cursor, encode_cursor, page_limit, percent_decode, query_pairs, query_value};
 use super::{AppState, Reply};
 use crate::engine::WebhookChange;
 use crate::job::JobId;
 use crate::job::time::format_timestamp;
 use crate::webhook::Subscription;
 use crate::webhook::subscription::{parse_secret_body, parse_subscription, parse_subscription_patch};
+
+/// The webhook routes (path ids as given, checked by the handlers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookRoute {
+    List,
+    Create,
+    Get(String),
+    Patch(String),
+    Delete(String),
+    AddSecret(String),
+    DropPreviousSecret(String),
+    Test(String),
+}
+
+impl WebhookRoute {
+    /// What a path under `/svc/v1/webhooks` takes (`rest`: the segments
+    /// after it), also under its alias `/svc/v1/webhooks/subscriptions`.
+    pub fn choices(rest: &[&str]) -> Vec<(Method, WebhookRoute)> {
+        let rest = match rest {
+            ["subscriptions", tail @ ..] => tail,
+            _ => rest,
+        };
+        let id = |segment: &str| percent_decode(segment);
+        match rest {
+            [] => vec![(Method::GET, WebhookRoute::List), (Method::POST, WebhookRoute::Create)],
+            [raw] if !raw.is_empty() => vec![
+                (Method::GET, WebhookRoute::Get(id(raw))),
+                (Method::PATCH, WebhookRoute::Patch(id(raw))),
+                (Method::DELETE, WebhookRoute::Delete(id(raw))),
+            ],
+            [raw, "secrets" | "rotate-secret"] if !raw.is_empty() => {
+                vec![(Method::POST, WebhookRoute::AddSecret(id(raw)))]
+            }
+            [raw, "test"] if !raw.is_empty() => vec![(Method::POST, WebhookRoute::Test(id(raw)))],
+            [raw, "secrets", "previous"] if !raw.is_empty() => {
+                vec![(Method::DELETE, WebhookRoute::DropPreviousSecret(id(raw)))]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The metrics number, method and template (as the router's templates).
+    pub fn template(&self) -> (usize, &'static str, &'static str) {
+        match self {
+            WebhookRoute::List => (42, "GET", "/svc/v1/webhooks"),
+            WebhookRoute::Create => (43, "POST", "/svc/v1/webhooks"),
+            WebhookRoute::Get(_) => (44, "GET", "/svc/v1/webhooks/{id}"),
+            WebhookRoute::Patch(_) => (45, "PATCH", "/svc/v1/webhooks/{id}"),
+            WebhookRoute::Delete(_) => (46, "DELETE", "/svc/v1/webhooks/{id}"),
+            WebhookRoute::AddSecret(_) => (47, "POST", "/svc/v1/webhooks/{id}/secrets"),
+            WebhookRoute::DropPreviousSecret(_) => (48, "DELETE", "/svc/v1/webhooks/{id}/secrets/previous"),
+            WebhookRoute::Test(_) => (49, "POST", "/svc/v1/webhooks/{id}/test"),
+        }
+    }
+
+    /// Subscriptions are the operator's.
+    pub fn allows(&self, role: Role) -> bool {
+        role == Role::Admin
+    }
+
+    pub async fn handle(self, app: &AppState, query: &str, body: &[u8]) -> Result<Reply, ApiError> {
+        match self {
+            WebhookRoute::List => list(app, query).await,
+            WebhookRoute::Create => create(app, body).await,
+            WebhookRoute::Get(id) => get(app, &id).await,
+            WebhookRoute::Patch(id) => patch(app, &id, body).await,
+            WebhookRoute::Delete(id) => delete(app, &id).await,
+            WebhookRoute::AddSecret(id) => add_secret(app, &id, body).await,
+            WebhookRoute::DropPreviousSecret(id) => drop_previous_secret(app, &id).await,
+            WebhookRoute::Test(id) => test(app, &id).await,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn samples() -> Vec<WebhookRoute> {
+        let id = || "x".to_string();
+        vec![
+            WebhookRoute::List,
+            WebhookRoute::Create,
+            WebhookRoute::Get(id()),
+            WebhookRoute::Patch(id()),
+            WebhookRoute::Delete(id()),
+            WebhookRoute::AddSecret(id()),
+            WebhookRoute::DropPreviousSecret(id()),
+            WebhookRoute::Test(id()),
+        ]
+    }
+}
 
 /// `sub_<uuidv7>`.
 pub fn subscription_id(id: JobId) -> String {
@@ -64,7 +152,7 @@ fn subscription_body(app: &AppState, subscription: &Subscription) -> String {
     json!({"subscription": render_subscription(subscription, now(app))}).to_string()
 }
 
-pub async fn create(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
+async fn create(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let new = parse_subscription(body, app.webhooks_allow_private_targets)?;
     let subscription = app.backend.create_webhook(new).outcome().await?;
     Ok(Reply::ok(subscription_body(app, &subscription))
@@ -72,7 +160,7 @@ pub async fn create(app: &AppState, body: &Bytes) -> Result<Reply, ApiError> {
         .header(hyper::header::LOCATION, format!("/svc/v1/webhooks/{}", subscription_id(subscription.id))))
 }
 
-pub async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let after =
@@ -92,32 +180,32 @@ pub async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     Ok(Reply::ok(json!({"subscriptions": subscriptions, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
-pub async fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let subscription =
         app.backend.webhook(parse_id(id)?).outcome().await?.ok_or_else(|| ApiError::not_found("webhook", id))?;
     Ok(Reply::ok(subscription_body(app, &subscription)))
 }
 
-pub async fn patch(app: &AppState, id: &str, body: &Bytes) -> Result<Reply, ApiError> {
+async fn patch(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
     let id = parse_id(id)?;
     let patch = parse_subscription_patch(body, app.webhooks_allow_private_targets)?;
     let subscription = app.backend.change_webhook(id, WebhookChange::Patch(patch)).outcome().await?;
     Ok(Reply::ok(subscription_body(app, &subscription)))
 }
 
-pub async fn delete(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn delete(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let subscription = app.backend.delete_webhook(parse_id(id)?).outcome().await?;
     Ok(Reply::ok(json!({"deleted": true, "id": subscription_id(subscription.id)}).to_string()))
 }
 
-pub async fn add_secret(app: &AppState, id: &str, body: &Bytes) -> Result<Reply, ApiError> {
+async fn add_secret(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
     let id = parse_id(id)?;
     let secret = parse_secret_body(body)?;
     let subscription = app.backend.change_webhook(id, WebhookChange::AddSecret(secret)).outcome().await?;
     Ok(Reply::ok(subscription_body(app, &subscription)))
 }
 
-pub async fn drop_previous_secret(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn drop_previous_secret(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = parse_id(id)?;
     let subscription = app.backend.change_webhook(id, WebhookChange::DropPreviousSecret).outcome().await?;
     Ok(Reply::ok(subscription_body(app, &subscription)))
@@ -128,7 +216,7 @@ const TEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `POST /webhooks/{id}/test`: one attempt of a `webhook.test` event, now,
 /// signed and guarded like a delivery; nothing is stored, nothing retried.
-pub async fn test(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn test(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = parse_id(id)?;
     let subscription =
         app.backend.webhook(id).outcome().await?.ok_or_else(|| ApiError::not_found("webhook", subscription_id(id)))?;

@@ -2,10 +2,12 @@
 //! workflow object; and the fields a workflow's job shows (`workflow_id`,
 //! `parent_results`, `parent_states`).
 
-use hyper::StatusCode;
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use super::auth::Role;
 use super::error::ApiError;
+use super::paging::percent_decode;
 use super::{AppState, Reply};
 use crate::engine::{ParentResults, Workflow, WorkflowState};
 use crate::job::time::format_timestamp;
@@ -15,12 +17,64 @@ use crate::workflow::{WorkflowKind, parse_workflow_body};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The workflow routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkflowRoute {
+    Create,
+    Get(String),
+    Cancel(String),
+}
+
+impl WorkflowRoute {
+    /// What a path under `/svc/v1/workflows` takes (`rest`: the segments after it).
+    pub fn choices(rest: &[&str]) -> Vec<(Method, WorkflowRoute)> {
+        match rest {
+            [] => vec![(Method::POST, WorkflowRoute::Create)],
+            [id] if !id.is_empty() => vec![
+                (Method::GET, WorkflowRoute::Get(percent_decode(id))),
+                (Method::DELETE, WorkflowRoute::Cancel(percent_decode(id))),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The metrics number, method and template (as the router's templates).
+    pub fn template(&self) -> (usize, &'static str, &'static str) {
+        match self {
+            WorkflowRoute::Create => (10, "POST", "/svc/v1/workflows"),
+            WorkflowRoute::Get(_) => (11, "GET", "/svc/v1/workflows/{id}"),
+            WorkflowRoute::Cancel(_) => (12, "DELETE", "/svc/v1/workflows/{id}"),
+        }
+    }
+
+    /// Producers create and read workflows; cancelling one is the operator's.
+    pub fn allows(&self, role: Role) -> bool {
+        match self {
+            WorkflowRoute::Create | WorkflowRoute::Get(_) => matches!(role, Role::Admin | Role::Producer),
+            WorkflowRoute::Cancel(_) => role == Role::Admin,
+        }
+    }
+
+    pub async fn handle(self, app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+        match self {
+            WorkflowRoute::Create => create(app, body).await,
+            WorkflowRoute::Get(id) => get(app, &id).await,
+            WorkflowRoute::Cancel(id) => cancel(app, &id).await,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn samples() -> Vec<WorkflowRoute> {
+        vec![WorkflowRoute::Create, WorkflowRoute::Get("x".into()), WorkflowRoute::Cancel("x".into())]
+    }
+}
+
 fn workflow_id(text: &str) -> Result<JobId, ApiError> {
     JobId::parse_any_case(text).ok_or_else(|| ApiError::not_found("workflow", text))
 }
 
 /// `POST /workflows`: 201 `{workflow}` with its `Location`.
-pub(super) async fn create(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+async fn create(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let definition = parse_workflow_body(body, &app.defaults)?;
     let id = app.backend.create_workflow(definition).outcome().await?;
     let body = json!({"workflow": read(app, id).await?}).to_string();
@@ -30,13 +84,13 @@ pub(super) async fn create(app: &AppState, body: &[u8]) -> Result<Reply, ApiErro
 }
 
 /// `GET /workflows/{id}`.
-pub(super) async fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = workflow_id(id)?;
     Ok(Reply::ok(json!({"workflow": read(app, id).await?}).to_string()))
 }
 
 /// `DELETE /workflows/{id}`: cancels it; 409 once it has ended.
-pub(super) async fn cancel(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn cancel(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = workflow_id(id)?;
     app.backend.cancel_workflow(id).outcome().await?;
     Ok(Reply::ok(json!({"workflow": read(app, id).await?}).to_string()))
