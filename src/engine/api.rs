@@ -150,7 +150,7 @@ pub enum EngineError {
     /// The workflow has ended: it cannot be cancelled.
     WorkflowConflict {
         id: JobId,
-        current_state: super::workflow_table::WorkflowState,
+        current_state: super::workflows::table::WorkflowState,
     },
     /// The engine cannot take the request now; `reason` says why.
     Unavailable {

@@ -36,7 +36,7 @@ pub(crate) fn storage_failed() -> EngineError {
 pub(crate) struct ViewDelta {
     pub workers: Vec<(String, Option<WorkerEntry>)>,
     pub crons: Changes<String, CronEntry>,
-    pub workflows: Changes<JobId, super::workflow_table::Workflow>,
+    pub workflows: Changes<JobId, super::workflows::table::Workflow>,
     pub queues: Vec<(String, Option<QueueSummary>)>,
     pub schemas: Changes<String, crate::schema::SchemaEntry>,
     pub webhooks: Changes<JobId, crate::webhook::Subscription>,

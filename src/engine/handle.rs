@@ -12,7 +12,7 @@ use super::inbox::{InboxSender, SendError};
 use super::requests::{self, Envelope, Reply, Request};
 use super::view::{DeadLetterCursor, QueueSummary, ReadView};
 use super::workers::{WorkerEntry, WorkerSignal};
-use super::workflow_table::Workflow;
+use super::workflows::table::Workflow;
 use crate::clock::Clock;
 use crate::cron::CronDefinition;
 use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob};
@@ -345,12 +345,12 @@ impl EngineHandle {
         if let Err(error) = self.check_schemas(members.chain(callbacks)) {
             return Pending::ready(Err(error));
         }
-        self.submit(requests::CreateWorkflow { definition })
+        self.submit(super::workflows::CreateWorkflow { definition })
     }
 
     /// Cancels a running workflow.
     pub fn cancel_workflow(&self, id: JobId) -> Pending<()> {
-        self.submit(requests::CancelWorkflow { id })
+        self.submit(super::workflows::CancelWorkflow { id })
     }
 
     /// A workflow as of the last commit.

@@ -38,7 +38,7 @@ pub struct StateImage {
     /// back as a rate limit can look.
     pub dispatch_claims: Vec<(String, Vec<Millis>)>,
     /// Workflows, running and ended.
-    pub workflows: Vec<Arc<super::workflow_table::Workflow>>,
+    pub workflows: Vec<Arc<super::workflows::table::Workflow>>,
     /// Registered schemas by URI.
     pub schemas: Vec<Arc<crate::schema::SchemaEntry>>,
     /// Webhook subscriptions by id.
@@ -179,7 +179,7 @@ struct StateImageV4 {
     crons: Vec<CronEntry>,
     cron_waiters: Vec<(JobId, JobId)>,
     dispatch_claims: Vec<(String, Vec<Millis>)>,
-    workflows: Vec<Arc<super::workflow_table::Workflow>>,
+    workflows: Vec<Arc<super::workflows::table::Workflow>>,
 }
 
 /// The image of payload version 3 (before job extras and dispatch limits).
@@ -341,7 +341,7 @@ struct ImageRest {
     crons: Vec<CronEntry>,
     cron_waiters: Vec<(JobId, JobId)>,
     dispatch_claims: Vec<(String, Vec<Millis>)>,
-    workflows: Vec<Arc<super::workflow_table::Workflow>>,
+    workflows: Vec<Arc<super::workflows::table::Workflow>>,
     schemas: Vec<Arc<crate::schema::SchemaEntry>>,
     webhooks: Vec<Arc<crate::webhook::Subscription>>,
     deliveries: Vec<Arc<super::outbox::Delivery>>,

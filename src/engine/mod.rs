@@ -33,7 +33,6 @@ mod table;
 mod view;
 mod webhooks;
 pub mod workers;
-mod workflow_table;
 mod workflows;
 mod writer;
 
@@ -61,7 +60,8 @@ pub use state::State;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
 pub use webhooks::{AttemptOutcome, AttemptResult, WebhookChange};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
-pub use workflow_table::{Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState};
+pub use workflows::table::{Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState};
+pub use workflows::{CancelWorkflow, CreateWorkflow};
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -145,25 +145,9 @@ pub enum Record {
         at: Millis,
         id: JobId,
     },
-    /// A workflow created with its jobs (later chain steps `pending`) and
-    /// its callbacks' jobs (inside the workflow, stored when they fire);
-    /// `replaced` as for `Enqueue`.
-    WorkflowCreate {
-        at: Millis,
-        workflow: Arc<super::workflow_table::Workflow>,
-        jobs: Vec<Arc<Job>>,
-        replaced: Vec<JobId>,
-    },
-    /// A running workflow cancelled with every job of it not yet ended.
-    WorkflowCancel {
-        at: Millis,
-        id: JobId,
-    },
-    /// Ended workflows removed for good (retention, or the cap).
-    WorkflowPrune {
-        at: Millis,
-        ids: Vec<JobId>,
-    },
+    WorkflowCreate(super::workflows::record::WorkflowCreate),
+    WorkflowCancel(super::workflows::record::WorkflowCancel),
+    WorkflowPrune(super::workflows::record::WorkflowPrune),
     SchemaPut(super::schemas::record::SchemaPut),
     SchemaDelete(super::schemas::record::SchemaDelete),
     /// A webhook subscription created or changed, whole.
@@ -252,9 +236,9 @@ impl Record {
             Record::PruneCapped { .. } => "prune_capped",
             Record::QueuePause(_) => "queue_pause",
             Record::Activate { .. } => "activate",
-            Record::WorkflowCreate { .. } => "workflow_create",
-            Record::WorkflowCancel { .. } => "workflow_cancel",
-            Record::WorkflowPrune { .. } => "workflow_prune",
+            Record::WorkflowCreate(_) => "workflow_create",
+            Record::WorkflowCancel(_) => "workflow_cancel",
+            Record::WorkflowPrune(_) => "workflow_prune",
             Record::SchemaPut(_) => "schema_put",
             Record::SchemaDelete(_) => "schema_delete",
             Record::WebhookPut { .. } => "webhook_put",
@@ -275,9 +259,6 @@ impl Record {
             | Record::EnqueueV1 { at, .. }
             | Record::CronFireV1 { at, .. }
             | Record::Activate { at, .. }
-            | Record::WorkflowCreate { at, .. }
-            | Record::WorkflowCancel { at, .. }
-            | Record::WorkflowPrune { at, .. }
             | Record::WebhookPut { at, .. }
             | Record::WebhookDelete { at, .. }
             | Record::DeliveriesQueued { at, .. }
@@ -304,7 +285,10 @@ impl Record {
             | Record::SchemaDelete(super::schemas::record::SchemaDelete { at, .. })
             | Record::CronPut(super::cron::record::CronPut { at, .. })
             | Record::CronDelete(super::cron::record::CronDelete { at, .. })
-            | Record::CronFire(super::cron::record::CronFired { at, .. }) => *at,
+            | Record::CronFire(super::cron::record::CronFired { at, .. })
+            | Record::WorkflowCreate(super::workflows::record::WorkflowCreate { at, .. })
+            | Record::WorkflowCancel(super::workflows::record::WorkflowCancel { at, .. })
+            | Record::WorkflowPrune(super::workflows::record::WorkflowPrune { at, .. }) => *at,
             Record::Progress(record) => record.at(),
         }
     }
@@ -343,6 +327,24 @@ impl From<super::cron::record::CronDelete> for Record {
 impl From<super::cron::record::CronFired> for Record {
     fn from(record: super::cron::record::CronFired) -> Record {
         Record::CronFire(record)
+    }
+}
+
+impl From<super::workflows::record::WorkflowCreate> for Record {
+    fn from(record: super::workflows::record::WorkflowCreate) -> Record {
+        Record::WorkflowCreate(record)
+    }
+}
+
+impl From<super::workflows::record::WorkflowCancel> for Record {
+    fn from(record: super::workflows::record::WorkflowCancel) -> Record {
+        Record::WorkflowCancel(record)
+    }
+}
+
+impl From<super::workflows::record::WorkflowPrune> for Record {
+    fn from(record: super::workflows::record::WorkflowPrune) -> Record {
+        Record::WorkflowPrune(record)
     }
 }
 

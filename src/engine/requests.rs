@@ -20,7 +20,6 @@ use super::state::State;
 use super::workers::{Contacts, WorkerEntry, WorkerSignal};
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, NewJob};
-use crate::workflow::WorkflowDefinition;
 
 pub(crate) mod sealed {
     /// Only this crate's requests can be sent to the engine.
@@ -161,7 +160,7 @@ impl<R: Request> Parked for ParkedEnvelope<R> {
 }
 
 /// A record's fixed part (its kind, times and ids), generously.
-pub(super) const RECORD_FIXED_BYTES: u64 = 96;
+pub(crate) const RECORD_FIXED_BYTES: u64 = 96;
 /// The most log bytes one job's share of a record takes (a claim, a
 /// promotion, a heartbeat's extension).
 pub(crate) const RECORD_BYTES_PER_JOB: u64 = 64;
@@ -278,65 +277,7 @@ sealed!(
     BeginDrain,
     Probe,
     Activate,
-    CreateWorkflow,
-    CancelWorkflow,
 );
-
-/// Creates a workflow with its jobs, all or nothing; answers its id.
-pub struct CreateWorkflow {
-    pub definition: WorkflowDefinition,
-}
-
-impl Request for CreateWorkflow {
-    type Output = JobId;
-
-    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        let now = turn.now;
-        let (state, entropy) = turn.state_and_entropy();
-        let (record, id) = state.decide_workflow_create(now, self.definition, entropy)?;
-        turn.apply(record);
-        Ok(id)
-    }
-
-    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
-        None
-    }
-
-    fn held_bytes(&self) -> u64 {
-        let definition = &self.definition;
-        let jobs = definition.jobs.iter().chain(definition.callbacks.iter().map(|(_, job)| job));
-        jobs.map(|job| {
-            let payload = &job.payload;
-            std::mem::size_of::<NewJob>()
-                + job.queue.len()
-                + payload.job_type().len()
-                + payload.args().len()
-                + payload.meta().len()
-        })
-        .sum::<usize>() as u64
-    }
-}
-
-/// Cancels a running workflow and every job of it not yet ended.
-pub struct CancelWorkflow {
-    pub id: JobId,
-}
-
-impl Request for CancelWorkflow {
-    type Output = ();
-
-    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        let record = turn.state().decide_workflow_cancel(turn.now, self.id)?;
-        turn.apply(record);
-        Ok(())
-    }
-
-    fn full_disk_bytes(&self, turn: &Turn<'_>) -> Option<u64> {
-        let jobs =
-            turn.state().workflow(self.id).map_or(0, |workflow| workflow.members.len() + workflow.callbacks.len());
-        Some(RECORD_FIXED_BYTES + jobs as u64 * RECORD_BYTES_PER_JOB)
-    }
-}
 
 /// Activates a staged (`pending`) job: `available`, or `scheduled` until its time.
 pub struct Activate {

@@ -13,7 +13,7 @@ use super::job_table::JobTable;
 use super::record::{FailOutcome, Record, TimeoutKind};
 use super::table::Table;
 use super::workers::WorkerSignal;
-use super::workflow_table::Workflow;
+use super::workflows::table::Workflow;
 use crate::clock::Millis;
 use crate::job::{ErrorEntry, FailureReport, IdGenerator, Job, JobId, JobRun, JobState, UniqueKey};
 use crate::limits::DISPATCH_WINDOW_MS_MAX;
@@ -263,11 +263,11 @@ impl State {
         match record {
             Record::Enqueue { at, jobs, replaced } => self.apply_enqueue(*at, jobs, replaced, events),
             Record::Activate { at, id } => self.apply_activate(*at, *id, events),
-            Record::WorkflowCreate { at, workflow, jobs, replaced } => {
-                self.apply_workflow_create(*at, workflow, jobs, replaced, events)
+            Record::WorkflowCreate(record) => {
+                self.apply_workflow_create(record.at, &record.workflow, &record.jobs, &record.replaced, events)
             }
-            Record::WorkflowCancel { at, id } => self.apply_workflow_cancel(*at, *id, events),
-            Record::WorkflowPrune { ids, .. } => self.apply_workflow_prune(ids),
+            Record::WorkflowCancel(record) => self.apply_workflow_cancel(record.at, record.id, events),
+            Record::WorkflowPrune(record) => self.apply_workflow_prune(&record.ids),
             Record::EnqueueV1 { .. } | Record::CronFireV1 { .. } => {
                 Err(ApplyError(format!("a {} record of an earlier format was not upgraded", record.kind())))
             }

@@ -11,7 +11,7 @@ use super::events::{Event, EventBuffer, EventKind, EventPage};
 use super::job_table::{DeadLetterKey, SharedJobs};
 use super::table::{Published, take_page};
 use super::workers::WorkerEntry;
-use super::workflow_table::Workflow;
+use super::workflows::table::Workflow;
 use crate::clock::Millis;
 use crate::job::{Job, JobId, JobState};
 use crate::schema::SchemaEntry;

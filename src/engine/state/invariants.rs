@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::super::workflow_table::Workflow;
+use super::super::workflows::table::Workflow;
 use super::State;
 use crate::job::{DispatchLimit, Job, JobId, JobState, UniqueKey};
 

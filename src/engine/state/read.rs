@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::super::cron::table::CronTable;
 use super::super::view::QueueSummary;
 use super::super::workers::WorkerSignal;
-use super::super::workflow_table::Workflow;
+use super::super::workflows::table::Workflow;
 use super::{QueueState, Retention, State};
 use crate::clock::Millis;
 use crate::job::{Job, JobId, UniqueKey};

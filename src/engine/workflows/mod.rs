@@ -5,6 +5,13 @@
 //! (the callbacks' jobs, ids included, are in the creation record), in the
 //! snapshot, and replayed exactly, so a crash never fires a callback twice
 //! or activates a step twice.
+//!
+//! The feature is here: the requests, their decisions, their records
+//! (`record.rs`), how those apply, and the workflow as held (`table.rs`).
+//! Parsing a definition is `crate::workflow`'s.
+
+pub(super) mod record;
+pub(crate) mod table;
 
 use std::sync::Arc;
 
@@ -12,11 +19,73 @@ use super::api::{EngineError, Unavailable};
 use super::decide::Entropy;
 use super::events::{EventKind, EventSink, WorkflowEvent};
 use super::record::Record;
+use super::requests::{RECORD_BYTES_PER_JOB, RECORD_FIXED_BYTES, Request, Turn, sealed};
 use super::state::{ApplyError, State, activate};
-use super::workflow_table::{Callback, Member, MemberOutcome, Workflow, WorkflowFailure, WorkflowState, is_failure};
 use crate::clock::Millis;
 use crate::job::{CallbackKind, Job, JobExtra, JobId, JobIdSet, JobState, OnConflict, WorkflowRole};
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
+use record::{WorkflowCancel, WorkflowCreate, WorkflowPrune};
+use table::{Callback, Member, MemberOutcome, Workflow, WorkflowFailure, WorkflowState, is_failure};
+
+/// Creates a workflow with its jobs, all or nothing; answers its id.
+pub struct CreateWorkflow {
+    pub definition: WorkflowDefinition,
+}
+
+impl sealed::Sealed for CreateWorkflow {}
+
+impl Request for CreateWorkflow {
+    type Output = JobId;
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let now = turn.now;
+        let (state, entropy) = turn.state_and_entropy();
+        let (record, id) = state.decide_workflow_create(now, self.definition, entropy)?;
+        turn.apply(record);
+        Ok(id)
+    }
+
+    fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
+        None
+    }
+
+    fn held_bytes(&self) -> u64 {
+        let definition = &self.definition;
+        let jobs = definition.jobs.iter().chain(definition.callbacks.iter().map(|(_, job)| job));
+        jobs.map(|job| {
+            let payload = &job.payload;
+            std::mem::size_of::<crate::job::NewJob>()
+                + job.queue.len()
+                + payload.job_type().len()
+                + payload.args().len()
+                + payload.meta().len()
+        })
+        .sum::<usize>() as u64
+    }
+}
+
+/// Cancels a running workflow and every job of it not yet ended.
+pub struct CancelWorkflow {
+    pub id: JobId,
+}
+
+impl sealed::Sealed for CancelWorkflow {}
+
+impl Request for CancelWorkflow {
+    type Output = ();
+
+    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
+        let record = turn.state().decide_workflow_cancel(turn.now, self.id)?;
+        turn.apply(record);
+        Ok(())
+    }
+
+    fn full_disk_bytes(&self, turn: &Turn<'_>) -> Option<u64> {
+        let jobs =
+            turn.state().workflow(self.id).map_or(0, |workflow| workflow.members.len() + workflow.callbacks.len());
+        Some(RECORD_FIXED_BYTES + jobs as u64 * RECORD_BYTES_PER_JOB)
+    }
+}
 
 impl State {
     /// Decides a creation: every job checked as an enqueue would be (the
@@ -83,7 +152,7 @@ impl State {
             ended_at: None,
             failure: None,
         };
-        Ok((Record::WorkflowCreate { at: now, workflow: Arc::new(workflow), jobs, replaced }, id))
+        Ok((WorkflowCreate { at: now, workflow: Arc::new(workflow), jobs, replaced }.into(), id))
     }
 
     /// Decides a cancel: 404 for an unknown workflow, 409 for an ended one.
@@ -92,7 +161,7 @@ impl State {
         if workflow.state.is_terminal() {
             return Err(EngineError::WorkflowConflict { id, current_state: workflow.state });
         }
-        Ok(Record::WorkflowCancel { at: now, id })
+        Ok(WorkflowCancel { at: now, id }.into())
     }
 
     pub(super) fn apply_workflow_create(
@@ -393,6 +462,21 @@ impl State {
             bytes -= self.workflows.get(id).map_or(0, |workflow| workflow.held_bytes());
             ids.push(*id);
         }
-        (!ids.is_empty()).then_some(Record::WorkflowPrune { at: now, ids })
+        (!ids.is_empty()).then(|| WorkflowPrune { at: now, ids }.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_records_are_encoded_as_the_struct_variants_they_replaced() {
+        // Kinds 23 and 24 (docs/wal-format.md), then the fields in order:
+        // 5 as a zigzag varint, then an id (a u128 varint) or a list of them.
+        let cancel = Record::WorkflowCancel(WorkflowCancel { at: 5, id: JobId(3) });
+        assert_eq!(postcard::to_allocvec(&cancel).unwrap(), [23, 10, 3]);
+        let prune = Record::WorkflowPrune(WorkflowPrune { at: 5, ids: vec![JobId(3), JobId(4)] });
+        assert_eq!(postcard::to_allocvec(&prune).unwrap(), [24, 10, 2, 3, 4]);
     }
 }
