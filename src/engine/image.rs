@@ -44,7 +44,7 @@ pub struct StateImage {
     /// Webhook subscriptions by id.
     pub webhooks: Vec<Arc<crate::webhook::Subscription>>,
     /// Queued webhook deliveries by id.
-    pub deliveries: Vec<Arc<super::outbox::Delivery>>,
+    pub deliveries: Vec<Arc<super::webhooks::outbox::Delivery>>,
 }
 
 impl StateImage {
@@ -344,7 +344,7 @@ struct ImageRest {
     workflows: Vec<Arc<super::workflows::table::Workflow>>,
     schemas: Vec<Arc<crate::schema::SchemaEntry>>,
     webhooks: Vec<Arc<crate::webhook::Subscription>>,
-    deliveries: Vec<Arc<super::outbox::Delivery>>,
+    deliveries: Vec<Arc<super::webhooks::outbox::Delivery>>,
 }
 
 impl ImageRest {

@@ -17,7 +17,6 @@ mod inbox;
 pub mod inspect;
 mod job_table;
 mod legacy;
-pub mod outbox;
 mod pace;
 mod progress;
 mod queues;
@@ -58,6 +57,7 @@ pub use state::Retention;
 #[doc(hidden)]
 pub use state::State;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
+pub use webhooks::outbox;
 pub use webhooks::{AttemptOutcome, AttemptResult, WebhookChange};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
 pub use workflows::table::{Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState};

@@ -150,51 +150,13 @@ pub enum Record {
     WorkflowPrune(super::workflows::record::WorkflowPrune),
     SchemaPut(super::schemas::record::SchemaPut),
     SchemaDelete(super::schemas::record::SchemaDelete),
-    /// A webhook subscription created or changed, whole.
-    WebhookPut {
-        at: Millis,
-        subscription: Arc<crate::webhook::Subscription>,
-    },
-    WebhookDelete {
-        at: Millis,
-        id: JobId,
-    },
-    /// Events queued for the subscriptions that take them, in the commit of
-    /// the change that caused them.
-    DeliveriesQueued {
-        at: Millis,
-        deliveries: Vec<Arc<super::outbox::Delivery>>,
-    },
-    /// Attempts starting: each delivery's count goes up before it is sent,
-    /// and it is not due again before `until` (the attempt's outcome comes
-    /// first, unless the attempt is lost with the process).
-    DeliveryStarted {
-        at: Millis,
-        ids: Vec<JobId>,
-        until: Millis,
-    },
-    /// A failed attempt: the delivery waits until `next_at`.
-    DeliveryRetry {
-        at: Millis,
-        id: JobId,
-        next_at: Millis,
-    },
-    /// Deliveries that ended: acknowledged, abandoned after their last attempt, or dropped.
-    DeliveriesDone {
-        at: Millis,
-        ids: Vec<JobId>,
-    },
-    /// Events queued for the subscriptions that take them, in the commit of
-    /// the change that caused them: each event's body once, whatever number
-    /// of subscriptions take it, and at most
-    /// [`super::outbox::QUEUED_RECORD_BODY_BYTES_MAX`] of bodies a record (a
-    /// turn logs as many as it needs). Replaces `DeliveriesQueued`, which
-    /// repeated the body in every delivery; logs of that form still load.
-    DeliveriesQueuedOnce {
-        at: Millis,
-        events: Vec<super::outbox::QueuedEvent>,
-        deliveries: Vec<super::outbox::QueuedDelivery>,
-    },
+    WebhookPut(super::webhooks::record::WebhookPut),
+    WebhookDelete(super::webhooks::record::WebhookDelete),
+    DeliveriesQueued(super::webhooks::record::DeliveriesQueued),
+    DeliveryStarted(super::webhooks::record::DeliveryStarted),
+    DeliveryRetry(super::webhooks::record::DeliveryRetry),
+    DeliveriesDone(super::webhooks::record::DeliveriesDone),
+    DeliveriesQueuedOnce(super::webhooks::record::DeliveriesQueuedOnce),
     Progress(super::progress::record::ProgressReported),
 }
 
@@ -241,13 +203,13 @@ impl Record {
             Record::WorkflowPrune(_) => "workflow_prune",
             Record::SchemaPut(_) => "schema_put",
             Record::SchemaDelete(_) => "schema_delete",
-            Record::WebhookPut { .. } => "webhook_put",
-            Record::WebhookDelete { .. } => "webhook_delete",
-            Record::DeliveriesQueued { .. } => "deliveries_queued",
-            Record::DeliveryStarted { .. } => "delivery_started",
-            Record::DeliveryRetry { .. } => "delivery_retry",
-            Record::DeliveriesDone { .. } => "deliveries_done",
-            Record::DeliveriesQueuedOnce { .. } => "deliveries_queued",
+            Record::WebhookPut(_) => "webhook_put",
+            Record::WebhookDelete(_) => "webhook_delete",
+            Record::DeliveriesQueued(_) => "deliveries_queued",
+            Record::DeliveryStarted(_) => "delivery_started",
+            Record::DeliveryRetry(_) => "delivery_retry",
+            Record::DeliveriesDone(_) => "deliveries_done",
+            Record::DeliveriesQueuedOnce(_) => "deliveries_queued",
             Record::Progress(_) => "progress",
         }
     }
@@ -259,13 +221,6 @@ impl Record {
             | Record::EnqueueV1 { at, .. }
             | Record::CronFireV1 { at, .. }
             | Record::Activate { at, .. }
-            | Record::WebhookPut { at, .. }
-            | Record::WebhookDelete { at, .. }
-            | Record::DeliveriesQueued { at, .. }
-            | Record::DeliveryStarted { at, .. }
-            | Record::DeliveryRetry { at, .. }
-            | Record::DeliveriesDone { at, .. }
-            | Record::DeliveriesQueuedOnce { at, .. }
             | Record::Claim { at, .. }
             | Record::Ack { at, .. }
             | Record::Fail { at, .. }
@@ -288,7 +243,14 @@ impl Record {
             | Record::CronFire(super::cron::record::CronFired { at, .. })
             | Record::WorkflowCreate(super::workflows::record::WorkflowCreate { at, .. })
             | Record::WorkflowCancel(super::workflows::record::WorkflowCancel { at, .. })
-            | Record::WorkflowPrune(super::workflows::record::WorkflowPrune { at, .. }) => *at,
+            | Record::WorkflowPrune(super::workflows::record::WorkflowPrune { at, .. })
+            | Record::WebhookPut(super::webhooks::record::WebhookPut { at, .. })
+            | Record::WebhookDelete(super::webhooks::record::WebhookDelete { at, .. })
+            | Record::DeliveriesQueued(super::webhooks::record::DeliveriesQueued { at, .. })
+            | Record::DeliveryStarted(super::webhooks::record::DeliveryStarted { at, .. })
+            | Record::DeliveryRetry(super::webhooks::record::DeliveryRetry { at, .. })
+            | Record::DeliveriesDone(super::webhooks::record::DeliveriesDone { at, .. })
+            | Record::DeliveriesQueuedOnce(super::webhooks::record::DeliveriesQueuedOnce { at, .. }) => *at,
             Record::Progress(record) => record.at(),
         }
     }
@@ -345,6 +307,48 @@ impl From<super::workflows::record::WorkflowCancel> for Record {
 impl From<super::workflows::record::WorkflowPrune> for Record {
     fn from(record: super::workflows::record::WorkflowPrune) -> Record {
         Record::WorkflowPrune(record)
+    }
+}
+
+impl From<super::webhooks::record::WebhookPut> for Record {
+    fn from(record: super::webhooks::record::WebhookPut) -> Record {
+        Record::WebhookPut(record)
+    }
+}
+
+impl From<super::webhooks::record::WebhookDelete> for Record {
+    fn from(record: super::webhooks::record::WebhookDelete) -> Record {
+        Record::WebhookDelete(record)
+    }
+}
+
+impl From<super::webhooks::record::DeliveriesQueued> for Record {
+    fn from(record: super::webhooks::record::DeliveriesQueued) -> Record {
+        Record::DeliveriesQueued(record)
+    }
+}
+
+impl From<super::webhooks::record::DeliveryStarted> for Record {
+    fn from(record: super::webhooks::record::DeliveryStarted) -> Record {
+        Record::DeliveryStarted(record)
+    }
+}
+
+impl From<super::webhooks::record::DeliveryRetry> for Record {
+    fn from(record: super::webhooks::record::DeliveryRetry) -> Record {
+        Record::DeliveryRetry(record)
+    }
+}
+
+impl From<super::webhooks::record::DeliveriesDone> for Record {
+    fn from(record: super::webhooks::record::DeliveriesDone) -> Record {
+        Record::DeliveriesDone(record)
+    }
+}
+
+impl From<super::webhooks::record::DeliveriesQueuedOnce> for Record {
+    fn from(record: super::webhooks::record::DeliveriesQueuedOnce) -> Record {
+        Record::DeliveriesQueuedOnce(record)
     }
 }
 

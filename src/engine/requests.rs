@@ -178,10 +178,10 @@ pub struct Turn<'a> {
     pub(crate) draining: &'a mut bool,
     pub(crate) cron_entries_max: usize,
     /// Delivery attempts handed to the pool and not yet reported back.
-    pub(crate) in_flight: &'a mut super::outbox::InFlight,
-    pub(crate) webhook_limits: &'a super::outbox::WebhookLimits,
+    pub(crate) in_flight: &'a mut super::webhooks::outbox::InFlight,
+    pub(crate) webhook_limits: &'a super::webhooks::outbox::WebhookLimits,
     /// Dropped and abandoned deliveries, logged as counts.
-    pub(crate) delivery_log: &'a mut super::outbox::DeliveryLog,
+    pub(crate) delivery_log: &'a mut super::webhooks::outbox::DeliveryLog,
     pub(crate) max_schemas: usize,
     pub(crate) now: Millis,
     pub(crate) records: &'a mut Vec<Record>,

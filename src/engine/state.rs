@@ -153,7 +153,7 @@ pub struct State {
     /// Webhook subscriptions by id, shared with the read view.
     pub(crate) webhooks: Table<JobId, crate::webhook::Subscription>,
     /// Webhook deliveries on their way.
-    pub(crate) outbox: super::outbox::Outbox,
+    pub(crate) outbox: super::webhooks::outbox::Outbox,
 }
 
 /// A record that does not fit the state (a damaged or foreign log).
@@ -191,7 +191,7 @@ impl State {
             ended_in_workflow: Vec::new(),
             schemas: Table::default(),
             webhooks: Table::default(),
-            outbox: super::outbox::Outbox::default(),
+            outbox: super::webhooks::outbox::Outbox::default(),
         };
         state.queues.insert("default".to_string(), QueueState::default());
         state
@@ -299,61 +299,13 @@ impl State {
             }
             Record::SchemaPut(record) => self.apply_schema_put(record),
             Record::SchemaDelete(record) => self.apply_schema_delete(record),
-            Record::WebhookPut { subscription, .. } => {
-                self.ids.observe(subscription.id);
-                self.webhooks.insert(subscription.id, subscription.clone());
-                // A paused subscription's queued deliveries are dropped.
-                if !subscription.active {
-                    self.outbox.drop_subscription(subscription.id);
-                }
-                Ok(())
-            }
-            Record::WebhookDelete { id, .. } => {
-                self.webhooks.remove(id).ok_or_else(|| ApplyError(format!("record deletes unknown webhook {id}")))?;
-                self.outbox.drop_subscription(*id);
-                Ok(())
-            }
-            Record::DeliveriesQueued { deliveries, .. } => {
-                let mut previous: Option<Arc<super::outbox::Delivery>> = None;
-                for delivery in deliveries {
-                    let mut delivery = delivery.clone();
-                    super::outbox::share_body(previous.as_ref(), &mut delivery);
-                    self.outbox.insert(delivery.clone()).map_err(ApplyError)?;
-                    previous = Some(delivery);
-                }
-                Ok(())
-            }
-            Record::DeliveriesQueuedOnce { events, deliveries, .. } => {
-                for delivery in super::outbox::queued_deliveries(events, deliveries).map_err(ApplyError)? {
-                    self.outbox.insert(delivery).map_err(ApplyError)?;
-                }
-                Ok(())
-            }
-            // A delivery dropped meanwhile (its subscription went) is skipped.
-            Record::DeliveryStarted { ids, until, .. } => {
-                for id in ids {
-                    if self.outbox.get(*id).is_some() {
-                        let change = |delivery: &mut super::outbox::Delivery| {
-                            delivery.attempts += 1;
-                            delivery.next_at = *until;
-                        };
-                        self.outbox.update(*id, change).map_err(ApplyError)?;
-                    }
-                }
-                Ok(())
-            }
-            Record::DeliveryRetry { id, next_at, .. } => {
-                if self.outbox.get(*id).is_some() {
-                    self.outbox.update(*id, |delivery| delivery.next_at = *next_at).map_err(ApplyError)?;
-                }
-                Ok(())
-            }
-            Record::DeliveriesDone { ids, .. } => {
-                for id in ids {
-                    self.outbox.remove(*id);
-                }
-                Ok(())
-            }
+            Record::WebhookPut(record) => self.apply_webhook_put(record),
+            Record::WebhookDelete(record) => self.apply_webhook_delete(record),
+            Record::DeliveriesQueued(record) => self.apply_deliveries_queued(record),
+            Record::DeliveriesQueuedOnce(record) => self.apply_deliveries_queued_once(record),
+            Record::DeliveryStarted(record) => self.apply_delivery_started(record),
+            Record::DeliveryRetry(record) => self.apply_delivery_retry(record),
+            Record::DeliveriesDone(record) => self.apply_deliveries_done(record),
             Record::QueuePause(record) => {
                 self.apply_queue_pause(record, events);
                 Ok(())

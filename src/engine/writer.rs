@@ -18,7 +18,6 @@ use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::image::StateImage;
 use super::inbox::{Command, InboxReceiver, Received};
-use super::outbox::{QUEUED_RECORD_BODY_BYTES_MAX, QUEUED_RECORD_DELIVERIES_MAX};
 use super::pace::PaceSignals;
 use super::record::{Record, encode_sequences_into};
 use super::registry;
@@ -26,6 +25,7 @@ use super::requests::{Parked, RECORD_BYTES_PER_JOB, Ran, Responder, Turn};
 use super::snapshot::{BackgroundSnapshot, write_in_place};
 use super::state::State;
 use super::view::ReadView;
+use super::webhooks::outbox::{QUEUED_RECORD_BODY_BYTES_MAX, QUEUED_RECORD_DELIVERIES_MAX};
 use super::workers::Contacts;
 use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
@@ -84,17 +84,17 @@ pub(crate) struct Writer {
     /// Long-poll fetches waiting for work, oldest first.
     pub parked: std::collections::VecDeque<Box<dyn Parked>>,
     /// Where delivery attempts go; `None`: events are not queued for webhooks.
-    pub deliveries: Option<super::outbox::DeliverySink>,
+    pub deliveries: Option<super::webhooks::outbox::DeliverySink>,
     pub delivery_timeout_ms: i64,
     /// Attempts handed to the pool and not yet reported back.
-    pub in_flight: super::outbox::InFlight,
+    pub in_flight: super::webhooks::outbox::InFlight,
     /// When the outbox next has an attempt that may start: `None` while
     /// every due delivery waits for room (an outcome coming back wakes the
     /// engine), or while no attempts start at all.
     pub outbox_wake: Option<Millis>,
-    pub webhook_limits: super::outbox::WebhookLimits,
+    pub webhook_limits: super::webhooks::outbox::WebhookLimits,
     /// Dropped and abandoned deliveries, logged as counts once a minute.
-    pub delivery_log: super::outbox::DeliveryLog,
+    pub delivery_log: super::webhooks::outbox::DeliveryLog,
     pub max_schemas: usize,
     /// The room the last turn's events took, kept for the next turn (a fill
     /// turn holds thousands; growing it afresh each turn was copied over a
@@ -115,8 +115,8 @@ const RECORD_BUFFER_KEPT_MAX: usize = 4 * 1024 * 1024;
 /// The deliveries of one `DeliveriesQueuedOnce` record being gathered.
 #[derive(Default)]
 struct QueuedChunk {
-    events: Vec<super::outbox::QueuedEvent>,
-    deliveries: Vec<super::outbox::QueuedDelivery>,
+    events: Vec<super::webhooks::outbox::QueuedEvent>,
+    deliveries: Vec<super::webhooks::outbox::QueuedDelivery>,
     body_bytes: usize,
 }
 
@@ -131,21 +131,23 @@ impl QueuedChunk {
     fn add(&mut self, id: JobId, subscription: JobId, event_type: &str, body: &Arc<str>, at: Millis) -> bool {
         let same_event = self.events.last().is_some_and(|last| Arc::ptr_eq(&last.body, body));
         if !same_event {
-            self.events.push(super::outbox::QueuedEvent { event_type: event_type.to_string(), body: body.clone() });
+            self.events
+                .push(super::webhooks::outbox::QueuedEvent { event_type: event_type.to_string(), body: body.clone() });
             self.body_bytes += body.len();
         }
         let event = (self.events.len() - 1) as u32;
-        self.deliveries.push(super::outbox::QueuedDelivery { id, subscription, event, next_at: at });
+        self.deliveries.push(super::webhooks::outbox::QueuedDelivery { id, subscription, event, next_at: at });
         self.body_bytes >= QUEUED_RECORD_BODY_BYTES_MAX || self.deliveries.len() >= QUEUED_RECORD_DELIVERIES_MAX
     }
 
     fn take(&mut self, at: Millis) -> Record {
         self.body_bytes = 0;
-        Record::DeliveriesQueuedOnce {
+        super::webhooks::record::DeliveriesQueuedOnce {
             at,
             events: std::mem::take(&mut self.events),
             deliveries: std::mem::take(&mut self.deliveries),
         }
+        .into()
     }
 }
 
@@ -558,7 +560,7 @@ impl Writer {
                     continue;
                 }
                 let body = body.get_or_insert_with(|| Arc::from(crate::wire::render_event(event)));
-                let held = super::outbox::delivery_held_bytes(body, type_name);
+                let held = super::webhooks::outbox::delivery_held_bytes(body, type_name);
                 let outbox = &self.state.outbox;
                 let room = outbox.pending_for(subscription.id) < limits.max_pending
                     && outbox.pending_bytes_for(subscription.id) + held <= limits.max_pending_bytes
@@ -626,8 +628,8 @@ impl Writer {
             }
         }
         if !ids.is_empty() {
-            let until = now + self.delivery_timeout_ms + super::outbox::ATTEMPT_LEASE_MARGIN_MS;
-            let record = Record::DeliveryStarted { at: now, ids: ids.clone(), until };
+            let until = now + self.delivery_timeout_ms + super::webhooks::outbox::ATTEMPT_LEASE_MARGIN_MS;
+            let record = super::webhooks::record::DeliveryStarted { at: now, ids: ids.clone(), until }.into();
             self.state.apply(&record, &mut EventSink::disabled()).expect("started deliveries apply");
             records.push(record);
             let batch: Vec<_> = ids.iter().filter_map(|id| self.state.outbox.get(*id).cloned()).collect();
@@ -635,7 +637,7 @@ impl Writer {
                 // Sent only once the attempts are counted on disk.
                 if failure.is_none() {
                     let handed_at = std::time::Instant::now();
-                    let _ = sink.send(super::outbox::StartedAttempts { deliveries: batch, handed_at });
+                    let _ = sink.send(super::webhooks::outbox::StartedAttempts { deliveries: batch, handed_at });
                 }
             }));
         }

@@ -122,9 +122,9 @@ impl State {
             state.ids.observe(subscription.id);
             state.webhooks.insert(subscription.id, subscription);
         }
-        let mut previous: Option<Arc<super::super::outbox::Delivery>> = None;
+        let mut previous: Option<Arc<super::super::webhooks::outbox::Delivery>> = None;
         for mut delivery in image.deliveries {
-            super::super::outbox::share_body(previous.as_ref(), &mut delivery);
+            super::super::webhooks::outbox::share_body(previous.as_ref(), &mut delivery);
             state.outbox.insert(delivery.clone()).map_err(|problem| format!("snapshot: {problem}"))?;
             previous = Some(delivery);
         }

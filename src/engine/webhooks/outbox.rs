@@ -409,8 +409,8 @@ mod tests {
             .map(|n| QueuedDelivery { id: JobId(n), subscription: JobId(100 + n), event: 0, next_at: 5 })
             .collect();
         [
-            Record::DeliveriesQueued { at: 5, deliveries: old },
-            Record::DeliveriesQueuedOnce { at: 5, events, deliveries },
+            Record::DeliveriesQueued(super::super::record::DeliveriesQueued { at: 5, deliveries: old }),
+            Record::DeliveriesQueuedOnce(super::super::record::DeliveriesQueuedOnce { at: 5, events, deliveries }),
         ]
     }
 
