@@ -1,11 +1,13 @@
 //! The job routes: enqueue, batch, read, cancel and activate (docs/api.md, "Jobs").
 
-use hyper::StatusCode;
+use hyper::{Method, StatusCode};
 use serde_json::Value;
 
+use super::auth::Role;
 use super::error::ApiError;
 use super::extract::object_body;
 use super::extract::{job_id, location};
+use super::paging::percent_decode;
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::Enqueued;
 use crate::job::json::{ArrayMember, BodyError, ObjectElement, minify, parse_array_member, parse_object_array_member};
@@ -15,7 +17,72 @@ use crate::job::{
 use crate::limits::{BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX};
 use crate::wire::{job_body, push_job, render_job};
 
-pub(super) async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+/// The job routes (path ids as given, checked by the handlers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobRoute {
+    Create,
+    Batch,
+    Get(String),
+    Cancel(String),
+    Activate(String),
+}
+
+impl JobRoute {
+    /// What a path under `/svc/v1/jobs` takes (`rest`: the segments after
+    /// it; the router gives a job's worker and progress routes first).
+    pub fn choices(rest: &[&str]) -> Vec<(Method, JobRoute)> {
+        match rest {
+            [] => vec![(Method::POST, JobRoute::Create)],
+            ["batch"] => vec![(Method::POST, JobRoute::Batch)],
+            [id] if !id.is_empty() => vec![
+                (Method::GET, JobRoute::Get(percent_decode(id))),
+                (Method::DELETE, JobRoute::Cancel(percent_decode(id))),
+            ],
+            [id, "activate"] if !id.is_empty() => vec![(Method::POST, JobRoute::Activate(percent_decode(id)))],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The metrics number, method and template (as the router's templates).
+    pub fn template(&self) -> (usize, &'static str, &'static str) {
+        match self {
+            JobRoute::Create => (5, "POST", "/svc/v1/jobs"),
+            JobRoute::Batch => (6, "POST", "/svc/v1/jobs/batch"),
+            JobRoute::Get(_) => (7, "GET", "/svc/v1/jobs/{id}"),
+            JobRoute::Cancel(_) => (8, "DELETE", "/svc/v1/jobs/{id}"),
+            JobRoute::Activate(_) => (9, "POST", "/svc/v1/jobs/{id}/activate"),
+        }
+    }
+
+    /// Reading a job needs no key (ids are unguessable); producers make and
+    /// control jobs.
+    pub fn allows(&self, role: Role) -> bool {
+        match self {
+            JobRoute::Get(_) => true,
+            JobRoute::Create | JobRoute::Batch | JobRoute::Cancel(_) | JobRoute::Activate(_) => {
+                matches!(role, Role::Admin | Role::Producer)
+            }
+        }
+    }
+
+    pub async fn handle(self, app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+        match self {
+            JobRoute::Create => create_job(app, body).await,
+            JobRoute::Batch => batch_jobs(app, body).await,
+            JobRoute::Get(id) => get_job(app, &id).await,
+            JobRoute::Cancel(id) => cancel_job(app, &id).await,
+            JobRoute::Activate(id) => activate_job(app, &id, body).await,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn samples() -> Vec<JobRoute> {
+        let id = || "x".to_string();
+        vec![JobRoute::Create, JobRoute::Batch, JobRoute::Get(id()), JobRoute::Cancel(id()), JobRoute::Activate(id())]
+    }
+}
+
+async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let new_job = parse_enqueue_body(body, &app.defaults)?;
     let mut enqueued = app.backend.enqueue(vec![new_job]).outcome().await?;
     let Enqueued { job, deduplicated } = enqueued.swap_remove(0);
@@ -29,7 +96,7 @@ pub(super) async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, Api
     Ok(Reply::ok(job_body(&job)).with_status(StatusCode::CREATED).header(hyper::header::LOCATION, location(&job)))
 }
 
-pub(super) async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let new_jobs = parse_batch(body, &app.defaults)?;
     let enqueued = app.backend.enqueue(new_jobs).outcome().await?;
     Ok(Reply::ok(render_batch(&enqueued)).with_status(StatusCode::CREATED))
@@ -121,14 +188,14 @@ pub fn render_batch(enqueued: &[Enqueued]) -> String {
     body
 }
 
-pub(super) async fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn get_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = job_id(id)?;
     let job = app.backend.job(id).outcome().await?.ok_or_else(|| ApiError::not_found("job", id.to_string()))?;
     let extra = super::workflows::job_fields(app, std::slice::from_ref(&job)).await?.remove(&id).unwrap_or_default();
     Ok(Reply::ok(format!("{{\"job\":{}}}", render_job(&job, &extra))))
 }
 
-pub(super) async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let id = job_id(id)?;
     let cancelled = app.backend.cancel(id).outcome().await?;
     let mut extra = super::workflows::job_fields(app, std::slice::from_ref(&cancelled.job))
@@ -140,7 +207,7 @@ pub(super) async fn cancel_job(app: &AppState, id: &str) -> Result<Reply, ApiErr
 }
 
 /// Activates a staged (`pending`) job; the body, if any, must be an object.
-pub(super) async fn activate_job(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
+async fn activate_job(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError> {
     if !is_empty_body(body) {
         object_body(body)?;
     }

@@ -211,7 +211,8 @@ async fn respond(app: &AppState, route: Route, request: Request<Incoming>) -> Re
     }
     let query = request.uri().query().unwrap_or("").to_string();
     let body = if matches!(*request.method(), Method::POST | Method::PATCH | Method::PUT) {
-        let limit = if route == Route::BatchJobs { BATCH_BODY_BYTES_MAX } else { REQUEST_BODY_BYTES_MAX };
+        let limit =
+            if route == Route::Jobs(jobs::JobRoute::Batch) { BATCH_BODY_BYTES_MAX } else { REQUEST_BODY_BYTES_MAX };
         read_body(request, limit).await?
     } else {
         Bytes::new()

@@ -14,24 +14,11 @@ pub enum Route {
     ErrorCatalog,
     Metrics,
     OpenApi,
-    CreateJob,
-    BatchJobs,
-    GetJob(String),
-    CancelJob(String),
-    ActivateJob(String),
+    Jobs(super::jobs::JobRoute),
     Workflows(super::workflows::WorkflowRoute),
-    Fetch,
-    Ack,
-    Nack,
-    AckById(String),
-    FailById(String),
+    Workers(super::workers::WorkerRoute),
     Queues(super::queues::QueueRoute),
     Events,
-    Heartbeat,
-    Workers,
-    Worker(String),
-    ForgetWorker(String),
-    SignalWorker(String, &'static str),
     DeadLetter(super::dead_letter::DeadLetterRoute),
     Cron(super::cron::CronRoute),
     Schemas(super::schemas::SchemaRoute),
@@ -55,25 +42,11 @@ impl Route {
             Ready => (2, "GET", "/ready"),
             ErrorCatalog => (3, "GET", "/svc/v1/errors"),
             Metrics => (4, "GET", "/metrics"),
-            CreateJob => (5, "POST", "/svc/v1/jobs"),
-            BatchJobs => (6, "POST", "/svc/v1/jobs/batch"),
-            GetJob(_) => (7, "GET", "/svc/v1/jobs/{id}"),
-            CancelJob(_) => (8, "DELETE", "/svc/v1/jobs/{id}"),
-            ActivateJob(_) => (9, "POST", "/svc/v1/jobs/{id}/activate"),
+            Jobs(route) => route.template(),
             Workflows(route) => route.template(),
-            Fetch => (13, "POST", "/svc/v1/workers/fetch"),
-            Ack => (14, "POST", "/svc/v1/workers/ack"),
-            Nack => (15, "POST", "/svc/v1/workers/nack"),
-            AckById(_) => (16, "POST", "/svc/v1/jobs/{id}/ack"),
-            FailById(_) => (17, "POST", "/svc/v1/jobs/{id}/fail"),
+            Workers(route) => route.template(),
             Queues(route) => route.template(),
             Events => (22, "GET", "/svc/v1/events"),
-            Heartbeat => (23, "POST", "/svc/v1/workers/heartbeat"),
-            Workers => (24, "GET", "/svc/v1/workers"),
-            Worker(_) => (25, "GET", "/svc/v1/workers/{id}"),
-            ForgetWorker(_) => (26, "DELETE", "/svc/v1/workers/{id}"),
-            SignalWorker(_, "quiet") => (27, "POST", "/svc/v1/workers/{id}/quiet"),
-            SignalWorker(..) => (28, "POST", "/svc/v1/workers/{id}/terminate"),
             DeadLetter(route) => route.template(),
             Cron(route) => route.template(),
             OpenApi => (37, "GET", "/svc/v1/openapi.json"),
@@ -87,10 +60,10 @@ impl Route {
     pub fn allowed_for(&self, role: Role) -> bool {
         use Route::*;
         match self {
-            Manifest | Health | Ready | ErrorCatalog | Metrics | OpenApi | GetJob(_) => true,
-            CreateJob | BatchJobs | ActivateJob(_) | CancelJob(_) => matches!(role, Role::Admin | Role::Producer),
-            Fetch | Ack | Nack | AckById(_) | FailById(_) | Heartbeat => matches!(role, Role::Admin | Role::Worker),
-            Events | Workers | Worker(_) | ForgetWorker(_) | SignalWorker(..) => role == Role::Admin,
+            Manifest | Health | Ready | ErrorCatalog | Metrics | OpenApi => true,
+            Events => role == Role::Admin,
+            Jobs(route) => route.allows(role),
+            Workers(route) => route.allows(role),
             Workflows(route) => route.allows(role),
             DeadLetter(route) => route.allows(role),
             Progress(route) => route.allows(role),
@@ -105,41 +78,18 @@ impl Route {
     #[cfg(test)]
     fn samples() -> Vec<Route> {
         use Route::*;
-        let id = || "x".to_string();
-        vec![
-            Manifest,
-            Health,
-            Ready,
-            ErrorCatalog,
-            Metrics,
-            CreateJob,
-            BatchJobs,
-            GetJob(id()),
-            CancelJob(id()),
-            ActivateJob(id()),
-            Fetch,
-            Ack,
-            Nack,
-            AckById(id()),
-            FailById(id()),
-            Events,
-            Heartbeat,
-            Workers,
-            Worker(id()),
-            ForgetWorker(id()),
-            SignalWorker(id(), "quiet"),
-            SignalWorker(id(), "terminate"),
-            OpenApi,
-        ]
-        .into_iter()
-        .chain(super::progress::ProgressRoute::samples().into_iter().map(Route::Progress))
-        .chain(super::queues::QueueRoute::samples().into_iter().map(Route::Queues))
-        .chain(super::schemas::SchemaRoute::samples().into_iter().map(Route::Schemas))
-        .chain(super::cron::CronRoute::samples().into_iter().map(Route::Cron))
-        .chain(super::workflows::WorkflowRoute::samples().into_iter().map(Route::Workflows))
-        .chain(super::dead_letter::DeadLetterRoute::samples().into_iter().map(Route::DeadLetter))
-        .chain(super::webhooks::WebhookRoute::samples().into_iter().map(Route::Webhooks))
-        .collect()
+        vec![Manifest, Health, Ready, ErrorCatalog, Metrics, Events, OpenApi]
+            .into_iter()
+            .chain(super::jobs::JobRoute::samples().into_iter().map(Route::Jobs))
+            .chain(super::workers::WorkerRoute::samples().into_iter().map(Route::Workers))
+            .chain(super::progress::ProgressRoute::samples().into_iter().map(Route::Progress))
+            .chain(super::queues::QueueRoute::samples().into_iter().map(Route::Queues))
+            .chain(super::schemas::SchemaRoute::samples().into_iter().map(Route::Schemas))
+            .chain(super::cron::CronRoute::samples().into_iter().map(Route::Cron))
+            .chain(super::workflows::WorkflowRoute::samples().into_iter().map(Route::Workflows))
+            .chain(super::dead_letter::DeadLetterRoute::samples().into_iter().map(Route::DeadLetter))
+            .chain(super::webhooks::WebhookRoute::samples().into_iter().map(Route::Webhooks))
+            .collect()
     }
 }
 
@@ -176,37 +126,22 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["metrics"] => vec![(Method::GET, Route::Metrics)],
         ["svc", "v1", "openapi.json"] => vec![(Method::GET, Route::OpenApi)],
         ["svc", "v1", "errors"] => vec![(Method::GET, Route::ErrorCatalog)],
-        ["svc", "v1", "jobs"] => vec![(Method::POST, Route::CreateJob)],
-        ["svc", "v1", "jobs", "batch"] => vec![(Method::POST, Route::BatchJobs)],
-        ["svc", "v1", "jobs", "fetch"] | ["svc", "v1", "workers", "fetch"] => {
-            vec![(Method::POST, Route::Fetch)]
-        }
-        ["svc", "v1", "workers", "ack"] => vec![(Method::POST, Route::Ack)],
-        ["svc", "v1", "workers", "nack"] => vec![(Method::POST, Route::Nack)],
-        ["svc", "v1", "workers", "heartbeat"] => vec![(Method::POST, Route::Heartbeat)],
-        ["svc", "v1", "workers"] => vec![(Method::GET, Route::Workers)],
-        ["svc", "v1", "workers", id] if !id.is_empty() => {
-            vec![(Method::GET, Route::Worker(decoded(id))), (Method::DELETE, Route::ForgetWorker(decoded(id)))]
-        }
-        ["svc", "v1", "workers", id, signal @ ("quiet" | "terminate")] if !id.is_empty() => {
-            let signal: &'static str = if *signal == "quiet" { "quiet" } else { "terminate" };
-            vec![(Method::POST, Route::SignalWorker(decoded(id), signal))]
-        }
-        ["svc", "v1", "jobs", id] if !id.is_empty() => {
-            vec![(Method::GET, Route::GetJob(decoded(id))), (Method::DELETE, Route::CancelJob(decoded(id)))]
-        }
-        ["svc", "v1", "jobs", id, "activate"] if !id.is_empty() => {
-            vec![(Method::POST, Route::ActivateJob(decoded(id)))]
-        }
-        ["svc", "v1", "jobs", id, "ack"] if !id.is_empty() => {
-            vec![(Method::POST, Route::AckById(decoded(id)))]
+        ["svc", "v1", "jobs", "fetch"] => vec![(Method::POST, Route::Workers(super::workers::WorkerRoute::Fetch))],
+        ["svc", "v1", "jobs", id, action @ ("ack" | "fail")] if !id.is_empty() => {
+            super::workers::WorkerRoute::job_report_choices(id, action)
+                .into_iter()
+                .map(|(m, r)| (m, Route::Workers(r)))
+                .collect()
         }
         ["svc", "v1", "jobs", id, "progress"] if !id.is_empty() => super::progress::ProgressRoute::choices(decoded(id))
             .into_iter()
             .map(|(m, r)| (m, Route::Progress(r)))
             .collect(),
-        ["svc", "v1", "jobs", id, "fail"] if !id.is_empty() => {
-            vec![(Method::POST, Route::FailById(decoded(id)))]
+        ["svc", "v1", "jobs", rest @ ..] => {
+            super::jobs::JobRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Jobs(r))).collect()
+        }
+        ["svc", "v1", "workers", rest @ ..] => {
+            super::workers::WorkerRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Workers(r))).collect()
         }
         ["svc", "v1", "workflows", rest @ ..] => {
             super::workflows::WorkflowRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Workflows(r))).collect()
@@ -252,13 +187,17 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::jobs::JobRoute;
     use crate::http::schemas::SchemaRoute;
+    use crate::http::workers::WorkerRoute;
 
     #[test]
     fn roles_follow_the_table() {
-        assert!(Route::CreateJob.allowed_for(Role::Producer) && !Route::CreateJob.allowed_for(Role::Worker));
-        assert!(Route::Fetch.allowed_for(Role::Worker) && !Route::Fetch.allowed_for(Role::Producer));
-        assert!(Route::GetJob("x".into()).allowed_for(Role::Worker));
+        let create = Route::Jobs(JobRoute::Create);
+        assert!(create.allowed_for(Role::Producer) && !create.allowed_for(Role::Worker));
+        let fetch = Route::Workers(WorkerRoute::Fetch);
+        assert!(fetch.allowed_for(Role::Worker) && !fetch.allowed_for(Role::Producer));
+        assert!(Route::Jobs(JobRoute::Get("x".into())).allowed_for(Role::Worker));
         assert!(
             !Route::Workflows(crate::http::workflows::WorkflowRoute::Cancel("x".into())).allowed_for(Role::Producer)
         );
@@ -328,9 +267,9 @@ mod tests {
 
     #[test]
     fn literal_segments_win_over_ids() {
-        assert_eq!(route(&Method::POST, "/svc/v1/jobs/batch").unwrap(), Route::BatchJobs);
-        assert_eq!(route(&Method::POST, "/svc/v1/jobs/fetch").unwrap(), Route::Fetch);
-        assert_eq!(route(&Method::GET, "/svc/v1/jobs/abc").unwrap(), Route::GetJob("abc".into()));
+        assert_eq!(route(&Method::POST, "/svc/v1/jobs/batch").unwrap(), Route::Jobs(JobRoute::Batch));
+        assert_eq!(route(&Method::POST, "/svc/v1/jobs/fetch").unwrap(), Route::Workers(WorkerRoute::Fetch));
+        assert_eq!(route(&Method::GET, "/svc/v1/jobs/abc").unwrap(), Route::Jobs(JobRoute::Get("abc".into())));
     }
 
     #[test]
@@ -357,6 +296,9 @@ mod tests {
 
     #[test]
     fn ids_are_decoded_once() {
-        assert_eq!(route(&Method::GET, "/svc/v1/jobs/a%2Fb%2541").unwrap(), Route::GetJob("a/b%41".into()));
+        assert_eq!(
+            route(&Method::GET, "/svc/v1/jobs/a%2Fb%2541").unwrap(),
+            Route::Jobs(JobRoute::Get("a/b%41".into()))
+        );
     }
 }

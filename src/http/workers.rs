@@ -1,12 +1,14 @@
 //! The worker routes: fetch, ack, nack, heartbeat, and the worker registry
 //! with its signals (docs/api.md, "Workers").
 
+use hyper::Method;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
+use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{job_id, object_body};
-use super::paging::{decode_cursor, encode_cursor, page_limit, query_pairs, query_value};
+use super::paging::{decode_cursor, encode_cursor, page_limit, percent_decode, query_pairs, query_value};
 use super::{AppState, Reply, is_empty_body};
 use crate::engine::{ACKS_MAX, AckItem, AckMany, EngineError, FetchRequest, WorkerState};
 use crate::job::json::{JsonKind, RawObject, kind_of, string_value};
@@ -18,6 +20,121 @@ use crate::job::{
 use crate::limits::{HEARTBEAT_JOBS_MAX, TIMEOUT_MS_MAX};
 use crate::wire::{ObjectWriter, jobs_object_with};
 use std::sync::Arc;
+
+/// The worker routes (path ids as given, checked by the handlers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerRoute {
+    Fetch,
+    Ack,
+    Nack,
+    /// `POST /jobs/{id}/ack`.
+    AckById(String),
+    /// `POST /jobs/{id}/fail`.
+    FailById(String),
+    Heartbeat,
+    List,
+    Get(String),
+    Forget(String),
+    /// `quiet` or `terminate`.
+    Signal(String, &'static str),
+}
+
+impl WorkerRoute {
+    /// What a path under `/svc/v1/workers` takes (`rest`: the segments after it).
+    pub fn choices(rest: &[&str]) -> Vec<(Method, WorkerRoute)> {
+        match rest {
+            [] => vec![(Method::GET, WorkerRoute::List)],
+            ["fetch"] => vec![(Method::POST, WorkerRoute::Fetch)],
+            ["ack"] => vec![(Method::POST, WorkerRoute::Ack)],
+            ["nack"] => vec![(Method::POST, WorkerRoute::Nack)],
+            ["heartbeat"] => vec![(Method::POST, WorkerRoute::Heartbeat)],
+            [id] if !id.is_empty() => vec![
+                (Method::GET, WorkerRoute::Get(percent_decode(id))),
+                (Method::DELETE, WorkerRoute::Forget(percent_decode(id))),
+            ],
+            [id, signal @ ("quiet" | "terminate")] if !id.is_empty() => {
+                let signal: &'static str = if *signal == "quiet" { "quiet" } else { "terminate" };
+                vec![(Method::POST, WorkerRoute::Signal(percent_decode(id), signal))]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// What `/svc/v1/jobs/{id}/{action}` takes for a worker's report
+    /// (`ack` or `fail`); `id` as in the path.
+    pub fn job_report_choices(id: &str, action: &str) -> Vec<(Method, WorkerRoute)> {
+        match action {
+            "ack" => vec![(Method::POST, WorkerRoute::AckById(percent_decode(id)))],
+            "fail" => vec![(Method::POST, WorkerRoute::FailById(percent_decode(id)))],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The metrics number, method and template (as the router's templates).
+    pub fn template(&self) -> (usize, &'static str, &'static str) {
+        match self {
+            WorkerRoute::Fetch => (13, "POST", "/svc/v1/workers/fetch"),
+            WorkerRoute::Ack => (14, "POST", "/svc/v1/workers/ack"),
+            WorkerRoute::Nack => (15, "POST", "/svc/v1/workers/nack"),
+            WorkerRoute::AckById(_) => (16, "POST", "/svc/v1/jobs/{id}/ack"),
+            WorkerRoute::FailById(_) => (17, "POST", "/svc/v1/jobs/{id}/fail"),
+            WorkerRoute::Heartbeat => (23, "POST", "/svc/v1/workers/heartbeat"),
+            WorkerRoute::List => (24, "GET", "/svc/v1/workers"),
+            WorkerRoute::Get(_) => (25, "GET", "/svc/v1/workers/{id}"),
+            WorkerRoute::Forget(_) => (26, "DELETE", "/svc/v1/workers/{id}"),
+            WorkerRoute::Signal(_, "quiet") => (27, "POST", "/svc/v1/workers/{id}/quiet"),
+            WorkerRoute::Signal(..) => (28, "POST", "/svc/v1/workers/{id}/terminate"),
+        }
+    }
+
+    /// Workers fetch and report; the registry and its signals are the operator's.
+    pub fn allows(&self, role: Role) -> bool {
+        match self {
+            WorkerRoute::Fetch
+            | WorkerRoute::Ack
+            | WorkerRoute::Nack
+            | WorkerRoute::AckById(_)
+            | WorkerRoute::FailById(_)
+            | WorkerRoute::Heartbeat => matches!(role, Role::Admin | Role::Worker),
+            WorkerRoute::List | WorkerRoute::Get(_) | WorkerRoute::Forget(_) | WorkerRoute::Signal(..) => {
+                role == Role::Admin
+            }
+        }
+    }
+
+    pub async fn handle(self, app: &AppState, query: &str, body: &[u8]) -> Result<Reply, ApiError> {
+        match self {
+            WorkerRoute::Fetch => fetch(app, body).await,
+            WorkerRoute::Ack => ack(app, None, body).await,
+            WorkerRoute::AckById(id) => ack(app, Some(&id), body).await,
+            WorkerRoute::Nack => nack(app, None, body).await,
+            WorkerRoute::FailById(id) => nack(app, Some(&id), body).await,
+            WorkerRoute::Heartbeat => heartbeat(app, body).await,
+            WorkerRoute::List => workers(app, query).await,
+            WorkerRoute::Get(id) => worker(app, &id).await,
+            WorkerRoute::Signal(id, signal) => signal_worker(app, &id, signal).await,
+            WorkerRoute::Forget(id) => forget_worker(app, &id).await,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn samples() -> Vec<WorkerRoute> {
+        let id = || "x".to_string();
+        vec![
+            WorkerRoute::Fetch,
+            WorkerRoute::Ack,
+            WorkerRoute::Nack,
+            WorkerRoute::AckById(id()),
+            WorkerRoute::FailById(id()),
+            WorkerRoute::Heartbeat,
+            WorkerRoute::List,
+            WorkerRoute::Get(id()),
+            WorkerRoute::Forget(id()),
+            WorkerRoute::Signal(id(), "quiet"),
+            WorkerRoute::Signal(id(), "terminate"),
+        ]
+    }
+}
 
 /// The optional `worker_id` of a body (see [`is_valid_worker_id`]).
 pub(super) fn worker_id(object: &RawObject) -> Result<Option<String>, ApiError> {
@@ -42,7 +159,7 @@ pub(super) fn visibility_timeout(object: &RawObject) -> Result<Option<u64>, ApiE
     }
 }
 
-pub(super) async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+async fn fetch(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let object = object_body(body)?;
     let (request, wait_ms) = fetch_request(&object)?;
     // A draining engine hands out no new work (docs/api.md, "Shutting down").
@@ -103,7 +220,7 @@ pub(super) fn report_error(error: EngineError) -> ApiError {
 /// `POST /workers/ack` (or `/jobs/{id}/ack`): one job by `job_id`, or
 /// several by `acks`; with `fetch`, the next jobs are claimed in the same
 /// step and answered as `jobs` (docs/api.md, "Ack").
-pub(super) async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
+async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
     let object = if path_id.is_some() && is_empty_body(body) { Default::default() } else { object_body(body)? };
     let worker = worker_id(&object)?;
     let fetch = match object.get_present("fetch") {
@@ -240,7 +357,7 @@ async fn ack_many(
     Ok(Reply::ok(body.finish()))
 }
 
-pub(super) async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
+async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply, ApiError> {
     let object = object_body(body)?;
     let id = report_job_id(path_id, object.get_present("job_id"))?;
     // The report is decoded whole: it is small, and its fields are checked one
@@ -285,7 +402,7 @@ pub(super) async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> 
 }
 
 /// `POST /workers/heartbeat` (docs/api.md, "Heartbeat").
-pub(super) async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
+async fn heartbeat(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let object = object_body(body)?;
     let Some(worker_id) = worker_id(&object)? else {
         return Err(ApiError::invalid_request(Some("worker_id"), "worker_id is required"));
@@ -353,7 +470,7 @@ pub(super) fn now_ms(app: &AppState) -> i64 {
 }
 
 /// `GET /workers`: by worker id, paged, optionally filtered by `state`.
-pub(super) async fn workers(app: &AppState, query: &str) -> Result<Reply, ApiError> {
+async fn workers(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let limit = page_limit(&pairs)?;
     let state = match query_value(&pairs, "state").filter(|state| !state.is_empty()) {
@@ -371,19 +488,19 @@ pub(super) async fn workers(app: &AppState, query: &str) -> Result<Reply, ApiErr
     Ok(Reply::ok(json!({"workers": workers, "cursor": cursor, "has_more": has_more}).to_string()))
 }
 
-pub(super) async fn worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     let entry = app.backend.worker(id.to_string()).outcome().await?.ok_or_else(|| ApiError::not_found("worker", id))?;
     Ok(Reply::ok(json!({"worker": render_worker(&entry, now_ms(app))}).to_string()))
 }
 
-pub(super) async fn signal_worker(app: &AppState, id: &str, signal: &str) -> Result<Reply, ApiError> {
+async fn signal_worker(app: &AppState, id: &str, signal: &str) -> Result<Reply, ApiError> {
     use crate::engine::workers::WorkerSignal;
     let signal = if signal == "quiet" { WorkerSignal::Quiet } else { WorkerSignal::Terminate };
     let entry = app.backend.signal_worker(id.to_string(), signal).outcome().await?;
     Ok(Reply::ok(json!({"worker": render_worker(&entry, now_ms(app))}).to_string()))
 }
 
-pub(super) async fn forget_worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
+async fn forget_worker(app: &AppState, id: &str) -> Result<Reply, ApiError> {
     app.backend.forget_worker(id.to_string()).outcome().await?;
     Ok(Reply::ok(json!({"deleted": true, "worker_id": id}).to_string()))
 }
