@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::workers::{WorkerSignal, WorkerState};
+use super::workers::entry::{WorkerSignal, WorkerState};
 use crate::job::{Job, JobId, JobState, UniqueKey, ValidationError};
 
 /// One enqueued item: the job stored, or for a unique `ignore` policy that

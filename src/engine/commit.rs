@@ -20,7 +20,7 @@ use super::job_table::JobTable;
 use super::requests::Responder;
 use super::table::Changes;
 use super::view::{QueueSummary, ReadView};
-use super::workers::WorkerEntry;
+use super::workers::entry::WorkerEntry;
 use crate::job::JobId;
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 use crate::storage::{StorageError, WalWriter};

@@ -11,7 +11,7 @@ use super::inbox::Command;
 use super::inbox::{InboxSender, SendError};
 use super::requests::{self, Envelope, Reply, Request};
 use super::view::{DeadLetterCursor, QueueSummary, ReadView};
-use super::workers::{WorkerEntry, WorkerSignal};
+use super::workers::entry::{WorkerEntry, WorkerSignal};
 use super::workflows::table::Workflow;
 use crate::clock::Clock;
 use crate::cron::CronDefinition;
@@ -198,12 +198,12 @@ impl EngineHandle {
 
     /// Gives a known worker a signal (`quiet` or `terminate`).
     pub fn signal_worker(&self, worker_id: String, signal: WorkerSignal) -> Pending<WorkerEntry> {
-        self.submit(requests::SignalWorker { worker_id, signal })
+        self.submit(super::workers::SignalWorker { worker_id, signal })
     }
 
     /// Forgets a worker's entry and signal; its jobs are untouched.
     pub fn forget_worker(&self, worker_id: String) -> Pending<()> {
-        self.submit(requests::ForgetWorker { worker_id })
+        self.submit(super::workers::ForgetWorker { worker_id })
     }
 
     /// The worker registry by id, as of the last commit.

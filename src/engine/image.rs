@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::cron::table::CronEntry;
 use super::legacy::JobV1;
-use super::workers::WorkerSignal;
+use super::workers::entry::WorkerSignal;
 use crate::clock::Millis;
 use crate::job::{IdGenerator, Job, JobId, SharedPolicies, StoredJobDecoder, StoredJobEncoder};
 

@@ -23,7 +23,6 @@ mod queues;
 #[doc(hidden)]
 pub mod record;
 mod recover;
-mod registry;
 pub mod requests;
 mod schemas;
 mod snapshot;
@@ -208,7 +207,7 @@ impl Engine {
             event_seq: 0,
             check_invariants: config.check_invariants,
             final_snapshot: true,
-            contacts: workers::Contacts::default(),
+            contacts: workers::entry::Contacts::default(),
             cron_entries_max: config.cron_entries_max,
             draining: false,
             last_worker_sweep: i64::MIN / 2,

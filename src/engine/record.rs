@@ -104,17 +104,8 @@ pub enum Record {
         at: Millis,
         extensions: Vec<(JobId, Millis)>,
     },
-    /// An operator's signal to a worker.
-    WorkerSignal {
-        at: Millis,
-        worker_id: String,
-        signal: super::workers::WorkerSignal,
-    },
-    /// A worker's entry and signal forgotten.
-    WorkerForget {
-        at: Millis,
-        worker_id: String,
-    },
+    WorkerSignal(super::workers::record::WorkerSignalGiven),
+    WorkerForget(super::workers::record::WorkerForgotten),
     CronPut(super::cron::record::CronPut),
     CronDelete(super::cron::record::CronDelete),
     /// `CronFire` as logged before jobs carried extras; upgraded when read.
@@ -190,8 +181,8 @@ impl Record {
             Record::DeadLetterRetry { .. } => "dead_letter_retry",
             Record::Delete { .. } => "delete",
             Record::Heartbeat { .. } => "heartbeat",
-            Record::WorkerSignal { .. } => "worker_signal",
-            Record::WorkerForget { .. } => "worker_forget",
+            Record::WorkerSignal(_) => "worker_signal",
+            Record::WorkerForget(_) => "worker_forget",
             Record::CronPut(_) => "cron_put",
             Record::CronDelete(_) => "cron_delete",
             Record::CronFire(_) | Record::CronFireV1 { .. } => "cron_fire",
@@ -232,10 +223,10 @@ impl Record {
             | Record::DeadLetterRetry { at, .. }
             | Record::Delete { at, .. }
             | Record::Heartbeat { at, .. }
-            | Record::WorkerSignal { at, .. }
-            | Record::WorkerForget { at, .. }
             | Record::PruneCapped { at, .. }
             | Record::QueuePause(super::queues::record::QueuePause { at, .. })
+            | Record::WorkerSignal(super::workers::record::WorkerSignalGiven { at, .. })
+            | Record::WorkerForget(super::workers::record::WorkerForgotten { at, .. })
             | Record::SchemaPut(super::schemas::record::SchemaPut { at, .. })
             | Record::SchemaDelete(super::schemas::record::SchemaDelete { at, .. })
             | Record::CronPut(super::cron::record::CronPut { at, .. })
@@ -349,6 +340,18 @@ impl From<super::webhooks::record::DeliveriesDone> for Record {
 impl From<super::webhooks::record::DeliveriesQueuedOnce> for Record {
     fn from(record: super::webhooks::record::DeliveriesQueuedOnce) -> Record {
         Record::DeliveriesQueuedOnce(record)
+    }
+}
+
+impl From<super::workers::record::WorkerSignalGiven> for Record {
+    fn from(record: super::workers::record::WorkerSignalGiven) -> Record {
+        Record::WorkerSignal(record)
+    }
+}
+
+impl From<super::workers::record::WorkerForgotten> for Record {
+    fn from(record: super::workers::record::WorkerForgotten) -> Record {
+        Record::WorkerForget(record)
     }
 }
 

@@ -15,9 +15,9 @@ use super::api::{Cancelled, EngineError, Enqueued, FetchRequest, HeartbeatOutcom
 use super::decide::{EnqueueSlot, Entropy};
 use super::events::EventSink;
 use super::record::Record;
-use super::registry;
 use super::state::State;
-use super::workers::{Contacts, WorkerEntry, WorkerSignal};
+use super::workers::entry::{Contacts, WorkerSignal};
+use super::workers::registry;
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, NewJob};
 
@@ -263,21 +263,7 @@ macro_rules! sealed {
     };
 }
 
-sealed!(
-    Enqueue,
-    Fetch,
-    Ack,
-    Fail,
-    Cancel,
-    Heartbeat,
-    SignalWorker,
-    ForgetWorker,
-    DeadLetterRetry,
-    DeadLetterDelete,
-    BeginDrain,
-    Probe,
-    Activate,
-);
+sealed!(Enqueue, Fetch, Ack, Fail, Cancel, Heartbeat, DeadLetterRetry, DeadLetterDelete, BeginDrain, Probe, Activate,);
 
 /// Activates a staged (`pending`) job: `available`, or `scheduled` until its time.
 pub struct Activate {
@@ -524,40 +510,6 @@ impl Request for Heartbeat {
 
     fn held_bytes(&self) -> u64 {
         self.active_jobs.as_ref().map_or(0, |ids| ids.len() * std::mem::size_of::<JobId>()) as u64
-    }
-}
-
-/// Gives a known worker a signal (`quiet` or `terminate`).
-pub struct SignalWorker {
-    pub worker_id: String,
-    pub signal: WorkerSignal,
-}
-
-impl Request for SignalWorker {
-    type Output = WorkerEntry;
-
-    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        let record = registry::decide_signal(turn.state, turn.contacts, turn.now, &self.worker_id, self.signal)?;
-        turn.apply(record);
-        Ok(registry::entry(turn.state, turn.contacts, &self.worker_id).expect("a signalled worker has an entry"))
-    }
-}
-
-/// Forgets a worker's entry and signal; its jobs are untouched.
-pub struct ForgetWorker {
-    pub worker_id: String,
-}
-
-impl Request for ForgetWorker {
-    type Output = ();
-
-    fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        if registry::entry(turn.state, turn.contacts, &self.worker_id).is_none() {
-            return Err(EngineError::WorkerNotFound { worker_id: self.worker_id });
-        }
-        turn.contacts.forget(&self.worker_id);
-        turn.apply(Record::WorkerForget { at: turn.now, worker_id: self.worker_id });
-        Ok(())
     }
 }
 

@@ -8,11 +8,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::cron::table::CronTable;
-use super::events::{EventKind, EventSink, SignalledWorker};
+use super::events::{EventKind, EventSink};
 use super::job_table::JobTable;
 use super::record::{FailOutcome, Record, TimeoutKind};
 use super::table::Table;
-use super::workers::WorkerSignal;
+use super::workers::entry::WorkerSignal;
 use super::workflows::table::Workflow;
 use crate::clock::Millis;
 use crate::job::{ErrorEntry, FailureReport, IdGenerator, Job, JobId, JobRun, JobState, UniqueKey};
@@ -282,12 +282,8 @@ impl State {
             Record::DeadLetterRetry { at, id } => self.apply_dead_letter_retry(*at, *id, events),
             Record::Delete { at, id } => self.apply_delete(*at, *id, events),
             Record::Heartbeat { extensions, .. } => self.apply_heartbeat(extensions),
-            Record::WorkerSignal { at, worker_id, signal } => self.apply_worker_signal(*at, worker_id, *signal, events),
-            Record::WorkerForget { worker_id, .. } => {
-                self.worker_signals.remove(worker_id);
-                self.dirty_workers.insert(worker_id.clone());
-                Ok(())
-            }
+            Record::WorkerSignal(record) => self.apply_worker_signal(record, events),
+            Record::WorkerForget(record) => self.apply_worker_forget(record),
             Record::CronPut(record) => self.apply_cron_put(record),
             Record::CronDelete(record) => self.apply_cron_delete(record),
             Record::CronFire(record) => self.apply_cron_fire(record, events),
@@ -534,23 +530,13 @@ impl State {
         Ok(())
     }
 
-    fn apply_worker_signal(
-        &mut self,
-        at: Millis,
-        worker_id: &str,
-        signal: WorkerSignal,
-        events: &mut EventSink,
-    ) -> Result<(), ApplyError> {
-        self.worker_signals.insert(worker_id.to_string(), (signal, at));
+    /// Gives (`Some`: the signal and when) or forgets a worker's signal.
+    pub(super) fn set_worker_signal(&mut self, worker_id: &str, signal: Option<(WorkerSignal, Millis)>) {
+        match signal {
+            Some(signal) => self.worker_signals.insert(worker_id.to_string(), signal),
+            None => self.worker_signals.remove(worker_id),
+        };
         self.dirty_workers.insert(worker_id.to_string());
-        let kind = EventKind::WorkerSignalled(Box::new(SignalledWorker {
-            worker_id: worker_id.to_string(),
-            terminate: signal == WorkerSignal::Terminate,
-            active_job_ids: self.active_of_worker(worker_id),
-            by: "operator",
-        }));
-        events.push_other(at, kind);
-        Ok(())
     }
 
     /// Removes terminal jobs for good.

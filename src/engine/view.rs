@@ -10,7 +10,7 @@ use super::cron::table::CronEntry;
 use super::events::{Event, EventBuffer, EventKind, EventPage};
 use super::job_table::{DeadLetterKey, SharedJobs};
 use super::table::{Published, take_page};
-use super::workers::WorkerEntry;
+use super::workers::entry::WorkerEntry;
 use super::workflows::table::Workflow;
 use crate::clock::Millis;
 use crate::job::{Job, JobId, JobState};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::super::cron::table::CronTable;
 use super::super::view::QueueSummary;
-use super::super::workers::WorkerSignal;
+use super::super::workers::entry::WorkerSignal;
 use super::super::workflows::table::Workflow;
 use super::{QueueState, Retention, State};
 use crate::clock::Millis;

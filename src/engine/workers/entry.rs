@@ -105,10 +105,6 @@ impl Contacts {
         self.seen.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.seen.is_empty()
-    }
-
     /// Records contact; `busy` says whether a worker holds active jobs (they
     /// are never the ones forgotten).
     pub fn touch(

@@ -3,11 +3,12 @@
 //! farewell, and forgetting idle workers. Signals are durable state
 //! (`State`); contact is soft state (`Contacts`) the engine keeps beside it.
 
-use super::api::EngineError;
-use super::events::{EventKind, EventSink, SignalledWorker};
-use super::record::Record;
-use super::state::State;
-use super::workers::{Contacts, WorkerEntry, WorkerSignal, WorkerState};
+use super::super::api::EngineError;
+use super::super::events::{EventKind, EventSink, SignalledWorker};
+use super::super::record::Record;
+use super::super::state::State;
+use super::entry::{Contacts, WorkerEntry, WorkerSignal, WorkerState};
+use super::record::{WorkerForgotten, WorkerSignalGiven};
 use crate::clock::Millis;
 use crate::limits::{WORKER_FORGET_MS, WORKER_STALE_MS, WORKERS_MAX};
 
@@ -71,7 +72,7 @@ pub(crate) fn decide_signal(
     if signal == WorkerSignal::Quiet && entry.state == WorkerState::Terminate {
         return Err(EngineError::WorkerConflict { worker_id: worker_id.to_string(), current_state: entry.state });
     }
-    Ok(Record::WorkerSignal { at: now, worker_id: worker_id.to_string(), signal })
+    Ok(WorkerSignalGiven { at: now, worker_id: worker_id.to_string(), signal }.into())
 }
 
 /// A drain began: each worker seen lately gets a `worker.terminate` event.
@@ -101,6 +102,6 @@ pub(crate) fn forget_idle(state: &mut State, contacts: &mut Contacts, now: Milli
                 && state.worker_signal(worker_id).is_some_and(|(_, at)| at < cutoff)
                 && state.active_of_worker(worker_id).is_empty()
         })
-        .map(|worker_id| Record::WorkerForget { at: now, worker_id: worker_id.clone() })
+        .map(|worker_id| WorkerForgotten { at: now, worker_id: worker_id.clone() }.into())
         .collect()
 }
