@@ -137,7 +137,7 @@ impl EngineHandle {
         if let Err(error) = self.check_schemas(jobs.iter().enumerate().map(|(i, job)| (batch.then_some(i), job))) {
             return Pending::ready(Err(error));
         }
-        self.submit(requests::Enqueue { jobs })
+        self.submit(super::jobs::Enqueue { jobs })
     }
 
     /// Checks the `args` of every job that names a schema against it
@@ -155,23 +155,23 @@ impl EngineHandle {
 
     /// Activates a staged (`pending`) job.
     pub fn activate(&self, id: JobId) -> Pending<Arc<Job>> {
-        self.submit(requests::Activate { id })
+        self.submit(super::jobs::Activate { id })
     }
 
     /// Claims up to `request.count` available jobs.
     pub fn fetch(&self, request: FetchRequest) -> Pending<Vec<Arc<Job>>> {
-        self.submit(requests::Fetch { request, wait_ms: 0 })
+        self.submit(super::jobs::Fetch { request, wait_ms: 0 })
     }
 
     /// Like [`EngineHandle::fetch`], but when no job qualifies, waits up to
     /// `wait_ms` for one to appear in the listed queues (long polling).
     pub fn fetch_waiting(&self, request: FetchRequest, wait_ms: u64) -> Pending<Vec<Arc<Job>>> {
-        self.submit(requests::Fetch { request, wait_ms })
+        self.submit(super::jobs::Fetch { request, wait_ms })
     }
 
     /// Completes an active job; `result` is compact JSON text.
     pub fn ack(&self, id: JobId, result: Option<String>, worker_id: Option<String>) -> Pending<Arc<Job>> {
-        self.submit(requests::Ack { id, result, worker_id })
+        self.submit(super::jobs::Ack { id, result, worker_id })
     }
 
     /// Reports a failed attempt; the retry policy decides what follows.
@@ -182,7 +182,7 @@ impl EngineHandle {
         requeue: bool,
         worker_id: Option<String>,
     ) -> Pending<Arc<Job>> {
-        self.submit(requests::Fail { id, report, requeue, worker_id })
+        self.submit(super::jobs::Fail { id, report, requeue, worker_id })
     }
 
     /// Extends the visibility of a worker's active jobs; answers how many,
@@ -193,7 +193,7 @@ impl EngineHandle {
         active_jobs: Option<Vec<JobId>>,
         visibility_timeout_ms: Option<u64>,
     ) -> Pending<HeartbeatOutcome> {
-        self.submit(requests::Heartbeat { worker_id, active_jobs, visibility_timeout_ms })
+        self.submit(super::jobs::Heartbeat { worker_id, active_jobs, visibility_timeout_ms })
     }
 
     /// Gives a known worker a signal (`quiet` or `terminate`).
@@ -222,12 +222,12 @@ impl EngineHandle {
 
     /// Sends a discarded job back to `available` with its attempts reset.
     pub fn dead_letter_retry(&self, id: JobId) -> Pending<Arc<Job>> {
-        self.submit(requests::DeadLetterRetry { id })
+        self.submit(super::jobs::DeadLetterRetry { id })
     }
 
     /// Removes a discarded job for good.
     pub fn dead_letter_delete(&self, id: JobId) -> Pending<()> {
-        self.submit(requests::DeadLetterDelete { id })
+        self.submit(super::jobs::DeadLetterDelete { id })
     }
 
     /// The dead letter listing, newest first, from the last commit: up to
@@ -365,7 +365,7 @@ impl EngineHandle {
     }
 
     pub fn cancel(&self, id: JobId) -> Pending<Cancelled> {
-        self.submit(requests::Cancel { id })
+        self.submit(super::jobs::Cancel { id })
     }
 
     /// A round trip through the engine (health checks).

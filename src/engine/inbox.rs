@@ -220,7 +220,7 @@ mod tests {
     fn ack_with_result(bytes: usize) -> Command {
         let (reply, _) = oneshot::channel();
         let result = Some("1".repeat(bytes));
-        let ack = super::super::requests::Ack { id: crate::job::JobId(0), result, worker_id: None };
+        let ack = super::super::jobs::Ack { id: crate::job::JobId(0), result, worker_id: None };
         Command::Request(Box::new(super::super::requests::Envelope { request: ack, reply }))
     }
 

@@ -8,7 +8,6 @@ mod acks;
 mod api;
 mod commit;
 mod cron;
-mod decide;
 mod events;
 mod handle;
 mod image;
@@ -16,6 +15,7 @@ mod inbox;
 #[doc(hidden)]
 pub mod inspect;
 mod job_table;
+mod jobs;
 mod legacy;
 mod pace;
 mod progress;
@@ -40,13 +40,13 @@ pub use api::{
 };
 pub use cron::table::{CronEntry, CronWrite};
 pub use cron::{DeleteCron, PutCron};
-pub use decide::{EnqueueSlot, Entropy, SystemEntropy};
 #[doc(hidden)]
 pub use events::EventSink;
 pub use events::{CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent};
 pub use handle::{EngineHandle, Pending};
 #[doc(hidden)]
 pub use image::{IMAGE_VERSION, StateImage, decode_image};
+pub use jobs::decide::{EnqueueSlot, Entropy, SystemEntropy};
 pub use progress::ReportProgress;
 pub use queues::PauseQueue;
 pub use recover::recover;

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use super::api::{EngineError, Unavailable};
 use super::commit::{Committer, ViewDelta, storage_failed};
-use super::decide::Entropy;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::image::StateImage;
 use super::inbox::{Command, InboxReceiver, Received};
+use super::jobs::decide::Entropy;
 use super::pace::PaceSignals;
 use super::record::{Record, encode_sequences_into};
 use super::requests::{Parked, RECORD_BYTES_PER_JOB, Ran, Responder, Turn};

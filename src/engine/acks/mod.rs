@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use super::api::{EngineError, FetchRequest};
-use super::requests::{Fetch, RECORD_BYTES_PER_JOB, RECORD_FIXED_BYTES, Request, RunOutcome, Turn, sealed};
+use super::jobs::Fetch;
+use super::requests::{RECORD_BYTES_PER_JOB, RECORD_FIXED_BYTES, Request, RunOutcome, Turn, sealed};
 use crate::job::{Job, JobId};
 
 /// The most acks one request may carry.

@@ -13,8 +13,8 @@ pub(crate) mod table;
 use std::sync::Arc;
 
 use super::api::EngineError;
-use super::decide::Entropy;
 use super::events::{CronInfo, CronSkip, EventKind, EventSink};
+use super::jobs::decide::Entropy;
 use super::record::Record;
 use super::requests::{Request, Turn, sealed};
 use super::state::{ApplyError, State};

@@ -16,8 +16,8 @@ pub(crate) mod table;
 use std::sync::Arc;
 
 use super::api::{EngineError, Unavailable};
-use super::decide::Entropy;
 use super::events::{EventKind, EventSink, WorkflowEvent};
+use super::jobs::decide::Entropy;
 use super::record::Record;
 use super::requests::{RECORD_BYTES_PER_JOB, RECORD_FIXED_BYTES, Request, Turn, sealed};
 use super::state::{ApplyError, State, activate};

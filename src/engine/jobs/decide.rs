@@ -1,9 +1,9 @@
 //! Live decisions: check a command against the state and turn it into a
 //! fully decided record. Nothing here changes the state; `State::apply` does.
 
-use super::api::{ConflictReason, EngineError, FetchRequest, Unavailable};
-use super::record::{Claim, FailOutcome, Record, TimeoutKind};
-use super::state::{QueueState, State};
+use super::super::api::{ConflictReason, EngineError, FetchRequest, Unavailable};
+use super::super::record::{Claim, FailOutcome, Record, TimeoutKind};
+use super::super::state::{QueueState, State};
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, ValidationError};
 use crate::limits::CLIENT_ID_AHEAD_MS_MAX;
@@ -320,7 +320,7 @@ impl State {
     }
 
     /// Finds the active job a worker reports on, checking the claim's owner.
-    pub(super) fn active_job(&self, id: JobId, worker_id: Option<&str>) -> Result<&Job, EngineError> {
+    pub(in crate::engine) fn active_job(&self, id: JobId, worker_id: Option<&str>) -> Result<&Job, EngineError> {
         let job = self.job(id).ok_or(EngineError::NotFound { id })?;
         if job.state != JobState::Active {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::InvalidState });
@@ -490,7 +490,7 @@ fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Record {
     let kind = if execution <= visibility { TimeoutKind::Execution } else { TimeoutKind::Visibility };
     let outcome = match kind {
         TimeoutKind::Execution => {
-            let report = super::state::timeout_report(job, kind, now);
+            let report = super::super::state::timeout_report(job, kind, now);
             failure_outcome(job, &report, now, entropy)
         }
         TimeoutKind::Visibility if job.attempt < job.max_attempts().max(1) => FailOutcome::Release,
@@ -544,11 +544,11 @@ mod tests {
         let mut entropy = FixedEntropy(42);
         // The id a generator starting again at `now` makes first.
         let restart_id = crate::job::IdGenerator::default().next(now, 42);
-        let mut state = State::new(super::super::state::Retention::default());
+        let mut state = State::new(crate::engine::Retention::default());
         let body = format!(r#"{{"type":"t","args":[],"id":"{restart_id}"}}"#);
         let job = crate::job::parse_enqueue_body(body.as_bytes(), &crate::job::JobDefaults::default()).unwrap();
         let record = state.decide_enqueue(now, vec![job], &mut entropy).unwrap().0.unwrap();
-        state.apply(&record, &mut super::super::EventSink::disabled()).unwrap();
+        state.apply(&record, &mut crate::engine::EventSink::disabled()).unwrap();
         // The generator has seen the last id there is, so it starts again at `now`.
         state.ids.observe(JobId::parse("ffffffff-ffff-7fff-bfff-ffffffffffff").unwrap());
         let fresh = state.fresh_id(now, &mut entropy, &Default::default());
