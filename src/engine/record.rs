@@ -247,119 +247,38 @@ impl Record {
     }
 }
 
-impl From<super::queues::record::QueuePause> for Record {
-    fn from(record: super::queues::record::QueuePause) -> Record {
-        Record::QueuePause(record)
-    }
+/// A feature's record payload is its `Record` variant.
+macro_rules! record_from {
+    ($($payload:ty => $variant:ident),* $(,)?) => {
+        $(impl From<$payload> for Record {
+            fn from(record: $payload) -> Record {
+                Record::$variant(record)
+            }
+        })*
+    };
 }
 
-impl From<super::schemas::record::SchemaPut> for Record {
-    fn from(record: super::schemas::record::SchemaPut) -> Record {
-        Record::SchemaPut(record)
-    }
-}
-
-impl From<super::schemas::record::SchemaDelete> for Record {
-    fn from(record: super::schemas::record::SchemaDelete) -> Record {
-        Record::SchemaDelete(record)
-    }
-}
-
-impl From<super::cron::record::CronPut> for Record {
-    fn from(record: super::cron::record::CronPut) -> Record {
-        Record::CronPut(record)
-    }
-}
-
-impl From<super::cron::record::CronDelete> for Record {
-    fn from(record: super::cron::record::CronDelete) -> Record {
-        Record::CronDelete(record)
-    }
-}
-
-impl From<super::cron::record::CronFired> for Record {
-    fn from(record: super::cron::record::CronFired) -> Record {
-        Record::CronFire(record)
-    }
-}
-
-impl From<super::workflows::record::WorkflowCreate> for Record {
-    fn from(record: super::workflows::record::WorkflowCreate) -> Record {
-        Record::WorkflowCreate(record)
-    }
-}
-
-impl From<super::workflows::record::WorkflowCancel> for Record {
-    fn from(record: super::workflows::record::WorkflowCancel) -> Record {
-        Record::WorkflowCancel(record)
-    }
-}
-
-impl From<super::workflows::record::WorkflowPrune> for Record {
-    fn from(record: super::workflows::record::WorkflowPrune) -> Record {
-        Record::WorkflowPrune(record)
-    }
-}
-
-impl From<super::webhooks::record::WebhookPut> for Record {
-    fn from(record: super::webhooks::record::WebhookPut) -> Record {
-        Record::WebhookPut(record)
-    }
-}
-
-impl From<super::webhooks::record::WebhookDelete> for Record {
-    fn from(record: super::webhooks::record::WebhookDelete) -> Record {
-        Record::WebhookDelete(record)
-    }
-}
-
-impl From<super::webhooks::record::DeliveriesQueued> for Record {
-    fn from(record: super::webhooks::record::DeliveriesQueued) -> Record {
-        Record::DeliveriesQueued(record)
-    }
-}
-
-impl From<super::webhooks::record::DeliveryStarted> for Record {
-    fn from(record: super::webhooks::record::DeliveryStarted) -> Record {
-        Record::DeliveryStarted(record)
-    }
-}
-
-impl From<super::webhooks::record::DeliveryRetry> for Record {
-    fn from(record: super::webhooks::record::DeliveryRetry) -> Record {
-        Record::DeliveryRetry(record)
-    }
-}
-
-impl From<super::webhooks::record::DeliveriesDone> for Record {
-    fn from(record: super::webhooks::record::DeliveriesDone) -> Record {
-        Record::DeliveriesDone(record)
-    }
-}
-
-impl From<super::webhooks::record::DeliveriesQueuedOnce> for Record {
-    fn from(record: super::webhooks::record::DeliveriesQueuedOnce) -> Record {
-        Record::DeliveriesQueuedOnce(record)
-    }
-}
-
-impl From<super::workers::record::WorkerSignalGiven> for Record {
-    fn from(record: super::workers::record::WorkerSignalGiven) -> Record {
-        Record::WorkerSignal(record)
-    }
-}
-
-impl From<super::workers::record::WorkerForgotten> for Record {
-    fn from(record: super::workers::record::WorkerForgotten) -> Record {
-        Record::WorkerForget(record)
-    }
-}
-
-impl From<super::progress::record::ProgressReported> for Record {
-    fn from(record: super::progress::record::ProgressReported) -> Record {
-        Record::Progress(record)
-    }
-}
+record_from!(
+    super::queues::record::QueuePause => QueuePause,
+    super::schemas::record::SchemaPut => SchemaPut,
+    super::schemas::record::SchemaDelete => SchemaDelete,
+    super::cron::record::CronPut => CronPut,
+    super::cron::record::CronDelete => CronDelete,
+    super::cron::record::CronFired => CronFire,
+    super::workflows::record::WorkflowCreate => WorkflowCreate,
+    super::workflows::record::WorkflowCancel => WorkflowCancel,
+    super::workflows::record::WorkflowPrune => WorkflowPrune,
+    super::webhooks::record::WebhookPut => WebhookPut,
+    super::webhooks::record::WebhookDelete => WebhookDelete,
+    super::webhooks::record::DeliveriesQueued => DeliveriesQueued,
+    super::webhooks::record::DeliveryStarted => DeliveryStarted,
+    super::webhooks::record::DeliveryRetry => DeliveryRetry,
+    super::webhooks::record::DeliveriesDone => DeliveriesDone,
+    super::webhooks::record::DeliveriesQueuedOnce => DeliveriesQueuedOnce,
+    super::workers::record::WorkerSignalGiven => WorkerSignal,
+    super::workers::record::WorkerForgotten => WorkerForget,
+    super::progress::record::ProgressReported => Progress,
+);
 
 /// Encodes one commit batch: the same bytes as postcard gives the slice of
 /// records, with the jobs of enqueue records written by
