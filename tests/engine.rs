@@ -171,7 +171,8 @@ fn a_promoted_job_takes_its_priority_place_and_a_past_time_means_now() {
 
 #[test]
 fn terminal_jobs_are_pruned_after_retention() {
-    let retention = Retention { completed_ms: 60_000, ..Retention::default() };
+    let mut retention = Retention::default();
+    retention.completed_ms = 60_000;
     let harness = Harness::with_retention(retention);
     let id = harness.enqueue(json!({"type": "t", "args": []}));
     harness.fetch(1);
@@ -339,7 +340,8 @@ fn queue_counts_seen(engine: &Engine) -> std::collections::BTreeMap<String, [u64
 /// still match the whole state, including queues that come and go.
 #[test]
 fn queue_figures_follow_changes_across_many_queues() {
-    let retention = Retention { completed_ms: 10_000, ..Retention::default() };
+    let mut retention = Retention::default();
+    retention.completed_ms = 10_000;
     let harness = Harness::with_retention(retention);
     let engine = &harness.engine;
     let ids: Vec<JobId> = (0..50)

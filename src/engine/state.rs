@@ -28,6 +28,7 @@ mod snapshot;
 /// How long terminal jobs are kept before they are pruned, and how many of
 /// them (and how many of their bytes) are held at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Retention {
     pub completed_ms: i64,
     pub cancelled_ms: i64,
