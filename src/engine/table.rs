@@ -10,7 +10,7 @@
 
 use parking_lot::RwLock;
 use std::borrow::Borrow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -22,13 +22,15 @@ pub(crate) type Changes<K, V> = Vec<(K, Option<Arc<V>>)>;
 #[derive(Debug, Clone)]
 pub(crate) struct Table<K, V> {
     entries: BTreeMap<K, Arc<V>>,
-    /// Keys changed since the last [`Table::take_changes`] (a key may repeat).
-    changed: Vec<K>,
+    /// Keys changed since the last [`Table::take_changes`], each once: a
+    /// replayed log may change one entry millions of times before the first
+    /// publish.
+    changed: BTreeSet<K>,
 }
 
 impl<K, V> Default for Table<K, V> {
     fn default() -> Self {
-        Table { entries: BTreeMap::new(), changed: Vec::new() }
+        Table { entries: BTreeMap::new(), changed: BTreeSet::new() }
     }
 }
 
@@ -62,7 +64,7 @@ impl<K: Ord + Clone, V> Table<K, V> {
 
     /// Stores `value` under `key`, returning the entry it replaced.
     pub fn insert(&mut self, key: K, value: Arc<V>) -> Option<Arc<V>> {
-        self.changed.push(key.clone());
+        self.changed.insert(key.clone());
         self.entries.insert(key, value)
     }
 
@@ -71,7 +73,7 @@ impl<K: Ord + Clone, V> Table<K, V> {
         K: Borrow<Q>,
     {
         let removed = self.entries.remove(key)?;
-        self.changed.push(key.to_owned());
+        self.changed.insert(key.to_owned());
         Some(removed)
     }
 
@@ -82,16 +84,16 @@ impl<K: Ord + Clone, V> Table<K, V> {
         V: Clone,
     {
         let entry = self.entries.get_mut(key)?;
-        self.changed.push(key.clone());
+        if !self.changed.contains(key) {
+            self.changed.insert(key.clone());
+        }
         Some(Arc::make_mut(entry))
     }
 
     /// The entries changed since the last call, each once, as they are now.
     pub fn take_changes(&mut self) -> Changes<K, V> {
-        let mut keys = std::mem::take(&mut self.changed);
-        keys.sort_unstable();
-        keys.dedup();
-        keys.into_iter()
+        std::mem::take(&mut self.changed)
+            .into_iter()
             .map(|key| {
                 let entry = self.entries.get(&key).cloned();
                 (key, entry)
