@@ -190,6 +190,20 @@ mod tests {
     }
 
     #[test]
+    fn changes_waiting_for_a_publish_hold_each_key_once() {
+        // A replayed log may change one entry millions of times before the
+        // first publish: what waits must not grow with the changes.
+        let mut table: Table<u32, u32> = Table::default();
+        table.insert(1, Arc::new(0));
+        for _ in 0..10_000 {
+            *table.update(&1).unwrap() += 1;
+            table.insert(2, Arc::new(0));
+        }
+        assert_eq!(table.changed.len(), 2);
+        assert_eq!(table.take_changes().len(), 2);
+    }
+
+    #[test]
     fn an_entry_a_reader_holds_is_copied_before_it_changes() {
         let mut table: Table<u32, String> = Table::default();
         table.insert(1, Arc::new("before".into()));
