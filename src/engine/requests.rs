@@ -165,9 +165,6 @@ pub(crate) const RECORD_FIXED_BYTES: u64 = 96;
 /// The most log bytes one job's share of a record takes (a claim, a
 /// promotion, a heartbeat's extension).
 pub(crate) const RECORD_BYTES_PER_JOB: u64 = 64;
-/// With the disk full, claims stop while this much log space is left, so
-/// that the jobs already claimed can still be acked.
-pub(crate) const FULL_DISK_ACK_RESERVE_BYTES: u64 = 1024 * 1024;
 
 /// What a request may use of the engine during its turn.
 pub struct Turn<'a> {

@@ -11,12 +11,14 @@ pub(super) mod decide;
 use std::sync::Arc;
 
 use super::api::{Cancelled, EngineError, Enqueued, FetchRequest, HeartbeatOutcome};
-use super::requests::{
-    FULL_DISK_ACK_RESERVE_BYTES, RECORD_BYTES_PER_JOB, RECORD_FIXED_BYTES, Request, RunOutcome, Turn, sealed,
-};
+use super::requests::{RECORD_BYTES_PER_JOB, RECORD_FIXED_BYTES, Request, RunOutcome, Turn, sealed};
 use super::workers::entry::WorkerSignal;
 use crate::job::{FailureReport, Job, JobId, NewJob};
 use decide::EnqueueSlot;
+
+/// With the disk full, claims stop while this much log space is left, so
+/// that the jobs already claimed can still be acked.
+const FULL_DISK_ACK_RESERVE_BYTES: u64 = 1024 * 1024;
 
 macro_rules! sealed {
     ($($request:ty),* $(,)?) => {
