@@ -162,7 +162,7 @@ fn batch_path(c: &mut Criterion) {
                     .iter()
                     .map(|slot| {
                         let EnqueueSlot::New(id) = slot else { unreachable!("no unique policies here") };
-                        Enqueued { job: state.job_handle(*id).expect("stored"), deduplicated: false }
+                        Enqueued { job: state.job_handle(*id).expect("stored"), deduplicated: false, pressure: None }
                     })
                     .collect();
                 black_box(svc::http::jobs::render_batch(&enqueued).len() + encoded.len());

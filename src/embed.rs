@@ -5,11 +5,13 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BulkReport, run_bulk};
 use crate::engine::WebhookChange;
+use crate::engine::block_on;
 use crate::engine::{
-    ACKS_MAX, AckItem, AckMany, Cancelled, Engine, EngineConfig, EngineError, EngineFailure, EngineHandle, Enqueued,
-    FetchRequest, HeartbeatOutcome, Pending, QueueStats, QueueSummary, Workflow,
+    ACKS_MAX, AckItem, AckMany, BULK_CHUNK_MAX, Backpressure, BulkAction, Cancelled, Engine, EngineConfig, EngineError,
+    EngineFailure, EngineHandle, Enqueued, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage, Overview,
+    Pending, QueueStats, QueueSummary, Workflow,
 };
 use crate::job::{
     Failure, Job, JobBuilder, JobId, JobProgress, JobState, NewJob, ValidationError, ValidationKind, check_batch_size,
@@ -493,6 +495,73 @@ impl Svc {
         local_read(self.backend.queue_stats(queue.to_string()))
     }
 
+    /// Bounds the jobs `queue` holds waiting (docs/api.md, "Backpressure"):
+    /// past `max_depth`, enqueues into it are refused with
+    /// `EngineError::QueueFull`, a batch as a whole. Durable.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use svc::engine::{Backpressure, EngineError};
+    /// use svc::{Svc, SvcError, job::JobBuilder};
+    /// let svc = Svc::open(dir.path())?;
+    /// svc.set_backpressure("mail", Backpressure::reject_above(1))?;
+    /// svc.enqueue(JobBuilder::new("email.send").queue("mail"))?;
+    /// let refused = svc.enqueue(JobBuilder::new("email.send").queue("mail"));
+    /// assert!(matches!(refused, Err(SvcError::Engine(EngineError::QueueFull { depth: 1, bound: 1, .. }))));
+    /// # Ok::<(), SvcError>(())
+    /// ```
+    pub fn set_backpressure(&self, queue: &str, backpressure: Backpressure) -> Result<QueueSummary, SvcError> {
+        backpressure.check().map_err(SvcError::Invalid)?;
+        Ok(self.backend.configure_queue(queue_name(queue)?, Some(backpressure)).wait()?)
+    }
+
+    /// Removes a queue's backpressure.
+    pub fn clear_backpressure(&self, queue: &str) -> Result<QueueSummary, SvcError> {
+        Ok(self.backend.configure_queue(queue_name(queue)?, None).wait()?)
+    }
+
+    /// Totals across queues, workers and the dead letter listing.
+    pub fn overview(&self) -> Overview {
+        local_read(self.backend.overview())
+    }
+
+    /// A page of the jobs `filter` keeps, from `from` on (docs/api.md,
+    /// "Admin API"): in a stable order, at most `limit` (1 to 1,000) jobs;
+    /// a page may stop short at the scan's bound, and its `next` says
+    /// where to go on.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use svc::engine::JobFilter;
+    /// use svc::{Svc, job::JobBuilder};
+    /// let svc = Svc::open(dir.path())?;
+    /// svc.enqueue(JobBuilder::new("email.send").args(serde_json::json!({"to": "ada@example.com"})))?;
+    /// let page = svc.jobs(&JobFilter::all().job_type("email.*").text("ada@"), None, 50)?;
+    /// assert_eq!(page.jobs.len(), 1);
+    /// # Ok::<(), svc::SvcError>(())
+    /// ```
+    pub fn jobs(&self, filter: &JobFilter, from: Option<JobCursor>, limit: usize) -> Result<JobsPage, SvcError> {
+        check_filter(filter)?;
+        if !(1..=BULK_CHUNK_MAX).contains(&limit) {
+            let message = format!("limit must be from 1 to {BULK_CHUNK_MAX}");
+            return Err(SvcError::Invalid(ValidationError::request(Some("limit".to_string()), message)));
+        }
+        Ok(self.backend.jobs_page(filter.clone(), from, limit).wait()?)
+    }
+
+    /// Applies `action` to every job `filter` keeps that it applies to
+    /// ([`BulkAction`]), in chunks, as `POST /admin/jobs/bulk/{action}` does.
+    pub fn bulk(&self, action: BulkAction, filter: &JobFilter) -> Result<BulkReport, SvcError> {
+        check_filter(filter)?;
+        Ok(block_on(run_bulk(self.backend.as_ref(), filter.clone(), action, false))?)
+    }
+
+    /// How many jobs [`Svc::bulk`] would change, changing nothing.
+    pub fn bulk_dry_run(&self, action: BulkAction, filter: &JobFilter) -> Result<BulkReport, SvcError> {
+        check_filter(filter)?;
+        Ok(block_on(run_bulk(self.backend.as_ref(), filter.clone(), action, true))?)
+    }
+
     /// Reports progress on an active job (docs/api.md, "Progress"): a
     /// fraction (clamped to 0.0-1.0), and optionally a message and data
     /// ([`JobProgress::message`], [`JobProgress::data`]). Refused with
@@ -562,6 +631,18 @@ fn fetch_request(queues: &[&str], count: usize, worker_id: Option<&str>) -> Resu
 }
 
 /// A queue named in a call, as a queue route's path must name one.
+/// A job filter's names, checked as the HTTP listing checks its query.
+fn check_filter(filter: &JobFilter) -> Result<(), SvcError> {
+    if let Some(queue) = &filter.queue {
+        queue_name(queue)?;
+    }
+    if filter.text.as_ref().is_some_and(|text| text.len() > crate::limits::SEARCH_TEXT_BYTES_MAX) {
+        let message = format!("text may be at most {} bytes", crate::limits::SEARCH_TEXT_BYTES_MAX);
+        return Err(SvcError::Invalid(ValidationError::request(Some("q".to_string()), message)));
+    }
+    Ok(())
+}
+
 fn queue_name(name: &str) -> Result<String, SvcError> {
     if !is_valid_queue(name) {
         let mut error = invalid_queue("queue");

@@ -44,6 +44,8 @@ pub const FETCH_QUEUES_MAX: usize = 32;
 /// Default and largest page size of list endpoints.
 pub const PAGE_SIZE_DEFAULT: usize = 25;
 pub const PAGE_SIZE_MAX: usize = 100;
+/// Most bytes of text a job search (`q`) looks for.
+pub const SEARCH_TEXT_BYTES_MAX: usize = 256;
 /// Length bounds of names.
 pub const TYPE_CHARS_MAX: usize = 255;
 pub const QUEUE_CHARS_MAX: usize = 128;

@@ -22,7 +22,7 @@ const STATUSES: [u16; 15] = [200, 201, 400, 401, 403, 404, 405, 409, 413, 422, 4
 
 /// Routes a request can be counted under (the router's templates, and
 /// `unknown` for a path it does not know).
-pub const ROUTES_MAX: usize = 64;
+pub const ROUTES_MAX: usize = 96;
 
 pub struct Metrics {
     registry: Registry,

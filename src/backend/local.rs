@@ -7,8 +7,9 @@ use std::sync::Arc;
 use super::{Backend, EventFilter, Page};
 use crate::cron::CronDefinition;
 use crate::engine::{
-    AckMany, AckOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineFailure, EngineHandle, Enqueued, EventPage,
-    FetchRequest, HeartbeatOutcome, PauseQueue, Pending, QueueStats, QueueSummary, ReportProgress, WebhookChange,
+    AckMany, AckOutcome, Backpressure, BulkAction, BulkJobs, BulkOutcome, Cancelled, ConfigureQueue, CronEntry,
+    DeadLetterCursor, EngineFailure, EngineHandle, Enqueued, EventPage, FetchRequest, HeartbeatOutcome, JobCursor,
+    JobFilter, JobsPage, Overview, PauseQueue, Pending, QueueStats, QueueSummary, ReportProgress, WebhookChange,
     WorkerEntry, WorkerSignal, WorkerState, Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
@@ -32,6 +33,14 @@ impl Backend for EngineHandle {
 
     fn activate(&self, id: JobId) -> Pending<Arc<Job>> {
         EngineHandle::activate(self, id)
+    }
+
+    fn jobs_page(&self, filter: JobFilter, from: Option<JobCursor>, limit: usize) -> Pending<JobsPage> {
+        Pending::ready(Ok(EngineHandle::jobs_page(self, &filter, from, limit)))
+    }
+
+    fn bulk_jobs(&self, action: BulkAction, ids: Vec<JobId>) -> Pending<BulkOutcome> {
+        self.submit(BulkJobs { action, ids })
     }
 
     fn fetch(&self, request: FetchRequest, wait_ms: u64) -> Pending<Vec<Arc<Job>>> {
@@ -97,6 +106,14 @@ impl Backend for EngineHandle {
         self.submit(PauseQueue { queue: name, paused })
     }
 
+    fn configure_queue(&self, name: String, backpressure: Option<Backpressure>) -> Pending<QueueSummary> {
+        self.submit(ConfigureQueue { queue: name, backpressure })
+    }
+
+    fn overview(&self) -> Pending<Overview> {
+        Pending::ready(Ok(EngineHandle::overview(self)))
+    }
+
     fn dead_letter_page(
         &self,
         after: Option<DeadLetterCursor>,
@@ -112,6 +129,10 @@ impl Backend for EngineHandle {
 
     fn dead_letter_delete(&self, id: JobId) -> Pending<()> {
         EngineHandle::dead_letter_delete(self, id)
+    }
+
+    fn dead_letter_count(&self, queue: Option<String>) -> Pending<u64> {
+        Pending::ready(Ok(EngineHandle::dead_letter_count(self, queue.as_deref())))
     }
 
     fn crons_page(&self, after: Option<String>, limit: usize, enabled: Option<bool>) -> Pending<Page<Arc<CronEntry>>> {

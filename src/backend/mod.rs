@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use crate::cron::CronDefinition;
 use crate::engine::{
-    AckMany, AckOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineFailure, Enqueued, Event, EventPage,
-    FetchRequest, HeartbeatOutcome, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal,
-    WorkerState, Workflow,
+    AckMany, AckOutcome, Backpressure, BulkAction, BulkOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineError,
+    EngineFailure, Enqueued, Event, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage,
+    Overview, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -44,6 +44,13 @@ pub trait Backend: Send + Sync + 'static {
     fn cancel(&self, id: JobId) -> Pending<Cancelled>;
     /// Activates a staged (`pending`) job.
     fn activate(&self, id: JobId) -> Pending<Arc<Job>>;
+    /// Up to `limit` jobs that `filter` keeps, from `from` on, in a stable
+    /// order; a page may stop short of `limit` at the backend's bound on
+    /// the work one page does, and then says where to go on.
+    fn jobs_page(&self, filter: JobFilter, from: Option<JobCursor>, limit: usize) -> Pending<JobsPage>;
+    /// Applies a bulk action to each listed job on its own (at most
+    /// [`crate::engine::BULK_CHUNK_MAX`]); see [`run_bulk`] for a filter.
+    fn bulk_jobs(&self, action: BulkAction, ids: Vec<JobId>) -> Pending<BulkOutcome>;
 
     // Workers.
 
@@ -86,6 +93,10 @@ pub trait Backend: Send + Sync + 'static {
     fn queue_stats(&self, name: String) -> Pending<Option<QueueStats>>;
     /// Pauses (`true`) or resumes a queue; answers its figures.
     fn pause_queue(&self, name: String, paused: bool) -> Pending<QueueSummary>;
+    /// Sets (`Some`) or removes a queue's backpressure; answers its figures.
+    fn configure_queue(&self, name: String, backpressure: Option<Backpressure>) -> Pending<QueueSummary>;
+    /// Totals across queues, workers and the dead letter listing.
+    fn overview(&self) -> Pending<Overview>;
 
     // The dead letter listing.
 
@@ -100,6 +111,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Sends a discarded job back to `available`, as a fresh run.
     fn dead_letter_retry(&self, id: JobId) -> Pending<Arc<Job>>;
     fn dead_letter_delete(&self, id: JobId) -> Pending<()>;
+    /// How many jobs the listing holds, of one queue or of all.
+    fn dead_letter_count(&self, queue: Option<String>) -> Pending<u64>;
 
     // Cron.
 
@@ -154,6 +167,56 @@ pub trait Backend: Send + Sync + 'static {
     fn disk_full(&self) -> bool;
     /// Jobs claimed and not yet reported on, across all queues.
     fn active_jobs(&self) -> u64;
+}
+
+/// What a bulk action by filter found and did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BulkReport {
+    /// Jobs the filter kept that the action applies to.
+    pub matched: u64,
+    /// Jobs changed (none in a dry run).
+    pub changed: u64,
+    /// Matched jobs that had changed state by the time their chunk ran.
+    pub skipped: u64,
+}
+
+/// Applies `action` to every job `filter` keeps that the action applies
+/// to, a chunk of [`crate::engine::BULK_CHUNK_MAX`] jobs at a time, so that
+/// other requests are served between chunks. A `dry_run` only counts.
+/// Jobs that arrive while it runs may or may not be included.
+pub async fn run_bulk(
+    backend: &dyn Backend,
+    mut filter: JobFilter,
+    action: BulkAction,
+    dry_run: bool,
+) -> Result<BulkReport, EngineError> {
+    use crate::job::JobState;
+    let applicable: Vec<JobState> = JobState::ALL.into_iter().filter(|state| action.applies_to(*state)).collect();
+    filter.states = if filter.states.is_empty() {
+        applicable
+    } else {
+        filter.states.into_iter().filter(|state| applicable.contains(state)).collect()
+    };
+    let mut report = BulkReport::default();
+    if filter.states.is_empty() {
+        return Ok(report);
+    }
+    let mut from = None;
+    loop {
+        let page = backend.jobs_page(filter.clone(), from, crate::engine::BULK_CHUNK_MAX).outcome().await?;
+        let ids: Vec<JobId> = page.jobs.iter().map(|job| job.id).collect();
+        report.matched += ids.len() as u64;
+        if !dry_run && !ids.is_empty() {
+            let outcome = backend.bulk_jobs(action, ids).outcome().await?;
+            report.changed += outcome.changed;
+            report.skipped += outcome.skipped;
+        }
+        match page.next {
+            Some(next) => from = Some(next),
+            None => return Ok(report),
+        }
+    }
 }
 
 /// Which events a listing keeps: each filter given must match.

@@ -12,6 +12,9 @@ use crate::job::{Job, JobId, JobState, UniqueKey, ValidationError};
 pub struct Enqueued {
     pub job: Arc<Job>,
     pub deduplicated: bool,
+    /// How full the job's queue is (waiting jobs over its backpressure
+    /// bound), when past the queue's warning threshold.
+    pub pressure: Option<f64>,
 }
 
 /// A fetch request, already validated.
@@ -31,13 +34,38 @@ pub struct Cancelled {
 }
 
 /// A queue's figures, with what it completed and failed lately.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct QueueStats {
     pub summary: super::view::QueueSummary,
     /// Jobs completed in the last 60 s.
     pub completed_last_minute: u64,
     /// Attempts failed in the last 60 s (nacks without requeue, and timeouts).
     pub failed_last_minute: u64,
+}
+
+/// The service at a glance: what the admin overview shows.
+#[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
+pub struct Overview {
+    /// Queues known (holding jobs, paused or configured).
+    pub queues: usize,
+    pub paused_queues: usize,
+    /// Jobs in each state across all queues, indexed by [`JobState::index`].
+    pub jobs: [u64; 8],
+    /// Workers in the registry, and how many in each state.
+    pub workers: usize,
+    pub workers_by_state: Vec<(super::workers::entry::WorkerState, usize)>,
+    /// Jobs in the dead letter listing.
+    pub dead_letter: usize,
+    /// Jobs completed and attempts failed in the last 60 s, all queues.
+    pub completed_last_minute: u64,
+    pub failed_last_minute: u64,
+}
+
+impl Overview {
+    pub fn count(&self, state: JobState) -> u64 {
+        self.jobs[state.index()]
+    }
 }
 
 /// What a heartbeat answers.
@@ -141,6 +169,14 @@ pub enum EngineError {
     /// The queue is paused: it takes no new work until resumed.
     QueuePaused {
         queue: String,
+        index: Option<usize>,
+    },
+    /// The queue's backpressure bound is reached: `depth` jobs wait and at
+    /// most `bound` may.
+    QueueFull {
+        queue: String,
+        depth: u64,
+        bound: u64,
         index: Option<usize>,
     },
     /// No workflow has this id (or it was pruned).
@@ -252,6 +288,9 @@ impl std::fmt::Display for EngineError {
             }
             EngineError::Invalid { error, .. } => write!(f, "{error}"),
             EngineError::QueuePaused { queue, .. } => write!(f, "queue {queue} is paused"),
+            EngineError::QueueFull { queue, depth, bound, .. } => {
+                write!(f, "queue {queue} is full: {depth} jobs wait and its bound is {bound}")
+            }
             EngineError::WorkflowNotFound { id } => write!(f, "workflow {id} not found"),
             EngineError::WorkflowConflict { id, current_state } => {
                 write!(f, "workflow {id} is {}: it has ended", current_state.as_str())

@@ -67,7 +67,7 @@ impl<T> Pending<T> {
 /// waits. Unlike a runtime's own blocking wait, it does not refuse to run
 /// on a runtime's thread, so closing an embedded engine from async code
 /// (or dropping it there) works.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
+pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
     use std::task::{Context, Poll, Wake, Waker};
 
     struct Unpark(std::thread::Thread);
@@ -420,6 +420,44 @@ impl EngineHandle {
         let summary = self.queue(name)?;
         let (completed_last_minute, failed_last_minute) = self.view.throughput(name, self.clock.now_ms());
         Some(QueueStats { summary, completed_last_minute, failed_last_minute })
+    }
+
+    /// Up to `limit` jobs that `filter` keeps, from `from` on, as of the
+    /// last commit (`jobs/listing.rs` says the order and the scan budget).
+    pub fn jobs_page(
+        &self,
+        filter: &super::JobFilter,
+        from: Option<super::JobCursor>,
+        limit: usize,
+    ) -> super::JobsPage {
+        self.view.jobs_page(filter, from, limit)
+    }
+
+    /// The service at a glance, as of the last commit.
+    pub fn overview(&self) -> super::api::Overview {
+        let now = self.clock.now_ms();
+        let queues = self.view.queues();
+        let mut overview = super::api::Overview { queues: queues.len(), ..Default::default() };
+        for (name, queue) in queues.iter() {
+            overview.paused_queues += usize::from(queue.paused);
+            for (total, count) in overview.jobs.iter_mut().zip(queue.counts) {
+                *total += count;
+            }
+            let (completed, failed) = self.view.throughput(name, now);
+            overview.completed_last_minute += completed;
+            overview.failed_last_minute += failed;
+        }
+        (overview.workers, overview.workers_by_state) = self.view.worker_counts();
+        overview.dead_letter = self.view.dead_letter_len();
+        overview
+    }
+
+    /// How many jobs of `queue` (or of all queues) the dead letter listing holds.
+    pub fn dead_letter_count(&self, queue: Option<&str>) -> u64 {
+        match queue {
+            None => self.view.dead_letter_len() as u64,
+            Some(queue) => self.view.dead_letter_count_of(queue) as u64,
+        }
     }
 
     /// Jobs claimed by workers and not yet reported on, across all queues.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::cron::table::CronEntry;
 use super::legacy::JobV1;
+use super::queues::record::Backpressure;
 use super::workers::entry::WorkerSignal;
 use crate::clock::Millis;
 use crate::job::{IdGenerator, Job, JobId, SharedPolicies, StoredJobDecoder, StoredJobEncoder};
@@ -45,6 +46,8 @@ pub struct StateImage {
     pub webhooks: Vec<Arc<crate::webhook::Subscription>>,
     /// Queued webhook deliveries by id.
     pub deliveries: Vec<Arc<super::webhooks::outbox::Delivery>>,
+    /// Queues with backpressure, by name.
+    pub queue_configs: Vec<(String, Backpressure)>,
 }
 
 impl StateImage {
@@ -58,6 +61,7 @@ impl StateImage {
         self.workflows.sort_unstable_by_key(|workflow| workflow.id);
         self.webhooks.sort_unstable_by_key(|subscription| subscription.id);
         self.deliveries.sort_unstable_by_key(|delivery| delivery.id);
+        self.queue_configs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     }
 
     /// The snapshot payload: the image with its jobs in id order.
@@ -124,6 +128,7 @@ impl StateImage {
             &self.schemas,
             &self.webhooks,
             &self.deliveries,
+            &self.queue_configs,
         );
         out.write_all(&postcard::to_allocvec(&rest).map_err(encoding_failed)?)
     }
@@ -166,7 +171,10 @@ const CHUNK_HEADER_BYTES: usize = 8;
 const SORTED_RUN_JOBS: usize = 1 << 16;
 
 /// The snapshot payload version this build writes.
-pub const IMAGE_VERSION: u32 = 6;
+pub const IMAGE_VERSION: u32 = 7;
+
+/// The first payload version whose jobs come in chunks.
+pub(crate) const CHUNKED_VERSION: u32 = 6;
 
 /// The image of payload version 4 (before the schema registry).
 #[derive(Deserialize)]
@@ -222,8 +230,8 @@ pub fn decode_image(payload_version: u32, bytes: &[u8]) -> Result<StateImage, St
 /// so that only the state it becomes is ever whole in memory. Every byte of
 /// the payload must belong to the state.
 pub fn decode_image_from(payload_version: u32, source: &mut impl Read, length: u64) -> Result<StateImage, String> {
-    if payload_version == IMAGE_VERSION {
-        return decode_chunked(source, length);
+    if (CHUNKED_VERSION..=IMAGE_VERSION).contains(&payload_version) {
+        return decode_chunked(source, length, payload_version);
     }
     let mut flavor = ReadFlavor {
         source: std::io::BufReader::with_capacity(READ_PIECE_BYTES, source),
@@ -255,6 +263,7 @@ fn decode_versioned(payload_version: u32, flavor: &mut ReadFlavor<impl Read>) ->
                 schemas: Vec::new(),
                 webhooks: Vec::new(),
                 deliveries: Vec::new(),
+                queue_configs: Vec::new(),
             })
         }
         2 => {
@@ -273,6 +282,7 @@ fn decode_versioned(payload_version: u32, flavor: &mut ReadFlavor<impl Read>) ->
                 schemas: Vec::new(),
                 webhooks: Vec::new(),
                 deliveries: Vec::new(),
+                queue_configs: Vec::new(),
             })
         }
         3 => {
@@ -291,6 +301,7 @@ fn decode_versioned(payload_version: u32, flavor: &mut ReadFlavor<impl Read>) ->
                 schemas: Vec::new(),
                 webhooks: Vec::new(),
                 deliveries: Vec::new(),
+                queue_configs: Vec::new(),
             })
         }
         4 => {
@@ -319,6 +330,7 @@ fn decode_versioned(payload_version: u32, flavor: &mut ReadFlavor<impl Read>) ->
                 schemas: Vec::new(),
                 webhooks: Vec::new(),
                 deliveries: Vec::new(),
+                queue_configs: Vec::new(),
             })
         }
         5 => {
@@ -362,6 +374,7 @@ impl ImageRest {
             schemas: self.schemas,
             webhooks: self.webhooks,
             deliveries: self.deliveries,
+            queue_configs: Vec::new(),
         }
     }
 }
@@ -373,7 +386,7 @@ struct StateImageV5 {
     rest: ImageRest,
 }
 
-/// A chunk of a payload's jobs (version 6), read but not yet decoded.
+/// A chunk of a payload's jobs (version 6 on), read but not yet decoded.
 pub(crate) struct JobChunk {
     jobs: usize,
     bytes: Vec<u8>,
@@ -397,7 +410,7 @@ impl JobChunk {
     }
 }
 
-/// Reads a payload of version 6 in order: its job count
+/// Reads a payload of version 6 or later in order: its job count
 /// ([`ChunkedPayload::open`]), its chunks of jobs, then the rest of the
 /// image. Chunks are handed out undecoded, so that several threads can
 /// decode them.
@@ -407,13 +420,14 @@ pub(crate) struct ChunkedPayload<'a, R> {
     left: u64,
     /// Jobs the payload claims that no chunk read so far holds.
     jobs_left: usize,
+    version: u32,
 }
 
 impl<'a, R: Read> ChunkedPayload<'a, R> {
     /// Starts reading a payload of `length` bytes; returns it with the
     /// number of jobs it holds.
-    pub(crate) fn open(source: &'a mut R, length: u64) -> Result<(Self, usize), String> {
-        let mut payload = ChunkedPayload { source, left: length, jobs_left: 0 };
+    pub(crate) fn open(source: &'a mut R, length: u64, version: u32) -> Result<(Self, usize), String> {
+        let mut payload = ChunkedPayload { source, left: length, jobs_left: 0, version };
         let count = u64::from_le_bytes(payload.read_array()?);
         if count > length {
             return Err(format!("the payload claims {count} jobs in {length} bytes"));
@@ -453,11 +467,16 @@ impl<'a, R: Read> ChunkedPayload<'a, R> {
         let mut bytes = vec![0u8; self.left as usize];
         let mut payload = self;
         payload.read_into(&mut bytes)?;
-        let (rest, after) = postcard::take_from_bytes::<ImageRest>(&bytes).map_err(|error| error.to_string())?;
+        let (rest, mut after) = postcard::take_from_bytes::<ImageRest>(&bytes).map_err(|error| error.to_string())?;
+        let mut image = rest.with_jobs(Vec::new());
+        if payload.version >= 7 {
+            let (configs, left) = postcard::take_from_bytes(after).map_err(|error| error.to_string())?;
+            (image.queue_configs, after) = (configs, left);
+        }
         if !after.is_empty() {
             return Err(format!("{} bytes after the state", after.len()));
         }
-        Ok(rest.with_jobs(Vec::new()))
+        Ok(image)
     }
 
     fn read_array<const N: usize>(&mut self) -> Result<[u8; N], String> {
@@ -498,9 +517,9 @@ impl IdOrder {
     }
 }
 
-/// Decodes a payload of version 6 on this thread.
-fn decode_chunked(source: &mut impl Read, length: u64) -> Result<StateImage, String> {
-    let (mut payload, count) = ChunkedPayload::open(source, length)?;
+/// Decodes a payload of version 6 or later on this thread.
+fn decode_chunked(source: &mut impl Read, length: u64, version: u32) -> Result<StateImage, String> {
+    let (mut payload, count) = ChunkedPayload::open(source, length, version)?;
     let mut policies = SharedPolicies::default();
     let mut jobs: Vec<Arc<Job>> = Vec::with_capacity(jobs_to_reserve(count, length));
     let mut in_order = IdOrder::default();
@@ -621,6 +640,7 @@ pub(crate) mod tests {
             schemas: Vec::new(),
             webhooks: Vec::new(),
             deliveries: Vec::new(),
+            queue_configs: vec![("bounded".to_string(), Backpressure::reject_above(10).warning_at(0.5))],
         }
     }
 

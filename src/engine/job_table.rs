@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::job::{IdHashState, Job, JobId, JobIdMap, JobState};
 
-const SHARDS: usize = 64;
+pub(crate) const SHARDS: usize = 64;
 
 /// Position in the dead letter listing kept beside the jobs: newest
 /// `discarded_at` first, then the higher id first.
@@ -192,6 +192,32 @@ impl SharedJobs {
     pub fn job(&self, id: JobId) -> Option<Arc<Job>> {
         let hash = self.hash(id);
         self.shard(id).read().find(Held::table_hash(hash), |held| held.is(hash, id)).map(Held::handle)
+    }
+
+    /// The jobs of one shard with ids above `after` that pass `keep`, in id
+    /// order. The shard's read lock is held while its jobs are looked at,
+    /// not while they are sorted.
+    /// Also says how many jobs the shard held.
+    pub(crate) fn shard_jobs(
+        &self,
+        shard: usize,
+        after: Option<JobId>,
+        keep: impl Fn(&Job) -> bool,
+    ) -> (Vec<Arc<Job>>, usize) {
+        let (mut jobs, held): (Vec<Arc<Job>>, usize) = {
+            let set = self.shards[shard].read();
+            let kept = set
+                .iter()
+                .filter(|held| {
+                    let job = held.job();
+                    after.is_none_or(|after| job.id > after) && keep(job)
+                })
+                .map(Held::handle)
+                .collect();
+            (kept, set.len())
+        };
+        jobs.sort_unstable_by_key(|job| job.id);
+        (jobs, held)
     }
 
     /// Adds or replaces a job in a shard this thread may write (under its
@@ -530,7 +556,7 @@ fn hash_of(hasher: &IdHashState, id: JobId) -> u32 {
 
 /// The shard a job lives in: the low bits of a UUIDv7 are random, so they
 /// spread jobs evenly.
-fn shard_of(id: JobId) -> usize {
+pub(crate) fn shard_of(id: JobId) -> usize {
     (id.0 as usize) % SHARDS
 }
 

@@ -36,19 +36,22 @@ mod writer;
 
 pub use acks::{ACKS_MAX, AckItem, AckMany, AckOutcome};
 pub use api::{
-    Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, QueueStats, Unavailable,
+    Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, Overview, QueueStats, Unavailable,
 };
 pub use cron::table::{CronEntry, CronWrite};
 pub use cron::{DeleteCron, PutCron};
 #[doc(hidden)]
 pub use events::EventSink;
 pub use events::{CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent};
+pub(crate) use handle::block_on;
 pub use handle::{EngineHandle, Pending};
 #[doc(hidden)]
 pub use image::{IMAGE_VERSION, StateImage, decode_image};
+pub use jobs::bulk::{BULK_CHUNK_MAX, BulkAction, BulkJobs, BulkOutcome};
 pub use jobs::decide::{EnqueueSlot, Entropy, SystemEntropy};
+pub use jobs::listing::{JobCursor, JobFilter, JobsPage};
 pub use progress::ReportProgress;
-pub use queues::PauseQueue;
+pub use queues::{Backpressure, BackpressureStrategy, ConfigureQueue, PauseQueue};
 pub use recover::recover;
 pub use requests::Request;
 pub use schemas::{DeleteSchema, RegisterSchema};

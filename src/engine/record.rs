@@ -149,6 +149,7 @@ pub enum Record {
     DeliveriesDone(super::webhooks::record::DeliveriesDone),
     DeliveriesQueuedOnce(super::webhooks::record::DeliveriesQueuedOnce),
     Progress(super::progress::record::ProgressReported),
+    QueueConfig(super::queues::record::QueueConfigured),
 }
 
 impl Record {
@@ -202,6 +203,7 @@ impl Record {
             Record::DeliveriesDone(_) => "deliveries_done",
             Record::DeliveriesQueuedOnce(_) => "deliveries_queued",
             Record::Progress(_) => "progress",
+            Record::QueueConfig(_) => "queue_config",
         }
     }
 
@@ -225,6 +227,7 @@ impl Record {
             | Record::Heartbeat { at, .. }
             | Record::PruneCapped { at, .. }
             | Record::QueuePause(super::queues::record::QueuePause { at, .. })
+            | Record::QueueConfig(super::queues::record::QueueConfigured { at, .. })
             | Record::WorkerSignal(super::workers::record::WorkerSignalGiven { at, .. })
             | Record::WorkerForget(super::workers::record::WorkerForgotten { at, .. })
             | Record::SchemaPut(super::schemas::record::SchemaPut { at, .. })
@@ -260,6 +263,7 @@ macro_rules! record_from {
 
 record_from!(
     super::queues::record::QueuePause => QueuePause,
+    super::queues::record::QueueConfigured => QueueConfig,
     super::schemas::record::SchemaPut => SchemaPut,
     super::schemas::record::SchemaDelete => SchemaDelete,
     super::cron::record::CronPut => CronPut,

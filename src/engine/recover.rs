@@ -55,8 +55,8 @@ fn load_snapshot(path: &Path, retention: Retention) -> Result<(State, u64), Stor
         reason,
     };
     let mut payload = payload;
-    let (decoded, state) = if payload_version == image::IMAGE_VERSION {
-        load_current_payload(&mut payload, retention)
+    let (decoded, state) = if (image::CHUNKED_VERSION..=image::IMAGE_VERSION).contains(&payload_version) {
+        load_chunked_payload(&mut payload, retention, payload_version)
     } else {
         let length = payload.remaining();
         (image::decode_image_from(payload_version, &mut payload, length), None)
@@ -76,15 +76,16 @@ fn load_snapshot(path: &Path, retention: Retention) -> Result<(State, u64), Stor
     Ok((state.map_err(corrupt)?, replay_from))
 }
 
-/// Loads a payload of the current version on three threads: one reads the
+/// Loads a payload in chunks (version 6 on) on three threads: one reads the
 /// chunks of jobs and decodes every other one, a second decodes the rest,
 /// and this one indexes them as they come, in payload order (decoding is
 /// about two thirds of the work). Returns what was read besides the jobs,
 /// and the state holding the jobs; on one thread only when no other can be
 /// started.
-fn load_current_payload(
+fn load_chunked_payload(
     payload: &mut SnapshotPayload,
     retention: Retention,
+    version: u32,
 ) -> (Result<StateImage, String>, Option<State>) {
     use image::{ChunkedPayload, JobChunk};
     type Decoded = Result<Vec<Arc<Job>>, String>;
@@ -107,7 +108,7 @@ fn load_current_payload(
         });
         let Ok(helper) = helper else { return None };
         let reader = std::thread::Builder::new().name("svc-snapshot-read".into()).spawn_scoped(scope, move || {
-            let (mut chunks, count) = ChunkedPayload::open(source, length)?;
+            let (mut chunks, count) = ChunkedPayload::open(source, length, version)?;
             let _ = count_out.send(count);
             let mut policies = SharedPolicies::default();
             let gone = || "the loader stopped".to_string();
@@ -159,7 +160,7 @@ fn load_current_payload(
     });
     match loaded {
         Some(loaded) => (loaded, Some(state)),
-        None => (image::decode_image_from(image::IMAGE_VERSION, payload, length), None),
+        None => (image::decode_image_from(version, payload, length), None),
     }
 }
 

@@ -71,6 +71,7 @@ pub struct QueueState {
     pub limited: KeyedReady,
     pub counts: [u64; 8],
     pub paused: bool,
+    pub backpressure: Option<super::queues::record::Backpressure>,
     /// Listed in `State::dirty_queues` since the view was last updated.
     dirty: bool,
 }
@@ -86,7 +87,15 @@ impl QueueState {
     }
 
     fn is_empty(&self) -> bool {
-        self.counts.iter().all(|count| *count == 0) && !self.paused
+        self.counts.iter().all(|count| *count == 0) && !self.paused && self.backpressure.is_none()
+    }
+
+    /// Jobs waiting to be claimed: what backpressure bounds.
+    pub fn depth(&self) -> u64 {
+        [JobState::Available, JobState::Scheduled, JobState::Retryable, JobState::Pending]
+            .iter()
+            .map(|state| self.counts[state.index()])
+            .sum()
     }
 }
 
@@ -103,6 +112,8 @@ pub struct State {
     /// once it is durable).
     pub(crate) jobs: JobTable,
     pub(crate) queues: BTreeMap<String, QueueState>,
+    /// Queues whose backpressure is set: when none are, enqueues skip the check.
+    bounded_queues: usize,
     pub(crate) timers: TimerSet,
     pub(crate) ids: IdGenerator,
     active_by_worker: ActiveByWorker,
@@ -166,6 +177,7 @@ impl State {
         let mut state = Self {
             jobs: JobTable::default(),
             queues: BTreeMap::new(),
+            bounded_queues: 0,
             timers: TimerSet::default(),
             ids: IdGenerator::default(),
             active_by_worker: HashMap::new(),
@@ -307,6 +319,10 @@ impl State {
                 self.apply_queue_pause(record, events);
                 Ok(())
             }
+            Record::QueueConfig(record) => {
+                self.apply_queue_configured(record);
+                Ok(())
+            }
         }
     }
 
@@ -315,6 +331,22 @@ impl State {
     pub(super) fn set_queue_paused(&mut self, name: &str, paused: bool) {
         let queue = self.queues.entry(name.to_string()).or_default();
         queue.paused = paused;
+        Self::queue_changed(&mut self.dirty_queues, name, queue);
+        if queue.is_empty() && name != "default" {
+            self.queues.remove(name);
+        }
+    }
+
+    /// Sets or removes a queue's backpressure, as [`State::set_queue_paused`].
+    pub(super) fn set_queue_backpressure(
+        &mut self,
+        name: &str,
+        backpressure: Option<super::queues::record::Backpressure>,
+    ) {
+        let queue = self.queues.entry(name.to_string()).or_default();
+        self.bounded_queues -= usize::from(queue.backpressure.is_some());
+        self.bounded_queues += usize::from(backpressure.is_some());
+        queue.backpressure = backpressure;
         Self::queue_changed(&mut self.dirty_queues, name, queue);
         if queue.is_empty() && name != "default" {
             self.queues.remove(name);

@@ -8,25 +8,36 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use super::cron::table::CronEntry;
 use super::events::{Event, EventBuffer, EventKind, EventPage};
-use super::job_table::{DeadLetterKey, SharedJobs};
+use super::job_table::{DeadLetterKey, SHARDS, SharedJobs};
+use super::jobs::listing::{JobCursor, JobFilter, JobsPage, SCAN_BUDGET};
 use super::table::{Published, take_page};
-use super::workers::entry::WorkerEntry;
+use super::workers::entry::{WorkerEntry, WorkerState};
 use super::workflows::table::Workflow;
 use crate::clock::Millis;
 use crate::job::{Job, JobId, JobState};
 use crate::schema::SchemaEntry;
 
 /// One queue's figures as of the last commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct QueueSummary {
     pub name: String,
     pub paused: bool,
     pub counts: [u64; 8],
+    /// The bound on its waiting jobs, if one is set.
+    pub backpressure: Option<super::queues::record::Backpressure>,
 }
 
 impl QueueSummary {
     pub fn count(&self, state: JobState) -> u64 {
         self.counts[state.index()]
+    }
+
+    /// Jobs waiting to be claimed: what backpressure bounds.
+    pub fn depth(&self) -> u64 {
+        [JobState::Available, JobState::Scheduled, JobState::Retryable, JobState::Pending]
+            .iter()
+            .map(|state| self.count(*state))
+            .sum()
     }
 
     /// Jobs not yet finished.
@@ -184,6 +195,57 @@ impl ReadView {
         let (jobs, has_more) = take_page(matching, limit);
         let next = jobs.last().and_then(|job| DeadLetterKey::of(job)).filter(|_| has_more).map(DeadLetterCursor);
         (jobs, next)
+    }
+
+    /// Up to `limit` jobs that `filter` keeps, from `from` on, in listing
+    /// order (`jobs/listing.rs`), looking at no more jobs than the budget.
+    pub fn jobs_page(&self, filter: &JobFilter, from: Option<JobCursor>, limit: usize) -> JobsPage {
+        let JobCursor { mut shard, mut after } = from.unwrap_or(JobCursor { shard: 0, after: None });
+        let mut page = JobsPage { jobs: Vec::new(), next: None, scanned: 0 };
+        while shard < SHARDS {
+            let (candidates, held) = self.jobs.shard_jobs(shard, after, |job| filter.keeps_by_fields(job));
+            page.scanned += held;
+            for job in candidates {
+                if !filter.keeps_by_text(&job) {
+                    continue;
+                }
+                let id = job.id;
+                page.jobs.push(job);
+                if page.jobs.len() == limit {
+                    page.next = Some(JobCursor { shard, after: Some(id) });
+                    return page;
+                }
+            }
+            (shard, after) = (shard + 1, None);
+            if page.scanned >= SCAN_BUDGET && shard < SHARDS {
+                page.next = Some(JobCursor { shard, after: None });
+                return page;
+            }
+        }
+        page
+    }
+
+    /// How many jobs the dead letter listing holds.
+    pub fn dead_letter_len(&self) -> usize {
+        self.jobs.dead_letter.read().len()
+    }
+
+    /// How many jobs of `queue` the dead letter listing holds.
+    pub fn dead_letter_count_of(&self, queue: &str) -> usize {
+        self.jobs.dead_letter.read().values().filter(|job| *job.queue == *queue).count()
+    }
+
+    /// How many workers the registry holds, and how many of them in each state.
+    pub fn worker_counts(&self) -> (usize, Vec<(WorkerState, usize)>) {
+        let registry = self.workers.read();
+        let mut by_state: Vec<(WorkerState, usize)> = Vec::new();
+        for entry in registry.values() {
+            match by_state.iter_mut().find(|(state, _)| *state == entry.state) {
+                Some((_, count)) => *count += 1,
+                None => by_state.push((entry.state, 1)),
+            }
+        }
+        (registry.len(), by_state)
     }
 
     /// Up to `limit` queues after the one named `after`, by name, and whether more follow.

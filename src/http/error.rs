@@ -9,7 +9,13 @@ use crate::engine::{EngineError, Unavailable};
 use crate::job::{ValidationError, ValidationKind};
 
 /// (code, status, retryable, meaning, hint)
-pub const ERROR_TABLE: [(&str, u16, bool, &str, &str); 15] = [
+/// A refused enqueue's queue depth and bound (`queue_full`).
+pub const X_SVC_QUEUE_DEPTH: HeaderName = HeaderName::from_static("x-svc-queue-depth");
+pub const X_SVC_QUEUE_BOUND: HeaderName = HeaderName::from_static("x-svc-queue-bound");
+/// How full the queue of an accepted enqueue is, past its warning threshold.
+pub const X_SVC_QUEUE_PRESSURE: HeaderName = HeaderName::from_static("x-svc-queue-pressure");
+
+pub const ERROR_TABLE: [(&str, u16, bool, &str, &str); 16] = [
     (
         "invalid_request",
         400,
@@ -71,6 +77,13 @@ pub const ERROR_TABLE: [(&str, u16, bool, &str, &str); 15] = [
     ),
     ("rate_limited", 429, true, "request rate limit exceeded", "Wait for Retry-After seconds, then retry."),
     ("queue_paused", 503, true, "target queue is paused", "Retry after the queue is resumed."),
+    (
+        "queue_full",
+        429,
+        true,
+        "the queue's backpressure bound is reached",
+        "Retry after Retry-After seconds, once workers have drained the queue; details give its depth and bound.",
+    ),
     (
         "backend_error",
         503,
@@ -232,6 +245,19 @@ impl From<EngineError> for ApiError {
                     Some(index) => error.detail("index", index),
                     None => error,
                 }
+            }
+            EngineError::QueueFull { queue, depth, bound, index } => {
+                let mut error = ApiError::new("queue_full", message)
+                    .detail("queue", queue)
+                    .detail("depth", depth)
+                    .detail("bound", bound);
+                if let Some(index) = index {
+                    error = error.detail("index", index);
+                }
+                error.headers.push((X_SVC_QUEUE_DEPTH, depth.to_string()));
+                error.headers.push((X_SVC_QUEUE_BOUND, bound.to_string()));
+                error.headers.push((RETRY_AFTER, "1".into()));
+                error
             }
             EngineError::WorkflowNotFound { id } => ApiError::not_found("workflow", id.to_string()),
             EngineError::WorkflowConflict { id, current_state } => ApiError::new("conflict", message)

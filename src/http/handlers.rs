@@ -27,5 +27,6 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::Schemas(route) => route.handle(app, query, &body).await,
         Route::Webhooks(route) => route.handle(app, query, &body).await,
         Route::Progress(route) => route.handle(app, &body).await,
+        Route::Admin(route) => route.handle(app, query, &body).await,
     }
 }

@@ -85,21 +85,32 @@ impl JobRoute {
 async fn create_job(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let new_job = parse_enqueue_body(body, &app.defaults)?;
     let mut enqueued = app.backend.enqueue(vec![new_job]).outcome().await?;
-    let Enqueued { job, deduplicated } = enqueued.swap_remove(0);
-    if deduplicated {
+    let Enqueued { job, deduplicated, pressure } = enqueued.swap_remove(0);
+    let reply = if deduplicated {
         // A unique `ignore` policy met a held job: that job answers, once in
         // the job and once beside it.
         let extra = [("deduplicated", Value::Bool(true))];
         let body = format!("{{\"job\":{},\"deduplicated\":true}}", render_job(&job, &extra));
-        return Ok(Reply::ok(body).header(hyper::header::LOCATION, location(&job)));
+        Reply::ok(body).header(hyper::header::LOCATION, location(&job))
+    } else {
+        Reply::ok(job_body(&job)).with_status(StatusCode::CREATED).header(hyper::header::LOCATION, location(&job))
+    };
+    Ok(with_pressure(reply, pressure))
+}
+
+/// Says how full the queue is when past its warning threshold.
+fn with_pressure(reply: Reply, pressure: Option<f64>) -> Reply {
+    match pressure {
+        Some(pressure) => reply.header(super::error::X_SVC_QUEUE_PRESSURE, format!("{pressure:.2}")),
+        None => reply,
     }
-    Ok(Reply::ok(job_body(&job)).with_status(StatusCode::CREATED).header(hyper::header::LOCATION, location(&job)))
 }
 
 async fn batch_jobs(app: &AppState, body: &[u8]) -> Result<Reply, ApiError> {
     let new_jobs = parse_batch(body, &app.defaults)?;
     let enqueued = app.backend.enqueue(new_jobs).outcome().await?;
-    Ok(Reply::ok(render_batch(&enqueued)).with_status(StatusCode::CREATED))
+    let pressure = enqueued.iter().filter_map(|item| item.pressure).reduce(f64::max);
+    Ok(with_pressure(Reply::ok(render_batch(&enqueued)).with_status(StatusCode::CREATED), pressure))
 }
 
 /// The jobs of a batch enqueue body, each validated; the first invalid item

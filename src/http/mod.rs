@@ -5,6 +5,7 @@
 // travels the cold error path once per request, so boxing it buys nothing.
 #![allow(clippy::result_large_err)]
 
+mod admin;
 mod app;
 pub mod auth;
 pub mod connection;

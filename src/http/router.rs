@@ -24,6 +24,7 @@ pub enum Route {
     Schemas(super::schemas::SchemaRoute),
     Webhooks(super::webhooks::WebhookRoute),
     Progress(super::progress::ProgressRoute),
+    Admin(super::admin::AdminRoute),
 }
 
 impl Route {
@@ -32,7 +33,7 @@ impl Route {
         matches!(self, Route::Manifest | Route::Health | Route::Ready | Route::ErrorCatalog | Route::OpenApi)
     }
 
-    /// A number of its own (below 64), its method and its path template:
+    /// A number of its own (below `metrics::ROUTES_MAX - 1`), its method and its path template:
     /// how metrics label it, never with the ids in the path.
     pub fn template(&self) -> (usize, &'static str, &'static str) {
         use Route::*;
@@ -53,6 +54,7 @@ impl Route {
             Schemas(route) => route.template(),
             Webhooks(route) => route.template(),
             Progress(route) => route.template(),
+            Admin(route) => route.template(),
         }
     }
 
@@ -71,6 +73,7 @@ impl Route {
             Schemas(route) => route.allows(role),
             Cron(route) => route.allows(role),
             Webhooks(route) => route.allows(role),
+            Admin(route) => route.allows(role),
         }
     }
 
@@ -89,6 +92,7 @@ impl Route {
             .chain(super::workflows::WorkflowRoute::samples().into_iter().map(Route::Workflows))
             .chain(super::dead_letter::DeadLetterRoute::samples().into_iter().map(Route::DeadLetter))
             .chain(super::webhooks::WebhookRoute::samples().into_iter().map(Route::Webhooks))
+            .chain(super::admin::AdminRoute::samples().into_iter().map(Route::Admin))
             .collect()
     }
 }
@@ -112,7 +116,7 @@ const ALIASES: [(&str, &str, &str); 12] = [
 
 /// The metrics label of a request no route takes (the index is below
 /// `metrics::ROUTES_MAX`, after every route's).
-pub const UNKNOWN_ROUTE: (usize, &str) = (63, "unknown");
+pub const UNKNOWN_ROUTE: (usize, &str) = (crate::metrics::ROUTES_MAX - 1, "unknown");
 
 /// Finds the route for a method and path: 404 for an unknown path, 405 (with
 /// `Allow`) for a known path and another method.
@@ -159,6 +163,9 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         }
         ["svc", "v1", "webhooks", rest @ ..] => {
             super::webhooks::WebhookRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Webhooks(r))).collect()
+        }
+        ["svc", "v1", "admin", rest @ ..] => {
+            super::admin::AdminRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Admin(r))).collect()
         }
         ["svc", "v1", "schemas", rest @ ..] => {
             super::schemas::SchemaRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Schemas(r))).collect()

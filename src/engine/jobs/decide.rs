@@ -60,10 +60,16 @@ impl State {
         let mut jobs: Vec<Arc<Job>> = Vec::with_capacity(new_jobs.len());
         let mut slots = Vec::with_capacity(new_jobs.len());
         let mut replaced = Vec::new();
+        // Jobs this batch adds to each queue with backpressure, so far.
+        let mut added: Vec<(String, u64)> = Vec::new();
+        let bounded = self.bounded_queues() > 0;
         for (position, new_job) in new_jobs.into_iter().enumerate() {
-            if self.queue(&new_job.queue).is_some_and(|queue| queue.paused) {
+            let queue = self.queue(&new_job.queue);
+            if queue.is_some_and(|queue| queue.paused) {
                 return Err(EngineError::QueuePaused { queue: new_job.queue.to_string(), index: index_of(position) });
             }
+            let backpressure =
+                if bounded { queue.and_then(|queue| Some((queue.depth(), queue.backpressure?))) } else { None };
             let job = self.admit(now, new_job, index_of(position), &mut seen, entropy, false)?;
             if let Some((on_conflict, holders)) = self.unique_holders(&job, now, &jobs, &replaced) {
                 match on_conflict {
@@ -76,6 +82,26 @@ impl State {
                     }
                     OnConflict::Replace => replaced.extend(holders),
                 }
+            }
+            if let Some((depth, backpressure)) = backpressure {
+                let queue: &str = &job.queue;
+                let place = match added.iter().position(|(name, _)| name == queue) {
+                    Some(place) => place,
+                    None => {
+                        added.push((queue.to_string(), 0));
+                        added.len() - 1
+                    }
+                };
+                let in_batch = &mut added[place].1;
+                if depth + *in_batch >= backpressure.max_depth {
+                    return Err(EngineError::QueueFull {
+                        queue: job.queue.to_string(),
+                        depth: depth + *in_batch,
+                        bound: backpressure.max_depth,
+                        index: index_of(position),
+                    });
+                }
+                *in_batch += 1;
             }
             slots.push(EnqueueSlot::New(job.id));
             jobs.push(Arc::new(job));

@@ -6,7 +6,9 @@
 //! their apply are still in `record.rs` and `state.rs`, and the job map
 //! the read view shares is `job_table.rs`.
 
+pub mod bulk;
 pub(super) mod decide;
+pub mod listing;
 
 use std::sync::Arc;
 
@@ -58,11 +60,17 @@ impl Request for Enqueue {
         if let Some(record) = record {
             turn.apply(record);
         }
+        let bounded = turn.state().bounded_queues() > 0;
         Ok(slots
             .into_iter()
-            .map(|slot| match slot {
-                EnqueueSlot::New(id) => Enqueued { job: turn.current(id), deduplicated: false },
-                EnqueueSlot::Existing(id) => Enqueued { job: turn.current(id), deduplicated: true },
+            .map(|slot| {
+                let (id, deduplicated) = match slot {
+                    EnqueueSlot::New(id) => (id, false),
+                    EnqueueSlot::Existing(id) => (id, true),
+                };
+                let job = turn.current(id);
+                let pressure = if bounded { turn.state().queue_pressure(&job.queue) } else { None };
+                Enqueued { job, deduplicated, pressure }
             })
             .collect())
     }

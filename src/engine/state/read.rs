@@ -52,10 +52,23 @@ impl State {
         self.queues.get(name)
     }
 
+    /// How many queues have backpressure set.
+    pub fn bounded_queues(&self) -> usize {
+        self.bounded_queues
+    }
+
+    /// How full a queue with backpressure is, once past its warning threshold.
+    pub fn queue_pressure(&self, name: &str) -> Option<f64> {
+        let queue = self.queues.get(name)?;
+        queue.backpressure?.pressure(queue.depth())
+    }
+
     /// A queue's figures now (all zero for a queue that holds nothing).
     pub fn queue_summary(&self, name: &str) -> QueueSummary {
-        let (paused, counts) = self.queues.get(name).map_or((false, [0; 8]), |queue| (queue.paused, queue.counts));
-        QueueSummary { name: name.to_string(), paused, counts }
+        match self.queues.get(name) {
+            Some(queue) => queue.summary(name),
+            None => QueueSummary { name: name.to_string(), paused: false, counts: [0; 8], backpressure: None },
+        }
     }
 
     pub fn queues(&self) -> &BTreeMap<String, QueueState> {
@@ -132,7 +145,7 @@ impl State {
             .map(|name| {
                 let summary = self.queues.get_mut(&name).map(|queue| {
                     queue.dirty = false;
-                    QueueSummary { name: name.clone(), paused: queue.paused, counts: queue.counts }
+                    queue.summary(&name)
                 });
                 (name, summary)
             })
@@ -141,5 +154,17 @@ impl State {
 
     pub fn retention(&self) -> &Retention {
         &self.retention
+    }
+}
+
+impl QueueState {
+    /// Its figures, as readers see them.
+    pub fn summary(&self, name: &str) -> QueueSummary {
+        QueueSummary {
+            name: name.to_string(),
+            paused: self.paused,
+            counts: self.counts,
+            backpressure: self.backpressure,
+        }
     }
 }

@@ -35,6 +35,11 @@ impl State {
         let schemas = self.schemas.values().cloned().collect();
         let webhooks = self.webhooks.values().cloned().collect();
         let deliveries = self.outbox.deliveries().cloned().collect();
+        let queue_configs = self
+            .queues
+            .iter()
+            .filter_map(|(name, queue)| queue.backpressure.map(|backpressure| (name.clone(), backpressure)))
+            .collect();
         StateImage {
             jobs,
             paused_queues,
@@ -48,6 +53,7 @@ impl State {
             schemas,
             webhooks,
             deliveries,
+            queue_configs,
         }
     }
 
@@ -93,6 +99,9 @@ impl State {
             let queue = state.queues.entry(name.clone()).or_default();
             queue.paused = true;
             Self::queue_changed(&mut state.dirty_queues, &name, queue);
+        }
+        for (name, backpressure) in image.queue_configs {
+            state.set_queue_backpressure(&name, Some(backpressure));
         }
         for (worker, signal, at) in image.worker_signals {
             state.dirty_workers.insert(worker.clone());

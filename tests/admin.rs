@@ -1,0 +1,275 @@
+//! The admin API against a real server: totals, queues with their counts
+//! and backpressure (durable, refusing past the bound, a batch as a whole),
+//! listing and searching jobs page by page, one job with its timeline, bulk
+//! actions by filter, workers, and the dead letter listing paged by number.
+
+mod common;
+
+use common::TestServer;
+use serde_json::{Value, json};
+
+fn server() -> (tempfile::TempDir, TestServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    (dir, server)
+}
+
+/// Enqueues a job into `queue` that fails for good on its first attempt.
+fn discarded(server: &TestServer, queue: &str, marker: &str) -> String {
+    let id = server.enqueue(json!({
+        "type": "report.build",
+        "args": [{"marker": marker}],
+        "options": {"queue": queue, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}},
+    }));
+    assert_eq!(server.fetch(&[queue], 1)[0]["id"], id.as_str());
+    let nack = json!({"job_id": id, "error": {"type": "Boom", "message": format!("failed on {marker}")}});
+    assert_eq!(server.post("/svc/v1/workers/nack", nack).status, 200);
+    id
+}
+
+#[test]
+fn stats_and_queues_show_counts_per_state() {
+    let (_dir, server) = server();
+    server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "mail"}}));
+    server.enqueue(json!({"type": "t", "args": [2], "options": {"queue": "mail"}}));
+    server.fetch(&["mail"], 1);
+    discarded(&server, "reports", "a");
+
+    let stats = server.get("/svc/v1/admin/stats");
+    assert_eq!(stats.status, 200, "{}", stats.body);
+    assert_eq!(stats.body["jobs"]["available"], 1);
+    assert_eq!(stats.body["jobs"]["active"], 1);
+    assert_eq!(stats.body["jobs"]["discarded"], 1);
+    assert_eq!(stats.body["dead_letter"], 1);
+    assert_eq!(stats.body["throughput"]["failed_per_minute"], 1);
+    // `default` always exists; mail and reports hold jobs.
+    assert_eq!(stats.body["queues"], 3);
+
+    let queues = server.get("/svc/v1/admin/queues?per_page=2");
+    assert_eq!(queues.status, 200, "{}", queues.body);
+    let names: Vec<&str> =
+        queues.body["items"].as_array().unwrap().iter().map(|q| q["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["default", "mail"]);
+    assert_eq!(queues.body["items"][1]["counts"]["active"], 1);
+    assert_eq!(queues.body["items"][1]["depth"], 1);
+    assert_eq!(queues.body["pagination"]["total"], 3);
+    assert_eq!(queues.body["pagination"]["has_more"], true);
+    let second = server.get("/svc/v1/admin/queues?per_page=2&page=2");
+    assert_eq!(second.body["items"][0]["name"], "reports");
+    assert_eq!(second.body["pagination"]["page"], 2);
+    let cursor = queues.body["pagination"]["next_cursor"].as_str().unwrap();
+    let by_cursor = server.get(&format!("/svc/v1/admin/queues?limit=2&cursor={cursor}"));
+    assert_eq!(by_cursor.body["items"], second.body["items"]);
+
+    let paused = server.post_raw("/svc/v1/admin/queues/mail/pause", "", None);
+    assert_eq!((paused.status, &paused.body["paused"]), (200, &json!(true)), "{}", paused.body);
+    assert_eq!(server.get("/svc/v1/admin/queues/mail").body["queue"]["paused"], true);
+    let resumed = server.post_raw("/svc/v1/admin/queues/mail/resume", "", None);
+    assert_eq!(resumed.body["paused"], false);
+    assert_eq!(server.get("/svc/v1/admin/queues/nowhere").status, 404);
+    assert_eq!(server.get("/svc/v1/admin/queues?page=0").error_code(), "invalid_request");
+    assert_eq!(server.get("/svc/v1/admin/queues?page=200&per_page=100").error_code(), "invalid_request");
+}
+
+#[test]
+fn backpressure_refuses_past_the_bound_warns_before_it_and_survives_a_restart() {
+    let (dir, server) = server();
+    let config = json!({"backpressure": {"max_depth": 4, "strategy": "reject", "warning_threshold": 0.5}});
+    let set = server.put("/svc/v1/admin/queues/bounded/config", config);
+    assert_eq!(set.status, 200, "{}", set.body);
+    assert_eq!(set.body["backpressure"]["max_depth"], 4);
+
+    let job = |n: u64| json!({"type": "t", "args": [n], "options": {"queue": "bounded"}});
+    let first = server.post("/svc/v1/jobs", job(1));
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("x-svc-queue-pressure"), None, "below the warning threshold");
+    let second = server.post("/svc/v1/jobs", job(2));
+    assert_eq!(second.header("x-svc-queue-pressure"), Some("0.50"));
+
+    // Two waiting, room for two: a batch of three is refused whole.
+    let batch = server.post("/svc/v1/jobs/batch", json!({"jobs": [job(3), job(4), job(5)]}));
+    assert_eq!((batch.status, batch.error_code()), (429, "queue_full"), "{}", batch.body);
+    assert_eq!(batch.body["error"]["details"]["index"], 2);
+    assert_eq!(server.get("/svc/v1/admin/queues/bounded").body["queue"]["depth"], 2, "nothing of the batch stored");
+    assert_eq!(server.post("/svc/v1/jobs/batch", json!({"jobs": [job(3), job(4)]})).status, 201);
+
+    let refused = server.post("/svc/v1/jobs", job(6));
+    assert_eq!((refused.status, refused.error_code()), (429, "queue_full"));
+    assert_eq!(refused.body["error"]["retryable"], true);
+    assert_eq!(refused.header("x-svc-queue-depth"), Some("4"));
+    assert_eq!(refused.header("x-svc-queue-bound"), Some("4"));
+    assert!(refused.header("retry-after").is_some());
+    // Other queues are not bound.
+    server.enqueue(json!({"type": "t", "args": [], "options": {"queue": "free"}}));
+
+    // A claimed job no longer waits: room for one more.
+    server.fetch(&["bounded"], 1);
+    assert_eq!(server.post("/svc/v1/jobs", job(7)).status, 201);
+    assert_eq!(server.post("/svc/v1/jobs", job(8)).status, 429);
+
+    server.stop();
+    let server = TestServer::start(dir.path());
+    let config = server.get("/svc/v1/admin/queues/bounded/config");
+    assert_eq!(config.body["backpressure"]["max_depth"], 4, "the bound is durable");
+    assert_eq!(server.post("/svc/v1/jobs", job(9)).status, 429);
+
+    let removed = server.put("/svc/v1/admin/queues/bounded/config", json!({"backpressure": null}));
+    assert_eq!(removed.body["backpressure"], Value::Null);
+    assert_eq!(server.post("/svc/v1/jobs", job(10)).status, 201);
+
+    let bad = server.put("/svc/v1/admin/queues/bounded/config", json!({"backpressure": {"max_depth": 0}}));
+    assert_eq!((bad.status, bad.body["error"]["details"]["field"].as_str()), (400, Some("backpressure.max_depth")));
+    let bad =
+        server.put("/svc/v1/admin/queues/x/config", json!({"backpressure": {"max_depth": 3, "strategy": "drop"}}));
+    assert_eq!(bad.status, 400);
+}
+
+#[test]
+fn jobs_are_listed_filtered_searched_and_paged_without_repeats() {
+    let (_dir, server) = server();
+    let mut emails = Vec::new();
+    for n in 0..30 {
+        emails.push(server.enqueue(json!({"type": "email.send", "args": [{"to": format!("user{n}@example.com")}], "options": {"queue": "mail"}})));
+    }
+    server.enqueue(json!({"type": "sms.send", "args": [{"to": "+100"}], "options": {"queue": "mail"}}));
+    let failed = discarded(&server, "reports", "needle-in-error");
+
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(cursor) => format!("/svc/v1/admin/jobs?type=email.*&limit=7&cursor={cursor}"),
+            None => "/svc/v1/admin/jobs?type=email.*&limit=7".to_string(),
+        };
+        let page = server.get(&path);
+        assert_eq!(page.status, 200, "{}", page.body);
+        for job in page.body["items"].as_array().unwrap() {
+            assert_eq!(job["type"], "email.send");
+            seen.push(job["id"].as_str().unwrap().to_string());
+        }
+        match page.body["pagination"]["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    let mut expected = emails.clone();
+    expected.sort();
+    seen.sort();
+    assert_eq!(seen, expected, "every email job once");
+
+    let found = server.get("/svc/v1/admin/jobs?q=user17%40example.com");
+    let items = found.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{}", found.body);
+    assert_eq!(items[0]["id"], emails[17].as_str());
+
+    let by_error = server.get("/svc/v1/admin/jobs?q=needle-in-error&state=discarded");
+    assert_eq!(by_error.body["items"][0]["id"], failed.as_str());
+    assert_eq!(
+        server.get("/svc/v1/admin/jobs?state=discarded,available&queue=reports").body["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(server.get("/svc/v1/admin/jobs?since=2999-01-01T00:00:00Z").body["items"], json!([]));
+
+    assert_eq!(server.get("/svc/v1/admin/jobs?state=sleeping").error_code(), "invalid_request");
+    assert_eq!(server.get("/svc/v1/admin/jobs?cursor=bm9wZQ").error_code(), "invalid_request");
+    assert_eq!(server.get("/svc/v1/admin/jobs?since=yesterday").error_code(), "invalid_request");
+}
+
+#[test]
+fn a_job_in_full_carries_its_timeline() {
+    let (_dir, server) = server();
+    let id = discarded(&server, "reports", "x");
+    let detail = server.get(&format!("/svc/v1/admin/jobs/{id}"));
+    assert_eq!(detail.status, 200, "{}", detail.body);
+    assert_eq!((detail.body["id"].as_str(), detail.body["queue"].as_str()), (Some(id.as_str()), Some("reports")));
+    let events: Vec<&str> =
+        detail.body["timeline"].as_array().unwrap().iter().map(|entry| entry["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["created", "started", "failed", "discarded"], "{}", detail.body);
+    assert_eq!(detail.body["timeline"][2]["message"], "failed on x");
+    assert_eq!(server.get("/svc/v1/admin/jobs/019a0000-0000-7000-8000-000000000000").status, 404);
+    assert_eq!(server.get("/svc/v1/admin/jobs/nope").status, 404);
+}
+
+#[test]
+fn bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter() {
+    let (_dir, server) = server();
+    let failed: Vec<String> = (0..3).map(|n| discarded(&server, "reports", &n.to_string())).collect();
+    let waiting: Vec<String> =
+        (0..4).map(|n| server.enqueue(json!({"type": "t", "args": [n], "options": {"queue": "mail"}}))).collect();
+
+    let unconfirmed =
+        server.post("/svc/v1/admin/jobs/bulk/retry", json!({"filter": {"state": "discarded"}, "confirm": false}));
+    assert_eq!((unconfirmed.status, unconfirmed.error_code()), (400, "invalid_request"));
+    assert_eq!(server.get(&format!("/svc/v1/jobs/{}", failed[0])).body["job"]["state"], "discarded", "nothing changed");
+
+    let dry = server.post("/svc/v1/admin/jobs/bulk/retry", json!({"filter": {"queue": "reports"}, "dry_run": true}));
+    assert_eq!((dry.status, &dry.body["matched"], &dry.body["changed"]), (200, &json!(3), &json!(0)), "{}", dry.body);
+
+    let retried =
+        server.post("/svc/v1/admin/jobs/bulk/retry", json!({"filter": {"queue": "reports"}, "confirm": true}));
+    assert_eq!((&retried.body["matched"], &retried.body["changed"]), (&json!(3), &json!(3)), "{}", retried.body);
+    for id in &failed {
+        assert_eq!(server.job(id)["state"], "available");
+    }
+
+    let cancelled =
+        server.post("/svc/v1/admin/jobs/bulk/cancel", json!({"filter": {"queue": "mail"}, "confirm": true}));
+    assert_eq!(cancelled.body["changed"], 4);
+    let deleted =
+        server.post("/svc/v1/admin/jobs/bulk/delete", json!({"filter": {"state": ["cancelled"]}, "confirm": true}));
+    assert_eq!(deleted.body["changed"], 4);
+    for id in &waiting {
+        assert_eq!(server.get(&format!("/svc/v1/jobs/{id}")).status, 404);
+    }
+    // Delete leaves jobs that have not ended alone.
+    let none = server.post("/svc/v1/admin/jobs/bulk/delete", json!({"filter": {"queue": "reports"}, "confirm": true}));
+    assert_eq!(none.body["matched"], 0);
+    assert_eq!(server.job(&failed[0])["state"], "available");
+
+    assert_eq!(server.post("/svc/v1/admin/jobs/bulk/explode", json!({"confirm": true})).status, 404);
+    let typo = server.post("/svc/v1/admin/jobs/bulk/cancel", json!({"filter": {"queu": "mail"}, "confirm": true}));
+    assert_eq!(typo.body["error"]["details"]["field"], "filter.queu");
+}
+
+#[test]
+fn the_dead_letter_listing_pages_by_number_and_deletes_with_204() {
+    let (_dir, server) = server();
+    let ids: Vec<String> = (0..5).map(|n| discarded(&server, if n < 3 { "a" } else { "b" }, &n.to_string())).collect();
+
+    let page = server.get("/svc/v1/admin/dead-letter?per_page=2&page=2");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert_eq!(page.body["pagination"]["total"], 5);
+    assert_eq!(page.body["pagination"]["page"], 2);
+    // Newest first: the third and second newest.
+    assert_eq!(page.body["items"][0]["id"], ids[2].as_str());
+    assert_eq!(page.body["items"][1]["id"], ids[1].as_str());
+    assert_eq!(server.get("/svc/v1/admin/dead-letter?queue=b").body["pagination"]["total"], 2);
+    assert_eq!(server.get("/svc/v1/admin/dead-letter/stats").body["total"], 5);
+
+    let retried = server.post_raw(&format!("/svc/v1/admin/dead-letter/{}/retry", ids[0]), "", None);
+    assert_eq!((retried.status, &retried.body["job"]["state"]), (200, &json!("available")));
+    let deleted = server.delete(&format!("/svc/v1/admin/dead-letter/{}", ids[1]));
+    assert_eq!((deleted.status, &deleted.body), (204, &Value::Null));
+    assert_eq!(server.get(&format!("/svc/v1/jobs/{}", ids[1])).status, 404);
+    assert_eq!(server.get("/svc/v1/admin/dead-letter/stats").body["total"], 3);
+    assert_eq!(server.delete(&format!("/svc/v1/admin/dead-letter/{}", ids[1])).status, 404);
+}
+
+#[test]
+fn workers_are_listed_with_totals_and_can_be_signalled() {
+    let (_dir, server) = server();
+    for worker in ["w-1", "w-2"] {
+        let fetch = json!({"queues": ["default"], "count": 1, "worker_id": worker});
+        assert_eq!(server.post("/svc/v1/workers/fetch", fetch).status, 200);
+    }
+    let quiet = server.post_raw("/svc/v1/admin/workers/w-2/quiet", "", None);
+    assert_eq!((quiet.status, &quiet.body["worker"]["state"]), (200, &json!("quiet")), "{}", quiet.body);
+    let workers = server.get("/svc/v1/admin/workers");
+    assert_eq!(workers.status, 200, "{}", workers.body);
+    assert_eq!(workers.body["summary"], json!({"total": 2, "running": 1, "quiet": 1, "terminate": 0}));
+    assert_eq!(workers.body["pagination"]["total"], 2);
+    assert_eq!(workers.body["items"][0]["worker_id"], "w-1");
+}
