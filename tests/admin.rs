@@ -273,3 +273,73 @@ fn workers_are_listed_with_totals_and_can_be_signalled() {
     assert_eq!(workers.body["pagination"]["total"], 2);
     assert_eq!(workers.body["items"][0]["worker_id"], "w-1");
 }
+
+/// Reads a server-sent event stream over a plain socket.
+struct Stream {
+    reader: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl Stream {
+    fn open(server: &TestServer, path_and_query: &str, last_event_id: Option<&str>) -> Stream {
+        use std::io::Write;
+        let address = server.base().trim_start_matches("http://").to_string();
+        let mut socket = std::net::TcpStream::connect(&address).unwrap();
+        socket.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        let resume = last_event_id.map(|id| format!("Last-Event-ID: {id}\r\n")).unwrap_or_default();
+        write!(socket, "GET {path_and_query} HTTP/1.1\r\nHost: {address}\r\n{resume}\r\n").unwrap();
+        let mut stream = Stream { reader: std::io::BufReader::new(socket) };
+        let status = stream.line();
+        assert!(status.contains(" 200 "), "{status}");
+        let mut headers = Vec::new();
+        loop {
+            let line = stream.line();
+            if line.is_empty() {
+                break;
+            }
+            headers.push(line.to_ascii_lowercase());
+        }
+        assert!(headers.iter().any(|h| h == "content-type: text/event-stream"), "{headers:?}");
+        stream
+    }
+
+    fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("the stream goes on");
+        line.trim_end_matches(['\r', '\n']).to_string()
+    }
+
+    /// The next event: (id, type, data), skipping comments and chunk sizes.
+    fn next_event(&mut self) -> (String, String, Value) {
+        let (mut id, mut kind) = (String::new(), String::new());
+        loop {
+            let line = self.line();
+            if let Some(value) = line.strip_prefix("id: ") {
+                id = value.to_string();
+            } else if let Some(value) = line.strip_prefix("event: ") {
+                kind = value.to_string();
+            } else if let Some(data) = line.strip_prefix("data: ") {
+                return (id, kind, serde_json::from_str(data).unwrap());
+            }
+        }
+    }
+}
+
+#[test]
+fn live_events_stream_as_they_happen_filtered_and_resumable() {
+    let (_dir, server) = server();
+    server.enqueue(json!({"type": "t", "args": ["before the stream"], "options": {"queue": "mail"}}));
+    let mut stream = Stream::open(&server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", None);
+    server.enqueue(json!({"type": "t", "args": ["elsewhere"], "options": {"queue": "other"}}));
+    let first = server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "mail"}}));
+    let (first_event, kind, data) = stream.next_event();
+    assert_eq!(kind, "job.enqueued");
+    assert_eq!(data["type"], "job.enqueued", "the data is the event's envelope: {data}");
+    assert!(data.to_string().contains(&first), "the first event after opening is this job's: {data}");
+    drop(stream);
+
+    let second = server.enqueue(json!({"type": "t", "args": [2], "options": {"queue": "mail"}}));
+    let mut resumed = Stream::open(&server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", Some(&first_event));
+    let (_, _, data) = resumed.next_event();
+    assert!(data.to_string().contains(&second), "resumed after the last event seen: {data}");
+}

@@ -325,13 +325,20 @@ impl EventBuffer {
 
     /// Events after the one with id `after` (all when `None` or no longer held),
     /// that pass `keep`, at most `limit`. Also says whether more match and
-    /// whether `after` had dropped out of the buffer.
+    /// whether `after` had dropped out of the buffer. Ids order events, so
+    /// an id newer than the buffer's events (one made from a time) starts
+    /// after every event before it.
     pub fn page(&self, after: Option<&str>, limit: usize, keep: impl Fn(&Event) -> bool) -> EventPage {
         let (start, gap) = match after {
             None => (0, false),
-            Some(id) => match EventId::parse(id).and_then(|id| self.position(id)) {
-                Some(position) => (position + 1, false),
-                None => (0, true),
+            Some(id) => match EventId::parse(id) {
+                Some(id)
+                    if self.position(id).is_some()
+                        || self.events.front().is_some_and(|held| held.event.id.0 < id.0) =>
+                {
+                    (self.events.partition_point(|held| held.event.id.0 <= id.0), false)
+                }
+                _ => (0, true),
             },
         };
         let mut matching = self.events.range(start..).map(|held| &held.event).filter(|event| keep(event));
@@ -422,7 +429,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cursor_no_longer_held_starts_over_with_a_gap() {
+    fn a_cursor_older_than_the_buffer_starts_over_with_a_gap() {
         let (mut buffer, ids) = buffer_of(EVENT_BUFFER_MAX);
         let mut generator = IdGenerator::default();
         generator.observe(ids[ids.len() - 1].0);
@@ -436,8 +443,11 @@ mod tests {
         // The oldest event was dropped to make room.
         let page = buffer.page(Some(&ids[0].to_string()), 1, |_| true);
         assert_eq!((seqs(&page), page.gap), (vec![1], true));
-        let unknown = EventId(JobId(ids[5].0.0 + 1)).to_string();
-        assert!(buffer.page(Some(&unknown), 1, |_| true).gap);
+        // An id between two held ones (never issued, or made from a time)
+        // starts after the events before it, with nothing lost.
+        let between = EventId(JobId(ids[5].0.0 + 1)).to_string();
+        let page = buffer.page(Some(&between), 1, |_| true);
+        assert_eq!((seqs(&page), page.gap), (vec![6], false));
         let page = buffer.page(Some(&ids[1].to_string()), 1, |_| true);
         assert_eq!((seqs(&page), page.gap), (vec![2], false));
     }

@@ -28,7 +28,9 @@ pub struct AppState {
     pub started: Instant,
     pub request_timeout: Duration,
     /// Set once shutdown begins (`/ready` turns 503).
-    pub shutting_down: AtomicBool,
+    pub shutting_down: Arc<AtomicBool>,
+    /// Open event streams (`GET /events/stream`), bounded.
+    pub(super) event_streams: Arc<super::body::StreamSlots>,
     pub(super) request_ids: parking_lot::Mutex<IdGenerator>,
     /// The request rate limit, when configured.
     pub rate_limiter: Option<RateLimiter>,
@@ -77,7 +79,8 @@ impl AppState {
             metrics,
             started: Instant::now(),
             request_timeout,
-            shutting_down: AtomicBool::new(false),
+            shutting_down: Arc::new(AtomicBool::new(false)),
+            event_streams: Arc::default(),
             request_ids: parking_lot::Mutex::new(IdGenerator::default()),
             rate_limiter: None,
             auth: auth::Authenticator::default(),
@@ -181,11 +184,18 @@ pub struct Reply {
     pub status: StatusCode,
     pub body: String,
     pub headers: Vec<(HeaderName, String)>,
+    /// A body sent as it comes, in place of `body` (an event stream).
+    pub stream: Option<super::body::EventStream>,
 }
 
 impl Reply {
     pub fn ok(body: String) -> Self {
-        Self { status: StatusCode::OK, body, headers: Vec::new() }
+        Self { status: StatusCode::OK, body, headers: Vec::new(), stream: None }
+    }
+
+    pub fn streaming(mut self, stream: super::body::EventStream) -> Self {
+        self.stream = Some(stream);
+        self
     }
 
     pub fn with_status(mut self, status: StatusCode) -> Self {

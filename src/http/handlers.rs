@@ -22,6 +22,8 @@ pub async fn handle(app: &AppState, route: Route, query: &str, body: Bytes) -> R
         Route::Workers(route) => route.handle(app, query, &body).await,
         Route::Queues(route) => route.handle(app, query, &body).await,
         Route::Events => super::events::events(app, query).await,
+        // Served before its body is read (`respond`): it needs the headers.
+        Route::EventStream => Err(ApiError::new("not_found", "event streams are opened by respond")),
         Route::DeadLetter(route) => route.handle(app, query, &body).await,
         Route::Cron(route) => route.handle(app, query, &body).await,
         Route::Schemas(route) => route.handle(app, query, &body).await,

@@ -8,6 +8,7 @@
 mod admin;
 mod app;
 pub mod auth;
+pub mod body;
 pub mod connection;
 mod cron;
 mod dead_letter;
@@ -23,6 +24,7 @@ mod queues;
 pub mod rate_limit;
 mod router;
 mod schemas;
+pub mod stream;
 mod webhooks;
 mod workers;
 mod workflows;
@@ -55,7 +57,7 @@ pub async fn serve_request(
     app: Arc<AppState>,
     principal: Principal,
     request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+) -> Result<Response<body::ResponseBody>, std::convert::Infallible> {
     let started = Instant::now();
     let request_id = request_id(&app, request.headers());
     let mut label = None;
@@ -64,16 +66,20 @@ pub async fn serve_request(
         Ok(outcome) => outcome,
         Err(_) => Err(ApiError::new("timeout", "the request was not completed in time; its outcome is unknown")),
     };
-    let (status, body, headers) = match outcome {
-        Ok(reply) => (reply.status, reply.body, reply.headers),
-        Err(error) => (error.status(), error.body(&request_id).to_string(), error.headers),
+    let (status, body, headers, streamed) = match outcome {
+        Ok(reply) => (reply.status, reply.body, reply.headers, reply.stream),
+        Err(error) => (error.status(), error.body(&request_id).to_string(), error.headers, None),
     };
     let (index, method, template) = label.unwrap_or((router::UNKNOWN_ROUTE.0, "OTHER", router::UNKNOWN_ROUTE.1));
     let seconds = started.elapsed().as_secs_f64();
     app.metrics.request((index, template), method, status.as_u16(), seconds);
     // The route's template, never its path: ids and names stay out of logs.
     tracing::debug!(request_id = %request_id, method, route = template, status = status.as_u16(), seconds, "request");
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let body = match streamed {
+        Some(stream) => http_body_util::Either::Right(stream),
+        None => http_body_util::Either::Left(Full::new(Bytes::from(body))),
+    };
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     let response_headers = response.headers_mut();
     response_headers.insert(CONTENT_TYPE, HeaderValue::from_static(MEDIA_TYPE));
@@ -211,6 +217,9 @@ async fn respond(app: &AppState, route: Route, request: Request<Incoming>) -> Re
         check_version(request.headers())?;
     }
     let query = request.uri().query().unwrap_or("").to_string();
+    if route == Route::EventStream {
+        return stream::open(app, &query, request.headers());
+    }
     let body = if matches!(*request.method(), Method::POST | Method::PATCH | Method::PUT) {
         let limit =
             if route == Route::Jobs(jobs::JobRoute::Batch) { BATCH_BODY_BYTES_MAX } else { REQUEST_BODY_BYTES_MAX };

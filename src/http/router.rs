@@ -19,6 +19,8 @@ pub enum Route {
     Workers(super::workers::WorkerRoute),
     Queues(super::queues::QueueRoute),
     Events,
+    /// Live events, as server-sent events.
+    EventStream,
     DeadLetter(super::dead_letter::DeadLetterRoute),
     Cron(super::cron::CronRoute),
     Schemas(super::schemas::SchemaRoute),
@@ -48,6 +50,7 @@ impl Route {
             Workers(route) => route.template(),
             Queues(route) => route.template(),
             Events => (22, "GET", "/svc/v1/events"),
+            EventStream => (69, "GET", "/svc/v1/events/stream"),
             DeadLetter(route) => route.template(),
             Cron(route) => route.template(),
             OpenApi => (37, "GET", "/svc/v1/openapi.json"),
@@ -63,7 +66,7 @@ impl Route {
         use Route::*;
         match self {
             Manifest | Health | Ready | ErrorCatalog | Metrics | OpenApi => true,
-            Events => role == Role::Admin,
+            Events | EventStream => role == Role::Admin,
             Jobs(route) => route.allows(role),
             Workers(route) => route.allows(role),
             Workflows(route) => route.allows(role),
@@ -81,7 +84,7 @@ impl Route {
     #[cfg(test)]
     fn samples() -> Vec<Route> {
         use Route::*;
-        vec![Manifest, Health, Ready, ErrorCatalog, Metrics, Events, OpenApi]
+        vec![Manifest, Health, Ready, ErrorCatalog, Metrics, Events, EventStream, OpenApi]
             .into_iter()
             .chain(super::jobs::JobRoute::samples().into_iter().map(Route::Jobs))
             .chain(super::workers::WorkerRoute::samples().into_iter().map(Route::Workers))
@@ -154,6 +157,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
             super::queues::QueueRoute::choices(rest).into_iter().map(|(m, r)| (m, Route::Queues(r))).collect()
         }
         ["svc", "v1", "events"] => vec![(Method::GET, Route::Events)],
+        ["svc", "v1", "events", "stream"] => vec![(Method::GET, Route::EventStream)],
         ["svc", "v1", "dead-letter", rest @ ..] => super::dead_letter::DeadLetterRoute::choices(rest)
             .into_iter()
             .map(|(m, r)| (m, Route::DeadLetter(r)))
@@ -251,6 +255,14 @@ mod tests {
         documented.sort();
         routed.sort();
         assert_eq!(documented, routed);
+    }
+
+    #[test]
+    fn the_documented_error_codes_are_the_error_table() {
+        let document: serde_json::Value = serde_json::from_str(super::super::probes::OPENAPI).unwrap();
+        let codes = &document["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"];
+        let table: Vec<&str> = crate::http::ERROR_TABLE.iter().map(|row| row.0).collect();
+        assert_eq!(codes, &serde_json::json!(table));
     }
 
     #[test]
