@@ -71,6 +71,9 @@ pub struct Config {
     pub auth_failed_attempts_per_minute: u64,
     /// `GET /metrics` needs no key (`metrics.public`).
     pub metrics_public: bool,
+    /// Put before every dashboard link (`ui.prefix`): the path a reverse
+    /// proxy serves svc under, such as `/svc`; empty when served at the root.
+    pub ui_prefix: String,
     /// Without keys, the origins whose web pages may send requests
     /// (`http.allowed_origins`), as `scheme://host[:port]`.
     pub http_allowed_origins: Vec<String>,
@@ -113,6 +116,7 @@ impl Default for Config {
             api_keys: Vec::new(),
             auth_failed_attempts_per_minute: crate::http::auth::FAILED_ATTEMPTS_PER_MINUTE,
             metrics_public: false,
+            ui_prefix: String::new(),
             http_allowed_origins: Vec::new(),
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
@@ -144,6 +148,13 @@ struct FileConfig {
     auth: Option<AuthSection>,
     metrics: Option<MetricsSection>,
     webhooks: Option<WebhooksSection>,
+    ui: Option<UiSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UiSection {
+    prefix: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -201,7 +212,7 @@ impl KeyEntry {
             return Err("auth.keys: every key needs a name".to_string());
         }
         let role = Role::parse(&role)
-            .ok_or_else(|| format!("auth.keys {name}: role {role:?} is not admin, producer or worker"))?;
+            .ok_or_else(|| format!("auth.keys {name}: role {role:?} is not admin, producer, worker or viewer"))?;
         match (key, key_env, key_sha256) {
             (Some(key), None, None) => ApiKey::from_key(name, role, &key),
             (None, Some(variable), None) => {
@@ -325,6 +336,17 @@ impl Config {
     }
 
     fn apply_file(&mut self, file: FileConfig, env: &HashMap<String, String>) -> Result<(), String> {
+        if let Some(prefix) = file.ui.and_then(|ui| ui.prefix) {
+            let plain = prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"/-_.~".contains(&b));
+            if !(prefix.is_empty()
+                || (prefix.starts_with('/') && !prefix.ends_with('/') && !prefix.contains("//") && plain))
+            {
+                return Err(format!(
+                    "ui.prefix: {prefix:?} must be empty or a path such as \"/svc\" (a leading /, no trailing /)"
+                ));
+            }
+            self.ui_prefix = prefix;
+        }
         if let Some(public) = file.metrics.and_then(|metrics| metrics.public) {
             self.metrics_public = public;
         }

@@ -261,6 +261,7 @@ fn app_state(
     };
     let mut app = app.with_keys(config.api_keys.clone());
     app.metrics_public = config.metrics_public;
+    app.ui_prefix = config.ui_prefix.clone();
     app.webhooks_allow_private_targets = config.webhooks_allow_private_targets;
     app.webhook_client = Some(client);
     app.webhook_timeout = Duration::from_millis(config.webhooks_timeout_ms);

@@ -168,6 +168,10 @@ impl Backend for EngineHandle {
         EngineHandle::cancel_workflow(self, id)
     }
 
+    fn workflows_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Workflow>>> {
+        Pending::ready(Ok(EngineHandle::workflows_page(self, after, limit)))
+    }
+
     fn register_schema(&self, registration: SchemaRegistration) -> Pending<Arc<SchemaEntry>> {
         EngineHandle::register_schema(self, registration)
     }

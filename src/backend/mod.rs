@@ -130,6 +130,8 @@ pub trait Backend: Send + Sync + 'static {
     fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<JobId>;
     fn workflow(&self, id: JobId) -> Pending<Option<Arc<Workflow>>>;
     fn cancel_workflow(&self, id: JobId) -> Pending<()>;
+    /// Workflows by id (oldest first), running and ended ones still held.
+    fn workflows_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Workflow>>>;
 
     // Schemas.
 

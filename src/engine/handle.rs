@@ -358,6 +358,11 @@ impl EngineHandle {
         self.view.workflow(id)
     }
 
+    /// Up to `limit` workflows after `after`, by id, and whether more follow.
+    pub fn workflows_page(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
+        self.view.workflows_page(after, limit)
+    }
+
     /// A graceful shutdown begins: no more cron firings; workers seen in the
     /// last 90 s get a `worker.terminate` event.
     pub fn begin_drain(&self) -> Pending<()> {

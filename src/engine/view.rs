@@ -323,6 +323,11 @@ impl ReadView {
         self.workflows.get(&id)
     }
 
+    /// Up to `limit` workflows after `after`, by id (oldest first), and whether more follow.
+    pub fn workflows_page(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
+        self.workflows.page(after.as_ref(), limit, |_| true)
+    }
+
     pub(crate) fn queues(&self) -> Arc<QueueTable> {
         self.queues.read().clone()
     }

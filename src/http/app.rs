@@ -29,6 +29,11 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// Set once shutdown begins (`/ready` turns 503).
     pub shutting_down: Arc<AtomicBool>,
+    /// Signs dashboard sessions.
+    pub(super) session_key: super::ui::session::SessionKey,
+    /// Put before every dashboard link (`ui.prefix`): the path a reverse
+    /// proxy serves svc under.
+    pub ui_prefix: String,
     /// Open event streams (`GET /events/stream`), bounded.
     pub(super) event_streams: Arc<super::body::StreamSlots>,
     pub(super) request_ids: parking_lot::Mutex<IdGenerator>,
@@ -81,6 +86,8 @@ impl AppState {
             request_timeout,
             shutting_down: Arc::new(AtomicBool::new(false)),
             event_streams: Arc::default(),
+            session_key: super::ui::session::SessionKey::default(),
+            ui_prefix: String::new(),
             request_ids: parking_lot::Mutex::new(IdGenerator::default()),
             rate_limiter: None,
             auth: auth::Authenticator::default(),
@@ -149,6 +156,11 @@ impl AppState {
             requests: self.rate_limiter.as_ref().map(|limiter| limiter.principal(address)),
             failed_attempts: self.failed_attempts.as_ref().map(|limiter| limiter.principal(attempts_key(address))),
         }
+    }
+
+    /// A dashboard link: `path` (empty: the overview) under the prefix.
+    pub fn ui_link(&self, path: &str) -> String {
+        format!("{}{}{path}", self.ui_prefix, super::ui::session::UI_PATH)
     }
 
     pub fn is_shutting_down(&self) -> bool {

@@ -20,6 +20,9 @@ pub enum Role {
     Producer,
     /// Fetch, ack, nack, heartbeat; read jobs.
     Worker,
+    /// Read what an operator reads (every `GET` but webhook
+    /// subscriptions), and the dashboard without its buttons.
+    Viewer,
 }
 
 impl Role {
@@ -28,6 +31,7 @@ impl Role {
             "admin" => Some(Role::Admin),
             "producer" => Some(Role::Producer),
             "worker" => Some(Role::Worker),
+            "viewer" => Some(Role::Viewer),
             _ => None,
         }
     }
@@ -37,6 +41,7 @@ impl Role {
             Role::Admin => "admin",
             Role::Producer => "producer",
             Role::Worker => "worker",
+            Role::Viewer => "viewer",
         }
     }
 }
@@ -229,6 +234,20 @@ impl BrowserGuard {
     /// 403 for a request from a web page not allowed, or for another host's
     /// name: in the `Host` header (one, of visible ASCII, a well-formed
     /// `host[:port]`) and in the authority of an absolute-form target.
+    /// As [`BrowserGuard::check`], for the dashboard's own pages: their
+    /// forms may also come from the origin of the host they were served on.
+    pub fn check_own_page(&self, uri: &hyper::Uri, headers: &HeaderMap) -> Result<(), ApiError> {
+        let host = headers.get(hyper::header::HOST).and_then(|value| value.to_str().ok()).unwrap_or("");
+        let own = |origin: &str| {
+            ["http://", "https://"].iter().any(|scheme| origin.trim().eq_ignore_ascii_case(&format!("{scheme}{host}")))
+        };
+        let mut without_own = headers.clone();
+        if headers.get_all(hyper::header::ORIGIN).iter().all(|origin| origin.to_str().is_ok_and(own)) {
+            without_own.remove(hyper::header::ORIGIN);
+        }
+        self.check(uri, &without_own)
+    }
+
     pub fn check(&self, uri: &hyper::Uri, headers: &HeaderMap) -> Result<(), ApiError> {
         for origin in headers.get_all(hyper::header::ORIGIN) {
             let allowed = origin.to_str().is_ok_and(|origin| {

@@ -25,6 +25,7 @@ pub mod rate_limit;
 mod router;
 mod schemas;
 pub mod stream;
+pub mod ui;
 mod webhooks;
 mod workers;
 mod workflows;
@@ -50,6 +51,11 @@ const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The metrics labels of the dashboard's pages and actions (after the
+/// API's routes, below `metrics::ROUTES_MAX`).
+const UI_PAGES: (usize, &str, &str) = (70, "GET", "/ui");
+const UI_ACTIONS: (usize, &str, &str) = (71, "POST", "/ui");
 
 /// Serves one request; never fails (every error becomes an error body).
 /// `principal` holds the client's windows ([`AppState::principal`]).
@@ -125,6 +131,11 @@ async fn dispatch(
     request: Request<Incoming>,
     label: &mut Option<(usize, &'static str, &'static str)>,
 ) -> Result<Reply, ApiError> {
+    if ui::is_ui_path(request.uri().path()) {
+        // The dashboard has its own sign-in (a session cookie) and forms.
+        *label = Some(if request.method() == Method::POST { UI_ACTIONS } else { UI_PAGES });
+        return Ok(ui::serve(app, client, request).await);
+    }
     let route = router::route(request.method(), request.uri().path());
     *label = route.as_ref().ok().map(Route::template);
     if let Some(guard) = &app.browser_guard {

@@ -64,6 +64,10 @@ impl Route {
     /// Whether `role` may use this route (public routes need no key at all).
     pub fn allowed_for(&self, role: Role) -> bool {
         use Route::*;
+        if role == Role::Viewer {
+            // Reads only, and not webhook subscriptions (their URLs may hold secrets).
+            return self.template().1 == "GET" && !matches!(self, Webhooks(_));
+        }
         match self {
             Manifest | Health | Ready | ErrorCatalog | Metrics | OpenApi => true,
             Events | EventStream => role == Role::Admin,
@@ -214,6 +218,11 @@ mod tests {
         );
         let crons = Route::Cron(crate::http::cron::CronRoute::List);
         assert!(crons.allowed_for(Role::Admin) && !crons.allowed_for(Role::Producer));
+        assert!(crons.allowed_for(Role::Viewer), "a viewer reads");
+        let pause = Route::Admin(crate::http::admin::AdminRoute::PauseQueue("q".into(), true));
+        assert!(pause.allowed_for(Role::Admin) && !pause.allowed_for(Role::Viewer), "a viewer does not act");
+        let webhooks = Route::Webhooks(crate::http::webhooks::WebhookRoute::List);
+        assert!(!webhooks.allowed_for(Role::Viewer));
     }
 
     #[test]

@@ -51,6 +51,7 @@ pub(super) fn open(app: &AppState, query: &str, headers: &HeaderMap) -> Result<R
             EventId(crate::job::IdGenerator::default().next(now, 0)).to_string()
         }
     };
+    let named = query_value(&pairs, "unnamed") != Some("1");
     let slot = app.event_streams.take().ok_or_else(|| {
         ApiError::new("backend_error", format!("{STREAMS_MAX} event streams are open; retry shortly"))
             .detail("reason", "streams")
@@ -63,6 +64,7 @@ pub(super) fn open(app: &AppState, query: &str, headers: &HeaderMap) -> Result<R
         filter,
         after,
         report_gap: resume.is_some(),
+        named,
         sender,
         _slot: slot,
     };
@@ -81,6 +83,9 @@ struct StreamTask {
     after: String,
     /// Whether to say so when `after` is no longer held.
     report_gap: bool,
+    /// Whether each event names its type (`event:`); unnamed ones all
+    /// reach a browser's `onmessage`.
+    named: bool,
     sender: tokio::sync::mpsc::Sender<Bytes>,
     _slot: StreamSlot,
 }
@@ -108,7 +113,11 @@ impl StreamTask {
             let mut chunk = String::new();
             for event in &page.events {
                 let id = event.id.to_string();
-                chunk.push_str(&format!("id: {id}\nevent: {}\ndata: ", event.kind.type_name()));
+                chunk.push_str(&format!("id: {id}\n"));
+                if self.named {
+                    chunk.push_str(&format!("event: {}\n", event.kind.type_name()));
+                }
+                chunk.push_str("data: ");
                 chunk.push_str(&crate::wire::render_event(event));
                 chunk.push_str("\n\n");
                 self.after = id;
