@@ -85,6 +85,7 @@ fn every_page_renders_escaped_with_its_security_headers() {
     }
     let job = get(&client, &server, &format!("/ui/jobs/{hostile}"));
     assert!(job.html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{}", job.html);
+    assert!(job.html.contains("<strong>created</strong>"), "the timeline: {}", job.html);
     assert!(get(&client, &server, "/ui/scheduled").html.contains("later"));
     assert!(get(&client, &server, &format!("/ui/workflows/{workflow}")).html.contains("chain"));
     assert_eq!(get(&client, &server, "/ui/jobs/nope").status, 404);

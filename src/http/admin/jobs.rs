@@ -100,7 +100,7 @@ pub(super) async fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
 /// The job's state changes that its times record, oldest first: created,
 /// scheduled, enqueued, each failed attempt, the current attempt's start,
 /// a retry's time, and how it ended.
-fn timeline(job: &Job) -> Value {
+pub(in crate::http) fn timeline(job: &Job) -> Value {
     let mut entries: Vec<(i64, Value)> = Vec::new();
     let mut push = |at: Option<i64>, event: &str, more: Value| {
         if let Some(at) = at {

@@ -6,7 +6,7 @@
 //! The routes are here with the overview, workers and the dead letter
 //! listing; jobs are in `jobs.rs`, queues in `queues.rs`.
 
-mod jobs;
+pub(super) mod jobs;
 mod queues;
 
 use hyper::{Method, StatusCode};

@@ -241,6 +241,7 @@ async fn job(app: &AppState, viewer: &Viewer, id: &str, query: &Query) -> Result
     let job = app.backend.job(parsed).outcome().await?.ok_or_else(|| ApiError::not_found("job", id))?;
     let here = app.ui_link(&format!("/jobs/{}", job.id));
     let run = job.run();
+    let timeline = super::super::admin::jobs::timeline(&job);
     let body = html! {
         p { (state_badge(job.state)) " " (job.payload.job_type()) " in "
             a href=(app.ui_link(&format!("/queues/{}", super::layout::encode(&job.queue)))) { (job.queue.as_ref() as &str) }
@@ -258,6 +259,16 @@ async fn job(app: &AppState, viewer: &Viewer, id: &str, query: &Query) -> Result
             dt { "Worker" } dd { (run.worker_id.as_deref().unwrap_or("—")) }
             @if let Some(progress) = job.progress() {
                 dt { "Progress" } dd { (format!("{:.0}%", progress.fraction * 100.0)) " " (progress.message.as_deref().unwrap_or("")) }
+            }
+        }
+        h2 { "Timeline" }
+        ol.timeline {
+            @for entry in timeline.as_array().into_iter().flatten() {
+                li {
+                    code { (entry["at"].as_str().unwrap_or("")) } " " strong { (entry["event"].as_str().unwrap_or("")) }
+                    @if let Some(message) = entry["message"].as_str() { ": " (message) }
+                    @if let Some(worker) = entry["worker_id"].as_str() { " by " (worker) }
+                }
             }
         }
         h2 { "Args" } (json_block(job.payload.args()))
