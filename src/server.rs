@@ -151,6 +151,7 @@ pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<Running
     let pool = Pool::attach(&mut engine_config, client.clone(), config.webhooks_priority);
     let engine = Engine::open(engine_config).map_err(ServerError::Storage)?;
     let deliveries = pool.spawn(engine.handle().clone()).map_err(ServerError::Runtime)?;
+    runtime.spawn(save_throughput_every_minute(engine.handle().clone(), config.data_dir.clone()));
     let handle = engine.handle().clone();
     let (control, controls) = mpsc::unbounded_channel();
     let timeout = Duration::from_millis(config.request_timeout_ms);
@@ -184,6 +185,7 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
     let pool = Pool::attach(&mut settings, client.clone(), config.webhooks_priority);
     let engine = Engine::open(settings).map_err(ServerError::Storage)?;
     let deliveries = pool.spawn(engine.handle().clone()).map_err(ServerError::Runtime)?;
+    runtime.spawn(save_throughput_every_minute(engine.handle().clone(), config.data_dir.clone()));
     let caps = ConnectionCaps::for_config(config, open_file_limit);
     tracing::info!(
         address = %addr,
@@ -266,6 +268,21 @@ fn app_state(
     app.webhook_client = Some(client);
     app.webhook_timeout = Duration::from_millis(config.webhooks_timeout_ms);
     app.with_access_checks(config)
+}
+
+/// Writes the per-minute throughput history to the data dir every minute,
+/// so that a crash loses at most a minute of it (a clean stop writes it too).
+async fn save_throughput_every_minute(engine: crate::engine::EngineHandle, dir: std::path::PathBuf) {
+    let mut every = tokio::time::interval(Duration::from_secs(60));
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let (engine, dir) = (engine.clone(), dir.clone());
+        let saved = tokio::task::spawn_blocking(move || engine.save_throughput(&dir)).await;
+        if let Ok(Err(error)) = saved {
+            tracing::warn!(%error, "the throughput history was not saved");
+        }
+    }
 }
 
 /// Stops the delivery pool once the engine has stopped: attempts still in

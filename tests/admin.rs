@@ -343,3 +343,24 @@ fn live_events_stream_as_they_happen_filtered_and_resumable() {
     let (_, _, data) = resumed.next_event();
     assert!(data.to_string().contains(&second), "resumed after the last event seen: {data}");
 }
+
+#[test]
+fn throughput_per_minute_is_kept_across_a_restart() {
+    let (dir, server) = server();
+    let job = server.enqueue(json!({"type": "t", "args": [], "options": {"queue": "mail"}}));
+    server.fetch(&["mail"], 1);
+    assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": job})).status, 200);
+    discarded(&server, "mail", "x");
+    let minutes = |server: &TestServer, path: &str, pointer: &str| server.get(path).body.pointer(pointer).cloned().unwrap();
+    let before = minutes(&server, "/svc/v1/admin/stats", "/throughput/per_minute");
+    let total = |minutes: &Value, key: &str| minutes.as_array().unwrap().iter().map(|m| m[key].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((total(&before, "completed"), total(&before, "failed")), (1, 1), "{before}");
+    server.stop();
+    assert!(dir.path().join("throughput.json").exists());
+
+    let server = TestServer::start(dir.path());
+    let after = minutes(&server, "/svc/v1/admin/stats", "/throughput/per_minute");
+    assert_eq!(after, before, "the minutes come back after a restart");
+    let queue = minutes(&server, "/svc/v1/admin/queues/mail", "/queue/throughput/per_minute");
+    assert_eq!(total(&queue, "completed"), 1);
+}

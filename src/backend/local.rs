@@ -9,8 +9,8 @@ use crate::cron::CronDefinition;
 use crate::engine::{
     AckMany, AckOutcome, Backpressure, BulkAction, BulkJobs, BulkOutcome, Cancelled, ConfigureQueue, CronEntry,
     DeadLetterCursor, EngineFailure, EngineHandle, Enqueued, EventPage, FetchRequest, HeartbeatOutcome, JobCursor,
-    JobFilter, JobsPage, Overview, PauseQueue, Pending, QueueStats, QueueSummary, ReportProgress, WebhookChange,
-    WorkerEntry, WorkerSignal, WorkerState, Workflow,
+    JobFilter, JobsPage, MinuteCount, Overview, PauseQueue, Pending, QueueStats, QueueSummary, ReportProgress,
+    WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -112,6 +112,10 @@ impl Backend for EngineHandle {
 
     fn overview(&self) -> Pending<Overview> {
         Pending::ready(Ok(EngineHandle::overview(self)))
+    }
+
+    fn throughput_minutes(&self, queue: Option<String>) -> Pending<Vec<MinuteCount>> {
+        Pending::ready(Ok(EngineHandle::throughput_minutes(self, queue.as_deref())))
     }
 
     fn dead_letter_page(

@@ -20,7 +20,8 @@ use crate::cron::CronDefinition;
 use crate::engine::{
     AckMany, AckOutcome, Backpressure, BulkAction, BulkOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineError,
     EngineFailure, Enqueued, Event, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage,
-    Overview, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
+    MinuteCount, Overview, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState,
+    Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -97,6 +98,9 @@ pub trait Backend: Send + Sync + 'static {
     fn configure_queue(&self, name: String, backpressure: Option<Backpressure>) -> Pending<QueueSummary>;
     /// Totals across queues, workers and the dead letter listing.
     fn overview(&self) -> Pending<Overview>;
+    /// Jobs completed and attempts failed per minute over the last 24
+    /// hours, of one queue or of all: the minutes with counts, oldest first.
+    fn throughput_minutes(&self, queue: Option<String>) -> Pending<Vec<MinuteCount>>;
 
     // The dead letter listing.
 

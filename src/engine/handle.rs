@@ -457,6 +457,18 @@ impl EngineHandle {
         overview
     }
 
+    /// Jobs completed and attempts failed per minute over the last 24
+    /// hours (minutes with counts only, oldest first): of one queue, or all.
+    pub fn throughput_minutes(&self, queue: Option<&str>) -> Vec<super::MinuteCount> {
+        self.view.throughput_minutes(queue, self.clock.now_ms())
+    }
+
+    /// Writes the per-minute history to `dir` (the data dir), as a clean
+    /// stop does; the server does it every minute.
+    pub fn save_throughput(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        self.view.save_throughput(dir)
+    }
+
     /// How many jobs of `queue` (or of all queues) the dead letter listing holds.
     pub fn dead_letter_count(&self, queue: Option<&str>) -> u64 {
         match queue {

@@ -28,6 +28,7 @@ mod schemas;
 mod snapshot;
 mod state;
 mod table;
+mod throughput;
 mod view;
 mod webhooks;
 pub mod workers;
@@ -58,6 +59,7 @@ pub use schemas::{DeleteSchema, RegisterSchema};
 pub use state::Retention;
 #[doc(hidden)]
 pub use state::State;
+pub use throughput::MinuteCount;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
 pub use webhooks::outbox;
 pub use webhooks::{AttemptOutcome, AttemptResult, WebhookChange};
@@ -139,6 +141,7 @@ impl EngineConfig {
 pub struct Engine {
     handle: EngineHandle,
     thread: Option<JoinHandle<()>>,
+    data_dir: PathBuf,
     _lock: DataDirLock,
 }
 
@@ -185,6 +188,7 @@ impl Engine {
         }
         let (sender, inbox) = inbox::inbox(ENGINE_INBOX_MAX, ENGINE_INBOX_BYTES_MAX);
         let view = Arc::new(ReadView::new(state.jobs.shared()));
+        view.load_throughput(&config.data_dir);
         // The engine's time never goes back, not even across a restart.
         let clock: Arc<dyn Clock> = Arc::new(SteadyClock::new(config.clock, state.latest_at()));
         let handle =
@@ -234,7 +238,7 @@ impl Engine {
         // The writer publishes the recovered state before it takes commands;
         // a probe makes `open` return only once reads see it.
         let _ = handle.probe().wait();
-        Ok(Engine { handle, thread: Some(thread), _lock: lock })
+        Ok(Engine { handle, thread: Some(thread), data_dir: config.data_dir.clone(), _lock: lock })
     }
 
     pub fn handle(&self) -> &EngineHandle {
@@ -258,6 +262,9 @@ impl Engine {
         if let Some(thread) = self.thread.take() {
             let _ = self.handle.shutdown(snapshot).wait();
             let _ = thread.join();
+            if snapshot && let Err(error) = self.handle.save_throughput(&self.data_dir) {
+                tracing::warn!(%error, "the throughput history was not saved");
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ use super::events::{Event, EventBuffer, EventKind, EventPage};
 use super::job_table::{DeadLetterKey, SHARDS, SharedJobs};
 use super::jobs::listing::{JobCursor, JobFilter, JobsPage, SCAN_BUDGET};
 use super::table::{Published, take_page};
+use super::throughput::{MinuteCount, Throughput};
 use super::workers::entry::{WorkerEntry, WorkerState};
 use super::workflows::table::Workflow;
 use crate::clock::Millis;
@@ -43,39 +44,6 @@ impl QueueSummary {
     /// Jobs not yet finished.
     pub fn size(&self) -> u64 {
         JobState::ALL.iter().filter(|state| !state.is_terminal()).map(|state| self.count(*state)).sum()
-    }
-}
-
-/// Jobs completed and attempts failed in a queue, per second over the last
-/// minute (soft state: it starts empty after a restart).
-#[derive(Debug, Clone)]
-struct Throughput {
-    /// (second, completed, failed), one slot per second modulo 60.
-    slots: [(i64, u64, u64); 60],
-}
-
-impl Default for Throughput {
-    fn default() -> Self {
-        Throughput { slots: [(i64::MIN, 0, 0); 60] }
-    }
-}
-
-impl Throughput {
-    fn count(&mut self, at: Millis, completed: u64, failed: u64) {
-        let second = at.div_euclid(1000);
-        let slot = &mut self.slots[second.rem_euclid(60) as usize];
-        if slot.0 != second {
-            *slot = (second, 0, 0);
-        }
-        slot.1 += completed;
-        slot.2 += failed;
-    }
-
-    /// (completed, failed) in the 60 s up to `now`.
-    fn last_minute(&self, now: Millis) -> (u64, u64) {
-        let second = now.div_euclid(1000);
-        let recent = self.slots.iter().filter(|slot| slot.0 > second - 60 && slot.0 <= second);
-        recent.fold((0, 0), |(completed, failed), slot| (completed + slot.1, failed + slot.2))
     }
 }
 
@@ -420,6 +388,27 @@ impl ReadView {
     /// A queue's jobs completed and attempts failed in the 60 s up to `now`.
     pub fn throughput(&self, queue: &str, now: Millis) -> (u64, u64) {
         self.throughput.lock().get(queue).map_or((0, 0), |throughput| throughput.last_minute(now))
+    }
+
+    /// The minutes of the 24 hours up to `now` with counts, oldest first:
+    /// of one queue, or of all together.
+    pub fn throughput_minutes(&self, queue: Option<&str>, now: Millis) -> Vec<MinuteCount> {
+        let throughput = self.throughput.lock();
+        match queue {
+            Some(queue) => throughput.get(queue).map(|held| held.minutes(now).collect()).unwrap_or_default(),
+            None => throughput.values().fold(Vec::new(), |all, held| super::throughput::merge(all, held.minutes(now))),
+        }
+    }
+
+    /// Writes the minutes to the data dir (`throughput.rs`).
+    pub(crate) fn save_throughput(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        let held = self.throughput.lock().clone();
+        super::throughput::save(dir, &held)
+    }
+
+    /// Takes the minutes a previous run saved.
+    pub(crate) fn load_throughput(&self, dir: &std::path::Path) {
+        *self.throughput.lock() = super::throughput::load(dir);
     }
 }
 

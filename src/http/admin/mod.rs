@@ -252,6 +252,7 @@ fn queue_filter(pairs: &[(String, String)]) -> Result<Option<String>, ApiError> 
 /// `GET /admin/stats`: totals across queues, workers and the dead letter listing.
 async fn stats(app: &AppState) -> Result<Reply, ApiError> {
     let overview = app.backend.overview().outcome().await?;
+    let minutes = app.backend.throughput_minutes(None).outcome().await?;
     let mut workers_by_state = serde_json::Map::new();
     for (state, count) in &overview.workers_by_state {
         workers_by_state.insert(state.as_str().to_string(), (*count).into());
@@ -266,9 +267,19 @@ async fn stats(app: &AppState) -> Result<Reply, ApiError> {
         "throughput": {
             "processed_per_minute": overview.completed_last_minute,
             "failed_per_minute": overview.failed_last_minute,
+            "per_minute": render_minutes(&minutes),
         },
     });
     Ok(Reply::ok(body.to_string()))
+}
+
+/// The minutes of the last 24 hours with counts: `[{minute, completed, failed}]`.
+fn render_minutes(minutes: &[crate::engine::MinuteCount]) -> Value {
+    use crate::job::time::format_timestamp;
+    minutes
+        .iter()
+        .map(|counts| json!({"minute": format_timestamp(counts.minute), "completed": counts.completed, "failed": counts.failed}))
+        .collect()
 }
 
 /// `GET /admin/workers`: by worker id, with totals by state.

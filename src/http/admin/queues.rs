@@ -65,10 +65,12 @@ pub(super) async fn get(app: &AppState, name: &str) -> Result<Reply, ApiError> {
         .outcome()
         .await?
         .ok_or_else(|| ApiError::not_found("queue", name.to_string()))?;
+    let minutes = app.backend.throughput_minutes(Some(name.to_string())).outcome().await?;
     let mut body = render_queue(&stats.summary);
     body["throughput"] = json!({
         "completed_last_minute": stats.completed_last_minute,
         "failed_last_minute": stats.failed_last_minute,
+        "per_minute": super::render_minutes(&minutes),
     });
     Ok(Reply::ok(json!({"queue": body}).to_string()))
 }

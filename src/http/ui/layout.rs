@@ -255,3 +255,44 @@ pub(super) fn json_block(text: &str) -> Markup {
         .unwrap_or_else(|| text.to_string());
     html! { pre { code { (pretty) } } }
 }
+
+/// Jobs completed and failed over the last 24 hours as a bar chart drawn
+/// on the server: one bar per 10 minutes, completed up, failed down.
+pub(super) fn throughput_chart(minutes: &[crate::engine::MinuteCount], now: i64) -> Markup {
+    const BUCKETS: usize = 144;
+    const BUCKET_MS: i64 = 10 * 60_000;
+    let (width, height) = (720.0, 120.0);
+    let start = now - BUCKETS as i64 * BUCKET_MS;
+    let mut buckets = [(0u64, 0u64); BUCKETS];
+    for counts in minutes {
+        let place = (counts.minute - start).div_euclid(BUCKET_MS);
+        if (0..BUCKETS as i64).contains(&place) {
+            buckets[place as usize].0 += counts.completed;
+            buckets[place as usize].1 += counts.failed;
+        }
+    }
+    let top = buckets.iter().map(|(completed, failed)| (*completed).max(*failed)).max().unwrap_or(0).max(1) as f64;
+    let bar = width / BUCKETS as f64;
+    let middle = height / 2.0;
+    let scale = |count: u64| count as f64 / top * (middle - 2.0);
+    let total: (u64, u64) = buckets.iter().fold((0, 0), |sum, bucket| (sum.0 + bucket.0, sum.1 + bucket.1));
+    html! {
+        figure.chart {
+            svg viewBox=(format!("0 0 {width} {height}")) role="img"
+                aria-label=(format!("Last 24 hours: {} completed, {} failed", total.0, total.1)) {
+                line x1="0" x2=(width) y1=(middle) y2=(middle) class="axis" {}
+                @for (index, (completed, failed)) in buckets.iter().enumerate() {
+                    @if *completed > 0 {
+                        rect.completed x=(format!("{:.1}", index as f64 * bar)) y=(format!("{:.1}", middle - scale(*completed)))
+                            width=(format!("{:.1}", bar * 0.8)) height=(format!("{:.1}", scale(*completed))) {}
+                    }
+                    @if *failed > 0 {
+                        rect.failed x=(format!("{:.1}", index as f64 * bar)) y=(middle)
+                            width=(format!("{:.1}", bar * 0.8)) height=(format!("{:.1}", scale(*failed))) {}
+                    }
+                }
+            }
+            figcaption { "Last 24 hours, per 10 minutes: " (total.0) " completed (up), " (total.1) " failed (down)." }
+        }
+    }
+}

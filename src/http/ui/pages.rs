@@ -4,7 +4,9 @@ use maud::{Markup, html};
 
 use super::super::error::ApiError;
 use super::super::{AppState, Reply};
-use super::layout::{button, clip, counts, frame, jobs_table, json_block, next_link, state_badge, time};
+use super::layout::{
+    button, clip, counts, frame, jobs_table, json_block, next_link, state_badge, throughput_chart, time,
+};
 use super::{Viewer, page as html_page};
 use crate::engine::{JobCursor, JobFilter};
 use crate::job::time::parse_timestamp;
@@ -50,6 +52,8 @@ pub(super) async fn page(app: &AppState, viewer: &Viewer, rest: &[&str], query: 
 
 async fn overview(app: &AppState, viewer: &Viewer, query: &Query) -> Result<Markup, ApiError> {
     let overview = app.backend.overview().outcome().await?;
+    let minutes = app.backend.throughput_minutes(None).outcome().await?;
+    let now = crate::clock::Clock::now_ms(app.clock.as_ref());
     let (queues, has_more) = app.backend.queues_page(None, ROWS).outcome().await?;
     let body = html! {
         section.figures {
@@ -59,6 +63,8 @@ async fn overview(app: &AppState, viewer: &Viewer, query: &Query) -> Result<Mark
             div { span.figure { (overview.completed_last_minute) } " completed in the last minute" }
             div { span.figure { (overview.failed_last_minute) } " failed in the last minute" }
         }
+        h2 { "Throughput" }
+        (throughput_chart(&minutes, now))
         h2 { "Jobs by state" }
         (counts(|state| overview.count(state)))
         h2 { "Queues" }
@@ -114,6 +120,8 @@ async fn queue(app: &AppState, viewer: &Viewer, name: &str, query: &Query) -> Re
         app.backend.queue_stats(name.to_string()).outcome().await?.ok_or_else(|| ApiError::not_found("queue", name))?;
     let summary = &stats.summary;
     let jobs = app.backend.jobs_page(JobFilter::all().queue(name), None, ROWS).outcome().await?;
+    let minutes = app.backend.throughput_minutes(Some(name.to_string())).outcome().await?;
+    let now = crate::clock::Clock::now_ms(app.clock.as_ref());
     let here = app.ui_link(&format!("/queues/{}", super::layout::encode(name)));
     let body = html! {
         p {
@@ -128,6 +136,7 @@ async fn queue(app: &AppState, viewer: &Viewer, name: &str, query: &Query) -> Re
                 "." }
         }
         (counts(|state| summary.count(state)))
+        (throughput_chart(&minutes, now))
         @if viewer.may_act() {
             h2 { "Purge" }
             form.inline method="post" action=(app.ui_link("/jobs/bulk/delete")) {
