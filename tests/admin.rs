@@ -351,9 +351,11 @@ fn throughput_per_minute_is_kept_across_a_restart() {
     server.fetch(&["mail"], 1);
     assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": job})).status, 200);
     discarded(&server, "mail", "x");
-    let minutes = |server: &TestServer, path: &str, pointer: &str| server.get(path).body.pointer(pointer).cloned().unwrap();
+    let minutes =
+        |server: &TestServer, path: &str, pointer: &str| server.get(path).body.pointer(pointer).cloned().unwrap();
     let before = minutes(&server, "/svc/v1/admin/stats", "/throughput/per_minute");
-    let total = |minutes: &Value, key: &str| minutes.as_array().unwrap().iter().map(|m| m[key].as_u64().unwrap()).sum::<u64>();
+    let total =
+        |minutes: &Value, key: &str| minutes.as_array().unwrap().iter().map(|m| m[key].as_u64().unwrap()).sum::<u64>();
     assert_eq!((total(&before, "completed"), total(&before, "failed")), (1, 1), "{before}");
     server.stop();
     assert!(dir.path().join("throughput.json").exists());

@@ -194,30 +194,29 @@ impl SharedJobs {
         self.shard(id).read().find(Held::table_hash(hash), |held| held.is(hash, id)).map(Held::handle)
     }
 
-    /// The jobs of one shard with ids above `after` that pass `keep`, in id
-    /// order. The shard's read lock is held while its jobs are looked at,
-    /// not while they are sorted.
-    /// Also says how many jobs the shard held.
-    pub(crate) fn shard_jobs(
+    /// The ids of one shard's jobs above `after` that pass `keep`, in id
+    /// order, and how many jobs the shard held. Only ids are copied under
+    /// the shard's read lock; they are sorted after it is released, by
+    /// value (sorting the jobs by their ids would read two jobs at every
+    /// comparison).
+    pub(crate) fn shard_ids(
         &self,
         shard: usize,
         after: Option<JobId>,
         keep: impl Fn(&Job) -> bool,
-    ) -> (Vec<Arc<Job>>, usize) {
-        let (mut jobs, held): (Vec<Arc<Job>>, usize) = {
+    ) -> (Vec<JobId>, usize) {
+        let (mut ids, held): (Vec<JobId>, usize) = {
             let set = self.shards[shard].read();
             let kept = set
                 .iter()
-                .filter(|held| {
-                    let job = held.job();
-                    after.is_none_or(|after| job.id > after) && keep(job)
-                })
-                .map(Held::handle)
+                .map(Held::job)
+                .filter(|job| after.is_none_or(|after| job.id > after) && keep(job))
+                .map(|job| job.id)
                 .collect();
             (kept, set.len())
         };
-        jobs.sort_unstable_by_key(|job| job.id);
-        (jobs, held)
+        ids.sort_unstable();
+        (ids, held)
     }
 
     /// Adds or replaces a job in a shard this thread may write (under its

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use super::cron::table::CronEntry;
 use super::events::{Event, EventBuffer, EventKind, EventPage};
 use super::job_table::{DeadLetterKey, SHARDS, SharedJobs};
-use super::jobs::listing::{JobCursor, JobFilter, JobsPage, SCAN_BUDGET};
+use super::jobs::listing::{JobCursor, JobFilter, JobsPage, LOOKUP_BUDGET, SCAN_BUDGET};
 use super::table::{Published, take_page};
 use super::throughput::{MinuteCount, Throughput};
 use super::workers::entry::{WorkerEntry, WorkerState};
@@ -168,16 +168,24 @@ impl ReadView {
     /// Up to `limit` jobs that `filter` keeps, from `from` on, in listing
     /// order (`jobs/listing.rs`), looking at no more jobs than the budget.
     pub fn jobs_page(&self, filter: &JobFilter, from: Option<JobCursor>, limit: usize) -> JobsPage {
+        self.jobs_page_within(filter, from, limit, LOOKUP_BUDGET)
+    }
+
+    /// [`ReadView::jobs_page`], reading at most `lookups` jobs whole in a shard.
+    fn jobs_page_within(&self, filter: &JobFilter, from: Option<JobCursor>, limit: usize, lookups: usize) -> JobsPage {
         let JobCursor { mut shard, mut after } = from.unwrap_or(JobCursor { shard: 0, after: None });
         let mut page = JobsPage { jobs: Vec::new(), next: None, scanned: 0 };
         while shard < SHARDS {
-            let (candidates, held) = self.jobs.shard_jobs(shard, after, |job| filter.keeps_by_fields(job));
+            let (candidates, held) = self.jobs.shard_ids(shard, after, |job| filter.keeps_by_fields(job));
             page.scanned += held;
-            for job in candidates {
-                if !filter.keeps_by_text(&job) {
-                    continue;
+            for (looked_up, id) in candidates.iter().copied().enumerate() {
+                if looked_up == lookups {
+                    // Enough read for one page: the next goes on after the last one read.
+                    page.next = Some(JobCursor { shard, after: Some(candidates[looked_up - 1]) });
+                    return page;
                 }
-                let id = job.id;
+                // Gone since its id was read: as if it had not been there.
+                let Some(job) = self.jobs.job(id).filter(|job| filter.keeps(job)) else { continue };
                 page.jobs.push(job);
                 if page.jobs.len() == limit {
                     page.next = Some(JobCursor { shard, after: Some(id) });
@@ -416,6 +424,35 @@ impl ReadView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_search_stops_at_its_budget_and_goes_on_from_there_without_repeats() {
+        use crate::job::{JobDefaults, parse_enqueue_body};
+        let mut table = super::super::job_table::JobTable::default();
+        for n in 0..300u128 {
+            let body = format!(r#"{{"type":"t","args":["{}"]}}"#, if n % 7 == 0 { "needle" } else { "hay" });
+            let new_job = parse_enqueue_body(body.as_bytes(), &JobDefaults::default()).unwrap();
+            // All in shard 3: ids that differ above the low six bits.
+            let id = JobId((n + 1) << 64 | 3);
+            table.insert(Arc::new(Job::accept(new_job, id, JobState::Available, 1_000, None, None)));
+        }
+        table.publish();
+        let view = ReadView::new(table.shared());
+        let filter = JobFilter::all().text("needle");
+        let (mut found, mut from, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = view.jobs_page_within(&filter, from, 100, 50);
+            found.extend(page.jobs.iter().map(|job| job.id));
+            pages += 1;
+            match page.next {
+                Some(next) => from = Some(next),
+                None => break,
+            }
+        }
+        let expected: Vec<JobId> = (0..300u128).filter(|n| n % 7 == 0).map(|n| JobId((n + 1) << 64 | 3)).collect();
+        assert_eq!(found, expected, "every match once, in order");
+        assert!(pages >= 6, "300 jobs read 50 at a time: {pages} pages");
+    }
 
     #[tokio::test]
     async fn a_failure_wakes_those_waiting_for_it_and_later_waits_end_at_once() {

@@ -4,9 +4,9 @@
 //! The order is the job map's own: by shard (the low bits of the id), then
 //! by id. It is stable, and a page starts where the last one stopped
 //! whatever the listing's depth, at the cost of one shard's scan. A page
-//! looks at no more than [`SCAN_BUDGET`] jobs (and at least one shard), so
-//! a search that matches little comes back short, with a cursor saying
-//! where to continue.
+//! looks at no more than [`SCAN_BUDGET`] jobs (and at least one shard), and
+//! reads no more than [`LOOKUP_BUDGET`] whole, so a search that matches
+//! little comes back short, with a cursor saying where to continue.
 
 use std::sync::Arc;
 
@@ -14,7 +14,11 @@ use crate::clock::Millis;
 use crate::job::{Job, JobId, JobState};
 
 /// Most jobs one page looks at beyond its first shard.
-pub const SCAN_BUDGET: usize = 200_000;
+pub const SCAN_BUDGET: usize = 100_000;
+/// Most jobs one page reads whole (those the filter's fields keep, to
+/// check the text search and to answer); past it the page stops in its
+/// shard, and the next goes on from there.
+pub const LOOKUP_BUDGET: usize = 40_000;
 
 /// Which jobs a listing keeps: each filter given must match.
 #[derive(Debug, Clone, Default, PartialEq)]
