@@ -10,8 +10,8 @@ use crate::engine::WebhookChange;
 use crate::engine::block_on;
 use crate::engine::{
     ACKS_MAX, AckItem, AckMany, BULK_CHUNK_MAX, Backpressure, BulkAction, Cancelled, Engine, EngineConfig, EngineError,
-    EngineFailure, EngineHandle, Enqueued, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage, Overview,
-    Pending, QueueStats, QueueSummary, Workflow,
+    EngineFailure, EngineHandle, Enqueued, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage, MinuteCount,
+    Overview, Pending, QueueStats, QueueSummary, Workflow,
 };
 use crate::job::{
     Failure, Job, JobBuilder, JobId, JobProgress, JobState, NewJob, ValidationError, ValidationKind, check_batch_size,
@@ -525,6 +525,19 @@ impl Svc {
         local_read(self.backend.overview())
     }
 
+    /// Jobs completed and attempts failed per minute over the last 24
+    /// hours, of one queue or of all: the minutes with counts, oldest
+    /// first. Kept in the data dir across a clean close.
+    pub fn throughput_minutes(&self, queue: Option<&str>) -> Vec<MinuteCount> {
+        local_read(self.backend.throughput_minutes(queue.map(str::to_string)))
+    }
+
+    /// Up to `limit` workflows after `after`, by id (oldest first), and
+    /// whether more follow.
+    pub fn workflows(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
+        local_read(self.backend.workflows_page(after, limit))
+    }
+
     /// A page of the jobs `filter` keeps, from `from` on (docs/api.md,
     /// "Admin API"): in a stable order, at most `limit` (1 to 1,000) jobs;
     /// a page may stop short at the scan's bound, and its `next` says
@@ -535,7 +548,7 @@ impl Svc {
     /// use svc::engine::JobFilter;
     /// use svc::{Svc, job::JobBuilder};
     /// let svc = Svc::open(dir.path())?;
-    /// svc.enqueue(JobBuilder::new("email.send").args(serde_json::json!({"to": "ada@example.com"})))?;
+    /// svc.enqueue(JobBuilder::new("email.send").args(serde_json::json!(["ada@example.com"])))?;
     /// let page = svc.jobs(&JobFilter::all().job_type("email.*").text("ada@"), None, 50)?;
     /// assert_eq!(page.jobs.len(), 1);
     /// # Ok::<(), svc::SvcError>(())

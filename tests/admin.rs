@@ -366,3 +366,21 @@ fn throughput_per_minute_is_kept_across_a_restart() {
     let queue = minutes(&server, "/svc/v1/admin/queues/mail", "/queue/throughput/per_minute");
     assert_eq!(total(&queue, "completed"), 1);
 }
+
+#[test]
+fn a_queue_says_how_long_its_oldest_available_job_has_waited() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = svc::clock::ManualClock::new(1_800_000_000_000);
+    let server = TestServer::start_at(dir.path(), &clock);
+    server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "mail", "priority": 1}}));
+    server.advance(&clock, 4_000);
+    // Later but of a higher priority: fetched first, not the oldest.
+    server.enqueue(json!({"type": "t", "args": [2], "options": {"queue": "mail", "priority": 9}}));
+    server.advance(&clock, 1_000);
+    let queue = server.get("/svc/v1/admin/queues/mail").body["queue"].clone();
+    assert_eq!(queue["oldest_available_age_ms"], 5_000, "{queue}");
+    assert_eq!(queue["oldest_available_at"], "2027-01-15T08:00:00Z");
+    server.fetch(&["mail"], 2);
+    let queue = server.get("/svc/v1/admin/queues/mail").body["queue"].clone();
+    assert_eq!(queue["oldest_available_age_ms"], Value::Null, "none available");
+}

@@ -442,3 +442,39 @@ fn an_embedded_heartbeat_extends_what_the_worker_holds_and_names_the_rest() {
     assert!(matches!(svc.heartbeat("a/b", None), Err(SvcError::Invalid(_))));
     svc.close();
 }
+
+#[test]
+fn the_admin_operations_work_embedded_and_validate_as_http_does() {
+    use svc::engine::{Backpressure, BulkAction, EngineError, JobFilter};
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    svc.set_backpressure("mail", Backpressure::reject_above(3)).unwrap();
+    for n in 0..3 {
+        svc.enqueue(JobBuilder::new("email.send").queue("mail").args(json!([format!("u{n}@example.com")]))).unwrap();
+    }
+    let refused = svc.enqueue(JobBuilder::new("email.send").queue("mail"));
+    assert!(matches!(refused, Err(SvcError::Engine(EngineError::QueueFull { depth: 3, bound: 3, .. }))), "{refused:?}");
+    assert_eq!(refused_field(svc.set_backpressure("mail", Backpressure::reject_above(0))).1, "backpressure.max_depth");
+    assert_eq!(refused_field(svc.jobs(&JobFilter::all().queue("Not A Queue"), None, 10)).1, "queue");
+    assert_eq!(refused_field(svc.jobs(&JobFilter::all(), None, 0)).1, "limit");
+
+    let found = svc.jobs(&JobFilter::all().text("u1@"), None, 10).unwrap();
+    assert_eq!(found.jobs.len(), 1);
+    let mail = JobFilter::all().queue("mail");
+    assert_eq!(svc.bulk_dry_run(BulkAction::Cancel, &mail).unwrap().matched, 3);
+    assert_eq!(svc.get(found.jobs[0].id).unwrap().state, JobState::Available, "a dry run changes nothing");
+    assert_eq!(svc.bulk(BulkAction::Cancel, &mail).unwrap().changed, 3);
+    assert_eq!(svc.bulk(BulkAction::Delete, &mail).unwrap().changed, 3);
+    assert!(svc.get(found.jobs[0].id).is_none());
+    assert_eq!(svc.overview().queues, 2, "default, and mail for its bound");
+
+    let job = svc.enqueue(JobBuilder::new("t").queue("other")).unwrap().job;
+    svc.fetch(&["other"], 1, None).unwrap();
+    svc.ack(job.id).unwrap();
+    assert_eq!(svc.throughput_minutes(Some("other")).iter().map(|m| m.completed).sum::<u64>(), 1);
+    svc.close();
+    let svc = Svc::open(dir.path()).unwrap();
+    assert_eq!(svc.throughput_minutes(None).iter().map(|m| m.completed).sum::<u64>(), 1, "kept across a close");
+    let refused = svc.enqueue(JobBuilder::new("email.send").queue("mail"));
+    assert!(refused.is_ok(), "the bound is durable, and the queue is empty now");
+}

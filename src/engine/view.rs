@@ -26,6 +26,8 @@ pub struct QueueSummary {
     pub counts: [u64; 8],
     /// The bound on its waiting jobs, if one is set.
     pub backpressure: Option<super::queues::record::Backpressure>,
+    /// When the available job that has waited longest became available.
+    pub oldest_available_at: Option<Millis>,
 }
 
 impl QueueSummary {

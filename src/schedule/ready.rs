@@ -34,6 +34,11 @@ impl ReadyKey {
         let time = entered_at.clamp(-bias, bias - 1) + bias;
         Self { order: rank << TIME_BITS | time as u64, id }
     }
+
+    /// The time the job entered `available`, as [`ReadyKey::new`] took it.
+    pub fn entered_at(&self) -> i64 {
+        (self.order & ((1u64 << TIME_BITS) - 1)) as i64 - (1i64 << (TIME_BITS - 1))
+    }
 }
 
 /// Keys a block holds at most (12 KiB of keys).
@@ -99,6 +104,23 @@ impl ReadyQueue {
 
     pub fn first(&self) -> Option<ReadyKey> {
         self.blocks.front().and_then(|block| block.front()).copied()
+    }
+
+    /// When the job that has waited longest entered `available` (ms): the
+    /// first key of each priority, found by jumping from one priority to
+    /// the next (a lookup per priority present, not a pass over the keys).
+    pub fn oldest_entry(&self) -> Option<i64> {
+        let mut oldest: Option<i64> = None;
+        let mut key = self.first()?;
+        loop {
+            oldest = Some(oldest.map_or(key.entered_at(), |held| held.min(key.entered_at())));
+            // The last key this priority can hold; the next key is the next priority's first.
+            let last_of_rank = ReadyKey { order: key.order | ((1u64 << TIME_BITS) - 1), id: JobId(u128::MAX) };
+            match self.next_after(&last_of_rank) {
+                Some(next) => key = next,
+                None => return oldest,
+            }
+        }
     }
 
     /// The job after `key` in fetch order.
@@ -173,6 +195,13 @@ pub struct KeyedReady {
 }
 
 impl KeyedReady {
+    /// As [`ReadyQueue::oldest_entry`], over the first job of each of the
+    /// first 256 keys in fetch order: exact for the usual few keys, a
+    /// bounded look for many.
+    pub fn oldest_entry(&self) -> Option<i64> {
+        self.heads.iter().take(256).map(|(head, _)| head.entered_at()).min()
+    }
+
     pub fn push(&mut self, key: &str, job: ReadyKey) {
         let name: Arc<str> = match self.by_key.get_key_value(key) {
             Some((name, _)) => name.clone(),
@@ -247,6 +276,20 @@ impl KeyedReady {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oldest_entry_is_found_across_priorities() {
+        let mut ready = ReadyQueue::default();
+        assert_eq!(ready.oldest_entry(), None);
+        for (priority, at, id) in [(5, 300, 1), (5, 400, 2), (0, 100, 3), (0, 500, 4), (-3, 200, 5)] {
+            ready.push(ReadyKey::new(priority, at, JobId(id)));
+        }
+        for n in 0..2000u128 {
+            ready.push(ReadyKey::new(9, 1_000 + n as i64, JobId(100 + n)));
+        }
+        assert_eq!(ready.oldest_entry(), Some(100));
+        assert_eq!(ReadyKey::new(0, -42, JobId(1)).entered_at(), -42);
+    }
 
     #[test]
     fn keyed_heads_follow_each_keys_first_job() {

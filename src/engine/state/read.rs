@@ -67,7 +67,13 @@ impl State {
     pub fn queue_summary(&self, name: &str) -> QueueSummary {
         match self.queues.get(name) {
             Some(queue) => queue.summary(name),
-            None => QueueSummary { name: name.to_string(), paused: false, counts: [0; 8], backpressure: None },
+            None => QueueSummary {
+                name: name.to_string(),
+                paused: false,
+                counts: [0; 8],
+                backpressure: None,
+                oldest_available_at: None,
+            },
         }
     }
 
@@ -160,11 +166,13 @@ impl State {
 impl QueueState {
     /// Its figures, as readers see them.
     pub fn summary(&self, name: &str) -> QueueSummary {
+        let oldest = [self.ready.oldest_entry(), self.limited.oldest_entry()].into_iter().flatten().min();
         QueueSummary {
             name: name.to_string(),
             paused: self.paused,
             counts: self.counts,
             backpressure: self.backpressure,
+            oldest_available_at: oldest,
         }
     }
 }

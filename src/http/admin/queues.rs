@@ -12,8 +12,9 @@ use super::{Paging, state_counts};
 use crate::engine::{Backpressure, QueueSummary};
 use crate::job::is_valid_queue;
 
-/// A queue as the admin API shows it.
-fn render_queue(queue: &QueueSummary) -> Value {
+/// A queue as the admin API shows it, at `now`.
+fn render_queue(queue: &QueueSummary, now: i64) -> Value {
+    use crate::job::time::format_timestamp;
     json!({
         "name": queue.name,
         "paused": queue.paused,
@@ -21,6 +22,8 @@ fn render_queue(queue: &QueueSummary) -> Value {
         "size": queue.size(),
         "counts": state_counts(|state| queue.count(state)),
         "backpressure": queue.backpressure.as_ref().map(render_backpressure),
+        "oldest_available_at": queue.oldest_available_at.map(format_timestamp),
+        "oldest_available_age_ms": queue.oldest_available_at.map(|at| (now - at).max(0)),
     })
 }
 
@@ -51,7 +54,8 @@ pub(super) async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError>
     let (fetched, has_more) = app.backend.queues_page(after, paging.fetch()).outcome().await?;
     let next = if has_more { fetched.last().map(|queue| encode_cursor(&queue.name)) } else { None };
     let total = app.backend.overview().outcome().await?.queues as u64;
-    let items: Vec<Value> = paging.cut(fetched).iter().map(render_queue).collect();
+    let now = super::super::workers::now_ms(app);
+    let items: Vec<Value> = paging.cut(fetched).iter().map(|queue| render_queue(queue, now)).collect();
     let pagination = paging.render(Some(total), has_more, next);
     Ok(Reply::ok(json!({"items": items, "pagination": pagination}).to_string()))
 }
@@ -66,7 +70,7 @@ pub(super) async fn get(app: &AppState, name: &str) -> Result<Reply, ApiError> {
         .await?
         .ok_or_else(|| ApiError::not_found("queue", name.to_string()))?;
     let minutes = app.backend.throughput_minutes(Some(name.to_string())).outcome().await?;
-    let mut body = render_queue(&stats.summary);
+    let mut body = render_queue(&stats.summary, super::super::workers::now_ms(app));
     body["throughput"] = json!({
         "completed_last_minute": stats.completed_last_minute,
         "failed_last_minute": stats.failed_last_minute,
@@ -82,7 +86,7 @@ pub(super) async fn pause(app: &AppState, name: &str, paused: bool, body: &[u8])
         return Err(ApiError::invalid_request(None, "this request takes no body"));
     }
     let summary = app.backend.pause_queue(name.to_string(), paused).outcome().await?;
-    let mut body = render_queue(&summary);
+    let mut body = render_queue(&summary, super::super::workers::now_ms(app));
     body["queue"] = summary.name.clone().into();
     Ok(Reply::ok(body.to_string()))
 }

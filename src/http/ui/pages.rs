@@ -75,14 +75,16 @@ async fn overview(app: &AppState, viewer: &Viewer, query: &Query) -> Result<Mark
 }
 
 fn queue_table(app: &AppState, viewer: &Viewer, queues: &[crate::engine::QueueSummary], next: &str) -> Markup {
+    let now = crate::clock::Clock::now_ms(app.clock.as_ref());
     html! {
         table {
-            thead { tr { th { "Queue" } th { "Waiting" } th { "Active" } th { "Completed" } th { "Discarded" } th { "Bound" } th { "State" } th {} } }
+            thead { tr { th { "Queue" } th { "Waiting" } th { "Oldest waiting" } th { "Active" } th { "Completed" } th { "Discarded" } th { "Bound" } th { "State" } th {} } }
             tbody {
                 @for queue in queues {
                     tr {
                         td { a href=(app.ui_link(&format!("/queues/{}", super::layout::encode(&queue.name)))) { (queue.name) } }
                         td { (queue.depth()) }
+                        td { (age(queue.oldest_available_at.map(|at| now - at))) }
                         td { (queue.count(JobState::Active)) }
                         td { (queue.count(JobState::Completed)) }
                         td { (queue.count(JobState::Discarded)) }
@@ -93,6 +95,18 @@ fn queue_table(app: &AppState, viewer: &Viewer, queues: &[crate::engine::QueueSu
                 }
             }
         }
+    }
+}
+
+/// A wait as people say it: "3 s", "4 min", "2 h", "5 d".
+fn age(ms: Option<i64>) -> String {
+    let Some(ms) = ms else { return "—".to_string() };
+    let seconds = ms.max(0) / 1000;
+    match seconds {
+        0..60 => format!("{seconds} s"),
+        60..3600 => format!("{} min", seconds / 60),
+        3600..86400 => format!("{} h", seconds / 3600),
+        _ => format!("{} d", seconds / 86400),
     }
 }
 
@@ -126,7 +140,9 @@ async fn queue(app: &AppState, viewer: &Viewer, name: &str, query: &Query) -> Re
     let body = html! {
         p {
             @if summary.paused { span.badge.paused { "paused" } " " } @else { "Running. " }
-            (summary.depth()) " waiting; "
+            (summary.depth()) " waiting"
+            @if let Some(at) = summary.oldest_available_at { " (the oldest for " (age(Some(now - at))) ")" }
+            "; "
             (stats.completed_last_minute) " completed and " (stats.failed_last_minute) " failed in the last minute. "
             (pause_button(app, viewer, name, summary.paused, &here))
         }
