@@ -272,6 +272,7 @@ fn workers_are_listed_with_totals_and_can_be_signalled() {
     assert_eq!(workers.body["summary"], json!({"total": 2, "running": 1, "quiet": 1, "terminate": 0}));
     assert_eq!(workers.body["pagination"]["total"], 2);
     assert_eq!(workers.body["items"][0]["worker_id"], "w-1");
+    assert_eq!(workers.body["items"][0]["queues"], json!(["default"]), "the queues its fetch named");
 }
 
 /// Reads a server-sent event stream over a plain socket.

@@ -211,6 +211,11 @@ impl Turn<'_> {
     pub(crate) fn touch_worker(&mut self, worker_id: &str, heartbeat: bool) {
         registry::touch(self.state, self.contacts, worker_id, self.now, heartbeat, self.events);
     }
+
+    /// Notes the queues a worker fetches from (soft state, as its contact).
+    pub(crate) fn note_worker_queues(&mut self, worker_id: &str, queues: &[String]) {
+        self.contacts.set_queues(worker_id, queues);
+    }
 }
 
 /// Where the engine sends one request's outcome.

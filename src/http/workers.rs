@@ -457,6 +457,7 @@ pub(super) fn render_worker(entry: &crate::engine::workers::WorkerEntry, now: i6
         "first_seen_at": format_timestamp(entry.first_seen_at),
         "last_seen_at": format_timestamp(entry.last_seen_at),
         "active_job_ids": entry.active_job_ids.iter().map(|id| id.to_string()).collect::<Vec<_>>(),
+        "queues": entry.queues,
         "stale": now - entry.last_seen_at > crate::limits::WORKER_STALE_MS,
     });
     if let Some(at) = entry.last_heartbeat_at {

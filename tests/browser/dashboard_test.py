@@ -223,6 +223,14 @@ class Dashboard(unittest.TestCase):
         self.wait_for(lambda: live in rows() and "job.enqueued" in rows(), "the event shows up")
         self.browser.save_screenshot(str(SHOTS / "events-live-light.png"))
 
+        # A live part: the overview reloads its figures as events arrive.
+        self.open("/ui")
+        time.sleep(0.5)
+        self.assertNotIn("fresh-queue", self.browser.find_element(By.TAG_NAME, "main").text)
+        server.enqueue("email.send", ["refresh"], queue="fresh-queue")
+        self.wait_for(lambda: "fresh-queue" in self.browser.find_element(By.TAG_NAME, "main").text,
+                      "the overview shows the new queue without a reload")
+
         # Sign out.
         self.open("/ui")
         self.press("/ui/sign-out", "Sign out")

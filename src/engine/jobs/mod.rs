@@ -121,6 +121,7 @@ impl Request for Fetch {
         let request = self.request;
         let signalled = request.worker_id.as_deref().is_some_and(|worker| {
             turn.touch_worker(worker, false);
+            turn.note_worker_queues(worker, &request.queues);
             turn.state().worker_signal(worker).is_some()
         });
         if signalled || *turn.draining {

@@ -54,6 +54,8 @@ pub struct WorkerEntry {
     pub last_seen_at: Millis,
     pub last_heartbeat_at: Option<Millis>,
     pub active_job_ids: Vec<JobId>,
+    /// The queues its last fetch named (none before it fetched).
+    pub queues: Vec<String>,
 }
 
 /// When each worker was first and last seen, and last sent a heartbeat.
@@ -92,6 +94,8 @@ pub struct Contacts {
 #[derive(Debug)]
 struct Seen {
     contact: Contact,
+    /// The queues its last fetch named.
+    queues: Vec<String>,
     /// Held active jobs when last told; such a worker is not in `idle`.
     busy: bool,
 }
@@ -99,6 +103,20 @@ struct Seen {
 impl Contacts {
     pub fn get(&self, worker_id: &str) -> Option<&Contact> {
         self.seen.get(worker_id).map(|seen| &seen.contact)
+    }
+
+    /// The queues a worker's last fetch named.
+    pub fn queues(&self, worker_id: &str) -> &[String] {
+        self.seen.get(worker_id).map_or(&[], |seen| &seen.queues)
+    }
+
+    /// Notes the queues a worker fetches from (copied only when they change).
+    pub fn set_queues(&mut self, worker_id: &str, queues: &[String]) {
+        if let Some(seen) = self.seen.get_mut(worker_id)
+            && seen.queues != queues
+        {
+            seen.queues = queues.to_vec();
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -140,6 +158,7 @@ impl Contacts {
         let new = !self.seen.contains_key(worker_id);
         let seen = self.seen.entry(worker_id.to_string()).or_insert_with(|| Seen {
             contact: Contact { first_seen_at: now, last_seen_at: now, last_heartbeat_at: None },
+            queues: Vec::new(),
             busy: true,
         });
         if !seen.busy {

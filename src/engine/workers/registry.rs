@@ -54,6 +54,7 @@ pub(crate) fn entry(state: &State, contacts: &Contacts, worker_id: &str) -> Opti
         last_seen_at,
         last_heartbeat_at: contact.and_then(|contact| contact.last_heartbeat_at),
         active_job_ids: state.active_of_worker(worker_id),
+        queues: contacts.queues(worker_id).to_vec(),
     })
 }
 

@@ -38,6 +38,9 @@ const NAV: [(&str, &str); 10] = [
     ("/queues", ""),
 ];
 
+/// Sections whose pages refresh themselves as events arrive.
+const LIVE_SECTIONS: [&str; 4] = ["", "/queues", "/dead-letter", "/workers"];
+
 /// A whole page: `title`, the section of the navigation it is in, its body.
 pub(super) fn frame(
     app: &AppState,
@@ -76,7 +79,7 @@ pub(super) fn frame(
                         }
                     }
                 }
-                main {
+                main data-refresh=[LIVE_SECTIONS.contains(&section).then(|| app.ui_link("/events/stream?unnamed=1"))] {
                     h1 { (title) }
                     @if let Some(flash) = flash {
                         p.flash role="status" { (flash) }

@@ -128,6 +128,10 @@ async fn serve_request(app: &AppState, client: &Principal, request: Request<Inco
     let Some(viewer) = viewer(app, &headers, theme) else {
         return Ok(redirect(&app.ui_link("/sign-in")));
     };
+    if rest.as_slice() == ["events", "stream"] {
+        // The live parts' events, as the API's stream (a viewer may watch).
+        return super::stream::open(app, &query, &headers);
+    }
     pages::page(app, &viewer, &rest, &query_pairs(&query)).await
 }
 

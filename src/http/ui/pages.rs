@@ -41,10 +41,6 @@ pub(super) async fn page(app: &AppState, viewer: &Viewer, rest: &[&str], query: 
         ["workflows"] => workflows(app, viewer, query).await?,
         ["workflows", id] => workflow(app, viewer, id, query).await?,
         ["events"] => events(app, viewer, query).await?,
-        ["events", "stream"] => {
-            let query: Vec<String> = query.iter().map(|(key, value)| format!("{key}={value}")).collect();
-            return super::super::stream::open(app, &query.join("&"), &hyper::HeaderMap::new());
-        }
         _ => return Err(ApiError::not_found("page", rest.join("/"))),
     };
     Ok(html_page(markup))
@@ -396,12 +392,13 @@ async fn workers(app: &AppState, viewer: &Viewer, query: &Query) -> Result<Marku
     let body = html! {
         @if entries.is_empty() { p.empty { "No workers have been seen." } } @else {
             table {
-                thead { tr { th { "Worker" } th { "State" } th { "Jobs in hand" } th { "Last seen" } th { "Last heartbeat" } th {} } }
+                thead { tr { th { "Worker" } th { "State" } th { "Queues" } th { "Jobs in hand" } th { "Last seen" } th { "Last heartbeat" } th {} } }
                 tbody {
                     @for entry in &entries {
                         tr {
                             td { code { (entry.worker_id) } }
                             td { (entry.state.as_str()) }
+                            td { (entry.queues.join(", ")) }
                             td { (entry.active_job_ids.len()) }
                             td { (time(Some(entry.last_seen_at))) }
                             td { (time(entry.last_heartbeat_at)) }

@@ -1,23 +1,69 @@
-// The svc dashboard's one script: the live tail on the events page. It
-// reads the stream named by the table's data-stream and adds a row per
-// event, newest first, keeping the last 200. Text goes in as text.
+// The svc dashboard's one script. Live parts follow the event stream: the
+// events page adds a row per event (newest first, the last 200), and pages
+// marked data-refresh reload their content (at most every 2 s) when events
+// arrive. Streams close while the tab is hidden and go on from the last
+// event seen when it shows again. Text goes in as text; reloaded content is
+// the server's own escaped page.
 "use strict";
-document.addEventListener("DOMContentLoaded", () => {
-  const table = document.getElementById("live");
-  if (!table) return;
+
+function follow(url, onEvent) {
+  let last = null;
+  let source = null;
+  const start = () => {
+    if (source) return;
+    const from = last ? (url.includes("?") ? "&" : "?") + "after=" + encodeURIComponent(last) : "";
+    source = new EventSource(url + from);
+    source.onmessage = (event) => {
+      if (event.lastEventId) last = event.lastEventId;
+      onEvent(event);
+    };
+  };
+  const stop = () => {
+    if (source) source.close();
+    source = null;
+  };
+  document.addEventListener("visibilitychange", () => (document.hidden ? stop() : start()));
+  if (!document.hidden) start();
+}
+
+function liveTail(table) {
   const rows = table.querySelector("tbody");
-  const source = new EventSource(table.dataset.stream);
-  const add = (event) => {
-    let envelope = {};
+  follow(table.dataset.stream, (event) => {
+    let envelope;
     try { envelope = JSON.parse(event.data); } catch (_) { return; }
     const row = document.createElement("tr");
-    for (const text of [envelope.time || "", envelope.type || event.type, envelope.subject || ""]) {
+    for (const text of [envelope.time || "", envelope.type || "", envelope.subject || ""]) {
       const cell = document.createElement("td");
       cell.textContent = text;
       row.appendChild(cell);
     }
     rows.insertBefore(row, rows.firstChild);
     while (rows.children.length > 200) rows.removeChild(rows.lastChild);
+  });
+}
+
+function refreshing(main) {
+  let pending = false;
+  const refresh = async () => {
+    pending = false;
+    // Not while someone is typing in a form of the page.
+    if (main.contains(document.activeElement) && document.activeElement.matches("input, select")) return;
+    const response = await fetch(location.href, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html").querySelector("main");
+    if (fresh) main.replaceChildren(...fresh.childNodes);
   };
-  source.onmessage = add;
+  follow(main.dataset.refresh, () => {
+    if (!pending) {
+      pending = true;
+      setTimeout(refresh, 2000);
+    }
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const table = document.getElementById("live");
+  if (table) liveTail(table);
+  const main = document.querySelector("main[data-refresh]");
+  if (main) refreshing(main);
 });
