@@ -229,6 +229,23 @@ fn bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter() {
     assert_eq!(none.body["matched"], 0);
     assert_eq!(server.job(&failed[0])["state"], "available");
 
+    // A queue's purge by state: waiting jobs are cancelled, then removed.
+    let later: Vec<String> = (0..2)
+        .map(|n| {
+            server.enqueue(
+                json!({"type": "t", "args": [n], "options": {"queue": "mail", "delay_until": "2099-01-01T00:00:00Z"}}),
+            )
+        })
+        .collect();
+    let kept = server.enqueue(json!({"type": "t", "args": [], "options": {"queue": "mail"}}));
+    let purge = json!({"filter": {"queue": "mail", "state": "scheduled"}, "confirm": true});
+    let purged = server.post("/svc/v1/admin/jobs/bulk/purge", purge);
+    assert_eq!((&purged.body["action"], &purged.body["changed"]), (&json!("purge"), &json!(2)), "{}", purged.body);
+    for id in &later {
+        assert_eq!(server.get(&format!("/svc/v1/jobs/{id}")).status, 404);
+    }
+    assert_eq!(server.job(&kept)["state"], "available", "other states stay");
+
     assert_eq!(server.post("/svc/v1/admin/jobs/bulk/explode", json!({"confirm": true})).status, 404);
     let typo = server.post("/svc/v1/admin/jobs/bulk/cancel", json!({"filter": {"queu": "mail"}, "confirm": true}));
     assert_eq!(typo.body["error"]["details"]["field"], "filter.queu");

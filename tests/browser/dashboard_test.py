@@ -223,6 +223,20 @@ class Dashboard(unittest.TestCase):
         self.wait_for(lambda: live in rows() and "job.enqueued" in rows(), "the event shows up")
         self.browser.save_screenshot(str(SHOTS / "events-live-light.png"))
 
+        # While the tab is hidden the stream is closed; shown again, it goes
+        # on after the last event seen, so nothing is missed.
+        table = lambda: self.browser.find_element(By.ID, "live")
+        visibility = ("Object.defineProperty(document, 'hidden', {configurable: true, get: () => %s});"
+                      "document.dispatchEvent(new Event('visibilitychange'));")
+        self.browser.execute_script(visibility % "true")
+        self.assertEqual(table().get_attribute("data-following"), "no")
+        unseen = server.enqueue("email.send", ["while hidden"], queue="mail")
+        time.sleep(1)
+        self.assertNotIn(unseen, rows(), "no events while hidden")
+        self.browser.execute_script(visibility % "false")
+        self.assertEqual(table().get_attribute("data-following"), "yes")
+        self.wait_for(lambda: unseen in rows(), "the event sent while hidden arrives once shown")
+
         # A live part: the overview reloads its figures as events arrive.
         self.open("/ui")
         time.sleep(0.5)

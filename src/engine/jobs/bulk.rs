@@ -23,6 +23,9 @@ pub enum BulkAction {
     /// An ended job (`completed`, `cancelled`, `discarded`) is removed for
     /// good; jobs that have not ended are skipped (cancel them first).
     Delete,
+    /// Any job is removed for good: one that has not ended is cancelled
+    /// first, in the same step (a queue's purge).
+    Purge,
 }
 
 impl BulkAction {
@@ -31,6 +34,7 @@ impl BulkAction {
             BulkAction::Retry => "retry",
             BulkAction::Cancel => "cancel",
             BulkAction::Delete => "delete",
+            BulkAction::Purge => "purge",
         }
     }
 
@@ -39,6 +43,7 @@ impl BulkAction {
             "retry" => Some(BulkAction::Retry),
             "cancel" => Some(BulkAction::Cancel),
             "delete" => Some(BulkAction::Delete),
+            "purge" => Some(BulkAction::Purge),
             _ => None,
         }
     }
@@ -49,6 +54,7 @@ impl BulkAction {
             BulkAction::Retry => state == JobState::Discarded,
             BulkAction::Cancel => !state.is_terminal(),
             BulkAction::Delete => state.is_terminal(),
+            BulkAction::Purge => true,
         }
     }
 }
@@ -84,6 +90,12 @@ impl Request for BulkJobs {
                     BulkAction::Retry => turn.state().decide_dead_letter_retry(now, id).ok(),
                     BulkAction::Cancel => turn.state().decide_cancel(now, id).ok().flatten(),
                     BulkAction::Delete => Some(Record::Delete { at: now, id }),
+                    BulkAction::Purge => {
+                        if let Some(cancel) = turn.state().decide_cancel(now, id).ok().flatten() {
+                            turn.apply(cancel);
+                        }
+                        Some(Record::Delete { at: now, id })
+                    }
                 },
                 _ => None,
             };
@@ -100,7 +112,7 @@ impl Request for BulkJobs {
 
     fn full_disk_bytes(&self, _turn: &Turn<'_>) -> Option<u64> {
         // Cancelling and deleting end work; a retry is new work.
-        let records = self.ids.len().min(BULK_CHUNK_MAX) as u64;
+        let records = self.ids.len().min(BULK_CHUNK_MAX) as u64 * if self.action == BulkAction::Purge { 2 } else { 1 };
         (self.action != BulkAction::Retry).then_some(records * RECORD_FIXED_BYTES)
     }
 

@@ -137,11 +137,11 @@ pub(in crate::http) fn timeline(job: &Job) -> Value {
     Value::Array(entries.into_iter().map(|(_, entry)| entry).collect())
 }
 
-/// `POST /admin/jobs/bulk/{retry|cancel|delete}`
+/// `POST /admin/jobs/bulk/{retry|cancel|delete|purge}`
 /// `{filter: {...}, confirm: true}` or `{filter: {...}, dry_run: true}`.
 pub(super) async fn bulk(app: &AppState, action: &str, body: &[u8]) -> Result<Reply, ApiError> {
     let action = BulkAction::parse(action).ok_or_else(|| {
-        ApiError::new("not_found", format!("no bulk action {action}; there are retry, cancel and delete"))
+        ApiError::new("not_found", format!("no bulk action {action}; there are retry, cancel, delete and purge"))
             .detail("resource_type", "route")
             .detail("resource_id", action)
     })?;

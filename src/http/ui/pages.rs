@@ -151,16 +151,17 @@ async fn queue(app: &AppState, viewer: &Viewer, name: &str, query: &Query) -> Re
         (throughput_chart(&minutes, now))
         @if viewer.may_act() {
             h2 { "Purge" }
-            form.inline method="post" action=(app.ui_link("/jobs/bulk/delete")) {
+            form.inline method="post" action=(app.ui_link("/jobs/bulk/purge")) {
                 input type="hidden" name="csrf" value=(viewer.csrf);
                 input type="hidden" name="next" value=(here);
                 input type="hidden" name="queue" value=(name);
-                label for="purge-state" { "Jobs in state" }
+                label for="purge-state" { "Jobs in state " }
                 select id="purge-state" name="state" {
-                    @for state in [JobState::Completed, JobState::Cancelled, JobState::Discarded] {
+                    @for state in JobState::ALL {
                         option value=(state.as_str()) { (state.as_str()) }
                     }
                 }
+                " "
                 button type="submit" { "Delete all" }
             }
         }

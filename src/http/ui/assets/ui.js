@@ -6,11 +6,12 @@
 // the server's own escaped page.
 "use strict";
 
-function follow(url, onEvent) {
+function follow(url, onEvent, element) {
   let last = null;
   let source = null;
   const start = () => {
     if (source) return;
+    element.dataset.following = "yes";
     const from = last ? (url.includes("?") ? "&" : "?") + "after=" + encodeURIComponent(last) : "";
     source = new EventSource(url + from);
     source.onmessage = (event) => {
@@ -21,6 +22,7 @@ function follow(url, onEvent) {
   const stop = () => {
     if (source) source.close();
     source = null;
+    element.dataset.following = "no";
   };
   document.addEventListener("visibilitychange", () => (document.hidden ? stop() : start()));
   if (!document.hidden) start();
@@ -39,7 +41,7 @@ function liveTail(table) {
     }
     rows.insertBefore(row, rows.firstChild);
     while (rows.children.length > 200) rows.removeChild(rows.lastChild);
-  });
+  }, table);
 }
 
 function refreshing(main) {
@@ -58,7 +60,7 @@ function refreshing(main) {
       pending = true;
       setTimeout(refresh, 2000);
     }
-  });
+  }, main);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
