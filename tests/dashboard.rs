@@ -216,3 +216,24 @@ fn with_keys_a_sign_in_decides_who_sees_and_who_acts() {
         .unwrap();
     assert_eq!(page.status(), 303);
 }
+
+#[test]
+fn behind_a_proxy_every_link_carries_the_prefix_and_other_hosts_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { ui_prefix: "/svc".to_string(), ..config_for(dir.path()) };
+    let server = TestServer::start_checked(&config);
+    server.enqueue(json!({"type": "t", "args": [], "options": {"queue": "mail"}}));
+    let client = browser();
+    let queues = get(&client, &server, "/ui/queues");
+    assert_eq!(queues.status, 200);
+    assert!(queues.html.contains("href=\"/svc/ui/queues/mail\""), "{}", queues.html);
+    assert!(queues.html.contains("action=\"/svc/ui/queues/mail/pause\""));
+    assert!(!queues.html.contains("href=\"/ui/"), "no link without the prefix");
+    let token = csrf(&queues);
+    let paused = post(&client, &server, "/ui/queues/mail/pause", &[("csrf", &token), ("next", "/svc/ui/queues")]);
+    assert!(paused.location.unwrap().starts_with("/svc/ui/queues?done="));
+
+    // Without keys, pages are for this server's own names only.
+    let elsewhere = client.get(format!("{}/ui", server.base())).header("host", "evil.example").send().unwrap();
+    assert_eq!(elsewhere.status(), 403);
+}
