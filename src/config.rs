@@ -802,6 +802,22 @@ mod tests {
     }
 
     #[test]
+    fn the_dashboard_prefix_is_a_path_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        let load = |prefix: &str| {
+            std::fs::write(&file, format!("[ui]\nprefix = {prefix:?}\n")).unwrap();
+            let env = HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())]);
+            Config::load(&[], &env).map(|config| config.ui_prefix)
+        };
+        assert_eq!(load("/svc").unwrap(), "/svc");
+        assert_eq!(load("").unwrap(), "");
+        for bad in ["svc", "/svc/", "//evil.example", "/a b", "/x\"<"] {
+            assert!(load(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn unknown_settings_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("svc.toml");
