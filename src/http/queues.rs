@@ -81,7 +81,7 @@ async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
 }
 
 /// A queue name from the path: 400 when it cannot be one.
-fn queue_name(name: &str) -> Result<&str, ApiError> {
+pub(super) fn queue_name(name: &str) -> Result<&str, ApiError> {
     if is_valid_queue(name) {
         Ok(name)
     } else {
@@ -89,15 +89,15 @@ fn queue_name(name: &str) -> Result<&str, ApiError> {
     }
 }
 
+/// A queue's figures and last minute: 404 for a queue that does not exist.
+pub(super) async fn existing_queue_stats(app: &AppState, name: &str) -> Result<crate::engine::QueueStats, ApiError> {
+    app.backend.queue_stats(name.to_string()).outcome().await?.ok_or_else(|| ApiError::not_found("queue", name))
+}
+
 /// `GET /queues/{name}/stats`.
 async fn stats(app: &AppState, name: &str) -> Result<Reply, ApiError> {
     let name = queue_name(name)?;
-    let stats = app
-        .backend
-        .queue_stats(name.to_string())
-        .outcome()
-        .await?
-        .ok_or_else(|| ApiError::not_found("queue", name.to_string()))?;
+    let stats = existing_queue_stats(app, name).await?;
     let summary = &stats.summary;
     let mut states = serde_json::Map::new();
     for state in JobState::ALL {

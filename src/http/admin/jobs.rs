@@ -17,7 +17,10 @@ use crate::job::{Job, JobId, JobState, is_valid_queue};
 /// `filter`): `queue`, `state` (one, or several comma-separated),
 /// `type` (exact or `prefix.*`), `since` and `until` (RFC 3339, on the
 /// creation time) and `q` (text in args, meta or the last error).
-fn parse_filter<'a>(get: impl Fn(&str) -> Option<&'a str>, prefix: &str) -> Result<JobFilter, ApiError> {
+pub(in crate::http) fn parse_filter<'a>(
+    get: impl Fn(&str) -> Option<&'a str>,
+    prefix: &str,
+) -> Result<JobFilter, ApiError> {
     let field = |name: &str| format!("{prefix}{name}");
     let mut filter = JobFilter::all();
     if let Some(queue) = get("queue").filter(|queue| !queue.is_empty()) {

@@ -7,10 +7,10 @@ use serde_json::{Value, json};
 use super::super::error::ApiError;
 use super::super::extract::object_body;
 use super::super::paging::{decode_cursor, encode_cursor, query_pairs};
+use super::super::queues::queue_name;
 use super::super::{AppState, Reply, is_empty_body};
 use super::{Paging, state_counts};
 use crate::engine::{Backpressure, QueueSummary};
-use crate::job::is_valid_queue;
 
 /// A queue as the admin API shows it, at `now`.
 fn render_queue(queue: &QueueSummary, now: i64) -> Value {
@@ -35,15 +35,6 @@ fn render_backpressure(backpressure: &Backpressure) -> Value {
     })
 }
 
-/// A queue name from the path: 400 when it cannot be one.
-fn queue_name(name: &str) -> Result<&str, ApiError> {
-    if is_valid_queue(name) {
-        Ok(name)
-    } else {
-        Err(ApiError::invalid_request(Some("queue"), "the path does not name a valid queue"))
-    }
-}
-
 /// `GET /admin/queues`: by name, each with its counts.
 pub(super) async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     let paging = Paging::of(&query_pairs(query))?;
@@ -63,12 +54,7 @@ pub(super) async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError>
 /// `GET /admin/queues/{name}`: its counts, configuration and last minute.
 pub(super) async fn get(app: &AppState, name: &str) -> Result<Reply, ApiError> {
     let name = queue_name(name)?;
-    let stats = app
-        .backend
-        .queue_stats(name.to_string())
-        .outcome()
-        .await?
-        .ok_or_else(|| ApiError::not_found("queue", name.to_string()))?;
+    let stats = super::super::queues::existing_queue_stats(app, name).await?;
     let minutes = app.backend.throughput_minutes(Some(name.to_string())).outcome().await?;
     let mut body = render_queue(&stats.summary, super::super::workers::now_ms(app));
     body["throughput"] = json!({

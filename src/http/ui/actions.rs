@@ -10,8 +10,8 @@ use super::super::{AppState, Reply};
 use super::layout::{encode, frame};
 use super::{Viewer, field, next_page, redirect};
 use crate::backend::run_bulk;
-use crate::engine::{BulkAction, JobFilter, WorkerSignal};
-use crate::job::{JobId, JobState, is_valid_queue};
+use crate::engine::{BulkAction, WorkerSignal};
+use crate::job::{JobId, is_valid_queue};
 
 type Form = [(String, String)];
 
@@ -65,39 +65,8 @@ pub(super) async fn act(app: &AppState, viewer: &Viewer, rest: &[&str], form: &F
 /// A bulk action by filter: without `confirm=yes`, a page that says how
 /// many jobs it would change, with the button that does it.
 async fn bulk(app: &AppState, viewer: &Viewer, action: BulkAction, form: &Form) -> Result<Reply, ApiError> {
-    let mut filter = JobFilter::all();
-    if let Some(queue) = field(form, "queue").filter(|queue| !queue.is_empty()) {
-        if !is_valid_queue(queue) {
-            return Err(ApiError::invalid_request(Some("queue"), "not a valid queue name"));
-        }
-        filter = filter.queue(queue);
-    }
-    if let Some(state) = field(form, "state").filter(|state| !state.is_empty()) {
-        let state = JobState::ALL
-            .into_iter()
-            .find(|candidate| candidate.as_str() == state)
-            .ok_or_else(|| ApiError::invalid_request(Some("state"), format!("{state} is not a job state")))?;
-        filter = filter.state(state);
-    }
-    if let Some(pattern) = field(form, "type").filter(|pattern| !pattern.is_empty()) {
-        filter = filter.job_type(pattern);
-    }
-    let time = |name: &str| {
-        field(form, name)
-            .filter(|text| !text.is_empty())
-            .map(|text| {
-                crate::job::time::parse_timestamp(text)
-                    .map_err(|problem| ApiError::invalid_request(Some(name), problem))
-            })
-            .transpose()
-    };
-    filter = filter.created_between(time("since")?, time("until")?);
-    if let Some(text) = field(form, "q").filter(|text| !text.is_empty()) {
-        if text.len() > crate::limits::SEARCH_TEXT_BYTES_MAX {
-            return Err(ApiError::invalid_request(Some("q"), "the text is too long"));
-        }
-        filter = filter.text(text);
-    }
+    let filter =
+        super::super::admin::jobs::parse_filter(|name| field(form, name).filter(|given| !given.is_empty()), "")?;
     let label = match action {
         BulkAction::Retry => "Retry",
         BulkAction::Cancel => "Cancel",

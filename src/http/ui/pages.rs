@@ -9,7 +9,6 @@ use super::layout::{
 };
 use super::{Viewer, page as html_page};
 use crate::engine::{JobCursor, JobFilter};
-use crate::job::time::parse_timestamp;
 use crate::job::{JobId, JobState, is_valid_queue};
 
 /// Rows a page shows.
@@ -172,40 +171,14 @@ async fn queue(app: &AppState, viewer: &Viewer, name: &str, query: &Query) -> Re
     Ok(frame(app, viewer, "/queues", &format!("Queue {name}"), flash(query), body))
 }
 
-/// The listing's filter from the page's query, checked as the API checks it.
+/// The listing's filter from the page's query, checked as the API checks it
+/// (a page of one state fixes `state`).
 fn job_filter(query: &Query, state: Option<JobState>) -> Result<JobFilter, ApiError> {
-    let mut filter = JobFilter::all();
-    if let Some(queue) = value(query, "queue") {
-        if !is_valid_queue(queue) {
-            return Err(ApiError::invalid_request(Some("queue"), "not a valid queue name"));
-        }
-        filter = filter.queue(queue);
-    }
-    let states = state.map(|state| state.as_str().to_string()).or_else(|| value(query, "state").map(str::to_string));
-    if let Some(state) = states {
-        let state = JobState::ALL
-            .into_iter()
-            .find(|candidate| candidate.as_str() == state)
-            .ok_or_else(|| ApiError::invalid_request(Some("state"), format!("{state} is not a job state")))?;
-        filter = filter.state(state);
-    }
-    if let Some(pattern) = value(query, "type") {
-        filter = filter.job_type(pattern);
-    }
-    let time = |name: &str| {
-        value(query, name)
-            .map(|text| parse_timestamp(text).map_err(|problem| ApiError::invalid_request(Some(name), problem)))
-            .transpose()
-    };
-    filter = filter.created_between(time("since")?, time("until")?);
-    if let Some(text) = value(query, "q") {
-        if text.len() > crate::limits::SEARCH_TEXT_BYTES_MAX {
-            let message = format!("the text may be at most {} bytes", crate::limits::SEARCH_TEXT_BYTES_MAX);
-            return Err(ApiError::invalid_request(Some("q"), message));
-        }
-        filter = filter.text(text);
-    }
-    Ok(filter)
+    let state = state.map(JobState::as_str);
+    super::super::admin::jobs::parse_filter(
+        |name| if name == "state" && state.is_some() { state } else { value(query, name) },
+        "",
+    )
 }
 
 async fn jobs(
