@@ -16,7 +16,7 @@
 # server holding the cores); the receiver reports each delivery's lag from
 # its event's time, and the last round's p99 and most are printed.
 #
-#   [CONCURRENCY=N] [PRIORITY=idle|low] [RECEIVER_PRIORITY=normal] [BUSY=N] benches/webhooks.sh [JOBS] [ROUNDS]
+#   [CONCURRENCY=N] [PRIORITY=normal|low|idle] [RECEIVER_PRIORITY=normal] [BUSY=N] benches/webhooks.sh [JOBS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${1:-20000}

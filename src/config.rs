@@ -29,7 +29,7 @@
 //! off); `metrics.public` (bool) serves `/metrics` without a key;
 //! `webhooks.allow_private_targets` (bool) lets webhooks go to loopback and
 //! private addresses, `webhooks.extra_ca_file` (PEM) adds trusted CAs and pins self-signed receivers,
-//! `webhooks.timeout_s`, `webhooks.priority` (`"idle"` or `"low"`),
+//! `webhooks.timeout_s`, `webhooks.priority` (`"normal"`, `"low"` or `"idle"`),
 //! `webhooks.max_pending`, `webhooks.max_pending_bytes`, `webhooks.max_outbox`,
 //! `webhooks.max_outbox_bytes`, `webhooks.concurrency`,
 //! `webhooks.concurrency_per_subscription`, `webhooks.rotation_grace`
@@ -667,7 +667,7 @@ mod tests {
         let defaults = Config::load(&[], &HashMap::new()).unwrap();
         assert!(!defaults.webhooks_allow_private_targets && defaults.webhooks_extra_ca_file.is_none());
         assert_eq!(defaults.webhooks_timeout_ms, 30_000);
-        assert_eq!(defaults.webhooks_priority, DeliveryPriority::Low);
+        assert_eq!(defaults.webhooks_priority, DeliveryPriority::Normal);
         let text = "[webhooks]\nallow_private_targets = true\nextra_ca_file = \"/ca.pem\"\ntimeout_s = 5\npriority = \"idle\"\n\
                     max_pending = 10\nconcurrency = 4\nconcurrency_per_subscription = 2\nrotation_grace = \"PT1H\"\n\
                     max_pending_bytes = 1000\nmax_outbox = 20\nmax_outbox_bytes = 5000\n\
@@ -683,6 +683,8 @@ mod tests {
         assert_eq!(config.webhooks_priority, DeliveryPriority::Idle);
         assert_eq!((limits.max_pending_bytes, limits.max_outbox, limits.max_outbox_bytes), (1000, 20, 5000));
         assert_eq!(config.max_live_bytes, 123_456);
+        std::fs::write(&file, "[webhooks]\npriority = \"low\"\n").unwrap();
+        assert_eq!(Config::load(&[], &env).unwrap().webhooks_priority, DeliveryPriority::Low);
         for bad in [
             "[webhooks]\nmax_outbox_bytes = 0\n",
             "[limits]\nmax_live_bytes = 0\n",

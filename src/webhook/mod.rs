@@ -26,9 +26,14 @@ pub enum DeliveryPriority {
     /// deliveries slow job operations the least, but stop altogether while
     /// other work keeps every core busy (as workers beside the server do).
     Idle,
-    /// Nice 10 (the default): deliveries always keep a share of a busy core
-    /// (about a tenth against one busy thread at nice 0), so subscribers do
-    /// not go quiet when the host is loaded.
-    #[default]
+    /// Nice 10: deliveries keep a small share of a busy core (about a tenth
+    /// against one busy thread at nice 0), so they slow down a lot but never
+    /// stop when the host is loaded.
     Low,
+    /// The server's own priority (the default): the delivery thread takes
+    /// its share of the CPU like any other thread, so subscribers keep up
+    /// best on a loaded host (docs/perf-log.md, "The delivery thread's
+    /// priority").
+    #[default]
+    Normal,
 }

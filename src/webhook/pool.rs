@@ -2,9 +2,8 @@
 //! attempt the engine has counted, sends each on a bounded number of tasks,
 //! and reports how it went. It runs on a runtime of its own, never on the
 //! engine thread nor beside the HTTP front end: a slow or dead receiver holds
-//! a task, not a job operation, and signing and sending take the CPU only
-//! when job operations leave it (the thread runs in the idle scheduling
-//! class unless `webhooks.priority` says otherwise).
+//! a task, not a job operation. The thread runs at the priority
+//! `webhooks.priority` names (docs/api.md, "Deliveries").
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,7 +62,8 @@ impl Pool {
     }
 }
 
-/// Lowers the calling thread's priority. The idle class makes the kernel
+/// Lowers the calling thread's priority, unless it is to stay the server's
+/// own ([`DeliveryPriority::Normal`]). The idle class makes the kernel
 /// take the core from the thread at once when a job operation's thread
 /// wakes, and count a core running only it as free when it places a waking
 /// thread; a nice value alone leaves those threads queued behind it
@@ -71,6 +71,9 @@ impl Pool {
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 fn lower_priority(priority: DeliveryPriority) {
+    if priority == DeliveryPriority::Normal {
+        return;
+    }
     if priority == DeliveryPriority::Idle {
         let param = libc::sched_param { sched_priority: 0 };
         // SAFETY: pid 0 is the calling thread; `param` outlives the call.
@@ -107,8 +110,8 @@ async fn run(pool: Pool, engine: EngineHandle) {
         if waited > HANDOFF_SLOW && warned_at.is_none_or(|at| at.elapsed() > HANDOFF_WARNING_EVERY) {
             warned_at = Some(Instant::now());
             let advice = match priority {
-                DeliveryPriority::Idle => "; on a host other processes keep busy, set webhooks.priority = \"low\"",
-                DeliveryPriority::Low => "",
+                DeliveryPriority::Idle => "; on a host other processes keep busy, set webhooks.priority = \"normal\"",
+                DeliveryPriority::Low | DeliveryPriority::Normal => "",
             };
             tracing::warn!(waited_ms = waited.as_millis() as u64, "webhook deliveries waited for the CPU{advice}");
         }
