@@ -20,7 +20,7 @@ import {
 } from "./errors.js";
 import { InlineWorker } from "./inline.js";
 import type { AckManyAnswer, AckOutcome, FailureInput, HeartbeatAnswer, Job, JobProgress } from "./types.js";
-import { abortReason, anySignal, backoffDelay, sleep } from "./util.js";
+import { anySignal, backoffDelay, sleep } from "./util.js";
 
 /** Where the worker writes what happens to it. */
 export interface Logger {
@@ -97,9 +97,52 @@ type Outcome =
   | { kind: "release"; failure: FailureInput }
   | { kind: "drop"; why: string };
 
+/**
+ * A running job's cancellation. Its `AbortSignal` is made only when the
+ * handler asks for `ctx.signal`: most handlers never do, and an
+ * `AbortController` with its listeners is a large share of what a no-op job
+ * costs the worker.
+ */
+class Cancellation {
+  private controller: AbortController | undefined;
+  private reasonGiven: unknown;
+  private isAborted = false;
+  private listener: ((reason: unknown) => void) | undefined;
+
+  /** Aborts with `reason` now, or at once when made after the abort. */
+  get signal(): AbortSignal {
+    if (this.controller === undefined) {
+      this.controller = new AbortController();
+      if (this.isAborted) this.controller.abort(this.reasonGiven);
+    }
+    return this.controller.signal;
+  }
+
+  get aborted(): boolean {
+    return this.isAborted;
+  }
+
+  /** The first abort wins; later ones change nothing. */
+  abort(reason: unknown): void {
+    if (this.isAborted) return;
+    this.isAborted = true;
+    this.reasonGiven = reason;
+    this.controller?.abort(reason);
+    const listener = this.listener;
+    this.listener = undefined;
+    listener?.(reason);
+  }
+
+  /** Resolves with the reason once aborted (one waiter at a time). */
+  whenAborted(): Promise<unknown> {
+    if (this.isAborted) return Promise.resolve(this.reasonGiven);
+    return new Promise((resolve) => (this.listener = resolve));
+  }
+}
+
 interface Held {
   readonly job: Job;
-  readonly controller: AbortController;
+  readonly cancellation: Cancellation;
   readonly vtMs: number;
   /** Local time the claim was last extended (conservatively: when the request left). */
   extendedAt: number;
@@ -332,7 +375,7 @@ export class Worker {
       over.abort();
       if (this.held.size > 0) {
         this.logger.warn("grace period over: aborting and releasing the jobs in hand", { jobs: this.activeJobIds });
-        for (const held of this.held) held.controller.abort(new JobAbortedError("shutdown", "the worker is shutting down"));
+        for (const held of this.held) held.cancellation.abort(new JobAbortedError("shutdown", "the worker is shutting down"));
       }
     }
     while (this.held.size > 0) await Promise.all([...this.held].map((h) => h.done));
@@ -434,7 +477,7 @@ export class Worker {
     const now = Date.now();
     const held: Held = {
       job,
-      controller: new AbortController(),
+      cancellation: new Cancellation(),
       vtMs,
       extendedAt: sentAt,
       leaseUntil: sentAt + vtMs,
@@ -502,7 +545,9 @@ export class Worker {
       queue: job.queue,
       attempt: job.attempt,
       deadline: new Date(held.deadline),
-      signal: held.controller.signal,
+      get signal(): AbortSignal {
+        return held.cancellation.signal;
+      },
       job,
       workerId: this.workerId,
       traceparent: traceparentOf(job),
@@ -510,7 +555,7 @@ export class Worker {
         return worker.client.reportProgress(job.id, fraction, {
           ...options,
           workerId: worker.workerId,
-          signal: held.controller.signal,
+          signal: held.cancellation.signal,
         });
       },
       async extendLease(): Promise<void> {
@@ -521,9 +566,9 @@ export class Worker {
   }
 
   private async execute(held: Held, handler: Handler): Promise<Outcome> {
-    const { job, controller } = held;
+    const { job, cancellation } = held;
     const timer = setTimeout(
-      () => controller.abort(new JobTimeoutError(job.timeout_ms)),
+      () => cancellation.abort(new JobTimeoutError(job.timeout_ms)),
       Math.max(0, held.deadline - Date.now()),
     );
     const run = runChain(this.middleware, handler, job.args, this.context(held)).then(
@@ -541,12 +586,11 @@ export class Worker {
       },
       (error: unknown): Outcome => ({ kind: "fail", failure: failureOf(error) }),
     );
-    const aborted = new Promise<unknown>((resolve) => {
-      if (controller.signal.aborted) resolve(abortReason(controller.signal));
-      else controller.signal.addEventListener("abort", () => resolve(abortReason(controller.signal)), { once: true });
-    });
     try {
-      const first = await Promise.race([run, aborted.then((reason) => ({ kind: "aborted" as const, reason }))]);
+      const first = await Promise.race([
+        run,
+        cancellation.whenAborted().then((reason) => ({ kind: "aborted" as const, reason })),
+      ]);
       if (first.kind !== "aborted") return first;
       const reason = first.reason;
       if (reason instanceof JobTimeoutError) {
@@ -863,7 +907,7 @@ export class Worker {
     try {
       for (const held of listed) {
         // A job whose handler is over may be completed by an ack under way.
-        if (!this.held.has(held) || held.settling || held.controller.signal.aborted) continue;
+        if (!this.held.has(held) || held.settling || held.cancellation.aborted) continue;
         const job = await this.client.get(held.job.id).catch((error: unknown) =>
           error instanceof NotFoundError ? null : undefined,
         );
@@ -871,7 +915,7 @@ export class Worker {
         if (job === null || job.state !== "active" || job.worker_id !== this.workerId) {
           const why = job?.state === "cancelled" ? "cancelled" : "lease_lost";
           this.logger.warn(`job ${held.job.id}: no longer held (${job?.state ?? "gone"}); aborting its handler`);
-          held.controller.abort(new JobAbortedError(why));
+          held.cancellation.abort(new JobAbortedError(why));
         }
       }
     } finally {
@@ -908,7 +952,7 @@ export class Worker {
     this.stateChanged.notify();
     const jobs = [...this.held];
     if (jobs.length > 0) this.logger.warn("told to terminate: aborting and releasing the jobs in hand", { jobs: jobs.length });
-    for (const held of jobs) held.controller.abort(new JobAbortedError("terminate", "the worker was told to terminate"));
+    for (const held of jobs) held.cancellation.abort(new JobAbortedError("terminate", "the worker was told to terminate"));
     await Promise.all(jobs.map((h) => h.done));
     if (this.stopping) return;
     // svc says terminate to every worker while it drains for a restart: then

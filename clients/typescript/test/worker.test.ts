@@ -190,6 +190,30 @@ describe("worker", () => {
     assert.equal(read.error?.type, "timeout");
   });
 
+  test("a handler that never reads ctx.signal is still timed out; read late, the signal is aborted", async () => {
+    const job = await client.enqueue("deaf.job", [], { queue: "deaf", timeout: 300, retry: { maxAttempts: 1 } });
+    let lateSignal: AbortSignal | undefined;
+    const worker = makeWorker({ queues: ["deaf"] });
+    worker.handle("deaf.job", (_args, ctx) => {
+      // Sleeps past its timeout without looking at ctx.signal, then reads it.
+      return new Promise((resolve) =>
+        setTimeout(() => {
+          lateSignal = ctx.signal;
+          resolve(undefined);
+        }, 600),
+      );
+    });
+    const run = worker.run();
+    await settled([job.id], ["discarded"]);
+    const read = await client.get(job.id);
+    assert.equal(read.error?.type, "timeout");
+    while (lateSignal === undefined) await new Promise((resolve) => setTimeout(resolve, 20));
+    assert.ok(lateSignal.aborted);
+    assert.ok(lateSignal.reason instanceof JobTimeoutError);
+    await worker.stop();
+    await run;
+  });
+
   test("progress shows in GET /jobs/{id}/progress; middleware and traceparent reach the handler", async () => {
     const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     const producer = new Client(server.url, { traceparent: () => traceparent });
