@@ -2,7 +2,7 @@
 //!
 //! The HTTP front end and the embedding API ([`crate::Svc`]) reach the
 //! service only through [`Backend`]: typed requests in, typed answers and
-//! [`EngineError`](crate::engine::EngineError) out, each answer a
+//! [`EngineError`] out, each answer a
 //! [`Pending`] that can be awaited or waited for. The local engine
 //! ([`EngineHandle`](crate::engine::EngineHandle), `local.rs`) is the first
 //! implementation. Every method is one unit of work a backend can do as one
@@ -13,6 +13,8 @@
 //! metrics, and the local engine's snapshots and shutdown.
 
 mod local;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 
 use std::sync::Arc;
 

@@ -2,6 +2,8 @@
 //! blocking JSON client, and fixed entropy for engines on a manual clock.
 #![allow(dead_code)]
 
+pub mod postgres;
+
 use reqwest::blocking::{Client, Response};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};

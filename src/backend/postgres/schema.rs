@@ -1,0 +1,163 @@
+//! The database schema and its migrations (docs/postgres.md, "Tables").
+//!
+//! Every node runs [`migrate`] when it starts. It takes a transaction-level
+//! advisory lock first, so nodes starting together apply each migration
+//! once, one after the other; reads the version recorded in `svc_schema`;
+//! refuses a database newer than this binary; and applies what is missing,
+//! all in one transaction, so a migration is applied whole or not at all.
+//! A migration, once released, never changes: the next change is the next
+//! entry of [`MIGRATIONS`].
+
+use deadpool_postgres::GenericClient;
+
+/// The schema version this binary runs on.
+pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
+
+/// The advisory lock key migrations hold (`svc_migr` as eight bytes), so
+/// that other programs' advisory locks on the same database do not collide.
+const MIGRATION_LOCK: i64 = i64::from_be_bytes(*b"svc_migr");
+
+/// Where the applied version is recorded; made before any migration runs.
+const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS svc_schema (
+    version integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    applied_by text NOT NULL
+)";
+
+/// Each migration's statements; migration N is `MIGRATIONS[N - 1]`.
+const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER];
+
+/// Version 1: jobs in flight, finished jobs by day, queue settings and the
+/// leader lease.
+const V1_JOBS_QUEUES_LEADER: &str = "
+-- Jobs not yet finished: the hot table, kept small so that its indexes stay
+-- in memory and vacuum keeps up. `body` is the whole job in svc's stored form;
+-- the columns are what claims, timers and listings select on.
+CREATE TABLE svc_jobs (
+    id uuid PRIMARY KEY,
+    queue text NOT NULL,
+    type text NOT NULL,
+    state text NOT NULL CHECK (state IN ('pending', 'scheduled', 'available', 'active', 'retryable')),
+    priority smallint NOT NULL,
+    -- When the job became (or becomes) available: the order within a priority.
+    ready_at timestamptz NOT NULL,
+    attempt integer NOT NULL,
+    -- Set by every claim; an ack, nack or heartbeat must name the claim it holds.
+    claim bigint,
+    lease_until timestamptz,
+    worker_id text,
+    created_at timestamptz NOT NULL,
+    body bytea NOT NULL
+) WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.05,
+    autovacuum_vacuum_cost_delay = 0
+);
+-- The claim order: a queue's available jobs by priority, then time, then id.
+CREATE INDEX svc_jobs_available ON svc_jobs (queue, priority DESC, ready_at, id) WHERE state = 'available';
+-- Scheduled and retryable jobs by the time they come due.
+CREATE INDEX svc_jobs_due ON svc_jobs (ready_at) WHERE state IN ('scheduled', 'retryable');
+-- Claims by the time their lease runs out.
+CREATE INDEX svc_jobs_leases ON svc_jobs (lease_until) WHERE state = 'active';
+
+-- Finished jobs, partitioned by the day they finished: pruning drops whole
+-- partitions. The leader makes each day's partition ahead of time; the
+-- default partition only catches what arrives before one exists.
+CREATE TABLE svc_job_history (
+    id uuid NOT NULL,
+    queue text NOT NULL,
+    type text NOT NULL,
+    state text NOT NULL CHECK (state IN ('completed', 'discarded', 'cancelled')),
+    finished_at timestamptz NOT NULL,
+    body bytea NOT NULL,
+    PRIMARY KEY (finished_at, id)
+) PARTITION BY RANGE (finished_at);
+CREATE TABLE svc_job_history_default PARTITION OF svc_job_history DEFAULT;
+CREATE INDEX svc_job_history_id ON svc_job_history (id);
+
+-- Queues with settings of their own: paused, or bounded (backpressure).
+CREATE TABLE svc_queues (
+    name text PRIMARY KEY,
+    paused boolean NOT NULL DEFAULT false,
+    max_depth bigint CHECK (max_depth > 0),
+    warning_threshold double precision CHECK (warning_threshold > 0 AND warning_threshold <= 1),
+    changed_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Who runs the timers and housekeeping: one row per role, held by one node
+-- until `expires_at` unless it renews.
+CREATE TABLE svc_leader (
+    role text PRIMARY KEY,
+    node text NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+";
+
+/// Why the schema cannot be brought to this binary's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// The database was migrated by a newer svc: this binary does not know
+    /// its tables and must not write to them.
+    Newer { found: i32, supported: i32 },
+    /// A statement of a migration failed; nothing of it was applied.
+    Failed { version: i32, reason: String },
+}
+
+impl std::fmt::Display for SchemaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SchemaError::Newer { found, supported } => write!(
+                f,
+                "the database's svc schema is version {found}, newer than this binary's {supported}: \
+                 run the svc release that migrated it, or a later one"
+            ),
+            SchemaError::Failed { version, reason } => {
+                write!(f, "migrating the database to svc schema version {version} failed: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SchemaError {}
+
+/// The schema version the database holds (0 before any migration).
+pub async fn schema_version(client: &impl GenericClient) -> Result<i32, super::PgError> {
+    let exists: bool = client.query_one("SELECT to_regclass('svc_schema') IS NOT NULL", &[]).await?.get(0);
+    if !exists {
+        return Ok(0);
+    }
+    Ok(client.query_one("SELECT coalesce(max(version), 0) FROM svc_schema", &[]).await?.get(0))
+}
+
+/// Brings the database to [`SCHEMA_VERSION`] and answers the version it was
+/// at. Safe to run from several nodes at once.
+pub async fn migrate(client: &mut deadpool_postgres::Client) -> Result<i32, super::PgError> {
+    let transaction = client.transaction().await?;
+    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+    transaction.batch_execute(VERSION_TABLE).await?;
+    let found = schema_version(&transaction).await?;
+    if found > SCHEMA_VERSION {
+        return Err(SchemaError::Newer { found, supported: SCHEMA_VERSION }.into());
+    }
+    let applied_by = concat!("svc ", env!("CARGO_PKG_VERSION"));
+    for (index, statements) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = index as i32 + 1;
+        let failed = |error: tokio_postgres::Error| {
+            let reason = error.as_db_error().map_or_else(|| error.to_string(), |db| db.message().to_string());
+            super::PgError::Schema(SchemaError::Failed { version, reason })
+        };
+        transaction.batch_execute(statements).await.map_err(failed)?;
+        transaction
+            .execute("INSERT INTO svc_schema (version, applied_by) VALUES ($1, $2)", &[&version, &applied_by])
+            .await
+            .map_err(failed)?;
+    }
+    transaction.commit().await?;
+    if found < SCHEMA_VERSION {
+        tracing::info!(from = found, to = SCHEMA_VERSION, "migrated the svc schema");
+    }
+    Ok(found)
+}
