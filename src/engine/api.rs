@@ -301,3 +301,14 @@ impl std::fmt::Display for EngineError {
 }
 
 impl std::error::Error for EngineError {}
+
+impl EngineError {
+    /// The 409 for a worker's report on a job it does not hold.
+    pub fn not_held(job: &Job, refusal: crate::job::transition::NotHeld) -> EngineError {
+        let reason = match refusal {
+            crate::job::transition::NotHeld::NotActive => ConflictReason::InvalidState,
+            crate::job::transition::NotHeld::OtherWorker => ConflictReason::NotOwner,
+        };
+        EngineError::Conflict { id: job.id, current_state: job.state, reason }
+    }
+}

@@ -21,18 +21,8 @@ pub struct Claim {
     pub execution_deadline: Millis,
 }
 
-/// What a failed attempt leads to.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum FailOutcome {
-    /// `retryable` until `retry_at`.
-    Retry { retry_at: Millis, delay_ms: u64 },
-    /// `discarded`: exhausted or not retryable.
-    Discard,
-    /// Back to `available` at once; the released claim does not count (nack with requeue).
-    Requeue,
-    /// Back to `available` at once; the claim counts (visibility timeout).
-    Release,
-}
+/// What a failed attempt leads to; logged in `Fail` and `Timeout` records.
+pub use crate::job::transition::FailOutcome;
 
 /// Which claim deadline ran out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,9 +15,8 @@ use super::table::Table;
 use super::workers::entry::WorkerSignal;
 use super::workflows::table::Workflow;
 use crate::clock::Millis;
-use crate::job::{ErrorEntry, FailureReport, IdGenerator, Job, JobId, JobRun, JobState, UniqueKey};
+use crate::job::{FailureReport, IdGenerator, Job, JobId, JobRun, JobState, UniqueKey, transition};
 use crate::limits::DISPATCH_WINDOW_MS_MAX;
-use crate::limits::ERROR_HISTORY_MAX;
 use crate::schedule::{DispatchTable, KeyedReady, ReadyQueue, TimerSet};
 
 mod index;
@@ -261,12 +260,7 @@ impl State {
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
         let previous_state = self.jobs.get(&id).map_or(JobState::Cancelled, |job| job.state);
-        self.update(id, |job| {
-            job.state = JobState::Cancelled;
-            job.run_mut().cancelled_at = Some(at);
-            job.run_mut().retry_at = None;
-            clear_claim(job);
-        })?;
+        self.update(id, |job| transition::cancel(job, at))?;
         events.push(at, EventKind::Cancelled { previous_state, reason }, id);
         Ok(())
     }
@@ -416,14 +410,7 @@ impl State {
     ) -> Result<(), ApplyError> {
         for claim in claims {
             let job = self.update(claim.id, |job| {
-                job.state = JobState::Active;
-                job.attempt += 1;
-                job.run_mut().started_at = Some(at);
-                job.run_mut().worker_id = worker_id.clone();
-                job.run_mut().visibility_deadline = Some(claim.visibility_deadline);
-                job.run_mut().execution_deadline = Some(claim.execution_deadline);
-                job.run_mut().claim_visibility_ms = (claim.visibility_deadline - at).max(0) as u64;
-                job.set_progress(None);
+                transition::claim(job, at, worker_id.clone(), claim.visibility_deadline, claim.execution_deadline)
             })?;
             if let Some((limit, key)) = job.limit_and_key() {
                 self.dispatch.claimed(key, limit, at);
@@ -447,13 +434,7 @@ impl State {
         result: &Option<String>,
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
-        self.update(id, |job| {
-            job.state = JobState::Completed;
-            job.run_mut().completed_at = Some(at);
-            job.run_mut().result = result.clone();
-            job.run_mut().error = None;
-            clear_claim(job);
-        })?;
+        self.update(id, |job| transition::complete(job, at, result.clone()))?;
         events.push(at, EventKind::Completed, id);
         Ok(())
     }
@@ -467,7 +448,7 @@ impl State {
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
         let attempt = self.jobs.get(&id).map_or(0, |job| job.attempt);
-        self.update(id, |job| fail(job, at, report, outcome))?;
+        self.update(id, |job| transition::fail(job, at, report, outcome))?;
         if outcome != FailOutcome::Requeue {
             events.push(at, EventKind::Failed { report: Box::new(report.clone()), attempt }, id);
         }
@@ -508,7 +489,7 @@ impl State {
                 job.state = JobState::Discarded;
                 job.run_mut().discarded_at = Some(at);
                 job.run_mut().retry_at = None;
-                push_error(job, report, at);
+                transition::push_error(job, report, at);
             })?;
             events.push(at, EventKind::Expired, *id);
             events.push(at, EventKind::Discarded { reason: "expired" }, *id);
@@ -527,7 +508,7 @@ impl State {
         let job = self.jobs.get(&id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
         let report = timeout_report(job, kind, at);
         let attempt = job.attempt;
-        self.update(id, |job| fail(job, at, &report, outcome))?;
+        self.update(id, |job| transition::fail(job, at, &report, outcome))?;
         events.push(at, EventKind::Failed { report: Box::new(report.clone()), attempt }, id);
         push_outcome_event(events, at, id, &report, outcome, "visibility_timeout");
         Ok(())
@@ -595,51 +576,6 @@ pub(super) fn activate(job: &mut Job, at: Millis) {
         job.set_enqueued_at(Some(at));
     }
     job.set_activated_at(at);
-}
-
-fn clear_claim(job: &mut Job) {
-    if let Some(run) = job.run_if_any_mut() {
-        run.visibility_deadline = None;
-        run.execution_deadline = None;
-        run.claim_visibility_ms = 0;
-    }
-}
-
-fn push_error(job: &mut Job, report: FailureReport, at: Millis) {
-    let attempt = job.attempt;
-    let run = job.run_mut();
-    run.errors.push(ErrorEntry { report: report.clone(), attempt, occurred_at: at });
-    if run.errors.len() > ERROR_HISTORY_MAX {
-        run.errors.remove(0);
-    }
-    run.error = Some(report);
-}
-
-/// The effects of a failed attempt (docs/api.md, "Job state table", rows 17–24).
-fn fail(job: &mut Job, at: Millis, report: &FailureReport, outcome: FailOutcome) {
-    push_error(job, report.clone(), at);
-    clear_claim(job);
-    match outcome {
-        FailOutcome::Retry { retry_at, delay_ms } => {
-            job.state = JobState::Retryable;
-            job.run_mut().retry_at = Some(retry_at);
-            job.run_mut().retry_delay_ms = Some(delay_ms);
-        }
-        FailOutcome::Discard => {
-            job.state = JobState::Discarded;
-            job.run_mut().completed_at = Some(at);
-            job.run_mut().discarded_at = Some(at);
-        }
-        FailOutcome::Requeue => {
-            job.state = JobState::Available;
-            job.attempt = job.attempt.saturating_sub(1);
-            job.set_enqueued_at(Some(at));
-        }
-        FailOutcome::Release => {
-            job.state = JobState::Available;
-            job.set_enqueued_at(Some(at));
-        }
-    }
 }
 
 fn push_outcome_event(

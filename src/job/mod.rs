@@ -15,6 +15,7 @@ mod queue_name;
 mod retry;
 mod stored;
 pub mod time;
+pub mod transition;
 mod unique;
 mod worker;
 

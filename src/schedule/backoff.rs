@@ -1,6 +1,41 @@
-//! Retry delays (docs/api.md, "What a failure leads to").
+//! Retry delays, and what a failed attempt leads to (docs/api.md, "What a
+//! failure leads to").
 
-use crate::job::RetryPolicy;
+use crate::clock::Millis;
+use crate::job::transition::FailOutcome;
+use crate::job::{FailureReport, Job, RetryPolicy};
+
+/// What a failed attempt of `job` leads to: discarded when the report says
+/// it is final, when it matches the policy's `non_retryable_errors`, or when
+/// the attempts are used up; else retried after the policy's delay.
+/// `random_unit` is asked for only when a delay is drawn.
+pub fn failure_outcome(
+    job: &Job,
+    report: &FailureReport,
+    now: Millis,
+    random_unit: impl FnOnce() -> f64,
+) -> FailOutcome {
+    if report.retryable == Some(false) || matches_non_retryable(&job.retry.non_retryable_errors, report) {
+        return FailOutcome::Discard;
+    }
+    if job.attempt >= job.max_attempts().max(1) {
+        return FailOutcome::Discard;
+    }
+    let delay_ms = retry_delay_ms(&job.retry, job.attempt.max(1), random_unit());
+    FailOutcome::Retry { retry_at: now.saturating_add(delay_ms as i64), delay_ms }
+}
+
+/// An entry matches a candidate exactly, or as a `prefix.*` pattern.
+fn matches_non_retryable(entries: &[String], report: &FailureReport) -> bool {
+    let class = report.error_class();
+    let candidates = [Some(report.error_type.as_str()), Some(report.code.as_str()), class.as_deref()];
+    entries.iter().any(|entry| {
+        candidates.iter().flatten().any(|candidate| match entry.strip_suffix('*') {
+            Some(prefix) if entry.ends_with(".*") => candidate.starts_with(prefix),
+            _ => candidate == entry,
+        })
+    })
+}
 
 /// The delay before the next attempt after claim number `attempt` (≥ 1) failed.
 /// `random_unit` is uniform in [0, 1) and is used only when the policy has jitter.
@@ -18,6 +53,18 @@ pub fn retry_delay_ms(policy: &RetryPolicy, attempt: u32, random_unit: f64) -> u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_retryable_patterns() {
+        let report = FailureReport {
+            details: Some(r#"{"error_class":"net.Timeout"}"#.into()),
+            ..FailureReport::server("ValidationError", "m")
+        };
+        assert!(matches_non_retryable(&["ValidationError".into()], &report));
+        assert!(matches_non_retryable(&["net.*".into()], &report));
+        assert!(!matches_non_retryable(&["Validation".into(), "other.*".into()], &report));
+        assert!(!matches_non_retryable(&["validationerror".into()], &report));
+    }
 
     fn policy(initial: i64, coefficient: f64, max: i64, jitter: bool) -> RetryPolicy {
         RetryPolicy {

@@ -5,7 +5,7 @@ mod dispatch;
 mod ready;
 mod timers;
 
-pub use backoff::retry_delay_ms;
+pub use backoff::{failure_outcome, retry_delay_ms};
 pub use dispatch::{DispatchTable, Taken};
 pub use ready::{KeyedReady, ReadyKey, ReadyQueue};
 pub use timers::TimerSet;

@@ -5,9 +5,8 @@ use super::super::api::{ConflictReason, EngineError, FetchRequest, Unavailable};
 use super::super::record::{Claim, FailOutcome, Record, TimeoutKind};
 use super::super::state::{QueueState, State};
 use crate::clock::Millis;
-use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, ValidationError};
+use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, ValidationError, transition};
 use crate::limits::CLIENT_ID_AHEAD_MS_MAX;
-use crate::schedule::retry_delay_ms;
 use crate::schedule::{ReadyKey, Taken};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -348,14 +347,7 @@ impl State {
     /// Finds the active job a worker reports on, checking the claim's owner.
     pub(in crate::engine) fn active_job(&self, id: JobId, worker_id: Option<&str>) -> Result<&Job, EngineError> {
         let job = self.job(id).ok_or(EngineError::NotFound { id })?;
-        if job.state != JobState::Active {
-            return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::InvalidState });
-        }
-        if let (Some(sender), Some(owner)) = (worker_id, job.run().worker_id.as_deref())
-            && sender != owner
-        {
-            return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::NotOwner });
-        }
+        transition::check_held(job, worker_id).map_err(|refusal| EngineError::not_held(job, refusal))?;
         Ok(job)
     }
 
@@ -527,26 +519,7 @@ fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Record {
 
 /// The decision on a failed attempt (docs/api.md, "What a failure leads to").
 pub fn failure_outcome(job: &Job, report: &FailureReport, now: Millis, entropy: &mut dyn Entropy) -> FailOutcome {
-    if report.retryable == Some(false) || matches_non_retryable(&job.retry.non_retryable_errors, report) {
-        return FailOutcome::Discard;
-    }
-    if job.attempt >= job.max_attempts().max(1) {
-        return FailOutcome::Discard;
-    }
-    let delay_ms = retry_delay_ms(&job.retry, job.attempt.max(1), entropy.next_unit());
-    FailOutcome::Retry { retry_at: now.saturating_add(delay_ms as i64), delay_ms }
-}
-
-/// An entry matches a candidate exactly, or as a `prefix.*` pattern.
-fn matches_non_retryable(entries: &[String], report: &FailureReport) -> bool {
-    let class = report.error_class();
-    let candidates = [Some(report.error_type.as_str()), Some(report.code.as_str()), class.as_deref()];
-    entries.iter().any(|entry| {
-        candidates.iter().flatten().any(|candidate| match entry.strip_suffix('*') {
-            Some(prefix) if entry.ends_with(".*") => candidate.starts_with(prefix),
-            _ => candidate == entry,
-        })
-    })
+    crate::schedule::failure_outcome(job, report, now, || entropy.next_unit())
 }
 
 #[cfg(test)]
@@ -580,17 +553,5 @@ mod tests {
         let fresh = state.fresh_id(now, &mut entropy, &Default::default());
         assert_ne!(fresh, restart_id, "the stored job's id is not handed out again");
         assert!(state.job(fresh).is_none());
-    }
-
-    #[test]
-    fn non_retryable_patterns() {
-        let report = FailureReport {
-            details: Some(r#"{"error_class":"net.Timeout"}"#.into()),
-            ..FailureReport::server("ValidationError", "m")
-        };
-        assert!(matches_non_retryable(&["ValidationError".into()], &report));
-        assert!(matches_non_retryable(&["net.*".into()], &report));
-        assert!(!matches_non_retryable(&["Validation".into(), "other.*".into()], &report));
-        assert!(!matches_non_retryable(&["validationerror".into()], &report));
     }
 }

@@ -1,0 +1,133 @@
+//! What each change of state does to one job (docs/api.md, "Job state
+//! table"): the fields a claim, an ack, a failed attempt or a cancel sets
+//! and clears. Every backend changes a job through these, so a job reads the
+//! same whichever one holds it; the checks before a change and the events
+//! after it stay with each backend.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ErrorEntry, FailureReport, Job, JobState};
+use crate::clock::Millis;
+use crate::limits::ERROR_HISTORY_MAX;
+
+/// What a failed attempt leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum FailOutcome {
+    /// `retryable` until `retry_at`.
+    Retry { retry_at: Millis, delay_ms: u64 },
+    /// `discarded`: exhausted or not retryable.
+    Discard,
+    /// Back to `available` at once; the released claim does not count (nack with requeue).
+    Requeue,
+    /// Back to `available` at once; the claim counts (visibility timeout).
+    Release,
+}
+
+/// Why a worker's report on a job (ack, nack, heartbeat, progress) is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotHeld {
+    /// The job is not `active`.
+    NotActive,
+    /// Another worker holds the claim.
+    OtherWorker,
+}
+
+/// Whether `worker_id` may report on `job`: it must be active, and claimed by
+/// that worker when both the claim and the report name one.
+pub fn check_held(job: &Job, worker_id: Option<&str>) -> Result<(), NotHeld> {
+    if job.state != JobState::Active {
+        return Err(NotHeld::NotActive);
+    }
+    if let (Some(sender), Some(owner)) = (worker_id, job.run().worker_id.as_deref())
+        && sender != owner
+    {
+        return Err(NotHeld::OtherWorker);
+    }
+    Ok(())
+}
+
+/// A claim (rows 9–12): the next attempt starts, held until the deadlines.
+pub fn claim(
+    job: &mut Job,
+    at: Millis,
+    worker_id: Option<String>,
+    visibility_deadline: Millis,
+    execution_deadline: Millis,
+) {
+    job.state = JobState::Active;
+    job.attempt += 1;
+    let run = job.run_mut();
+    run.started_at = Some(at);
+    run.worker_id = worker_id;
+    run.visibility_deadline = Some(visibility_deadline);
+    run.execution_deadline = Some(execution_deadline);
+    run.claim_visibility_ms = (visibility_deadline - at).max(0) as u64;
+    job.set_progress(None);
+}
+
+/// An ack (row 13): completed with the worker's result, the last error cleared.
+pub fn complete(job: &mut Job, at: Millis, result: Option<String>) {
+    job.state = JobState::Completed;
+    let run = job.run_mut();
+    run.completed_at = Some(at);
+    run.result = result;
+    run.error = None;
+    clear_claim(job);
+}
+
+/// A failed attempt (rows 17–24): the error kept, then retried, discarded or
+/// made available again as `outcome` says.
+pub fn fail(job: &mut Job, at: Millis, report: &FailureReport, outcome: FailOutcome) {
+    push_error(job, report.clone(), at);
+    clear_claim(job);
+    match outcome {
+        FailOutcome::Retry { retry_at, delay_ms } => {
+            job.state = JobState::Retryable;
+            job.run_mut().retry_at = Some(retry_at);
+            job.run_mut().retry_delay_ms = Some(delay_ms);
+        }
+        FailOutcome::Discard => {
+            job.state = JobState::Discarded;
+            job.run_mut().completed_at = Some(at);
+            job.run_mut().discarded_at = Some(at);
+        }
+        FailOutcome::Requeue => {
+            job.state = JobState::Available;
+            job.attempt = job.attempt.saturating_sub(1);
+            job.set_enqueued_at(Some(at));
+        }
+        FailOutcome::Release => {
+            job.state = JobState::Available;
+            job.set_enqueued_at(Some(at));
+        }
+    }
+}
+
+/// A cancel (rows 26–30): ended, any claim dropped.
+pub fn cancel(job: &mut Job, at: Millis) {
+    job.state = JobState::Cancelled;
+    job.run_mut().cancelled_at = Some(at);
+    job.run_mut().retry_at = None;
+    clear_claim(job);
+}
+
+/// Drops the claim's deadlines (the worker id stays: who ran it last).
+pub fn clear_claim(job: &mut Job) {
+    if let Some(run) = job.run_if_any_mut() {
+        run.visibility_deadline = None;
+        run.execution_deadline = None;
+        run.claim_visibility_ms = 0;
+    }
+}
+
+/// Records a failure as the job's last error and in its history, which keeps
+/// the newest [`ERROR_HISTORY_MAX`].
+pub fn push_error(job: &mut Job, report: FailureReport, at: Millis) {
+    let attempt = job.attempt;
+    let run = job.run_mut();
+    run.errors.push(ErrorEntry { report: report.clone(), attempt, occurred_at: at });
+    if run.errors.len() > ERROR_HISTORY_MAX {
+        run.errors.remove(0);
+    }
+    run.error = Some(report);
+}
