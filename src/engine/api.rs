@@ -235,6 +235,9 @@ pub enum Unavailable {
     EngineStopped,
     /// A requested snapshot could not be written.
     SnapshotFailed,
+    /// The database (the PostgreSQL backend's) could not be reached, or
+    /// failed the statement; nothing of the request was committed.
+    Database,
 }
 
 impl Unavailable {
@@ -246,6 +249,7 @@ impl Unavailable {
             Unavailable::StorageFailed => "storage_failed",
             Unavailable::EngineStopped => "engine_stopped",
             Unavailable::SnapshotFailed => "snapshot_failed",
+            Unavailable::Database => "database",
         }
     }
 }

@@ -463,13 +463,7 @@ impl State {
             if !self.jobs.get(id).is_some_and(|job| matches!(job.state, JobState::Scheduled | JobState::Retryable)) {
                 continue;
             }
-            self.update(*id, |job| {
-                job.state = JobState::Available;
-                job.set_enqueued_at(Some(at));
-                if let Some(run) = job.run_if_any_mut() {
-                    run.retry_at = None;
-                }
-            })?;
+            self.update(*id, |job| transition::promote(job, at))?;
         }
         Ok(())
     }

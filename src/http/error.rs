@@ -270,6 +270,7 @@ impl From<EngineError> for ApiError {
                     Unavailable::StorageFailed => "storage failed; the server accepts no writes until it restarts",
                     Unavailable::DiskFull => "the disk is full; new work is refused until space is freed",
                     Unavailable::EngineStopped | Unavailable::SnapshotFailed => "the engine is not available",
+                    Unavailable::Database => "the database did not answer or failed; nothing was changed, retry",
                 };
                 ApiError::new("backend_error", text).detail("reason", reason.as_str())
             }

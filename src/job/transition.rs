@@ -103,6 +103,15 @@ pub fn fail(job: &mut Job, at: Millis, report: &FailureReport, outcome: FailOutc
     }
 }
 
+/// A scheduled or retryable job whose time came: available from `at`.
+pub fn promote(job: &mut Job, at: Millis) {
+    job.state = JobState::Available;
+    job.set_enqueued_at(Some(at));
+    if let Some(run) = job.run_if_any_mut() {
+        run.retry_at = None;
+    }
+}
+
 /// A cancel (rows 26–30): ended, any claim dropped.
 pub fn cancel(job: &mut Job, at: Millis) {
     job.state = JobState::Cancelled;

@@ -124,7 +124,10 @@ impl TempPostgres {
                 let (client, connection) =
                     tokio_postgres::connect(&url, tokio_postgres::NoTls).await.map_err(|e| e.to_string())?;
                 tokio::spawn(connection);
-                client.batch_execute(&statement).await.map_err(|e| e.to_string())
+                client.batch_execute(&statement).await.map_err(|error| match error.as_db_error() {
+                    Some(db) => format!("{}: {}", db.code().code(), db.message()),
+                    None => error.to_string(),
+                })
             })
         })
         .join()

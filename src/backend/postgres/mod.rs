@@ -6,10 +6,12 @@
 //! its migrations (`schema.rs`), which the first node to start applies
 //! under an advisory lock.
 
+mod jobs;
 mod schema;
 
 use std::time::Duration;
 
+pub use jobs::PgJobs;
 pub use schema::{SCHEMA_VERSION, SchemaError, migrate, schema_version};
 
 /// Where the database is and how svc uses it (`--postgres`,

@@ -1,0 +1,480 @@
+//! Jobs on PostgreSQL (docs/postgres.md, "Jobs"): enqueue, read, claim,
+//! ack, fail, cancel and promote, each one transaction.
+//!
+//! A job's row carries the columns the queries select on and the whole job
+//! (`body`, svc's stored form). Every change reads the job locked
+//! (`FOR UPDATE`), changes it with the same transitions as the local engine
+//! (`job::transition`), and writes it back in the same transaction, so both
+//! backends answer alike. Claims lock with `SKIP LOCKED`: concurrent
+//! claimers, on any node, pass over each other's rows and never take the
+//! same job. Finished jobs move to `svc_job_history`.
+//!
+//! Times are the caller's (`now`), so a manual clock drives tests; nodes are
+//! expected to keep their clocks in sync (NTP), as leases span nodes.
+
+use std::sync::Arc;
+
+use deadpool_postgres::{GenericClient, Pool, Transaction};
+
+use super::PgError;
+use crate::clock::Millis;
+use crate::engine::{Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, Unavailable};
+use crate::job::transition::{self, FailOutcome};
+use crate::job::{FailureReport, IdGenerator, Job, JobId, JobState, NewJob, ValidationError};
+use crate::limits::CLIENT_ID_AHEAD_MS_MAX;
+
+/// Milliseconds since the epoch as a `timestamptz`, in SQL.
+macro_rules! ts {
+    ($expr:literal) => {
+        concat!("to_timestamp((", $expr, ")::int8::float8 / 1000)")
+    };
+}
+
+/// The job store of one node.
+pub struct PgJobs {
+    pool: Pool,
+    ids: std::sync::Mutex<IdGenerator>,
+}
+
+/// A database failure, logged with its cause and answered as unavailable:
+/// the transaction was rolled back, nothing changed.
+fn database(error: impl Into<PgError>) -> EngineError {
+    let error = error.into();
+    tracing::warn!(%error, "a database statement failed");
+    EngineError::Unavailable { reason: Unavailable::Database }
+}
+
+/// The job as stored in `body`.
+fn encode(job: &Job) -> Vec<u8> {
+    postcard::to_allocvec(job).expect("a job always encodes")
+}
+
+fn decode(id: &str, body: &[u8]) -> Result<Job, EngineError> {
+    postcard::from_bytes(body).map_err(|error| {
+        tracing::error!(id, %error, "a stored job does not decode");
+        EngineError::Unavailable { reason: Unavailable::Database }
+    })
+}
+
+/// When a job in the hot table becomes (or became) claimable: the order of
+/// `svc_jobs_available` within a priority, and the due time of the timers.
+fn ready_at(job: &Job) -> Millis {
+    match job.state {
+        JobState::Scheduled => job.scheduled_at().unwrap_or(job.created_at),
+        JobState::Retryable => job.run().retry_at.unwrap_or(job.created_at),
+        _ => job.enqueued_at().unwrap_or(job.created_at),
+    }
+}
+
+/// When a finished job finished.
+fn finished_at(job: &Job) -> Millis {
+    let run = job.run();
+    match job.state {
+        JobState::Cancelled => run.cancelled_at,
+        JobState::Discarded => run.discarded_at,
+        _ => run.completed_at,
+    }
+    .unwrap_or(job.created_at)
+}
+
+impl PgJobs {
+    pub fn new(pool: Pool) -> Self {
+        PgJobs { pool, ids: std::sync::Mutex::new(IdGenerator::default()) }
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, EngineError> {
+        self.pool.get().await.map_err(database)
+    }
+
+    fn fresh_id(&self, now: Millis) -> JobId {
+        let mut ids = self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        ids.next(now, rand::random())
+    }
+
+    /// Enqueues jobs, all or none. Checked as the local engine checks them:
+    /// client ids not in use and not far ahead, times in order, queues not
+    /// paused. Unique policies, dispatch limits, schemas and backpressure are
+    /// not handled by this backend yet and are refused, not ignored.
+    pub async fn enqueue(&self, now: Millis, new_jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, EngineError> {
+        let batch = new_jobs.len() > 1;
+        let index_of = |position: usize| batch.then_some(position);
+        let mut jobs = Vec::with_capacity(new_jobs.len());
+        for (position, new_job) in new_jobs.into_iter().enumerate() {
+            if new_job.unique.is_some() || new_job.rate_limit.is_some() || new_job.schema.is_some() {
+                let error = ValidationError::payload(
+                    "options",
+                    "unique policies, rate limits and schemas are not yet supported on the PostgreSQL backend",
+                )
+                .with_reason("unsupported");
+                return Err(EngineError::Invalid { error, index: index_of(position) });
+            }
+            jobs.push(self.admit(now, new_job, index_of(position))?);
+        }
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
+        let paused = transaction
+            .query("SELECT name FROM svc_queues WHERE paused AND name = ANY($1)", &[&queues])
+            .await
+            .map_err(database)?;
+        if let Some(row) = paused.first() {
+            let queue: String = row.get(0);
+            let position = jobs.iter().position(|job| job.queue.as_str() == queue).unwrap_or(0);
+            return Err(EngineError::QueuePaused { queue, index: index_of(position) });
+        }
+        let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
+        let taken = transaction
+            .query(
+                "SELECT id::text FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
+                 UNION ALL SELECT id::text FROM svc_job_history WHERE id = ANY($1::text[]::uuid[])",
+                &[&ids],
+            )
+            .await
+            .map_err(database)?;
+        if let Some(row) = taken.first() {
+            let id: String = row.get(0);
+            let position = ids.iter().position(|candidate| *candidate == id).unwrap_or(0);
+            return Err(EngineError::Duplicate { id: jobs[position].id, index: index_of(position) });
+        }
+        insert(&transaction, &jobs).await.map_err(|error| match duplicate_of(&error, &ids) {
+            Some(position) => EngineError::Duplicate { id: jobs[position].id, index: index_of(position) },
+            None => database(error),
+        })?;
+        transaction.commit().await.map_err(database)?;
+        Ok(jobs.into_iter().map(|job| Enqueued { job: Arc::new(job), deduplicated: false, pressure: None }).collect())
+    }
+
+    /// A new job with its id, times and first state, as the local engine
+    /// admits one (`State::admit`).
+    fn admit(&self, now: Millis, new_job: NewJob, index: Option<usize>) -> Result<Job, EngineError> {
+        if let Some(id) = new_job.id
+            && id.timestamp_ms() > now.saturating_add(CLIENT_ID_AHEAD_MS_MAX)
+        {
+            let error =
+                ValidationError::payload("id", "the id's timestamp is more than an hour ahead of the server's clock")
+                    .with_reason("id_in_future");
+            return Err(EngineError::Invalid { error, index });
+        }
+        let scheduled_at = new_job.scheduled_at.map(|spec| spec.resolve(now));
+        let expires_at = new_job.expires_at.map(|spec| spec.resolve(now));
+        if let Some(expires) = expires_at {
+            if expires <= now {
+                let error = ValidationError::payload("expires_at", "expires_at is already in the past")
+                    .with_reason("already_expired");
+                return Err(EngineError::Invalid { error, index });
+            }
+            if scheduled_at.is_some_and(|scheduled| expires <= scheduled) {
+                let error = ValidationError::payload("expires_at", "expires_at must be later than the scheduled time")
+                    .with_reason("expires_before_scheduled");
+                return Err(EngineError::Invalid { error, index });
+            }
+        }
+        let id = new_job.id.unwrap_or_else(|| self.fresh_id(now));
+        let state = if new_job.pending {
+            JobState::Pending
+        } else if scheduled_at.is_some_and(|at| at > now) {
+            JobState::Scheduled
+        } else {
+            JobState::Available
+        };
+        Ok(Job::accept(new_job, id, state, now, scheduled_at, expires_at))
+    }
+
+    /// A job by id, in flight or finished.
+    pub async fn job(&self, id: JobId) -> Result<Option<Arc<Job>>, EngineError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT body FROM svc_jobs WHERE id = $1::text::uuid \
+                 UNION ALL SELECT body FROM svc_job_history WHERE id = $1::text::uuid LIMIT 1",
+                &[&id.to_string()],
+            )
+            .await
+            .map_err(database)?;
+        row.map(|row| decode(&id.to_string(), row.get(0)).map(Arc::new)).transpose()
+    }
+
+    /// Claims up to `request.count` available jobs, queue by queue in the
+    /// order given, each queue's in claim order (priority, then time, then
+    /// id), skipping paused queues and rows another claim holds.
+    pub async fn claim(&self, now: Millis, request: &FetchRequest) -> Result<Vec<Arc<Job>>, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let mut claimed: Vec<Job> = Vec::new();
+        for (position, queue) in request.queues.iter().enumerate() {
+            if request.queues[..position].contains(queue) {
+                continue;
+            }
+            let wanted = (request.count - claimed.len()) as i64;
+            let rows = transaction
+                .query(
+                    "SELECT id::text, body FROM svc_jobs \
+                     WHERE state = 'available' AND queue = $1 \
+                       AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
+                     ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
+                    &[queue, &wanted],
+                )
+                .await
+                .map_err(database)?;
+            for row in rows {
+                let mut job = decode(row.get(0), row.get(1))?;
+                let visibility = request.visibility_timeout_ms.unwrap_or(u64::from(job.visibility_timeout_ms));
+                let execution_deadline = now.saturating_add(job.timeout_ms as i64);
+                transition::claim(
+                    &mut job,
+                    now,
+                    request.worker_id.clone(),
+                    now.saturating_add(visibility as i64),
+                    execution_deadline,
+                );
+                claimed.push(job);
+            }
+            if claimed.len() == request.count {
+                break;
+            }
+        }
+        if claimed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = claimed.iter().map(|job| job.id.to_string()).collect();
+        let attempts: Vec<i32> = claimed.iter().map(|job| job.attempt as i32).collect();
+        let claims: Vec<i64> = claimed.iter().map(|_| rand::random::<i64>()).collect();
+        let leases: Vec<i64> =
+            claimed.iter().map(|job| job.run().visibility_deadline.unwrap_or(now)).collect::<Vec<Millis>>();
+        let bodies: Vec<Vec<u8>> = claimed.iter().map(encode).collect();
+        transaction
+            .execute(
+                concat!(
+                    "UPDATE svc_jobs j SET state = 'active', attempt = t.attempt, claim = t.claim, lease_until = ",
+                    ts!("t.lease"),
+                    ", worker_id = $6, body = t.body \
+                     FROM unnest($1::text[], $2::int4[], $3::int8[], $4::int8[], $5::bytea[]) \
+                       AS t(id, attempt, claim, lease, body) \
+                     WHERE j.id = t.id::uuid"
+                ),
+                &[&ids, &attempts, &claims, &leases, &bodies, &request.worker_id],
+            )
+            .await
+            .map_err(database)?;
+        transaction.commit().await.map_err(database)?;
+        Ok(claimed.into_iter().map(Arc::new).collect())
+    }
+
+    /// Completes an active job with the worker's result.
+    pub async fn ack(
+        &self,
+        now: Millis,
+        id: JobId,
+        result: Option<String>,
+        worker_id: Option<&str>,
+    ) -> Result<Arc<Job>, EngineError> {
+        self.change_held(id, worker_id, |job| transition::complete(job, now, result)).await
+    }
+
+    /// Records a failed attempt: retried, discarded or made available again
+    /// (`requeue`) as the job's retry policy and the report say.
+    pub async fn fail(
+        &self,
+        now: Millis,
+        id: JobId,
+        report: FailureReport,
+        requeue: bool,
+        worker_id: Option<&str>,
+    ) -> Result<Arc<Job>, EngineError> {
+        self.change_held(id, worker_id, |job| {
+            let outcome = if requeue {
+                FailOutcome::Requeue
+            } else {
+                crate::schedule::failure_outcome(job, &report, now, rand::random)
+            };
+            transition::fail(job, now, &report, outcome);
+        })
+        .await
+    }
+
+    /// Changes a job a worker holds (it is active, and claimed by that
+    /// worker when both name one), then writes it back or, finished, moves it.
+    async fn change_held(
+        &self,
+        id: JobId,
+        worker_id: Option<&str>,
+        change: impl FnOnce(&mut Job),
+    ) -> Result<Arc<Job>, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let Some(mut job) = locked(&transaction, id).await? else {
+            return Err(match finished(&transaction, id).await? {
+                Some(job) => EngineError::not_held(&job, transition::NotHeld::NotActive),
+                None => EngineError::NotFound { id },
+            });
+        };
+        transition::check_held(&job, worker_id).map_err(|refusal| EngineError::not_held(&job, refusal))?;
+        change(&mut job);
+        store(&transaction, &job).await?;
+        transaction.commit().await.map_err(database)?;
+        Ok(Arc::new(job))
+    }
+
+    /// Cancels a job not yet finished; a cancelled one is answered as it is
+    /// (cancel is idempotent), a completed or discarded one refused.
+    pub async fn cancel(&self, now: Millis, id: JobId) -> Result<Cancelled, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let Some(mut job) = locked(&transaction, id).await? else {
+            return match finished(&transaction, id).await? {
+                Some(job) if job.state == JobState::Cancelled => {
+                    Ok(Cancelled { job: Arc::new(job), previous_state: JobState::Cancelled })
+                }
+                Some(job) => {
+                    Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::InvalidState })
+                }
+                None => Err(EngineError::NotFound { id }),
+            };
+        };
+        let previous_state = job.state;
+        transition::cancel(&mut job, now);
+        store(&transaction, &job).await?;
+        transaction.commit().await.map_err(database)?;
+        Ok(Cancelled { job: Arc::new(job), previous_state })
+    }
+
+    /// Makes scheduled and retryable jobs whose time came available, up to
+    /// `limit` of them (oldest due first); answers how many.
+    pub async fn promote_due(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let rows = transaction
+            .query(
+                concat!(
+                    "SELECT id::text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
+                    ts!("$1"),
+                    " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+                ),
+                &[&now, &limit],
+            )
+            .await
+            .map_err(database)?;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mut job = decode(row.get(0), row.get(1))?;
+            transition::promote(&mut job, now);
+            jobs.push(job);
+        }
+        for job in &jobs {
+            store(&transaction, job).await?;
+        }
+        transaction.commit().await.map_err(database)?;
+        Ok(jobs.len())
+    }
+}
+
+/// The job locked for this transaction, when it is in the hot table.
+async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
+    let key = id.to_string();
+    let row = transaction
+        .query_opt("SELECT body FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE", &[&key])
+        .await
+        .map_err(database)?;
+    row.map(|row| decode(&key, row.get(0))).transpose()
+}
+
+/// The job, when it has finished.
+async fn finished(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
+    let key = id.to_string();
+    let row = transaction
+        .query_opt("SELECT body FROM svc_job_history WHERE id = $1::text::uuid LIMIT 1", &[&key])
+        .await
+        .map_err(database)?;
+    row.map(|row| decode(&key, row.get(0))).transpose()
+}
+
+/// Writes a changed job back: its row updated while in flight, or moved to
+/// the history once finished.
+async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
+    let id = job.id.to_string();
+    if job.state.is_terminal() {
+        transaction.execute("DELETE FROM svc_jobs WHERE id = $1::text::uuid", &[&id]).await.map_err(database)?;
+        transaction
+            .execute(
+                concat!(
+                    "INSERT INTO svc_job_history (id, queue, type, state, finished_at, body) \
+                     VALUES ($1::text::uuid, $2, $3, $4, ",
+                    ts!("$5"),
+                    ", $6)"
+                ),
+                &[
+                    &id,
+                    &job.queue.as_str(),
+                    &job.payload.job_type(),
+                    &job.state.as_str(),
+                    &finished_at(job),
+                    &encode(job),
+                ],
+            )
+            .await
+            .map_err(database)?;
+        return Ok(());
+    }
+    let lease = job.run().visibility_deadline;
+    let worker = job.run().worker_id.as_deref();
+    transaction
+        .execute(
+            concat!(
+                "UPDATE svc_jobs SET state = $2, priority = $3, ready_at = ",
+                ts!("$4"),
+                ", attempt = $5, claim = CASE WHEN $2 = 'active' THEN claim END, lease_until = ",
+                ts!("$6"),
+                ", worker_id = $7, body = $8 WHERE id = $1::text::uuid"
+            ),
+            &[
+                &id,
+                &job.state.as_str(),
+                &i16::from(job.priority),
+                &ready_at(job),
+                &(job.attempt as i32),
+                &lease,
+                &worker,
+                &encode(job),
+            ],
+        )
+        .await
+        .map_err(database)?;
+    Ok(())
+}
+
+/// Inserts new jobs in one statement.
+async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<u64, tokio_postgres::Error> {
+    let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
+    let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
+    let types: Vec<&str> = jobs.iter().map(|job| job.payload.job_type()).collect();
+    let states: Vec<&str> = jobs.iter().map(|job| job.state.as_str()).collect();
+    let priorities: Vec<i16> = jobs.iter().map(|job| i16::from(job.priority)).collect();
+    let ready: Vec<i64> = jobs.iter().map(ready_at).collect();
+    let created: Vec<i64> = jobs.iter().map(|job| job.created_at).collect();
+    let bodies: Vec<Vec<u8>> = jobs.iter().map(encode).collect();
+    client
+        .execute(
+            concat!(
+                "INSERT INTO svc_jobs (id, queue, type, state, priority, ready_at, attempt, created_at, body) \
+                 SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, ",
+                ts!("t.ready"),
+                ", 0, ",
+                ts!("t.created"),
+                ", t.body FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::int8[], \
+                 $7::int8[], $8::bytea[]) AS t(id, queue, type, state, priority, ready, created, body)"
+            ),
+            &[&ids, &queues, &types, &states, &priorities, &ready, &created, &bodies],
+        )
+        .await
+}
+
+/// Which of `ids` a unique violation names, when the error is one (two
+/// requests enqueuing the same client id at once).
+fn duplicate_of(error: &tokio_postgres::Error, ids: &[String]) -> Option<usize> {
+    let db = error.as_db_error()?;
+    if db.code() != &tokio_postgres::error::SqlState::UNIQUE_VIOLATION {
+        return None;
+    }
+    let detail = db.detail().unwrap_or_default();
+    Some(ids.iter().position(|id| detail.contains(id.as_str())).unwrap_or(0))
+}

@@ -1,0 +1,202 @@
+//! Jobs on the PostgreSQL backend, against a real PostgreSQL server of the
+//! test's own: enqueue and read back, claim order, acks and failures with
+//! the local engine's rules (retry, discard, requeue, who may report),
+//! cancel, paused queues, duplicate ids, and claimers on several nodes
+//! sharing one database without ever taking the same job.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use common::postgres::TempPostgres;
+use svc::backend::postgres::{PgJobs, PgSettings, open};
+use svc::engine::{ConflictReason, EngineError, FetchRequest};
+use svc::job::{FailureReport, JobBuilder, JobDefaults, JobId, JobState, NewJob, RetryPolicy};
+
+const NOW: i64 = 1_800_000_000_000;
+
+fn new_job(builder: JobBuilder) -> NewJob {
+    builder.build(&JobDefaults::default()).expect("a valid job")
+}
+
+fn fetch(queues: &[&str], count: usize, worker: &str) -> FetchRequest {
+    FetchRequest {
+        queues: queues.iter().map(|queue| queue.to_string()).collect(),
+        count,
+        worker_id: Some(worker.to_string()),
+        visibility_timeout_ms: None,
+    }
+}
+
+async fn store(server: &TempPostgres, database: &str) -> (PgJobs, deadpool_postgres::Pool) {
+    let pool = open(&PgSettings::new(server.database(database))).await.expect("the schema migrates");
+    (PgJobs::new(pool.clone()), pool)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_go_through_their_lifecycle_as_on_the_local_engine() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "lifecycle").await;
+
+    // Enqueued: available, read back whole.
+    let enqueued = jobs
+        .enqueue(NOW, vec![new_job(JobBuilder::new("email.send").args(["ada@example.com"]).queue("mail"))])
+        .await
+        .unwrap();
+    let id = enqueued[0].job.id;
+    let read = jobs.job(id).await.unwrap().expect("stored");
+    assert_eq!((read.state, read.queue.as_str(), read.payload.job_type()), (JobState::Available, "mail", "email.send"));
+    assert_eq!(read.payload.args(), r#"["ada@example.com"]"#);
+    assert!(jobs.job(JobId::parse("0190a8a2-8f6e-7c3b-9a1d-1234567890ab").unwrap()).await.unwrap().is_none());
+
+    // Claimed by one worker: active, first attempt; another worker may not report on it.
+    let claimed = jobs.claim(NOW + 10, &fetch(&["mail"], 10, "w1")).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!((claimed[0].state, claimed[0].attempt), (JobState::Active, 1));
+    assert_eq!(claimed[0].run().worker_id.as_deref(), Some("w1"));
+    let other = jobs.ack(NOW + 20, id, None, Some("w2")).await.unwrap_err();
+    assert!(matches!(other, EngineError::Conflict { reason: ConflictReason::NotOwner, .. }), "{other:?}");
+    assert!(jobs.claim(NOW + 20, &fetch(&["mail"], 10, "w2")).await.unwrap().is_empty(), "held jobs are not claimed");
+
+    // Acked: completed with its result, moved to the history; a second ack is refused.
+    let acked = jobs.ack(NOW + 30, id, Some(r#"{"sent":true}"#.into()), Some("w1")).await.unwrap();
+    assert_eq!(acked.state, JobState::Completed);
+    assert_eq!(acked.run().result.as_deref(), Some(r#"{"sent":true}"#));
+    let read = jobs.job(id).await.unwrap().unwrap();
+    assert_eq!((read.state, read.run().completed_at), (JobState::Completed, Some(NOW + 30)));
+    let again = jobs.ack(NOW + 40, id, None, Some("w1")).await.unwrap_err();
+    assert!(
+        matches!(
+            again,
+            EngineError::Conflict { current_state: JobState::Completed, reason: ConflictReason::InvalidState, .. }
+        ),
+        "{again:?}"
+    );
+    let client = pool.get().await.unwrap();
+    let (hot, history): (i64, i64) = {
+        let row = client
+            .query_one("SELECT (SELECT count(*) FROM svc_jobs), (SELECT count(*) FROM svc_job_history)", &[])
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((hot, history), (0, 1), "a finished job leaves the hot table");
+
+    // Failures follow the retry policy: retryable, due again after the delay,
+    // then discarded once the attempts are used up.
+    let policy = RetryPolicy { max_attempts: 2, initial_interval_ms: 1_000, jitter: false, ..RetryPolicy::default() };
+    let id = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("flaky").retry(&policy))]).await.unwrap()[0].job.id;
+    jobs.claim(NOW, &fetch(&["default"], 1, "w1")).await.unwrap();
+    let failed = jobs.fail(NOW + 100, id, FailureReport::server("boom", "it broke"), false, Some("w1")).await.unwrap();
+    assert_eq!(failed.state, JobState::Retryable);
+    assert_eq!(failed.run().retry_at, Some(NOW + 1_100));
+    assert_eq!(failed.run().error.as_ref().map(|error| error.code.as_str()), Some("boom"));
+    assert_eq!(jobs.promote_due(NOW + 1_099, 100).await.unwrap(), 0, "not due yet");
+    assert_eq!(jobs.promote_due(NOW + 1_100, 100).await.unwrap(), 1);
+    let claimed = jobs.claim(NOW + 1_200, &fetch(&["default"], 1, "w1")).await.unwrap();
+    assert_eq!((claimed[0].id, claimed[0].attempt), (id, 2));
+    let discarded = jobs.fail(NOW + 1_300, id, FailureReport::server("boom", "again"), false, None).await.unwrap();
+    assert_eq!(discarded.state, JobState::Discarded);
+    assert_eq!(jobs.job(id).await.unwrap().unwrap().run().errors.len(), 2, "both errors are kept");
+
+    // A nack with requeue gives the job back without counting the attempt.
+    let id = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("again"))]).await.unwrap()[0].job.id;
+    jobs.claim(NOW, &fetch(&["default"], 1, "w1")).await.unwrap();
+    let requeued = jobs.fail(NOW + 5, id, FailureReport::server("shutdown", "bye"), true, Some("w1")).await.unwrap();
+    assert_eq!((requeued.state, requeued.attempt), (JobState::Available, 0));
+
+    // Cancel: available or active jobs end; cancelled again is answered as
+    // it is; a completed job is refused; an unknown one is not found.
+    let cancelled = jobs.cancel(NOW + 10, id).await.unwrap();
+    assert_eq!((cancelled.previous_state, cancelled.job.state), (JobState::Available, JobState::Cancelled));
+    let again = jobs.cancel(NOW + 20, id).await.unwrap();
+    assert_eq!((again.previous_state, again.job.state), (JobState::Cancelled, JobState::Cancelled));
+    let completed = enqueued[0].job.id;
+    assert!(matches!(jobs.cancel(NOW, completed).await.unwrap_err(), EngineError::Conflict { .. }));
+    let unknown = JobId::parse("0190a8a2-8f6e-7c3b-9a1d-1234567890ab").unwrap();
+    assert!(matches!(jobs.cancel(NOW, unknown).await.unwrap_err(), EngineError::NotFound { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_follow_priority_then_time_and_skip_paused_queues() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "claim_order").await;
+    let mut ids = Vec::new();
+    for (offset, priority) in [(0, 0), (1, 5), (2, 0), (3, 5)] {
+        let job = new_job(JobBuilder::new("t").priority(priority));
+        ids.push(jobs.enqueue(NOW + offset, vec![job]).await.unwrap()[0].job.id);
+    }
+    // A scheduled job waits for its time; a batch is stored whole.
+    let later = new_job(JobBuilder::new("later").queue("other"));
+    let batch = jobs.enqueue(NOW, vec![later, new_job(JobBuilder::new("now").queue("other"))]).await.unwrap();
+    assert_eq!(batch.len(), 2);
+
+    let order: Vec<JobId> =
+        jobs.claim(NOW + 10, &fetch(&["default"], 10, "w")).await.unwrap().iter().map(|job| job.id).collect();
+    assert_eq!(order, vec![ids[1], ids[3], ids[0], ids[2]], "priority first, then first in");
+
+    // A paused queue takes no new jobs and hands none out.
+    pool.get()
+        .await
+        .unwrap()
+        .execute("INSERT INTO svc_queues (name, paused) VALUES ('other', true)", &[])
+        .await
+        .unwrap();
+    assert!(jobs.claim(NOW + 20, &fetch(&["other"], 10, "w")).await.unwrap().is_empty());
+    let refused = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t").queue("other"))]).await.unwrap_err();
+    assert!(matches!(refused, EngineError::QueuePaused { ref queue, .. } if queue == "other"), "{refused:?}");
+
+    // A client id in use, in flight or finished, is refused, and the batch with it.
+    let taken = ids[0];
+    let duplicate = jobs
+        .enqueue(NOW, vec![new_job(JobBuilder::new("fresh")), new_job(JobBuilder::new("t").id(taken))])
+        .await
+        .unwrap_err();
+    assert!(matches!(duplicate, EngineError::Duplicate { id, index: Some(1) } if id == taken), "{duplicate:?}");
+    let count: i64 = pool.get().await.unwrap().query_one("SELECT count(*) FROM svc_jobs", &[]).await.unwrap().get(0);
+    assert_eq!(count, 6, "nothing of the refused batch was stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claimers_on_several_nodes_never_take_the_same_job() {
+    let server = TempPostgres::start();
+    let url = server.database("shared");
+    let (first, _) = (PgJobs::new(open(&PgSettings::new(url.clone())).await.unwrap()), ());
+    let total = 600;
+    let batch: Vec<NewJob> = (0..total).map(|n| new_job(JobBuilder::new("work").args([n]))).collect();
+    let enqueued: HashSet<JobId> = first.enqueue(NOW, batch).await.unwrap().iter().map(|done| done.job.id).collect();
+
+    // Three nodes, each its own pool, four claimers each, small claims.
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(Arc::new(PgJobs::new(open(&PgSettings::new(url.clone())).await.unwrap())));
+    }
+    let mut claimers = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
+        for c in 0..4 {
+            let node = node.clone();
+            let worker = format!("node{n}-worker{c}");
+            claimers.push(tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let claimed = node.claim(NOW, &fetch(&["default"], 7, &worker)).await.expect("claims work");
+                    if claimed.is_empty() {
+                        return mine;
+                    }
+                    for job in claimed {
+                        node.ack(NOW + 1, job.id, None, Some(&worker)).await.expect("the holder acks");
+                        mine.push(job.id);
+                    }
+                }
+            }));
+        }
+    }
+    let mut seen = HashSet::new();
+    for claimer in claimers {
+        for id in claimer.await.unwrap() {
+            assert!(seen.insert(id), "job {id} was handed out twice");
+        }
+    }
+    assert_eq!(seen, enqueued, "every job was claimed once, none lost");
+}
