@@ -200,3 +200,50 @@ async fn claimers_on_several_nodes_never_take_the_same_job() {
     }
     assert_eq!(seen, enqueued, "every job was claimed once, none lost");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_nodes_claims_run_out_onto_the_others_and_one_node_leads() {
+    use svc::backend::postgres::LeaderLease;
+    let server = TempPostgres::start();
+    let url = server.database("failover");
+    let (a, b) = (open(&PgSettings::new(url.clone())).await.unwrap(), open(&PgSettings::new(url)).await.unwrap());
+    let (node_a, node_b) = (PgJobs::new(a.clone()), PgJobs::new(b.clone()));
+
+    // One leader at a time; the other takes over once the lease runs out
+    // unrenewed, or at once when the holder gives it up.
+    let (lead_a, lead_b) =
+        (LeaderLease::new(a, "timers", "node-a", 20_000), LeaderLease::new(b, "timers", "node-b", 20_000));
+    assert!(lead_a.hold(NOW).await.unwrap());
+    assert!(!lead_b.hold(NOW + 1).await.unwrap(), "held by node a");
+    assert!(lead_a.hold(NOW + 10_000).await.unwrap(), "renewed");
+    assert!(!lead_b.hold(NOW + 29_999).await.unwrap(), "the renewal counts from then");
+    assert!(lead_b.hold(NOW + 30_000).await.unwrap(), "node a stopped renewing: node b leads");
+    assert!(!lead_a.hold(NOW + 30_001).await.unwrap());
+    lead_b.release().await.unwrap();
+    assert!(lead_a.hold(NOW + 30_002).await.unwrap(), "given up, taken at once");
+
+    // Node a claims jobs and dies holding them (visibility 5 s, execution 60 s).
+    let batch: Vec<NewJob> = (0..3).map(|n| new_job(JobBuilder::new("work").args([n]))).collect();
+    node_a.enqueue(NOW, batch).await.unwrap();
+    let mut request = fetch(&["default"], 10, "a-worker");
+    request.visibility_timeout_ms = Some(5_000);
+    let held: Vec<JobId> = node_a.claim(NOW, &request).await.unwrap().iter().map(|job| job.id).collect();
+    assert_eq!(held.len(), 3);
+    // A heartbeat for one job keeps it; the others run out on node b's watch.
+    let (extended, not) = node_a.extend_claims(NOW + 4_000, "a-worker", Some(&held[..1]), None).await.unwrap();
+    assert_eq!((extended, not.len()), (1, 0));
+    assert_eq!(node_b.expire_claims(NOW + 4_999, 100).await.unwrap(), 0, "nothing ran out yet");
+    assert_eq!(node_b.expire_claims(NOW + 5_000, 100).await.unwrap(), 2);
+    let taken = node_b.claim(NOW + 5_001, &fetch(&["default"], 10, "b-worker")).await.unwrap();
+    let taken_ids: HashSet<JobId> = taken.iter().map(|job| job.id).collect();
+    assert_eq!(taken_ids, held[1..].iter().copied().collect(), "the two lapsed jobs, not the extended one");
+    assert!(taken.iter().all(|job| job.attempt == 2), "the lost attempt counts");
+    let lapsed = node_b.job(held[1]).await.unwrap().unwrap();
+    assert_eq!(lapsed.run().errors[0].report.code, "visibility_timeout");
+    // The dead node's late ack is refused: the job is another worker's now.
+    let late = node_a.ack(NOW + 6_000, held[1], None, Some("a-worker")).await.unwrap_err();
+    assert!(matches!(late, EngineError::Conflict { reason: ConflictReason::NotOwner, .. }), "{late:?}");
+    // The extended job runs out later, at its renewed deadline.
+    assert_eq!(node_b.expire_claims(NOW + 8_999, 100).await.unwrap(), 0);
+    assert_eq!(node_b.expire_claims(NOW + 9_000, 100).await.unwrap(), 1);
+}

@@ -24,12 +24,8 @@ pub struct Claim {
 /// What a failed attempt leads to; logged in `Fail` and `Timeout` records.
 pub use crate::job::transition::FailOutcome;
 
-/// Which claim deadline ran out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TimeoutKind {
-    Visibility,
-    Execution,
-}
+/// Which claim deadline ran out; logged in `Timeout` records.
+pub use crate::job::transition::TimeoutKind;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Record {

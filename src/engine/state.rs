@@ -500,7 +500,7 @@ impl State {
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
         let job = self.jobs.get(&id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
-        let report = timeout_report(job, kind, at);
+        let report = transition::timeout_report(job, kind, at);
         let attempt = job.attempt;
         self.update(id, |job| transition::fail(job, at, &report, outcome))?;
         events.push(at, EventKind::Failed { report: Box::new(report.clone()), attempt }, id);
@@ -533,7 +533,7 @@ impl State {
 
     fn apply_heartbeat(&mut self, extensions: &[(JobId, Millis)]) -> Result<(), ApplyError> {
         for (id, deadline) in extensions {
-            self.update(*id, |job| job.run_mut().visibility_deadline = Some(*deadline))?;
+            self.update(*id, |job| transition::extend(job, *deadline))?;
         }
         Ok(())
     }
@@ -588,23 +588,6 @@ fn push_outcome_event(
         }
         FailOutcome::Requeue | FailOutcome::Release => {
             events.push(at, EventKind::Requeued { reason: requeue_reason }, id)
-        }
-    }
-}
-
-/// The server-made failure report of a timed-out claim.
-pub fn timeout_report(job: &Job, kind: TimeoutKind, at: Millis) -> FailureReport {
-    match kind {
-        TimeoutKind::Visibility => FailureReport::server(
-            "visibility_timeout",
-            "the worker's reservation ran out without ack, nack or heartbeat",
-        ),
-        TimeoutKind::Execution => {
-            let elapsed = job.run().started_at.map_or(0, |started| at - started);
-            let mut report =
-                FailureReport::server("timeout", format!("the attempt ran longer than {} ms", job.timeout_ms));
-            report.details = Some(format!("{{\"limit_ms\":{},\"elapsed_ms\":{elapsed}}}", job.timeout_ms));
-            report
         }
     }
 }

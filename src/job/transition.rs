@@ -23,6 +23,13 @@ pub enum FailOutcome {
     Release,
 }
 
+/// Which claim deadline ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeoutKind {
+    Visibility,
+    Execution,
+}
+
 /// Why a worker's report on a job (ack, nack, heartbeat, progress) is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotHeld {
@@ -99,6 +106,37 @@ pub fn fail(job: &mut Job, at: Millis, report: &FailureReport, outcome: FailOutc
         FailOutcome::Release => {
             job.state = JobState::Available;
             job.set_enqueued_at(Some(at));
+        }
+    }
+}
+
+/// A heartbeat: the claim is held until `visibility_deadline`.
+pub fn extend(job: &mut Job, visibility_deadline: Millis) {
+    job.run_mut().visibility_deadline = Some(visibility_deadline);
+}
+
+/// When the claim of an active job runs out: the sooner of its deadlines.
+pub fn claim_ends(job: &Job) -> Option<Millis> {
+    let run = job.run();
+    match (run.visibility_deadline, run.execution_deadline) {
+        (Some(visibility), Some(execution)) => Some(visibility.min(execution)),
+        (one, other) => one.or(other),
+    }
+}
+
+/// The server-made failure report of a timed-out claim.
+pub fn timeout_report(job: &Job, kind: TimeoutKind, at: Millis) -> FailureReport {
+    match kind {
+        TimeoutKind::Visibility => FailureReport::server(
+            "visibility_timeout",
+            "the worker's reservation ran out without ack, nack or heartbeat",
+        ),
+        TimeoutKind::Execution => {
+            let elapsed = job.run().started_at.map_or(0, |started| at - started);
+            let mut report =
+                FailureReport::server("timeout", format!("the attempt ran longer than {} ms", job.timeout_ms));
+            report.details = Some(format!("{{\"limit_ms\":{},\"elapsed_ms\":{elapsed}}}", job.timeout_ms));
+            report
         }
     }
 }

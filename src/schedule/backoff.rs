@@ -2,7 +2,7 @@
 //! failure leads to").
 
 use crate::clock::Millis;
-use crate::job::transition::FailOutcome;
+use crate::job::transition::{FailOutcome, TimeoutKind, timeout_report};
 use crate::job::{FailureReport, Job, RetryPolicy};
 
 /// What a failed attempt of `job` leads to: discarded when the report says
@@ -23,6 +23,22 @@ pub fn failure_outcome(
     }
     let delay_ms = retry_delay_ms(&job.retry, job.attempt.max(1), random_unit());
     FailOutcome::Retry { retry_at: now.saturating_add(delay_ms as i64), delay_ms }
+}
+
+/// Which deadline of an active job ran out, and what follows (docs/api.md,
+/// "Visibility and execution timeouts"): an execution timeout is a failed
+/// attempt like any other; a visibility timeout releases the job while
+/// attempts are left, and discards it after the last.
+pub fn timeout_outcome(job: &Job, now: Millis, random_unit: impl FnOnce() -> f64) -> (TimeoutKind, FailOutcome) {
+    let visibility = job.run().visibility_deadline.unwrap_or(Millis::MAX);
+    let execution = job.run().execution_deadline.unwrap_or(Millis::MAX);
+    let kind = if execution <= visibility { TimeoutKind::Execution } else { TimeoutKind::Visibility };
+    let outcome = match kind {
+        TimeoutKind::Execution => failure_outcome(job, &timeout_report(job, kind, now), now, random_unit),
+        TimeoutKind::Visibility if job.attempt < job.max_attempts().max(1) => FailOutcome::Release,
+        TimeoutKind::Visibility => FailOutcome::Discard,
+    };
+    (kind, outcome)
 }
 
 /// An entry matches a candidate exactly, or as a `prefix.*` pattern.

@@ -5,7 +5,7 @@ mod dispatch;
 mod ready;
 mod timers;
 
-pub use backoff::{failure_outcome, retry_delay_ms};
+pub use backoff::{failure_outcome, retry_delay_ms, timeout_outcome};
 pub use dispatch::{DispatchTable, Taken};
 pub use ready::{KeyedReady, ReadyKey, ReadyQueue};
 pub use timers::TimerSet;

@@ -239,8 +239,7 @@ impl PgJobs {
         let ids: Vec<String> = claimed.iter().map(|job| job.id.to_string()).collect();
         let attempts: Vec<i32> = claimed.iter().map(|job| job.attempt as i32).collect();
         let claims: Vec<i64> = claimed.iter().map(|_| rand::random::<i64>()).collect();
-        let leases: Vec<i64> =
-            claimed.iter().map(|job| job.run().visibility_deadline.unwrap_or(now)).collect::<Vec<Millis>>();
+        let leases: Vec<i64> = claimed.iter().map(|job| transition::claim_ends(job).unwrap_or(now)).collect();
         let bodies: Vec<Vec<u8>> = claimed.iter().map(encode).collect();
         transaction
             .execute(
@@ -338,6 +337,92 @@ impl PgJobs {
         Ok(Cancelled { job: Arc::new(job), previous_state })
     }
 
+    /// A worker's heartbeat: extends the claims it covers, the listed jobs
+    /// that are active and held by this worker or by none (or, without a
+    /// list, every job it holds), by the claim's own visibility timeout
+    /// unless `visibility_ms` gives another. Answers how many were extended,
+    /// and the listed ids that were not.
+    pub async fn extend_claims(
+        &self,
+        now: Millis,
+        worker_id: &str,
+        listed: Option<&[JobId]>,
+        visibility_ms: Option<u64>,
+    ) -> Result<(usize, Vec<JobId>), EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let rows = match listed {
+            Some(ids) => {
+                let ids: Vec<String> = ids.iter().map(JobId::to_string).collect();
+                transaction
+                    .query(
+                        "SELECT id::text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'active' \
+                         AND (worker_id IS NULL OR worker_id = $2) ORDER BY id FOR UPDATE",
+                        &[&ids, &worker_id],
+                    )
+                    .await
+            }
+            None => {
+                transaction
+                    .query(
+                        "SELECT id::text, body FROM svc_jobs WHERE state = 'active' AND worker_id = $1 \
+                         ORDER BY id FOR UPDATE",
+                        &[&worker_id],
+                    )
+                    .await
+            }
+        }
+        .map_err(database)?;
+        let mut extended = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mut job = decode(row.get(0), row.get(1))?;
+            let claim = match job.run().claim_visibility_ms {
+                0 => u64::from(job.visibility_timeout_ms),
+                ms => ms,
+            };
+            transition::extend(&mut job, now.saturating_add(visibility_ms.unwrap_or(claim) as i64));
+            store(&transaction, &job).await?;
+            extended.push(job.id);
+        }
+        transaction.commit().await.map_err(database)?;
+        let mut not_extended: Vec<JobId> =
+            listed.unwrap_or_default().iter().copied().filter(|id| !extended.contains(id)).collect();
+        not_extended.sort();
+        not_extended.dedup();
+        Ok((extended.len(), not_extended))
+    }
+
+    /// Ends claims whose time ran out, at most `limit` (the soonest first),
+    /// as the local engine does: an execution timeout is a failed attempt, a
+    /// visibility timeout gives the job back while attempts are left. This
+    /// is how a dead node's jobs come back to the living ones. Answers how
+    /// many claims ended.
+    pub async fn expire_claims(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let rows = transaction
+            .query(
+                concat!(
+                    "SELECT id::text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
+                    ts!("$1"),
+                    " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
+                ),
+                &[&now, &limit],
+            )
+            .await
+            .map_err(database)?;
+        let count = rows.len();
+        for row in rows {
+            let mut job = decode(row.get(0), row.get(1))?;
+            let (kind, outcome) = crate::schedule::timeout_outcome(&job, now, rand::random);
+            let report = transition::timeout_report(&job, kind, now);
+            transition::fail(&mut job, now, &report, outcome);
+            store(&transaction, &job).await?;
+        }
+        transaction.commit().await.map_err(database)?;
+        Ok(count)
+    }
+
     /// Makes scheduled and retryable jobs whose time came available, up to
     /// `limit` of them (oldest due first); answers how many.
     pub async fn promote_due(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
@@ -415,7 +500,7 @@ async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineErr
             .map_err(database)?;
         return Ok(());
     }
-    let lease = job.run().visibility_deadline;
+    let lease = if job.state == JobState::Active { transition::claim_ends(job) } else { None };
     let worker = job.run().worker_id.as_deref();
     transaction
         .execute(

@@ -7,11 +7,13 @@
 //! under an advisory lock.
 
 mod jobs;
+mod leader;
 mod schema;
 
 use std::time::Duration;
 
 pub use jobs::PgJobs;
+pub use leader::{LEASE_TTL_MS_DEFAULT, LeaderLease};
 pub use schema::{SCHEMA_VERSION, SchemaError, migrate, schema_version};
 
 /// Where the database is and how svc uses it (`--postgres`,

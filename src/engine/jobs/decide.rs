@@ -2,7 +2,7 @@
 //! fully decided record. Nothing here changes the state; `State::apply` does.
 
 use super::super::api::{ConflictReason, EngineError, FetchRequest, Unavailable};
-use super::super::record::{Claim, FailOutcome, Record, TimeoutKind};
+use super::super::record::{Claim, FailOutcome, Record};
 use super::super::state::{QueueState, State};
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, ValidationError, transition};
@@ -503,17 +503,7 @@ impl State {
 
 /// Which deadline of an active job ran out, and what follows (docs/api.md, "Visibility and execution timeouts").
 fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Record {
-    let visibility = job.run().visibility_deadline.unwrap_or(Millis::MAX);
-    let execution = job.run().execution_deadline.unwrap_or(Millis::MAX);
-    let kind = if execution <= visibility { TimeoutKind::Execution } else { TimeoutKind::Visibility };
-    let outcome = match kind {
-        TimeoutKind::Execution => {
-            let report = super::super::state::timeout_report(job, kind, now);
-            failure_outcome(job, &report, now, entropy)
-        }
-        TimeoutKind::Visibility if job.attempt < job.max_attempts().max(1) => FailOutcome::Release,
-        TimeoutKind::Visibility => FailOutcome::Discard,
-    };
+    let (kind, outcome) = crate::schedule::timeout_outcome(job, now, || entropy.next_unit());
     Record::Timeout { at: now, id: job.id, kind, outcome }
 }
 
