@@ -247,3 +247,20 @@ async fn a_dead_nodes_claims_run_out_onto_the_others_and_one_node_leads() {
     assert_eq!(node_b.expire_claims(NOW + 8_999, 100).await.unwrap(), 0);
     assert_eq!(node_b.expire_claims(NOW + 9_000, 100).await.unwrap(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_this_backend_does_not_offer_yet_is_refused_not_ignored() {
+    use svc::job::{UniquePolicy, ValidationKind};
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "unsupported").await;
+    let unique = new_job(JobBuilder::new("t").unique(UniquePolicy::default()));
+    match jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t")), unique]).await.unwrap_err() {
+        EngineError::Invalid { error, index } => {
+            assert_eq!((error.kind, index), (ValidationKind::Unsupported, Some(1)));
+            assert!(error.message.contains("PostgreSQL"), "{}", error.message);
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let count: i64 = pool.get().await.unwrap().query_one("SELECT count(*) FROM svc_jobs", &[]).await.unwrap().get(0);
+    assert_eq!(count, 0, "the batch was refused whole");
+}

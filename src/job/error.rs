@@ -38,6 +38,11 @@ impl ValidationError {
         Self::new(ValidationKind::Payload, Some(field.into()), message.into())
     }
 
+    /// A feature this server, or this backend, does not offer (422 `unsupported`).
+    pub fn unsupported(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(ValidationKind::Unsupported, Some(field.into()), message.into())
+    }
+
     pub fn too_large(field: impl Into<String>, limit_bytes: usize, actual_bytes: usize) -> Self {
         let field = field.into();
         let message = format!("{field} is {actual_bytes} bytes, over the limit of {limit_bytes} bytes");

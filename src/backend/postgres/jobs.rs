@@ -101,11 +101,10 @@ impl PgJobs {
         let mut jobs = Vec::with_capacity(new_jobs.len());
         for (position, new_job) in new_jobs.into_iter().enumerate() {
             if new_job.unique.is_some() || new_job.rate_limit.is_some() || new_job.schema.is_some() {
-                let error = ValidationError::payload(
+                let error = ValidationError::unsupported(
                     "options",
                     "unique policies, rate limits and schemas are not yet supported on the PostgreSQL backend",
-                )
-                .with_reason("unsupported");
+                );
                 return Err(EngineError::Invalid { error, index: index_of(position) });
             }
             jobs.push(self.admit(now, new_job, index_of(position))?);
