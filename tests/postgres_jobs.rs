@@ -264,3 +264,54 @@ async fn what_this_backend_does_not_offer_yet_is_refused_not_ignored() {
     let count: i64 = pool.get().await.unwrap().query_one("SELECT count(*) FROM svc_jobs", &[]).await.unwrap().get(0);
     assert_eq!(count, 0, "the batch was refused whole");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_fetch_is_woken_by_a_job_enqueued_on_another_node() {
+    use std::time::{Duration, Instant};
+    use svc::backend::postgres::RECHECK_INTERVAL;
+    let server = TempPostgres::start();
+    let settings = PgSettings::new(server.database("wakeups"));
+    let waiting_node = Arc::new(PgJobs::new(open(&settings).await.unwrap()));
+    let listener = waiting_node.listen(&settings).unwrap();
+    let other_node = PgJobs::new(open(&settings).await.unwrap());
+    while !waiting_node.listening() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let now = || NOW;
+
+    // Nothing to claim: the fetch waits, then answers empty.
+    let started = Instant::now();
+    let empty = waiting_node.claim_waiting(&now, &fetch(&["mail"], 1, "w"), Duration::from_millis(300)).await.unwrap();
+    assert!(empty.is_empty() && started.elapsed() >= Duration::from_millis(300));
+
+    // A job enqueued on the other node wakes it, long before it would have
+    // looked again by itself.
+    let waiter = waiting_node.clone();
+    let fetch_task = tokio::spawn(async move {
+        let claimed = waiter.claim_waiting(&now, &fetch(&["mail"], 1, "w"), Duration::from_secs(30)).await.unwrap();
+        (claimed, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let enqueued_at = Instant::now();
+    let id = other_node.enqueue(NOW, vec![new_job(JobBuilder::new("t").queue("mail"))]).await.unwrap()[0].job.id;
+    let (claimed, woken_at) = fetch_task.await.unwrap();
+    assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), vec![id]);
+    // Its own look would come RECHECK_INTERVAL after it began to wait, 1.7 s
+    // after the enqueue: woken sooner, it was the notification.
+    assert_eq!(RECHECK_INTERVAL, Duration::from_secs(2));
+    assert!(woken_at.duration_since(enqueued_at) < Duration::from_secs(1), "woken by the notification");
+
+    // Without a listening connection, a waiting fetch still finds the job, by polling.
+    listener.abort();
+    let polling = Arc::new(PgJobs::new(open(&settings).await.unwrap()));
+    assert!(!polling.listening());
+    let waiter = polling.clone();
+    let fetch_task =
+        tokio::spawn(
+            async move { waiter.claim_waiting(&now, &fetch(&["mail"], 1, "w"), Duration::from_secs(30)).await },
+        );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let id = other_node.enqueue(NOW, vec![new_job(JobBuilder::new("t").queue("mail"))]).await.unwrap()[0].job.id;
+    let claimed = fetch_task.await.unwrap().unwrap();
+    assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), vec![id]);
+}

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use deadpool_postgres::{GenericClient, Pool, Transaction};
 
 use super::PgError;
+use super::wakeup::{CHANNEL, Wakeups};
 use crate::clock::Millis;
 use crate::engine::{Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, Unavailable};
 use crate::job::transition::{self, FailOutcome};
@@ -34,6 +35,7 @@ macro_rules! ts {
 pub struct PgJobs {
     pool: Pool,
     ids: std::sync::Mutex<IdGenerator>,
+    wakeups: Arc<Wakeups>,
 }
 
 /// A database failure, logged with its cause and answered as unavailable:
@@ -78,8 +80,43 @@ fn finished_at(job: &Job) -> Millis {
 }
 
 impl PgJobs {
+    /// A store on `pool`. Waiting fetches poll until [`PgJobs::listen`]
+    /// starts the node's listening connection.
     pub fn new(pool: Pool) -> Self {
-        PgJobs { pool, ids: std::sync::Mutex::new(IdGenerator::default()) }
+        PgJobs { pool, ids: std::sync::Mutex::new(IdGenerator::default()), wakeups: Arc::default() }
+    }
+
+    /// Starts listening for jobs made available on any node, on a
+    /// connection of its own (made again when lost) until the task is aborted.
+    pub fn listen(&self, settings: &super::PgSettings) -> Result<tokio::task::JoinHandle<()>, PgError> {
+        Ok(self.wakeups.listen(settings.connection_config()?))
+    }
+
+    /// Whether this node hears of new jobs as they come (else waiting
+    /// fetches poll).
+    pub fn listening(&self) -> bool {
+        self.wakeups.listening()
+    }
+
+    /// Claims as [`PgJobs::claim`] does; with nothing to claim, waits up to
+    /// `wait` for jobs on the requested queues, woken by the notification of
+    /// the transaction that makes them available, on any node.
+    pub async fn claim_waiting(
+        &self,
+        now: &(dyn Fn() -> Millis + Send + Sync),
+        request: &FetchRequest,
+        wait: std::time::Duration,
+    ) -> Result<Vec<Arc<Job>>, EngineError> {
+        let deadline = std::time::Instant::now() + wait;
+        let waiter = self.wakeups.waiter(&request.queues);
+        loop {
+            let claimed = self.claim(now(), request).await?;
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !claimed.is_empty() || left.is_zero() {
+                return Ok(claimed);
+            }
+            waiter.wait(left).await;
+        }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, EngineError> {
@@ -139,6 +176,11 @@ impl PgJobs {
             Some(position) => EngineError::Duplicate { id: jobs[position].id, index: index_of(position) },
             None => database(error),
         })?;
+        let mut available: Vec<&str> =
+            jobs.iter().filter(|job| job.state == JobState::Available).map(|job| job.queue.as_str()).collect();
+        available.sort_unstable();
+        available.dedup();
+        notify(&transaction, &available).await?;
         transaction.commit().await.map_err(database)?;
         Ok(jobs.into_iter().map(|job| Enqueued { job: Arc::new(job), deduplicated: false, pressure: None }).collect())
     }
@@ -499,6 +541,9 @@ async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineErr
             .map_err(database)?;
         return Ok(());
     }
+    if job.state == JobState::Available {
+        notify(transaction, &[job.queue.as_str()]).await?;
+    }
     let lease = if job.state == JobState::Active { transition::claim_ends(job) } else { None };
     let worker = job.run().worker_id.as_deref();
     transaction
@@ -521,6 +566,19 @@ async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineErr
                 &encode(job),
             ],
         )
+        .await
+        .map_err(database)?;
+    Ok(())
+}
+
+/// Tells every node's listener that jobs became available on `queues`, when
+/// the transaction commits (a queue named twice in one transaction is told once).
+async fn notify(client: &impl GenericClient, queues: &[&str]) -> Result<(), EngineError> {
+    if queues.is_empty() {
+        return Ok(());
+    }
+    client
+        .execute("SELECT pg_notify($1, queue) FROM unnest($2::text[]) AS queue", &[&CHANNEL, &queues])
         .await
         .map_err(database)?;
     Ok(())

@@ -9,12 +9,14 @@
 mod jobs;
 mod leader;
 mod schema;
+mod wakeup;
 
 use std::time::Duration;
 
 pub use jobs::PgJobs;
 pub use leader::{LEASE_TTL_MS_DEFAULT, LeaderLease};
 pub use schema::{SCHEMA_VERSION, SchemaError, migrate, schema_version};
+pub use wakeup::{POLL_INTERVAL, RECHECK_INTERVAL};
 
 /// Where the database is and how svc uses it (`--postgres`,
 /// `SVC_POSTGRES_URL`, `[postgres]` in the settings file).
