@@ -5,6 +5,7 @@
 //! |---|---|---|---|---|
 //! | listen address | `--listen` | `SVC_LISTEN` | `listen` | `127.0.0.1:8080` |
 //! | data dir | `--data-dir` | `SVC_DATA_DIR` | `data_dir` | `./data` |
+//! | PostgreSQL instead of the data dir (a preview: docs/postgres.md) | `--postgres` | `SVC_POSTGRES_URL` | `postgres.url` | none |
 //! | config file | `--config` | `SVC_CONFIG` | — | none |
 //! | log bytes between snapshots | `--snapshot-log-bytes` | `SVC_SNAPSHOT_LOG_BYTES` | `storage.snapshot_log_bytes` | 256 MiB |
 //! | direct (`O_DIRECT`) log writes where possible | — | `SVC_DIRECT_WRITES=0` turns off | `storage.direct_writes` | true |
@@ -33,7 +34,9 @@
 //! `webhooks.max_pending`, `webhooks.max_pending_bytes`, `webhooks.max_outbox`,
 //! `webhooks.max_outbox_bytes`, `webhooks.concurrency`,
 //! `webhooks.concurrency_per_subscription`, `webhooks.rotation_grace`
-//! (duration), `limits.max_webhooks` and `limits.max_schemas`.
+//! (duration), `limits.max_webhooks` and `limits.max_schemas`;
+//! `postgres.pool_size` (connections per node, at least 1) and
+//! `postgres.statement_timeout` (an ISO 8601 duration).
 
 use clap::Parser;
 use serde::Deserialize;
@@ -74,6 +77,9 @@ pub struct Config {
     /// Put before every dashboard link (`ui.prefix`): the path a reverse
     /// proxy serves svc under, such as `/svc`; empty when served at the root.
     pub ui_prefix: String,
+    /// The PostgreSQL backend's settings, when svc runs on PostgreSQL
+    /// instead of its data dir.
+    pub postgres: Option<crate::backend::postgres::PgSettings>,
     /// Without keys, the origins whose web pages may send requests
     /// (`http.allowed_origins`), as `scheme://host[:port]`.
     pub http_allowed_origins: Vec<String>,
@@ -117,6 +123,7 @@ impl Default for Config {
             auth_failed_attempts_per_minute: crate::http::auth::FAILED_ATTEMPTS_PER_MINUTE,
             metrics_public: false,
             ui_prefix: String::new(),
+            postgres: None,
             http_allowed_origins: Vec::new(),
             shutdown_grace_ms: 30_000,
             jobs: JobDefaults::default(),
@@ -149,6 +156,15 @@ struct FileConfig {
     metrics: Option<MetricsSection>,
     webhooks: Option<WebhooksSection>,
     ui: Option<UiSection>,
+    postgres: Option<PostgresSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PostgresSection {
+    url: Option<String>,
+    pool_size: Option<usize>,
+    statement_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -315,6 +331,13 @@ impl Config {
         if let Some(dir) = setting("data-dir", "SVC_DATA_DIR") {
             config.data_dir = PathBuf::from(dir);
         }
+        if let Some(url) = setting("postgres", "SVC_POSTGRES_URL") {
+            let settings = config.postgres.get_or_insert_with(|| crate::backend::postgres::PgSettings::new(""));
+            settings.url = url;
+        }
+        if config.postgres.as_ref().is_some_and(|settings| settings.url.is_empty()) {
+            return Err("postgres: a [postgres] section needs a url (or --postgres, or SVC_POSTGRES_URL)".into());
+        }
         if let Some(bytes) = setting("snapshot-log-bytes", "SVC_SNAPSHOT_LOG_BYTES") {
             config.snapshot_log_bytes =
                 bytes.parse().map_err(|_| format!("snapshot log bytes must be a whole number, not {bytes}"))?;
@@ -336,6 +359,22 @@ impl Config {
     }
 
     fn apply_file(&mut self, file: FileConfig, env: &HashMap<String, String>) -> Result<(), String> {
+        if let Some(section) = file.postgres {
+            let mut settings = crate::backend::postgres::PgSettings::new(section.url.unwrap_or_default());
+            if let Some(size) = section.pool_size {
+                if size == 0 {
+                    return Err("postgres.pool_size must be at least 1".into());
+                }
+                settings.pool_size = size;
+            }
+            if let Some(text) = section.statement_timeout {
+                let ms = parse_duration_ms(&text).ok().filter(|ms| *ms > 0).ok_or_else(|| {
+                    format!("postgres.statement_timeout: {text:?} is not a positive ISO 8601 duration")
+                })?;
+                settings.statement_timeout = std::time::Duration::from_millis(ms as u64);
+            }
+            self.postgres = Some(settings);
+        }
         if let Some(prefix) = file.ui.and_then(|ui| ui.prefix) {
             let plain = prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"/-_.~".contains(&b));
             if !(prefix.is_empty()
@@ -592,6 +631,9 @@ pub struct ServeFlags {
     /// Where the log and snapshots live [env: SVC_DATA_DIR] [default: ./data]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<String>,
+    /// Run on PostgreSQL instead of the data dir, a preview (docs/postgres.md) [env: SVC_POSTGRES_URL]
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
     /// A TOML settings file (see data/svc.example.toml) [env: SVC_CONFIG]
     #[arg(long, value_name = "FILE")]
     pub config: Option<String>,
@@ -616,6 +658,7 @@ impl ServeFlags {
         let given = [
             ("listen", &self.listen),
             ("data-dir", &self.data_dir),
+            ("postgres", &self.postgres),
             ("config", &self.config),
             ("snapshot-log-bytes", &self.snapshot_log_bytes),
         ];

@@ -49,6 +49,9 @@ pub enum ServerError {
     StorageFailed,
     /// The webhook settings cannot be used (an unreadable CA bundle).
     Webhooks(String),
+    /// The PostgreSQL backend could not start (unreachable, refused, or a
+    /// schema newer than this binary).
+    Postgres(String),
 }
 
 impl fmt::Display for ServerError {
@@ -58,6 +61,7 @@ impl fmt::Display for ServerError {
             ServerError::Bind(address, error) => write!(f, "cannot listen on {address}: {error}"),
             ServerError::Runtime(error) => write!(f, "cannot start the runtime: {error}"),
             ServerError::Webhooks(problem) => write!(f, "webhooks: {problem}"),
+            ServerError::Postgres(problem) => write!(f, "cannot start on PostgreSQL: {problem}"),
             ServerError::StorageFailed => f.write_str(
                 "the engine accepts no more writes (the log failed, or the engine stopped); restart to recover",
             ),
@@ -161,7 +165,7 @@ pub fn start(config: &Config, mut engine_config: EngineConfig) -> Result<Running
     let thread = std::thread::Builder::new()
         .name("svc-server".into())
         .spawn(move || {
-            let app = Arc::new(app_state(engine.handle().clone(), timeout, &app_config, client));
+            let app = Arc::new(app_state(AppState::new(engine.handle().clone(), timeout), &app_config, client));
             let outcome = runtime.block_on(serve(listener, app, controls, grace, caps));
             engine.close();
             stop_deliveries(deliveries);
@@ -182,11 +186,14 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
         .block_on(TcpListener::bind(&config.listen))
         .map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
+    let caps = ConnectionCaps::for_config(config, open_file_limit);
+    if let Some(postgres) = &config.postgres {
+        return run_on_postgres(config, postgres, runtime, listener, caps, client);
+    }
     let pool = Pool::attach(&mut settings, client.clone(), config.webhooks_priority);
     let engine = Engine::open(settings).map_err(ServerError::Storage)?;
     let deliveries = pool.spawn(engine.handle().clone()).map_err(ServerError::Runtime)?;
     runtime.spawn(save_throughput_every_minute(engine.handle().clone(), config.data_dir.clone()));
-    let caps = ConnectionCaps::for_config(config, open_file_limit);
     tracing::info!(
         address = %addr,
         data_dir = %config.data_dir.display(),
@@ -196,7 +203,7 @@ pub fn run(config: &Config) -> Result<(), ServerError> {
         "svc listening"
     );
     let timeout = Duration::from_millis(config.request_timeout_ms);
-    let app = Arc::new(app_state(engine.handle().clone(), timeout, config, client));
+    let app = Arc::new(app_state(AppState::new(engine.handle().clone(), timeout), config, client));
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let outcome = runtime.block_on(async {
         let (control, controls) = mpsc::unbounded_channel();
@@ -250,13 +257,40 @@ fn webhook_client(config: &Config) -> Result<crate::webhook::client::DeliveryCli
     .map_err(ServerError::Webhooks)
 }
 
-fn app_state(
-    engine: crate::engine::EngineHandle,
-    timeout: Duration,
+/// Runs `svc serve --postgres` in the foreground: a stateless node on the
+/// database (docs/postgres.md), until SIGTERM or SIGINT.
+fn run_on_postgres(
     config: &Config,
+    postgres: &crate::backend::postgres::PgSettings,
+    runtime: tokio::runtime::Runtime,
+    listener: TcpListener,
+    caps: ConnectionCaps,
     client: crate::webhook::client::DeliveryClient,
-) -> AppState {
-    let app = AppState::new(engine, timeout);
+) -> Result<(), ServerError> {
+    let clock: Arc<dyn crate::clock::Clock> = Arc::new(crate::clock::SystemClock);
+    // Unique among the nodes, whatever their host names and process ids.
+    let node = format!("node-{:016x}", rand::random::<u64>());
+    let backend = runtime
+        .block_on(crate::backend::postgres::PgBackend::start(postgres, clock.clone(), node.clone()))
+        .map_err(|error| ServerError::Postgres(error.to_string()))?;
+    let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
+    tracing::info!(address = %addr, backend = "postgres", node, max_connections = caps.total, "svc listening");
+    let timeout = Duration::from_millis(config.request_timeout_ms);
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let app = AppState::with_backend(Arc::new(backend), clock, Arc::new(config.jobs.clone()), metrics, timeout);
+    let app = Arc::new(app_state(app, config, client));
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let outcome = runtime.block_on(async {
+        let (control, controls) = mpsc::unbounded_channel();
+        tokio::spawn(forward_signals(control));
+        serve(listener, app, controls, grace, caps).await
+    });
+    tracing::info!("svc stopped");
+    outcome
+}
+
+/// The front end's settings from the config, on top of `app`.
+fn app_state(app: AppState, config: &Config, client: crate::webhook::client::DeliveryClient) -> AppState {
     let app = match config.rate_limit {
         Some((requests, window_s)) => app.with_rate_limit(requests, window_s),
         None => app,

@@ -221,6 +221,12 @@ impl PgJobs {
         Ok(Job::accept(new_job, id, state, now, scheduled_at, expires_at))
     }
 
+    /// A round trip to the database (health checks).
+    pub async fn probe(&self) -> Result<(), EngineError> {
+        self.client().await?.execute("SELECT 1", &[]).await.map_err(database)?;
+        Ok(())
+    }
+
     /// A job by id, in flight or finished.
     pub async fn job(&self, id: JobId) -> Result<Option<Arc<Job>>, EngineError> {
         let client = self.client().await?;

@@ -6,6 +6,7 @@
 //! its migrations (`schema.rs`), which the first node to start applies
 //! under an advisory lock.
 
+mod backend;
 mod jobs;
 mod leader;
 mod schema;
@@ -13,6 +14,7 @@ mod wakeup;
 
 use std::time::Duration;
 
+pub use backend::PgBackend;
 pub use jobs::PgJobs;
 pub use leader::{LEASE_TTL_MS_DEFAULT, LeaderLease};
 pub use schema::{SCHEMA_VERSION, SchemaError, migrate, schema_version};

@@ -1,0 +1,391 @@
+//! The PostgreSQL backend as a [`Backend`] (docs/postgres.md, "What runs
+//! on PostgreSQL today"): each operation runs as a task on the node's
+//! runtime and answers through a [`Pending`]; the node's housekeeping (the
+//! leader's timers) runs beside them.
+//!
+//! Operations this backend does not carry yet are refused with 422
+//! `unsupported`, naming the operation: never answered as if done.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::{LEASE_TTL_MS_DEFAULT, LeaderLease, PgError, PgJobs, PgSettings};
+use crate::backend::{Backend, EventFilter, Page};
+use crate::clock::Clock;
+use crate::cron::CronDefinition;
+use crate::engine::{
+    AckMany, AckOutcome, Backpressure, BulkAction, BulkOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineError,
+    EngineFailure, Enqueued, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage, MinuteCount,
+    Overview, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
+};
+use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob, ValidationError};
+use crate::schema::{SchemaEntry, SchemaRegistration};
+use crate::webhook::Subscription;
+use crate::webhook::subscription::NewSubscription;
+use crate::workflow::WorkflowDefinition;
+
+/// How often the leader looks for due jobs and claims that ran out.
+const TIMERS_EVERY: Duration = Duration::from_millis(100);
+/// How often the leader renews its lease, and another node asks for it.
+const LEASE_EVERY: Duration = Duration::from_secs(2);
+/// Jobs one pass of the timers changes at most, per kind.
+const TIMERS_BATCH: i64 = 1_000;
+
+/// One node of svc on PostgreSQL.
+pub struct PgBackend {
+    jobs: Arc<PgJobs>,
+    clock: Arc<dyn Clock>,
+    runtime: tokio::runtime::Handle,
+    draining: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl PgBackend {
+    /// Connects, migrates the schema, starts listening for new jobs and the
+    /// leader's timers, all on the current tokio runtime. `node` names this
+    /// node in `svc_leader`.
+    pub async fn start(settings: &PgSettings, clock: Arc<dyn Clock>, node: String) -> Result<PgBackend, PgError> {
+        let pool = super::open(settings).await?;
+        let jobs = Arc::new(PgJobs::new(pool.clone()));
+        let listener = jobs.listen(settings)?;
+        let lease = LeaderLease::new(pool, "timers", node, LEASE_TTL_MS_DEFAULT);
+        let draining = Arc::new(AtomicBool::new(false));
+        let timers = tokio::spawn(run_timers(jobs.clone(), lease, clock.clone(), draining.clone()));
+        Ok(PgBackend {
+            jobs,
+            clock,
+            runtime: tokio::runtime::Handle::current(),
+            draining,
+            tasks: vec![listener, timers],
+        })
+    }
+
+    /// Runs `work` on the node's runtime; its outcome answers the pending.
+    fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T, EngineError>> + Send + 'static,
+    ) -> Pending<T> {
+        let (sender, pending) = Pending::channel();
+        self.runtime.spawn(async move {
+            let _ = sender.send(work.await);
+        });
+        pending
+    }
+
+    fn now(&self) -> crate::clock::Millis {
+        self.clock.now_ms()
+    }
+}
+
+impl Drop for PgBackend {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The leader's timers: while this node holds the lease, due jobs are
+/// promoted and claims that ran out are ended, every [`TIMERS_EVERY`].
+async fn run_timers(jobs: Arc<PgJobs>, lease: LeaderLease, clock: Arc<dyn Clock>, draining: Arc<AtomicBool>) {
+    let mut leading = false;
+    let mut asked_at: Option<tokio::time::Instant> = None;
+    loop {
+        if draining.load(Ordering::SeqCst) {
+            if leading && let Err(error) = lease.release().await {
+                tracing::warn!(%error, "could not give up the leader lease");
+            }
+            return;
+        }
+        if asked_at.is_none_or(|at| at.elapsed() >= LEASE_EVERY) {
+            asked_at = Some(tokio::time::Instant::now());
+            match lease.hold(clock.now_ms()).await {
+                Ok(held) => {
+                    if held != leading {
+                        tracing::info!(leading = held, "the timers' leader lease changed hands");
+                    }
+                    leading = held;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "could not ask for the leader lease");
+                    leading = false;
+                }
+            }
+        }
+        if leading {
+            let now = clock.now_ms();
+            // A failure is logged by the store, and tried again next pass.
+            let _ = jobs.promote_due(now, TIMERS_BATCH).await;
+            let _ = jobs.expire_claims(now, TIMERS_BATCH).await;
+        }
+        tokio::time::sleep(TIMERS_EVERY).await;
+    }
+}
+
+/// The refusal of an operation this backend does not carry yet.
+fn unsupported<T>(operation: &str) -> Pending<T> {
+    let error = ValidationError::unsupported(
+        "operation",
+        format!("{operation} is not yet available on the PostgreSQL backend"),
+    );
+    Pending::ready(Err(EngineError::Invalid { error, index: None }))
+}
+
+impl Backend for PgBackend {
+    fn enqueue(&self, jobs: Vec<NewJob>) -> Pending<Vec<Enqueued>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.enqueue(now, jobs).await })
+    }
+
+    fn job(&self, id: JobId) -> Pending<Option<Arc<Job>>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.job(id).await })
+    }
+
+    fn cancel(&self, id: JobId) -> Pending<Cancelled> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.cancel(now, id).await })
+    }
+
+    fn activate(&self, _: JobId) -> Pending<Arc<Job>> {
+        unsupported("activating a staged job")
+    }
+
+    fn jobs_page(&self, _: JobFilter, _: Option<JobCursor>, _: usize) -> Pending<JobsPage> {
+        unsupported("listing jobs")
+    }
+
+    fn bulk_jobs(&self, _: BulkAction, _: Vec<JobId>) -> Pending<BulkOutcome> {
+        unsupported("a bulk action")
+    }
+
+    fn fetch(&self, request: FetchRequest, wait_ms: u64) -> Pending<Vec<Arc<Job>>> {
+        let (store, clock) = (self.jobs.clone(), self.clock.clone());
+        self.run(async move {
+            let now = move || clock.now_ms();
+            store.claim_waiting(&now, &request, Duration::from_millis(wait_ms)).await
+        })
+    }
+
+    fn ack(&self, id: JobId, result: Option<String>, worker_id: Option<String>) -> Pending<Arc<Job>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.ack(now, id, result, worker_id.as_deref()).await })
+    }
+
+    fn ack_many(&self, request: AckMany) -> Pending<AckOutcome> {
+        let (store, clock) = (self.jobs.clone(), self.clock.clone());
+        self.run(async move {
+            let mut acked = Vec::with_capacity(request.acks.len());
+            for item in request.acks {
+                let worker = request.worker_id.as_deref();
+                acked.push(store.ack(clock.now_ms(), item.id, item.result, worker).await);
+            }
+            let refused = acked.iter().any(Result::is_err);
+            let jobs = match request.fetch {
+                Some((fetch, wait_ms)) if !(request.fetch_unless_refused && refused) => {
+                    let now = move || clock.now_ms();
+                    store.claim_waiting(&now, &fetch, Duration::from_millis(wait_ms)).await?
+                }
+                _ => Vec::new(),
+            };
+            Ok(AckOutcome { acked, jobs })
+        })
+    }
+
+    fn fail(&self, id: JobId, report: FailureReport, requeue: bool, worker_id: Option<String>) -> Pending<Arc<Job>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.fail(now, id, report, requeue, worker_id.as_deref()).await })
+    }
+
+    fn heartbeat(
+        &self,
+        worker_id: String,
+        active_jobs: Option<Vec<JobId>>,
+        visibility_timeout_ms: Option<u64>,
+    ) -> Pending<HeartbeatOutcome> {
+        let (store, now, draining) = (self.jobs.clone(), self.now(), self.draining.clone());
+        self.run(async move {
+            let (extended, not_extended) =
+                store.extend_claims(now, &worker_id, active_jobs.as_deref(), visibility_timeout_ms).await?;
+            let signal = draining.load(Ordering::SeqCst).then_some(WorkerSignal::Terminate);
+            Ok(HeartbeatOutcome { extended, not_extended, signal })
+        })
+    }
+
+    fn report_progress(&self, _: JobId, _: JobProgress, _: Option<String>) -> Pending<Arc<Job>> {
+        unsupported("reporting progress")
+    }
+
+    fn workers_page(&self, _: Option<String>, _: usize, _: Option<WorkerState>) -> Pending<Page<WorkerEntry>> {
+        unsupported("listing workers")
+    }
+
+    fn worker(&self, _: String) -> Pending<Option<WorkerEntry>> {
+        unsupported("reading a worker")
+    }
+
+    fn signal_worker(&self, _: String, _: WorkerSignal) -> Pending<WorkerEntry> {
+        unsupported("signalling a worker")
+    }
+
+    fn forget_worker(&self, _: String) -> Pending<()> {
+        unsupported("forgetting a worker")
+    }
+
+    fn queues_page(&self, _: Option<String>, _: usize) -> Pending<Page<QueueSummary>> {
+        unsupported("listing queues")
+    }
+
+    fn queue_stats(&self, _: String) -> Pending<Option<QueueStats>> {
+        unsupported("a queue's figures")
+    }
+
+    fn pause_queue(&self, _: String, _: bool) -> Pending<QueueSummary> {
+        unsupported("pausing or resuming a queue")
+    }
+
+    fn configure_queue(&self, _: String, _: Option<Backpressure>) -> Pending<QueueSummary> {
+        unsupported("configuring a queue")
+    }
+
+    fn overview(&self) -> Pending<Overview> {
+        unsupported("the overview")
+    }
+
+    fn throughput_minutes(&self, _: Option<String>) -> Pending<Vec<MinuteCount>> {
+        unsupported("throughput history")
+    }
+
+    fn dead_letter_page(
+        &self,
+        _: Option<DeadLetterCursor>,
+        _: usize,
+        _: Option<String>,
+    ) -> Pending<(Vec<Arc<Job>>, Option<DeadLetterCursor>)> {
+        unsupported("the dead letter listing")
+    }
+
+    fn dead_letter_retry(&self, _: JobId) -> Pending<Arc<Job>> {
+        unsupported("retrying from the dead letter")
+    }
+
+    fn dead_letter_delete(&self, _: JobId) -> Pending<()> {
+        unsupported("deleting from the dead letter")
+    }
+
+    fn dead_letter_count(&self, _: Option<String>) -> Pending<u64> {
+        unsupported("counting the dead letter")
+    }
+
+    fn crons_page(&self, _: Option<String>, _: usize, _: Option<bool>) -> Pending<Page<Arc<CronEntry>>> {
+        unsupported("cron")
+    }
+
+    fn cron(&self, _: String) -> Pending<Option<Arc<CronEntry>>> {
+        unsupported("cron")
+    }
+
+    fn cron_put(&self, _: CronDefinition) -> Pending<(Arc<CronEntry>, bool)> {
+        unsupported("cron")
+    }
+
+    fn cron_patch(&self, _: CronDefinition, _: u64) -> Pending<(Arc<CronEntry>, bool)> {
+        unsupported("cron")
+    }
+
+    fn cron_delete(&self, _: String) -> Pending<Arc<CronEntry>> {
+        unsupported("cron")
+    }
+
+    fn create_workflow(&self, _: WorkflowDefinition) -> Pending<JobId> {
+        unsupported("workflows")
+    }
+
+    fn workflow(&self, _: JobId) -> Pending<Option<Arc<Workflow>>> {
+        unsupported("workflows")
+    }
+
+    fn cancel_workflow(&self, _: JobId) -> Pending<()> {
+        unsupported("workflows")
+    }
+
+    fn workflows_page(&self, _: Option<JobId>, _: usize) -> Pending<Page<Arc<Workflow>>> {
+        unsupported("workflows")
+    }
+
+    fn register_schema(&self, _: SchemaRegistration) -> Pending<Arc<SchemaEntry>> {
+        unsupported("the schema registry")
+    }
+
+    fn delete_schema(&self, _: String) -> Pending<Arc<SchemaEntry>> {
+        unsupported("the schema registry")
+    }
+
+    fn schema(&self, _: String) -> Pending<Option<Arc<SchemaEntry>>> {
+        unsupported("the schema registry")
+    }
+
+    fn schemas_page(&self, _: Option<String>, _: usize) -> Pending<Page<Arc<SchemaEntry>>> {
+        unsupported("the schema registry")
+    }
+
+    fn create_webhook(&self, _: NewSubscription) -> Pending<Arc<Subscription>> {
+        unsupported("webhooks")
+    }
+
+    fn change_webhook(&self, _: JobId, _: WebhookChange) -> Pending<Arc<Subscription>> {
+        unsupported("webhooks")
+    }
+
+    fn delete_webhook(&self, _: JobId) -> Pending<Arc<Subscription>> {
+        unsupported("webhooks")
+    }
+
+    fn webhook(&self, _: JobId) -> Pending<Option<Arc<Subscription>>> {
+        unsupported("webhooks")
+    }
+
+    fn webhooks_page(&self, _: Option<JobId>, _: usize) -> Pending<Page<Arc<Subscription>>> {
+        unsupported("webhooks")
+    }
+
+    fn events_page(&self, _: Option<String>, _: usize, _: EventFilter) -> Pending<EventPage> {
+        unsupported("the event listing")
+    }
+
+    /// A round trip to the database.
+    fn probe(&self) -> Pending<()> {
+        let store = self.jobs.clone();
+        self.run(async move { store.probe().await })
+    }
+
+    fn begin_drain(&self) -> Pending<()> {
+        self.draining.store(true, Ordering::SeqCst);
+        Pending::ready(Ok(()))
+    }
+
+    /// A node keeps no state of its own to lose: it never stops taking
+    /// writes for good (a database failure fails each request on its own).
+    fn failed(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn failure(&self) -> Option<EngineFailure> {
+        None
+    }
+
+    fn failure_cause(&self) -> Option<String> {
+        None
+    }
+
+    fn disk_full(&self) -> bool {
+        false
+    }
+
+    /// Not counted on this backend yet (the metric reads 0).
+    fn active_jobs(&self) -> u64 {
+        0
+    }
+}
