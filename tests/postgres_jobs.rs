@@ -315,3 +315,92 @@ async fn a_waiting_fetch_is_woken_by_a_job_enqueued_on_another_node() {
     let claimed = fetch_task.await.unwrap().unwrap();
     assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), vec![id]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_change_writes_its_events_and_the_newest_are_kept() {
+    use svc::backend::EventFilter;
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "events").await;
+    let id = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("email.send").queue("mail"))]).await.unwrap()[0].job.id;
+    jobs.claim(NOW + 1, &fetch(&["mail"], 1, "w")).await.unwrap();
+    jobs.fail(NOW + 2, id, FailureReport::server("boom", "broke"), false, Some("w")).await.unwrap();
+    let page = jobs.events_page(None, 100, &EventFilter::default()).await.unwrap();
+    let types: Vec<&str> = page.events.iter().map(|event| event.kind.type_name()).collect();
+    assert_eq!(types, ["job.enqueued", "job.started", "job.failed", "job.retrying"]);
+    assert!(page.events.iter().all(|event| event.job.as_ref().is_some_and(|job| job.id == id)));
+    assert_eq!(page.events[2].job.as_ref().unwrap().state, JobState::Retryable, "the job as after the change");
+    assert!(!page.has_more && !page.gap);
+
+    // Paging by cursor, and filtering by type.
+    let first = jobs.events_page(None, 1, &EventFilter::default()).await.unwrap();
+    assert!(first.has_more);
+    let cursor = first.events[0].id.to_string();
+    let rest = jobs.events_page(Some(&cursor), 100, &EventFilter::default()).await.unwrap();
+    assert_eq!(rest.events.len(), 3);
+    let filter = EventFilter { types: Some(vec!["job.retrying".into()]), ..EventFilter::default() };
+    let retrying = jobs.events_page(None, 100, &filter).await.unwrap();
+    assert_eq!(retrying.events.len(), 1);
+
+    // The newest 10 000 are kept; a cursor older than those reports a gap.
+    let batch: Vec<NewJob> = (0..10_000).map(|n| new_job(JobBuilder::new("bulk").args([n]))).collect();
+    jobs.enqueue(NOW + 3, batch).await.unwrap();
+    assert_eq!(jobs.prune_events().await.unwrap(), 4);
+    let after_pruning = jobs.events_page(Some(&cursor), 10, &EventFilter::default()).await.unwrap();
+    assert!(after_pruning.gap, "events after the cursor were pruned");
+    assert_eq!(after_pruning.events.len(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letter_listing_pages_retries_and_deletes() {
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "dead_letter").await;
+    let once = RetryPolicy { max_attempts: 1, ..RetryPolicy::default() };
+    let mut dead = Vec::new();
+    for n in 0..3 {
+        let id = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t").retry(&once))]).await.unwrap()[0].job.id;
+        jobs.claim(NOW, &fetch(&["default"], 1, "w")).await.unwrap();
+        let failed =
+            jobs.fail(NOW + 10 * (n + 1), id, FailureReport::server("boom", "broke"), false, None).await.unwrap();
+        assert_eq!(failed.state, JobState::Discarded);
+        dead.push(id);
+    }
+    assert_eq!(jobs.dead_letter_count(None).await.unwrap(), 3);
+    assert_eq!(jobs.dead_letter_count(Some("other")).await.unwrap(), 0);
+    // Newest first, two to a page.
+    let (page, next) = jobs.dead_letter_page(None, 2, None).await.unwrap();
+    assert_eq!(page.iter().map(|job| job.id).collect::<Vec<_>>(), vec![dead[2], dead[1]]);
+    let (rest, last) = jobs.dead_letter_page(next, 2, None).await.unwrap();
+    assert_eq!((rest.iter().map(|job| job.id).collect::<Vec<_>>(), last.is_none()), (vec![dead[0]], true));
+
+    // Retried: available again as a fresh run, its errors kept.
+    let revived = jobs.dead_letter_retry(NOW + 100, dead[0]).await.unwrap();
+    assert_eq!((revived.state, revived.attempt, revived.run().errors.len()), (JobState::Available, 0, 1));
+    assert_eq!(jobs.claim(NOW + 101, &fetch(&["default"], 5, "w")).await.unwrap()[0].id, dead[0]);
+    // Deleted: gone for good.
+    jobs.dead_letter_delete(NOW + 102, dead[1]).await.unwrap();
+    assert!(jobs.job(dead[1]).await.unwrap().is_none());
+    assert_eq!(jobs.dead_letter_count(None).await.unwrap(), 1);
+    for refused in [
+        jobs.dead_letter_delete(NOW, dead[1]).await.unwrap_err(),
+        jobs.dead_letter_retry(NOW, dead[0]).await.unwrap_err(),
+    ] {
+        assert!(matches!(refused, EngineError::NotInDeadLetter { .. }), "{refused:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_expiry_is_discarded_not_handed_out() {
+    use svc::backend::EventFilter;
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "expiry").await;
+    let id = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t").expires_at(NOW + 100))]).await.unwrap()[0].job.id;
+    let fresh = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t"))]).await.unwrap()[0].job.id;
+    let claimed = jobs.claim(NOW + 100, &fetch(&["default"], 5, "w")).await.unwrap();
+    assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), vec![fresh]);
+    let expired = jobs.job(id).await.unwrap().unwrap();
+    assert_eq!(expired.state, JobState::Discarded);
+    assert_eq!(expired.run().error.as_ref().unwrap().code, "expired");
+    let filter = EventFilter { types: Some(vec!["job.expired".into(), "job.discarded".into()]), ..Default::default() };
+    assert_eq!(jobs.events_page(None, 10, &filter).await.unwrap().events.len(), 2);
+    assert_eq!(jobs.dead_letter_count(None).await.unwrap(), 1);
+}

@@ -137,6 +137,24 @@ pub struct CronInfo {
 }
 
 impl EventKind {
+    /// The event of what a failed attempt led to (a backend's own
+    /// `job.failed` comes before it, but for a requeue).
+    pub fn after_failure(
+        report: &FailureReport,
+        outcome: crate::job::transition::FailOutcome,
+        requeue_reason: &'static str,
+    ) -> EventKind {
+        use crate::job::transition::FailOutcome;
+        match outcome {
+            FailOutcome::Retry { .. } => EventKind::Retrying { report: Box::new(report.clone()) },
+            FailOutcome::Discard => {
+                let reason = if report.retryable == Some(false) { "non_retryable" } else { "exhausted" };
+                EventKind::Discarded { reason }
+            }
+            FailOutcome::Requeue | FailOutcome::Release => EventKind::Requeued { reason: requeue_reason },
+        }
+    }
+
     pub fn type_name(&self) -> &'static str {
         match self {
             EventKind::Enqueued => "job.enqueued",

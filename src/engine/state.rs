@@ -15,7 +15,7 @@ use super::table::Table;
 use super::workers::entry::WorkerSignal;
 use super::workflows::table::Workflow;
 use crate::clock::Millis;
-use crate::job::{FailureReport, IdGenerator, Job, JobId, JobRun, JobState, UniqueKey, transition};
+use crate::job::{FailureReport, IdGenerator, Job, JobId, JobState, UniqueKey, transition};
 use crate::limits::DISPATCH_WINDOW_MS_MAX;
 use crate::schedule::{DispatchTable, KeyedReady, ReadyQueue, TimerSet};
 
@@ -478,13 +478,7 @@ impl State {
             if !self.jobs.get(id).is_some_and(waiting) {
                 continue;
             }
-            self.update(*id, |job| {
-                let report = FailureReport::server("expired", "the job expired before a worker claimed it");
-                job.state = JobState::Discarded;
-                job.run_mut().discarded_at = Some(at);
-                job.run_mut().retry_at = None;
-                transition::push_error(job, report, at);
-            })?;
+            self.update(*id, |job| transition::expire(job, at))?;
             events.push(at, EventKind::Expired, *id);
             events.push(at, EventKind::Discarded { reason: "expired" }, *id);
         }
@@ -511,15 +505,7 @@ impl State {
     /// A revived job starts a fresh run: of the old one only the error
     /// history stays (docs/api.md, "Which times a job carries").
     fn apply_dead_letter_retry(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
-        self.update(id, |job| {
-            job.state = JobState::Available;
-            job.attempt = 0;
-            job.set_enqueued_at(Some(at));
-            // Else an expired job would expire again at once.
-            job.set_expires_at(None);
-            let errors = job.run_if_any_mut().map(|run| std::mem::take(&mut run.errors)).unwrap_or_default();
-            *job.run_mut() = JobRun { errors, ..JobRun::default() };
-        })?;
+        self.update(id, |job| transition::revive(job, at))?;
         events.push(at, EventKind::Revived, id);
         Ok(())
     }
@@ -580,14 +566,5 @@ fn push_outcome_event(
     outcome: FailOutcome,
     requeue_reason: &'static str,
 ) {
-    match outcome {
-        FailOutcome::Retry { .. } => events.push(at, EventKind::Retrying { report: Box::new(report.clone()) }, id),
-        FailOutcome::Discard => {
-            let reason = if report.retryable == Some(false) { "non_retryable" } else { "exhausted" };
-            events.push(at, EventKind::Discarded { reason }, id)
-        }
-        FailOutcome::Requeue | FailOutcome::Release => {
-            events.push(at, EventKind::Requeued { reason: requeue_reason }, id)
-        }
-    }
+    events.push(at, EventKind::after_failure(report, outcome, requeue_reason), id);
 }

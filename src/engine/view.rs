@@ -55,6 +55,16 @@ impl QueueSummary {
 pub struct DeadLetterCursor(DeadLetterKey);
 
 impl DeadLetterCursor {
+    /// The position after the discarded job `id`, discarded at `discarded_at`.
+    pub fn new(discarded_at: Millis, id: JobId) -> DeadLetterCursor {
+        DeadLetterCursor(DeadLetterKey::new(discarded_at, id))
+    }
+
+    /// When the job the cursor names was discarded, and its id.
+    pub fn position(&self) -> (Millis, JobId) {
+        (self.0.discarded_at(), self.0.id())
+    }
+
     /// Reads a cursor printed by [`DeadLetterCursor`]'s `Display`.
     pub fn parse(text: &str) -> Option<DeadLetterCursor> {
         let (at, id) = text.split_once('/')?;

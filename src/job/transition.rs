@@ -150,6 +150,27 @@ pub fn promote(job: &mut Job, at: Millis) {
     }
 }
 
+/// Back from the dead letter listing: available from `at` as a fresh run,
+/// of the old one only the error history kept (docs/api.md, "Which times a
+/// job carries"); no expiry, else an expired job would expire again at once.
+pub fn revive(job: &mut Job, at: Millis) {
+    job.state = JobState::Available;
+    job.attempt = 0;
+    job.set_enqueued_at(Some(at));
+    job.set_expires_at(None);
+    let errors = job.run_if_any_mut().map(|run| std::mem::take(&mut run.errors)).unwrap_or_default();
+    *job.run_mut() = super::JobRun { errors, ..super::JobRun::default() };
+}
+
+/// An unclaimed job past its `expires_at`: discarded, with an `expired` error.
+pub fn expire(job: &mut Job, at: Millis) {
+    let report = FailureReport::server("expired", "the job expired before a worker claimed it");
+    job.state = JobState::Discarded;
+    job.run_mut().discarded_at = Some(at);
+    job.run_mut().retry_at = None;
+    push_error(job, report, at);
+}
+
 /// A cancel (rows 26–30): ended, any claim dropped.
 pub fn cancel(job: &mut Job, at: Millis) {
     job.state = JobState::Cancelled;

@@ -30,6 +30,8 @@ use crate::workflow::WorkflowDefinition;
 const TIMERS_EVERY: Duration = Duration::from_millis(100);
 /// How often the leader renews its lease, and another node asks for it.
 const LEASE_EVERY: Duration = Duration::from_secs(2);
+/// How often the leader prunes the event listing to its newest events.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
 /// Jobs one pass of the timers changes at most, per kind.
 const TIMERS_BATCH: i64 = 1_000;
 
@@ -92,6 +94,7 @@ impl Drop for PgBackend {
 async fn run_timers(jobs: Arc<PgJobs>, lease: LeaderLease, clock: Arc<dyn Clock>, draining: Arc<AtomicBool>) {
     let mut leading = false;
     let mut asked_at: Option<tokio::time::Instant> = None;
+    let mut pruned_at: Option<tokio::time::Instant> = None;
     loop {
         if draining.load(Ordering::SeqCst) {
             if leading && let Err(error) = lease.release().await {
@@ -119,6 +122,10 @@ async fn run_timers(jobs: Arc<PgJobs>, lease: LeaderLease, clock: Arc<dyn Clock>
             // A failure is logged by the store, and tried again next pass.
             let _ = jobs.promote_due(now, TIMERS_BATCH).await;
             let _ = jobs.expire_claims(now, TIMERS_BATCH).await;
+            if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+                pruned_at = Some(tokio::time::Instant::now());
+                let _ = jobs.prune_events().await;
+            }
         }
         tokio::time::sleep(TIMERS_EVERY).await;
     }
@@ -260,23 +267,27 @@ impl Backend for PgBackend {
 
     fn dead_letter_page(
         &self,
-        _: Option<DeadLetterCursor>,
-        _: usize,
-        _: Option<String>,
+        after: Option<DeadLetterCursor>,
+        limit: usize,
+        queue: Option<String>,
     ) -> Pending<(Vec<Arc<Job>>, Option<DeadLetterCursor>)> {
-        unsupported("the dead letter listing")
+        let store = self.jobs.clone();
+        self.run(async move { store.dead_letter_page(after, limit, queue.as_deref()).await })
     }
 
-    fn dead_letter_retry(&self, _: JobId) -> Pending<Arc<Job>> {
-        unsupported("retrying from the dead letter")
+    fn dead_letter_retry(&self, id: JobId) -> Pending<Arc<Job>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.dead_letter_retry(now, id).await })
     }
 
-    fn dead_letter_delete(&self, _: JobId) -> Pending<()> {
-        unsupported("deleting from the dead letter")
+    fn dead_letter_delete(&self, id: JobId) -> Pending<()> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.dead_letter_delete(now, id).await })
     }
 
-    fn dead_letter_count(&self, _: Option<String>) -> Pending<u64> {
-        unsupported("counting the dead letter")
+    fn dead_letter_count(&self, queue: Option<String>) -> Pending<u64> {
+        let store = self.jobs.clone();
+        self.run(async move { store.dead_letter_count(queue.as_deref()).await })
     }
 
     fn crons_page(&self, _: Option<String>, _: usize, _: Option<bool>) -> Pending<Page<Arc<CronEntry>>> {
@@ -351,8 +362,9 @@ impl Backend for PgBackend {
         unsupported("webhooks")
     }
 
-    fn events_page(&self, _: Option<String>, _: usize, _: EventFilter) -> Pending<EventPage> {
-        unsupported("the event listing")
+    fn events_page(&self, after: Option<String>, limit: usize, filter: EventFilter) -> Pending<EventPage> {
+        let store = self.jobs.clone();
+        self.run(async move { store.events_page(after.as_deref(), limit, &filter).await })
     }
 
     /// A round trip to the database.

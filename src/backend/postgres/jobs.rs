@@ -19,7 +19,9 @@ use deadpool_postgres::{GenericClient, Pool, Transaction};
 use super::PgError;
 use super::wakeup::{CHANNEL, Wakeups};
 use crate::clock::Millis;
-use crate::engine::{Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, Unavailable};
+use crate::engine::{
+    Cancelled, ConflictReason, DeadLetterCursor, EngineError, Enqueued, EventKind, FetchRequest, Unavailable,
+};
 use crate::job::transition::{self, FailOutcome};
 use crate::job::{FailureReport, IdGenerator, Job, JobId, JobState, NewJob, ValidationError};
 use crate::limits::CLIENT_ID_AHEAD_MS_MAX;
@@ -128,6 +130,34 @@ impl PgJobs {
         ids.next(now, rand::random())
     }
 
+    /// Writes the events of a change in its transaction, each with a fresh id.
+    async fn record(
+        &self,
+        client: &impl GenericClient,
+        now: Millis,
+        events: Vec<(EventKind, &Job)>,
+    ) -> Result<(), EngineError> {
+        let events: Vec<_> = events.into_iter().map(|(kind, job)| (self.fresh_id(now), now, kind, job)).collect();
+        super::events::append(client, &events).await.map_err(database)
+    }
+
+    /// The event listing: events after `after`, oldest first, that `filter` keeps.
+    pub async fn events_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        filter: &crate::backend::EventFilter,
+    ) -> Result<crate::engine::EventPage, EngineError> {
+        let client = self.client().await?;
+        super::events::page(&client, after, limit, filter).await
+    }
+
+    /// Keeps the newest events only (the leader's housekeeping).
+    pub async fn prune_events(&self) -> Result<u64, EngineError> {
+        let client = self.client().await?;
+        super::events::prune(&client).await.map_err(database)
+    }
+
     /// Enqueues jobs, all or none. Checked as the local engine checks them:
     /// client ids not in use and not far ahead, times in order, queues not
     /// paused. Unique policies, dispatch limits, schemas and backpressure are
@@ -181,6 +211,14 @@ impl PgJobs {
         available.sort_unstable();
         available.dedup();
         notify(&transaction, &available).await?;
+        let mut events = Vec::with_capacity(jobs.len());
+        for job in &jobs {
+            events.push((EventKind::Enqueued, job));
+            if job.state == JobState::Scheduled {
+                events.push((EventKind::Scheduled, job));
+            }
+        }
+        self.record(&transaction, now, events).await?;
         transaction.commit().await.map_err(database)?;
         Ok(jobs.into_iter().map(|job| Enqueued { job: Arc::new(job), deduplicated: false, pressure: None }).collect())
     }
@@ -248,6 +286,7 @@ impl PgJobs {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         let mut claimed: Vec<Job> = Vec::new();
+        let mut expired: Vec<Job> = Vec::new();
         for (position, queue) in request.queues.iter().enumerate() {
             if request.queues[..position].contains(queue) {
                 continue;
@@ -265,6 +304,12 @@ impl PgJobs {
                 .map_err(database)?;
             for row in rows {
                 let mut job = decode(row.get(0), row.get(1))?;
+                // Past its expiry, a job is discarded, not handed out.
+                if job.expires_at().is_some_and(|at| at <= now) {
+                    transition::expire(&mut job, now);
+                    expired.push(job);
+                    continue;
+                }
                 let visibility = request.visibility_timeout_ms.unwrap_or(u64::from(job.visibility_timeout_ms));
                 let execution_deadline = now.saturating_add(job.timeout_ms as i64);
                 transition::claim(
@@ -280,7 +325,16 @@ impl PgJobs {
                 break;
             }
         }
+        for job in &expired {
+            store(&transaction, job).await?;
+        }
+        let expiry_events = expired
+            .iter()
+            .flat_map(|job| [(EventKind::Expired, job), (EventKind::Discarded { reason: "expired" }, job)])
+            .collect();
+        self.record(&transaction, now, expiry_events).await?;
         if claimed.is_empty() {
+            transaction.commit().await.map_err(database)?;
             return Ok(Vec::new());
         }
         let ids: Vec<String> = claimed.iter().map(|job| job.id.to_string()).collect();
@@ -302,6 +356,7 @@ impl PgJobs {
             )
             .await
             .map_err(database)?;
+        self.record(&transaction, now, claimed.iter().map(|job| (EventKind::Started, job)).collect()).await?;
         transaction.commit().await.map_err(database)?;
         Ok(claimed.into_iter().map(Arc::new).collect())
     }
@@ -314,7 +369,11 @@ impl PgJobs {
         result: Option<String>,
         worker_id: Option<&str>,
     ) -> Result<Arc<Job>, EngineError> {
-        self.change_held(id, worker_id, |job| transition::complete(job, now, result)).await
+        self.change_held(now, id, worker_id, |job| {
+            transition::complete(job, now, result);
+            vec![EventKind::Completed]
+        })
+        .await
     }
 
     /// Records a failed attempt: retried, discarded or made available again
@@ -327,13 +386,20 @@ impl PgJobs {
         requeue: bool,
         worker_id: Option<&str>,
     ) -> Result<Arc<Job>, EngineError> {
-        self.change_held(id, worker_id, |job| {
+        self.change_held(now, id, worker_id, |job| {
             let outcome = if requeue {
                 FailOutcome::Requeue
             } else {
                 crate::schedule::failure_outcome(job, &report, now, rand::random)
             };
+            let attempt = job.attempt;
             transition::fail(job, now, &report, outcome);
+            let mut events = Vec::with_capacity(2);
+            if outcome != FailOutcome::Requeue {
+                events.push(EventKind::Failed { report: Box::new(report.clone()), attempt });
+            }
+            events.push(EventKind::after_failure(&report, outcome, "nack_requeue"));
+            events
         })
         .await
     }
@@ -342,9 +408,10 @@ impl PgJobs {
     /// worker when both name one), then writes it back or, finished, moves it.
     async fn change_held(
         &self,
+        now: Millis,
         id: JobId,
         worker_id: Option<&str>,
-        change: impl FnOnce(&mut Job),
+        change: impl FnOnce(&mut Job) -> Vec<EventKind>,
     ) -> Result<Arc<Job>, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
@@ -355,8 +422,9 @@ impl PgJobs {
             });
         };
         transition::check_held(&job, worker_id).map_err(|refusal| EngineError::not_held(&job, refusal))?;
-        change(&mut job);
+        let events = change(&mut job);
         store(&transaction, &job).await?;
+        self.record(&transaction, now, events.into_iter().map(|kind| (kind, &job)).collect()).await?;
         transaction.commit().await.map_err(database)?;
         Ok(Arc::new(job))
     }
@@ -380,6 +448,7 @@ impl PgJobs {
         let previous_state = job.state;
         transition::cancel(&mut job, now);
         store(&transaction, &job).await?;
+        self.record(&transaction, now, vec![(EventKind::Cancelled { previous_state, reason: "api" }, &job)]).await?;
         transaction.commit().await.map_err(database)?;
         Ok(Cancelled { job: Arc::new(job), previous_state })
     }
@@ -463,11 +532,111 @@ impl PgJobs {
             let mut job = decode(row.get(0), row.get(1))?;
             let (kind, outcome) = crate::schedule::timeout_outcome(&job, now, rand::random);
             let report = transition::timeout_report(&job, kind, now);
+            let attempt = job.attempt;
             transition::fail(&mut job, now, &report, outcome);
             store(&transaction, &job).await?;
+            let failed = EventKind::Failed { report: Box::new(report.clone()), attempt };
+            let next = EventKind::after_failure(&report, outcome, "visibility_timeout");
+            self.record(&transaction, now, vec![(failed, &job), (next, &job)]).await?;
         }
         transaction.commit().await.map_err(database)?;
         Ok(count)
+    }
+
+    /// The dead letter listing: discarded jobs, newest first, after
+    /// `after`, of one queue or all; with the cursor of the next page when
+    /// more follow.
+    pub async fn dead_letter_page(
+        &self,
+        after: Option<DeadLetterCursor>,
+        limit: usize,
+        queue: Option<&str>,
+    ) -> Result<(Vec<Arc<Job>>, Option<DeadLetterCursor>), EngineError> {
+        let client = self.client().await?;
+        let (at, id) = match after.map(|cursor| cursor.position()) {
+            Some((at, id)) => (Some(at), Some(id.to_string())),
+            None => (None, None),
+        };
+        let rows = client
+            .query(
+                concat!(
+                    "SELECT id::text, body FROM svc_job_history WHERE state = 'discarded' \
+                       AND ($1::text IS NULL OR queue = $1) \
+                       AND ($2::int8 IS NULL OR (finished_at, id) < (",
+                    ts!("$2"),
+                    ", $3::text::uuid)) \
+                     ORDER BY finished_at DESC, id DESC LIMIT $4"
+                ),
+                &[&queue, &at, &id, &(limit as i64 + 1)],
+            )
+            .await
+            .map_err(database)?;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for row in rows {
+            jobs.push(Arc::new(decode(row.get(0), row.get(1))?));
+        }
+        let next = if jobs.len() > limit {
+            jobs.truncate(limit);
+            jobs.last().map(|job: &Arc<Job>| DeadLetterCursor::new(finished_at(job), job.id))
+        } else {
+            None
+        };
+        Ok((jobs, next))
+    }
+
+    /// How many jobs the dead letter listing holds, of one queue or all.
+    pub async fn dead_letter_count(&self, queue: Option<&str>) -> Result<u64, EngineError> {
+        let client = self.client().await?;
+        let count: i64 = client
+            .query_one(
+                "SELECT count(*) FROM svc_job_history WHERE state = 'discarded' AND ($1::text IS NULL OR queue = $1)",
+                &[&queue],
+            )
+            .await
+            .map_err(database)?
+            .get(0);
+        Ok(count as u64)
+    }
+
+    /// Sends a discarded job back to `available` as a fresh run.
+    pub async fn dead_letter_retry(&self, now: Millis, id: JobId) -> Result<Arc<Job>, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let key = id.to_string();
+        let row = transaction
+            .query_opt(
+                "DELETE FROM svc_job_history WHERE id = $1::text::uuid AND state = 'discarded' RETURNING body",
+                &[&key],
+            )
+            .await
+            .map_err(database)?;
+        let Some(row) = row else { return Err(EngineError::NotInDeadLetter { id }) };
+        let mut job = decode(&key, row.get(0))?;
+        transition::revive(&mut job, now);
+        insert(&transaction, std::slice::from_ref(&job)).await.map_err(database)?;
+        notify(&transaction, &[job.queue.as_str()]).await?;
+        self.record(&transaction, now, vec![(EventKind::Revived, &job)]).await?;
+        transaction.commit().await.map_err(database)?;
+        Ok(Arc::new(job))
+    }
+
+    /// Removes a discarded job for good.
+    pub async fn dead_letter_delete(&self, now: Millis, id: JobId) -> Result<(), EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let key = id.to_string();
+        let row = transaction
+            .query_opt(
+                "DELETE FROM svc_job_history WHERE id = $1::text::uuid AND state = 'discarded' RETURNING body",
+                &[&key],
+            )
+            .await
+            .map_err(database)?;
+        let Some(row) = row else { return Err(EngineError::NotInDeadLetter { id }) };
+        let job = decode(&key, row.get(0))?;
+        self.record(&transaction, now, vec![(EventKind::Deleted, &job)]).await?;
+        transaction.commit().await.map_err(database)?;
+        Ok(())
     }
 
     /// Makes scheduled and retryable jobs whose time came available, up to

@@ -25,7 +25,7 @@ const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS svc_schema (
 )";
 
 /// Each migration's statements; migration N is `MIGRATIONS[N - 1]`.
-const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER];
+const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER, V2_EVENTS];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
 /// leader lease.
@@ -93,6 +93,23 @@ CREATE TABLE svc_leader (
     node text NOT NULL,
     expires_at timestamptz NOT NULL
 );
+";
+
+/// Version 2: the events of job changes, written in the transaction of the
+/// change.
+const V2_EVENTS: &str = "
+-- The newest events, for the event listing: written with the change they
+-- tell of, pruned by the leader to the newest ones. `id` (a UUIDv7, ordered
+-- by time) is the listing's order and cursor; `body` holds the event's kind
+-- and the job as it was right after the change, in svc's stored form.
+CREATE TABLE svc_events (
+    id uuid PRIMARY KEY,
+    at timestamptz NOT NULL,
+    type text NOT NULL,
+    queue text,
+    job_type text,
+    body bytea NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
 ";
 
 /// Why the schema cannot be brought to this binary's version.

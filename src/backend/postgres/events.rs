@@ -1,0 +1,218 @@
+//! Events on PostgreSQL (docs/postgres.md, "Events"): each change to a job
+//! writes its events in its own transaction, so the listing shows exactly
+//! the changes that committed; the leader keeps the newest
+//! [`EVENTS_KEPT`] of them.
+//!
+//! An event's row holds its kind and the job as it was right after the
+//! change; the HTTP front end renders it as for the local engine.
+
+use std::sync::Arc;
+
+use deadpool_postgres::GenericClient;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::EventFilter;
+use crate::clock::Millis;
+use crate::engine::{EngineError, Event, EventId, EventKind, EventPage, Unavailable};
+use crate::job::{FailureReport, Job, JobId, JobState};
+
+/// Events the table keeps (the newest), as the local engine's buffer does.
+pub const EVENTS_KEPT: i64 = 10_000;
+/// Rows one listing request reads at most, whatever its filter keeps.
+const SCAN_MAX: i64 = 10_000;
+/// Rows read at a time while filtering.
+const SCAN_CHUNK: i64 = 500;
+
+/// An event's kind as stored: the job events this backend makes.
+#[derive(Serialize, Deserialize)]
+enum StoredKind {
+    Enqueued,
+    Scheduled,
+    Started,
+    Completed,
+    Failed { report: FailureReport, attempt: u32 },
+    Retrying { report: FailureReport },
+    Requeued { reason: String },
+    Discarded { reason: String },
+    Cancelled { previous_state: JobState, reason: String },
+    Revived,
+    Deleted,
+    Expired,
+}
+
+/// The reasons events carry, as the engine names them.
+const REASONS: &[&str] =
+    &["nack_requeue", "visibility_timeout", "exhausted", "non_retryable", "expired", "api", "shutdown", "terminate"];
+
+fn reason(text: &str) -> &'static str {
+    REASONS.iter().copied().find(|known| *known == text).unwrap_or("unknown")
+}
+
+impl StoredKind {
+    fn of(kind: &EventKind) -> Option<StoredKind> {
+        Some(match kind {
+            EventKind::Enqueued => StoredKind::Enqueued,
+            EventKind::Scheduled => StoredKind::Scheduled,
+            EventKind::Started => StoredKind::Started,
+            EventKind::Completed => StoredKind::Completed,
+            EventKind::Failed { report, attempt } => {
+                StoredKind::Failed { report: report.as_ref().clone(), attempt: *attempt }
+            }
+            EventKind::Retrying { report } => StoredKind::Retrying { report: report.as_ref().clone() },
+            EventKind::Requeued { reason } => StoredKind::Requeued { reason: reason.to_string() },
+            EventKind::Discarded { reason } => StoredKind::Discarded { reason: reason.to_string() },
+            EventKind::Cancelled { previous_state, reason } => {
+                StoredKind::Cancelled { previous_state: *previous_state, reason: reason.to_string() }
+            }
+            EventKind::Revived => StoredKind::Revived,
+            EventKind::Expired => StoredKind::Expired,
+            EventKind::Deleted => StoredKind::Deleted,
+            _ => return None,
+        })
+    }
+
+    fn kind(self) -> EventKind {
+        match self {
+            StoredKind::Enqueued => EventKind::Enqueued,
+            StoredKind::Scheduled => EventKind::Scheduled,
+            StoredKind::Started => EventKind::Started,
+            StoredKind::Completed => EventKind::Completed,
+            StoredKind::Failed { report, attempt } => EventKind::Failed { report: Box::new(report), attempt },
+            StoredKind::Retrying { report } => EventKind::Retrying { report: Box::new(report) },
+            StoredKind::Requeued { reason: why } => EventKind::Requeued { reason: reason(&why) },
+            StoredKind::Discarded { reason: why } => EventKind::Discarded { reason: reason(&why) },
+            StoredKind::Cancelled { previous_state, reason: why } => {
+                EventKind::Cancelled { previous_state, reason: reason(&why) }
+            }
+            StoredKind::Revived => EventKind::Revived,
+            StoredKind::Expired => EventKind::Expired,
+            StoredKind::Deleted => EventKind::Deleted,
+        }
+    }
+}
+
+/// Writes events of one transaction: each with its id, time and the job
+/// as it is after the change.
+pub async fn append(
+    client: &impl GenericClient,
+    events: &[(JobId, Millis, EventKind, &Job)],
+) -> Result<(), tokio_postgres::Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut ids = Vec::with_capacity(events.len());
+    let mut times = Vec::with_capacity(events.len());
+    let mut types = Vec::with_capacity(events.len());
+    let mut queues = Vec::with_capacity(events.len());
+    let mut job_types = Vec::with_capacity(events.len());
+    let mut bodies = Vec::with_capacity(events.len());
+    for (id, at, kind, job) in events {
+        let Some(stored) = StoredKind::of(kind) else { continue };
+        ids.push(id.to_string());
+        times.push(*at);
+        types.push(kind.type_name());
+        queues.push(job.queue.as_str());
+        job_types.push(job.payload.job_type());
+        bodies.push(postcard::to_allocvec(&(stored, *job)).expect("an event always encodes"));
+    }
+    client
+        .execute(
+            "INSERT INTO svc_events (id, at, type, queue, job_type, body) \
+             SELECT t.id::uuid, to_timestamp(t.at::float8 / 1000), t.type, t.queue, t.job_type, t.body \
+             FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::bytea[]) \
+               AS t(id, at, type, queue, job_type, body)",
+            &[&ids, &times, &types, &queues, &job_types, &bodies],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Events after `after` (an event id), oldest first, that `filter` keeps.
+/// `gap` says that `after` is older than the oldest event kept, so events
+/// may have been missed.
+pub async fn page(
+    client: &impl GenericClient,
+    after: Option<&str>,
+    limit: usize,
+    filter: &EventFilter,
+) -> Result<EventPage, EngineError> {
+    let failed = |error: tokio_postgres::Error| {
+        tracing::warn!(%error, "reading events failed");
+        EngineError::Unavailable { reason: Unavailable::Database }
+    };
+    let mut cursor = match after {
+        Some(text) => Some(EventId::parse(text).map(|id| id.0.to_string()).ok_or_else(|| {
+            let error = crate::job::ValidationError::request(Some("after".to_string()), "after is not an event id");
+            EngineError::Invalid { error, index: None }
+        })?),
+        None => None,
+    };
+    let gap = match &cursor {
+        Some(after) => client
+            .query_one(
+                "SELECT coalesce($1::text::uuid < (SELECT id FROM svc_events ORDER BY id LIMIT 1), false)",
+                &[after],
+            )
+            .await
+            .map_err(failed)?
+            .get(0),
+        None => false,
+    };
+    let mut events = Vec::new();
+    let mut scanned = 0;
+    let mut has_more = false;
+    while scanned < SCAN_MAX {
+        let rows = client
+            .query(
+                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                 WHERE $1::text IS NULL OR id > $1::text::uuid ORDER BY id LIMIT $2",
+                &[&cursor, &SCAN_CHUNK],
+            )
+            .await
+            .map_err(failed)?;
+        let last_chunk = (rows.len() as i64) < SCAN_CHUNK;
+        for row in rows {
+            scanned += 1;
+            let id: String = row.get(0);
+            cursor = Some(id.clone());
+            if events.len() == limit {
+                has_more = true;
+                break;
+            }
+            let Some(event) = decode(&id, row.get(1), row.get(2)) else { continue };
+            if filter.keeps(&event) {
+                events.push(event);
+            }
+        }
+        if has_more || last_chunk {
+            break;
+        }
+    }
+    if scanned >= SCAN_MAX && !has_more {
+        has_more = true;
+    }
+    Ok(EventPage { events, has_more, gap })
+}
+
+fn decode(id: &str, at: i64, body: &[u8]) -> Option<Event> {
+    let id = JobId::parse(id)?;
+    match postcard::from_bytes::<(StoredKind, Job)>(body) {
+        Ok((kind, job)) => {
+            Some(Event { seq: 0, id: EventId(id), time: at, kind: kind.kind(), job: Some(Arc::new(job)) })
+        }
+        Err(error) => {
+            tracing::error!(%id, %error, "a stored event does not decode");
+            None
+        }
+    }
+}
+
+/// Deletes all but the newest [`EVENTS_KEPT`] events; answers how many went.
+pub async fn prune(client: &impl GenericClient) -> Result<u64, tokio_postgres::Error> {
+    client
+        .execute(
+            "DELETE FROM svc_events WHERE id < (SELECT id FROM svc_events ORDER BY id DESC OFFSET $1 LIMIT 1)",
+            &[&(EVENTS_KEPT - 1)],
+        )
+        .await
+}
