@@ -6,9 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ErrorEntry, FailureReport, Job, JobState};
+use super::{ErrorEntry, FailureReport, Job, JobId, JobState, NewJob, ValidationError};
 use crate::clock::Millis;
-use crate::limits::ERROR_HISTORY_MAX;
+use crate::limits::{CLIENT_ID_AHEAD_MS_MAX, ERROR_HISTORY_MAX};
 
 /// What a failed attempt leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -21,6 +21,48 @@ pub enum FailOutcome {
     Requeue,
     /// Back to `available` at once; the claim counts (visibility timeout).
     Release,
+}
+
+/// A new job as an enqueue admits it (rows 1–4): a client's id no more than
+/// an hour ahead of the clock, its times resolved against `now` and in
+/// order, its id (the client's, or `fresh_id`'s), and its first state
+/// (`pending` when `staged` or asked for, `scheduled` when its time is
+/// ahead, else `available`). Whether a client's id is already in use is
+/// for the backend to check first.
+pub fn admit(
+    new_job: NewJob,
+    now: Millis,
+    staged: bool,
+    fresh_id: impl FnOnce() -> JobId,
+) -> Result<Job, ValidationError> {
+    if new_job.id.is_some_and(|id| id.timestamp_ms() > now.saturating_add(CLIENT_ID_AHEAD_MS_MAX)) {
+        return Err(ValidationError::payload(
+            "id",
+            "the id's timestamp is more than an hour ahead of the server's clock",
+        )
+        .with_reason("id_in_future"));
+    }
+    let scheduled_at = new_job.scheduled_at.map(|spec| spec.resolve(now));
+    let expires_at = new_job.expires_at.map(|spec| spec.resolve(now));
+    if let Some(expires) = expires_at {
+        if expires <= now {
+            return Err(ValidationError::payload("expires_at", "expires_at is already in the past")
+                .with_reason("already_expired"));
+        }
+        if scheduled_at.is_some_and(|scheduled| expires <= scheduled) {
+            return Err(ValidationError::payload("expires_at", "expires_at must be later than the scheduled time")
+                .with_reason("expires_before_scheduled"));
+        }
+    }
+    let id = new_job.id.unwrap_or_else(fresh_id);
+    let state = if staged || new_job.pending {
+        JobState::Pending
+    } else if scheduled_at.is_some_and(|at| at > now) {
+        JobState::Scheduled
+    } else {
+        JobState::Available
+    };
+    Ok(Job::accept(new_job, id, state, now, scheduled_at, expires_at))
 }
 
 /// Which claim deadline ran out.

@@ -24,7 +24,6 @@ use crate::engine::{
 };
 use crate::job::transition::{self, FailOutcome};
 use crate::job::{FailureReport, IdGenerator, Job, JobId, JobState, NewJob, ValidationError};
-use crate::limits::CLIENT_ID_AHEAD_MS_MAX;
 
 /// Milliseconds since the epoch as a `timestamptz`, in SQL.
 macro_rules! ts {
@@ -226,37 +225,8 @@ impl PgJobs {
     /// A new job with its id, times and first state, as the local engine
     /// admits one (`State::admit`).
     fn admit(&self, now: Millis, new_job: NewJob, index: Option<usize>) -> Result<Job, EngineError> {
-        if let Some(id) = new_job.id
-            && id.timestamp_ms() > now.saturating_add(CLIENT_ID_AHEAD_MS_MAX)
-        {
-            let error =
-                ValidationError::payload("id", "the id's timestamp is more than an hour ahead of the server's clock")
-                    .with_reason("id_in_future");
-            return Err(EngineError::Invalid { error, index });
-        }
-        let scheduled_at = new_job.scheduled_at.map(|spec| spec.resolve(now));
-        let expires_at = new_job.expires_at.map(|spec| spec.resolve(now));
-        if let Some(expires) = expires_at {
-            if expires <= now {
-                let error = ValidationError::payload("expires_at", "expires_at is already in the past")
-                    .with_reason("already_expired");
-                return Err(EngineError::Invalid { error, index });
-            }
-            if scheduled_at.is_some_and(|scheduled| expires <= scheduled) {
-                let error = ValidationError::payload("expires_at", "expires_at must be later than the scheduled time")
-                    .with_reason("expires_before_scheduled");
-                return Err(EngineError::Invalid { error, index });
-            }
-        }
-        let id = new_job.id.unwrap_or_else(|| self.fresh_id(now));
-        let state = if new_job.pending {
-            JobState::Pending
-        } else if scheduled_at.is_some_and(|at| at > now) {
-            JobState::Scheduled
-        } else {
-            JobState::Available
-        };
-        Ok(Job::accept(new_job, id, state, now, scheduled_at, expires_at))
+        transition::admit(new_job, now, false, || self.fresh_id(now))
+            .map_err(|error| EngineError::Invalid { error, index })
     }
 
     /// A round trip to the database (health checks).

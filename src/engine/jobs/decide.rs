@@ -5,8 +5,7 @@ use super::super::api::{ConflictReason, EngineError, FetchRequest, Unavailable};
 use super::super::record::{Claim, FailOutcome, Record};
 use super::super::state::{QueueState, State};
 use crate::clock::Millis;
-use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, ValidationError, transition};
-use crate::limits::CLIENT_ID_AHEAD_MS_MAX;
+use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, transition};
 use crate::schedule::{ReadyKey, Taken};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -122,50 +121,17 @@ impl State {
         entropy: &mut dyn Entropy,
         staged: bool,
     ) -> Result<Job, EngineError> {
-        if let Some(id) = new_job.id {
-            if self.job(id).is_some() || !seen.insert(id) {
-                return Err(EngineError::Duplicate { id, index });
-            }
-            if id.timestamp_ms() > now.saturating_add(CLIENT_ID_AHEAD_MS_MAX) {
-                let error = ValidationError::payload(
-                    "id",
-                    "the id's timestamp is more than an hour ahead of the server's clock",
-                )
-                .with_reason("id_in_future");
-                return Err(EngineError::Invalid { error, index });
-            }
+        if let Some(id) = new_job.id
+            && (self.job(id).is_some() || !seen.insert(id))
+        {
+            return Err(EngineError::Duplicate { id, index });
         }
-        let scheduled_at = new_job.scheduled_at.map(|spec| spec.resolve(now));
-        let expires_at = new_job.expires_at.map(|spec| spec.resolve(now));
-        if let Some(expires) = expires_at {
-            let field = "expires_at";
-            if expires <= now {
-                let error =
-                    ValidationError::payload(field, "expires_at is already in the past").with_reason("already_expired");
-                return Err(EngineError::Invalid { error, index });
-            }
-            if scheduled_at.is_some_and(|scheduled| expires <= scheduled) {
-                let error = ValidationError::payload(field, "expires_at must be later than the scheduled time")
-                    .with_reason("expires_before_scheduled");
-                return Err(EngineError::Invalid { error, index });
-            }
-        }
-        let id = match new_job.id {
-            Some(id) => id,
-            None => {
-                let id = self.fresh_id(now, entropy, seen);
-                seen.insert(id);
-                id
-            }
-        };
-        let state = if staged || new_job.pending {
-            JobState::Pending
-        } else if scheduled_at.is_some_and(|at| at > now) {
-            JobState::Scheduled
-        } else {
-            JobState::Available
-        };
-        Ok(Job::accept(new_job, id, state, now, scheduled_at, expires_at))
+        transition::admit(new_job, now, staged, || {
+            let id = self.fresh_id(now, entropy, seen);
+            seen.insert(id);
+            id
+        })
+        .map_err(|error| EngineError::Invalid { error, index })
     }
 
     /// The jobs a new job's unique policy conflicts with (docs/api.md,
