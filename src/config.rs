@@ -847,6 +847,35 @@ mod tests {
     }
 
     #[test]
+    fn postgres_settings_come_from_the_file_the_environment_and_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.toml");
+        let with_file = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            HashMap::from([("SVC_CONFIG".to_string(), file.display().to_string())])
+        };
+        assert_eq!(Config::load(&[], &HashMap::new()).unwrap().postgres, None, "the data dir by default");
+        let env = with_file("[postgres]\nurl = \"postgres://db/svc\"\npool_size = 3\nstatement_timeout = \"PT5S\"\n");
+        let settings = Config::load(&[], &env).unwrap().postgres.unwrap();
+        assert_eq!(settings.url, "postgres://db/svc");
+        assert_eq!((settings.pool_size, settings.statement_timeout), (3, std::time::Duration::from_secs(5)));
+        // The environment, then the flag, take the URL over; the rest stays.
+        let mut env = env;
+        env.insert("SVC_POSTGRES_URL".into(), "postgres://env/svc".into());
+        assert_eq!(Config::load(&[], &env).unwrap().postgres.unwrap().url, "postgres://env/svc");
+        let flagged = Config::load(&args(&["--postgres", "postgres://flag/svc"]), &env).unwrap().postgres.unwrap();
+        assert_eq!((flagged.url.as_str(), flagged.pool_size), ("postgres://flag/svc", 3));
+        for (text, complaint) in [
+            ("[postgres]\npool_size = 2\n", "needs a url"),
+            ("[postgres]\nurl = \"postgres://db/svc\"\npool_size = 0\n", "pool_size"),
+            ("[postgres]\nurl = \"postgres://db/svc\"\nstatement_timeout = \"soon\"\n", "statement_timeout"),
+        ] {
+            let error = Config::load(&[], &with_file(text)).unwrap_err();
+            assert!(error.contains(complaint), "{error}");
+        }
+    }
+
+    #[test]
     fn the_dashboard_prefix_is_a_path_or_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("svc.toml");
