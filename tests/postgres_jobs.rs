@@ -394,13 +394,17 @@ async fn a_job_past_its_expiry_is_discarded_not_handed_out() {
     let server = TempPostgres::start();
     let (jobs, _pool) = store(&server, "expiry").await;
     let id = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t").expires_at(NOW + 100))]).await.unwrap()[0].job.id;
+    let also = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t").expires_at(NOW + 100))]).await.unwrap()[0].job.id;
     let fresh = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t"))]).await.unwrap()[0].job.id;
-    let claimed = jobs.claim(NOW + 100, &fetch(&["default"], 5, "w")).await.unwrap();
+    // Asked for two, the claim passes over the two expired jobs ahead and
+    // still finds the one that may go.
+    let claimed = jobs.claim(NOW + 100, &fetch(&["default"], 2, "w")).await.unwrap();
     assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), vec![fresh]);
+    assert_eq!(jobs.job(also).await.unwrap().unwrap().state, JobState::Discarded);
     let expired = jobs.job(id).await.unwrap().unwrap();
     assert_eq!(expired.state, JobState::Discarded);
     assert_eq!(expired.run().error.as_ref().unwrap().code, "expired");
     let filter = EventFilter { types: Some(vec!["job.expired".into(), "job.discarded".into()]), ..Default::default() };
-    assert_eq!(jobs.events_page(None, 10, &filter).await.unwrap().events.len(), 2);
-    assert_eq!(jobs.dead_letter_count(None).await.unwrap(), 1);
+    assert_eq!(jobs.events_page(None, 10, &filter).await.unwrap().events.len(), 4);
+    assert_eq!(jobs.dead_letter_count(None).await.unwrap(), 2);
 }

@@ -261,42 +261,51 @@ impl PgJobs {
             if request.queues[..position].contains(queue) {
                 continue;
             }
-            let wanted = (request.count - claimed.len()) as i64;
-            let rows = transaction
-                .query(
-                    "SELECT id::text, body FROM svc_jobs \
-                     WHERE state = 'available' AND queue = $1 \
-                       AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
-                     ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
-                    &[queue, &wanted],
-                )
-                .await
-                .map_err(database)?;
-            for row in rows {
-                let mut job = decode(row.get(0), row.get(1))?;
-                // Past its expiry, a job is discarded, not handed out.
-                if job.expires_at().is_some_and(|at| at <= now) {
-                    transition::expire(&mut job, now);
-                    expired.push(job);
-                    continue;
+            // Expired jobs found on the way are discarded at once (moved out
+            // of the hot table), and the queue looked at again for more.
+            loop {
+                let wanted = (request.count - claimed.len()) as i64;
+                let taken: Vec<String> = claimed.iter().map(|job| job.id.to_string()).collect();
+                let rows = transaction
+                    .query(
+                        "SELECT id::text, body FROM svc_jobs \
+                         WHERE state = 'available' AND queue = $1 AND NOT (id = ANY($3::text[]::uuid[])) \
+                           AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
+                         ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
+                        &[queue, &wanted, &taken],
+                    )
+                    .await
+                    .map_err(database)?;
+                let found = rows.len() as i64;
+                let mut expired_now = 0;
+                for row in rows {
+                    let mut job = decode(row.get(0), row.get(1))?;
+                    // Past its expiry, a job is discarded, not handed out.
+                    if job.expires_at().is_some_and(|at| at <= now) {
+                        transition::expire(&mut job, now);
+                        store(&transaction, &job).await?;
+                        expired.push(job);
+                        expired_now += 1;
+                        continue;
+                    }
+                    let visibility = request.visibility_timeout_ms.unwrap_or(u64::from(job.visibility_timeout_ms));
+                    let execution_deadline = now.saturating_add(job.timeout_ms as i64);
+                    transition::claim(
+                        &mut job,
+                        now,
+                        request.worker_id.clone(),
+                        now.saturating_add(visibility as i64),
+                        execution_deadline,
+                    );
+                    claimed.push(job);
                 }
-                let visibility = request.visibility_timeout_ms.unwrap_or(u64::from(job.visibility_timeout_ms));
-                let execution_deadline = now.saturating_add(job.timeout_ms as i64);
-                transition::claim(
-                    &mut job,
-                    now,
-                    request.worker_id.clone(),
-                    now.saturating_add(visibility as i64),
-                    execution_deadline,
-                );
-                claimed.push(job);
+                if expired_now == 0 || found < wanted {
+                    break;
+                }
             }
             if claimed.len() == request.count {
                 break;
             }
-        }
-        for job in &expired {
-            store(&transaction, job).await?;
         }
         let expiry_events = expired
             .iter()
