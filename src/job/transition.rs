@@ -157,6 +157,15 @@ pub fn extend(job: &mut Job, visibility_deadline: Millis) {
     job.run_mut().visibility_deadline = Some(visibility_deadline);
 }
 
+/// How long a heartbeat extends a claim by, unless it says: the visibility
+/// timeout the claim was made with, else the job's own.
+pub fn claim_visibility_ms(job: &Job) -> u64 {
+    match job.run().claim_visibility_ms {
+        0 => u64::from(job.visibility_timeout_ms),
+        ms => ms,
+    }
+}
+
 /// When the claim of an active job runs out: the sooner of its deadlines.
 pub fn claim_ends(job: &Job) -> Option<Millis> {
     let run = job.run();

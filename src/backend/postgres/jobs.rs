@@ -205,11 +205,7 @@ impl PgJobs {
             Some(position) => EngineError::Duplicate { id: jobs[position].id, index: index_of(position) },
             None => database(error),
         })?;
-        let mut available: Vec<&str> =
-            jobs.iter().filter(|job| job.state == JobState::Available).map(|job| job.queue.as_str()).collect();
-        available.sort_unstable();
-        available.dedup();
-        notify(&transaction, &available).await?;
+        notify_available(&transaction, &jobs).await?;
         let mut events = Vec::with_capacity(jobs.len());
         for job in &jobs {
             events.push((EventKind::Enqueued, job));
@@ -403,6 +399,7 @@ impl PgJobs {
         transition::check_held(&job, worker_id).map_err(|refusal| EngineError::not_held(&job, refusal))?;
         let events = change(&mut job);
         store(&transaction, &job).await?;
+        notify_available(&transaction, std::slice::from_ref(&job)).await?;
         self.record(&transaction, now, events.into_iter().map(|kind| (kind, &job)).collect()).await?;
         transaction.commit().await.map_err(database)?;
         Ok(Arc::new(job))
@@ -446,36 +443,31 @@ impl PgJobs {
     ) -> Result<(usize, Vec<JobId>), EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let rows = match listed {
+        let held = match listed {
             Some(ids) => {
                 let ids: Vec<String> = ids.iter().map(JobId::to_string).collect();
-                transaction
-                    .query(
-                        "SELECT id::text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'active' \
-                         AND (worker_id IS NULL OR worker_id = $2) ORDER BY id FOR UPDATE",
-                        &[&ids, &worker_id],
-                    )
-                    .await
+                locked_jobs(
+                    &transaction,
+                    "SELECT id::text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'active' \
+                     AND (worker_id IS NULL OR worker_id = $2) ORDER BY id FOR UPDATE",
+                    &[&ids, &worker_id],
+                )
+                .await?
             }
             None => {
-                transaction
-                    .query(
-                        "SELECT id::text, body FROM svc_jobs WHERE state = 'active' AND worker_id = $1 \
-                         ORDER BY id FOR UPDATE",
-                        &[&worker_id],
-                    )
-                    .await
+                locked_jobs(
+                    &transaction,
+                    "SELECT id::text, body FROM svc_jobs WHERE state = 'active' AND worker_id = $1 \
+                     ORDER BY id FOR UPDATE",
+                    &[&worker_id],
+                )
+                .await?
             }
-        }
-        .map_err(database)?;
-        let mut extended = Vec::with_capacity(rows.len());
-        for row in rows {
-            let mut job = decode(row.get(0), row.get(1))?;
-            let claim = match job.run().claim_visibility_ms {
-                0 => u64::from(job.visibility_timeout_ms),
-                ms => ms,
-            };
-            transition::extend(&mut job, now.saturating_add(visibility_ms.unwrap_or(claim) as i64));
+        };
+        let mut extended = Vec::with_capacity(held.len());
+        for mut job in held {
+            let visibility = visibility_ms.unwrap_or_else(|| transition::claim_visibility_ms(&job));
+            transition::extend(&mut job, now.saturating_add(visibility as i64));
             store(&transaction, &job).await?;
             extended.push(job.id);
         }
@@ -495,31 +487,32 @@ impl PgJobs {
     pub async fn expire_claims(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let rows = transaction
-            .query(
-                concat!(
-                    "SELECT id::text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
-                    ts!("$1"),
-                    " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
-                ),
-                &[&now, &limit],
-            )
-            .await
-            .map_err(database)?;
-        let count = rows.len();
-        for row in rows {
-            let mut job = decode(row.get(0), row.get(1))?;
-            let (kind, outcome) = crate::schedule::timeout_outcome(&job, now, rand::random);
-            let report = transition::timeout_report(&job, kind, now);
+        let mut jobs = locked_jobs(
+            &transaction,
+            concat!(
+                "SELECT id::text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
+                ts!("$1"),
+                " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
+            ),
+            &[&now, &limit],
+        )
+        .await?;
+        let mut events = Vec::with_capacity(2 * jobs.len());
+        for job in &mut jobs {
+            let (kind, outcome) = crate::schedule::timeout_outcome(job, now, rand::random);
+            let report = transition::timeout_report(job, kind, now);
             let attempt = job.attempt;
-            transition::fail(&mut job, now, &report, outcome);
-            store(&transaction, &job).await?;
-            let failed = EventKind::Failed { report: Box::new(report.clone()), attempt };
-            let next = EventKind::after_failure(&report, outcome, "visibility_timeout");
-            self.record(&transaction, now, vec![(failed, &job), (next, &job)]).await?;
+            transition::fail(job, now, &report, outcome);
+            store(&transaction, job).await?;
+            events.push(EventKind::Failed { report: Box::new(report.clone()), attempt });
+            events.push(EventKind::after_failure(&report, outcome, "visibility_timeout"));
         }
+        notify_available(&transaction, &jobs).await?;
+        // Two events a job, in the order they were made.
+        let events = events.into_iter().zip(jobs.iter().flat_map(|job| [job, job])).collect();
+        self.record(&transaction, now, events).await?;
         transaction.commit().await.map_err(database)?;
-        Ok(count)
+        Ok(jobs.len())
     }
 
     /// The dead letter listing: discarded jobs, newest first, after
@@ -593,7 +586,7 @@ impl PgJobs {
         let mut job = decode(&key, row.get(0))?;
         transition::revive(&mut job, now);
         insert(&transaction, std::slice::from_ref(&job)).await.map_err(database)?;
-        notify(&transaction, &[job.queue.as_str()]).await?;
+        notify_available(&transaction, std::slice::from_ref(&job)).await?;
         self.record(&transaction, now, vec![(EventKind::Revived, &job)]).await?;
         transaction.commit().await.map_err(database)?;
         Ok(Arc::new(job))
@@ -623,26 +616,21 @@ impl PgJobs {
     pub async fn promote_due(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let rows = transaction
-            .query(
-                concat!(
-                    "SELECT id::text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
-                    ts!("$1"),
-                    " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
-                ),
-                &[&now, &limit],
-            )
-            .await
-            .map_err(database)?;
-        let mut jobs = Vec::with_capacity(rows.len());
-        for row in rows {
-            let mut job = decode(row.get(0), row.get(1))?;
-            transition::promote(&mut job, now);
-            jobs.push(job);
-        }
-        for job in &jobs {
+        let mut jobs = locked_jobs(
+            &transaction,
+            concat!(
+                "SELECT id::text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
+                ts!("$1"),
+                " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+            ),
+            &[&now, &limit],
+        )
+        .await?;
+        for job in &mut jobs {
+            transition::promote(job, now);
             store(&transaction, job).await?;
         }
+        notify_available(&transaction, &jobs).await?;
         transaction.commit().await.map_err(database)?;
         Ok(jobs.len())
     }
@@ -695,9 +683,6 @@ async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineErr
             .map_err(database)?;
         return Ok(());
     }
-    if job.state == JobState::Available {
-        notify(transaction, &[job.queue.as_str()]).await?;
-    }
     let lease = if job.state == JobState::Active { transition::claim_ends(job) } else { None };
     let worker = job.run().worker_id.as_deref();
     transaction
@@ -725,9 +710,23 @@ async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineErr
     Ok(())
 }
 
-/// Tells every node's listener that jobs became available on `queues`, when
-/// the transaction commits (a queue named twice in one transaction is told once).
-async fn notify(client: &impl GenericClient, queues: &[&str]) -> Result<(), EngineError> {
+/// The jobs a locking query selects, as `(id, body)` rows.
+async fn locked_jobs(
+    transaction: &Transaction<'_>,
+    query: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<Job>, EngineError> {
+    let rows = transaction.query(query, params).await.map_err(database)?;
+    rows.iter().map(|row| decode(row.get(0), row.get(1))).collect()
+}
+
+/// Tells every node's listener, once per queue and in one statement, that
+/// the available ones of `jobs` can be claimed, when the transaction commits.
+async fn notify_available(client: &impl GenericClient, jobs: &[Job]) -> Result<(), EngineError> {
+    let mut queues: Vec<&str> =
+        jobs.iter().filter(|job| job.state == JobState::Available).map(|job| job.queue.as_str()).collect();
+    queues.sort_unstable();
+    queues.dedup();
     if queues.is_empty() {
         return Ok(());
     }

@@ -378,12 +378,8 @@ impl State {
             .into_iter()
             .map(|id| {
                 let job = self.job(id).expect("covered jobs are stored");
-                let claim = if job.run().claim_visibility_ms > 0 {
-                    job.run().claim_visibility_ms
-                } else {
-                    u64::from(job.visibility_timeout_ms)
-                };
-                (id, now.saturating_add(visibility_ms.unwrap_or(claim) as i64))
+                let visibility = visibility_ms.unwrap_or_else(|| transition::claim_visibility_ms(job));
+                (id, now.saturating_add(visibility as i64))
             })
             .collect();
         let extended = extensions.len();
