@@ -7,6 +7,7 @@
 // Without --url (or SVC_URL) it starts $SVC_BIN (default target/release/svc)
 // on a free port with a temporary data dir, and stops it afterwards.
 import { spawn } from "node:child_process";
+import { Agent } from "node:http";
 import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -71,11 +72,15 @@ try {
   let resolveDone;
   const allDone = new Promise((r) => (resolveDone = r));
   let requests = 0;
-  const counting = (input, init) => {
-    requests++;
-    return fetch(input, init);
-  };
-  const worker = new Worker(url, { queues: [queue], concurrency, handleSignals: false, logger: silentLogger, fetch: counting });
+  // Counts the requests the worker sends, through the agent they go through.
+  class CountingAgent extends Agent {
+    addRequest(request, options) {
+      requests++;
+      return super.addRequest(request, options);
+    }
+  }
+  const agent = new CountingAgent({ keepAlive: true });
+  const worker = new Worker(url, { queues: [queue], concurrency, handleSignals: false, logger: silentLogger, agent });
   worker.handle("bench.noop", () => {
     if (++handled === total) resolveDone();
   });

@@ -1,3 +1,4 @@
+import type { Agent } from "node:http";
 import { ConflictError, DuplicateError, SvcError } from "./errors.js";
 import { Transport, type RequestSpec, type RetryOptions } from "./http.js";
 import type {
@@ -52,8 +53,13 @@ export interface ClientOptions {
   retry?: RetryOptions;
   /** Extra headers sent with every request. */
   headers?: Record<string, string>;
-  /** A `fetch` to use instead of the global one. */
+  /**
+   * Send through this `fetch` rather than Node's `http` module (tests,
+   * proxies, runtimes without `node:http`).
+   */
   fetch?: typeof fetch;
+  /** The `http.Agent` (an `https.Agent` for `https:`) requests go through; kept-alive ones of its own by default. */
+  agent?: Agent;
   /**
    * Gives the `traceparent` of the current trace, if any; enqueues carry it
    * in `meta.traceparent` (unless the job sets one) so that handlers see it

@@ -4,6 +4,8 @@ import {
   SvcError,
   errorFromResponse,
 } from "./errors.js";
+import type { Agent } from "node:http";
+import { fetchSend, nodeSend, type Incoming, type Send } from "./send.js";
 import { abortReason, anySignal, backoffDelay, sleep } from "./util.js";
 
 export const VERSION = "0.1.0";
@@ -26,8 +28,13 @@ export interface TransportOptions {
   timeoutMs?: number | undefined;
   retry?: RetryOptions | undefined;
   headers?: Record<string, string> | undefined;
-  /** A `fetch` to use instead of the global one (tests, proxies). */
+  /**
+   * Send through this `fetch` rather than Node's `http` module (tests,
+   * proxies, runtimes without `node:http`).
+   */
   fetch?: typeof fetch | undefined;
+  /** The `http.Agent` (an `https.Agent` for `https:`) requests go through; kept-alive ones of its own by default. */
+  agent?: Agent | undefined;
 }
 
 export interface RequestSpec {
@@ -89,7 +96,7 @@ export class Transport {
   readonly retry: Required<RetryOptions>;
   private readonly apiKey: string | undefined;
   private readonly extraHeaders: Record<string, string>;
-  private readonly fetchImpl: typeof fetch;
+  private readonly send: Send;
 
   constructor(url: string, options: TransportOptions = {}) {
     const parsed = new URL(url);
@@ -105,8 +112,7 @@ export class Transport {
       maxRetryAfterMs: options.retry?.maxRetryAfterMs ?? 30_000,
     };
     this.extraHeaders = { ...(options.headers ?? {}) };
-    this.fetchImpl = options.fetch ?? globalThis.fetch;
-    if (typeof this.fetchImpl !== "function") throw new Error("svc-client needs a global fetch (Node 18 or later)");
+    this.send = options.fetch === undefined ? nodeSend(options.agent) : fetchSend(options.fetch);
   }
 
   /** The server's root (without `/svc/v1`), for the probes. */
@@ -186,10 +192,11 @@ export class Transport {
       body = JSON.stringify(spec.body);
     }
     try {
-      let response: Response;
+      let response: Incoming;
       try {
-        response = await this.fetchImpl(this.url(spec.path, spec.query), {
+        response = await this.send({
           method: spec.method,
+          url: this.url(spec.path, spec.query),
           headers,
           body,
           signal: combined.signal,
@@ -197,12 +204,7 @@ export class Transport {
       } catch (cause) {
         throw this.networkError(cause, spec, timeout.signal, timeoutMs);
       }
-      let text: string;
-      try {
-        text = await response.text();
-      } catch (cause) {
-        throw this.networkError(cause, spec, timeout.signal, timeoutMs);
-      }
+      const text = response.text;
       let data: unknown = null;
       if (text.length > 0) {
         try {
@@ -211,7 +213,8 @@ export class Transport {
           data = text;
         }
       }
-      if (response.ok) return { ok: true, status: response.status, data: data as T, headers: response.headers };
+      if (response.status >= 200 && response.status < 300)
+        return { ok: true, status: response.status, data: data as T, headers: response.headers };
       return { ok: false, error: errorFromResponse(response.status, data, response.headers) };
     } finally {
       clearTimeout(timer);
