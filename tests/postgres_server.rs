@@ -55,8 +55,15 @@ fn nodes_on_one_database_serve_the_same_jobs() {
     assert_eq!(get(&a, &format!("/jobs/{id}")).1["job"]["state"], "completed");
     assert_eq!(std::fs::read_dir(dir_a.path()).unwrap().count(), 0, "nothing is written to the data dir");
 
+    // A cron entry registered through one node is the other's too.
+    let cron = json!({"name": "nightly", "expression": "0 3 * * *", "job_template": {"type": "t", "args": []}});
+    let (status, body) = post(&a, "/cron", cron);
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = get(&b, "/cron/nightly");
+    assert_eq!((status, body["cron"]["expression"].as_str()), (200, Some("0 3 * * *")), "{body}");
+
     // Not on this backend yet: refused, and said so.
-    let (status, body) = get(&a, "/cron");
+    let (status, body) = get(&a, "/queues");
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], "unsupported");
     assert!(body["error"]["message"].as_str().unwrap().contains("PostgreSQL"), "{body}");

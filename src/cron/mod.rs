@@ -6,7 +6,7 @@ mod next;
 mod registration;
 
 pub use expr::CronExpr;
-pub use next::{CronSchedule, NextFire, parse_timezone};
+pub use next::{CronSchedule, DueFiring, NextFire, parse_timezone};
 pub use registration::{
     CronDefinition, JobTemplate, OverlapPolicy, is_valid_cron_name, parse_cron_body, patch_cron_body,
 };

@@ -25,6 +25,17 @@ pub struct NextFire {
     pub skipped_gap: Option<Millis>,
 }
 
+/// The firing of an entry first due at `first_due`, evaluated at `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueFiring {
+    /// The nominal time fired: the latest missed one after downtime.
+    pub scheduled: Millis,
+    /// Occurrences missed before `scheduled` (counted up to a cap).
+    pub missed: u32,
+    /// The firing after this one, if the expression fires again.
+    pub next: Option<NextFire>,
+}
+
 /// Most candidate local times examined in one search (a gap or fold hour has
 /// at most 60 per day, so this is far above any real need).
 const CANDIDATES_MAX: usize = 10_000;
@@ -87,6 +98,15 @@ impl CronSchedule {
             cursor = candidate.checked_sub(jiff::SignedDuration::from_mins(1)).ok()?;
         }
         None
+    }
+
+    /// The firing due at `now` of an entry first due at `first_due`: after
+    /// downtime or a clock jump, once, for the latest missed slot; `missed`
+    /// counts the slots passed over, at most `missed_cap`.
+    pub fn due_firing(&self, first_due: Millis, now: Millis, missed_cap: u32) -> DueFiring {
+        let scheduled = self.latest_fire_at_or_before(now).filter(|at| *at > first_due).unwrap_or(first_due);
+        let missed = if scheduled > first_due { self.count_fires(first_due, scheduled, missed_cap) } else { 0 };
+        DueFiring { scheduled, missed, next: self.next_fire(now.max(scheduled)) }
     }
 
     /// How many firings fall in `[from, until)`, counting at most `cap`.

@@ -12,10 +12,12 @@ use std::sync::Arc;
 
 use super::expr::CronExpr;
 use super::next::parse_timezone;
+use crate::clock::Millis;
 use crate::job::json::{self, minify};
+use crate::job::time::format_timestamp;
 use crate::job::{
-    DispatchLimit, JobDefaults, JobPayload, RetryPolicy, UniquePolicy, ValidationError, body_error,
-    parse_enqueue_object,
+    DispatchLimit, Job, JobDefaults, JobId, JobPayload, JobState, NewJob, RetryPolicy, UniquePolicy, ValidationError,
+    body_error, parse_enqueue_object,
 };
 use crate::limits::{CRON_DESCRIPTION_CHARS_MAX, CRON_NAME_CHARS_MAX, CRON_SCHEDULE_CHARS_MAX};
 
@@ -73,6 +75,40 @@ impl CronDefinition {
             .and_then(|raw| DispatchLimit::parse(raw, "options.rate_limit").ok())
             .map(Arc::new);
         (unique, rate_limit)
+    }
+
+    /// The schedule: the expression in the entry's time zone.
+    pub fn compile(&self) -> Result<super::CronSchedule, String> {
+        Ok(super::CronSchedule::new(CronExpr::parse(&self.schedule)?, parse_timezone(&self.timezone)?))
+    }
+
+    /// The job a firing creates: the template, with the cron's name and the
+    /// nominal time (`scheduled`) added to `meta`.
+    pub fn fired_job(&self, id: JobId, state: JobState, now: Millis, scheduled: Millis) -> Job {
+        let template = &self.job;
+        let mut meta: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(template.payload.meta()).unwrap_or_default();
+        meta.insert("cron_name".to_string(), self.name.clone().into());
+        meta.insert("cron_triggered_at".to_string(), format_timestamp(scheduled).into());
+        let payload = template.payload.with_meta(&serde_json::Value::Object(meta).to_string());
+        let (unique, rate_limit) = self.job_controls();
+        let schema = self.schema().map(Arc::from);
+        let request = NewJob {
+            id: Some(id),
+            payload,
+            queue: template.queue.as_str().into(),
+            priority: template.priority,
+            timeout_ms: template.timeout_ms,
+            visibility_timeout_ms: template.visibility_timeout_ms,
+            scheduled_at: None,
+            expires_at: None,
+            retry: template.retry.clone(),
+            unique,
+            rate_limit,
+            pending: false,
+            schema,
+        };
+        Job::accept(request, id, state, now, None, None)
     }
 
     /// The URI of the schema this entry's jobs name, from its registration.

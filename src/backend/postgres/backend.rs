@@ -16,9 +16,10 @@ use crate::backend::{Backend, EventFilter, Page};
 use crate::clock::Clock;
 use crate::cron::CronDefinition;
 use crate::engine::{
-    AckMany, AckOutcome, Backpressure, BulkAction, BulkOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineError,
-    EngineFailure, Enqueued, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage, MinuteCount,
-    Overview, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
+    AckMany, AckOutcome, Backpressure, BulkAction, BulkOutcome, Cancelled, CronEntry, CronWrite, DeadLetterCursor,
+    EngineError, EngineFailure, Enqueued, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage,
+    MinuteCount, Overview, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState,
+    Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob, ValidationError};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -34,6 +35,9 @@ const LEASE_EVERY: Duration = Duration::from_secs(2);
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
 /// Jobs one pass of the timers changes at most, per kind.
 const TIMERS_BATCH: i64 = 1_000;
+
+/// Cron entries one pass of the timers fires at most (one transaction).
+const CRON_BATCH: i64 = 100;
 
 /// One node of svc on PostgreSQL.
 pub struct PgBackend {
@@ -90,7 +94,8 @@ impl Drop for PgBackend {
 }
 
 /// The leader's timers: while this node holds the lease, due jobs are
-/// promoted and claims that ran out are ended, every [`TIMERS_EVERY`].
+/// promoted, claims that ran out are ended and due cron entries fire,
+/// every [`TIMERS_EVERY`].
 async fn run_timers(jobs: Arc<PgJobs>, lease: LeaderLease, clock: Arc<dyn Clock>, draining: Arc<AtomicBool>) {
     let mut leading = false;
     let mut asked_at: Option<tokio::time::Instant> = None;
@@ -122,9 +127,11 @@ async fn run_timers(jobs: Arc<PgJobs>, lease: LeaderLease, clock: Arc<dyn Clock>
             // A failure is logged by the store, and tried again next pass.
             let _ = jobs.promote_due(now, TIMERS_BATCH).await;
             let _ = jobs.expire_claims(now, TIMERS_BATCH).await;
+            let _ = jobs.fire_due_crons(now, CRON_BATCH).await;
             if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
                 pruned_at = Some(tokio::time::Instant::now());
                 let _ = jobs.prune_events().await;
+                let _ = jobs.prune_firings().await;
             }
         }
         tokio::time::sleep(TIMERS_EVERY).await;
@@ -290,24 +297,29 @@ impl Backend for PgBackend {
         self.run(async move { store.dead_letter_count(queue.as_deref()).await })
     }
 
-    fn crons_page(&self, _: Option<String>, _: usize, _: Option<bool>) -> Pending<Page<Arc<CronEntry>>> {
-        unsupported("cron")
+    fn crons_page(&self, after: Option<String>, limit: usize, enabled: Option<bool>) -> Pending<Page<Arc<CronEntry>>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.crons_page(after.as_deref(), limit, enabled).await })
     }
 
-    fn cron(&self, _: String) -> Pending<Option<Arc<CronEntry>>> {
-        unsupported("cron")
+    fn cron(&self, name: String) -> Pending<Option<Arc<CronEntry>>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.cron(&name).await })
     }
 
-    fn cron_put(&self, _: CronDefinition) -> Pending<(Arc<CronEntry>, bool)> {
-        unsupported("cron")
+    fn cron_put(&self, definition: CronDefinition) -> Pending<(Arc<CronEntry>, bool)> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.cron_put(now, definition, CronWrite::Upsert).await })
     }
 
-    fn cron_patch(&self, _: CronDefinition, _: u64) -> Pending<(Arc<CronEntry>, bool)> {
-        unsupported("cron")
+    fn cron_patch(&self, definition: CronDefinition, revision: u64) -> Pending<(Arc<CronEntry>, bool)> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.cron_put(now, definition, CronWrite::Patch { revision }).await })
     }
 
-    fn cron_delete(&self, _: String) -> Pending<Arc<CronEntry>> {
-        unsupported("cron")
+    fn cron_delete(&self, name: String) -> Pending<Arc<CronEntry>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.cron_delete(&name).await })
     }
 
     fn create_workflow(&self, _: WorkflowDefinition) -> Pending<JobId> {

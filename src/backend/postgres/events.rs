@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::EventFilter;
 use crate::clock::Millis;
-use crate::engine::{EngineError, Event, EventId, EventKind, EventPage, Unavailable};
+use crate::engine::{CronInfo, CronSkip, EngineError, Event, EventId, EventKind, EventPage, Unavailable};
 use crate::job::{FailureReport, Job, JobId, JobState};
 
 /// Events the table keeps (the newest), as the local engine's buffer does.
@@ -38,11 +38,55 @@ enum StoredKind {
     Revived,
     Deleted,
     Expired,
+    CronTriggered { cron: StoredCron, run_count: u64 },
+    CronSkipped { cron: StoredCron, reason: String, existing_job_id: Option<JobId>, missed_count: Option<u32> },
+}
+
+/// The cron entry an event tells of, as stored.
+#[derive(Serialize, Deserialize)]
+struct StoredCron {
+    name: String,
+    schedule: String,
+    timezone: String,
+    scheduled_time: Millis,
+}
+
+impl StoredCron {
+    fn of(cron: &CronInfo) -> StoredCron {
+        StoredCron {
+            name: cron.name.clone(),
+            schedule: cron.schedule.clone(),
+            timezone: cron.timezone.clone(),
+            scheduled_time: cron.scheduled_time,
+        }
+    }
+
+    fn info(self) -> CronInfo {
+        CronInfo {
+            name: self.name,
+            schedule: self.schedule,
+            timezone: self.timezone,
+            scheduled_time: self.scheduled_time,
+        }
+    }
 }
 
 /// The reasons events carry, as the engine names them.
-const REASONS: &[&str] =
-    &["nack_requeue", "visibility_timeout", "exhausted", "non_retryable", "expired", "api", "shutdown", "terminate"];
+const REASONS: &[&str] = &[
+    "nack_requeue",
+    "visibility_timeout",
+    "exhausted",
+    "non_retryable",
+    "expired",
+    "api",
+    "shutdown",
+    "terminate",
+    "cron_cancel_previous",
+    "overlap_skip",
+    "queue_paused",
+    "misfire",
+    "dst_skip",
+];
 
 fn reason(text: &str) -> &'static str {
     REASONS.iter().copied().find(|known| *known == text).unwrap_or("unknown")
@@ -67,6 +111,15 @@ impl StoredKind {
             EventKind::Revived => StoredKind::Revived,
             EventKind::Expired => StoredKind::Expired,
             EventKind::Deleted => StoredKind::Deleted,
+            EventKind::CronTriggered { cron, run_count } => {
+                StoredKind::CronTriggered { cron: StoredCron::of(cron), run_count: *run_count }
+            }
+            EventKind::CronSkipped(skip) => StoredKind::CronSkipped {
+                cron: StoredCron::of(&skip.cron),
+                reason: skip.reason.to_string(),
+                existing_job_id: skip.existing_job_id,
+                missed_count: skip.missed_count,
+            },
             _ => return None,
         })
     }
@@ -87,15 +140,28 @@ impl StoredKind {
             StoredKind::Revived => EventKind::Revived,
             StoredKind::Expired => EventKind::Expired,
             StoredKind::Deleted => EventKind::Deleted,
+            StoredKind::CronTriggered { cron, run_count } => {
+                EventKind::CronTriggered { cron: Box::new(cron.info()), run_count }
+            }
+            StoredKind::CronSkipped { cron, reason: why, existing_job_id, missed_count } => {
+                EventKind::CronSkipped(Box::new(CronSkip {
+                    cron: cron.info(),
+                    reason: reason(&why),
+                    existing_job_id,
+                    missed_count,
+                }))
+            }
         }
     }
 }
 
 /// Writes events of one transaction: each with its id, time and the job
-/// as it is after the change.
+/// as it is after the change (none for an event about a cron entry only).
+///
+/// `body` is the stored kind, followed by the job when there is one.
 pub async fn append(
     client: &impl GenericClient,
-    events: &[(JobId, Millis, EventKind, &Job)],
+    events: &[(JobId, Millis, EventKind, Option<&Job>)],
 ) -> Result<(), tokio_postgres::Error> {
     if events.is_empty() {
         return Ok(());
@@ -111,9 +177,13 @@ pub async fn append(
         ids.push(id.to_string());
         times.push(*at);
         types.push(kind.type_name());
-        queues.push(job.queue.as_str());
-        job_types.push(job.payload.job_type());
-        bodies.push(postcard::to_allocvec(&(stored, *job)).expect("an event always encodes"));
+        queues.push(job.map(|job| job.queue.as_str()));
+        job_types.push(job.map(|job| job.payload.job_type()));
+        let mut body = postcard::to_allocvec(&stored).expect("an event always encodes");
+        if let Some(job) = job {
+            body.extend(postcard::to_allocvec(job).expect("a job always encodes"));
+        }
+        bodies.push(body);
     }
     client
         .execute(
@@ -196,10 +266,12 @@ pub async fn page(
 
 fn decode(id: &str, at: i64, body: &[u8]) -> Option<Event> {
     let id = JobId::parse(id)?;
-    match postcard::from_bytes::<(StoredKind, Job)>(body) {
-        Ok((kind, job)) => {
-            Some(Event { seq: 0, id: EventId(id), time: at, kind: kind.kind(), job: Some(Arc::new(job)) })
-        }
+    let decoded = postcard::take_from_bytes::<StoredKind>(body).and_then(|(kind, rest)| {
+        let job = if rest.is_empty() { None } else { Some(Arc::new(postcard::from_bytes::<Job>(rest)?)) };
+        Ok((kind, job))
+    });
+    match decoded {
+        Ok((kind, job)) => Some(Event { seq: 0, id: EventId(id), time: at, kind: kind.kind(), job }),
         Err(error) => {
             tracing::error!(%id, %error, "a stored event does not decode");
             None

@@ -41,18 +41,18 @@ pub struct PgJobs {
 
 /// A database failure, logged with its cause and answered as unavailable:
 /// the transaction was rolled back, nothing changed.
-fn database(error: impl Into<PgError>) -> EngineError {
+pub(super) fn database(error: impl Into<PgError>) -> EngineError {
     let error = error.into();
     tracing::warn!(%error, "a database statement failed");
     EngineError::Unavailable { reason: Unavailable::Database }
 }
 
 /// The job as stored in `body`.
-fn encode(job: &Job) -> Vec<u8> {
+pub(super) fn encode(job: &Job) -> Vec<u8> {
     postcard::to_allocvec(job).expect("a job always encodes")
 }
 
-fn decode(id: &str, body: &[u8]) -> Result<Job, EngineError> {
+pub(super) fn decode(id: &str, body: &[u8]) -> Result<Job, EngineError> {
     postcard::from_bytes(body).map_err(|error| {
         tracing::error!(id, %error, "a stored job does not decode");
         EngineError::Unavailable { reason: Unavailable::Database }
@@ -120,23 +120,23 @@ impl PgJobs {
         }
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object, EngineError> {
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, EngineError> {
         self.pool.get().await.map_err(database)
     }
 
-    fn fresh_id(&self, now: Millis) -> JobId {
+    pub(super) fn fresh_id(&self, now: Millis) -> JobId {
         let mut ids = self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         ids.next(now, rand::random())
     }
 
     /// Writes the events of a change in its transaction, each with a fresh id.
-    async fn record(
+    pub(super) async fn record(
         &self,
         client: &impl GenericClient,
         now: Millis,
         events: Vec<(EventKind, &Job)>,
     ) -> Result<(), EngineError> {
-        let events: Vec<_> = events.into_iter().map(|(kind, job)| (self.fresh_id(now), now, kind, job)).collect();
+        let events: Vec<_> = events.into_iter().map(|(kind, job)| (self.fresh_id(now), now, kind, Some(job))).collect();
         super::events::append(client, &events).await.map_err(database)
     }
 
@@ -637,7 +637,7 @@ impl PgJobs {
 }
 
 /// The job locked for this transaction, when it is in the hot table.
-async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
+pub(super) async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
     let key = id.to_string();
     let row = transaction
         .query_opt("SELECT body FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE", &[&key])
@@ -658,7 +658,7 @@ async fn finished(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job
 
 /// Writes a changed job back: its row updated while in flight, or moved to
 /// the history once finished.
-async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
+pub(super) async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
     let id = job.id.to_string();
     if job.state.is_terminal() {
         transaction.execute("DELETE FROM svc_jobs WHERE id = $1::text::uuid", &[&id]).await.map_err(database)?;
@@ -722,7 +722,7 @@ async fn locked_jobs(
 
 /// Tells every node's listener, once per queue and in one statement, that
 /// the available ones of `jobs` can be claimed, when the transaction commits.
-async fn notify_available(client: &impl GenericClient, jobs: &[Job]) -> Result<(), EngineError> {
+pub(super) async fn notify_available(client: &impl GenericClient, jobs: &[Job]) -> Result<(), EngineError> {
     let mut queues: Vec<&str> =
         jobs.iter().filter(|job| job.state == JobState::Available).map(|job| job.queue.as_str()).collect();
     queues.sort_unstable();
@@ -738,7 +738,7 @@ async fn notify_available(client: &impl GenericClient, jobs: &[Job]) -> Result<(
 }
 
 /// Inserts new jobs in one statement.
-async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<u64, tokio_postgres::Error> {
+pub(super) async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<u64, tokio_postgres::Error> {
     let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
     let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
     let types: Vec<&str> = jobs.iter().map(|job| job.payload.job_type()).collect();

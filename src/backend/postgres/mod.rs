@@ -7,6 +7,7 @@
 //! under an advisory lock.
 
 mod backend;
+mod cron;
 mod events;
 mod jobs;
 mod leader;

@@ -25,7 +25,7 @@ const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS svc_schema (
 )";
 
 /// Each migration's statements; migration N is `MIGRATIONS[N - 1]`.
-const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER, V2_EVENTS];
+const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
 /// leader lease.
@@ -110,6 +110,32 @@ CREATE TABLE svc_events (
     job_type text,
     body bytea NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
+";
+
+/// Version 3: cron entries, and each firing recorded once.
+const V3_CRON: &str = "
+-- Registered cron entries. `body` is the whole entry in svc's stored form
+-- (definition, counts, last run); `next_run_at` is what the leader selects
+-- on, null while disabled or when the expression never fires again. Names
+-- sort bytewise (`C`), as the listing pages by them.
+CREATE TABLE svc_crons (
+    name text COLLATE \"C\" PRIMARY KEY,
+    enabled boolean NOT NULL,
+    next_run_at timestamptz,
+    body bytea NOT NULL
+);
+CREATE INDEX svc_crons_due ON svc_crons (next_run_at) WHERE next_run_at IS NOT NULL;
+
+-- Each firing of an entry, one row per nominal time: the primary key is
+-- what keeps a firing from being made twice, whichever node fires it.
+CREATE TABLE svc_cron_firings (
+    name text NOT NULL,
+    scheduled_at timestamptz NOT NULL,
+    fired_at timestamptz NOT NULL,
+    outcome text NOT NULL,
+    job_id uuid,
+    PRIMARY KEY (name, scheduled_at)
+);
 ";
 
 /// Why the schema cannot be brought to this binary's version.

@@ -20,11 +20,10 @@ use super::requests::{Request, Turn, sealed};
 use super::state::{ApplyError, State};
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, OverlapPolicy};
-use crate::job::time::format_timestamp;
-use crate::job::{Job, JobId, JobState, NewJob, OnConflict};
+use crate::job::{Job, JobState, OnConflict};
 use crate::limits::CRON_MISSED_COUNT_MAX;
 use record::{CronDelete, CronFired, CronPut};
-use table::{CronEntry, CronFire, CronOutcome, CronWrite, compile};
+use table::{CronEntry, CronFire, CronOutcome, CronWrite};
 
 /// Registers a cron entry, replaces one, or changes one still at a revision;
 /// answers the entry and whether it is new.
@@ -78,33 +77,8 @@ impl State {
         write: CronWrite,
         max_entries: usize,
     ) -> Result<(Record, bool), EngineError> {
-        let existing = self.crons.get(&definition.name);
-        match (existing, write) {
-            (None, CronWrite::Patch { .. }) => return Err(EngineError::CronNotFound { name: definition.name }),
-            (Some(entry), CronWrite::Patch { revision }) if entry.revision != revision => {
-                return Err(EngineError::CronChanged { name: definition.name });
-            }
-            (None, CronWrite::Upsert) if self.crons.len() >= max_entries => {
-                return Err(EngineError::CronLimit { max_entries });
-            }
-            _ => {}
-        }
-        let schedule = compile(&definition).map_err(|problem| EngineError::Invalid {
-            error: crate::job::ValidationError::request(Some("schedule".to_string()), problem),
-            index: None,
-        })?;
-        // No backfill: the first run is strictly after now (docs/api.md, "Firing").
-        let next_run_at = if definition.enabled { schedule.next_fire(now).map(|next| next.at) } else { None };
-        let entry = CronEntry {
-            created_at: existing.map_or(now, |entry| entry.created_at),
-            updated_at: now,
-            revision: existing.map_or(1, |entry| entry.revision + 1),
-            run_count: existing.map_or(0, |entry| entry.run_count),
-            last_run_at: existing.and_then(|entry| entry.last_run_at),
-            last_job_id: existing.and_then(|entry| entry.last_job_id),
-            next_run_at,
-            definition: Arc::new(definition),
-        };
+        let existing = self.crons.get(&definition.name).map(Arc::as_ref);
+        let entry = table::register(existing, self.crons.len(), definition, write, now, max_entries)?;
         Ok((CronPut { at: now, entry }.into(), existing.is_none()))
     }
 
@@ -126,14 +100,8 @@ impl State {
                 continue;
             };
             let Some(first_due) = entry.next_run_at else { continue };
-            // After downtime or a clock jump: fire once, for the latest missed slot.
-            let scheduled = schedule.latest_fire_at_or_before(now).filter(|at| *at > first_due).unwrap_or(first_due);
-            let missed = if scheduled > first_due {
-                schedule.count_fires(first_due, scheduled, CRON_MISSED_COUNT_MAX)
-            } else {
-                0
-            };
-            let next = schedule.next_fire(now.max(scheduled));
+            let due = schedule.due_firing(first_due, now, CRON_MISSED_COUNT_MAX);
+            let (scheduled, missed, next) = (due.scheduled, due.missed, due.next);
             let previous = entry.last_job_id.and_then(|id| self.job(id)).filter(|job| !job.state.is_terminal());
             let definition = &entry.definition;
             let paused = self.queue(&definition.job.queue).is_some_and(|queue| queue.paused);
@@ -156,7 +124,7 @@ impl State {
                         _ => (JobState::Available, None, None),
                     };
                     let id = self.fresh_id(now, entropy, &made);
-                    let job = fired_job(definition, id, state, now, scheduled);
+                    let job = definition.fired_job(id, state, now, scheduled);
                     match self.unique_holders(&job, now, &made_jobs, &[]) {
                         Some((OnConflict::Reject | OnConflict::Ignore, holders)) => {
                             CronOutcome::Duplicate { existing: holders[0] }
@@ -293,35 +261,6 @@ impl State {
         }
         self.crons.put(updated).map_err(ApplyError)
     }
-}
-
-/// The job a firing creates: the template, with the cron's name and the
-/// nominal time added to `meta`.
-fn fired_job(definition: &CronDefinition, id: JobId, state: JobState, now: Millis, scheduled: Millis) -> Job {
-    let template = &definition.job;
-    let mut meta: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(template.payload.meta()).unwrap_or_default();
-    meta.insert("cron_name".to_string(), definition.name.clone().into());
-    meta.insert("cron_triggered_at".to_string(), format_timestamp(scheduled).into());
-    let payload = template.payload.with_meta(&serde_json::Value::Object(meta).to_string());
-    let (unique, rate_limit) = definition.job_controls();
-    let schema = definition.schema().map(Arc::from);
-    let request = NewJob {
-        id: Some(id),
-        payload,
-        queue: template.queue.as_str().into(),
-        priority: template.priority,
-        timeout_ms: template.timeout_ms,
-        visibility_timeout_ms: template.visibility_timeout_ms,
-        scheduled_at: None,
-        expires_at: None,
-        retry: template.retry.clone(),
-        unique,
-        rate_limit,
-        pending: false,
-        schema,
-    };
-    Job::accept(request, id, state, now, None, None)
 }
 
 #[cfg(test)]

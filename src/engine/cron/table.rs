@@ -7,9 +7,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use super::super::api::EngineError;
 use super::super::table::{Changes, Table};
 use crate::clock::Millis;
-use crate::cron::{CronDefinition, CronExpr, CronSchedule, parse_timezone};
+use crate::cron::{CronDefinition, CronSchedule};
 use crate::job::{Job, JobId};
 
 /// A registered cron entry as stored.
@@ -68,6 +69,43 @@ pub struct CronFire {
     pub outcome: CronOutcome,
 }
 
+/// The entry a registration stores: `definition` over the entry of the same
+/// name (`existing`, one of `count` entries), as `write` allows. No backfill:
+/// the first run is strictly after `now` (docs/api.md, "Firing"). Both
+/// backends register through this.
+pub fn register(
+    existing: Option<&CronEntry>,
+    count: usize,
+    definition: CronDefinition,
+    write: CronWrite,
+    now: Millis,
+    max_entries: usize,
+) -> Result<CronEntry, EngineError> {
+    match (existing, write) {
+        (None, CronWrite::Patch { .. }) => return Err(EngineError::CronNotFound { name: definition.name }),
+        (Some(entry), CronWrite::Patch { revision }) if entry.revision != revision => {
+            return Err(EngineError::CronChanged { name: definition.name });
+        }
+        (None, CronWrite::Upsert) if count >= max_entries => return Err(EngineError::CronLimit { max_entries }),
+        _ => {}
+    }
+    let schedule = definition.compile().map_err(|problem| EngineError::Invalid {
+        error: crate::job::ValidationError::request(Some("schedule".to_string()), problem),
+        index: None,
+    })?;
+    let next_run_at = if definition.enabled { schedule.next_fire(now).map(|next| next.at) } else { None };
+    Ok(CronEntry {
+        created_at: existing.map_or(now, |entry| entry.created_at),
+        updated_at: now,
+        revision: existing.map_or(1, |entry| entry.revision + 1),
+        run_count: existing.map_or(0, |entry| entry.run_count),
+        last_run_at: existing.and_then(|entry| entry.last_run_at),
+        last_job_id: existing.and_then(|entry| entry.last_job_id),
+        next_run_at,
+        definition: Arc::new(definition),
+    })
+}
+
 /// The engine's cron entries and their due order.
 #[derive(Debug, Clone, Default)]
 pub struct CronTable {
@@ -76,13 +114,6 @@ pub struct CronTable {
     due: BTreeSet<(Millis, String)>,
     /// A run that waits (`pending`, policy `enqueue`) for the previous one to end: previous → waiting.
     pub(crate) waiters: BTreeMap<JobId, JobId>,
-}
-
-/// Compiles a stored definition's schedule.
-pub fn compile(definition: &CronDefinition) -> Result<CronSchedule, String> {
-    let expr = CronExpr::parse(&definition.schedule)?;
-    let zone = parse_timezone(&definition.timezone)?;
-    Ok(CronSchedule::new(expr, zone))
 }
 
 impl CronTable {
@@ -126,7 +157,7 @@ impl CronTable {
     pub(crate) fn put(&mut self, entry: CronEntry) -> Result<(), String> {
         let name = entry.definition.name.clone();
         let schedule =
-            compile(&entry.definition).map_err(|problem| format!("cron entry {name} does not compile: {problem}"))?;
+            entry.definition.compile().map_err(|problem| format!("cron entry {name} does not compile: {problem}"))?;
         self.remove(&name);
         if let Some(at) = entry.next_run_at {
             self.due.insert((at, name.clone()));

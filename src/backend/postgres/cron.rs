@@ -1,0 +1,302 @@
+//! Cron on PostgreSQL (docs/postgres.md, "Cron"): entries in `svc_crons`,
+//! fired by the node holding the leader lease.
+//!
+//! A firing is one transaction: it locks the due entry, records the firing
+//! in `svc_cron_firings` under its primary key (entry, nominal time),
+//! creates the job and moves the entry to its next time. A firing is thus
+//! made once whichever node makes it, and one whose leader died before
+//! committing is made by the next leader. Registration and the firing's
+//! decisions (the slot after downtime, the overlap policy) are the local
+//! engine's own functions, so both backends fire alike.
+
+use std::sync::Arc;
+
+use deadpool_postgres::GenericClient;
+
+use super::jobs::{PgJobs, database, insert, locked, notify_available, store};
+use crate::backend::Page;
+use crate::clock::Millis;
+use crate::cron::{CronDefinition, OverlapPolicy};
+use crate::engine::{CronEntry, CronInfo, CronSkip, CronWrite, EngineError, EventKind, Unavailable, register_cron};
+use crate::job::{Job, JobId, JobState, ValidationError, transition};
+use crate::limits::{CRON_ENTRIES_MAX_DEFAULT, CRON_MISSED_COUNT_MAX};
+
+/// The advisory lock registrations hold (`svc_cron` as eight bytes), so that
+/// two registrations of one new name, or past the entry cap, cannot race.
+const REGISTRATION_LOCK: i64 = i64::from_be_bytes(*b"svc_cron");
+
+/// How long a firing's row is kept after it was made.
+const FIRINGS_KEPT_DAYS: i32 = 7;
+
+fn encode(entry: &CronEntry) -> Vec<u8> {
+    postcard::to_allocvec(entry).expect("a cron entry always encodes")
+}
+
+fn decode(name: &str, body: &[u8]) -> Result<CronEntry, EngineError> {
+    postcard::from_bytes(body).map_err(|error| {
+        tracing::error!(name, %error, "a stored cron entry does not decode");
+        EngineError::Unavailable { reason: Unavailable::Database }
+    })
+}
+
+/// Refuses what this backend cannot fire yet, before anything is stored:
+/// a run that waits for the previous one, and jobs with a unique policy,
+/// a dispatch limit or a schema (none of which it enqueues yet).
+fn check_supported(definition: &CronDefinition) -> Result<(), EngineError> {
+    let refuse = |field: &str, what: &str| {
+        let message = format!("{what} is not yet available for cron on the PostgreSQL backend");
+        Err(EngineError::Invalid { error: ValidationError::unsupported(field, message), index: None })
+    };
+    if definition.overlap == OverlapPolicy::Enqueue {
+        return refuse("overlap_policy", "overlap_policy \"enqueue\"");
+    }
+    let (unique, rate_limit) = definition.job_controls();
+    if unique.is_some() || rate_limit.is_some() {
+        return refuse("options", "a unique policy or rate limit");
+    }
+    if definition.schema().is_some() {
+        return refuse("schema", "a schema");
+    }
+    Ok(())
+}
+
+/// The entry's part in the events of its firing.
+fn info(entry: &CronEntry, scheduled_time: Millis) -> CronInfo {
+    let definition = &entry.definition;
+    CronInfo {
+        name: definition.name.clone(),
+        schedule: definition.schedule.clone(),
+        timezone: definition.timezone.clone(),
+        scheduled_time,
+    }
+}
+
+fn skipped(entry: &CronEntry, at: Millis, reason: &'static str, existing: Option<JobId>) -> EventKind {
+    EventKind::CronSkipped(Box::new(CronSkip {
+        cron: info(entry, at),
+        reason,
+        existing_job_id: existing,
+        missed_count: None,
+    }))
+}
+
+impl PgJobs {
+    /// Entries in name order after `after`, those with `enabled` as given.
+    pub async fn crons_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        enabled: Option<bool>,
+    ) -> Result<Page<Arc<CronEntry>>, EngineError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT name, body FROM svc_crons WHERE ($1::text IS NULL OR name > $1) \
+                 AND ($2::bool IS NULL OR enabled = $2) ORDER BY name LIMIT $3",
+                &[&after, &enabled, &(limit as i64 + 1)],
+            )
+            .await
+            .map_err(database)?;
+        let has_more = rows.len() > limit;
+        let entries = rows.iter().take(limit).map(|row| decode(row.get(0), row.get(1)).map(Arc::new));
+        Ok((entries.collect::<Result<_, _>>()?, has_more))
+    }
+
+    pub async fn cron(&self, name: &str) -> Result<Option<Arc<CronEntry>>, EngineError> {
+        let client = self.client().await?;
+        let row = client.query_opt("SELECT body FROM svc_crons WHERE name = $1", &[&name]).await.map_err(database)?;
+        row.map(|row| decode(name, row.get(0)).map(Arc::new)).transpose()
+    }
+
+    /// Registers an entry, replaces one, or changes one still at a
+    /// revision; answers the entry and whether it is new.
+    pub async fn cron_put(
+        &self,
+        now: Millis,
+        definition: CronDefinition,
+        write: CronWrite,
+    ) -> Result<(Arc<CronEntry>, bool), EngineError> {
+        check_supported(&definition)?;
+        let name = definition.name.clone();
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&REGISTRATION_LOCK]).await.map_err(database)?;
+        let existing = transaction
+            .query_opt("SELECT body FROM svc_crons WHERE name = $1", &[&name])
+            .await
+            .map_err(database)?
+            .map(|row| decode(&name, row.get(0)))
+            .transpose()?;
+        let count: i64 = transaction.query_one("SELECT count(*) FROM svc_crons", &[]).await.map_err(database)?.get(0);
+        let entry = register_cron(existing.as_ref(), count as usize, definition, write, now, CRON_ENTRIES_MAX_DEFAULT)?;
+        transaction
+            .execute(
+                "INSERT INTO svc_crons (name, enabled, next_run_at, body) \
+                 VALUES ($1, $2, to_timestamp($3::int8::float8 / 1000), $4) \
+                 ON CONFLICT (name) DO UPDATE SET enabled = $2, next_run_at = excluded.next_run_at, body = $4",
+                &[&name, &entry.definition.enabled, &entry.next_run_at, &encode(&entry)],
+            )
+            .await
+            .map_err(database)?;
+        transaction.commit().await.map_err(database)?;
+        Ok((Arc::new(entry), existing.is_none()))
+    }
+
+    /// Removes an entry; jobs it already created are untouched.
+    pub async fn cron_delete(&self, name: &str) -> Result<Arc<CronEntry>, EngineError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("DELETE FROM svc_crons WHERE name = $1 RETURNING body", &[&name])
+            .await
+            .map_err(database)?;
+        match row {
+            Some(row) => Ok(Arc::new(decode(name, row.get(0))?)),
+            None => Err(EngineError::CronNotFound { name: name.to_string() }),
+        }
+    }
+
+    /// Fires the entries due at `now`, at most `limit`, in one transaction
+    /// (the leader's timers); answers how many were fired.
+    pub async fn fire_due_crons(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let rows = transaction
+            .query(
+                "SELECT name, body FROM svc_crons WHERE next_run_at <= to_timestamp($1::int8::float8 / 1000) \
+                 ORDER BY next_run_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                &[&now, &limit],
+            )
+            .await
+            .map_err(database)?;
+        let fired = rows.len();
+        for row in rows {
+            let entry = decode(row.get(0), row.get(1))?;
+            self.fire(&transaction, now, entry).await?;
+        }
+        transaction.commit().await.map_err(database)?;
+        Ok(fired)
+    }
+
+    /// One firing of a due entry, in the caller's transaction.
+    async fn fire(
+        &self,
+        transaction: &deadpool_postgres::Transaction<'_>,
+        now: Millis,
+        entry: CronEntry,
+    ) -> Result<(), EngineError> {
+        let name = entry.definition.name.clone();
+        let (Some(first_due), Ok(schedule)) = (entry.next_run_at, entry.definition.compile()) else {
+            tracing::error!(name, "a due cron entry does not compile; it is left as it is");
+            return Ok(());
+        };
+        let due = schedule.due_firing(first_due, now, CRON_MISSED_COUNT_MAX);
+        let definition = entry.definition.clone();
+        let previous = match entry.last_job_id {
+            Some(id) => locked(transaction, id).await?,
+            None => None,
+        };
+        let paused: bool = transaction
+            .query_opt("SELECT paused FROM svc_queues WHERE name = $1", &[&definition.job.queue])
+            .await
+            .map_err(database)?
+            .is_some_and(|row| row.get(0));
+        // What this firing does: skip, or enqueue (cancelling the previous run first).
+        let (job, cancelled, skip) = match (previous, definition.overlap) {
+            _ if paused => (None, None, Some(skipped(&entry, due.scheduled, "queue_paused", None))),
+            (Some(previous), OverlapPolicy::Skip | OverlapPolicy::Enqueue) => {
+                (None, None, Some(skipped(&entry, due.scheduled, "overlap_skip", Some(previous.id))))
+            }
+            (previous, policy) => {
+                let cancelled = previous.filter(|_| policy == OverlapPolicy::CancelPrevious);
+                let id = self.fresh_id(now);
+                (Some(definition.fired_job(id, JobState::Available, now, due.scheduled)), cancelled, None)
+            }
+        };
+        let outcome = if job.is_some() { "enqueued" } else { "skipped" };
+        let recorded = transaction
+            .execute(
+                "INSERT INTO svc_cron_firings (name, scheduled_at, fired_at, outcome, job_id) \
+                 VALUES ($1, to_timestamp($2::int8::float8 / 1000), to_timestamp($3::int8::float8 / 1000), $4, \
+                 $5::text::uuid) ON CONFLICT DO NOTHING",
+                &[&name, &due.scheduled, &now, &outcome, &job.as_ref().map(|job| job.id.to_string())],
+            )
+            .await
+            .map_err(database)?;
+        let mut updated = entry.clone();
+        updated.next_run_at = due.next.map(|next| next.at);
+        let mut events: Vec<(EventKind, Option<&Job>)> = Vec::new();
+        let mut cancelled = cancelled;
+        if recorded == 1 {
+            if due.missed > 0 {
+                let kind = EventKind::CronSkipped(Box::new(CronSkip {
+                    cron: info(&entry, due.scheduled),
+                    reason: "misfire",
+                    existing_job_id: None,
+                    missed_count: Some(due.missed),
+                }));
+                events.push((kind, None));
+            }
+            if let Some(previous) = cancelled.as_mut() {
+                let previous_state = previous.state;
+                transition::cancel(previous, now);
+                store(transaction, previous).await?;
+                events.push((EventKind::Cancelled { previous_state, reason: "cron_cancel_previous" }, None));
+            }
+            if let Some(job) = &job {
+                insert(transaction, std::slice::from_ref(job)).await.map_err(database)?;
+                notify_available(transaction, std::slice::from_ref(job)).await?;
+                updated.run_count += 1;
+                updated.last_run_at = Some(due.scheduled);
+                updated.last_job_id = Some(job.id);
+                let kind = EventKind::CronTriggered {
+                    cron: Box::new(info(&entry, due.scheduled)),
+                    run_count: updated.run_count,
+                };
+                events.push((kind, Some(job)));
+                events.push((EventKind::Enqueued, Some(job)));
+            }
+            if let Some(kind) = skip {
+                events.push((kind, None));
+            }
+            if let Some(gap) = due.next.and_then(|next| next.skipped_gap) {
+                events.push((skipped(&entry, gap, "dst_skip", None), None));
+            }
+        } else {
+            // Recorded by an earlier firing (a leader whose clock ran ahead):
+            // only the entry moves on.
+            tracing::warn!(name, scheduled = due.scheduled, "a cron firing was already recorded; not made again");
+        }
+        // The cancelled run's event carries the job as it now is.
+        let events: Vec<_> = events
+            .into_iter()
+            .map(|(kind, job)| {
+                let job = match kind {
+                    EventKind::Cancelled { .. } => cancelled.as_ref(),
+                    _ => job,
+                };
+                (self.fresh_id(now), now, kind, job)
+            })
+            .collect();
+        super::events::append(transaction, &events).await.map_err(database)?;
+        transaction
+            .execute(
+                "UPDATE svc_crons SET next_run_at = to_timestamp($2::int8::float8 / 1000), body = $3 WHERE name = $1",
+                &[&name, &updated.next_run_at, &encode(&updated)],
+            )
+            .await
+            .map_err(database)?;
+        Ok(())
+    }
+
+    /// Drops the records of firings made more than a week ago (the leader's housekeeping).
+    pub async fn prune_firings(&self) -> Result<u64, EngineError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM svc_cron_firings WHERE fired_at < now() - make_interval(days => $1)",
+                &[&FIRINGS_KEPT_DAYS],
+            )
+            .await
+            .map_err(database)
+    }
+}
