@@ -14,7 +14,9 @@ pub struct TempPostgres {
     child: Child,
     data: PathBuf,
     pub port: u16,
-    _dir: tempfile::TempDir,
+    bin: PathBuf,
+    user: Option<(u32, u32)>,
+    dir: tempfile::TempDir,
 }
 
 /// The directory with `initdb` and `postgres`.
@@ -69,6 +71,19 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+fn spawn(bin: &Path, user: Option<(u32, u32)>, data: &Path, port: u16, sockets: &Path) -> Child {
+    as_postgres(&mut Command::new(bin.join("postgres")), user)
+        .arg("-D")
+        .arg(data)
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(sockets)
+        .args(["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", "-c", "fsync=on"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("postgres starts")
+}
+
 impl TempPostgres {
     pub fn start() -> TempPostgres {
         let bin = bin_dir();
@@ -85,19 +100,30 @@ impl TempPostgres {
             .expect("initdb runs");
         assert!(initdb.status.success(), "initdb failed: {}", String::from_utf8_lossy(&initdb.stderr));
         let port = free_port();
-        let child = as_postgres(&mut Command::new(bin.join("postgres")), user)
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-k"])
-            .arg(dir.path())
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", "-c", "fsync=on"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("postgres starts");
-        let server = TempPostgres { child, data, port, _dir: dir };
+        let child = spawn(&bin, user, &data, port, dir.path());
+        let server = TempPostgres { child, data, port, bin, user, dir };
         server.wait_ready();
         server
+    }
+
+    /// Stops the server at once (open sessions end, as in a crash of the
+    /// database's host: nothing committed is lost) and starts it again on
+    /// the same port and data; answers once it takes connections.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = spawn(&self.bin, self.user, &self.data, self.port, self.dir.path());
+        self.wait_ready();
+    }
+
+    /// Immediate shutdown (SIGQUIT): no checkpoint, sessions cut; the next
+    /// start recovers from the WAL.
+    fn stop(&mut self) {
+        // SAFETY: signals the child this value owns.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGQUIT);
+        }
+        let _ = self.child.wait();
     }
 
     fn wait_ready(&self) {
