@@ -228,8 +228,9 @@ impl Backend for PgBackend {
         })
     }
 
-    fn report_progress(&self, _: JobId, _: JobProgress, _: Option<String>) -> Pending<Arc<Job>> {
-        unsupported("reporting progress")
+    fn report_progress(&self, id: JobId, progress: JobProgress, worker_id: Option<String>) -> Pending<Arc<Job>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.report_progress(now, id, progress, worker_id.as_deref()).await })
     }
 
     fn workers_page(&self, _: Option<String>, _: usize, _: Option<WorkerState>) -> Pending<Page<WorkerEntry>> {
@@ -248,24 +249,29 @@ impl Backend for PgBackend {
         unsupported("forgetting a worker")
     }
 
-    fn queues_page(&self, _: Option<String>, _: usize) -> Pending<Page<QueueSummary>> {
-        unsupported("listing queues")
+    fn queues_page(&self, after: Option<String>, limit: usize) -> Pending<Page<QueueSummary>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.queues_page(after.as_deref(), limit).await })
     }
 
-    fn queue_stats(&self, _: String) -> Pending<Option<QueueStats>> {
-        unsupported("a queue's figures")
+    fn queue_stats(&self, name: String) -> Pending<Option<QueueStats>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.queue_stats(now, &name).await })
     }
 
-    fn pause_queue(&self, _: String, _: bool) -> Pending<QueueSummary> {
-        unsupported("pausing or resuming a queue")
+    fn pause_queue(&self, name: String, paused: bool) -> Pending<QueueSummary> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.pause_queue(now, &name, paused).await })
     }
 
-    fn configure_queue(&self, _: String, _: Option<Backpressure>) -> Pending<QueueSummary> {
-        unsupported("configuring a queue")
+    fn configure_queue(&self, name: String, backpressure: Option<Backpressure>) -> Pending<QueueSummary> {
+        let store = self.jobs.clone();
+        self.run(async move { store.configure_queue(&name, backpressure).await })
     }
 
     fn overview(&self) -> Pending<Overview> {
-        unsupported("the overview")
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.overview(now).await })
     }
 
     fn throughput_minutes(&self, _: Option<String>) -> Pending<Vec<MinuteCount>> {

@@ -40,6 +40,9 @@ enum StoredKind {
     Expired,
     CronTriggered { cron: StoredCron, run_count: u64 },
     CronSkipped { cron: StoredCron, reason: String, existing_job_id: Option<JobId>, missed_count: Option<u32> },
+    Progress,
+    QueuePaused { queue: String },
+    QueueResumed { queue: String },
 }
 
 /// The cron entry an event tells of, as stored.
@@ -111,6 +114,9 @@ impl StoredKind {
             EventKind::Revived => StoredKind::Revived,
             EventKind::Expired => StoredKind::Expired,
             EventKind::Deleted => StoredKind::Deleted,
+            EventKind::Progress => StoredKind::Progress,
+            EventKind::QueuePaused(queue) => StoredKind::QueuePaused { queue: queue.clone() },
+            EventKind::QueueResumed(queue) => StoredKind::QueueResumed { queue: queue.clone() },
             EventKind::CronTriggered { cron, run_count } => {
                 StoredKind::CronTriggered { cron: StoredCron::of(cron), run_count: *run_count }
             }
@@ -140,6 +146,9 @@ impl StoredKind {
             StoredKind::Revived => EventKind::Revived,
             StoredKind::Expired => EventKind::Expired,
             StoredKind::Deleted => EventKind::Deleted,
+            StoredKind::Progress => EventKind::Progress,
+            StoredKind::QueuePaused { queue } => EventKind::QueuePaused(queue),
+            StoredKind::QueueResumed { queue } => EventKind::QueueResumed(queue),
             StoredKind::CronTriggered { cron, run_count } => {
                 EventKind::CronTriggered { cron: Box::new(cron.info()), run_count }
             }

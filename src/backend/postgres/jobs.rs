@@ -23,7 +23,7 @@ use crate::engine::{
     Cancelled, ConflictReason, DeadLetterCursor, EngineError, Enqueued, EventKind, FetchRequest, Unavailable,
 };
 use crate::job::transition::{self, FailOutcome};
-use crate::job::{FailureReport, IdGenerator, Job, JobId, JobState, NewJob, ValidationError};
+use crate::job::{FailureReport, IdGenerator, Job, JobId, JobProgress, JobState, NewJob, ValidationError};
 
 /// Milliseconds since the epoch as a `timestamptz`, in SQL.
 macro_rules! ts {
@@ -159,8 +159,9 @@ impl PgJobs {
 
     /// Enqueues jobs, all or none. Checked as the local engine checks them:
     /// client ids not in use and not far ahead, times in order, queues not
-    /// paused. Unique policies, dispatch limits, schemas and backpressure are
-    /// not handled by this backend yet and are refused, not ignored.
+    /// paused and not past their backpressure bound. Unique policies,
+    /// dispatch limits and schemas are not handled by this backend yet and
+    /// are refused, not ignored.
     pub async fn enqueue(&self, now: Millis, new_jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, EngineError> {
         let batch = new_jobs.len() > 1;
         let index_of = |position: usize| batch.then_some(position);
@@ -177,16 +178,7 @@ impl PgJobs {
         }
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
-        let paused = transaction
-            .query("SELECT name FROM svc_queues WHERE paused AND name = ANY($1)", &[&queues])
-            .await
-            .map_err(database)?;
-        if let Some(row) = paused.first() {
-            let queue: String = row.get(0);
-            let position = jobs.iter().position(|job| job.queue.as_str() == queue).unwrap_or(0);
-            return Err(EngineError::QueuePaused { queue, index: index_of(position) });
-        }
+        let pressure = super::queues::admit_to_queues(&transaction, &jobs, index_of).await?;
         let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
         let taken = transaction
             .query(
@@ -215,7 +207,7 @@ impl PgJobs {
         }
         self.record(&transaction, now, events).await?;
         transaction.commit().await.map_err(database)?;
-        Ok(jobs.into_iter().map(|job| Enqueued { job: Arc::new(job), deduplicated: false, pressure: None }).collect())
+        Ok(super::queues::with_pressure(jobs, pressure))
     }
 
     /// A new job with its id, times and first state, as the local engine
@@ -375,6 +367,24 @@ impl PgJobs {
             }
             events.push(EventKind::after_failure(&report, outcome, "nack_requeue"));
             events
+        })
+        .await
+    }
+
+    /// Records a worker's progress on a job it holds (docs/api.md,
+    /// "Progress"): the job carries the last report of its attempt.
+    pub async fn report_progress(
+        &self,
+        now: Millis,
+        id: JobId,
+        mut progress: JobProgress,
+        worker_id: Option<&str>,
+    ) -> Result<Arc<Job>, EngineError> {
+        progress.check().map_err(|error| EngineError::Invalid { error, index: None })?;
+        progress.updated_at = now;
+        self.change_held(now, id, worker_id, |job| {
+            job.set_progress(Some(progress));
+            vec![EventKind::Progress]
         })
         .await
     }

@@ -11,6 +11,7 @@ mod cron;
 mod events;
 mod jobs;
 mod leader;
+mod queues;
 mod schema;
 mod wakeup;
 

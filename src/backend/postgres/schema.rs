@@ -25,7 +25,7 @@ const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS svc_schema (
 )";
 
 /// Each migration's statements; migration N is `MIGRATIONS[N - 1]`.
-const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON];
+const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON, V4_QUEUE_INDEXES];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
 /// leader lease.
@@ -136,6 +136,15 @@ CREATE TABLE svc_cron_firings (
     job_id uuid,
     PRIMARY KEY (name, scheduled_at)
 );
+";
+
+/// Version 4: jobs by queue and state, for the queues' figures and
+/// listing; every queue jobs were enqueued to gets its `svc_queues` row.
+const V4_QUEUE_INDEXES: &str = "
+CREATE INDEX svc_jobs_queue_state ON svc_jobs (queue, state);
+CREATE INDEX svc_job_history_queue_state ON svc_job_history (queue, state);
+INSERT INTO svc_queues (name) SELECT DISTINCT queue FROM svc_jobs ON CONFLICT DO NOTHING;
+INSERT INTO svc_queues (name) SELECT DISTINCT queue FROM svc_job_history ON CONFLICT DO NOTHING;
 ";
 
 /// Why the schema cannot be brought to this binary's version.

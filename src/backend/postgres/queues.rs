@@ -1,0 +1,326 @@
+//! Queues on PostgreSQL (docs/postgres.md, "Queues"): their figures, read
+//! from the job tables, and their settings in `svc_queues`: paused, and
+//! bounded (backpressure).
+//!
+//! Every queue a job was enqueued to has a row in `svc_queues` (made by the
+//! enqueue, in its transaction), so listing queues pages one small table.
+//! A queue is listed while it holds jobs (in flight or finished and kept),
+//! or is paused or bounded, as on the local engine.
+
+use std::sync::Arc;
+
+use deadpool_postgres::GenericClient;
+
+use super::jobs::{PgJobs, database};
+use crate::backend::Page;
+use crate::clock::Millis;
+use crate::engine::{Backpressure, EngineError, Overview, QueueStats, QueueSummary};
+use crate::job::{Job, JobState};
+
+/// A queue's settings as stored.
+struct Settings {
+    paused: bool,
+    backpressure: Option<Backpressure>,
+}
+
+fn settings(row: &tokio_postgres::Row) -> Settings {
+    let max_depth: Option<i64> = row.get("max_depth");
+    let warning: Option<f64> = row.get("warning_threshold");
+    let backpressure = max_depth.map(|depth| {
+        let bound = Backpressure::reject_above(depth as u64);
+        match warning {
+            Some(threshold) => bound.warning_at(threshold),
+            None => bound,
+        }
+    });
+    Settings { paused: row.get("paused"), backpressure }
+}
+
+fn state_of(text: &str) -> Option<JobState> {
+    JobState::ALL.into_iter().find(|state| state.as_str() == text)
+}
+
+/// The states a queue's depth counts: jobs waiting to be claimed.
+const WAITING: [&str; 4] = ["available", "scheduled", "retryable", "pending"];
+
+/// The figures of `names`, in that order: jobs per state (in flight and in
+/// the history), settings, and the longest-waiting available job.
+async fn summaries(client: &impl GenericClient, names: &[String]) -> Result<Vec<QueueSummary>, EngineError> {
+    let mut summaries: Vec<QueueSummary> = names
+        .iter()
+        .map(|name| QueueSummary {
+            name: name.clone(),
+            paused: false,
+            counts: [0; 8],
+            backpressure: None,
+            oldest_available_at: None,
+        })
+        .collect();
+    let place = |name: &str| names.iter().position(|candidate| candidate == name);
+    let counts = client
+        .query(
+            "SELECT queue, state, count(*) FROM svc_jobs WHERE queue = ANY($1) GROUP BY queue, state \
+             UNION ALL SELECT queue, state, count(*) FROM svc_job_history WHERE queue = ANY($1) GROUP BY queue, state",
+            &[&names],
+        )
+        .await
+        .map_err(database)?;
+    for row in counts {
+        let (queue, state, count): (&str, &str, i64) = (row.get(0), row.get(1), row.get(2));
+        if let (Some(at), Some(state)) = (place(queue), state_of(state)) {
+            summaries[at].counts[state.index()] += count as u64;
+        }
+    }
+    let rows = client
+        .query("SELECT name, paused, max_depth, warning_threshold FROM svc_queues WHERE name = ANY($1)", &[&names])
+        .await
+        .map_err(database)?;
+    for row in rows {
+        if let Some(at) = place(row.get("name")) {
+            let Settings { paused, backpressure } = settings(&row);
+            (summaries[at].paused, summaries[at].backpressure) = (paused, backpressure);
+        }
+    }
+    let oldest = client
+        .query(
+            "SELECT queue, (extract(epoch FROM min(ready_at)) * 1000)::int8 FROM svc_jobs \
+             WHERE state = 'available' AND queue = ANY($1) GROUP BY queue",
+            &[&names],
+        )
+        .await
+        .map_err(database)?;
+    for row in oldest {
+        if let Some(at) = place(row.get(0)) {
+            summaries[at].oldest_available_at = row.get(1);
+        }
+    }
+    Ok(summaries)
+}
+
+/// Jobs completed and attempts failed in the minute before `now`, of one
+/// queue or all, as the kept events tell them.
+async fn last_minute(client: &impl GenericClient, queue: Option<&str>, now: Millis) -> Result<(u64, u64), EngineError> {
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE type = 'job.completed'), count(*) FILTER (WHERE type = 'job.failed') \
+             FROM svc_events WHERE at > to_timestamp(($1::int8 - 60000)::float8 / 1000) \
+             AND ($2::text IS NULL OR queue = $2) AND type IN ('job.completed', 'job.failed')",
+            &[&now, &queue],
+        )
+        .await
+        .map_err(database)?;
+    Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
+}
+
+/// Queues that hold jobs, or are paused or bounded, after `after` in name order.
+const LISTED: &str = "SELECT name FROM svc_queues q WHERE ($1::text IS NULL OR name COLLATE \"C\" > $1) \
+     AND (paused OR max_depth IS NOT NULL OR EXISTS (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) \
+     OR EXISTS (SELECT 1 FROM svc_job_history h WHERE h.queue = q.name)) \
+     ORDER BY name COLLATE \"C\" LIMIT $2";
+
+impl PgJobs {
+    pub async fn queues_page(&self, after: Option<&str>, limit: usize) -> Result<Page<QueueSummary>, EngineError> {
+        let client = self.client().await?;
+        let rows = client.query(LISTED, &[&after, &(limit as i64 + 1)]).await.map_err(database)?;
+        let has_more = rows.len() > limit;
+        let names: Vec<String> = rows.iter().take(limit).map(|row| row.get(0)).collect();
+        Ok((summaries(&client, &names).await?, has_more))
+    }
+
+    /// A queue's figures, with its last minute; `None` for a queue svc
+    /// does not know (nothing ever enqueued to it, no settings).
+    pub async fn queue_stats(&self, now: Millis, name: &str) -> Result<Option<QueueStats>, EngineError> {
+        let client = self.client().await?;
+        let known = client.query_opt("SELECT 1 FROM svc_queues WHERE name = $1", &[&name]).await.map_err(database)?;
+        if known.is_none() {
+            return Ok(None);
+        }
+        let summary = summaries(&client, &[name.to_string()]).await?.remove(0);
+        let (completed_last_minute, failed_last_minute) = last_minute(&client, Some(name), now).await?;
+        Ok(Some(QueueStats { summary, completed_last_minute, failed_last_minute }))
+    }
+
+    /// Pauses or resumes a queue (an event when that changes it); answers its figures.
+    pub async fn pause_queue(&self, now: Millis, name: &str, paused: bool) -> Result<QueueSummary, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let current = transaction
+            .query_opt("SELECT paused FROM svc_queues WHERE name = $1 FOR UPDATE", &[&name])
+            .await
+            .map_err(database)?
+            .is_some_and(|row| row.get::<_, bool>(0));
+        if current != paused {
+            transaction
+                .execute(
+                    "INSERT INTO svc_queues (name, paused) VALUES ($1, $2) \
+                     ON CONFLICT (name) DO UPDATE SET paused = $2, changed_at = now()",
+                    &[&name, &paused],
+                )
+                .await
+                .map_err(database)?;
+            self.record_queue_event(&transaction, now, name, paused).await?;
+        }
+        if !paused {
+            // Workers waiting on this queue may claim again.
+            transaction
+                .execute("SELECT pg_notify($1, $2)", &[&super::wakeup::CHANNEL, &name])
+                .await
+                .map_err(database)?;
+        }
+        let summary = summaries(&transaction, &[name.to_string()]).await?.remove(0);
+        transaction.commit().await.map_err(database)?;
+        Ok(summary)
+    }
+
+    async fn record_queue_event(
+        &self,
+        client: &impl GenericClient,
+        now: Millis,
+        name: &str,
+        paused: bool,
+    ) -> Result<(), EngineError> {
+        let kind = if paused {
+            crate::engine::EventKind::QueuePaused(name.to_string())
+        } else {
+            crate::engine::EventKind::QueueResumed(name.to_string())
+        };
+        super::events::append(client, &[(self.fresh_id(now), now, kind, None)]).await.map_err(database)
+    }
+
+    /// Sets (`Some`) or removes a queue's backpressure; answers its figures.
+    pub async fn configure_queue(
+        &self,
+        name: &str,
+        backpressure: Option<Backpressure>,
+    ) -> Result<QueueSummary, EngineError> {
+        if let Some(bound) = &backpressure {
+            bound.check().map_err(|error| EngineError::Invalid { error, index: None })?;
+        }
+        let max_depth = backpressure.map(|bound| bound.max_depth as i64);
+        let warning = backpressure.and_then(|bound| bound.warning_threshold);
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO svc_queues (name, max_depth, warning_threshold) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name) DO UPDATE SET max_depth = $2, warning_threshold = $3, changed_at = now()",
+                &[&name, &max_depth, &warning],
+            )
+            .await
+            .map_err(database)?;
+        Ok(summaries(&client, &[name.to_string()]).await?.remove(0))
+    }
+
+    /// The service at a glance.
+    pub async fn overview(&self, now: Millis) -> Result<Overview, EngineError> {
+        let client = self.client().await?;
+        let mut overview = Overview::default();
+        let rows = client
+            .query(
+                "SELECT state, count(*) FROM svc_jobs GROUP BY state \
+                 UNION ALL SELECT state, count(*) FROM svc_job_history GROUP BY state",
+                &[],
+            )
+            .await
+            .map_err(database)?;
+        for row in rows {
+            if let Some(state) = state_of(row.get(0)) {
+                overview.jobs[state.index()] += row.get::<_, i64>(1) as u64;
+            }
+        }
+        let row = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE paused OR max_depth IS NOT NULL OR EXISTS \
+                 (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) OR EXISTS \
+                 (SELECT 1 FROM svc_job_history h WHERE h.queue = q.name)), count(*) FILTER (WHERE paused) \
+                 FROM svc_queues q",
+                &[],
+            )
+            .await
+            .map_err(database)?;
+        overview.queues = row.get::<_, i64>(0) as usize;
+        overview.paused_queues = row.get::<_, i64>(1) as usize;
+        (overview.completed_last_minute, overview.failed_last_minute) = last_minute(&client, None, now).await?;
+        drop(client);
+        overview.dead_letter = self.dead_letter_count(None).await? as usize;
+        Ok(overview)
+    }
+}
+
+/// Checks new jobs against their queues in the enqueue's transaction:
+/// records queues not seen before, refuses a paused queue, and refuses a
+/// batch that would take a bounded queue past its `max_depth` (the bounded
+/// queues' rows locked, so concurrent enqueues count one after another).
+/// Answers how full each job's queue is after the enqueue, where past its
+/// warning threshold.
+pub(super) async fn admit_to_queues(
+    client: &impl GenericClient,
+    jobs: &[Job],
+    index_of: impl Fn(usize) -> Option<usize>,
+) -> Result<Vec<Option<f64>>, EngineError> {
+    let mut names: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let rows = client
+        .query(
+            "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING) \
+             SELECT name, paused, max_depth, warning_threshold FROM svc_queues \
+             WHERE name = ANY($1) AND (paused OR max_depth IS NOT NULL)",
+            &[&names],
+        )
+        .await
+        .map_err(database)?;
+    let mut bounded: Vec<(String, Backpressure)> = Vec::new();
+    for row in &rows {
+        let name: String = row.get("name");
+        let Settings { paused, backpressure } = settings(row);
+        if paused {
+            let position = jobs.iter().position(|job| job.queue.as_str() == name).unwrap_or(0);
+            return Err(EngineError::QueuePaused { queue: name, index: index_of(position) });
+        }
+        if let Some(bound) = backpressure {
+            bounded.push((name, bound));
+        }
+    }
+    let mut pressure = vec![None; jobs.len()];
+    if bounded.is_empty() {
+        return Ok(pressure);
+    }
+    let names: Vec<&str> = bounded.iter().map(|(name, _)| name.as_str()).collect();
+    client
+        .execute("SELECT 1 FROM svc_queues WHERE name = ANY($1) ORDER BY name FOR UPDATE", &[&names])
+        .await
+        .map_err(database)?;
+    for (name, bound) in &bounded {
+        let depth: i64 = client
+            .query_one("SELECT count(*) FROM svc_jobs WHERE queue = $1 AND state = ANY($2)", &[name, &&WAITING[..]])
+            .await
+            .map_err(database)?
+            .get(0);
+        let mut depth = depth as u64;
+        for (position, _) in jobs.iter().enumerate().filter(|(_, job)| job.queue.as_str() == name) {
+            if depth >= bound.max_depth {
+                return Err(EngineError::QueueFull {
+                    queue: name.clone(),
+                    depth,
+                    bound: bound.max_depth,
+                    index: index_of(position),
+                });
+            }
+            depth += 1;
+        }
+        for (position, job) in jobs.iter().enumerate() {
+            if job.queue.as_str() == name {
+                pressure[position] = bound.pressure(depth);
+            }
+        }
+    }
+    Ok(pressure)
+}
+
+/// The jobs of an enqueue with how full their queues are.
+pub(super) fn with_pressure(jobs: Vec<Job>, pressure: Vec<Option<f64>>) -> Vec<crate::engine::Enqueued> {
+    jobs.into_iter()
+        .zip(pressure)
+        .map(|(job, pressure)| crate::engine::Enqueued { job: Arc::new(job), deduplicated: false, pressure })
+        .collect()
+}

@@ -1,0 +1,153 @@
+//! Queues and progress on the PostgreSQL backend, against a real PostgreSQL
+//! server of the test's own: listing and figures, pausing and resuming,
+//! backpressure (also with enqueues from two nodes at once), the overview,
+//! and a worker's progress reports.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::postgres::TempPostgres;
+use svc::backend::EventFilter;
+use svc::backend::postgres::{PgJobs, PgSettings, open};
+use svc::engine::{Backpressure, ConflictReason, EngineError, FetchRequest};
+use svc::job::{JobBuilder, JobDefaults, JobProgress, JobState, NewJob};
+
+const NOW: i64 = 1_800_000_000_000;
+
+fn job(queue: &str) -> NewJob {
+    JobBuilder::new("work.item").args([1]).queue(queue).build(&JobDefaults::default()).unwrap()
+}
+
+fn fetch(queue: &str, count: usize, worker: &str) -> FetchRequest {
+    FetchRequest {
+        queues: vec![queue.to_string()],
+        count,
+        worker_id: Some(worker.to_string()),
+        visibility_timeout_ms: None,
+    }
+}
+
+async fn store(server: &TempPostgres, database: &str) -> (Arc<PgJobs>, deadpool_postgres::Pool) {
+    let pool = open(&PgSettings::new(server.database(database))).await.expect("the schema migrates");
+    (Arc::new(PgJobs::new(pool.clone())), pool)
+}
+
+async fn event_types(jobs: &PgJobs) -> Vec<String> {
+    let page = jobs.events_page(None, 1000, &EventFilter::default()).await.unwrap();
+    page.events.iter().map(|event| event.kind.type_name().to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_are_listed_with_their_figures() {
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "figures").await;
+    jobs.enqueue(NOW, vec![job("beta"), job("beta"), job("beta")]).await.unwrap();
+    jobs.enqueue(NOW, vec![job("alpha")]).await.unwrap();
+    let claimed = jobs.claim(NOW + 1, &fetch("beta", 2, "w")).await.unwrap();
+    jobs.ack(NOW + 2, claimed[0].id, None, Some("w")).await.unwrap();
+
+    let (first, more) = jobs.queues_page(None, 1).await.unwrap();
+    assert_eq!((first.len(), first[0].name.as_str(), more), (1, "alpha", true));
+    assert_eq!(first[0].count(JobState::Available), 1);
+    let (rest, more) = jobs.queues_page(Some("alpha"), 10).await.unwrap();
+    assert!(!more);
+    let beta = &rest[0];
+    assert_eq!(beta.name, "beta");
+    let counts = [JobState::Available, JobState::Active, JobState::Completed].map(|state| beta.count(state));
+    assert_eq!(counts, [1, 1, 1], "in flight and finished jobs both count");
+    assert_eq!(beta.oldest_available_at, Some(NOW));
+
+    let stats = jobs.queue_stats(NOW + 3, "beta").await.unwrap().expect("a known queue");
+    assert_eq!((stats.completed_last_minute, stats.failed_last_minute), (1, 0));
+    assert!(jobs.queue_stats(NOW + 3, "never-used").await.unwrap().is_none(), "an unknown queue has no figures");
+
+    let overview = jobs.overview(NOW + 3).await.unwrap();
+    assert_eq!((overview.queues, overview.paused_queues), (2, 0));
+    assert_eq!(overview.jobs[JobState::Available.index()], 2);
+    assert_eq!((overview.completed_last_minute, overview.dead_letter), (1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_queue_refuses_work_and_is_skipped_until_resumed() {
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "paused").await;
+    jobs.enqueue(NOW, vec![job("mail")]).await.unwrap();
+
+    let summary = jobs.pause_queue(NOW + 1, "mail", true).await.unwrap();
+    assert!(summary.paused);
+    jobs.pause_queue(NOW + 2, "mail", true).await.unwrap();
+    let refused = jobs.enqueue(NOW + 3, vec![job("other"), job("mail")]).await.unwrap_err();
+    assert!(matches!(&refused, EngineError::QueuePaused { queue, index: Some(1) } if queue == "mail"), "{refused:?}");
+    assert!(jobs.claim(NOW + 4, &fetch("mail", 10, "w")).await.unwrap().is_empty(), "fetches skip it");
+    assert_eq!(jobs.queues_page(None, 10).await.unwrap().0.iter().filter(|q| q.paused).count(), 1);
+
+    assert!(!jobs.pause_queue(NOW + 5, "mail", false).await.unwrap().paused);
+    assert_eq!(jobs.claim(NOW + 6, &fetch("mail", 10, "w")).await.unwrap().len(), 1);
+    let types = event_types(&jobs).await;
+    let queue_events: Vec<_> = types.iter().filter(|kind| kind.starts_with("queue.")).collect();
+    assert_eq!(queue_events, ["queue.paused", "queue.resumed"], "a second pause changed nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backpressure_bounds_a_queue_even_across_nodes() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "bounded").await;
+    let other_node = Arc::new(PgJobs::new(pool.clone()));
+
+    let bad = jobs.configure_queue("q", Some(Backpressure::reject_above(0))).await.unwrap_err();
+    assert!(matches!(bad, EngineError::Invalid { .. }), "{bad:?}");
+    let summary = jobs.configure_queue("q", Some(Backpressure::reject_above(4).warning_at(0.5))).await.unwrap();
+    assert_eq!(summary.backpressure.map(|bound| bound.max_depth), Some(4));
+
+    let first = jobs.enqueue(NOW, vec![job("q")]).await.unwrap();
+    assert_eq!(first[0].pressure, None, "1 of 4 is under the warning threshold");
+    let second = jobs.enqueue(NOW, vec![job("q")]).await.unwrap();
+    assert_eq!(second[0].pressure, Some(0.5));
+    let full = jobs.enqueue(NOW, vec![job("q"), job("q"), job("q")]).await.unwrap_err();
+    assert!(
+        matches!(full, EngineError::QueueFull { depth: 4, bound: 4, index: Some(2), .. }),
+        "the batch is refused whole: {full:?}"
+    );
+    assert_eq!(jobs.queue_stats(NOW, "q").await.unwrap().unwrap().summary.depth(), 2, "nothing of it was stored");
+
+    // Two nodes racing for the last two places: never past the bound.
+    let attempts = (0..6).map(|i| {
+        let node = if i % 2 == 0 { jobs.clone() } else { other_node.clone() };
+        tokio::spawn(async move { node.enqueue(NOW, vec![job("q")]).await })
+    });
+    let mut accepted = 0;
+    for attempt in attempts {
+        match attempt.await.unwrap() {
+            Ok(_) => accepted += 1,
+            Err(EngineError::QueueFull { .. }) => {}
+            Err(other) => panic!("unexpected refusal {other:?}"),
+        }
+    }
+    assert_eq!(accepted, 2);
+    assert_eq!(jobs.queue_stats(NOW, "q").await.unwrap().unwrap().summary.depth(), 4);
+
+    // Claimed jobs leave the depth; removing the bound lifts it.
+    jobs.claim(NOW + 1, &fetch("q", 1, "w")).await.unwrap();
+    jobs.enqueue(NOW + 2, vec![job("q")]).await.unwrap();
+    assert!(jobs.configure_queue("q", None).await.unwrap().backpressure.is_none());
+    jobs.enqueue(NOW + 3, vec![job("q"), job("q")]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_reports_progress_on_the_job_it_holds() {
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "progress").await;
+    let id = jobs.enqueue(NOW, vec![job("p")]).await.unwrap()[0].job.id;
+    let early = jobs.report_progress(NOW, id, JobProgress::new(0.1), None).await.unwrap_err();
+    assert!(matches!(early, EngineError::Conflict { reason: ConflictReason::InvalidState, .. }), "{early:?}");
+
+    jobs.claim(NOW + 1, &fetch("p", 1, "w1")).await.unwrap();
+    let other = jobs.report_progress(NOW + 2, id, JobProgress::new(0.2), Some("w2")).await.unwrap_err();
+    assert!(matches!(other, EngineError::Conflict { reason: ConflictReason::NotOwner, .. }), "{other:?}");
+    let reported = jobs.report_progress(NOW + 3, id, JobProgress::new(1.5), Some("w1")).await.unwrap();
+    let progress = reported.progress().expect("the job carries its report");
+    assert_eq!((progress.fraction, progress.updated_at), (1.0, NOW + 3), "clamped to 1");
+    assert_eq!(jobs.job(id).await.unwrap().unwrap().progress().map(|p| p.fraction), Some(1.0));
+    assert!(event_types(&jobs).await.contains(&"job.progress".to_string()));
+}
