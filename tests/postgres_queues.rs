@@ -1,7 +1,8 @@
-//! Queues and progress on the PostgreSQL backend, against a real PostgreSQL
-//! server of the test's own: listing and figures, pausing and resuming,
-//! backpressure (also with enqueues from two nodes at once), the overview,
-//! and a worker's progress reports.
+//! Queues, workers and progress on the PostgreSQL backend, against a real
+//! PostgreSQL server of the test's own: listing and figures, pausing and
+//! resuming, backpressure (also with enqueues from two nodes at once), the
+//! overview and the throughput history, the worker registry and its
+//! signals, and a worker's progress reports.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use common::postgres::TempPostgres;
 use svc::backend::EventFilter;
 use svc::backend::postgres::{PgJobs, PgSettings, open};
-use svc::engine::{Backpressure, ConflictReason, EngineError, FetchRequest};
+use svc::engine::{Backpressure, ConflictReason, EngineError, FetchRequest, WorkerSignal, WorkerState};
 use svc::job::{JobBuilder, JobDefaults, JobProgress, JobState, NewJob};
 
 const NOW: i64 = 1_800_000_000_000;
@@ -150,4 +151,71 @@ async fn a_worker_reports_progress_on_the_job_it_holds() {
     assert_eq!((progress.fraction, progress.updated_at), (1.0, NOW + 3), "clamped to 1");
     assert_eq!(jobs.job(id).await.unwrap().unwrap().progress().map(|p| p.fraction), Some(1.0));
     assert!(event_types(&jobs).await.contains(&"job.progress".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_are_registered_by_contact_and_obey_signals() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "workers").await;
+    let queues = ["mail".to_string()];
+    assert_eq!(jobs.note_worker(NOW, "w1", Some(&queues), false).await.unwrap(), None);
+    jobs.note_worker(NOW + 10, "w1", Some(&queues), false).await.unwrap();
+    jobs.note_worker(NOW + 20, "w2", None, true).await.unwrap();
+    let id = jobs.enqueue(NOW, vec![job("mail")]).await.unwrap()[0].job.id;
+    jobs.claim(NOW + 30, &fetch("mail", 1, "w1")).await.unwrap();
+
+    let w1 = jobs.worker("w1").await.unwrap().expect("registered by its fetch");
+    assert_eq!((w1.state, w1.first_seen_at, w1.queues.as_slice()), (WorkerState::Running, NOW, &queues[..]));
+    assert_eq!(w1.active_job_ids, [id]);
+    let w2 = jobs.worker("w2").await.unwrap().unwrap();
+    assert_eq!((w2.last_heartbeat_at, w2.last_seen_at), (Some(NOW + 20), NOW + 20));
+    let started = event_types(&jobs).await.iter().filter(|kind| *kind == "worker.started").count();
+    assert_eq!(started, 2, "one worker.started a worker");
+
+    // Signals: answered to the worker, listed, and not undone.
+    let quiet = jobs.signal_worker(NOW + 40, "w1", WorkerSignal::Quiet).await.unwrap();
+    assert_eq!(quiet.state, WorkerState::Quiet);
+    assert_eq!(jobs.note_worker(NOW + 50, "w1", Some(&queues), false).await.unwrap(), Some(WorkerSignal::Quiet));
+    jobs.signal_worker(NOW + 60, "w1", WorkerSignal::Terminate).await.unwrap();
+    let back = jobs.signal_worker(NOW + 70, "w1", WorkerSignal::Quiet).await.unwrap_err();
+    assert!(matches!(back, EngineError::WorkerConflict { current_state: WorkerState::Terminate, .. }), "{back:?}");
+    let unknown = jobs.signal_worker(NOW, "nobody", WorkerSignal::Quiet).await.unwrap_err();
+    assert!(matches!(unknown, EngineError::WorkerNotFound { .. }), "{unknown:?}");
+    let (running, _) = jobs.workers_page(None, 10, Some(WorkerState::Running)).await.unwrap();
+    assert_eq!(running.iter().map(|w| w.worker_id.as_str()).collect::<Vec<_>>(), ["w2"]);
+    let (first, more) = jobs.workers_page(None, 1, None).await.unwrap();
+    assert_eq!((first[0].worker_id.as_str(), more), ("w1", true));
+    assert!(event_types(&jobs).await.contains(&"worker.terminate".to_string()));
+    let overview = jobs.overview(NOW + 80).await.unwrap();
+    assert_eq!(overview.workers, 2);
+
+    // Idle for a day: forgotten, unless it holds jobs.
+    let day = 24 * 3_600_000;
+    assert_eq!(jobs.forget_idle_workers(NOW + day + 100).await.unwrap(), 1);
+    assert!(jobs.worker("w2").await.unwrap().is_none());
+    assert!(jobs.worker("w1").await.unwrap().is_some(), "w1 still holds a job");
+    jobs.forget_worker("w1").await.unwrap();
+    assert!(matches!(jobs.forget_worker("w1").await, Err(EngineError::WorkerNotFound { .. })));
+    drop(pool);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_throughput_history_counts_completions_and_failures_by_minute() {
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "throughput").await;
+    let ids: Vec<_> =
+        jobs.enqueue(NOW, vec![job("t"), job("t"), job("u")]).await.unwrap().iter().map(|e| e.job.id).collect();
+    jobs.claim(NOW + 1, &fetch("t", 2, "w")).await.unwrap();
+    jobs.claim(NOW + 1, &fetch("u", 1, "w")).await.unwrap();
+    jobs.ack(NOW + 2, ids[0], None, Some("w")).await.unwrap();
+    jobs.ack(NOW + 61_000, ids[2], None, Some("w")).await.unwrap();
+    let report = svc::job::FailureReport::server("Boom", "it broke");
+    jobs.fail(NOW + 3, ids[1], report, false, Some("w")).await.unwrap();
+
+    let all = jobs.throughput_minutes(NOW + 120_000, None).await.unwrap();
+    let minutes: Vec<_> = all.iter().map(|m| (m.minute, m.completed, m.failed)).collect();
+    assert_eq!(minutes, [(NOW, 1, 1), (NOW + 60_000, 1, 0)]);
+    let of_t = jobs.throughput_minutes(NOW + 120_000, Some("t")).await.unwrap();
+    assert_eq!(of_t.iter().map(|m| (m.completed, m.failed)).collect::<Vec<_>>(), [(1, 1)]);
+    assert!(jobs.throughput_minutes(NOW + 2 * 86_400_000, None).await.unwrap().is_empty(), "a day later");
 }

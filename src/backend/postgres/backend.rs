@@ -132,6 +132,7 @@ async fn run_timers(jobs: Arc<PgJobs>, lease: LeaderLease, clock: Arc<dyn Clock>
                 pruned_at = Some(tokio::time::Instant::now());
                 let _ = jobs.prune_events().await;
                 let _ = jobs.prune_firings().await;
+                let _ = jobs.forget_idle_workers(now).await;
             }
         }
         tokio::time::sleep(TIMERS_EVERY).await;
@@ -176,8 +177,16 @@ impl Backend for PgBackend {
     }
 
     fn fetch(&self, request: FetchRequest, wait_ms: u64) -> Pending<Vec<Arc<Job>>> {
-        let (store, clock) = (self.jobs.clone(), self.clock.clone());
+        let (store, clock, draining) = (self.jobs.clone(), self.clock.clone(), self.draining.clone());
         self.run(async move {
+            if let Some(worker) = &request.worker_id
+                && store.note_worker(clock.now_ms(), worker, Some(&request.queues), false).await?.is_some()
+            {
+                return Ok(Vec::new());
+            }
+            if draining.load(Ordering::SeqCst) {
+                return Ok(Vec::new());
+            }
             let now = move || clock.now_ms();
             store.claim_waiting(&now, &request, Duration::from_millis(wait_ms)).await
         })
@@ -189,7 +198,7 @@ impl Backend for PgBackend {
     }
 
     fn ack_many(&self, request: AckMany) -> Pending<AckOutcome> {
-        let (store, clock) = (self.jobs.clone(), self.clock.clone());
+        let (store, clock, draining) = (self.jobs.clone(), self.clock.clone(), self.draining.clone());
         self.run(async move {
             let mut acked = Vec::with_capacity(request.acks.len());
             for item in request.acks {
@@ -199,6 +208,13 @@ impl Backend for PgBackend {
             let refused = acked.iter().any(Result::is_err);
             let jobs = match request.fetch {
                 Some((fetch, wait_ms)) if !(request.fetch_unless_refused && refused) => {
+                    let signalled = match &fetch.worker_id {
+                        Some(worker) => store.note_worker(clock.now_ms(), worker, Some(&fetch.queues), false).await?,
+                        None => None,
+                    };
+                    if signalled.is_some() || draining.load(Ordering::SeqCst) {
+                        return Ok(AckOutcome { acked, jobs: Vec::new() });
+                    }
                     let now = move || clock.now_ms();
                     store.claim_waiting(&now, &fetch, Duration::from_millis(wait_ms)).await?
                 }
@@ -221,9 +237,10 @@ impl Backend for PgBackend {
     ) -> Pending<HeartbeatOutcome> {
         let (store, now, draining) = (self.jobs.clone(), self.now(), self.draining.clone());
         self.run(async move {
+            let signal = store.note_worker(now, &worker_id, None, true).await?;
             let (extended, not_extended) =
                 store.extend_claims(now, &worker_id, active_jobs.as_deref(), visibility_timeout_ms).await?;
-            let signal = draining.load(Ordering::SeqCst).then_some(WorkerSignal::Terminate);
+            let signal = if draining.load(Ordering::SeqCst) { Some(WorkerSignal::Terminate) } else { signal };
             Ok(HeartbeatOutcome { extended, not_extended, signal })
         })
     }
@@ -233,20 +250,29 @@ impl Backend for PgBackend {
         self.run(async move { store.report_progress(now, id, progress, worker_id.as_deref()).await })
     }
 
-    fn workers_page(&self, _: Option<String>, _: usize, _: Option<WorkerState>) -> Pending<Page<WorkerEntry>> {
-        unsupported("listing workers")
+    fn workers_page(
+        &self,
+        after: Option<String>,
+        limit: usize,
+        state: Option<WorkerState>,
+    ) -> Pending<Page<WorkerEntry>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.workers_page(after.as_deref(), limit, state).await })
     }
 
-    fn worker(&self, _: String) -> Pending<Option<WorkerEntry>> {
-        unsupported("reading a worker")
+    fn worker(&self, worker_id: String) -> Pending<Option<WorkerEntry>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.worker(&worker_id).await })
     }
 
-    fn signal_worker(&self, _: String, _: WorkerSignal) -> Pending<WorkerEntry> {
-        unsupported("signalling a worker")
+    fn signal_worker(&self, worker_id: String, signal: WorkerSignal) -> Pending<WorkerEntry> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.signal_worker(now, &worker_id, signal).await })
     }
 
-    fn forget_worker(&self, _: String) -> Pending<()> {
-        unsupported("forgetting a worker")
+    fn forget_worker(&self, worker_id: String) -> Pending<()> {
+        let store = self.jobs.clone();
+        self.run(async move { store.forget_worker(&worker_id).await })
     }
 
     fn queues_page(&self, after: Option<String>, limit: usize) -> Pending<Page<QueueSummary>> {
@@ -274,8 +300,9 @@ impl Backend for PgBackend {
         self.run(async move { store.overview(now).await })
     }
 
-    fn throughput_minutes(&self, _: Option<String>) -> Pending<Vec<MinuteCount>> {
-        unsupported("throughput history")
+    fn throughput_minutes(&self, queue: Option<String>) -> Pending<Vec<MinuteCount>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.throughput_minutes(now, queue.as_deref()).await })
     }
 
     fn dead_letter_page(

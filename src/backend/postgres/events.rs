@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::EventFilter;
 use crate::clock::Millis;
-use crate::engine::{CronInfo, CronSkip, EngineError, Event, EventId, EventKind, EventPage, Unavailable};
+use crate::engine::{
+    CronInfo, CronSkip, EngineError, Event, EventId, EventKind, EventPage, SignalledWorker, Unavailable,
+};
 use crate::job::{FailureReport, Job, JobId, JobState};
 
 /// Events the table keeps (the newest), as the local engine's buffer does.
@@ -43,6 +45,8 @@ enum StoredKind {
     Progress,
     QueuePaused { queue: String },
     QueueResumed { queue: String },
+    WorkerStarted { worker_id: String },
+    WorkerSignalled { worker_id: String, terminate: bool, active_job_ids: Vec<JobId> },
 }
 
 /// The cron entry an event tells of, as stored.
@@ -117,6 +121,13 @@ impl StoredKind {
             EventKind::Progress => StoredKind::Progress,
             EventKind::QueuePaused(queue) => StoredKind::QueuePaused { queue: queue.clone() },
             EventKind::QueueResumed(queue) => StoredKind::QueueResumed { queue: queue.clone() },
+            EventKind::WorkerStarted { worker_id } => StoredKind::WorkerStarted { worker_id: worker_id.clone() },
+            // Only operators signal workers on this backend.
+            EventKind::WorkerSignalled(signalled) => StoredKind::WorkerSignalled {
+                worker_id: signalled.worker_id.clone(),
+                terminate: signalled.terminate,
+                active_job_ids: signalled.active_job_ids.clone(),
+            },
             EventKind::CronTriggered { cron, run_count } => {
                 StoredKind::CronTriggered { cron: StoredCron::of(cron), run_count: *run_count }
             }
@@ -149,6 +160,15 @@ impl StoredKind {
             StoredKind::Progress => EventKind::Progress,
             StoredKind::QueuePaused { queue } => EventKind::QueuePaused(queue),
             StoredKind::QueueResumed { queue } => EventKind::QueueResumed(queue),
+            StoredKind::WorkerStarted { worker_id } => EventKind::WorkerStarted { worker_id },
+            StoredKind::WorkerSignalled { worker_id, terminate, active_job_ids } => {
+                EventKind::WorkerSignalled(Box::new(SignalledWorker {
+                    worker_id,
+                    terminate,
+                    active_job_ids,
+                    by: "operator",
+                }))
+            }
             StoredKind::CronTriggered { cron, run_count } => {
                 EventKind::CronTriggered { cron: Box::new(cron.info()), run_count }
             }

@@ -14,6 +14,7 @@ mod leader;
 mod queues;
 mod schema;
 mod wakeup;
+mod workers;
 
 use std::time::Duration;
 

@@ -14,7 +14,7 @@ use deadpool_postgres::GenericClient;
 use super::jobs::{PgJobs, database};
 use crate::backend::Page;
 use crate::clock::Millis;
-use crate::engine::{Backpressure, EngineError, Overview, QueueStats, QueueSummary};
+use crate::engine::{Backpressure, EngineError, MinuteCount, Overview, QueueStats, QueueSummary};
 use crate::job::{Job, JobState};
 
 /// A queue's settings as stored.
@@ -119,6 +119,37 @@ const LISTED: &str = "SELECT name FROM svc_queues q WHERE ($1::text IS NULL OR n
      ORDER BY name COLLATE \"C\" LIMIT $2";
 
 impl PgJobs {
+    /// Jobs completed and attempts failed per minute over the 24 hours
+    /// before `now` (minutes with counts only, oldest first), of one queue
+    /// or all: completions from the history, failures from the kept events.
+    pub async fn throughput_minutes(&self, now: Millis, queue: Option<&str>) -> Result<Vec<MinuteCount>, EngineError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT minute, sum(completed)::int8, sum(failed)::int8 FROM ( \
+                   SELECT (extract(epoch FROM date_trunc('minute', finished_at)) * 1000)::int8 AS minute, \
+                     count(*) AS completed, 0 AS failed FROM svc_job_history \
+                   WHERE state = 'completed' AND finished_at > to_timestamp(($1::int8 - 86400000)::float8 / 1000) \
+                     AND ($2::text IS NULL OR queue = $2) GROUP BY 1 \
+                   UNION ALL \
+                   SELECT (extract(epoch FROM date_trunc('minute', at)) * 1000)::int8, 0, count(*) FROM svc_events \
+                   WHERE type = 'job.failed' AND at > to_timestamp(($1::int8 - 86400000)::float8 / 1000) \
+                     AND ($2::text IS NULL OR queue = $2) GROUP BY 1) counted \
+                 GROUP BY minute ORDER BY minute",
+                &[&now, &queue],
+            )
+            .await
+            .map_err(database)?;
+        Ok(rows
+            .iter()
+            .map(|row| MinuteCount {
+                minute: row.get(0),
+                completed: row.get::<_, i64>(1) as u64,
+                failed: row.get::<_, i64>(2) as u64,
+            })
+            .collect())
+    }
+
     pub async fn queues_page(&self, after: Option<&str>, limit: usize) -> Result<Page<QueueSummary>, EngineError> {
         let client = self.client().await?;
         let rows = client.query(LISTED, &[&after, &(limit as i64 + 1)]).await.map_err(database)?;
@@ -240,6 +271,7 @@ impl PgJobs {
         overview.queues = row.get::<_, i64>(0) as usize;
         overview.paused_queues = row.get::<_, i64>(1) as usize;
         (overview.completed_last_minute, overview.failed_last_minute) = last_minute(&client, None, now).await?;
+        (overview.workers, overview.workers_by_state) = super::workers::counts(&client).await?;
         drop(client);
         overview.dead_letter = self.dead_letter_count(None).await? as usize;
         Ok(overview)

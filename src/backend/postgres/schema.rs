@@ -25,7 +25,7 @@ const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS svc_schema (
 )";
 
 /// Each migration's statements; migration N is `MIGRATIONS[N - 1]`.
-const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON, V4_QUEUE_INDEXES];
+const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON, V4_QUEUE_INDEXES, V5_WORKERS];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
 /// leader lease.
@@ -145,6 +145,25 @@ CREATE INDEX svc_jobs_queue_state ON svc_jobs (queue, state);
 CREATE INDEX svc_job_history_queue_state ON svc_job_history (queue, state);
 INSERT INTO svc_queues (name) SELECT DISTINCT queue FROM svc_jobs ON CONFLICT DO NOTHING;
 INSERT INTO svc_queues (name) SELECT DISTINCT queue FROM svc_job_history ON CONFLICT DO NOTHING;
+";
+
+/// Version 5: the worker registry, the active jobs of a worker, and
+/// finished jobs by time for the throughput history.
+const V5_WORKERS: &str = "
+-- Workers seen on any node, and the signals operators gave them. Times are
+-- as coarse as a second: a fetch writes a known worker's row at most once
+-- a second.
+CREATE TABLE svc_workers (
+    worker_id text COLLATE \"C\" PRIMARY KEY,
+    first_seen_at timestamptz NOT NULL,
+    last_seen_at timestamptz NOT NULL,
+    last_heartbeat_at timestamptz,
+    queues text[] NOT NULL DEFAULT '{}',
+    signal text CHECK (signal IN ('quiet', 'terminate')),
+    signalled_at timestamptz
+);
+CREATE INDEX svc_jobs_worker ON svc_jobs (worker_id) WHERE state = 'active';
+CREATE INDEX svc_job_history_finished ON svc_job_history (state, finished_at);
 ";
 
 /// Why the schema cannot be brought to this binary's version.
