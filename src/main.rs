@@ -236,6 +236,10 @@ enum TargetName {
     /// request; for `steady`, `LPUSH`, then `BLMOVE` and `LREM`; for `drain`,
     /// `LMOVE` and `LREM` until the list is empty.
     Redis,
+    /// A plain job queue on PostgreSQL (`--address` is its URL): for
+    /// `enqueue`, one `INSERT` a job; for `fill`, 100 jobs to an `INSERT`;
+    /// for `drain`, a `SKIP LOCKED` claim and an `UPDATE` per job.
+    Postgres,
 }
 
 fn main() -> ExitCode {
@@ -325,10 +329,18 @@ fn bench(flags: BenchFlags) -> ExitCode {
         ack_fetch: flags.ack_fetch,
         key: flags.key.or_else(|| flags.key_env.and_then(|variable| std::env::var(variable).ok())),
     };
+    if matches!(flags.target, TargetName::Postgres) {
+        if !matches!(workload, Workload::Enqueue | Workload::Fill | Workload::Drain) {
+            eprintln!("svc bench: --target postgres runs enqueue, fill and drain");
+            return ExitCode::from(2);
+        }
+        return print_report(bench::run_postgres(options));
+    }
     if workload == Workload::Fill {
         let target = match flags.target {
             TargetName::Svc => bench::fill::Target::Svc,
             TargetName::Redis => bench::fill::Target::Redis,
+            TargetName::Postgres => unreachable!("answered above"),
         };
         return print_report(bench::run_fill(options, target));
     }

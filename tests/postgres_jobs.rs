@@ -140,7 +140,7 @@ async fn claims_follow_priority_then_time_and_skip_paused_queues() {
     pool.get()
         .await
         .unwrap()
-        .execute("INSERT INTO svc_queues (name, paused) VALUES ('other', true)", &[])
+        .execute("INSERT INTO svc_queues (name, paused) VALUES ('other', true) ON CONFLICT (name) DO UPDATE SET paused = true", &[])
         .await
         .unwrap();
     assert!(jobs.claim(NOW + 20, &fetch(&["other"], 10, "w")).await.unwrap().is_empty());

@@ -12,9 +12,11 @@
 //! against any server, e.g. the hello-world ceiling in `examples/hello_ceiling.rs`).
 //! `fill` (in `fill.rs`) loads many jobs with batch enqueue and reports rate
 //! and server memory as the store grows; `redis.rs` runs `steady` and `drain`
-//! against Redis.
+//! against Redis; `postgres.rs` runs `enqueue`, `fill` and `drain` against a
+//! plain job queue on PostgreSQL.
 
 pub mod fill;
+pub mod postgres;
 pub mod redis;
 
 use bytes::Bytes;
@@ -515,6 +517,13 @@ pub fn run_redis(options: BenchOptions) -> Result<BenchReport, String> {
         Workload::Drain => runtime.block_on(redis::run_drain(&options)),
         _ => runtime.block_on(redis::run(&options)),
     }
+}
+
+/// Runs `enqueue`, `fill` or `drain` against a plain queue on PostgreSQL (`postgres.rs`).
+pub fn run_postgres(options: BenchOptions) -> Result<BenchReport, String> {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
+    runtime.block_on(postgres::run(&options))
 }
 
 /// Runs a workload to completion and reports.

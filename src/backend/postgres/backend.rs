@@ -200,10 +200,19 @@ impl Backend for PgBackend {
     fn ack_many(&self, request: AckMany) -> Pending<AckOutcome> {
         let (store, clock, draining) = (self.jobs.clone(), self.clock.clone(), self.draining.clone());
         self.run(async move {
-            let mut acked = Vec::with_capacity(request.acks.len());
-            for item in request.acks {
-                let worker = request.worker_id.as_deref();
-                acked.push(store.ack(clock.now_ms(), item.id, item.result, worker).await);
+            // Each ack goes to the merged acks at once, so they share a transaction.
+            let submitted: Vec<_> = request
+                .acks
+                .into_iter()
+                .map(|item| {
+                    let (store, now, worker) = (store.clone(), clock.now_ms(), request.worker_id.clone());
+                    tokio::spawn(async move { store.ack(now, item.id, item.result, worker.as_deref()).await })
+                })
+                .collect();
+            let mut acked = Vec::with_capacity(submitted.len());
+            for handle in submitted {
+                let stopped = EngineError::Unavailable { reason: crate::engine::Unavailable::EngineStopped };
+                acked.push(handle.await.unwrap_or(Err(stopped)));
             }
             let refused = acked.iter().any(Result::is_err);
             let jobs = match request.fetch {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use deadpool_postgres::GenericClient;
 
 use super::jobs::{PgJobs, database, insert, locked, notify_available, store};
+use super::sql::Prepared;
 use crate::backend::Page;
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, OverlapPolicy};
@@ -90,7 +91,7 @@ impl PgJobs {
     ) -> Result<Page<Arc<CronEntry>>, EngineError> {
         let client = self.client().await?;
         let rows = client
-            .query(
+            .rows(
                 "SELECT name, body FROM svc_crons WHERE ($1::text IS NULL OR name > $1) \
                  AND ($2::bool IS NULL OR enabled = $2) ORDER BY name LIMIT $3",
                 &[&after, &enabled, &(limit as i64 + 1)],
@@ -104,7 +105,7 @@ impl PgJobs {
 
     pub async fn cron(&self, name: &str) -> Result<Option<Arc<CronEntry>>, EngineError> {
         let client = self.client().await?;
-        let row = client.query_opt("SELECT body FROM svc_crons WHERE name = $1", &[&name]).await.map_err(database)?;
+        let row = client.maybe_row("SELECT body FROM svc_crons WHERE name = $1", &[&name]).await.map_err(database)?;
         row.map(|row| decode(name, row.get(0)).map(Arc::new)).transpose()
     }
 
@@ -120,17 +121,17 @@ impl PgJobs {
         let name = definition.name.clone();
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&REGISTRATION_LOCK]).await.map_err(database)?;
+        transaction.run("SELECT pg_advisory_xact_lock($1)", &[&REGISTRATION_LOCK]).await.map_err(database)?;
         let existing = transaction
-            .query_opt("SELECT body FROM svc_crons WHERE name = $1", &[&name])
+            .maybe_row("SELECT body FROM svc_crons WHERE name = $1", &[&name])
             .await
             .map_err(database)?
             .map(|row| decode(&name, row.get(0)))
             .transpose()?;
-        let count: i64 = transaction.query_one("SELECT count(*) FROM svc_crons", &[]).await.map_err(database)?.get(0);
+        let count: i64 = transaction.row("SELECT count(*) FROM svc_crons", &[]).await.map_err(database)?.get(0);
         let entry = register_cron(existing.as_ref(), count as usize, definition, write, now, CRON_ENTRIES_MAX_DEFAULT)?;
         transaction
-            .execute(
+            .run(
                 "INSERT INTO svc_crons (name, enabled, next_run_at, body) \
                  VALUES ($1, $2, to_timestamp($3::int8::float8 / 1000), $4) \
                  ON CONFLICT (name) DO UPDATE SET enabled = $2, next_run_at = excluded.next_run_at, body = $4",
@@ -146,7 +147,7 @@ impl PgJobs {
     pub async fn cron_delete(&self, name: &str) -> Result<Arc<CronEntry>, EngineError> {
         let client = self.client().await?;
         let row = client
-            .query_opt("DELETE FROM svc_crons WHERE name = $1 RETURNING body", &[&name])
+            .maybe_row("DELETE FROM svc_crons WHERE name = $1 RETURNING body", &[&name])
             .await
             .map_err(database)?;
         match row {
@@ -161,7 +162,7 @@ impl PgJobs {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         let rows = transaction
-            .query(
+            .rows(
                 "SELECT name, body FROM svc_crons WHERE next_run_at <= to_timestamp($1::int8::float8 / 1000) \
                  ORDER BY next_run_at LIMIT $2 FOR UPDATE SKIP LOCKED",
                 &[&now, &limit],
@@ -196,7 +197,7 @@ impl PgJobs {
             None => None,
         };
         let paused: bool = transaction
-            .query_opt("SELECT paused FROM svc_queues WHERE name = $1", &[&definition.job.queue])
+            .maybe_row("SELECT paused FROM svc_queues WHERE name = $1", &[&definition.job.queue])
             .await
             .map_err(database)?
             .is_some_and(|row| row.get(0));
@@ -214,7 +215,7 @@ impl PgJobs {
         };
         let outcome = if job.is_some() { "enqueued" } else { "skipped" };
         let recorded = transaction
-            .execute(
+            .run(
                 "INSERT INTO svc_cron_firings (name, scheduled_at, fired_at, outcome, job_id) \
                  VALUES ($1, to_timestamp($2::int8::float8 / 1000), to_timestamp($3::int8::float8 / 1000), $4, \
                  $5::text::uuid) ON CONFLICT DO NOTHING",
@@ -279,7 +280,7 @@ impl PgJobs {
             .collect();
         super::events::append(transaction, &events).await.map_err(database)?;
         transaction
-            .execute(
+            .run(
                 "UPDATE svc_crons SET next_run_at = to_timestamp($2::int8::float8 / 1000), body = $3 WHERE name = $1",
                 &[&name, &updated.next_run_at, &encode(&updated)],
             )
@@ -292,7 +293,7 @@ impl PgJobs {
     pub async fn prune_firings(&self) -> Result<u64, EngineError> {
         let client = self.client().await?;
         client
-            .execute(
+            .run(
                 "DELETE FROM svc_cron_firings WHERE fired_at < now() - make_interval(days => $1)",
                 &[&FIRINGS_KEPT_DAYS],
             )

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use deadpool_postgres::GenericClient;
 use serde::{Deserialize, Serialize};
 
+use super::sql::Prepared;
 use crate::backend::EventFilter;
 use crate::clock::Millis;
 use crate::engine::{
@@ -215,7 +216,7 @@ pub async fn append(
         bodies.push(body);
     }
     client
-        .execute(
+        .run(
             "INSERT INTO svc_events (id, at, type, queue, job_type, body) \
              SELECT t.id::uuid, to_timestamp(t.at::float8 / 1000), t.type, t.queue, t.job_type, t.body \
              FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::bytea[]) \
@@ -248,10 +249,7 @@ pub async fn page(
     };
     let gap = match &cursor {
         Some(after) => client
-            .query_one(
-                "SELECT coalesce($1::text::uuid < (SELECT id FROM svc_events ORDER BY id LIMIT 1), false)",
-                &[after],
-            )
+            .row("SELECT coalesce($1::text::uuid < (SELECT id FROM svc_events ORDER BY id LIMIT 1), false)", &[after])
             .await
             .map_err(failed)?
             .get(0),
@@ -262,8 +260,8 @@ pub async fn page(
     let mut has_more = false;
     while scanned < SCAN_MAX {
         let rows = client
-            .query(
-                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+            .rows(
+                "SELECT id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
                  WHERE $1::text IS NULL OR id > $1::text::uuid ORDER BY id LIMIT $2",
                 &[&cursor, &SCAN_CHUNK],
             )
@@ -311,7 +309,7 @@ fn decode(id: &str, at: i64, body: &[u8]) -> Option<Event> {
 /// Deletes all but the newest [`EVENTS_KEPT`] events; answers how many went.
 pub async fn prune(client: &impl GenericClient) -> Result<u64, tokio_postgres::Error> {
     client
-        .execute(
+        .run(
             "DELETE FROM svc_events WHERE id < (SELECT id FROM svc_events ORDER BY id DESC OFFSET $1 LIMIT 1)",
             &[&(EVENTS_KEPT - 1)],
         )

@@ -17,6 +17,10 @@ use std::sync::Arc;
 use deadpool_postgres::{GenericClient, Pool, Transaction};
 
 use super::PgError;
+use super::acks::PendingAck;
+use super::batch::Batcher;
+use super::claims::PendingClaim;
+use super::sql::{Params, Prepared};
 use super::wakeup::{CHANNEL, Wakeups};
 use crate::clock::Millis;
 use crate::engine::{
@@ -33,11 +37,29 @@ macro_rules! ts {
 }
 
 /// The job store of one node.
+///
+/// Cloning it is cheap: the clones share the pool, the id generator, the
+/// wake-ups and the merged requests.
+#[derive(Clone)]
 pub struct PgJobs {
     pool: Pool,
-    ids: std::sync::Mutex<IdGenerator>,
+    ids: Arc<std::sync::Mutex<IdGenerator>>,
     wakeups: Arc<Wakeups>,
+    batches: Arc<std::sync::OnceLock<Batches>>,
 }
+
+/// The requests merged into shared transactions (`batch.rs`).
+pub(super) struct Batches {
+    pub acks: Batcher<PendingAck, Arc<Job>>,
+    pub claims: Batcher<PendingClaim, Vec<Arc<Job>>>,
+}
+
+/// Acks merged into one transaction at most.
+const ACK_BATCH_MAX: usize = 100;
+/// Claims (fetches) merged into one transaction at most.
+const CLAIM_BATCH_MAX: usize = 64;
+/// Merged transactions of one kind under way at once on a node.
+const BATCHES_IN_FLIGHT: usize = 2;
 
 /// A database failure, logged with its cause and answered as unavailable:
 /// the transaction was rolled back, nothing changed.
@@ -70,7 +92,7 @@ fn ready_at(job: &Job) -> Millis {
 }
 
 /// When a finished job finished.
-fn finished_at(job: &Job) -> Millis {
+pub(super) fn finished_at(job: &Job) -> Millis {
     let run = job.run();
     match job.state {
         JobState::Cancelled => run.cancelled_at,
@@ -84,7 +106,23 @@ impl PgJobs {
     /// A store on `pool`. Waiting fetches poll until [`PgJobs::listen`]
     /// starts the node's listening connection.
     pub fn new(pool: Pool) -> Self {
-        PgJobs { pool, ids: std::sync::Mutex::new(IdGenerator::default()), wakeups: Arc::default() }
+        PgJobs { pool, ids: Arc::default(), wakeups: Arc::default(), batches: Arc::default() }
+    }
+
+    /// The merged requests, started on the current runtime at first use.
+    pub(super) fn batches(&self) -> &Batches {
+        self.batches.get_or_init(|| {
+            let (acks_store, claims_store) = (self.clone(), self.clone());
+            let (acks, _) = Batcher::start(ACK_BATCH_MAX, BATCHES_IN_FLIGHT, move |batch| {
+                let store = acks_store.clone();
+                async move { store.ack_batch(batch).await }
+            });
+            let (claims, _) = Batcher::start(CLAIM_BATCH_MAX, BATCHES_IN_FLIGHT, move |batch| {
+                let store = claims_store.clone();
+                async move { store.claim_batch(batch).await }
+            });
+            Batches { acks, claims }
+        })
     }
 
     /// Starts listening for jobs made available on any node, on a
@@ -181,9 +219,9 @@ impl PgJobs {
         let pressure = super::queues::admit_to_queues(&transaction, &jobs, index_of).await?;
         let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
         let taken = transaction
-            .query(
-                "SELECT id::text FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
-                 UNION ALL SELECT id::text FROM svc_job_history WHERE id = ANY($1::text[]::uuid[])",
+            .rows(
+                "SELECT id::text AS id_text FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
+                 UNION ALL SELECT id::text AS id_text FROM svc_job_history WHERE id = ANY($1::text[]::uuid[])",
                 &[&ids],
             )
             .await
@@ -193,11 +231,6 @@ impl PgJobs {
             let position = ids.iter().position(|candidate| *candidate == id).unwrap_or(0);
             return Err(EngineError::Duplicate { id: jobs[position].id, index: index_of(position) });
         }
-        insert(&transaction, &jobs).await.map_err(|error| match duplicate_of(&error, &ids) {
-            Some(position) => EngineError::Duplicate { id: jobs[position].id, index: index_of(position) },
-            None => database(error),
-        })?;
-        notify_available(&transaction, &jobs).await?;
         let mut events = Vec::with_capacity(jobs.len());
         for job in &jobs {
             events.push((EventKind::Enqueued, job));
@@ -205,7 +238,14 @@ impl PgJobs {
                 events.push((EventKind::Scheduled, job));
             }
         }
-        self.record(&transaction, now, events).await?;
+        // Sent together (pipelined): a failure of one fails the transaction.
+        let inserted = async {
+            insert(&transaction, &jobs).await.map_err(|error| match duplicate_of(&error, &ids) {
+                Some(position) => EngineError::Duplicate { id: jobs[position].id, index: index_of(position) },
+                None => database(error),
+            })
+        };
+        tokio::try_join!(inserted, notify_available(&transaction, &jobs), self.record(&transaction, now, events))?;
         transaction.commit().await.map_err(database)?;
         Ok(super::queues::with_pressure(jobs, pressure))
     }
@@ -219,7 +259,7 @@ impl PgJobs {
 
     /// A round trip to the database (health checks).
     pub async fn probe(&self) -> Result<(), EngineError> {
-        self.client().await?.execute("SELECT 1", &[]).await.map_err(database)?;
+        self.client().await?.run("SELECT 1", &[]).await.map_err(database)?;
         Ok(())
     }
 
@@ -227,7 +267,7 @@ impl PgJobs {
     pub async fn job(&self, id: JobId) -> Result<Option<Arc<Job>>, EngineError> {
         let client = self.client().await?;
         let row = client
-            .query_opt(
+            .maybe_row(
                 "SELECT body FROM svc_jobs WHERE id = $1::text::uuid \
                  UNION ALL SELECT body FROM svc_job_history WHERE id = $1::text::uuid LIMIT 1",
                 &[&id.to_string()],
@@ -237,98 +277,15 @@ impl PgJobs {
         row.map(|row| decode(&id.to_string(), row.get(0)).map(Arc::new)).transpose()
     }
 
-    /// Claims up to `request.count` available jobs, queue by queue in the
-    /// order given, each queue's in claim order (priority, then time, then
-    /// id), skipping paused queues and rows another claim holds.
+    /// Claims up to `request.count` available jobs from the listed queues
+    /// (merged with other claims waiting, `claims.rs`).
     pub async fn claim(&self, now: Millis, request: &FetchRequest) -> Result<Vec<Arc<Job>>, EngineError> {
-        let mut client = self.client().await?;
-        let transaction = client.transaction().await.map_err(database)?;
-        let mut claimed: Vec<Job> = Vec::new();
-        let mut expired: Vec<Job> = Vec::new();
-        for (position, queue) in request.queues.iter().enumerate() {
-            if request.queues[..position].contains(queue) {
-                continue;
-            }
-            // Expired jobs found on the way are discarded at once (moved out
-            // of the hot table), and the queue looked at again for more.
-            loop {
-                let wanted = (request.count - claimed.len()) as i64;
-                let taken: Vec<String> = claimed.iter().map(|job| job.id.to_string()).collect();
-                let rows = transaction
-                    .query(
-                        "SELECT id::text, body FROM svc_jobs \
-                         WHERE state = 'available' AND queue = $1 AND NOT (id = ANY($3::text[]::uuid[])) \
-                           AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
-                         ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
-                        &[queue, &wanted, &taken],
-                    )
-                    .await
-                    .map_err(database)?;
-                let found = rows.len() as i64;
-                let mut expired_now = 0;
-                for row in rows {
-                    let mut job = decode(row.get(0), row.get(1))?;
-                    // Past its expiry, a job is discarded, not handed out.
-                    if job.expires_at().is_some_and(|at| at <= now) {
-                        transition::expire(&mut job, now);
-                        store(&transaction, &job).await?;
-                        expired.push(job);
-                        expired_now += 1;
-                        continue;
-                    }
-                    let visibility = request.visibility_timeout_ms.unwrap_or(u64::from(job.visibility_timeout_ms));
-                    let execution_deadline = now.saturating_add(job.timeout_ms as i64);
-                    transition::claim(
-                        &mut job,
-                        now,
-                        request.worker_id.clone(),
-                        now.saturating_add(visibility as i64),
-                        execution_deadline,
-                    );
-                    claimed.push(job);
-                }
-                if expired_now == 0 || found < wanted {
-                    break;
-                }
-            }
-            if claimed.len() == request.count {
-                break;
-            }
-        }
-        let expiry_events = expired
-            .iter()
-            .flat_map(|job| [(EventKind::Expired, job), (EventKind::Discarded { reason: "expired" }, job)])
-            .collect();
-        self.record(&transaction, now, expiry_events).await?;
-        if claimed.is_empty() {
-            transaction.commit().await.map_err(database)?;
-            return Ok(Vec::new());
-        }
-        let ids: Vec<String> = claimed.iter().map(|job| job.id.to_string()).collect();
-        let attempts: Vec<i32> = claimed.iter().map(|job| job.attempt as i32).collect();
-        let claims: Vec<i64> = claimed.iter().map(|_| rand::random::<i64>()).collect();
-        let leases: Vec<i64> = claimed.iter().map(|job| transition::claim_ends(job).unwrap_or(now)).collect();
-        let bodies: Vec<Vec<u8>> = claimed.iter().map(encode).collect();
-        transaction
-            .execute(
-                concat!(
-                    "UPDATE svc_jobs j SET state = 'active', attempt = t.attempt, claim = t.claim, lease_until = ",
-                    ts!("t.lease"),
-                    ", worker_id = $6, body = t.body \
-                     FROM unnest($1::text[], $2::int4[], $3::int8[], $4::int8[], $5::bytea[]) \
-                       AS t(id, attempt, claim, lease, body) \
-                     WHERE j.id = t.id::uuid"
-                ),
-                &[&ids, &attempts, &claims, &leases, &bodies, &request.worker_id],
-            )
-            .await
-            .map_err(database)?;
-        self.record(&transaction, now, claimed.iter().map(|job| (EventKind::Started, job)).collect()).await?;
-        transaction.commit().await.map_err(database)?;
-        Ok(claimed.into_iter().map(Arc::new).collect())
+        let claim = super::claims::PendingClaim { now, request: request.clone() };
+        self.batches().claims.submit(claim).await
     }
 
-    /// Completes an active job with the worker's result.
+    /// Completes an active job with the worker's result (merged with other
+    /// acks waiting, `acks.rs`).
     pub async fn ack(
         &self,
         now: Millis,
@@ -336,11 +293,8 @@ impl PgJobs {
         result: Option<String>,
         worker_id: Option<&str>,
     ) -> Result<Arc<Job>, EngineError> {
-        self.change_held(now, id, worker_id, |job| {
-            transition::complete(job, now, result);
-            vec![EventKind::Completed]
-        })
-        .await
+        let ack = super::acks::PendingAck { now, id, result, worker_id: worker_id.map(str::to_string) };
+        self.batches().acks.submit(ack).await
     }
 
     /// Records a failed attempt: retried, discarded or made available again
@@ -408,9 +362,9 @@ impl PgJobs {
         };
         transition::check_held(&job, worker_id).map_err(|refusal| EngineError::not_held(&job, refusal))?;
         let events = change(&mut job);
-        store(&transaction, &job).await?;
-        notify_available(&transaction, std::slice::from_ref(&job)).await?;
-        self.record(&transaction, now, events.into_iter().map(|kind| (kind, &job)).collect()).await?;
+        let events = events.into_iter().map(|kind| (kind, &job)).collect();
+        let notified = notify_available(&transaction, std::slice::from_ref(&job));
+        tokio::try_join!(store(&transaction, &job), notified, self.record(&transaction, now, events))?;
         transaction.commit().await.map_err(database)?;
         Ok(Arc::new(job))
     }
@@ -458,7 +412,7 @@ impl PgJobs {
                 let ids: Vec<String> = ids.iter().map(JobId::to_string).collect();
                 locked_jobs(
                     &transaction,
-                    "SELECT id::text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'active' \
+                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'active' \
                      AND (worker_id IS NULL OR worker_id = $2) ORDER BY id FOR UPDATE",
                     &[&ids, &worker_id],
                 )
@@ -467,7 +421,7 @@ impl PgJobs {
             None => {
                 locked_jobs(
                     &transaction,
-                    "SELECT id::text, body FROM svc_jobs WHERE state = 'active' AND worker_id = $1 \
+                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE state = 'active' AND worker_id = $1 \
                      ORDER BY id FOR UPDATE",
                     &[&worker_id],
                 )
@@ -500,7 +454,7 @@ impl PgJobs {
         let mut jobs = locked_jobs(
             &transaction,
             concat!(
-                "SELECT id::text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
+                "SELECT id::text AS id_text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
                 ts!("$1"),
                 " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
@@ -540,9 +494,9 @@ impl PgJobs {
             None => (None, None),
         };
         let rows = client
-            .query(
+            .rows(
                 concat!(
-                    "SELECT id::text, body FROM svc_job_history WHERE state = 'discarded' \
+                    "SELECT id::text AS id_text, body FROM svc_job_history WHERE state = 'discarded' \
                        AND ($1::text IS NULL OR queue = $1) \
                        AND ($2::int8 IS NULL OR (finished_at, id) < (",
                     ts!("$2"),
@@ -570,7 +524,7 @@ impl PgJobs {
     pub async fn dead_letter_count(&self, queue: Option<&str>) -> Result<u64, EngineError> {
         let client = self.client().await?;
         let count: i64 = client
-            .query_one(
+            .row(
                 "SELECT count(*) FROM svc_job_history WHERE state = 'discarded' AND ($1::text IS NULL OR queue = $1)",
                 &[&queue],
             )
@@ -586,7 +540,7 @@ impl PgJobs {
         let transaction = client.transaction().await.map_err(database)?;
         let key = id.to_string();
         let row = transaction
-            .query_opt(
+            .maybe_row(
                 "DELETE FROM svc_job_history WHERE id = $1::text::uuid AND state = 'discarded' RETURNING body",
                 &[&key],
             )
@@ -608,7 +562,7 @@ impl PgJobs {
         let transaction = client.transaction().await.map_err(database)?;
         let key = id.to_string();
         let row = transaction
-            .query_opt(
+            .maybe_row(
                 "DELETE FROM svc_job_history WHERE id = $1::text::uuid AND state = 'discarded' RETURNING body",
                 &[&key],
             )
@@ -629,7 +583,7 @@ impl PgJobs {
         let mut jobs = locked_jobs(
             &transaction,
             concat!(
-                "SELECT id::text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
+                "SELECT id::text AS id_text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
                 ts!("$1"),
                 " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
@@ -650,7 +604,7 @@ impl PgJobs {
 pub(super) async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
     let key = id.to_string();
     let row = transaction
-        .query_opt("SELECT body FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE", &[&key])
+        .maybe_row("SELECT body FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE", &[&key])
         .await
         .map_err(database)?;
     row.map(|row| decode(&key, row.get(0))).transpose()
@@ -660,7 +614,7 @@ pub(super) async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<O
 async fn finished(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
     let key = id.to_string();
     let row = transaction
-        .query_opt("SELECT body FROM svc_job_history WHERE id = $1::text::uuid LIMIT 1", &[&key])
+        .maybe_row("SELECT body FROM svc_job_history WHERE id = $1::text::uuid LIMIT 1", &[&key])
         .await
         .map_err(database)?;
     row.map(|row| decode(&key, row.get(0))).transpose()
@@ -671,32 +625,28 @@ async fn finished(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job
 pub(super) async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
     let id = job.id.to_string();
     if job.state.is_terminal() {
-        transaction.execute("DELETE FROM svc_jobs WHERE id = $1::text::uuid", &[&id]).await.map_err(database)?;
-        transaction
-            .execute(
-                concat!(
-                    "INSERT INTO svc_job_history (id, queue, type, state, finished_at, body) \
-                     VALUES ($1::text::uuid, $2, $3, $4, ",
-                    ts!("$5"),
-                    ", $6)"
-                ),
-                &[
-                    &id,
-                    &job.queue.as_str(),
-                    &job.payload.job_type(),
-                    &job.state.as_str(),
-                    &finished_at(job),
-                    &encode(job),
-                ],
-            )
-            .await
-            .map_err(database)?;
+        let (queue, job_type, state) = (job.queue.as_str(), job.payload.job_type(), job.state.as_str());
+        let (finished, body) = (finished_at(job), encode(job));
+        const MOVE: &str = concat!(
+            "INSERT INTO svc_job_history (id, queue, type, state, finished_at, body) \
+             VALUES ($1::text::uuid, $2, $3, $4, ",
+            ts!("$5"),
+            ", $6)"
+        );
+        let (delete_params, move_params): (Params<'_>, Params<'_>) =
+            (&[&id], &[&id, &queue, &job_type, &state, &finished, &body]);
+        // Sent together (pipelined), as one step of the transaction.
+        tokio::try_join!(
+            transaction.run("DELETE FROM svc_jobs WHERE id = $1::text::uuid", delete_params),
+            transaction.run(MOVE, move_params),
+        )
+        .map_err(database)?;
         return Ok(());
     }
     let lease = if job.state == JobState::Active { transition::claim_ends(job) } else { None };
     let worker = job.run().worker_id.as_deref();
     transaction
-        .execute(
+        .run(
             concat!(
                 "UPDATE svc_jobs SET state = $2, priority = $3, ready_at = ",
                 ts!("$4"),
@@ -726,7 +676,7 @@ async fn locked_jobs(
     query: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<Job>, EngineError> {
-    let rows = transaction.query(query, params).await.map_err(database)?;
+    let rows = transaction.rows(query, params).await.map_err(database)?;
     rows.iter().map(|row| decode(row.get(0), row.get(1))).collect()
 }
 
@@ -741,7 +691,7 @@ pub(super) async fn notify_available(client: &impl GenericClient, jobs: &[Job]) 
         return Ok(());
     }
     client
-        .execute("SELECT pg_notify($1, queue) FROM unnest($2::text[]) AS queue", &[&CHANNEL, &queues])
+        .run("SELECT pg_notify($1, queue) FROM unnest($2::text[]) AS queue", &[&CHANNEL, &queues])
         .await
         .map_err(database)?;
     Ok(())
@@ -758,7 +708,7 @@ pub(super) async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<
     let created: Vec<i64> = jobs.iter().map(|job| job.created_at).collect();
     let bodies: Vec<Vec<u8>> = jobs.iter().map(encode).collect();
     client
-        .execute(
+        .run(
             concat!(
                 "INSERT INTO svc_jobs (id, queue, type, state, priority, ready_at, attempt, created_at, body) \
                  SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, ",

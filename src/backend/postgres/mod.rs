@@ -6,13 +6,17 @@
 //! its migrations (`schema.rs`), which the first node to start applies
 //! under an advisory lock.
 
+mod acks;
 mod backend;
+mod batch;
+mod claims;
 mod cron;
 mod events;
 mod jobs;
 mod leader;
 mod queues;
 mod schema;
+mod sql;
 mod wakeup;
 mod workers;
 

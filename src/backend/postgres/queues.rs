@@ -12,6 +12,7 @@ use std::sync::Arc;
 use deadpool_postgres::GenericClient;
 
 use super::jobs::{PgJobs, database};
+use super::sql::Prepared;
 use crate::backend::Page;
 use crate::clock::Millis;
 use crate::engine::{Backpressure, EngineError, MinuteCount, Overview, QueueStats, QueueSummary};
@@ -58,7 +59,7 @@ async fn summaries(client: &impl GenericClient, names: &[String]) -> Result<Vec<
         .collect();
     let place = |name: &str| names.iter().position(|candidate| candidate == name);
     let counts = client
-        .query(
+        .rows(
             "SELECT queue, state, count(*) FROM svc_jobs WHERE queue = ANY($1) GROUP BY queue, state \
              UNION ALL SELECT queue, state, count(*) FROM svc_job_history WHERE queue = ANY($1) GROUP BY queue, state",
             &[&names],
@@ -72,7 +73,7 @@ async fn summaries(client: &impl GenericClient, names: &[String]) -> Result<Vec<
         }
     }
     let rows = client
-        .query("SELECT name, paused, max_depth, warning_threshold FROM svc_queues WHERE name = ANY($1)", &[&names])
+        .rows("SELECT name, paused, max_depth, warning_threshold FROM svc_queues WHERE name = ANY($1)", &[&names])
         .await
         .map_err(database)?;
     for row in rows {
@@ -82,7 +83,7 @@ async fn summaries(client: &impl GenericClient, names: &[String]) -> Result<Vec<
         }
     }
     let oldest = client
-        .query(
+        .rows(
             "SELECT queue, (extract(epoch FROM min(ready_at)) * 1000)::int8 FROM svc_jobs \
              WHERE state = 'available' AND queue = ANY($1) GROUP BY queue",
             &[&names],
@@ -101,7 +102,7 @@ async fn summaries(client: &impl GenericClient, names: &[String]) -> Result<Vec<
 /// queue or all, as the kept events tell them.
 async fn last_minute(client: &impl GenericClient, queue: Option<&str>, now: Millis) -> Result<(u64, u64), EngineError> {
     let row = client
-        .query_one(
+        .row(
             "SELECT count(*) FILTER (WHERE type = 'job.completed'), count(*) FILTER (WHERE type = 'job.failed') \
              FROM svc_events WHERE at > to_timestamp(($1::int8 - 60000)::float8 / 1000) \
              AND ($2::text IS NULL OR queue = $2) AND type IN ('job.completed', 'job.failed')",
@@ -125,7 +126,7 @@ impl PgJobs {
     pub async fn throughput_minutes(&self, now: Millis, queue: Option<&str>) -> Result<Vec<MinuteCount>, EngineError> {
         let client = self.client().await?;
         let rows = client
-            .query(
+            .rows(
                 "SELECT minute, sum(completed)::int8, sum(failed)::int8 FROM ( \
                    SELECT (extract(epoch FROM date_trunc('minute', finished_at)) * 1000)::int8 AS minute, \
                      count(*) AS completed, 0 AS failed FROM svc_job_history \
@@ -152,7 +153,7 @@ impl PgJobs {
 
     pub async fn queues_page(&self, after: Option<&str>, limit: usize) -> Result<Page<QueueSummary>, EngineError> {
         let client = self.client().await?;
-        let rows = client.query(LISTED, &[&after, &(limit as i64 + 1)]).await.map_err(database)?;
+        let rows = client.rows(LISTED, &[&after, &(limit as i64 + 1)]).await.map_err(database)?;
         let has_more = rows.len() > limit;
         let names: Vec<String> = rows.iter().take(limit).map(|row| row.get(0)).collect();
         Ok((summaries(&client, &names).await?, has_more))
@@ -162,7 +163,7 @@ impl PgJobs {
     /// does not know (nothing ever enqueued to it, no settings).
     pub async fn queue_stats(&self, now: Millis, name: &str) -> Result<Option<QueueStats>, EngineError> {
         let client = self.client().await?;
-        let known = client.query_opt("SELECT 1 FROM svc_queues WHERE name = $1", &[&name]).await.map_err(database)?;
+        let known = client.maybe_row("SELECT 1 FROM svc_queues WHERE name = $1", &[&name]).await.map_err(database)?;
         if known.is_none() {
             return Ok(None);
         }
@@ -176,13 +177,13 @@ impl PgJobs {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         let current = transaction
-            .query_opt("SELECT paused FROM svc_queues WHERE name = $1 FOR UPDATE", &[&name])
+            .maybe_row("SELECT paused FROM svc_queues WHERE name = $1 FOR UPDATE", &[&name])
             .await
             .map_err(database)?
             .is_some_and(|row| row.get::<_, bool>(0));
         if current != paused {
             transaction
-                .execute(
+                .run(
                     "INSERT INTO svc_queues (name, paused) VALUES ($1, $2) \
                      ON CONFLICT (name) DO UPDATE SET paused = $2, changed_at = now()",
                     &[&name, &paused],
@@ -193,10 +194,7 @@ impl PgJobs {
         }
         if !paused {
             // Workers waiting on this queue may claim again.
-            transaction
-                .execute("SELECT pg_notify($1, $2)", &[&super::wakeup::CHANNEL, &name])
-                .await
-                .map_err(database)?;
+            transaction.run("SELECT pg_notify($1, $2)", &[&super::wakeup::CHANNEL, &name]).await.map_err(database)?;
         }
         let summary = summaries(&transaction, &[name.to_string()]).await?.remove(0);
         transaction.commit().await.map_err(database)?;
@@ -231,7 +229,7 @@ impl PgJobs {
         let warning = backpressure.and_then(|bound| bound.warning_threshold);
         let client = self.client().await?;
         client
-            .execute(
+            .run(
                 "INSERT INTO svc_queues (name, max_depth, warning_threshold) VALUES ($1, $2, $3) \
                  ON CONFLICT (name) DO UPDATE SET max_depth = $2, warning_threshold = $3, changed_at = now()",
                 &[&name, &max_depth, &warning],
@@ -246,7 +244,7 @@ impl PgJobs {
         let client = self.client().await?;
         let mut overview = Overview::default();
         let rows = client
-            .query(
+            .rows(
                 "SELECT state, count(*) FROM svc_jobs GROUP BY state \
                  UNION ALL SELECT state, count(*) FROM svc_job_history GROUP BY state",
                 &[],
@@ -259,7 +257,7 @@ impl PgJobs {
             }
         }
         let row = client
-            .query_one(
+            .row(
                 "SELECT count(*) FILTER (WHERE paused OR max_depth IS NOT NULL OR EXISTS \
                  (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) OR EXISTS \
                  (SELECT 1 FROM svc_job_history h WHERE h.queue = q.name)), count(*) FILTER (WHERE paused) \
@@ -293,7 +291,7 @@ pub(super) async fn admit_to_queues(
     names.sort_unstable();
     names.dedup();
     let rows = client
-        .query(
+        .rows(
             "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING) \
              SELECT name, paused, max_depth, warning_threshold FROM svc_queues \
              WHERE name = ANY($1) AND (paused OR max_depth IS NOT NULL)",
@@ -319,12 +317,12 @@ pub(super) async fn admit_to_queues(
     }
     let names: Vec<&str> = bounded.iter().map(|(name, _)| name.as_str()).collect();
     client
-        .execute("SELECT 1 FROM svc_queues WHERE name = ANY($1) ORDER BY name FOR UPDATE", &[&names])
+        .run("SELECT 1 FROM svc_queues WHERE name = ANY($1) ORDER BY name FOR UPDATE", &[&names])
         .await
         .map_err(database)?;
     for (name, bound) in &bounded {
         let depth: i64 = client
-            .query_one("SELECT count(*) FROM svc_jobs WHERE queue = $1 AND state = ANY($2)", &[name, &&WAITING[..]])
+            .row("SELECT count(*) FROM svc_jobs WHERE queue = $1 AND state = ANY($2)", &[name, &&WAITING[..]])
             .await
             .map_err(database)?
             .get(0);

@@ -13,6 +13,7 @@
 use deadpool_postgres::GenericClient;
 
 use super::jobs::{PgJobs, database};
+use super::sql::Prepared;
 use crate::backend::Page;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind, SignalledWorker, WorkerEntry, WorkerSignal, WorkerState};
@@ -69,7 +70,7 @@ impl PgJobs {
         let client = self.client().await?;
         if !heartbeat {
             let row = client
-                .query_opt(
+                .maybe_row(
                     "SELECT signal, (extract(epoch FROM last_seen_at) * 1000)::int8, queues FROM svc_workers \
                      WHERE worker_id = $1",
                     &[&worker_id],
@@ -86,7 +87,7 @@ impl PgJobs {
         }
         let queues: Option<Vec<String>> = queues.map(<[String]>::to_vec);
         let row = client
-            .query_one(
+            .row(
                 "INSERT INTO svc_workers AS w (worker_id, first_seen_at, last_seen_at, last_heartbeat_at, queues) \
                  VALUES ($1, to_timestamp($2::int8::float8 / 1000), to_timestamp($2::int8::float8 / 1000), \
                    CASE WHEN $3::bool THEN to_timestamp($2::int8::float8 / 1000) END, coalesce($4::text[], '{}')) \
@@ -122,7 +123,7 @@ impl PgJobs {
             "{ENTRY} WHERE ($1::text IS NULL OR w.worker_id > $1) \
              AND ($2::text IS NULL OR coalesce(w.signal, '') = $2) ORDER BY w.worker_id LIMIT $3"
         );
-        let rows = client.query(&query, &[&after, &signal, &(limit as i64 + 1)]).await.map_err(database)?;
+        let rows = client.rows(&query, &[&after, &signal, &(limit as i64 + 1)]).await.map_err(database)?;
         let has_more = rows.len() > limit;
         Ok((rows.iter().take(limit).map(entry).collect(), has_more))
     }
@@ -130,7 +131,7 @@ impl PgJobs {
     pub async fn worker(&self, worker_id: &str) -> Result<Option<WorkerEntry>, EngineError> {
         let client = self.client().await?;
         let query = format!("{ENTRY} WHERE w.worker_id = $1");
-        let row = client.query_opt(&query, &[&worker_id]).await.map_err(database)?;
+        let row = client.maybe_row(&query, &[&worker_id]).await.map_err(database)?;
         Ok(row.as_ref().map(entry))
     }
 
@@ -144,7 +145,7 @@ impl PgJobs {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         let current = transaction
-            .query_opt("SELECT signal FROM svc_workers WHERE worker_id = $1 FOR UPDATE", &[&worker_id])
+            .maybe_row("SELECT signal FROM svc_workers WHERE worker_id = $1 FOR UPDATE", &[&worker_id])
             .await
             .map_err(database)?;
         let Some(current) = current else {
@@ -155,7 +156,7 @@ impl PgJobs {
             return Err(EngineError::WorkerConflict { worker_id: worker_id.to_string(), current_state });
         }
         transaction
-            .execute(
+            .run(
                 "UPDATE svc_workers SET signal = $2, signalled_at = to_timestamp($3::int8::float8 / 1000) \
                  WHERE worker_id = $1",
                 &[&worker_id, &signal_text(signal), &now],
@@ -163,7 +164,7 @@ impl PgJobs {
             .await
             .map_err(database)?;
         let query = format!("{ENTRY} WHERE w.worker_id = $1");
-        let updated = entry(&transaction.query_one(&query, &[&worker_id]).await.map_err(database)?);
+        let updated = entry(&transaction.row(&query, &[&worker_id]).await.map_err(database)?);
         let kind = EventKind::WorkerSignalled(Box::new(SignalledWorker {
             worker_id: worker_id.to_string(),
             terminate: signal == WorkerSignal::Terminate,
@@ -178,8 +179,7 @@ impl PgJobs {
     /// Forgets a worker's entry and signal; its jobs are untouched.
     pub async fn forget_worker(&self, worker_id: &str) -> Result<(), EngineError> {
         let client = self.client().await?;
-        let gone =
-            client.execute("DELETE FROM svc_workers WHERE worker_id = $1", &[&worker_id]).await.map_err(database)?;
+        let gone = client.run("DELETE FROM svc_workers WHERE worker_id = $1", &[&worker_id]).await.map_err(database)?;
         if gone == 0 {
             return Err(EngineError::WorkerNotFound { worker_id: worker_id.to_string() });
         }
@@ -191,7 +191,7 @@ impl PgJobs {
     pub async fn forget_idle_workers(&self, now: Millis) -> Result<u64, EngineError> {
         let client = self.client().await?;
         client
-            .execute(
+            .run(
                 "DELETE FROM svc_workers w WHERE last_seen_at < to_timestamp(($1::int8 - $2::int8)::float8 / 1000) \
                  AND coalesce(signalled_at, last_seen_at) < to_timestamp(($1::int8 - $2::int8)::float8 / 1000) \
                  AND NOT EXISTS (SELECT 1 FROM svc_jobs j WHERE j.state = 'active' AND j.worker_id = w.worker_id)",
@@ -204,7 +204,7 @@ impl PgJobs {
 
 /// The number of workers in each state, for the overview.
 pub(super) async fn counts(client: &impl GenericClient) -> Result<(usize, Vec<(WorkerState, usize)>), EngineError> {
-    let rows = client.query("SELECT signal, count(*) FROM svc_workers GROUP BY signal", &[]).await.map_err(database)?;
+    let rows = client.rows("SELECT signal, count(*) FROM svc_workers GROUP BY signal", &[]).await.map_err(database)?;
     let mut total = 0;
     let mut by_state = Vec::new();
     for row in rows {

@@ -1,0 +1,111 @@
+//! Merged statements on the PostgreSQL backend, against a real PostgreSQL
+//! server of the test's own: many fetches and acks at once on one node are
+//! run together, and each still gets exactly its own answer.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use common::postgres::TempPostgres;
+use svc::backend::postgres::{PgJobs, PgSettings, open};
+use svc::engine::{ConflictReason, EngineError, FetchRequest};
+use svc::job::{JobBuilder, JobDefaults, JobState, NewJob};
+
+const NOW: i64 = 1_800_000_000_000;
+
+fn job(queue: &str, priority: i32) -> NewJob {
+    JobBuilder::new("work").args([1]).queue(queue).priority(priority).build(&JobDefaults::default()).unwrap()
+}
+
+fn fetch(queues: &[&str], count: usize, worker: &str) -> FetchRequest {
+    FetchRequest {
+        queues: queues.iter().map(|queue| queue.to_string()).collect(),
+        count,
+        worker_id: Some(worker.to_string()),
+        visibility_timeout_ms: Some(60_000),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_fetches_each_get_their_own_jobs_in_claim_order() {
+    let server = TempPostgres::start();
+    let pool = open(&PgSettings::new(server.database("fetches"))).await.unwrap();
+    let jobs = Arc::new(PgJobs::new(pool));
+    let mut batch: Vec<NewJob> = (0..40).map(|i| job("a", i % 3)).collect();
+    batch.extend((0..20).map(|_| job("b", 0)));
+    jobs.enqueue(NOW, batch).await.unwrap();
+
+    // 24 fetches at once, of two queue lists and several counts.
+    let fetches: Vec<_> = (0..24usize)
+        .map(|i| {
+            let jobs = jobs.clone();
+            let queues: &[&str] = if i.is_multiple_of(2) { &["a", "b"] } else { &["b"] };
+            let request = fetch(queues, 1 + i % 4, &format!("w{i}"));
+            tokio::spawn(async move { (request.clone(), jobs.claim(NOW + 1, &request).await.unwrap()) })
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    let mut handed = 0;
+    for fetch in fetches {
+        let (request, claimed) = fetch.await.unwrap();
+        assert!(claimed.len() <= request.count, "a fetch gets at most its count");
+        for job in &claimed {
+            assert!(seen.insert(job.id), "job {} handed out twice", job.id);
+            assert!(request.queues.contains(&job.queue.to_string()), "a job of a queue it asked for");
+            assert_eq!(job.run().worker_id, request.worker_id, "claimed for the fetch that got it");
+            assert_eq!(job.state, JobState::Active);
+        }
+        // Within one fetch, higher priorities come first.
+        let priorities: Vec<i8> = claimed.iter().filter(|job| job.queue.as_str() == "a").map(|j| j.priority).collect();
+        assert!(priorities.windows(2).all(|pair| pair[0] >= pair[1]), "{priorities:?}");
+        handed += claimed.len();
+    }
+    // Fetches of `a, b` ask for 24 and find them in `a`; fetches of `b` alone
+    // ask for 36 and share the 20 jobs of `b`.
+    let (of_a_b, of_b): (usize, usize) = (0..24)
+        .fold((0, 0), |(ab, b), i: usize| if i.is_multiple_of(2) { (ab + 1 + i % 4, b) } else { (ab, b + 1 + i % 4) });
+    assert_eq!((of_a_b, of_b), (24, 36));
+    assert_eq!(handed, 24 + 20, "every fetch was served while its queues held jobs");
+    for id in &seen {
+        assert_eq!(jobs.job(*id).await.unwrap().unwrap().state, JobState::Active, "stored as claimed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acks_are_each_answered_on_their_own() {
+    let server = TempPostgres::start();
+    let pool = open(&PgSettings::new(server.database("acks"))).await.unwrap();
+    let jobs = Arc::new(PgJobs::new(pool));
+    jobs.enqueue(NOW, (0..30).map(|_| job("q", 0)).collect()).await.unwrap();
+    let claimed = jobs.claim(NOW + 1, &fetch(&["q"], 30, "w")).await.unwrap();
+
+    // Every job acked twice at once, and a third of them by the wrong worker first.
+    let mut acks = Vec::new();
+    for (i, job) in claimed.iter().enumerate() {
+        for attempt in 0..2 {
+            let (jobs, id) = (jobs.clone(), job.id);
+            let worker = if i % 3 == 0 && attempt == 0 { "other" } else { "w" };
+            acks.push(tokio::spawn(async move { (id, worker, jobs.ack(NOW + 2, id, None, Some(worker)).await) }));
+        }
+    }
+    let mut completed = HashSet::new();
+    for ack in acks {
+        let (id, worker, outcome) = ack.await.unwrap();
+        match outcome {
+            Ok(job) => {
+                assert_eq!((worker, job.state), ("w", JobState::Completed));
+                assert!(completed.insert(id), "job {id} acked twice");
+            }
+            Err(EngineError::Conflict { reason: ConflictReason::NotOwner, .. }) => assert_eq!(worker, "other"),
+            Err(EngineError::Conflict { reason: ConflictReason::InvalidState, current_state, .. }) => {
+                assert_eq!(current_state, JobState::Completed, "the other ack of the pair came first");
+            }
+            Err(other) => panic!("unexpected refusal of {id}: {other:?}"),
+        }
+    }
+    assert_eq!(completed.len(), 30, "each job completed exactly once");
+    let unknown =
+        jobs.ack(NOW + 3, svc::job::JobId::parse("0190a8a2-8f6e-7c3b-9a1d-1234567890ab").unwrap(), None, None);
+    assert!(matches!(unknown.await, Err(EngineError::NotFound { .. })));
+}
