@@ -109,3 +109,60 @@ async fn concurrent_acks_are_each_answered_on_their_own() {
         jobs.ack(NOW + 3, svc::job::JobId::parse("0190a8a2-8f6e-7c3b-9a1d-1234567890ab").unwrap(), None, None);
     assert!(matches!(unknown.await, Err(EngineError::NotFound { .. })));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enqueues_are_each_accepted_or_refused_whole() {
+    let server = TempPostgres::start();
+    let pool = open(&PgSettings::new(server.database("enqueues"))).await.unwrap();
+    let jobs = Arc::new(PgJobs::new(pool));
+    let used = jobs.enqueue(NOW, vec![job("q", 0)]).await.unwrap()[0].job.id;
+    jobs.pause_queue(NOW, "stopped", true).await.unwrap();
+    let fresh = svc::job::JobId::parse("0190a8a2-8f6e-7c3b-9a1d-1234567890ab").unwrap();
+    let with_id = |id: svc::job::JobId| {
+        JobBuilder::new("work").args([1]).queue("q").id(id).build(&JobDefaults::default()).unwrap()
+    };
+
+    // 30 requests at once: plain ones, batches, and three kinds that are refused.
+    let requests: Vec<(&str, Vec<NewJob>)> = (0..30)
+        .map(|i| match i % 6 {
+            0 => ("duplicate", vec![job("q", 0), with_id(used)]),
+            1 => ("paused", vec![job("q", 0), job("stopped", 0)]),
+            2 => ("same new id", vec![with_id(fresh)]),
+            3 => ("batch", vec![job("q", 0), job("r", 0), job("q", 0)]),
+            _ => ("single", vec![job("q", 0)]),
+        })
+        .collect();
+    let sent: Vec<_> = requests
+        .into_iter()
+        .map(|(kind, batch)| {
+            let jobs = jobs.clone();
+            tokio::spawn(async move { (kind, batch.len(), jobs.enqueue(NOW + 1, batch).await) })
+        })
+        .collect();
+    let (mut stored, mut fresh_taken) = (Vec::new(), 0);
+    for request in sent {
+        let (kind, size, outcome) = request.await.unwrap();
+        match (kind, outcome) {
+            ("duplicate", Err(EngineError::Duplicate { id, index: Some(1) })) => assert_eq!(id, used),
+            ("paused", Err(EngineError::QueuePaused { queue, index: Some(1) })) => assert_eq!(queue, "stopped"),
+            ("same new id", Ok(enqueued)) => {
+                fresh_taken += 1;
+                stored.extend(enqueued.iter().map(|e| e.job.id));
+            }
+            ("same new id", Err(EngineError::Duplicate { id, .. })) => assert_eq!(id, fresh),
+            ("batch" | "single", Ok(enqueued)) => {
+                assert_eq!(enqueued.len(), size);
+                stored.extend(enqueued.iter().map(|e| e.job.id));
+            }
+            (kind, other) => panic!("{kind}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(fresh_taken, 1, "one of the requests with the same new id got it");
+    assert_eq!(stored.len(), 1 + 5 * 3 + 10, "every accepted job, and only those");
+    for id in &stored {
+        assert!(jobs.job(*id).await.unwrap().is_some(), "job {id} stored");
+    }
+    let (queues, _) = jobs.queues_page(None, 10).await.unwrap();
+    let waiting: u64 = queues.iter().map(|queue| queue.count(JobState::Available)).sum();
+    assert_eq!(waiting, 1 + stored.len() as u64, "nothing of a refused request was stored");
+}

@@ -20,6 +20,7 @@ use super::PgError;
 use super::acks::PendingAck;
 use super::batch::Batcher;
 use super::claims::PendingClaim;
+use super::enqueues::PendingEnqueue;
 use super::sql::{Params, Prepared};
 use super::wakeup::{CHANNEL, Wakeups};
 use crate::clock::Millis;
@@ -52,10 +53,13 @@ pub struct PgJobs {
 pub(super) struct Batches {
     pub acks: Batcher<PendingAck, Arc<Job>>,
     pub claims: Batcher<PendingClaim, Vec<Arc<Job>>>,
+    pub enqueues: Batcher<PendingEnqueue, Vec<Enqueued>>,
 }
 
 /// Acks merged into one transaction at most.
 const ACK_BATCH_MAX: usize = 100;
+/// Enqueue requests merged into one transaction at most.
+const ENQUEUE_BATCH_MAX: usize = 64;
 /// Claims (fetches) merged into one transaction at most.
 const CLAIM_BATCH_MAX: usize = 64;
 /// Merged transactions of one kind under way at once on a node.
@@ -112,7 +116,7 @@ impl PgJobs {
     /// The merged requests, started on the current runtime at first use.
     pub(super) fn batches(&self) -> &Batches {
         self.batches.get_or_init(|| {
-            let (acks_store, claims_store) = (self.clone(), self.clone());
+            let (acks_store, claims_store, enqueues_store) = (self.clone(), self.clone(), self.clone());
             let (acks, _) = Batcher::start(ACK_BATCH_MAX, BATCHES_IN_FLIGHT, move |batch| {
                 let store = acks_store.clone();
                 async move { store.ack_batch(batch).await }
@@ -121,7 +125,11 @@ impl PgJobs {
                 let store = claims_store.clone();
                 async move { store.claim_batch(batch).await }
             });
-            Batches { acks, claims }
+            let (enqueues, _) = Batcher::start(ENQUEUE_BATCH_MAX, BATCHES_IN_FLIGHT, move |batch| {
+                let store = enqueues_store.clone();
+                async move { store.enqueue_batch(batch).await }
+            });
+            Batches { acks, claims, enqueues }
         })
     }
 
@@ -214,6 +222,14 @@ impl PgJobs {
             }
             jobs.push(self.admit(now, new_job, index_of(position))?);
         }
+        self.batches().enqueues.submit(super::enqueues::PendingEnqueue { now, jobs }).await
+    }
+
+    /// Stores the jobs of one enqueue, admitted, in a transaction of their
+    /// own (`enqueues.rs` merges several; this runs one alone).
+    pub(super) async fn enqueue_alone(&self, now: Millis, jobs: Vec<Job>) -> Result<Vec<Enqueued>, EngineError> {
+        let batch = jobs.len() > 1;
+        let index_of = |position: usize| batch.then_some(position);
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         let pressure = super::queues::admit_to_queues(&transaction, &jobs, index_of).await?;
@@ -725,7 +741,7 @@ pub(super) async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<
 
 /// Which of `ids` a unique violation names, when the error is one (two
 /// requests enqueuing the same client id at once).
-fn duplicate_of(error: &tokio_postgres::Error, ids: &[String]) -> Option<usize> {
+pub(super) fn duplicate_of(error: &tokio_postgres::Error, ids: &[String]) -> Option<usize> {
     let db = error.as_db_error()?;
     if db.code() != &tokio_postgres::error::SqlState::UNIQUE_VIOLATION {
         return None;

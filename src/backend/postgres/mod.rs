@@ -11,6 +11,7 @@ mod backend;
 mod batch;
 mod claims;
 mod cron;
+mod enqueues;
 mod events;
 mod jobs;
 mod leader;

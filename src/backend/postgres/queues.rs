@@ -19,12 +19,12 @@ use crate::engine::{Backpressure, EngineError, MinuteCount, Overview, QueueStats
 use crate::job::{Job, JobState};
 
 /// A queue's settings as stored.
-struct Settings {
-    paused: bool,
-    backpressure: Option<Backpressure>,
+pub(super) struct Settings {
+    pub paused: bool,
+    pub backpressure: Option<Backpressure>,
 }
 
-fn settings(row: &tokio_postgres::Row) -> Settings {
+pub(super) fn settings(row: &tokio_postgres::Row) -> Settings {
     let max_depth: Option<i64> = row.get("max_depth");
     let warning: Option<f64> = row.get("warning_threshold");
     let backpressure = max_depth.map(|depth| {
@@ -42,7 +42,7 @@ fn state_of(text: &str) -> Option<JobState> {
 }
 
 /// The states a queue's depth counts: jobs waiting to be claimed.
-const WAITING: [&str; 4] = ["available", "scheduled", "retryable", "pending"];
+pub(super) const WAITING: [&str; 4] = ["available", "scheduled", "retryable", "pending"];
 
 /// The figures of `names`, in that order: jobs per state (in flight and in
 /// the history), settings, and the longest-waiting available job.

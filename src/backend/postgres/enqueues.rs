@@ -1,0 +1,200 @@
+//! Enqueues on PostgreSQL, merged (docs/postgres.md, "Merged statements"):
+//! the enqueue requests a node has waiting (one job or a batch each) are
+//! stored by one transaction, and each is still accepted or refused whole,
+//! on its own.
+//!
+//! The transaction reads what every request is checked against at once:
+//! the settings of their queues (recording new queues), the client ids
+//! already in use, and the depth of bounded queues (their rows locked).
+//! The requests are then checked in the order they came, as one request
+//! alone would be (paused queue, then backpressure, then ids in use; an
+//! accepted request counts toward the next ones), and the accepted jobs
+//! are inserted with one statement. Should that insert still meet an id
+//! taken meanwhile by another node, the transaction is dropped and each
+//! request runs alone, so that only the request with the duplicate fails.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::jobs::{PgJobs, database, duplicate_of, insert, notify_available};
+use super::queues::{Settings, WAITING, settings};
+use super::sql::{Params, Prepared};
+use crate::clock::Millis;
+use crate::engine::{Backpressure, EngineError, Enqueued, EventKind};
+use crate::job::{Job, JobState};
+
+/// One enqueue request, its jobs admitted (ids, times, first state).
+pub(super) struct PendingEnqueue {
+    pub now: Millis,
+    pub jobs: Vec<Job>,
+}
+
+/// Why a request is refused, checked as it would be alone; else how full
+/// each job's queue is after it.
+fn check(
+    jobs: &[Job],
+    paused: &HashSet<String>,
+    bounded: &HashMap<String, Backpressure>,
+    depths: &mut HashMap<String, u64>,
+    taken: &HashSet<String>,
+) -> Result<Vec<Option<f64>>, EngineError> {
+    let index_of = |position: usize| (jobs.len() > 1).then_some(position);
+    if let Some(position) = jobs.iter().position(|job| paused.contains(job.queue.as_str())) {
+        return Err(EngineError::QueuePaused { queue: jobs[position].queue.to_string(), index: index_of(position) });
+    }
+    let mut after = depths.clone();
+    for (position, job) in jobs.iter().enumerate() {
+        let Some(bound) = bounded.get(job.queue.as_str()) else { continue };
+        let depth = after.entry(job.queue.to_string()).or_default();
+        if *depth >= bound.max_depth {
+            let (queue, depth, bound) = (job.queue.to_string(), *depth, bound.max_depth);
+            return Err(EngineError::QueueFull { queue, depth, bound, index: index_of(position) });
+        }
+        *depth += 1;
+    }
+    let mut seen = HashSet::new();
+    for (position, job) in jobs.iter().enumerate() {
+        let id = job.id.to_string();
+        if taken.contains(&id) || !seen.insert(id) {
+            return Err(EngineError::Duplicate { id: job.id, index: index_of(position) });
+        }
+    }
+    *depths = after;
+    Ok(jobs
+        .iter()
+        .map(|job| bounded.get(job.queue.as_str()).and_then(|bound| bound.pressure(depths[job.queue.as_str()])))
+        .collect())
+}
+
+impl PgJobs {
+    /// Stores waiting enqueue requests with one transaction; answers each
+    /// request's outcome, in order.
+    pub(super) async fn enqueue_batch(
+        &self,
+        mut requests: Vec<PendingEnqueue>,
+    ) -> Result<Vec<Result<Vec<Enqueued>, EngineError>>, EngineError> {
+        if requests.len() == 1 {
+            let PendingEnqueue { now, jobs } = requests.remove(0);
+            return Ok(vec![self.enqueue_alone(now, jobs).await]);
+        }
+        match self.enqueue_merged(&requests).await? {
+            Some(outcomes) => Ok(outcomes),
+            None => {
+                // An id was taken meanwhile: each request alone.
+                let mut outcomes = Vec::with_capacity(requests.len());
+                for PendingEnqueue { now, jobs } in requests {
+                    outcomes.push(self.enqueue_alone(now, jobs).await);
+                }
+                Ok(outcomes)
+            }
+        }
+    }
+
+    /// The merged transaction; `None` when its insert met an id taken
+    /// meanwhile (nothing was stored).
+    async fn enqueue_merged(
+        &self,
+        requests: &[PendingEnqueue],
+    ) -> Result<Option<Vec<Result<Vec<Enqueued>, EngineError>>>, EngineError> {
+        let all: Vec<&Job> = requests.iter().flat_map(|request| &request.jobs).collect();
+        let mut names: Vec<&str> = all.iter().map(|job| job.queue.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let ids: Vec<String> = all.iter().map(|job| job.id.to_string()).collect();
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let (names_param, ids_param): (Params<'_>, Params<'_>) = (&[&names], &[&ids]);
+        let (rows, taken) = tokio::try_join!(
+            transaction.rows(
+                "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING) \
+                 SELECT name, paused, max_depth, warning_threshold FROM svc_queues \
+                 WHERE name = ANY($1) AND (paused OR max_depth IS NOT NULL)",
+                names_param,
+            ),
+            transaction.rows(
+                "SELECT id::text AS id_text FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
+                 UNION ALL SELECT id::text AS id_text FROM svc_job_history WHERE id = ANY($1::text[]::uuid[])",
+                ids_param,
+            ),
+        )
+        .map_err(database)?;
+        let taken: HashSet<String> = taken.iter().map(|row| row.get(0)).collect();
+        let (mut paused, mut bounded) = (HashSet::new(), HashMap::new());
+        for row in &rows {
+            let name: String = row.get("name");
+            let Settings { paused: is_paused, backpressure } = settings(row);
+            if is_paused {
+                paused.insert(name);
+            } else if let Some(bound) = backpressure {
+                bounded.insert(name, bound);
+            }
+        }
+        let mut depths: HashMap<String, u64> = HashMap::new();
+        if !bounded.is_empty() {
+            let mut locked: Vec<&str> = bounded.keys().map(String::as_str).collect();
+            locked.sort_unstable();
+            transaction
+                .run("SELECT 1 FROM svc_queues WHERE name = ANY($1) ORDER BY name FOR UPDATE", &[&locked])
+                .await
+                .map_err(database)?;
+            let rows = transaction
+                .rows(
+                    "SELECT queue, count(*) FROM svc_jobs WHERE queue = ANY($1) AND state = ANY($2) GROUP BY queue",
+                    &[&locked, &&WAITING[..]],
+                )
+                .await
+                .map_err(database)?;
+            depths = rows.iter().map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1) as u64)).collect();
+        }
+        let mut taken = taken;
+        let mut checked = Vec::with_capacity(requests.len());
+        for request in requests {
+            let outcome = check(&request.jobs, &paused, &bounded, &mut depths, &taken);
+            if outcome.is_ok() {
+                taken.extend(request.jobs.iter().map(|job| job.id.to_string()));
+            }
+            checked.push(outcome);
+        }
+        let accepted: Vec<(Millis, &Job)> = requests
+            .iter()
+            .zip(&checked)
+            .filter(|(_, outcome)| outcome.is_ok())
+            .flat_map(|(request, _)| request.jobs.iter().map(|job| (request.now, job)))
+            .collect();
+        if !accepted.is_empty() {
+            let jobs: Vec<Job> = accepted.iter().map(|(_, job)| (*job).clone()).collect();
+            let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
+            let mut events = Vec::with_capacity(jobs.len());
+            for (now, job) in &accepted {
+                events.push((self.fresh_id(*now), *now, EventKind::Enqueued, Some(*job)));
+                if job.state == JobState::Scheduled {
+                    events.push((self.fresh_id(*now), *now, EventKind::Scheduled, Some(*job)));
+                }
+            }
+            // Sent together (pipelined), as one step of the transaction.
+            let inserted = tokio::try_join!(
+                async { insert(&transaction, &jobs).await.map_err(Some) },
+                async { notify_available(&transaction, &jobs).await.map_err(|_| None) },
+                async { super::events::append(&transaction, &events).await.map_err(Some) },
+            );
+            match inserted {
+                Ok(_) => {}
+                Err(Some(error)) if duplicate_of(&error, &ids).is_some() => return Ok(None),
+                Err(Some(error)) => return Err(database(error)),
+                Err(None) => return Err(EngineError::Unavailable { reason: crate::engine::Unavailable::Database }),
+            }
+        }
+        transaction.commit().await.map_err(database)?;
+        let outcomes = requests
+            .iter()
+            .zip(checked)
+            .map(|(request, outcome)| {
+                outcome.map(|pressure| {
+                    let jobs = request.jobs.iter().cloned().map(Arc::new);
+                    jobs.zip(pressure).map(|(job, pressure)| Enqueued { job, deduplicated: false, pressure }).collect()
+                })
+            })
+            .collect();
+        Ok(Some(outcomes))
+    }
+}
