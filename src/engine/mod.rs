@@ -39,7 +39,8 @@ pub use acks::{ACKS_MAX, AckItem, AckMany, AckOutcome};
 pub use api::{
     Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, Overview, QueueStats, Unavailable,
 };
-pub use cron::table::{CronEntry, CronFire, CronOutcome, CronWrite, register as register_cron};
+pub use cron::register as register_cron;
+pub use cron::table::{CronEntry, CronWrite};
 pub use cron::{DeleteCron, PutCron};
 #[doc(hidden)]
 pub use events::EventSink;

@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::super::api::EngineError;
 use super::super::table::{Changes, Table};
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, CronSchedule};
@@ -67,43 +66,6 @@ pub struct CronFire {
     pub skipped_gap: Option<Millis>,
     pub next_run_at: Option<Millis>,
     pub outcome: CronOutcome,
-}
-
-/// The entry a registration stores: `definition` over the entry of the same
-/// name (`existing`, one of `count` entries), as `write` allows. No backfill:
-/// the first run is strictly after `now` (docs/api.md, "Firing"). Both
-/// backends register through this.
-pub fn register(
-    existing: Option<&CronEntry>,
-    count: usize,
-    definition: CronDefinition,
-    write: CronWrite,
-    now: Millis,
-    max_entries: usize,
-) -> Result<CronEntry, EngineError> {
-    match (existing, write) {
-        (None, CronWrite::Patch { .. }) => return Err(EngineError::CronNotFound { name: definition.name }),
-        (Some(entry), CronWrite::Patch { revision }) if entry.revision != revision => {
-            return Err(EngineError::CronChanged { name: definition.name });
-        }
-        (None, CronWrite::Upsert) if count >= max_entries => return Err(EngineError::CronLimit { max_entries }),
-        _ => {}
-    }
-    let schedule = definition.compile().map_err(|problem| EngineError::Invalid {
-        error: crate::job::ValidationError::request(Some("schedule".to_string()), problem),
-        index: None,
-    })?;
-    let next_run_at = if definition.enabled { schedule.next_fire(now).map(|next| next.at) } else { None };
-    Ok(CronEntry {
-        created_at: existing.map_or(now, |entry| entry.created_at),
-        updated_at: now,
-        revision: existing.map_or(1, |entry| entry.revision + 1),
-        run_count: existing.map_or(0, |entry| entry.run_count),
-        last_run_at: existing.and_then(|entry| entry.last_run_at),
-        last_job_id: existing.and_then(|entry| entry.last_job_id),
-        next_run_at,
-        definition: Arc::new(definition),
-    })
 }
 
 /// The engine's cron entries and their due order.
