@@ -270,8 +270,11 @@ fn run_on_postgres(
     let clock: Arc<dyn crate::clock::Clock> = Arc::new(crate::clock::SystemClock);
     // Unique among the nodes, whatever their host names and process ids.
     let node = format!("node-{:016x}", rand::random::<u64>());
+    // Finished jobs are kept as long as on the local engine.
+    let mut postgres = postgres.clone();
+    postgres.retention = config.retention;
     let backend = runtime
-        .block_on(crate::backend::postgres::PgBackend::start(postgres, clock.clone(), node.clone()))
+        .block_on(crate::backend::postgres::PgBackend::start(&postgres, clock.clone(), node.clone()))
         .map_err(|error| ServerError::Postgres(error.to_string()))?;
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     tracing::info!(address = %addr, backend = "postgres", node, max_connections = caps.total, "svc listening");

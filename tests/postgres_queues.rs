@@ -219,3 +219,46 @@ async fn the_throughput_history_counts_completions_and_failures_by_minute() {
     assert_eq!(of_t.iter().map(|m| (m.completed, m.failed)).collect::<Vec<_>>(), [(1, 1)]);
     assert!(jobs.throughput_minutes(NOW + 2 * 86_400_000, None).await.unwrap().is_empty(), "a day later");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_leave_the_history_by_retention_and_whole_days_are_dropped() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "history").await;
+    let retention = svc::engine::Retention::default();
+    let partitions = async || -> Vec<String> {
+        let client = pool.get().await.unwrap();
+        let rows = client
+            .query(
+                "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                 JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'svc_job_history' ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter().map(|row| row.get(0)).collect()
+    };
+    jobs.keep_history(NOW, &retention, 1_000).await.unwrap();
+    let days = ["svc_job_history_20270115", "svc_job_history_20270116", "svc_job_history_20270117"];
+    assert_eq!(partitions().await, [&days[..], &["svc_job_history_default"]].concat(), "today and two days ahead");
+
+    let ids: Vec<_> = jobs.enqueue(NOW, vec![job("h"), job("h")]).await.unwrap().iter().map(|e| e.job.id).collect();
+    jobs.claim(NOW + 1, &fetch("h", 2, "w")).await.unwrap();
+    jobs.ack(NOW + 2, ids[0], None, Some("w")).await.unwrap();
+    let mut report = svc::job::FailureReport::server("Fatal", "no retry");
+    report.retryable = Some(false);
+    let discarded = jobs.fail(NOW + 3, ids[1], report, false, Some("w")).await.unwrap();
+    assert_eq!(discarded.state, JobState::Discarded);
+
+    // Eight days on: the completed job went (7 days), the discarded one stays
+    // in the dead letter listing (30 days).
+    let day = 86_400_000;
+    jobs.keep_history(NOW + 8 * day, &retention, 1_000).await.unwrap();
+    assert!(jobs.job(ids[0]).await.unwrap().is_none(), "completed and past its retention");
+    assert!(jobs.job(ids[1]).await.unwrap().is_some(), "discarded and still kept");
+    assert!(partitions().await.contains(&"svc_job_history_20270125".to_string()), "days ahead made as time goes");
+
+    // A month on: the whole day is dropped, and with it the discarded job.
+    assert!(jobs.keep_history(NOW + 32 * day, &retention, 1_000).await.unwrap() >= 1);
+    assert!(!partitions().await.contains(&days[0].to_string()));
+    assert!(jobs.job(ids[1]).await.unwrap().is_none());
+}

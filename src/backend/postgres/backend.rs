@@ -18,8 +18,8 @@ use crate::cron::CronDefinition;
 use crate::engine::{
     AckMany, AckOutcome, Backpressure, BulkAction, BulkOutcome, Cancelled, CronEntry, CronWrite, DeadLetterCursor,
     EngineError, EngineFailure, Enqueued, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage,
-    MinuteCount, Overview, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState,
-    Workflow,
+    MinuteCount, Overview, Pending, QueueStats, QueueSummary, Retention, WebhookChange, WorkerEntry, WorkerSignal,
+    WorkerState, Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob, ValidationError};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -58,7 +58,7 @@ impl PgBackend {
         let listener = jobs.listen(settings)?;
         let lease = LeaderLease::new(pool, "timers", node, LEASE_TTL_MS_DEFAULT);
         let draining = Arc::new(AtomicBool::new(false));
-        let timers = tokio::spawn(run_timers(jobs.clone(), lease, clock.clone(), draining.clone()));
+        let timers = tokio::spawn(run_timers(jobs.clone(), lease, clock.clone(), draining.clone(), settings.retention));
         Ok(PgBackend {
             jobs,
             clock,
@@ -95,8 +95,15 @@ impl Drop for PgBackend {
 
 /// The leader's timers: while this node holds the lease, due jobs are
 /// promoted, claims that ran out are ended and due cron entries fire,
-/// every [`TIMERS_EVERY`].
-async fn run_timers(jobs: Arc<PgJobs>, lease: LeaderLease, clock: Arc<dyn Clock>, draining: Arc<AtomicBool>) {
+/// every [`TIMERS_EVERY`]; events, cron firings, idle workers and the
+/// history are pruned every [`PRUNE_EVERY`].
+async fn run_timers(
+    jobs: Arc<PgJobs>,
+    lease: LeaderLease,
+    clock: Arc<dyn Clock>,
+    draining: Arc<AtomicBool>,
+    retention: Retention,
+) {
     let mut leading = false;
     let mut asked_at: Option<tokio::time::Instant> = None;
     let mut pruned_at: Option<tokio::time::Instant> = None;
@@ -133,6 +140,7 @@ async fn run_timers(jobs: Arc<PgJobs>, lease: LeaderLease, clock: Arc<dyn Clock>
                 let _ = jobs.prune_events().await;
                 let _ = jobs.prune_firings().await;
                 let _ = jobs.forget_idle_workers(now).await;
+                let _ = jobs.keep_history(now, &retention, TIMERS_BATCH).await;
             }
         }
         tokio::time::sleep(TIMERS_EVERY).await;

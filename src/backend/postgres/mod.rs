@@ -13,6 +13,7 @@ mod claims;
 mod cron;
 mod enqueues;
 mod events;
+mod history;
 mod jobs;
 mod leader;
 mod queues;
@@ -40,6 +41,9 @@ pub struct PgSettings {
     pub pool_size: usize,
     /// The longest one statement may run before the database cancels it.
     pub statement_timeout: Duration,
+    /// How long finished jobs stay in the history, by state (the same
+    /// `retention` settings as on the local engine).
+    pub retention: crate::engine::Retention,
 }
 
 /// Connections a node keeps by default: enough for the merged statements of
@@ -52,7 +56,12 @@ pub const STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 impl PgSettings {
     pub fn new(url: impl Into<String>) -> Self {
-        PgSettings { url: url.into(), pool_size: POOL_SIZE_DEFAULT, statement_timeout: STATEMENT_TIMEOUT_DEFAULT }
+        PgSettings {
+            url: url.into(),
+            pool_size: POOL_SIZE_DEFAULT,
+            statement_timeout: STATEMENT_TIMEOUT_DEFAULT,
+            retention: crate::engine::Retention::default(),
+        }
     }
 
     /// The connection settings, with the session settings svc relies on:
