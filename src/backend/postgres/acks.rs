@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::jobs::{PgJobs, database, decode, encode, finished_at};
+use super::jobs::{PgJobs, database, decode, finished_at, move_to_history};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind};
@@ -92,40 +92,17 @@ impl PgJobs {
             return Ok(outcomes);
         }
         let done: Vec<&Job> = completed.iter().map(|id| &held[id]).collect();
-        let ids: Vec<String> = done.iter().map(|job| job.id.to_string()).collect();
-        let queues: Vec<&str> = done.iter().map(|job| job.queue.as_str()).collect();
-        let types: Vec<&str> = done.iter().map(|job| job.payload.job_type()).collect();
-        let states: Vec<&str> = done.iter().map(|job| job.state.as_str()).collect();
-        let times: Vec<i64> = done.iter().map(|job| finished_at(job)).collect();
-        let bodies: Vec<Vec<u8>> = done.iter().map(|job| encode(job)).collect();
-        let events: Vec<_> =
-            done.iter().map(|job| (self.fresh_id(job.run().completed_at.unwrap_or(job.created_at)), job)).collect();
-        let events: Vec<_> = events
-            .into_iter()
-            .map(|(event_id, job)| (event_id, finished_at(job), EventKind::Completed, Some(*job)))
+        let events: Vec<_> = done
+            .iter()
+            .map(|job| {
+                let at = finished_at(job);
+                (self.fresh_id(at), at, EventKind::Completed, Some(*job))
+            })
             .collect();
         // Sent together (pipelined), as one step of the transaction.
-        tokio::try_join!(
-            async {
-                transaction
-                    .run("DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[])", &[&ids])
-                    .await
-                    .map_err(database)
-            },
-            async {
-                transaction
-                    .run(
-                        "INSERT INTO svc_job_history (id, queue, type, state, finished_at, body) \
-                         SELECT t.id::uuid, t.queue, t.type, t.state, to_timestamp(t.at::float8 / 1000), t.body \
-                         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::bytea[]) \
-                           AS t(id, queue, type, state, at, body)",
-                        &[&ids, &queues, &types, &states, &times, &bodies],
-                    )
-                    .await
-                    .map_err(database)
-            },
-            async { super::events::append(&transaction, &events).await.map_err(database) },
-        )?;
+        tokio::try_join!(move_to_history(&transaction, &done), async {
+            super::events::append(&transaction, &events).await.map_err(database)
+        })?;
         transaction.commit().await.map_err(database)?;
         Ok(outcomes)
     }

@@ -12,6 +12,7 @@
 //! are inserted with one statement. Should that insert still meet an id
 //! taken meanwhile by another node, the transaction is dropped and each
 //! request runs alone, so that only the request with the duplicate fails.
+//! A lone request goes the same way, as a batch of one.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use super::queues::{Settings, WAITING, settings};
 use super::sql::{Params, Prepared};
 use crate::clock::Millis;
 use crate::engine::{Backpressure, EngineError, Enqueued, EventKind};
-use crate::job::{Job, JobState};
+use crate::job::{Job, JobId, JobState};
 
 /// One enqueue request, its jobs admitted (ids, times, first state).
 pub(super) struct PendingEnqueue {
@@ -68,34 +69,35 @@ fn check(
 
 impl PgJobs {
     /// Stores waiting enqueue requests with one transaction; answers each
-    /// request's outcome, in order.
+    /// request's outcome, in order. A lone request is a batch of one.
     pub(super) async fn enqueue_batch(
         &self,
-        mut requests: Vec<PendingEnqueue>,
+        requests: Vec<PendingEnqueue>,
     ) -> Result<Vec<Result<Vec<Enqueued>, EngineError>>, EngineError> {
-        if requests.len() == 1 {
-            let PendingEnqueue { now, jobs } = requests.remove(0);
-            return Ok(vec![self.enqueue_alone(now, jobs).await]);
-        }
         match self.enqueue_merged(&requests).await? {
-            Some(outcomes) => Ok(outcomes),
-            None => {
+            Ok(outcomes) => Ok(outcomes),
+            Err(raced) if requests.len() == 1 => {
+                let jobs = &requests[0].jobs;
+                let position = jobs.iter().position(|job| job.id == raced).unwrap_or(0);
+                Ok(vec![Err(EngineError::Duplicate { id: raced, index: (jobs.len() > 1).then_some(position) })])
+            }
+            Err(_) => {
                 // An id was taken meanwhile: each request alone.
                 let mut outcomes = Vec::with_capacity(requests.len());
-                for PendingEnqueue { now, jobs } in requests {
-                    outcomes.push(self.enqueue_alone(now, jobs).await);
+                for request in requests {
+                    outcomes.extend(Box::pin(self.enqueue_batch(vec![request])).await?);
                 }
                 Ok(outcomes)
             }
         }
     }
 
-    /// The merged transaction; `None` when its insert met an id taken
-    /// meanwhile (nothing was stored).
+    /// The merged transaction; `Err` with the id its insert met taken
+    /// meanwhile by another transaction (nothing was stored).
     async fn enqueue_merged(
         &self,
         requests: &[PendingEnqueue],
-    ) -> Result<Option<Vec<Result<Vec<Enqueued>, EngineError>>>, EngineError> {
+    ) -> Result<Result<Vec<Result<Vec<Enqueued>, EngineError>>, JobId>, EngineError> {
         let all: Vec<&Job> = requests.iter().flat_map(|request| &request.jobs).collect();
         let mut names: Vec<&str> = all.iter().map(|job| job.queue.as_str()).collect();
         names.sort_unstable();
@@ -179,7 +181,9 @@ impl PgJobs {
             );
             match inserted {
                 Ok(_) => {}
-                Err(Some(error)) if duplicate_of(&error, &ids).is_some() => return Ok(None),
+                Err(Some(error)) if let Some(position) = duplicate_of(&error, &ids) => {
+                    return Ok(Err(jobs[position].id));
+                }
                 Err(Some(error)) => return Err(database(error)),
                 Err(None) => return Err(EngineError::Unavailable { reason: crate::engine::Unavailable::Database }),
             }
@@ -195,6 +199,6 @@ impl PgJobs {
                 })
             })
             .collect();
-        Ok(Some(outcomes))
+        Ok(Ok(outcomes))
     }
 }

@@ -225,47 +225,6 @@ impl PgJobs {
         self.batches().enqueues.submit(super::enqueues::PendingEnqueue { now, jobs }).await
     }
 
-    /// Stores the jobs of one enqueue, admitted, in a transaction of their
-    /// own (`enqueues.rs` merges several; this runs one alone).
-    pub(super) async fn enqueue_alone(&self, now: Millis, jobs: Vec<Job>) -> Result<Vec<Enqueued>, EngineError> {
-        let batch = jobs.len() > 1;
-        let index_of = |position: usize| batch.then_some(position);
-        let mut client = self.client().await?;
-        let transaction = client.transaction().await.map_err(database)?;
-        let pressure = super::queues::admit_to_queues(&transaction, &jobs, index_of).await?;
-        let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
-        let taken = transaction
-            .rows(
-                "SELECT id::text AS id_text FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
-                 UNION ALL SELECT id::text AS id_text FROM svc_job_history WHERE id = ANY($1::text[]::uuid[])",
-                &[&ids],
-            )
-            .await
-            .map_err(database)?;
-        if let Some(row) = taken.first() {
-            let id: String = row.get(0);
-            let position = ids.iter().position(|candidate| *candidate == id).unwrap_or(0);
-            return Err(EngineError::Duplicate { id: jobs[position].id, index: index_of(position) });
-        }
-        let mut events = Vec::with_capacity(jobs.len());
-        for job in &jobs {
-            events.push((EventKind::Enqueued, job));
-            if job.state == JobState::Scheduled {
-                events.push((EventKind::Scheduled, job));
-            }
-        }
-        // Sent together (pipelined): a failure of one fails the transaction.
-        let inserted = async {
-            insert(&transaction, &jobs).await.map_err(|error| match duplicate_of(&error, &ids) {
-                Some(position) => EngineError::Duplicate { id: jobs[position].id, index: index_of(position) },
-                None => database(error),
-            })
-        };
-        tokio::try_join!(inserted, notify_available(&transaction, &jobs), self.record(&transaction, now, events))?;
-        transaction.commit().await.map_err(database)?;
-        Ok(super::queues::with_pressure(jobs, pressure))
-    }
-
     /// A new job with its id, times and first state, as the local engine
     /// admits one (`State::admit`).
     fn admit(&self, now: Millis, new_job: NewJob, index: Option<usize>) -> Result<Job, EngineError> {
@@ -554,16 +513,7 @@ impl PgJobs {
     pub async fn dead_letter_retry(&self, now: Millis, id: JobId) -> Result<Arc<Job>, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let key = id.to_string();
-        let row = transaction
-            .maybe_row(
-                "DELETE FROM svc_job_history WHERE id = $1::text::uuid AND state = 'discarded' RETURNING body",
-                &[&key],
-            )
-            .await
-            .map_err(database)?;
-        let Some(row) = row else { return Err(EngineError::NotInDeadLetter { id }) };
-        let mut job = decode(&key, row.get(0))?;
+        let mut job = take_discarded(&transaction, id).await?;
         transition::revive(&mut job, now);
         insert(&transaction, std::slice::from_ref(&job)).await.map_err(database)?;
         notify_available(&transaction, std::slice::from_ref(&job)).await?;
@@ -576,16 +526,7 @@ impl PgJobs {
     pub async fn dead_letter_delete(&self, now: Millis, id: JobId) -> Result<(), EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let key = id.to_string();
-        let row = transaction
-            .maybe_row(
-                "DELETE FROM svc_job_history WHERE id = $1::text::uuid AND state = 'discarded' RETURNING body",
-                &[&key],
-            )
-            .await
-            .map_err(database)?;
-        let Some(row) = row else { return Err(EngineError::NotInDeadLetter { id }) };
-        let job = decode(&key, row.get(0))?;
+        let job = take_discarded(&transaction, id).await?;
         self.record(&transaction, now, vec![(EventKind::Deleted, &job)]).await?;
         transaction.commit().await.map_err(database)?;
         Ok(())
@@ -641,22 +582,7 @@ async fn finished(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job
 pub(super) async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
     let id = job.id.to_string();
     if job.state.is_terminal() {
-        let (queue, job_type, state) = (job.queue.as_str(), job.payload.job_type(), job.state.as_str());
-        let (finished, body) = (finished_at(job), encode(job));
-        const MOVE: &str = concat!(
-            "INSERT INTO svc_job_history (id, queue, type, state, finished_at, body) \
-             VALUES ($1::text::uuid, $2, $3, $4, ",
-            ts!("$5"),
-            ", $6)"
-        );
-        let (delete_params, move_params): (Params<'_>, Params<'_>) =
-            (&[&id], &[&id, &queue, &job_type, &state, &finished, &body]);
-        // Sent together (pipelined), as one step of the transaction.
-        tokio::try_join!(
-            transaction.run("DELETE FROM svc_jobs WHERE id = $1::text::uuid", delete_params),
-            transaction.run(MOVE, move_params),
-        )
-        .map_err(database)?;
+        move_to_history(transaction, &[job]).await?;
         return Ok(());
     }
     let lease = if job.state == JobState::Active { transition::claim_ends(job) } else { None };
@@ -683,6 +609,45 @@ pub(super) async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<()
         )
         .await
         .map_err(database)?;
+    Ok(())
+}
+
+/// Takes a discarded job out of the history (the dead letter listing).
+async fn take_discarded(transaction: &Transaction<'_>, id: JobId) -> Result<Job, EngineError> {
+    let key = id.to_string();
+    let row = transaction
+        .maybe_row(
+            "DELETE FROM svc_job_history WHERE id = $1::text::uuid AND state = 'discarded' RETURNING body",
+            &[&key],
+        )
+        .await
+        .map_err(database)?;
+    let Some(row) = row else { return Err(EngineError::NotInDeadLetter { id }) };
+    decode(&key, row.get(0))
+}
+
+/// Moves finished jobs from `svc_jobs` to `svc_job_history`: one `DELETE`
+/// and one `INSERT`, sent together (pipelined).
+pub(super) async fn move_to_history(transaction: &Transaction<'_>, jobs: &[&Job]) -> Result<(), EngineError> {
+    let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
+    let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
+    let types: Vec<&str> = jobs.iter().map(|job| job.payload.job_type()).collect();
+    let states: Vec<&str> = jobs.iter().map(|job| job.state.as_str()).collect();
+    let times: Vec<i64> = jobs.iter().map(|job| finished_at(job)).collect();
+    let bodies: Vec<Vec<u8>> = jobs.iter().map(|job| encode(job)).collect();
+    let (delete_params, move_params): (Params<'_>, Params<'_>) =
+        (&[&ids], &[&ids, &queues, &types, &states, &times, &bodies]);
+    tokio::try_join!(
+        transaction.run("DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[])", delete_params),
+        transaction.run(
+            "INSERT INTO svc_job_history (id, queue, type, state, finished_at, body) \
+             SELECT t.id::uuid, t.queue, t.type, t.state, to_timestamp(t.at::float8 / 1000), t.body \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::bytea[]) \
+               AS t(id, queue, type, state, at, body)",
+            move_params,
+        ),
+    )
+    .map_err(database)?;
     Ok(())
 }
 

@@ -7,8 +7,6 @@
 //! A queue is listed while it holds jobs (in flight or finished and kept),
 //! or is paused or bounded, as on the local engine.
 
-use std::sync::Arc;
-
 use deadpool_postgres::GenericClient;
 
 use super::jobs::{PgJobs, database};
@@ -16,7 +14,7 @@ use super::sql::Prepared;
 use crate::backend::Page;
 use crate::clock::Millis;
 use crate::engine::{Backpressure, EngineError, MinuteCount, Overview, QueueStats, QueueSummary};
-use crate::job::{Job, JobState};
+use crate::job::JobState;
 
 /// A queue's settings as stored.
 pub(super) struct Settings {
@@ -274,83 +272,4 @@ impl PgJobs {
         overview.dead_letter = self.dead_letter_count(None).await? as usize;
         Ok(overview)
     }
-}
-
-/// Checks new jobs against their queues in the enqueue's transaction:
-/// records queues not seen before, refuses a paused queue, and refuses a
-/// batch that would take a bounded queue past its `max_depth` (the bounded
-/// queues' rows locked, so concurrent enqueues count one after another).
-/// Answers how full each job's queue is after the enqueue, where past its
-/// warning threshold.
-pub(super) async fn admit_to_queues(
-    client: &impl GenericClient,
-    jobs: &[Job],
-    index_of: impl Fn(usize) -> Option<usize>,
-) -> Result<Vec<Option<f64>>, EngineError> {
-    let mut names: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
-    names.sort_unstable();
-    names.dedup();
-    let rows = client
-        .rows(
-            "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING) \
-             SELECT name, paused, max_depth, warning_threshold FROM svc_queues \
-             WHERE name = ANY($1) AND (paused OR max_depth IS NOT NULL)",
-            &[&names],
-        )
-        .await
-        .map_err(database)?;
-    let mut bounded: Vec<(String, Backpressure)> = Vec::new();
-    for row in &rows {
-        let name: String = row.get("name");
-        let Settings { paused, backpressure } = settings(row);
-        if paused {
-            let position = jobs.iter().position(|job| job.queue.as_str() == name).unwrap_or(0);
-            return Err(EngineError::QueuePaused { queue: name, index: index_of(position) });
-        }
-        if let Some(bound) = backpressure {
-            bounded.push((name, bound));
-        }
-    }
-    let mut pressure = vec![None; jobs.len()];
-    if bounded.is_empty() {
-        return Ok(pressure);
-    }
-    let names: Vec<&str> = bounded.iter().map(|(name, _)| name.as_str()).collect();
-    client
-        .run("SELECT 1 FROM svc_queues WHERE name = ANY($1) ORDER BY name FOR UPDATE", &[&names])
-        .await
-        .map_err(database)?;
-    for (name, bound) in &bounded {
-        let depth: i64 = client
-            .row("SELECT count(*) FROM svc_jobs WHERE queue = $1 AND state = ANY($2)", &[name, &&WAITING[..]])
-            .await
-            .map_err(database)?
-            .get(0);
-        let mut depth = depth as u64;
-        for (position, _) in jobs.iter().enumerate().filter(|(_, job)| job.queue.as_str() == name) {
-            if depth >= bound.max_depth {
-                return Err(EngineError::QueueFull {
-                    queue: name.clone(),
-                    depth,
-                    bound: bound.max_depth,
-                    index: index_of(position),
-                });
-            }
-            depth += 1;
-        }
-        for (position, job) in jobs.iter().enumerate() {
-            if job.queue.as_str() == name {
-                pressure[position] = bound.pressure(depth);
-            }
-        }
-    }
-    Ok(pressure)
-}
-
-/// The jobs of an enqueue with how full their queues are.
-pub(super) fn with_pressure(jobs: Vec<Job>, pressure: Vec<Option<f64>>) -> Vec<crate::engine::Enqueued> {
-    jobs.into_iter()
-        .zip(pressure)
-        .map(|(job, pressure)| crate::engine::Enqueued { job: Arc::new(job), deduplicated: false, pressure })
-        .collect()
 }
