@@ -402,6 +402,33 @@ fn references_in(value: &Value, out: &mut Vec<String>) {
 
 pub use crate::job::check_schema_uri as check_uri;
 
+/// Checks a job's `args` against the schema registered under `uri`
+/// (`None`: none is), as an enqueue does (docs/api.md, "Schemas"): the
+/// error names the schema and lists the violations.
+pub fn check_job_args(schema: Option<&SchemaEntry>, uri: &str, args: &str) -> Result<(), ValidationError> {
+    use crate::job::ValidationKind;
+    let Some(schema) = schema else {
+        let mut error = ValidationError::payload("schema", format!("schema {uri} is not registered"))
+            .with_reason("schema_not_registered");
+        error.kind = ValidationKind::Schema;
+        error.details.push(("schema", uri.into()));
+        return Err(error);
+    };
+    let violations = match schema.check_args(args) {
+        Ok(()) => return Ok(()),
+        Err(violations) => violations,
+    };
+    let first = &violations[0];
+    let mut error = ValidationError::payload(
+        "args",
+        format!("args do not match schema {uri}: {} ({} at {})", first.message, first.keyword, first.path),
+    );
+    error.kind = ValidationKind::Schema;
+    error.details.push(("schema", uri.into()));
+    error.details.push(("validation_errors", serde_json::to_value(&violations).unwrap_or_default()));
+    Err(error)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -273,6 +273,7 @@ fn run_on_postgres(
     // Finished jobs are kept as long as on the local engine.
     let mut postgres = postgres.clone();
     postgres.retention = config.retention;
+    postgres.max_schemas = config.max_schemas;
     let backend = runtime
         .block_on(crate::backend::postgres::PgBackend::start(&postgres, clock.clone(), node.clone()))
         .map_err(|error| ServerError::Postgres(error.to_string()))?;

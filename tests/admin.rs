@@ -2,16 +2,27 @@
 //! and backpressure (durable, refusing past the bound, a batch as a whole),
 //! listing and searching jobs page by page, one job with its timeline, bulk
 //! actions by filter, workers, and the dead letter listing paged by number.
+//! The job listing, a job's timeline and the bulk actions run on the
+//! PostgreSQL backend too.
 
 mod common;
 
 use common::TestServer;
+use common::postgres::TempPostgres;
 use serde_json::{Value, json};
 
 fn server() -> (tempfile::TempDir, TestServer) {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dir.path());
     (dir, server)
+}
+
+/// A node on a PostgreSQL server of the test's own.
+fn server_on_postgres() -> (TempPostgres, tempfile::TempDir, TestServer) {
+    let postgres = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::on_postgres(dir.path(), &postgres.database("admin"));
+    (postgres, dir, server)
 }
 
 /// Enqueues a job into `queue` that fails for good on its first attempt.
@@ -127,12 +138,22 @@ fn backpressure_refuses_past_the_bound_warns_before_it_and_survives_a_restart() 
 #[test]
 fn jobs_are_listed_filtered_searched_and_paged_without_repeats() {
     let (_dir, server) = server();
+    check_jobs_are_listed_filtered_searched_and_paged_without_repeats(&server);
+}
+
+#[test]
+fn on_postgres_jobs_are_listed_filtered_searched_and_paged_without_repeats() {
+    let (_postgres, _dir, server) = server_on_postgres();
+    check_jobs_are_listed_filtered_searched_and_paged_without_repeats(&server);
+}
+
+fn check_jobs_are_listed_filtered_searched_and_paged_without_repeats(server: &TestServer) {
     let mut emails = Vec::new();
     for n in 0..30 {
         emails.push(server.enqueue(json!({"type": "email.send", "args": [{"to": format!("user{n}@example.com")}], "options": {"queue": "mail"}})));
     }
     server.enqueue(json!({"type": "sms.send", "args": [{"to": "+100"}], "options": {"queue": "mail"}}));
-    let failed = discarded(&server, "reports", "needle-in-error");
+    let failed = discarded(server, "reports", "needle-in-error");
 
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
@@ -181,7 +202,17 @@ fn jobs_are_listed_filtered_searched_and_paged_without_repeats() {
 #[test]
 fn a_job_in_full_carries_its_timeline() {
     let (_dir, server) = server();
-    let id = discarded(&server, "reports", "x");
+    check_a_job_in_full_carries_its_timeline(&server);
+}
+
+#[test]
+fn on_postgres_a_job_in_full_carries_its_timeline() {
+    let (_postgres, _dir, server) = server_on_postgres();
+    check_a_job_in_full_carries_its_timeline(&server);
+}
+
+fn check_a_job_in_full_carries_its_timeline(server: &TestServer) {
+    let id = discarded(server, "reports", "x");
     let detail = server.get(&format!("/svc/v1/admin/jobs/{id}"));
     assert_eq!(detail.status, 200, "{}", detail.body);
     assert_eq!((detail.body["id"].as_str(), detail.body["queue"].as_str()), (Some(id.as_str()), Some("reports")));
@@ -196,7 +227,17 @@ fn a_job_in_full_carries_its_timeline() {
 #[test]
 fn bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter() {
     let (_dir, server) = server();
-    let failed: Vec<String> = (0..3).map(|n| discarded(&server, "reports", &n.to_string())).collect();
+    check_bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter(&server);
+}
+
+#[test]
+fn on_postgres_bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter() {
+    let (_postgres, _dir, server) = server_on_postgres();
+    check_bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter(&server);
+}
+
+fn check_bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter(server: &TestServer) {
+    let failed: Vec<String> = (0..3).map(|n| discarded(server, "reports", &n.to_string())).collect();
     let waiting: Vec<String> =
         (0..4).map(|n| server.enqueue(json!({"type": "t", "args": [n], "options": {"queue": "mail"}}))).collect();
 

@@ -1,8 +1,9 @@
 //! Jobs on the PostgreSQL backend, against a real PostgreSQL server of the
 //! test's own: enqueue and read back, claim order, acks and failures with
 //! the local engine's rules (retry, discard, requeue, who may report),
-//! cancel, paused queues, duplicate ids, and claimers on several nodes
-//! sharing one database without ever taking the same job.
+//! cancel, staged jobs and their activation, paused queues, duplicate ids,
+//! and claimers on several nodes sharing one database without ever taking
+//! the same job.
 
 mod common;
 
@@ -407,4 +408,37 @@ async fn a_job_past_its_expiry_is_discarded_not_handed_out() {
     let filter = EventFilter { types: Some(vec!["job.expired".into(), "job.discarded".into()]), ..Default::default() };
     assert_eq!(jobs.events_page(None, 10, &filter).await.unwrap().events.len(), 4);
     assert_eq!(jobs.dead_letter_count(None).await.unwrap(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_job_waits_for_its_activation() {
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "staged").await;
+    let staged = || JobBuilder::new("report.build").args([1]).queue("staged").pending();
+    let enqueued = jobs.enqueue(NOW, vec![new_job(staged()), new_job(staged().scheduled_at(NOW + 60_000))]).await;
+    let [now, later] = [0, 1].map(|n| enqueued.as_ref().unwrap()[n].job.id);
+    assert_eq!(jobs.job(now).await.unwrap().unwrap().state, JobState::Pending);
+    assert!(jobs.claim(NOW + 1, &fetch(&["staged"], 10, "w")).await.unwrap().is_empty(), "not handed out");
+
+    let activated = jobs.activate(NOW + 5, now).await.unwrap();
+    assert_eq!((activated.state, activated.activated_at()), (JobState::Available, Some(NOW + 5)));
+    let again = jobs.activate(NOW + 6, now).await.unwrap_err();
+    assert!(
+        matches!(
+            again,
+            EngineError::Conflict { current_state: JobState::Available, reason: ConflictReason::NotPending, .. }
+        ),
+        "{again:?}"
+    );
+    assert_eq!(jobs.activate(NOW + 6, later).await.unwrap().state, JobState::Scheduled, "its time has not come");
+    let claimed = jobs.claim(NOW + 7, &fetch(&["staged"], 10, "w")).await.unwrap();
+    assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), [now]);
+    jobs.promote_due(NOW + 60_000, 10).await.unwrap();
+    assert_eq!(jobs.claim(NOW + 60_001, &fetch(&["staged"], 10, "w")).await.unwrap()[0].id, later);
+
+    let unknown = JobId::parse("019539a4-0000-7000-8000-000000000000").unwrap();
+    assert!(matches!(jobs.activate(NOW, unknown).await, Err(EngineError::NotFound { .. })));
+    jobs.ack(NOW + 8, now, None, Some("w")).await.unwrap();
+    let finished = jobs.activate(NOW + 9, now).await.unwrap_err();
+    assert!(matches!(finished, EngineError::Conflict { current_state: JobState::Completed, .. }), "{finished:?}");
 }

@@ -63,7 +63,7 @@ fn nodes_on_one_database_serve_the_same_jobs() {
     assert_eq!((status, body["cron"]["expression"].as_str()), (200, Some("0 3 * * *")), "{body}");
 
     // Not on this backend yet: refused, and said so.
-    let (status, body) = get(&a, "/schemas");
+    let (status, body) = get(&a, "/webhooks");
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], "unsupported");
     assert!(body["error"]["message"].as_str().unwrap().contains("PostgreSQL"), "{body}");

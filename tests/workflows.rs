@@ -1,11 +1,13 @@
 //! Workflows (docs/api.md, "Workflows") over HTTP against a server on a
 //! manual clock that checks its invariants after every turn: each row of
 //! the execution table, results passing, cancel in each phase, the events
-//! in order, restarts at each phase, retention, and every error path.
+//! in order, restarts at each phase, retention, and every error path. The
+//! tests that do not move time run on the PostgreSQL backend too.
 
 mod common;
 
 use common::TestServer;
+use common::postgres::TempPostgres;
 use serde_json::{Value, json};
 use svc::clock::ManualClock;
 
@@ -15,6 +17,9 @@ struct Flow {
     server: TestServer,
     clock: ManualClock,
     dir: tempfile::TempDir,
+    /// The database of a node on the PostgreSQL backend (whose clock is
+    /// the system's: its tests do not move time).
+    _postgres: Option<TempPostgres>,
 }
 
 impl Flow {
@@ -22,14 +27,21 @@ impl Flow {
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(START);
         let server = TestServer::start_at(dir.path(), &clock);
-        Flow { server, clock, dir }
+        Flow { server, clock, dir, _postgres: None }
+    }
+
+    fn on_postgres() -> Flow {
+        let postgres = TempPostgres::start();
+        let dir = tempfile::tempdir().unwrap();
+        let server = TestServer::on_postgres(dir.path(), &postgres.database("workflows"));
+        Flow { server, clock: ManualClock::new(START), dir, _postgres: Some(postgres) }
     }
 
     fn restart(self) -> Flow {
-        let Flow { server, clock, dir } = self;
+        let Flow { server, clock, dir, _postgres } = self;
         server.stop();
         let server = TestServer::start_at(dir.path(), &clock);
-        Flow { server, clock, dir }
+        Flow { server, clock, dir, _postgres }
     }
 
     /// Creates a workflow, asserting 201; answers its object.
@@ -85,7 +97,15 @@ fn chain(queue: &str, steps: usize) -> Value {
 
 #[test]
 fn a_chain_runs_its_steps_in_order_passing_results() {
-    let flow = Flow::new();
+    check_a_chain_runs_its_steps_in_order_passing_results(Flow::new());
+}
+
+#[test]
+fn on_postgres_a_chain_runs_its_steps_in_order_passing_results() {
+    check_a_chain_runs_its_steps_in_order_passing_results(Flow::on_postgres());
+}
+
+fn check_a_chain_runs_its_steps_in_order_passing_results(flow: Flow) {
     let created = flow.create(chain("c", 3));
     assert_eq!((created["state"].as_str(), created["steps_total"].as_u64()), (Some("running"), Some(3)));
     let states: Vec<&str> =
@@ -148,7 +168,16 @@ fn a_failed_or_cancelled_step_fails_the_chain_and_cancels_the_rest() {
     assert_eq!(reasons["events"][0]["data"]["reason"], "workflow_failed");
     assert_eq!(reasons["events"][0]["data"]["workflow_id"], created["id"]);
 
-    // A pending step cancelled directly fails the chain too.
+    a_cancelled_waiting_step_fails_the_chain(&flow);
+}
+
+#[test]
+fn on_postgres_a_cancelled_waiting_step_fails_the_chain() {
+    a_cancelled_waiting_step_fails_the_chain(&Flow::on_postgres());
+}
+
+/// A pending step cancelled directly fails the chain too.
+fn a_cancelled_waiting_step_fails_the_chain(flow: &Flow) {
     let created = flow.create(chain("d", 3));
     let pending = created["steps"][2]["job_id"].as_str().unwrap().to_string();
     assert_eq!(flow.server.delete(&format!("/svc/v1/jobs/{pending}")).status, 200);
@@ -181,7 +210,15 @@ fn a_step_cancelled_by_a_timeout_is_not_expired_in_the_same_turn() {
 /// workflow's cancel leaves it alone.
 #[test]
 fn cancelling_a_workflow_leaves_a_member_retried_from_the_dead_letter_listing() {
-    let flow = Flow::new();
+    check_cancelling_a_workflow_leaves_a_member_retried_from_the_dead_letter_listing(Flow::new());
+}
+
+#[test]
+fn on_postgres_cancelling_a_workflow_leaves_a_member_retried_from_the_dead_letter_listing() {
+    check_cancelling_a_workflow_leaves_a_member_retried_from_the_dead_letter_listing(Flow::on_postgres());
+}
+
+fn check_cancelling_a_workflow_leaves_a_member_retried_from_the_dead_letter_listing(flow: Flow) {
     let retry = json!({"max_attempts": 1, "on_exhaustion": "dead_letter"});
     let created = flow.create(json!({"type": "group", "jobs": [
         {"type": "a", "options": {"queue": "g", "retry": retry}},
@@ -215,7 +252,15 @@ fn two_members_with_one_unique_key_refuse_the_creation() {
 
 #[test]
 fn a_group_ends_when_every_job_has() {
-    let flow = Flow::new();
+    check_a_group_ends_when_every_job_has(Flow::new());
+}
+
+#[test]
+fn on_postgres_a_group_ends_when_every_job_has() {
+    check_a_group_ends_when_every_job_has(Flow::on_postgres());
+}
+
+fn check_a_group_ends_when_every_job_has(flow: Flow) {
     let jobs: Vec<Value> = (0..3).map(|n| json!({"type": "g", "args": [n], "options": {"queue": "g"}})).collect();
     let created = flow.create(json!({"definition": {"type": "group", "jobs": jobs}}));
     let claimed = flow.server.fetch(&["g"], 3);
@@ -244,7 +289,15 @@ fn batch(queue: &str, jobs: usize, callbacks: Value) -> Value {
 
 #[test]
 fn a_batch_fires_its_callbacks_once_by_their_rule() {
-    let flow = Flow::new();
+    check_a_batch_fires_its_callbacks_once_by_their_rule(Flow::new());
+}
+
+#[test]
+fn on_postgres_a_batch_fires_its_callbacks_once_by_their_rule() {
+    check_a_batch_fires_its_callbacks_once_by_their_rule(Flow::on_postgres());
+}
+
+fn check_a_batch_fires_its_callbacks_once_by_their_rule(flow: Flow) {
     let callbacks = json!({"on_complete": {"type": "cb.complete", "options": {"queue": "cb"}},
                            "on_success": {"type": "cb.success", "options": {"queue": "cb"}},
                            "on_failure": {"type": "cb.failure", "options": {"queue": "cb"}}});
@@ -297,7 +350,15 @@ fn a_batch_fires_its_callbacks_once_by_their_rule() {
 
 #[test]
 fn cancel_stops_every_job_in_each_phase_and_nothing_fires_afterwards() {
-    let flow = Flow::new();
+    check_cancel_stops_every_job_in_each_phase_and_nothing_fires_afterwards(Flow::new());
+}
+
+#[test]
+fn on_postgres_cancel_stops_every_job_in_each_phase_and_nothing_fires_afterwards() {
+    check_cancel_stops_every_job_in_each_phase_and_nothing_fires_afterwards(Flow::on_postgres());
+}
+
+fn check_cancel_stops_every_job_in_each_phase_and_nothing_fires_afterwards(flow: Flow) {
     // A chain with its first step active.
     let created = flow.create(chain("x", 2));
     let active = flow.take("x");
@@ -470,7 +531,15 @@ fn jobs_whose_workflow_was_pruned_keep_its_id_but_not_its_results() {
 
 #[test]
 fn invalid_creations_are_refused_and_create_nothing() {
-    let flow = Flow::new();
+    check_invalid_creations_are_refused_and_create_nothing(Flow::new());
+}
+
+#[test]
+fn on_postgres_invalid_creations_are_refused_and_create_nothing() {
+    check_invalid_creations_are_refused_and_create_nothing(Flow::on_postgres());
+}
+
+fn check_invalid_creations_are_refused_and_create_nothing(flow: Flow) {
     let cases = [
         (json!({"name": "x"}), 400, "invalid_request"),
         (json!({"definition": {"type": "dag", "steps": [{"type": "a"}]}}), 400, "invalid_request"),
@@ -591,7 +660,15 @@ fn ended_workflows_past_a_cap_are_pruned_oldest_first() {
 
 #[test]
 fn workflow_events_follow_the_job_events_that_cause_them() {
-    let flow = Flow::new();
+    check_workflow_events_follow_the_job_events_that_cause_them(Flow::new());
+}
+
+#[test]
+fn on_postgres_workflow_events_follow_the_job_events_that_cause_them() {
+    check_workflow_events_follow_the_job_events_that_cause_them(Flow::on_postgres());
+}
+
+fn check_workflow_events_follow_the_job_events_that_cause_them(flow: Flow) {
     let created = flow.create(batch("ev", 1, json!({"on_complete": {"type": "cb", "options": {"queue": "evcb"}}})));
     let member = flow.take("ev");
     flow.ack(&member, Value::Null);

@@ -147,7 +147,7 @@ impl EngineHandle {
     fn check_schemas<'a>(&self, jobs: impl Iterator<Item = (Option<usize>, &'a NewJob)>) -> Result<(), EngineError> {
         for (index, job) in jobs {
             let Some(uri) = job.schema.as_deref() else { continue };
-            check_args(self.view.schema(uri).as_deref(), uri, job.payload.args())
+            crate::schema::check_job_args(self.view.schema(uri).as_deref(), uri, job.payload.args())
                 .map_err(|error| EngineError::Invalid { error, index })?;
         }
         Ok(())
@@ -261,7 +261,7 @@ impl EngineHandle {
     /// only checks that the schema is still registered.
     fn check_cron_schema(&self, definition: &CronDefinition) -> Result<(), EngineError> {
         let Some(uri) = definition.schema() else { return Ok(()) };
-        check_args(self.view.schema(&uri).as_deref(), &uri, definition.job.payload.args())
+        crate::schema::check_job_args(self.view.schema(&uri).as_deref(), &uri, definition.job.payload.args())
             .map_err(|error| EngineError::Invalid { error, index: None })
     }
 
@@ -521,29 +521,4 @@ impl EngineHandle {
     pub fn defaults(&self) -> &JobDefaults {
         &self.defaults
     }
-}
-
-/// Checks `args` against the schema registered under `uri` (`None`: not registered).
-fn check_args(schema: Option<&SchemaEntry>, uri: &str, args: &str) -> Result<(), crate::job::ValidationError> {
-    use crate::job::{ValidationError, ValidationKind};
-    let Some(schema) = schema else {
-        let mut error = ValidationError::payload("schema", format!("schema {uri} is not registered"))
-            .with_reason("schema_not_registered");
-        error.kind = ValidationKind::Schema;
-        error.details.push(("schema", uri.into()));
-        return Err(error);
-    };
-    let violations = match schema.check_args(args) {
-        Ok(()) => return Ok(()),
-        Err(violations) => violations,
-    };
-    let first = &violations[0];
-    let mut error = ValidationError::payload(
-        "args",
-        format!("args do not match schema {uri}: {} ({} at {})", first.message, first.keyword, first.path),
-    );
-    error.kind = ValidationKind::Schema;
-    error.details.push(("schema", uri.into()));
-    error.details.push(("validation_errors", serde_json::to_value(&violations).unwrap_or_default()));
-    Err(error)
 }

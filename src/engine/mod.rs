@@ -65,7 +65,9 @@ pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
 pub use webhooks::outbox;
 pub use webhooks::{AttemptOutcome, AttemptResult, WebhookChange};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
-pub use workflows::table::{Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState};
+pub use workflows::table::{
+    Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState, is_failure,
+};
 pub use workflows::{CancelWorkflow, CreateWorkflow};
 
 use std::path::PathBuf;

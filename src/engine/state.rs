@@ -241,7 +241,7 @@ impl State {
             for previous in std::mem::take(&mut self.ended_with_waiter) {
                 let Some(waiting) = self.crons.waiters.remove(&previous) else { continue };
                 if self.jobs.get(&waiting).is_some_and(|job| job.state == JobState::Pending) {
-                    self.update(waiting, |job| activate(job, at))?;
+                    self.update(waiting, |job| transition::activate(job, at))?;
                 }
             }
             for ended in std::mem::take(&mut self.ended_in_workflow) {
@@ -374,7 +374,7 @@ impl State {
             Some(job) => return Err(ApplyError(format!("record activates job {id}, which is {}", job.state.as_str()))),
             None => return Err(ApplyError(format!("record activates unknown job {id}"))),
         }
-        let job = self.update(id, |job| activate(job, at))?;
+        let job = self.update(id, |job| transition::activate(job, at))?;
         if job.state == JobState::Scheduled {
             events.push(at, EventKind::Scheduled, id);
         }
@@ -547,17 +547,6 @@ impl State {
         Ok(())
     }
 }
-/// A `pending` job becomes `scheduled` until its time, else `available` (docs/api.md, "Job state table", rows 8–12).
-pub(super) fn activate(job: &mut Job, at: Millis) {
-    if job.scheduled_at().is_some_and(|scheduled| scheduled > at) {
-        job.state = JobState::Scheduled;
-    } else {
-        job.state = JobState::Available;
-        job.set_enqueued_at(Some(at));
-    }
-    job.set_activated_at(at);
-}
-
 fn push_outcome_event(
     events: &mut EventSink,
     at: Millis,

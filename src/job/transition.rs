@@ -201,6 +201,18 @@ pub fn promote(job: &mut Job, at: Millis) {
     }
 }
 
+/// A `pending` job activated: `scheduled` until its time, else `available`
+/// from `at` (docs/api.md, "Job state table").
+pub fn activate(job: &mut Job, at: Millis) {
+    if job.scheduled_at().is_some_and(|scheduled| scheduled > at) {
+        job.state = JobState::Scheduled;
+    } else {
+        job.state = JobState::Available;
+        job.set_enqueued_at(Some(at));
+    }
+    job.set_activated_at(at);
+}
+
 /// Back from the dead letter listing: available from `at` as a fresh run,
 /// of the old one only the error history kept (docs/api.md, "Which times a
 /// job carries"); no expiry, else an expired job would expire again at once.

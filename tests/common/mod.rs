@@ -28,6 +28,8 @@ pub fn http_client_builder() -> reqwest::blocking::ClientBuilder {
 
 pub struct TestServer {
     pub server: Option<RunningServer>,
+    /// A `svc serve` child process, for a server on another backend.
+    pub process: Option<ServerProcess>,
     pub base: String,
     pub client: Client,
 }
@@ -67,7 +69,14 @@ impl TestServer {
     pub fn start_with(config: &Config, engine: EngineConfig) -> TestServer {
         let server = start(config, engine).expect("server starts");
         let base = format!("http://{}", server.addr);
-        TestServer { server: Some(server), base, client: http_client() }
+        TestServer { server: Some(server), process: None, base, client: http_client() }
+    }
+
+    /// `svc serve --postgres` on `url`, as a child process: the same tests
+    /// over HTTP, on the PostgreSQL backend.
+    pub fn on_postgres(dir: &Path, url: &str) -> TestServer {
+        let (process, base) = spawn_server_with_env(dir, &[("SVC_POSTGRES_URL", url)]);
+        TestServer { server: None, process: Some(process), base, client: http_client() }
     }
 
     /// A server whose engine reads `clock` and checks its invariants after
@@ -97,6 +106,9 @@ impl TestServer {
     }
 
     pub fn stop(mut self) {
+        if self.process.take().is_some() {
+            return;
+        }
         self.server.take().expect("server running").stop().expect("server stops cleanly");
     }
 

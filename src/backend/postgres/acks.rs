@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::jobs::{PgJobs, database, decode, finished_at, move_to_history};
+use super::jobs::{PgJobs, database, decode, finished_at};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind};
@@ -100,7 +100,7 @@ impl PgJobs {
             })
             .collect();
         // Sent together (pipelined), as one step of the transaction.
-        tokio::try_join!(move_to_history(&transaction, &done), async {
+        tokio::try_join!(self.move_to_history(&transaction, &done), async {
             super::events::append(&transaction, &events).await.map_err(database)
         })?;
         transaction.commit().await.map_err(database)?;

@@ -54,7 +54,7 @@ impl PgBackend {
     /// node in `svc_leader`.
     pub async fn start(settings: &PgSettings, clock: Arc<dyn Clock>, node: String) -> Result<PgBackend, PgError> {
         let pool = super::open(settings).await?;
-        let jobs = Arc::new(PgJobs::new(pool.clone()));
+        let jobs = Arc::new(PgJobs::new(pool.clone()).with_max_schemas(settings.max_schemas));
         let listener = jobs.listen(settings)?;
         let lease = LeaderLease::new(pool, "timers", node, LEASE_TTL_MS_DEFAULT);
         let draining = Arc::new(AtomicBool::new(false));
@@ -95,8 +95,8 @@ impl Drop for PgBackend {
 
 /// The leader's timers: while this node holds the lease, due jobs are
 /// promoted, claims that ran out are ended and due cron entries fire,
-/// every [`TIMERS_EVERY`]; events, cron firings, idle workers and the
-/// history are pruned every [`PRUNE_EVERY`].
+/// every [`TIMERS_EVERY`]; events, cron firings, idle workers, the history
+/// and ended workflows are pruned every [`PRUNE_EVERY`].
 async fn run_timers(
     jobs: Arc<PgJobs>,
     lease: LeaderLease,
@@ -141,6 +141,7 @@ async fn run_timers(
                 let _ = jobs.prune_firings().await;
                 let _ = jobs.forget_idle_workers(now).await;
                 let _ = jobs.keep_history(now, &retention, TIMERS_BATCH).await;
+                let _ = jobs.prune_workflows(now, &retention).await;
             }
         }
         tokio::time::sleep(TIMERS_EVERY).await;
@@ -172,16 +173,19 @@ impl Backend for PgBackend {
         self.run(async move { store.cancel(now, id).await })
     }
 
-    fn activate(&self, _: JobId) -> Pending<Arc<Job>> {
-        unsupported("activating a staged job")
+    fn activate(&self, id: JobId) -> Pending<Arc<Job>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.activate(now, id).await })
     }
 
-    fn jobs_page(&self, _: JobFilter, _: Option<JobCursor>, _: usize) -> Pending<JobsPage> {
-        unsupported("listing jobs")
+    fn jobs_page(&self, filter: JobFilter, from: Option<JobCursor>, limit: usize) -> Pending<JobsPage> {
+        let store = self.jobs.clone();
+        self.run(async move { store.jobs_page(&filter, from, limit).await })
     }
 
-    fn bulk_jobs(&self, _: BulkAction, _: Vec<JobId>) -> Pending<BulkOutcome> {
-        unsupported("a bulk action")
+    fn bulk_jobs(&self, action: BulkAction, ids: Vec<JobId>) -> Pending<BulkOutcome> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.bulk_jobs(now, action, ids).await })
     }
 
     fn fetch(&self, request: FetchRequest, wait_ms: u64) -> Pending<Vec<Arc<Job>>> {
@@ -372,36 +376,44 @@ impl Backend for PgBackend {
         self.run(async move { store.cron_delete(&name).await })
     }
 
-    fn create_workflow(&self, _: WorkflowDefinition) -> Pending<JobId> {
-        unsupported("workflows")
+    fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<JobId> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.create_workflow(now, definition).await })
     }
 
-    fn workflow(&self, _: JobId) -> Pending<Option<Arc<Workflow>>> {
-        unsupported("workflows")
+    fn workflow(&self, id: JobId) -> Pending<Option<Arc<Workflow>>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.workflow(id).await })
     }
 
-    fn cancel_workflow(&self, _: JobId) -> Pending<()> {
-        unsupported("workflows")
+    fn cancel_workflow(&self, id: JobId) -> Pending<()> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.cancel_workflow(now, id).await })
     }
 
-    fn workflows_page(&self, _: Option<JobId>, _: usize) -> Pending<Page<Arc<Workflow>>> {
-        unsupported("workflows")
+    fn workflows_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Workflow>>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.workflows_page(after, limit).await })
     }
 
-    fn register_schema(&self, _: SchemaRegistration) -> Pending<Arc<SchemaEntry>> {
-        unsupported("the schema registry")
+    fn register_schema(&self, registration: SchemaRegistration) -> Pending<Arc<SchemaEntry>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.register_schema(now, registration).await })
     }
 
-    fn delete_schema(&self, _: String) -> Pending<Arc<SchemaEntry>> {
-        unsupported("the schema registry")
+    fn delete_schema(&self, uri: String) -> Pending<Arc<SchemaEntry>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.delete_schema(&uri).await })
     }
 
-    fn schema(&self, _: String) -> Pending<Option<Arc<SchemaEntry>>> {
-        unsupported("the schema registry")
+    fn schema(&self, uri: String) -> Pending<Option<Arc<SchemaEntry>>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.schema(&uri).await })
     }
 
-    fn schemas_page(&self, _: Option<String>, _: usize) -> Pending<Page<Arc<SchemaEntry>>> {
-        unsupported("the schema registry")
+    fn schemas_page(&self, after: Option<String>, limit: usize) -> Pending<Page<Arc<SchemaEntry>>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.schemas_page(after.as_deref(), limit).await })
     }
 
     fn create_webhook(&self, _: NewSubscription) -> Pending<Arc<Subscription>> {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::Transaction;
 
-use super::jobs::{PgJobs, database, decode, encode, store};
+use super::jobs::{PgJobs, database, decode, encode};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind, FetchRequest};
@@ -29,6 +29,7 @@ pub(super) struct PendingClaim {
 /// ids in `taken` (already selected by this transaction) left out and the
 /// new ones added. Expired jobs met on the way are discarded into `expired`.
 async fn select(
+    store: &PgJobs,
     transaction: &Transaction<'_>,
     queues: &[String],
     wanted: usize,
@@ -63,7 +64,7 @@ async fn select(
                 // Past its expiry, a job is discarded, not handed out.
                 if job.expires_at().is_some_and(|at| at <= now) {
                     transition::expire(&mut job, now);
-                    store(transaction, &job).await?;
+                    store.store(transaction, &job).await?;
                     expired.push(job);
                     expired_now += 1;
                 } else {
@@ -102,7 +103,8 @@ impl PgJobs {
         let mut handed: Vec<Vec<Job>> = claims.iter().map(|_| Vec::new()).collect();
         for (queues, members) in &groups {
             let wanted = members.iter().map(|index| claims[*index].request.count).sum();
-            let mut selected = select(&transaction, queues, wanted, now, &mut taken, &mut expired).await?.into_iter();
+            let mut selected =
+                select(self, &transaction, queues, wanted, now, &mut taken, &mut expired).await?.into_iter();
             for index in members {
                 let PendingClaim { now, request } = &claims[*index];
                 for mut job in selected.by_ref().take(request.count) {

@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 use deadpool_postgres::GenericClient;
 
-use super::jobs::{PgJobs, database, insert, locked, notify_available, store};
-use super::sql::Prepared;
+use super::jobs::{PgJobs, database, insert, locked, notify_available};
+use super::sql::{Prepared, from_body, to_body};
 use crate::backend::Page;
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, OverlapPolicy};
-use crate::engine::{CronEntry, CronInfo, CronSkip, CronWrite, EngineError, EventKind, Unavailable, register_cron};
+use crate::engine::{CronEntry, CronInfo, CronSkip, CronWrite, EngineError, EventKind, register_cron};
 use crate::job::{Job, JobId, JobState, ValidationError, transition};
 use crate::limits::{CRON_ENTRIES_MAX_DEFAULT, CRON_MISSED_COUNT_MAX};
 
@@ -30,19 +30,16 @@ const REGISTRATION_LOCK: i64 = i64::from_be_bytes(*b"svc_cron");
 const FIRINGS_KEPT_DAYS: i32 = 7;
 
 fn encode(entry: &CronEntry) -> Vec<u8> {
-    postcard::to_allocvec(entry).expect("a cron entry always encodes")
+    to_body(entry)
 }
 
 fn decode(name: &str, body: &[u8]) -> Result<CronEntry, EngineError> {
-    postcard::from_bytes(body).map_err(|error| {
-        tracing::error!(name, %error, "a stored cron entry does not decode");
-        EngineError::Unavailable { reason: Unavailable::Database }
-    })
+    from_body("cron entry", name, body)
 }
 
 /// Refuses what this backend cannot fire yet, before anything is stored:
-/// a run that waits for the previous one, and jobs with a unique policy,
-/// a dispatch limit or a schema (none of which it enqueues yet).
+/// a run that waits for the previous one, and jobs with a unique policy or
+/// a dispatch limit (neither of which it enqueues yet).
 fn check_supported(definition: &CronDefinition) -> Result<(), EngineError> {
     let refuse = |field: &str, what: &str| {
         let message = format!("{what} is not yet available for cron on the PostgreSQL backend");
@@ -54,9 +51,6 @@ fn check_supported(definition: &CronDefinition) -> Result<(), EngineError> {
     let (unique, rate_limit) = definition.job_controls();
     if unique.is_some() || rate_limit.is_some() {
         return refuse("options", "a unique policy or rate limit");
-    }
-    if definition.schema().is_some() {
-        return refuse("schema", "a schema");
     }
     Ok(())
 }
@@ -118,6 +112,11 @@ impl PgJobs {
         write: CronWrite,
     ) -> Result<(Arc<CronEntry>, bool), EngineError> {
         check_supported(&definition)?;
+        // The template's args are checked when the entry is registered;
+        // each firing only checks that the schema is still registered.
+        if let Some(uri) = definition.schema() {
+            self.check_args(vec![(None, uri.as_str(), definition.job.payload.args())]).await?;
+        }
         let name = definition.name.clone();
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
@@ -201,8 +200,13 @@ impl PgJobs {
             .await
             .map_err(database)?
             .is_some_and(|row| row.get(0));
+        let schema_missing = match definition.schema() {
+            Some(uri) => !self.schema_registered(transaction, &uri).await?,
+            None => false,
+        };
         // What this firing does: skip, or enqueue (cancelling the previous run first).
         let (job, cancelled, skip) = match (previous, definition.overlap) {
+            _ if schema_missing => (None, None, Some(skipped(&entry, due.scheduled, "schema_not_registered", None))),
             _ if paused => (None, None, Some(skipped(&entry, due.scheduled, "queue_paused", None))),
             (Some(previous), OverlapPolicy::Skip | OverlapPolicy::Enqueue) => {
                 (None, None, Some(skipped(&entry, due.scheduled, "overlap_skip", Some(previous.id))))
@@ -240,7 +244,7 @@ impl PgJobs {
             if let Some(previous) = cancelled.as_mut() {
                 let previous_state = previous.state;
                 transition::cancel(previous, now);
-                store(transaction, previous).await?;
+                self.store(transaction, previous).await?;
                 events.push((EventKind::Cancelled { previous_state, reason: "cron_cancel_previous" }, None));
             }
             if let Some(job) = &job {

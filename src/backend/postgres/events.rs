@@ -15,7 +15,7 @@ use super::sql::Prepared;
 use crate::backend::EventFilter;
 use crate::clock::Millis;
 use crate::engine::{
-    CronInfo, CronSkip, EngineError, Event, EventId, EventKind, EventPage, SignalledWorker, Unavailable,
+    CronInfo, CronSkip, EngineError, Event, EventId, EventKind, EventPage, SignalledWorker, Unavailable, WorkflowEvent,
 };
 use crate::job::{FailureReport, Job, JobId, JobState};
 
@@ -48,6 +48,74 @@ enum StoredKind {
     QueueResumed { queue: String },
     WorkerStarted { worker_id: String },
     WorkerSignalled { worker_id: String, terminate: bool, active_job_ids: Vec<JobId> },
+    Workflow { id: JobId, event: StoredWorkflowEvent },
+}
+
+/// A workflow event as stored: the engine's, its names as text.
+#[derive(Serialize, Deserialize)]
+enum StoredWorkflowEvent {
+    Started { name: Option<String>, workflow_type: String, jobs_total: usize },
+    StepCompleted { index: usize, job_id: JobId, job_type: String, steps_remaining: usize },
+    CallbackFired { callback: String, job_id: JobId },
+    Completed { workflow_type: String, duration_ms: Millis },
+    Failed { workflow_type: String, failed_index: Option<u32>, failed_job_id: JobId, error: Option<FailureReport> },
+    Cancelled { jobs_cancelled: usize },
+}
+
+/// The names a workflow event carries, as the engine spells them.
+const WORKFLOW_NAMES: &[&str] = &["chain", "group", "batch", "on_complete", "on_success", "on_failure"];
+
+fn workflow_name(text: &str) -> &'static str {
+    WORKFLOW_NAMES.iter().copied().find(|known| *known == text).unwrap_or("unknown")
+}
+
+impl StoredWorkflowEvent {
+    fn of(event: &WorkflowEvent) -> StoredWorkflowEvent {
+        match event.clone() {
+            WorkflowEvent::Started { name, workflow_type, jobs_total } => {
+                StoredWorkflowEvent::Started { name, workflow_type: workflow_type.into(), jobs_total }
+            }
+            WorkflowEvent::StepCompleted { index, job_id, job_type, steps_remaining } => {
+                StoredWorkflowEvent::StepCompleted { index, job_id, job_type, steps_remaining }
+            }
+            WorkflowEvent::CallbackFired { callback, job_id } => {
+                StoredWorkflowEvent::CallbackFired { callback: callback.into(), job_id }
+            }
+            WorkflowEvent::Completed { workflow_type, duration_ms } => {
+                StoredWorkflowEvent::Completed { workflow_type: workflow_type.into(), duration_ms }
+            }
+            WorkflowEvent::Failed { workflow_type, failed_index, failed_job_id, error } => {
+                StoredWorkflowEvent::Failed { workflow_type: workflow_type.into(), failed_index, failed_job_id, error }
+            }
+            WorkflowEvent::Cancelled { jobs_cancelled } => StoredWorkflowEvent::Cancelled { jobs_cancelled },
+        }
+    }
+
+    fn event(self) -> WorkflowEvent {
+        match self {
+            StoredWorkflowEvent::Started { name, workflow_type, jobs_total } => {
+                WorkflowEvent::Started { name, workflow_type: workflow_name(&workflow_type), jobs_total }
+            }
+            StoredWorkflowEvent::StepCompleted { index, job_id, job_type, steps_remaining } => {
+                WorkflowEvent::StepCompleted { index, job_id, job_type, steps_remaining }
+            }
+            StoredWorkflowEvent::CallbackFired { callback, job_id } => {
+                WorkflowEvent::CallbackFired { callback: workflow_name(&callback), job_id }
+            }
+            StoredWorkflowEvent::Completed { workflow_type, duration_ms } => {
+                WorkflowEvent::Completed { workflow_type: workflow_name(&workflow_type), duration_ms }
+            }
+            StoredWorkflowEvent::Failed { workflow_type, failed_index, failed_job_id, error } => {
+                WorkflowEvent::Failed {
+                    workflow_type: workflow_name(&workflow_type),
+                    failed_index,
+                    failed_job_id,
+                    error,
+                }
+            }
+            StoredWorkflowEvent::Cancelled { jobs_cancelled } => WorkflowEvent::Cancelled { jobs_cancelled },
+        }
+    }
 }
 
 /// The cron entry an event tells of, as stored.
@@ -94,6 +162,12 @@ const REASONS: &[&str] = &[
     "queue_paused",
     "misfire",
     "dst_skip",
+    "schema_not_registered",
+    "duplicate",
+    "unique_replace",
+    "workflow_cancel",
+    "workflow_failed",
+    "disk_full",
 ];
 
 fn reason(text: &str) -> &'static str {
@@ -138,6 +212,9 @@ impl StoredKind {
                 existing_job_id: skip.existing_job_id,
                 missed_count: skip.missed_count,
             },
+            EventKind::Workflow { id, event } => {
+                StoredKind::Workflow { id: *id, event: StoredWorkflowEvent::of(event) }
+            }
             _ => return None,
         })
     }
@@ -181,6 +258,7 @@ impl StoredKind {
                     missed_count,
                 }))
             }
+            StoredKind::Workflow { id, event } => EventKind::Workflow { id, event: Box::new(event.event()) },
         }
     }
 }

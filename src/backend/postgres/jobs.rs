@@ -21,7 +21,7 @@ use super::acks::PendingAck;
 use super::batch::Batcher;
 use super::claims::PendingClaim;
 use super::enqueues::PendingEnqueue;
-use super::sql::{Params, Prepared};
+use super::sql::{Params, Prepared, from_body, to_body};
 use super::wakeup::{CHANNEL, Wakeups};
 use crate::clock::Millis;
 use crate::engine::{
@@ -47,6 +47,8 @@ pub struct PgJobs {
     ids: Arc<std::sync::Mutex<IdGenerator>>,
     wakeups: Arc<Wakeups>,
     batches: Arc<std::sync::OnceLock<Batches>>,
+    compiled_schemas: Arc<super::schemas::CompiledSchemas>,
+    max_schemas: usize,
 }
 
 /// The requests merged into shared transactions (`batch.rs`).
@@ -75,14 +77,11 @@ pub(super) fn database(error: impl Into<PgError>) -> EngineError {
 
 /// The job as stored in `body`.
 pub(super) fn encode(job: &Job) -> Vec<u8> {
-    postcard::to_allocvec(job).expect("a job always encodes")
+    to_body(job)
 }
 
 pub(super) fn decode(id: &str, body: &[u8]) -> Result<Job, EngineError> {
-    postcard::from_bytes(body).map_err(|error| {
-        tracing::error!(id, %error, "a stored job does not decode");
-        EngineError::Unavailable { reason: Unavailable::Database }
-    })
+    from_body("job", id, body)
 }
 
 /// When a job in the hot table becomes (or became) claimable: the order of
@@ -110,7 +109,28 @@ impl PgJobs {
     /// A store on `pool`. Waiting fetches poll until [`PgJobs::listen`]
     /// starts the node's listening connection.
     pub fn new(pool: Pool) -> Self {
-        PgJobs { pool, ids: Arc::default(), wakeups: Arc::default(), batches: Arc::default() }
+        PgJobs {
+            pool,
+            ids: Arc::default(),
+            wakeups: Arc::default(),
+            batches: Arc::default(),
+            compiled_schemas: Arc::default(),
+            max_schemas: crate::limits::SCHEMAS_MAX,
+        }
+    }
+
+    /// Sets the most schemas the registry holds (`limits.max_schemas`).
+    pub fn with_max_schemas(mut self, max_schemas: usize) -> Self {
+        self.max_schemas = max_schemas;
+        self
+    }
+
+    pub(super) fn max_schemas(&self) -> usize {
+        self.max_schemas
+    }
+
+    pub(super) fn compiled_schemas(&self) -> &super::schemas::CompiledSchemas {
+        &self.compiled_schemas
     }
 
     /// The merged requests, started on the current runtime at first use.
@@ -205,21 +225,24 @@ impl PgJobs {
 
     /// Enqueues jobs, all or none. Checked as the local engine checks them:
     /// client ids not in use and not far ahead, times in order, queues not
-    /// paused and not past their backpressure bound. Unique policies,
-    /// dispatch limits and schemas are not handled by this backend yet and
-    /// are refused, not ignored.
+    /// paused and not past their backpressure bound, `args` matching the
+    /// schema a job names. Unique policies and dispatch limits are not
+    /// handled by this backend yet and are refused, not ignored.
     pub async fn enqueue(&self, now: Millis, new_jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, EngineError> {
         let batch = new_jobs.len() > 1;
         let index_of = |position: usize| batch.then_some(position);
-        let mut jobs = Vec::with_capacity(new_jobs.len());
-        for (position, new_job) in new_jobs.into_iter().enumerate() {
-            if new_job.unique.is_some() || new_job.rate_limit.is_some() || new_job.schema.is_some() {
+        for (position, new_job) in new_jobs.iter().enumerate() {
+            if new_job.unique.is_some() || new_job.rate_limit.is_some() {
                 let error = ValidationError::unsupported(
                     "options",
-                    "unique policies, rate limits and schemas are not yet supported on the PostgreSQL backend",
+                    "unique policies and rate limits are not yet supported on the PostgreSQL backend",
                 );
                 return Err(EngineError::Invalid { error, index: index_of(position) });
             }
+        }
+        self.check_schemas(&new_jobs, index_of).await?;
+        let mut jobs = Vec::with_capacity(new_jobs.len());
+        for (position, new_job) in new_jobs.into_iter().enumerate() {
             jobs.push(self.admit(now, new_job, index_of(position))?);
         }
         self.batches().enqueues.submit(super::enqueues::PendingEnqueue { now, jobs }).await
@@ -339,7 +362,7 @@ impl PgJobs {
         let events = change(&mut job);
         let events = events.into_iter().map(|kind| (kind, &job)).collect();
         let notified = notify_available(&transaction, std::slice::from_ref(&job));
-        tokio::try_join!(store(&transaction, &job), notified, self.record(&transaction, now, events))?;
+        tokio::try_join!(self.store(&transaction, &job), notified, self.record(&transaction, now, events))?;
         transaction.commit().await.map_err(database)?;
         Ok(Arc::new(job))
     }
@@ -362,10 +385,36 @@ impl PgJobs {
         };
         let previous_state = job.state;
         transition::cancel(&mut job, now);
-        store(&transaction, &job).await?;
+        self.store(&transaction, &job).await?;
         self.record(&transaction, now, vec![(EventKind::Cancelled { previous_state, reason: "api" }, &job)]).await?;
         transaction.commit().await.map_err(database)?;
         Ok(Cancelled { job: Arc::new(job), previous_state })
+    }
+
+    /// Activates a staged (`pending`) job: `scheduled` until its time,
+    /// else available at once.
+    pub async fn activate(&self, now: Millis, id: JobId) -> Result<Arc<Job>, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let Some(mut job) = locked(&transaction, id).await? else {
+            return Err(match finished(&transaction, id).await? {
+                Some(job) => EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::NotPending },
+                None => EngineError::NotFound { id },
+            });
+        };
+        if job.state != JobState::Pending {
+            return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::NotPending });
+        }
+        // A waiting chain step or callback is its workflow's to start.
+        if job.workflow().is_some() {
+            return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::Owned });
+        }
+        transition::activate(&mut job, now);
+        let events = if job.state == JobState::Scheduled { vec![(EventKind::Scheduled, &job)] } else { Vec::new() };
+        let notified = notify_available(&transaction, std::slice::from_ref(&job));
+        tokio::try_join!(self.store(&transaction, &job), notified, self.record(&transaction, now, events))?;
+        transaction.commit().await.map_err(database)?;
+        Ok(Arc::new(job))
     }
 
     /// A worker's heartbeat: extends the claims it covers, the listed jobs
@@ -407,7 +456,7 @@ impl PgJobs {
         for mut job in held {
             let visibility = visibility_ms.unwrap_or_else(|| transition::claim_visibility_ms(&job));
             transition::extend(&mut job, now.saturating_add(visibility as i64));
-            store(&transaction, &job).await?;
+            self.store(&transaction, &job).await?;
             extended.push(job.id);
         }
         transaction.commit().await.map_err(database)?;
@@ -442,7 +491,7 @@ impl PgJobs {
             let report = transition::timeout_report(job, kind, now);
             let attempt = job.attempt;
             transition::fail(job, now, &report, outcome);
-            store(&transaction, job).await?;
+            self.store(&transaction, job).await?;
             events.push(EventKind::Failed { report: Box::new(report.clone()), attempt });
             events.push(EventKind::after_failure(&report, outcome, "visibility_timeout"));
         }
@@ -549,42 +598,40 @@ impl PgJobs {
         .await?;
         for job in &mut jobs {
             transition::promote(job, now);
-            store(&transaction, job).await?;
+            self.store(&transaction, job).await?;
         }
         notify_available(&transaction, &jobs).await?;
         transaction.commit().await.map_err(database)?;
         Ok(jobs.len())
     }
-}
 
-/// The job locked for this transaction, when it is in the hot table.
-pub(super) async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
-    let key = id.to_string();
-    let row = transaction
-        .maybe_row("SELECT body FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE", &[&key])
-        .await
-        .map_err(database)?;
-    row.map(|row| decode(&key, row.get(0))).transpose()
-}
-
-/// The job, when it has finished.
-async fn finished(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
-    let key = id.to_string();
-    let row = transaction
-        .maybe_row("SELECT body FROM svc_job_history WHERE id = $1::text::uuid LIMIT 1", &[&key])
-        .await
-        .map_err(database)?;
-    row.map(|row| decode(&key, row.get(0))).transpose()
-}
-
-/// Writes a changed job back: its row updated while in flight, or moved to
-/// the history once finished.
-pub(super) async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
-    let id = job.id.to_string();
-    if job.state.is_terminal() {
-        move_to_history(transaction, &[job]).await?;
-        return Ok(());
+    /// Writes a changed job back: its row updated while in flight, or moved
+    /// to the history once finished.
+    pub(super) async fn store(&self, transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
+        if job.state.is_terminal() {
+            return self.move_to_history(transaction, &[job]).await;
+        }
+        update_row(transaction, job).await
     }
+
+    /// Moves finished jobs to the history; the workflows of those that
+    /// belong to one move on (`workflows.rs`), in the same transaction.
+    pub(super) async fn move_to_history(
+        &self,
+        transaction: &Transaction<'_>,
+        jobs: &[&Job],
+    ) -> Result<(), EngineError> {
+        move_rows(transaction, jobs).await?;
+        if jobs.iter().any(|job| job.workflow().is_some()) {
+            self.workflow_jobs_ended(transaction, jobs).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes an unfinished job's row back.
+pub(super) async fn update_row(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
+    let id = job.id.to_string();
     let lease = if job.state == JobState::Active { transition::claim_ends(job) } else { None };
     let worker = job.run().worker_id.as_deref();
     transaction
@@ -612,6 +659,26 @@ pub(super) async fn store(transaction: &Transaction<'_>, job: &Job) -> Result<()
     Ok(())
 }
 
+/// The job locked for this transaction, when it is in the hot table.
+pub(super) async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
+    let key = id.to_string();
+    let row = transaction
+        .maybe_row("SELECT body FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE", &[&key])
+        .await
+        .map_err(database)?;
+    row.map(|row| decode(&key, row.get(0))).transpose()
+}
+
+/// The job, when it has finished.
+pub(super) async fn finished(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
+    let key = id.to_string();
+    let row = transaction
+        .maybe_row("SELECT body FROM svc_job_history WHERE id = $1::text::uuid LIMIT 1", &[&key])
+        .await
+        .map_err(database)?;
+    row.map(|row| decode(&key, row.get(0))).transpose()
+}
+
 /// Takes a discarded job out of the history (the dead letter listing).
 async fn take_discarded(transaction: &Transaction<'_>, id: JobId) -> Result<Job, EngineError> {
     let key = id.to_string();
@@ -626,9 +693,9 @@ async fn take_discarded(transaction: &Transaction<'_>, id: JobId) -> Result<Job,
     decode(&key, row.get(0))
 }
 
-/// Moves finished jobs from `svc_jobs` to `svc_job_history`: one `DELETE`
-/// and one `INSERT`, sent together (pipelined).
-pub(super) async fn move_to_history(transaction: &Transaction<'_>, jobs: &[&Job]) -> Result<(), EngineError> {
+/// Moves finished jobs' rows from `svc_jobs` to `svc_job_history`: one
+/// `DELETE` and one `INSERT`, sent together (pipelined).
+pub(super) async fn move_rows(transaction: &Transaction<'_>, jobs: &[&Job]) -> Result<(), EngineError> {
     let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
     let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
     let types: Vec<&str> = jobs.iter().map(|job| job.payload.job_type()).collect();

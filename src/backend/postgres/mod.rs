@@ -16,11 +16,14 @@ mod events;
 mod history;
 mod jobs;
 mod leader;
+mod listing;
 mod queues;
 mod schema;
+mod schemas;
 mod sql;
 mod wakeup;
 mod workers;
+mod workflows;
 
 use std::time::Duration;
 
@@ -44,6 +47,8 @@ pub struct PgSettings {
     /// How long finished jobs stay in the history, by state (the same
     /// `retention` settings as on the local engine).
     pub retention: crate::engine::Retention,
+    /// The most schemas the registry holds (`limits.max_schemas`).
+    pub max_schemas: usize,
 }
 
 /// Connections a node keeps by default: enough for the merged statements of
@@ -61,6 +66,7 @@ impl PgSettings {
             pool_size: POOL_SIZE_DEFAULT,
             statement_timeout: STATEMENT_TIMEOUT_DEFAULT,
             retention: crate::engine::Retention::default(),
+            max_schemas: crate::limits::SCHEMAS_MAX,
         }
     }
 

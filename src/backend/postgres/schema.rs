@@ -25,7 +25,8 @@ const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS svc_schema (
 )";
 
 /// Each migration's statements; migration N is `MIGRATIONS[N - 1]`.
-const MIGRATIONS: &[&str] = &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON, V4_QUEUE_INDEXES, V5_WORKERS];
+const MIGRATIONS: &[&str] =
+    &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON, V4_QUEUE_INDEXES, V5_WORKERS, V6_SCHEMAS, V7_WORKFLOWS];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
 /// leader lease.
@@ -164,6 +165,33 @@ CREATE TABLE svc_workers (
 );
 CREATE INDEX svc_jobs_worker ON svc_jobs (worker_id) WHERE state = 'active';
 CREATE INDEX svc_job_history_finished ON svc_job_history (state, finished_at);
+";
+
+/// Version 6: the schema registry.
+const V6_SCHEMAS: &str = "
+-- Registered JSON Schemas, by URI (sorted bytewise, as the listing pages
+-- by it). `body` is the whole entry in svc's stored form: the document,
+-- its metadata and the registered documents its `$ref`s reached.
+CREATE TABLE svc_schemas (
+    uri text COLLATE \"C\" PRIMARY KEY,
+    created_at timestamptz NOT NULL,
+    body bytea NOT NULL
+);
+";
+
+/// Version 7: workflows.
+const V7_WORKFLOWS: &str = "
+-- Chains, groups and batches. `body` is the whole workflow in svc's stored
+-- form (members with how they ended, a batch's callbacks, the failure);
+-- `state` and `ended_at` are what pruning selects on.
+CREATE TABLE svc_workflows (
+    id uuid PRIMARY KEY,
+    state text NOT NULL CHECK (state IN ('running', 'completed', 'failed', 'cancelled')),
+    created_at timestamptz NOT NULL,
+    ended_at timestamptz,
+    body bytea NOT NULL
+);
+CREATE INDEX svc_workflows_ended ON svc_workflows (ended_at) WHERE ended_at IS NOT NULL;
 ";
 
 /// Why the schema cannot be brought to this binary's version.

@@ -106,7 +106,8 @@ fn type_matches(pattern: &str, job_type: &str) -> bool {
 }
 
 /// Where a page of a job listing starts: a shard, and in it the id after
-/// which to go on (none: from its first job).
+/// which to go on (none: from its first job). A backend that lists in id
+/// order alone (PostgreSQL) makes and reads only cursors with an id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobCursor {
     pub(crate) shard: usize,
@@ -114,6 +115,16 @@ pub struct JobCursor {
 }
 
 impl JobCursor {
+    /// The cursor after `id`, in its shard.
+    pub fn after_job(id: JobId) -> JobCursor {
+        JobCursor { shard: super::super::job_table::shard_of(id), after: Some(id) }
+    }
+
+    /// The id after which the page goes on, if the cursor names one.
+    pub fn after(&self) -> Option<JobId> {
+        self.after
+    }
+
     /// The cursor as text: `<shard>` or `<shard>.<id>`.
     pub fn encode(&self) -> String {
         match self.after {

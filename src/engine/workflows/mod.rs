@@ -20,9 +20,9 @@ use super::events::{EventKind, EventSink, WorkflowEvent};
 use super::jobs::decide::Entropy;
 use super::record::Record;
 use super::requests::{RECORD_BYTES_PER_JOB, RECORD_FIXED_BYTES, Request, Turn, sealed};
-use super::state::{ApplyError, State, activate};
+use super::state::{ApplyError, State};
 use crate::clock::Millis;
-use crate::job::{CallbackKind, Job, JobExtra, JobId, JobIdSet, JobState, OnConflict, WorkflowRole};
+use crate::job::{Job, JobExtra, JobId, JobIdSet, JobState, OnConflict, WorkflowRole};
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
 use record::{WorkflowCancel, WorkflowCreate, WorkflowPrune};
 use table::{Callback, Member, MemberOutcome, Workflow, WorkflowFailure, WorkflowState, is_failure};
@@ -127,12 +127,7 @@ impl State {
                 replaced.extend(holders);
             }
             job.push_extra(JobExtra::Workflow { id, role: WorkflowRole::Member(index as u32) });
-            members.push(Member {
-                job_id: job.id,
-                job_type: job.payload.job_type().to_owned(),
-                queue: job.queue.to_string(),
-                outcome: None,
-            });
+            members.push(Member::of(&job));
             jobs.push(Arc::new(job));
         }
         let mut callbacks = Vec::with_capacity(definition.callbacks.len());
@@ -141,17 +136,7 @@ impl State {
             job.push_extra(JobExtra::Workflow { id, role: WorkflowRole::Callback(callback) });
             callbacks.push(Callback { kind: callback, job: Arc::new(job), fired: false, outcome: None });
         }
-        let workflow = Workflow {
-            id,
-            name: definition.name,
-            kind,
-            state: WorkflowState::Running,
-            members,
-            callbacks,
-            created_at: now,
-            ended_at: None,
-            failure: None,
-        };
+        let workflow = Workflow::running(id, definition.name, kind, members, callbacks, now);
         Ok((WorkflowCreate { at: now, workflow: Arc::new(workflow), jobs, replaced }.into(), id))
     }
 
@@ -227,7 +212,7 @@ impl State {
             )
             .filter(|job| self.job(*job).is_some_and(|job| !job.state.is_terminal()))
             .collect();
-        self.end_workflow(id, at, WorkflowState::Cancelled, None);
+        self.cancel_running(id, at);
         let cancelled = WorkflowEvent::Cancelled { jobs_cancelled: live.len() };
         events.push_other(at, EventKind::Workflow { id, event: Box::new(cancelled) });
         for job in live {
@@ -345,7 +330,7 @@ impl State {
         }
         match workflow.members.get(index + 1) {
             Some(next) if self.job(next.job_id).is_some_and(|job| job.state == JobState::Pending) => {
-                let started = self.update(next.job_id, |job| activate(job, at))?;
+                let started = self.update(next.job_id, |job| crate::job::transition::activate(job, at))?;
                 if started.state == JobState::Scheduled {
                     events.push(at, EventKind::Scheduled, started.id);
                 }
@@ -363,53 +348,30 @@ impl State {
         if workflow.members.iter().any(|member| member.outcome.is_none()) {
             return Ok(());
         }
-        let first_failed = workflow
-            .members
-            .iter()
-            .enumerate()
-            .find(|(_, member)| member.outcome.as_ref().is_some_and(|outcome| is_failure(outcome.state)));
-        let failure = first_failed.map(|(index, member)| WorkflowFailure {
-            index: Some(index as u32),
-            job_id: member.job_id,
-            error: self.job(member.job_id).and_then(|job| job.run().error.clone()),
+        let failure = workflow.first_failed_member().map(|(index, job_id)| WorkflowFailure {
+            index: Some(index),
+            job_id,
+            error: self.job(job_id).and_then(|job| job.run().error.clone()),
         });
         if workflow.kind == WorkflowKind::Group {
             self.finish(at, id, failure, events);
             return Ok(());
         }
         let any_failed = failure.is_some();
-        let firing: Vec<Arc<Job>> = workflow
-            .callbacks
-            .iter()
-            .filter(|callback| match callback.kind {
-                CallbackKind::OnComplete => true,
-                CallbackKind::OnSuccess => !any_failed,
-                CallbackKind::OnFailure => any_failed,
-            })
-            .map(|callback| callback.job.clone())
-            .collect();
-        if firing.is_empty() {
+        if !workflow.callbacks.iter().any(|callback| callback.fires(any_failed)) {
             self.finish(at, id, failure, events);
             return Ok(());
         }
-        let mut fired = Vec::with_capacity(firing.len());
-        {
-            let workflow = self.workflows.update(&id).expect("looked up above");
-            for template in &firing {
-                if let Some(callback) = workflow.callbacks.iter_mut().find(|callback| callback.job.id == template.id) {
-                    callback.fired = true;
-                }
-                let mut job = template.as_ref().clone();
-                job.created_at = at;
-                if job.scheduled_at().is_some_and(|scheduled| scheduled > at) {
-                    job.state = JobState::Scheduled;
-                } else {
-                    job.state = JobState::Available;
-                    job.set_enqueued_at(Some(at));
-                }
-                fired.push(Arc::new(job));
-            }
-        }
+        let workflow = self.workflows.update(&id).expect("looked up above");
+        let fired: Vec<Arc<Job>> = workflow
+            .callbacks
+            .iter_mut()
+            .filter(|callback| callback.fires(any_failed))
+            .map(|callback| {
+                callback.fired = true;
+                Arc::new(callback.fired_job(at))
+            })
+            .collect();
         self.insert_new(at, &fired, events)?;
         for job in &fired {
             if let Some((_, WorkflowRole::Callback(callback))) = job.workflow() {
@@ -422,27 +384,18 @@ impl State {
 
     /// Ends a running workflow: completed, or failed by `failure`.
     fn finish(&mut self, at: Millis, id: JobId, failure: Option<WorkflowFailure>, events: &mut EventSink) {
-        let workflow = self.workflows.get(&id).expect("a known workflow");
-        let workflow_type = workflow.kind.as_str();
-        let event = match &failure {
-            None => WorkflowEvent::Completed { workflow_type, duration_ms: at - workflow.created_at },
-            Some(failure) => WorkflowEvent::Failed {
-                workflow_type,
-                failed_index: failure.index,
-                failed_job_id: failure.job_id,
-                error: failure.error.clone(),
-            },
-        };
-        let state = if failure.is_some() { WorkflowState::Failed } else { WorkflowState::Completed };
-        self.end_workflow(id, at, state, failure);
+        let workflow = self.workflows.update(&id).expect("a known workflow");
+        let event = workflow.finish(at, failure);
+        self.terminal_workflow_bytes += workflow.held_bytes();
+        self.terminal_workflows.insert((at, id));
         events.push_other(at, EventKind::Workflow { id, event: Box::new(event) });
     }
 
-    fn end_workflow(&mut self, id: JobId, at: Millis, state: WorkflowState, failure: Option<WorkflowFailure>) {
+    /// Ends a running workflow as cancelled.
+    fn cancel_running(&mut self, id: JobId, at: Millis) {
         let workflow = self.workflows.update(&id).expect("a known workflow");
-        workflow.state = state;
+        workflow.state = WorkflowState::Cancelled;
         workflow.ended_at = Some(at);
-        workflow.failure = failure;
         self.terminal_workflow_bytes += workflow.held_bytes();
         self.terminal_workflows.insert((at, id));
     }

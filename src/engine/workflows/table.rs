@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+use super::super::events::WorkflowEvent;
 use crate::clock::Millis;
 use crate::job::{CallbackKind, FailureReport, Job, JobId, JobState, WorkflowRole};
 use crate::workflow::WorkflowKind;
@@ -44,6 +45,18 @@ pub struct Member {
     pub outcome: Option<MemberOutcome>,
 }
 
+impl Member {
+    /// The member a workflow's job is, not yet ended.
+    pub fn of(job: &Job) -> Member {
+        Member {
+            job_id: job.id,
+            job_type: job.payload.job_type().to_owned(),
+            queue: job.queue.to_string(),
+            outcome: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemberOutcome {
     pub state: JobState,
@@ -60,6 +73,31 @@ pub struct Callback {
     pub fired: bool,
     /// How the fired job first ended.
     pub outcome: Option<JobState>,
+}
+
+impl Callback {
+    /// Whether the callback fires once every job ended, by its rule.
+    pub fn fires(&self, any_failed: bool) -> bool {
+        match self.kind {
+            CallbackKind::OnComplete => true,
+            CallbackKind::OnSuccess => !any_failed,
+            CallbackKind::OnFailure => any_failed,
+        }
+    }
+
+    /// The job the callback fires at `at`: made then, and available at once
+    /// unless it is scheduled later.
+    pub fn fired_job(&self, at: Millis) -> Job {
+        let mut job = self.job.as_ref().clone();
+        job.created_at = at;
+        if job.scheduled_at().is_some_and(|scheduled| scheduled > at) {
+            job.state = JobState::Scheduled;
+        } else {
+            job.state = JobState::Available;
+            job.set_enqueued_at(Some(at));
+        }
+        job
+    }
 }
 
 /// What failed the workflow: a member (by index) or a callback.
@@ -86,6 +124,47 @@ pub struct Workflow {
 }
 
 impl Workflow {
+    /// A workflow just created, running.
+    pub fn running(
+        id: JobId,
+        name: Option<String>,
+        kind: WorkflowKind,
+        members: Vec<Member>,
+        callbacks: Vec<Callback>,
+        created_at: Millis,
+    ) -> Workflow {
+        Workflow {
+            id,
+            name,
+            kind,
+            state: WorkflowState::Running,
+            members,
+            callbacks,
+            created_at,
+            ended_at: None,
+            failure: None,
+        }
+    }
+
+    /// Ends a running workflow at `at`: completed, or failed by `failure`;
+    /// answers the event that says so.
+    pub fn finish(&mut self, at: Millis, failure: Option<WorkflowFailure>) -> WorkflowEvent {
+        let workflow_type = self.kind.as_str();
+        let event = match &failure {
+            None => WorkflowEvent::Completed { workflow_type, duration_ms: at - self.created_at },
+            Some(failure) => WorkflowEvent::Failed {
+                workflow_type,
+                failed_index: failure.index,
+                failed_job_id: failure.job_id,
+                error: failure.error.clone(),
+            },
+        };
+        self.state = if failure.is_some() { WorkflowState::Failed } else { WorkflowState::Completed };
+        self.ended_at = Some(at);
+        self.failure = failure;
+        event
+    }
+
     /// About how many bytes of memory the workflow holds: itself, its
     /// members with their results, its callbacks' jobs.
     pub fn held_bytes(&self) -> u64 {
@@ -105,6 +184,13 @@ impl Workflow {
             .sum();
         let callbacks: u64 = self.callbacks.iter().map(|callback| callback.job.held_bytes()).sum();
         (std::mem::size_of::<Workflow>() + self.name.as_ref().map_or(0, String::len) + members) as u64 + callbacks
+    }
+
+    /// The first member that failed (by index), once it has ended.
+    pub fn first_failed_member(&self) -> Option<(u32, JobId)> {
+        let failed = |member: &&Member| member.outcome.as_ref().is_some_and(|outcome| is_failure(outcome.state));
+        let (index, member) = self.members.iter().enumerate().find(|(_, member)| failed(member))?;
+        Some((index as u32, member.job_id))
     }
 
     /// Members that completed, and members that failed (ended `discarded` or `cancelled`).

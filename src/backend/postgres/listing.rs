@@ -1,0 +1,186 @@
+//! Listing jobs and bulk actions on PostgreSQL (docs/postgres.md, "Job
+//! listing and bulk actions"): the admin API's job search over the hot
+//! table and the history together, and retry, cancel, delete and purge of a
+//! chunk of listed jobs in one transaction.
+//!
+//! The listing's order is the job id's (a UUIDv7: creation time first), so
+//! a page goes on after the last id it answered whatever was added or
+//! removed meanwhile. The queue, state and type filters are SQL; the time
+//! range and the text search read the job itself, and a page reads at most
+//! [`SCAN_BUDGET`] rows, so a search that matches little comes back short,
+//! with a cursor saying where to go on, as on the local engine.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::jobs::{PgJobs, database, decode, insert, notify_available};
+use super::sql::Prepared;
+use crate::clock::Millis;
+use crate::engine::{BULK_CHUNK_MAX, BulkAction, BulkOutcome, EngineError, EventKind, JobCursor, JobFilter, JobsPage};
+use crate::job::{Job, JobId, JobState, transition};
+
+/// Most rows one page reads.
+pub const SCAN_BUDGET: usize = 10_000;
+/// Rows read at a time when the job itself must be read to filter it.
+const CHUNK: usize = 500;
+
+/// The conditions both tables share: `$1` the id to go on after, `$2` the
+/// queue, `$3` the states, `$4` the exact type, `$5` a type prefix.
+const CONDITIONS: &str = "id > coalesce($1::text::uuid, '00000000-0000-0000-0000-000000000000'::uuid) \
+     AND ($2::text IS NULL OR queue = $2) AND (cardinality($3::text[]) = 0 OR state = ANY($3)) \
+     AND ($4::text IS NULL OR type = $4) AND ($5::text IS NULL OR left(type, length($5)) = $5)";
+
+/// Which tables a filter's states are found in.
+fn tables(states: &[JobState]) -> (bool, bool) {
+    let hot = states.is_empty() || states.iter().any(|state| !state.is_terminal());
+    let history = states.is_empty() || states.iter().any(|state| state.is_terminal());
+    (hot, history)
+}
+
+/// The page query over the tables the states are found in, `$6` rows at most.
+fn page_query(hot: bool, history: bool) -> String {
+    let select = |table: &str| format!("(SELECT id, body FROM {table} WHERE {CONDITIONS} ORDER BY id LIMIT $6)");
+    let sources = match (hot, history) {
+        (true, true) => format!("{} UNION ALL {}", select("svc_jobs"), select("svc_job_history")),
+        (true, false) => select("svc_jobs"),
+        _ => select("svc_job_history"),
+    };
+    format!("SELECT id::text AS id_text, body FROM ({sources}) AS listed ORDER BY id LIMIT $6")
+}
+
+impl PgJobs {
+    /// Up to `limit` jobs `filter` keeps, in id order after `from`.
+    pub async fn jobs_page(
+        &self,
+        filter: &JobFilter,
+        from: Option<JobCursor>,
+        limit: usize,
+    ) -> Result<JobsPage, EngineError> {
+        let limit = limit.max(1);
+        let (hot, history) = tables(&filter.states);
+        let query = page_query(hot, history);
+        let states: Vec<&str> = filter.states.iter().map(|state| state.as_str()).collect();
+        let (exact, prefix) = match filter.job_type.as_deref() {
+            Some(pattern) => match pattern.strip_suffix('*') {
+                Some(prefix) => (None, Some(prefix)),
+                None => (Some(pattern), None),
+            },
+            None => (None, None),
+        };
+        let reads_jobs = filter.text.is_some() || filter.created_from.is_some() || filter.created_before.is_some();
+        let chunk = if reads_jobs { CHUNK.max(limit + 1) } else { limit + 1 };
+        let client = self.client().await?;
+        let mut after = from.and_then(|cursor| cursor.after());
+        let (mut jobs, mut scanned) = (Vec::new(), 0);
+        loop {
+            let key = after.map(|id| id.to_string());
+            let rows = client
+                .rows(&query, &[&key, &filter.queue, &states, &exact, &prefix, &(chunk as i64)])
+                .await
+                .map_err(database)?;
+            let read = rows.len();
+            for row in rows {
+                let job = decode(row.get(0), row.get(1))?;
+                scanned += 1;
+                after = Some(job.id);
+                if filter.keeps(&job) {
+                    jobs.push(Arc::new(job));
+                    if jobs.len() > limit {
+                        jobs.truncate(limit);
+                        let next = jobs.last().map(|job| JobCursor::after_job(job.id));
+                        return Ok(JobsPage { jobs, next, scanned });
+                    }
+                }
+            }
+            if read < chunk {
+                return Ok(JobsPage { jobs, next: None, scanned });
+            }
+            if scanned >= SCAN_BUDGET {
+                return Ok(JobsPage { jobs, next: after.map(JobCursor::after_job), scanned });
+            }
+        }
+    }
+
+    /// Applies `action` to each of `ids` (at most [`BULK_CHUNK_MAX`]) that
+    /// it applies to, in one transaction; a job the action skips (gone, or
+    /// in another state) does not stop the others.
+    pub async fn bulk_jobs(
+        &self,
+        now: Millis,
+        action: BulkAction,
+        ids: Vec<JobId>,
+    ) -> Result<BulkOutcome, EngineError> {
+        let given = ids.len().min(BULK_CHUNK_MAX);
+        let mut seen = HashSet::with_capacity(given);
+        let keys: Vec<String> =
+            ids.into_iter().take(BULK_CHUNK_MAX).filter(|id| seen.insert(*id)).map(|id| id.to_string()).collect();
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let rows = |sql: &'static str| {
+            let (transaction, keys) = (&transaction, &keys);
+            async move {
+                let rows = transaction.rows(sql, &[keys]).await.map_err(database)?;
+                rows.iter().map(|row| decode(row.get(0), row.get(1))).collect::<Result<Vec<Job>, _>>()
+            }
+        };
+        let changed = match action {
+            BulkAction::Retry => {
+                let mut jobs = rows(
+                    "DELETE FROM svc_job_history WHERE id = ANY($1::text[]::uuid[]) AND state = 'discarded' \
+                     RETURNING id::text AS id_text, body",
+                )
+                .await?;
+                jobs.iter_mut().for_each(|job| transition::revive(job, now));
+                insert(&transaction, &jobs).await.map_err(database)?;
+                notify_available(&transaction, &jobs).await?;
+                self.record(&transaction, now, jobs.iter().map(|job| (EventKind::Revived, job)).collect()).await?;
+                jobs.len()
+            }
+            BulkAction::Cancel => {
+                let mut jobs = rows(
+                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) FOR UPDATE",
+                )
+                .await?;
+                let previous: Vec<JobState> = jobs.iter().map(|job| job.state).collect();
+                jobs.iter_mut().for_each(|job| transition::cancel(job, now));
+                self.move_to_history(&transaction, &jobs.iter().collect::<Vec<_>>()).await?;
+                let events = jobs
+                    .iter()
+                    .zip(previous)
+                    .map(|(job, previous_state)| (EventKind::Cancelled { previous_state, reason: "api" }, job))
+                    .collect();
+                self.record(&transaction, now, events).await?;
+                jobs.len()
+            }
+            BulkAction::Delete | BulkAction::Purge => {
+                let mut events = Vec::new();
+                let mut cancelled = Vec::new();
+                if action == BulkAction::Purge {
+                    // Cancelled first, in the same step: the events say both.
+                    cancelled = rows(
+                        "DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) RETURNING id::text AS id_text, body",
+                    )
+                    .await?;
+                }
+                let previous: Vec<JobState> = cancelled.iter().map(|job| job.state).collect();
+                cancelled.iter_mut().for_each(|job| transition::cancel(job, now));
+                let deleted = rows(
+                    "DELETE FROM svc_job_history WHERE id = ANY($1::text[]::uuid[]) RETURNING id::text AS id_text, body",
+                )
+                .await?;
+                for (job, previous_state) in cancelled.iter().zip(previous) {
+                    events.push((EventKind::Cancelled { previous_state, reason: "api" }, job));
+                    events.push((EventKind::Deleted, job));
+                }
+                events.extend(deleted.iter().map(|job| (EventKind::Deleted, job)));
+                if cancelled.iter().any(|job| job.workflow().is_some()) {
+                    self.workflow_jobs_ended(&transaction, &cancelled.iter().collect::<Vec<_>>()).await?;
+                }
+                self.record(&transaction, now, events).await?;
+                cancelled.len() + deleted.len()
+            }
+        };
+        transaction.commit().await.map_err(database)?;
+        Ok(BulkOutcome { changed: changed as u64, skipped: (given - changed) as u64 })
+    }
+}

@@ -1,0 +1,103 @@
+//! Workflows on the PostgreSQL backend with more than one node, against a
+//! real PostgreSQL server of the test's own: a batch whose jobs are acked at
+//! once through two nodes fires its callback once and ends once; a chain
+//! step whose claim runs out fails the chain in the leader's transaction.
+//! (The execution table itself runs on both backends in tests/workflows.rs.)
+
+mod common;
+
+use std::sync::Arc;
+
+use common::postgres::TempPostgres;
+use svc::backend::EventFilter;
+use svc::backend::postgres::{PgJobs, PgSettings, open};
+use svc::engine::{EventKind, FetchRequest, WorkflowEvent, WorkflowState};
+use svc::job::{JobDefaults, JobState};
+use svc::workflow::parse_workflow_body;
+
+const NOW: i64 = 1_800_000_000_000;
+
+async fn node(url: &str) -> Arc<PgJobs> {
+    let pool = open(&PgSettings::new(url)).await.expect("the schema migrates");
+    Arc::new(PgJobs::new(pool))
+}
+
+fn fetch(queue: &str, count: usize, worker: &str) -> FetchRequest {
+    FetchRequest {
+        queues: vec![queue.to_string()],
+        count,
+        worker_id: Some(worker.to_string()),
+        visibility_timeout_ms: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_acked_through_two_nodes_at_once_fires_its_callback_once() {
+    let server = TempPostgres::start();
+    let url = server.database("batch");
+    let (a, b) = (node(&url).await, node(&url).await);
+    let jobs: Vec<_> =
+        (0..40).map(|n| serde_json::json!({"type": "part", "args": [n], "options": {"queue": "parts"}})).collect();
+    let body = serde_json::json!({"type": "batch", "jobs": jobs,
+        "callbacks": {"on_complete": {"type": "merge", "options": {"queue": "merge"}}}});
+    let definition = parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
+    let id = a.create_workflow(NOW, definition).await.unwrap();
+
+    let from_a = a.claim(NOW + 1, &fetch("parts", 20, "wa")).await.unwrap();
+    let from_b = b.claim(NOW + 1, &fetch("parts", 20, "wb")).await.unwrap();
+    assert_eq!(from_a.len() + from_b.len(), 40);
+    let mut acks = Vec::new();
+    for (store, jobs, worker) in [(&a, from_a, "wa"), (&b, from_b, "wb")] {
+        for job in jobs {
+            let store = store.clone();
+            acks.push(tokio::spawn(async move { store.ack(NOW + 2, job.id, None, Some(worker)).await }));
+        }
+    }
+    for ack in acks {
+        assert_eq!(ack.await.unwrap().unwrap().state, JobState::Completed);
+    }
+
+    let callbacks = b.claim(NOW + 3, &fetch("merge", 10, "wm")).await.unwrap();
+    assert_eq!(callbacks.len(), 1, "the callback fired once");
+    let workflow = a.workflow(id).await.unwrap().unwrap();
+    assert_eq!(workflow.state, WorkflowState::Running, "until its callback ends");
+    assert!(
+        workflow.members.iter().all(|member| member.outcome.as_ref().map(|o| o.state) == Some(JobState::Completed))
+    );
+    b.ack(NOW + 4, callbacks[0].id, None, Some("wm")).await.unwrap();
+    assert_eq!(a.workflow(id).await.unwrap().unwrap().state, WorkflowState::Completed);
+
+    let events = a.events_page(None, 1000, &EventFilter::default()).await.unwrap().events;
+    let workflow_events: Vec<&WorkflowEvent> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::Workflow { event, .. } => Some(event.as_ref()),
+            _ => None,
+        })
+        .collect();
+    let count = |matches: fn(&WorkflowEvent) -> bool| workflow_events.iter().filter(|event| matches(event)).count();
+    assert_eq!(count(|event| matches!(event, WorkflowEvent::StepCompleted { .. })), 40);
+    assert_eq!(count(|event| matches!(event, WorkflowEvent::CallbackFired { .. })), 1);
+    assert_eq!(count(|event| matches!(event, WorkflowEvent::Completed { .. })), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_claim_runs_out_fails_the_chain() {
+    let server = TempPostgres::start();
+    let jobs = node(&server.database("timeout")).await;
+    let body = serde_json::json!({"type": "chain", "steps": [
+        {"type": "a", "options": {"queue": "t", "timeout_ms": 1000, "retry": {"max_attempts": 1}}},
+        {"type": "b", "options": {"queue": "t"}}]});
+    let definition = parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
+    let id = jobs.create_workflow(NOW, definition).await.unwrap();
+    let claimed = jobs.claim(NOW, &fetch("t", 10, "w")).await.unwrap();
+    assert_eq!(claimed.len(), 1, "the second step waits");
+
+    assert_eq!(jobs.expire_claims(NOW + 5_000, 100).await.unwrap(), 1);
+    let workflow = jobs.workflow(id).await.unwrap().unwrap();
+    assert_eq!(workflow.state, WorkflowState::Failed);
+    assert_eq!(workflow.failure.as_ref().map(|failure| failure.index), Some(Some(0)));
+    let second = jobs.job(workflow.members[1].job_id).await.unwrap().unwrap();
+    assert_eq!(second.state, JobState::Cancelled, "a step still waiting never starts");
+    assert!(jobs.claim(NOW + 5_001, &fetch("t", 10, "w")).await.unwrap().is_empty());
+}
