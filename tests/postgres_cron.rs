@@ -189,7 +189,7 @@ async fn what_this_backend_cannot_fire_is_refused_at_registration() {
         serde_json::json!({"name": "q", "expression": "* * * * *", "overlap_policy": "enqueue",
             "job_template": {"type": "t", "args": []}}),
         serde_json::json!({"name": "u", "expression": "* * * * *",
-            "job_template": {"type": "t", "args": [], "options": {"unique": {"period": "PT1H"}}}}),
+            "job_template": {"type": "t", "args": [], "options": {"rate_limit": {"key": "k", "concurrency": 1}}}}),
     ];
     for body in refusals {
         let refused = jobs.cron_put(NOW, definition(body.clone()), CronWrite::Upsert).await.unwrap_err();
@@ -199,4 +199,43 @@ async fn what_this_backend_cannot_fire_is_refused_at_registration() {
         }
     }
     assert!(jobs.crons_page(None, 10, None).await.unwrap().0.is_empty(), "nothing was stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_meets_its_unique_policy_as_an_enqueue_does() {
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "unique_cron").await;
+    let entry = |name: &str, on_conflict: &str| {
+        definition(serde_json::json!({
+            "name": name, "expression": "* * * * *", "overlap_policy": "allow",
+            "job_template": {"type": "digest.send", "args": [name],
+                             "options": {"queue": name, "unique": {"on_conflict": on_conflict}}}
+        }))
+    };
+    jobs.cron_put(NOW, entry("rejects", "reject"), CronWrite::Upsert).await.unwrap();
+    jobs.cron_put(NOW, entry("replaces", "replace"), CronWrite::Upsert).await.unwrap();
+    jobs.fire_due_crons(NOW + MINUTE, 10).await.unwrap();
+    jobs.fire_due_crons(NOW + 2 * MINUTE, 10).await.unwrap();
+
+    // The run still held blocks the next one: skipped as a duplicate.
+    assert_eq!(jobs.cron("rejects").await.unwrap().unwrap().run_count, 1);
+    assert_eq!(jobs.claim(NOW + 3 * MINUTE, &fetch("rejects")).await.unwrap().len(), 1);
+    let events = jobs.events_page(None, 1000, &EventFilter::default()).await.unwrap().events;
+    let reasons: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::CronSkipped(skip) => Some(skip.reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons, ["duplicate"]);
+
+    // `replace`: the new run cancels the one it meets.
+    let replaces = jobs.cron("replaces").await.unwrap().unwrap();
+    assert_eq!(replaces.run_count, 2);
+    let runs = jobs.claim(NOW + 3 * MINUTE, &fetch("replaces")).await.unwrap();
+    assert_eq!(runs.iter().map(|job| job.id).collect::<Vec<_>>(), [replaces.last_job_id.unwrap()]);
+    let cancelled =
+        events.iter().find(|event| matches!(event.kind, EventKind::Cancelled { reason: "unique_replace", .. }));
+    assert!(cancelled.is_some(), "the first run was cancelled as replaced");
 }

@@ -251,11 +251,12 @@ async fn a_dead_nodes_claims_run_out_onto_the_others_and_one_node_leads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_this_backend_does_not_offer_yet_is_refused_not_ignored() {
-    use svc::job::{UniquePolicy, ValidationKind};
+    use svc::job::{DispatchLimit, ValidationKind};
     let server = TempPostgres::start();
     let (jobs, pool) = store(&server, "unsupported").await;
-    let unique = new_job(JobBuilder::new("t").unique(UniquePolicy::default()));
-    match jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t")), unique]).await.unwrap_err() {
+    let limit = DispatchLimit { key: None, concurrency: Some(1), rate: None };
+    let limited = new_job(JobBuilder::new("t").rate_limit(limit));
+    match jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t")), limited]).await.unwrap_err() {
         EngineError::Invalid { error, index } => {
             assert_eq!((error.kind, index), (ValidationKind::Unsupported, Some(1)));
             assert!(error.message.contains("PostgreSQL"), "{}", error.message);
@@ -441,4 +442,46 @@ async fn a_staged_job_waits_for_its_activation() {
     jobs.ack(NOW + 8, now, None, Some("w")).await.unwrap();
     let finished = jobs.activate(NOW + 9, now).await.unwrap_err();
     assert!(matches!(finished, EngineError::Conflict { current_state: JobState::Completed, .. }), "{finished:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unique_fingerprint_is_held_once_across_nodes_and_within_its_period() {
+    use svc::job::UniquePolicy;
+    let server = TempPostgres::start();
+    let url = server.database("unique_nodes");
+    let node = || async { PgJobs::new(open(&PgSettings::new(url.as_str())).await.unwrap()) };
+    let (a, b) = (Arc::new(node().await), Arc::new(node().await));
+    let once = || new_job(JobBuilder::new("report.build").args(["r-1"]).queue("u").unique(UniquePolicy::default()));
+
+    // Twenty enqueues of one fingerprint at once, ten through each node: one is stored.
+    let mut racing = Vec::new();
+    for n in 0..20 {
+        let store = if n % 2 == 0 { a.clone() } else { b.clone() };
+        let job = once();
+        racing.push(tokio::spawn(async move { store.enqueue(NOW, vec![job]).await }));
+    }
+    let (mut stored, mut refused) = (Vec::new(), 0);
+    for outcome in racing {
+        match outcome.await.unwrap() {
+            Ok(enqueued) => stored.push(enqueued[0].job.id),
+            Err(EngineError::UniqueConflict { existing, .. }) => {
+                refused += 1;
+                assert!(stored.is_empty() || stored[0] == existing);
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((stored.len(), refused), (1, 19));
+    assert_eq!(a.claim(NOW, &fetch(&["u"], 10, "w")).await.unwrap().len(), 1);
+
+    // A period: the holder blocks for a minute after its enqueue; a
+    // cancelled one blocks nothing.
+    let policy = UniquePolicy { period_ms: Some(60_000), ..UniquePolicy::default() };
+    let timed = || new_job(JobBuilder::new("digest").args([1]).queue("p").unique(policy.clone()));
+    let first = a.enqueue(NOW, vec![timed()]).await.unwrap()[0].job.id;
+    let blocked = b.enqueue(NOW + 59_999, vec![timed()]).await.unwrap_err();
+    assert!(matches!(blocked, EngineError::UniqueConflict { existing, .. } if existing == first), "{blocked:?}");
+    let second = b.enqueue(NOW + 60_000, vec![timed()]).await.unwrap()[0].job.id;
+    a.cancel(NOW + 60_001, second).await.unwrap();
+    assert!(b.enqueue(NOW + 60_002, vec![timed()]).await.is_ok(), "a cancelled holder frees its fingerprint");
 }

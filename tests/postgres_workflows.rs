@@ -101,3 +101,28 @@ async fn a_step_whose_claim_runs_out_fails_the_chain() {
     assert_eq!(second.state, JobState::Cancelled, "a step still waiting never starts");
     assert!(jobs.claim(NOW + 5_001, &fetch("t", 10, "w")).await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_meets_the_unique_policy_of_a_job_held() {
+    use svc::engine::EngineError;
+    use svc::job::{JobBuilder, UniquePolicy};
+    let server = TempPostgres::start();
+    let jobs = node(&server.database("unique_members")).await;
+    let held = JobBuilder::new("sync").args(["acct-1"]).queue("s").unique(UniquePolicy::default());
+    let held = jobs.enqueue(NOW, vec![held.build(&JobDefaults::default()).unwrap()]).await.unwrap()[0].job.id;
+    let group = |on_conflict: &str| {
+        let member = serde_json::json!({"type": "sync", "args": ["acct-1"],
+            "options": {"queue": "s", "unique": {"on_conflict": on_conflict}}});
+        let body = serde_json::json!({"type": "group", "jobs": [member]});
+        parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap()
+    };
+
+    // A workflow cannot adopt the job held: refused.
+    let refused = jobs.create_workflow(NOW + 1, group("ignore")).await.unwrap_err();
+    assert!(matches!(refused, EngineError::UniqueConflict { existing, index: Some(0), .. } if existing == held));
+    // `replace`: the job held is cancelled, the member takes its place.
+    let id = jobs.create_workflow(NOW + 2, group("replace")).await.unwrap();
+    assert_eq!(jobs.job(held).await.unwrap().unwrap().state, JobState::Cancelled);
+    let member = jobs.workflow(id).await.unwrap().unwrap().members[0].job_id;
+    assert_eq!(jobs.claim(NOW + 3, &fetch("s", 10, "w")).await.unwrap()[0].id, member);
+}

@@ -2,10 +2,12 @@
 //! the period and the states a policy covers on a manual clock, batches
 //! (atomic, later items seeing earlier ones), cron fires, and the index
 //! rebuilt after a restart. Servers check their invariants after every turn.
+//! The policies and batches run on the PostgreSQL backend too.
 
 mod common;
 
 use common::TestServer;
+use common::postgres::TempPostgres;
 use serde_json::{Value, json};
 use svc::clock::ManualClock;
 
@@ -27,7 +29,20 @@ fn available_in(server: &TestServer, queue: &str) -> u64 {
 #[test]
 fn reject_answers_409_with_the_holder_and_stores_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path());
+    check_reject_answers_409_with_the_holder_and_stores_nothing(&TestServer::start(dir.path()));
+}
+
+#[test]
+fn on_postgres_reject_answers_409_with_the_holder_and_stores_nothing() {
+    let postgres = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    check_reject_answers_409_with_the_holder_and_stores_nothing(&TestServer::on_postgres(
+        dir.path(),
+        &postgres.database("unique_jobs"),
+    ));
+}
+
+fn check_reject_answers_409_with_the_holder_and_stores_nothing(server: &TestServer) {
     let first = server.post("/svc/v1/jobs", unique_job(json!(["a@x.io"]), json!({})));
     assert_eq!(first.status, 201, "{}", first.body);
     let job = &first.body["job"];
@@ -44,7 +59,7 @@ fn reject_answers_409_with_the_holder_and_stores_nothing() {
         (details["existing_job_state"].as_str(), details["unique_key"].as_str()),
         (Some("available"), Some(key))
     );
-    assert_eq!(available_in(&server, "mail"), 1, "nothing stored");
+    assert_eq!(available_in(server, "mail"), 1, "nothing stored");
 
     // Other args make another key; the queue is not part of it.
     server.enqueue(unique_job(json!(["b@x.io"]), json!({})));
@@ -55,14 +70,27 @@ fn reject_answers_409_with_the_holder_and_stores_nothing() {
 #[test]
 fn ignore_answers_with_the_held_job_and_emits_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path());
+    check_ignore_answers_with_the_held_job_and_emits_nothing(&TestServer::start(dir.path()));
+}
+
+#[test]
+fn on_postgres_ignore_answers_with_the_held_job_and_emits_nothing() {
+    let postgres = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    check_ignore_answers_with_the_held_job_and_emits_nothing(&TestServer::on_postgres(
+        dir.path(),
+        &postgres.database("unique_jobs"),
+    ));
+}
+
+fn check_ignore_answers_with_the_held_job_and_emits_nothing(server: &TestServer) {
     let id = server.enqueue(unique_job(json!([1]), json!({"on_conflict": "ignore"})));
     let again = server.post("/svc/v1/jobs", unique_job(json!([1]), json!({"on_conflict": "ignore"})));
     assert_eq!(again.status, 200, "{}", again.body);
     assert_eq!((again.body["job"]["id"].as_str(), &again.body["deduplicated"]), (Some(id.as_str()), &json!(true)));
     assert_eq!(again.body["job"]["deduplicated"], true);
     assert_eq!(again.header("location"), Some(format!("/svc/v1/jobs/{id}").as_str()));
-    assert_eq!(available_in(&server, "mail"), 1);
+    assert_eq!(available_in(server, "mail"), 1);
     let enqueued = server.get("/svc/v1/events?types=job.enqueued").body["events"].as_array().unwrap().len();
     assert_eq!(enqueued, 1, "no event for a deduplicated enqueue");
 }
@@ -70,7 +98,20 @@ fn ignore_answers_with_the_held_job_and_emits_nothing() {
 #[test]
 fn replace_cancels_every_holder_even_an_active_one() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path());
+    check_replace_cancels_every_holder_even_an_active_one(&TestServer::start(dir.path()));
+}
+
+#[test]
+fn on_postgres_replace_cancels_every_holder_even_an_active_one() {
+    let postgres = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    check_replace_cancels_every_holder_even_an_active_one(&TestServer::on_postgres(
+        dir.path(),
+        &postgres.database("unique_jobs"),
+    ));
+}
+
+fn check_replace_cancels_every_holder_even_an_active_one(server: &TestServer) {
     let policy = json!({"key": ["to"], "on_conflict": "replace"});
     let old = server.enqueue(unique_job(json!([{"to": "a", "n": 1}]), policy.clone()));
     assert_eq!(server.fetch(&["mail"], 1)[0]["id"], old.as_str());
@@ -78,7 +119,7 @@ fn replace_cancels_every_holder_even_an_active_one() {
     assert_eq!(new.status, 201, "{}", new.body);
     let old_job = server.job(&old);
     assert_eq!(old_job["state"], "cancelled");
-    assert_eq!(events_of(&server, "job.cancelled", &old)[0]["data"]["reason"], "unique_replace");
+    assert_eq!(events_of(server, "job.cancelled", &old)[0]["data"]["reason"], "unique_replace");
     let ack = server.post("/svc/v1/workers/ack", json!({"job_id": old}));
     assert_eq!(ack.status, 409, "the worker's late ack: {}", ack.body);
     assert_eq!(new.body["job"]["unique_key"], old_job["unique_key"], "only `to` is in the key");
@@ -116,7 +157,20 @@ fn a_period_ends_the_conflict_and_states_limit_it() {
 #[test]
 fn batches_apply_policies_in_item_order_all_or_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path());
+    check_batches_apply_policies_in_item_order_all_or_nothing(&TestServer::start(dir.path()));
+}
+
+#[test]
+fn on_postgres_batches_apply_policies_in_item_order_all_or_nothing() {
+    let postgres = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    check_batches_apply_policies_in_item_order_all_or_nothing(&TestServer::on_postgres(
+        dir.path(),
+        &postgres.database("unique_jobs"),
+    ));
+}
+
+fn check_batches_apply_policies_in_item_order_all_or_nothing(server: &TestServer) {
     let held = server.enqueue(unique_job(json!(["held"]), json!({})));
 
     let rejected = server.post(
@@ -125,7 +179,7 @@ fn batches_apply_policies_in_item_order_all_or_nothing() {
     );
     assert_eq!((rejected.status, rejected.error_code()), (409, "duplicate"), "{}", rejected.body);
     assert_eq!(rejected.body["error"]["details"]["index"], 1);
-    assert_eq!(available_in(&server, "mail"), 1, "the first item was not stored either");
+    assert_eq!(available_in(server, "mail"), 1, "the first item was not stored either");
 
     // A later item sees an earlier one of the same batch.
     let twice = server.post(
@@ -146,7 +200,7 @@ fn batches_apply_policies_in_item_order_all_or_nothing() {
     assert!(jobs[1].get("deduplicated").is_none());
     assert_eq!((&jobs[2]["id"], &jobs[2]["deduplicated"]), (&jobs[1]["id"], &json!(true)));
     assert_eq!(mixed.body["count"], 3);
-    assert_eq!(available_in(&server, "mail"), 2);
+    assert_eq!(available_in(server, "mail"), 2);
 
     let replace = json!({"on_conflict": "replace"});
     let replaced = server.post(
@@ -157,7 +211,7 @@ fn batches_apply_policies_in_item_order_all_or_nothing() {
     assert_eq!(server.job(&held)["state"], "cancelled");
     let first = replaced.body["jobs"][0]["id"].as_str().unwrap().to_string();
     assert_eq!(server.job(&first)["state"], "cancelled", "the second item replaced the first");
-    assert_eq!(events_of(&server, "job.cancelled", &first)[0]["data"]["reason"], "unique_replace");
+    assert_eq!(events_of(server, "job.cancelled", &first)[0]["data"]["reason"], "unique_replace");
 }
 
 #[test]

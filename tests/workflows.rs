@@ -239,7 +239,15 @@ fn check_cancelling_a_workflow_leaves_a_member_retried_from_the_dead_letter_list
 /// member, so it is refused whatever the policy.
 #[test]
 fn two_members_with_one_unique_key_refuse_the_creation() {
-    let flow = Flow::new();
+    check_two_members_with_one_unique_key_refuse_the_creation(Flow::new());
+}
+
+#[test]
+fn on_postgres_two_members_with_one_unique_key_refuse_the_creation() {
+    check_two_members_with_one_unique_key_refuse_the_creation(Flow::on_postgres());
+}
+
+fn check_two_members_with_one_unique_key_refuse_the_creation(flow: Flow) {
     let unique = json!({"key": ["0"], "on_conflict": "replace"});
     let body = json!({"type": "group", "jobs": [
         {"type": "u", "args": [1], "options": {"queue": "u", "unique": unique}},

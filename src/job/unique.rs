@@ -123,6 +123,14 @@ impl UniquePolicy {
         self.states & state_bit(state) != 0
     }
 
+    /// Whether `holder` (a job with the same fingerprint) blocks a new job
+    /// under this policy at `now`: in a covered state, and enqueued within
+    /// the period, if there is one.
+    pub fn blocked_by(&self, holder: &super::Job, now: crate::clock::Millis) -> bool {
+        self.covers(holder.state)
+            && self.period_ms.is_none_or(|period| holder.created_at.saturating_add(period as i64) > now)
+    }
+
     /// Appends the effective policy as compact JSON; `key` and `period` only when set.
     pub fn push_json(&self, out: &mut String) {
         out.push('{');

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::jobs::{PgJobs, database, decode, finished_at};
+use super::jobs::{PgJobs, database, decode, finished_at, lock_in_flight};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind};
@@ -38,17 +38,9 @@ impl PgJobs {
         ids.dedup();
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let rows = transaction
-            .rows(
-                "SELECT id::text AS id_text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
-                 ORDER BY id FOR UPDATE",
-                &[&ids],
-            )
-            .await
-            .map_err(database)?;
-        let mut held: HashMap<JobId, Job> = HashMap::with_capacity(rows.len());
-        for row in rows {
-            let job = decode(row.get(0), row.get(1))?;
+        let locked = lock_in_flight(&transaction, &ids).await?;
+        let mut held: HashMap<JobId, Job> = HashMap::with_capacity(locked.len());
+        for job in locked {
             held.insert(job.id, job);
         }
         // Jobs not in flight: finished (refused as not active) or unknown.

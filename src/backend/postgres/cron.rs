@@ -19,6 +19,7 @@ use crate::backend::Page;
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, OverlapPolicy};
 use crate::engine::{CronEntry, CronInfo, CronSkip, CronWrite, EngineError, EventKind, register_cron};
+use crate::job::OnConflict;
 use crate::job::{Job, JobId, JobState, ValidationError, transition};
 use crate::limits::{CRON_ENTRIES_MAX_DEFAULT, CRON_MISSED_COUNT_MAX};
 
@@ -38,8 +39,8 @@ fn decode(name: &str, body: &[u8]) -> Result<CronEntry, EngineError> {
 }
 
 /// Refuses what this backend cannot fire yet, before anything is stored:
-/// a run that waits for the previous one, and jobs with a unique policy or
-/// a dispatch limit (neither of which it enqueues yet).
+/// a run that waits for the previous one, and jobs with a dispatch limit
+/// (which it does not enqueue yet).
 fn check_supported(definition: &CronDefinition) -> Result<(), EngineError> {
     let refuse = |field: &str, what: &str| {
         let message = format!("{what} is not yet available for cron on the PostgreSQL backend");
@@ -48,9 +49,9 @@ fn check_supported(definition: &CronDefinition) -> Result<(), EngineError> {
     if definition.overlap == OverlapPolicy::Enqueue {
         return refuse("overlap_policy", "overlap_policy \"enqueue\"");
     }
-    let (unique, rate_limit) = definition.job_controls();
-    if unique.is_some() || rate_limit.is_some() {
-        return refuse("options", "a unique policy or rate limit");
+    let (_, rate_limit) = definition.job_controls();
+    if rate_limit.is_some() {
+        return refuse("options", "a dispatch limit (rate_limit)");
     }
     Ok(())
 }
@@ -217,6 +218,21 @@ impl PgJobs {
                 (Some(definition.fired_job(id, JobState::Available, now, due.scheduled)), cancelled, None)
             }
         };
+        // A job held under its unique policy: skipped as a duplicate, or
+        // its holders cancelled (`replace`), as on the local engine.
+        let (mut job, mut skip, mut replaced) = (job, skip, Vec::new());
+        if let Some(fired) = job.as_ref().filter(|fired| fired.unique().is_some()) {
+            let holders = super::unique::lock_and_read_holders(transaction, std::iter::once(fired)).await?;
+            let blocking = super::unique::blocking(fired, now, holders.iter(), &Default::default());
+            match blocking {
+                Some((OnConflict::Replace, holders)) => replaced = holders.iter().map(|holder| holder.id).collect(),
+                Some((_, holders)) => {
+                    skip = Some(skipped(&entry, due.scheduled, "duplicate", Some(holders[0].id)));
+                    job = None;
+                }
+                None => {}
+            }
+        }
         let outcome = if job.is_some() { "enqueued" } else { "skipped" };
         let recorded = transaction
             .run(
@@ -248,6 +264,7 @@ impl PgJobs {
                 events.push((EventKind::Cancelled { previous_state, reason: "cron_cancel_previous" }, None));
             }
             if let Some(job) = &job {
+                self.cancel_replaced(transaction, now, &replaced).await?;
                 insert(transaction, std::slice::from_ref(job)).await.map_err(database)?;
                 notify_available(transaction, std::slice::from_ref(job)).await?;
                 updated.run_count += 1;

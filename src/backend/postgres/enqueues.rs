@@ -4,12 +4,14 @@
 //! on its own.
 //!
 //! The transaction reads what every request is checked against at once:
-//! the settings of their queues (recording new queues), the client ids
-//! already in use, and the depth of bounded queues (their rows locked).
-//! The requests are then checked in the order they came, as one request
-//! alone would be (paused queue, then backpressure, then ids in use; an
-//! accepted request counts toward the next ones), and the accepted jobs
-//! are inserted with one statement. Should that insert still meet an id
+//! the jobs holding the fingerprints of unique jobs (the fingerprints
+//! locked, `unique.rs`), the settings of their queues (recording new
+//! queues), the client ids already in use, and the depth of bounded queues
+//! (their rows locked). The requests are then checked in the order they
+//! came, each job as one request alone would be (paused queue, id in use,
+//! unique policy, backpressure; an accepted request counts toward the next
+//! ones), the accepted jobs are inserted with one statement, and the
+//! holders a `replace` policy gave up are cancelled. Should that insert still meet an id
 //! taken meanwhile by another node, the transaction is dropped and each
 //! request runs alone, so that only the request with the duplicate fails.
 //! A lone request goes the same way, as a batch of one.
@@ -22,7 +24,7 @@ use super::queues::{Settings, WAITING, settings};
 use super::sql::{Params, Prepared};
 use crate::clock::Millis;
 use crate::engine::{Backpressure, EngineError, Enqueued, EventKind};
-use crate::job::{Job, JobId, JobState};
+use crate::job::{Job, JobId, JobState, OnConflict};
 
 /// One enqueue request, its jobs admitted (ids, times, first state).
 pub(super) struct PendingEnqueue {
@@ -30,41 +32,90 @@ pub(super) struct PendingEnqueue {
     pub jobs: Vec<Job>,
 }
 
-/// Why a request is refused, checked as it would be alone; else how full
-/// each job's queue is after it.
-fn check(
-    jobs: &[Job],
-    paused: &HashSet<String>,
-    bounded: &HashMap<String, Backpressure>,
-    depths: &mut HashMap<String, u64>,
-    taken: &HashSet<String>,
-) -> Result<Vec<Option<f64>>, EngineError> {
+/// What the merged transaction read, that each request is checked against;
+/// an accepted request adds to it, so that the next ones count it.
+struct Known {
+    paused: HashSet<String>,
+    bounded: HashMap<String, Backpressure>,
+    /// Waiting jobs of each bounded queue.
+    depths: HashMap<String, u64>,
+    /// Ids in use.
+    taken: HashSet<String>,
+    /// Jobs holding the fingerprints the requests name.
+    holders: Vec<Arc<Job>>,
+    /// Holders a `replace` policy gave up.
+    replaced: HashSet<JobId>,
+}
+
+/// What one job of an accepted request comes to.
+enum Slot {
+    /// Stored, with how full its queue is after the request.
+    New(Option<f64>),
+    /// Not stored: a job holding its fingerprint answers (`ignore`).
+    Existing(Arc<Job>),
+}
+
+/// Why a request is refused, checked job by job as the local engine checks
+/// it alone (paused queue, id in use, unique policy, backpressure); else
+/// what each of its jobs comes to.
+fn check(jobs: &[Job], now: Millis, known: &mut Known) -> Result<Vec<Slot>, EngineError> {
     let index_of = |position: usize| (jobs.len() > 1).then_some(position);
-    if let Some(position) = jobs.iter().position(|job| paused.contains(job.queue.as_str())) {
-        return Err(EngineError::QueuePaused { queue: jobs[position].queue.to_string(), index: index_of(position) });
-    }
-    let mut after = depths.clone();
-    for (position, job) in jobs.iter().enumerate() {
-        let Some(bound) = bounded.get(job.queue.as_str()) else { continue };
-        let depth = after.entry(job.queue.to_string()).or_default();
-        if *depth >= bound.max_depth {
-            let (queue, depth, bound) = (job.queue.to_string(), *depth, bound.max_depth);
-            return Err(EngineError::QueueFull { queue, depth, bound, index: index_of(position) });
-        }
-        *depth += 1;
-    }
+    let mut depths = known.depths.clone();
     let mut seen = HashSet::new();
+    let mut held: Vec<Arc<Job>> = Vec::new();
+    let mut replaced = known.replaced.clone();
+    let mut slots = Vec::with_capacity(jobs.len());
     for (position, job) in jobs.iter().enumerate() {
+        let index = index_of(position);
+        if known.paused.contains(job.queue.as_str()) {
+            return Err(EngineError::QueuePaused { queue: job.queue.to_string(), index });
+        }
         let id = job.id.to_string();
-        if taken.contains(&id) || !seen.insert(id) {
-            return Err(EngineError::Duplicate { id: job.id, index: index_of(position) });
+        if known.taken.contains(&id) || !seen.insert(id) {
+            return Err(EngineError::Duplicate { id: job.id, index });
+        }
+        let candidates = known.holders.iter().chain(&held);
+        if let Some((on_conflict, holders)) = super::unique::blocking(job, now, candidates, &replaced) {
+            match on_conflict {
+                OnConflict::Reject => {
+                    let (existing, existing_state) = (holders[0].id, holders[0].state);
+                    let key = job.unique().expect("a job with a unique policy").1;
+                    return Err(EngineError::UniqueConflict { existing, existing_state, key, index });
+                }
+                OnConflict::Ignore => {
+                    slots.push(Slot::Existing(holders[0].clone()));
+                    continue;
+                }
+                OnConflict::Replace => {
+                    let given_up: Vec<JobId> = holders.iter().map(|holder| holder.id).collect();
+                    replaced.extend(given_up);
+                }
+            }
+        }
+        if let Some(bound) = known.bounded.get(job.queue.as_str()) {
+            let depth = depths.entry(job.queue.to_string()).or_default();
+            if *depth >= bound.max_depth {
+                let (queue, depth, bound) = (job.queue.to_string(), *depth, bound.max_depth);
+                return Err(EngineError::QueueFull { queue, depth, bound, index });
+            }
+            *depth += 1;
+        }
+        if job.unique().is_some() {
+            held.push(Arc::new(job.clone()));
+        }
+        slots.push(Slot::New(None));
+    }
+    for (job, slot) in jobs.iter().zip(&mut slots) {
+        if let Slot::New(pressure) = slot {
+            let bound = known.bounded.get(job.queue.as_str());
+            *pressure = bound.and_then(|bound| bound.pressure(depths[job.queue.as_str()]));
         }
     }
-    *depths = after;
-    Ok(jobs
-        .iter()
-        .map(|job| bounded.get(job.queue.as_str()).and_then(|bound| bound.pressure(depths[job.queue.as_str()])))
-        .collect())
+    known.depths = depths;
+    known.taken.extend(jobs.iter().map(|job| job.id.to_string()));
+    known.holders.extend(held);
+    known.replaced = replaced;
+    Ok(slots)
 }
 
 impl PgJobs {
@@ -105,6 +156,7 @@ impl PgJobs {
         let ids: Vec<String> = all.iter().map(|job| job.id.to_string()).collect();
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
+        let holders = super::unique::lock_and_read_holders(&transaction, all.iter().copied()).await?;
         let (names_param, ids_param): (Params<'_>, Params<'_>) = (&[&names], &[&ids]);
         let (rows, taken) = tokio::try_join!(
             transaction.rows(
@@ -148,20 +200,17 @@ impl PgJobs {
                 .map_err(database)?;
             depths = rows.iter().map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1) as u64)).collect();
         }
-        let mut taken = taken;
-        let mut checked = Vec::with_capacity(requests.len());
-        for request in requests {
-            let outcome = check(&request.jobs, &paused, &bounded, &mut depths, &taken);
-            if outcome.is_ok() {
-                taken.extend(request.jobs.iter().map(|job| job.id.to_string()));
-            }
-            checked.push(outcome);
-        }
+        let mut known = Known { paused, bounded, depths, taken, holders, replaced: HashSet::new() };
+        let checked: Vec<_> = requests.iter().map(|request| check(&request.jobs, request.now, &mut known)).collect();
+        // The jobs stored: those of accepted requests not answered by a holder.
         let accepted: Vec<(Millis, &Job)> = requests
             .iter()
             .zip(&checked)
-            .filter(|(_, outcome)| outcome.is_ok())
-            .flat_map(|(request, _)| request.jobs.iter().map(|job| (request.now, job)))
+            .filter_map(|(request, outcome)| Some((request, outcome.as_ref().ok()?)))
+            .flat_map(|(request, slots)| {
+                let stored = request.jobs.iter().zip(slots).filter(|(_, slot)| matches!(slot, Slot::New(_)));
+                stored.map(|(job, _)| (request.now, job))
+            })
             .collect();
         if !accepted.is_empty() {
             let jobs: Vec<Job> = accepted.iter().map(|(_, job)| (*job).clone()).collect();
@@ -188,14 +237,23 @@ impl PgJobs {
                 Err(None) => return Err(EngineError::Unavailable { reason: crate::engine::Unavailable::Database }),
             }
         }
+        // Holders a `replace` gave up, stored before or just now, are cancelled.
+        if !known.replaced.is_empty() {
+            let now = requests.iter().map(|request| request.now).max().unwrap_or_default();
+            let replaced: Vec<JobId> = known.replaced.iter().copied().collect();
+            self.cancel_replaced(&transaction, now, &replaced).await?;
+        }
         transaction.commit().await.map_err(database)?;
         let outcomes = requests
             .iter()
             .zip(checked)
             .map(|(request, outcome)| {
-                outcome.map(|pressure| {
-                    let jobs = request.jobs.iter().cloned().map(Arc::new);
-                    jobs.zip(pressure).map(|(job, pressure)| Enqueued { job, deduplicated: false, pressure }).collect()
+                outcome.map(|slots| {
+                    let answer = |(job, slot): (&Job, Slot)| match slot {
+                        Slot::New(pressure) => Enqueued { job: Arc::new(job.clone()), deduplicated: false, pressure },
+                        Slot::Existing(holder) => Enqueued { job: holder, deduplicated: true, pressure: None },
+                    };
+                    request.jobs.iter().zip(slots).map(answer).collect()
                 })
             })
             .collect();

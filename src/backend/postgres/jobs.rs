@@ -94,6 +94,11 @@ fn ready_at(job: &Job) -> Millis {
     }
 }
 
+/// The fingerprint a job with a unique policy holds (`unique_key` columns).
+fn unique_key(job: &Job) -> Option<Vec<u8>> {
+    job.unique().map(|(_, key)| key.0.to_vec())
+}
+
 /// When a finished job finished.
 pub(super) fn finished_at(job: &Job) -> Millis {
     let run = job.run();
@@ -226,16 +231,16 @@ impl PgJobs {
     /// Enqueues jobs, all or none. Checked as the local engine checks them:
     /// client ids not in use and not far ahead, times in order, queues not
     /// paused and not past their backpressure bound, `args` matching the
-    /// schema a job names. Unique policies and dispatch limits are not
-    /// handled by this backend yet and are refused, not ignored.
+    /// schema a job names, unique policies. Dispatch limits are not handled
+    /// by this backend yet and are refused, not ignored.
     pub async fn enqueue(&self, now: Millis, new_jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, EngineError> {
         let batch = new_jobs.len() > 1;
         let index_of = |position: usize| batch.then_some(position);
         for (position, new_job) in new_jobs.iter().enumerate() {
-            if new_job.unique.is_some() || new_job.rate_limit.is_some() {
+            if new_job.rate_limit.is_some() {
                 let error = ValidationError::unsupported(
                     "options",
-                    "unique policies and rate limits are not yet supported on the PostgreSQL backend",
+                    "dispatch limits (rate_limit) are not yet supported on the PostgreSQL backend",
                 );
                 return Err(EngineError::Invalid { error, index: index_of(position) });
             }
@@ -669,6 +674,20 @@ pub(super) async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<O
     row.map(|row| decode(&key, row.get(0))).transpose()
 }
 
+/// The jobs in flight among `ids`, locked in id order: the order every
+/// transaction locks jobs in, so that two never wait on each other in a
+/// circle.
+pub(super) async fn lock_in_flight(transaction: &Transaction<'_>, ids: &[String]) -> Result<Vec<Job>, EngineError> {
+    let rows = transaction
+        .rows(
+            "SELECT id::text AS id_text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) ORDER BY id FOR UPDATE",
+            &[&ids],
+        )
+        .await
+        .map_err(database)?;
+    rows.iter().map(|row| decode(row.get(0), row.get(1))).collect()
+}
+
 /// The job, when it has finished.
 pub(super) async fn finished(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
     let key = id.to_string();
@@ -755,18 +774,20 @@ pub(super) async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<
     let ready: Vec<i64> = jobs.iter().map(ready_at).collect();
     let created: Vec<i64> = jobs.iter().map(|job| job.created_at).collect();
     let bodies: Vec<Vec<u8>> = jobs.iter().map(encode).collect();
+    let keys: Vec<Option<Vec<u8>>> = jobs.iter().map(unique_key).collect();
     client
         .run(
             concat!(
-                "INSERT INTO svc_jobs (id, queue, type, state, priority, ready_at, attempt, created_at, body) \
-                 SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, ",
+                "INSERT INTO svc_jobs (id, queue, type, state, priority, ready_at, attempt, created_at, body, \
+                 unique_key) SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, ",
                 ts!("t.ready"),
                 ", 0, ",
                 ts!("t.created"),
-                ", t.body FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::int8[], \
-                 $7::int8[], $8::bytea[]) AS t(id, queue, type, state, priority, ready, created, body)"
+                ", t.body, t.key FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], \
+                 $6::int8[], $7::int8[], $8::bytea[], $9::bytea[]) \
+                 AS t(id, queue, type, state, priority, ready, created, body, key)"
             ),
-            &[&ids, &queues, &types, &states, &priorities, &ready, &created, &bodies],
+            &[&ids, &queues, &types, &states, &priorities, &ready, &created, &bodies, &keys],
         )
         .await
 }

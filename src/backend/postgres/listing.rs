@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::jobs::{PgJobs, database, decode, insert, notify_available};
+use super::jobs::{PgJobs, database, decode, insert, lock_in_flight, notify_available};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{BULK_CHUNK_MAX, BulkAction, BulkOutcome, EngineError, EventKind, JobCursor, JobFilter, JobsPage};
@@ -137,10 +137,7 @@ impl PgJobs {
                 jobs.len()
             }
             BulkAction::Cancel => {
-                let mut jobs = rows(
-                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) FOR UPDATE",
-                )
-                .await?;
+                let mut jobs = lock_in_flight(&transaction, &keys).await?;
                 let previous: Vec<JobState> = jobs.iter().map(|job| job.state).collect();
                 jobs.iter_mut().for_each(|job| transition::cancel(job, now));
                 self.move_to_history(&transaction, &jobs.iter().collect::<Vec<_>>()).await?;

@@ -21,6 +21,7 @@ mod queues;
 mod schema;
 mod schemas;
 mod sql;
+mod unique;
 mod wakeup;
 mod workers;
 mod workflows;

@@ -26,7 +26,7 @@ const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS svc_schema (
 
 /// Each migration's statements; migration N is `MIGRATIONS[N - 1]`.
 const MIGRATIONS: &[&str] =
-    &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON, V4_QUEUE_INDEXES, V5_WORKERS, V6_SCHEMAS, V7_WORKFLOWS];
+    &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON, V4_QUEUE_INDEXES, V5_WORKERS, V6_SCHEMAS, V7_WORKFLOWS, V8_UNIQUE];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
 /// leader lease.
@@ -192,6 +192,15 @@ CREATE TABLE svc_workflows (
     body bytea NOT NULL
 );
 CREATE INDEX svc_workflows_ended ON svc_workflows (ended_at) WHERE ended_at IS NOT NULL;
+";
+
+/// Version 8: the fingerprints of unique jobs.
+const V8_UNIQUE: &str = "
+-- A job in flight with a unique policy holds its fingerprint (SHA-256) in
+-- `unique_key`; an enqueue looks its holders up by it. (A policy covers
+-- unfinished states only: finished jobs hold nothing.)
+ALTER TABLE svc_jobs ADD COLUMN unique_key bytea;
+CREATE INDEX svc_jobs_unique ON svc_jobs (unique_key) WHERE unique_key IS NOT NULL;
 ";
 
 /// Why the schema cannot be brought to this binary's version.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use deadpool_postgres::Transaction;
 
 use super::jobs::{PgJobs, database, duplicate_of, finished, finished_at, insert, locked, move_rows, notify_available};
-use super::jobs::{decode as decode_job, update_row};
+use super::jobs::{decode as decode_job, lock_in_flight, update_row};
 use super::sql::{Prepared, from_body, to_body};
 use crate::backend::Page;
 use crate::clock::Millis;
@@ -27,7 +27,7 @@ use crate::engine::{
     Callback, EngineError, EventKind, Member, MemberOutcome, Workflow, WorkflowEvent, WorkflowFailure, WorkflowState,
     is_failure,
 };
-use crate::job::{Job, JobExtra, JobId, JobState, NewJob, ValidationError, WorkflowRole, transition};
+use crate::job::{Job, JobExtra, JobId, JobState, NewJob, OnConflict, ValidationError, WorkflowRole, transition};
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
 
 fn encode(workflow: &Workflow) -> Vec<u8> {
@@ -47,12 +47,12 @@ fn workflow_event(at: Millis, id: JobId, event: WorkflowEvent) -> (Millis, Event
 
 /// Refuses what this backend does not enqueue yet, before anything else.
 fn check_supported(jobs: &[&NewJob]) -> Result<(), EngineError> {
-    match jobs.iter().position(|job| job.unique.is_some() || job.rate_limit.is_some()) {
+    match jobs.iter().position(|job| job.rate_limit.is_some()) {
         None => Ok(()),
         Some(position) => {
             let error = ValidationError::unsupported(
                 "options",
-                "unique policies and rate limits are not yet supported on the PostgreSQL backend",
+                "dispatch limits (rate_limit) are not yet supported on the PostgreSQL backend",
             );
             Err(EngineError::Invalid { error, index: Some(position) })
         }
@@ -142,6 +142,7 @@ impl PgJobs {
         if let Some(index) = ids.iter().position(|id| taken.contains(id) || !seen.insert(id)) {
             return Err(EngineError::Duplicate { id: jobs[index].id, index: Some(index) });
         }
+        let replaced = unique_members(&transaction, now, &jobs).await?;
         transaction
             .run(
                 "INSERT INTO svc_workflows (id, state, created_at, body) \
@@ -157,6 +158,7 @@ impl PgJobs {
             });
         }
         notify_available(&transaction, &jobs).await?;
+        self.cancel_replaced(&transaction, now, &replaced).await?;
         let started = WorkflowEvent::Started {
             name: workflow.name.clone(),
             workflow_type: kind.as_str(),
@@ -222,14 +224,7 @@ impl PgJobs {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         // Jobs first, then the workflow: the order an ack takes them in.
-        let rows = transaction
-            .rows(
-                "SELECT id::text AS id_text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) ORDER BY id FOR UPDATE",
-                &[&live],
-            )
-            .await
-            .map_err(database)?;
-        let mut jobs = rows.iter().map(|row| decode_job(row.get(0), row.get(1))).collect::<Result<Vec<_>, _>>()?;
+        let mut jobs = lock_in_flight(&transaction, &live).await?;
         let row = transaction
             .maybe_row("SELECT body FROM svc_workflows WHERE id = $1::text::uuid FOR UPDATE", &[&key])
             .await
@@ -480,6 +475,34 @@ impl PgJobs {
             .map_err(database)?;
         Ok(old + over)
     }
+}
+
+/// Checks the unique policies of a new workflow's members, as the local
+/// engine does: a workflow cannot adopt a job it did not make, so `reject`
+/// and `ignore` both refuse the creation, and `replace` gives the holders
+/// up (answered, to be cancelled); nor can it give up a member of its own,
+/// so two members with one fingerprint refuse it whatever the policy.
+async fn unique_members(transaction: &Transaction<'_>, now: Millis, jobs: &[Job]) -> Result<Vec<JobId>, EngineError> {
+    let stored = super::unique::lock_and_read_holders(transaction, jobs.iter()).await?;
+    let mut replaced = HashSet::new();
+    let mut members: Vec<Arc<Job>> = Vec::new();
+    for (index, job) in jobs.iter().enumerate() {
+        let candidates = stored.iter().chain(&members);
+        if let Some((on_conflict, holders)) = super::unique::blocking(job, now, candidates, &replaced) {
+            let own = holders.iter().find(|holder| members.iter().any(|member| member.id == holder.id));
+            let refused = own.or(holders.first().filter(|_| on_conflict != OnConflict::Replace));
+            if let Some(holder) = refused {
+                let key = job.unique().expect("a job with a unique policy").1;
+                let (existing, existing_state) = (holder.id, holder.state);
+                return Err(EngineError::UniqueConflict { existing, existing_state, key, index: Some(index) });
+            }
+            replaced.extend(holders.iter().map(|holder| holder.id));
+        }
+        if job.unique().is_some() {
+            members.push(Arc::new(job.clone()));
+        }
+    }
+    Ok(replaced.into_iter().collect())
 }
 
 /// Records how a job of `workflow` first ended; `false` when it had ended

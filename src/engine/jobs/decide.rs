@@ -151,10 +151,7 @@ impl State {
         let holders: Vec<JobId> = stored
             .chain(in_batch)
             .filter(|holder| !replaced.contains(&holder.id))
-            .filter(|holder| policy.covers(holder.state))
-            .filter(|holder| {
-                policy.period_ms.is_none_or(|period| holder.created_at.saturating_add(period as i64) > now)
-            })
+            .filter(|holder| policy.blocked_by(holder, now))
             .map(|holder| holder.id)
             .collect();
         (!holders.is_empty()).then_some((policy.on_conflict, holders))
