@@ -2,11 +2,14 @@
 //! sliding rate windows on a manual clock, keys independent of each other
 //! and of unlimited jobs, different rates under one key, claims without a
 //! rate counting toward none within a fetch, the window kept across a
-//! restart, and a long-poll fetch answered when a window opens.
+//! restart, and a long-poll fetch answered when a window opens. The
+//! concurrency cap runs on the PostgreSQL backend too (its windows:
+//! tests/postgres_dispatch.rs).
 
 mod common;
 
 use common::TestServer;
+use common::postgres::TempPostgres;
 use serde_json::{Value, json};
 use svc::clock::ManualClock;
 use svc::engine::FetchRequest;
@@ -24,7 +27,17 @@ fn ids(jobs: &[Value]) -> Vec<String> {
 #[test]
 fn concurrency_caps_active_jobs_per_key() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path());
+    check_concurrency_caps_active_jobs_per_key(&TestServer::start(dir.path()));
+}
+
+#[test]
+fn on_postgres_concurrency_caps_active_jobs_per_key() {
+    let postgres = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    check_concurrency_caps_active_jobs_per_key(&TestServer::on_postgres(dir.path(), &postgres.database("limits")));
+}
+
+fn check_concurrency_caps_active_jobs_per_key(server: &TestServer) {
     let two = json!({"key": "reports", "concurrency": 2});
     let jobs: Vec<String> = (0..3).map(|n| server.enqueue(limited("q", n, two.clone()))).collect();
     let plain = server.enqueue(json!({"type": "t", "args": [], "options": {"queue": "q", "priority": -1}}));

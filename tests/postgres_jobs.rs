@@ -250,24 +250,6 @@ async fn a_dead_nodes_claims_run_out_onto_the_others_and_one_node_leads() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_this_backend_does_not_offer_yet_is_refused_not_ignored() {
-    use svc::job::{DispatchLimit, ValidationKind};
-    let server = TempPostgres::start();
-    let (jobs, pool) = store(&server, "unsupported").await;
-    let limit = DispatchLimit { key: None, concurrency: Some(1), rate: None };
-    let limited = new_job(JobBuilder::new("t").rate_limit(limit));
-    match jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t")), limited]).await.unwrap_err() {
-        EngineError::Invalid { error, index } => {
-            assert_eq!((error.kind, index), (ValidationKind::Unsupported, Some(1)));
-            assert!(error.message.contains("PostgreSQL"), "{}", error.message);
-        }
-        other => panic!("expected a refusal, got {other:?}"),
-    }
-    let count: i64 = pool.get().await.unwrap().query_one("SELECT count(*) FROM svc_jobs", &[]).await.unwrap().get(0);
-    assert_eq!(count, 0, "the batch was refused whole");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_fetch_is_woken_by_a_job_enqueued_on_another_node() {
     use std::time::{Duration, Instant};
     use svc::backend::postgres::RECHECK_INTERVAL;

@@ -142,6 +142,7 @@ async fn run_timers(
                 let _ = jobs.forget_idle_workers(now).await;
                 let _ = jobs.keep_history(now, &retention, TIMERS_BATCH).await;
                 let _ = jobs.prune_workflows(now, &retention).await;
+                let _ = jobs.prune_dispatch_claims(now).await;
             }
         }
         tokio::time::sleep(TIMERS_EVERY).await;

@@ -7,12 +7,15 @@
 //! pass over them, and handed to the fetches in the order they came, each
 //! up to its count. One `UPDATE` then claims them all and one `INSERT`
 //! writes their events. Jobs past their expiry met on the way are
-//! discarded, not handed out, and the queue looked at again.
+//! discarded, not handed out, and jobs their dispatch limit holds back
+//! (`dispatch.rs`) are left available, their key passed over for the rest
+//! of the claim; the queue is then looked at again.
 
 use std::sync::Arc;
 
 use deadpool_postgres::Transaction;
 
+use super::dispatch::Dispatch;
 use super::jobs::{PgJobs, database, decode, encode};
 use super::sql::Prepared;
 use crate::clock::Millis;
@@ -25,17 +28,28 @@ pub(super) struct PendingClaim {
     pub request: FetchRequest,
 }
 
+/// What one claim transaction met so far: the ids it looked at, the jobs
+/// it discarded as expired, and the dispatch limits it counted.
+#[derive(Default)]
+struct Met {
+    taken: Vec<String>,
+    expired: Vec<Job>,
+    dispatch: Dispatch,
+    /// Limit keys found at their limit: passed over for the rest of the claim.
+    blocked: Vec<String>,
+}
+
 /// Up to `wanted` available jobs of `queues`, in claim order, locked; the
-/// ids in `taken` (already selected by this transaction) left out and the
-/// new ones added. Expired jobs met on the way are discarded into `expired`.
+/// jobs already met left out, and the new ones added to `met`. Expired jobs
+/// met on the way are discarded, and jobs their dispatch limit holds back
+/// are left as they are.
 async fn select(
     store: &PgJobs,
     transaction: &Transaction<'_>,
     queues: &[String],
     wanted: usize,
     now: Millis,
-    taken: &mut Vec<String>,
-    expired: &mut Vec<Job>,
+    met: &mut Met,
 ) -> Result<Vec<Job>, EngineError> {
     let mut selected = Vec::new();
     for (position, queue) in queues.iter().enumerate() {
@@ -50,28 +64,39 @@ async fn select(
                     // column, in the index's order, not the text.
                     "SELECT id::text AS id_text, body FROM svc_jobs \
                      WHERE state = 'available' AND queue = $1 AND NOT (id = ANY($3::text[]::uuid[])) \
+                       AND (dispatch_key IS NULL OR NOT (dispatch_key = ANY($4))) \
                        AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
                      ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
-                    &[queue, &missing, &*taken],
+                    &[queue, &missing, &met.taken, &met.blocked],
                 )
                 .await
                 .map_err(database)?;
             let found = rows.len() as i64;
-            let mut expired_now = 0;
+            let mut passed_over = 0;
             for row in rows {
                 let mut job = decode(row.get(0), row.get(1))?;
-                taken.push(job.id.to_string());
+                met.taken.push(job.id.to_string());
                 // Past its expiry, a job is discarded, not handed out.
                 if job.expires_at().is_some_and(|at| at <= now) {
                     transition::expire(&mut job, now);
                     store.store(transaction, &job).await?;
-                    expired.push(job);
-                    expired_now += 1;
-                } else {
-                    selected.push(job);
+                    met.expired.push(job);
+                    passed_over += 1;
+                    continue;
                 }
+                // A job its limit holds back holds the jobs behind it under its key.
+                let key = job.limit_and_key().map(|(_, key)| key.to_string());
+                let held = key.as_ref().is_some_and(|key| met.blocked.contains(key));
+                if !held && met.dispatch.allows(transaction, &job, now).await? {
+                    selected.push(job);
+                    continue;
+                }
+                if let Some(key) = key.filter(|_| !held) {
+                    met.blocked.push(key);
+                }
+                passed_over += 1;
             }
-            if expired_now == 0 || found < missing {
+            if passed_over == 0 || found < missing {
                 break;
             }
         }
@@ -99,12 +124,11 @@ impl PgJobs {
         }
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let (mut taken, mut expired) = (Vec::new(), Vec::new());
+        let mut met = Met::default();
         let mut handed: Vec<Vec<Job>> = claims.iter().map(|_| Vec::new()).collect();
         for (queues, members) in &groups {
             let wanted = members.iter().map(|index| claims[*index].request.count).sum();
-            let mut selected =
-                select(self, &transaction, queues, wanted, now, &mut taken, &mut expired).await?.into_iter();
+            let mut selected = select(self, &transaction, queues, wanted, now, &mut met).await?.into_iter();
             for index in members {
                 let PendingClaim { now, request } = &claims[*index];
                 for mut job in selected.by_ref().take(request.count) {
@@ -124,7 +148,7 @@ impl PgJobs {
         let workers: Vec<Option<&str>> = claimed.iter().map(|job| job.run().worker_id.as_deref()).collect();
         let bodies: Vec<Vec<u8>> = claimed.iter().map(|job| encode(job)).collect();
         let mut events: Vec<(EventKind, &Job)> = Vec::new();
-        for job in &expired {
+        for job in &met.expired {
             events.push((EventKind::Expired, job));
             events.push((EventKind::Discarded { reason: "expired" }, job));
         }
@@ -146,7 +170,7 @@ impl PgJobs {
                 .map_err(database)
         };
         // Sent together (pipelined), as one step of the transaction.
-        tokio::try_join!(updated, self.record(&transaction, now, events))?;
+        tokio::try_join!(updated, self.record(&transaction, now, events), met.dispatch.record(&transaction))?;
         transaction.commit().await.map_err(database)?;
         Ok(handed.into_iter().map(|jobs| Ok(jobs.into_iter().map(Arc::new).collect())).collect())
     }

@@ -39,19 +39,12 @@ fn decode(name: &str, body: &[u8]) -> Result<CronEntry, EngineError> {
 }
 
 /// Refuses what this backend cannot fire yet, before anything is stored:
-/// a run that waits for the previous one, and jobs with a dispatch limit
-/// (which it does not enqueue yet).
+/// a run that waits for the previous one.
 fn check_supported(definition: &CronDefinition) -> Result<(), EngineError> {
-    let refuse = |field: &str, what: &str| {
-        let message = format!("{what} is not yet available for cron on the PostgreSQL backend");
-        Err(EngineError::Invalid { error: ValidationError::unsupported(field, message), index: None })
-    };
     if definition.overlap == OverlapPolicy::Enqueue {
-        return refuse("overlap_policy", "overlap_policy \"enqueue\"");
-    }
-    let (_, rate_limit) = definition.job_controls();
-    if rate_limit.is_some() {
-        return refuse("options", "a dispatch limit (rate_limit)");
+        let message = "overlap_policy \"enqueue\" is not yet available for cron on the PostgreSQL backend";
+        let error = ValidationError::unsupported("overlap_policy", message);
+        return Err(EngineError::Invalid { error, index: None });
     }
     Ok(())
 }

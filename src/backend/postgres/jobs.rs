@@ -28,7 +28,7 @@ use crate::engine::{
     Cancelled, ConflictReason, DeadLetterCursor, EngineError, Enqueued, EventKind, FetchRequest, Unavailable,
 };
 use crate::job::transition::{self, FailOutcome};
-use crate::job::{FailureReport, IdGenerator, Job, JobId, JobProgress, JobState, NewJob, ValidationError};
+use crate::job::{FailureReport, IdGenerator, Job, JobId, JobProgress, JobState, NewJob};
 
 /// Milliseconds since the epoch as a `timestamptz`, in SQL.
 macro_rules! ts {
@@ -231,20 +231,10 @@ impl PgJobs {
     /// Enqueues jobs, all or none. Checked as the local engine checks them:
     /// client ids not in use and not far ahead, times in order, queues not
     /// paused and not past their backpressure bound, `args` matching the
-    /// schema a job names, unique policies. Dispatch limits are not handled
-    /// by this backend yet and are refused, not ignored.
+    /// schema a job names, unique policies.
     pub async fn enqueue(&self, now: Millis, new_jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, EngineError> {
         let batch = new_jobs.len() > 1;
         let index_of = |position: usize| batch.then_some(position);
-        for (position, new_job) in new_jobs.iter().enumerate() {
-            if new_job.rate_limit.is_some() {
-                let error = ValidationError::unsupported(
-                    "options",
-                    "dispatch limits (rate_limit) are not yet supported on the PostgreSQL backend",
-                );
-                return Err(EngineError::Invalid { error, index: index_of(position) });
-            }
-        }
         self.check_schemas(&new_jobs, index_of).await?;
         let mut jobs = Vec::with_capacity(new_jobs.len());
         for (position, new_job) in new_jobs.into_iter().enumerate() {
@@ -775,19 +765,20 @@ pub(super) async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<
     let created: Vec<i64> = jobs.iter().map(|job| job.created_at).collect();
     let bodies: Vec<Vec<u8>> = jobs.iter().map(encode).collect();
     let keys: Vec<Option<Vec<u8>>> = jobs.iter().map(unique_key).collect();
+    let limits: Vec<Option<&str>> = jobs.iter().map(|job| job.limit_and_key().map(|(_, key)| key)).collect();
     client
         .run(
             concat!(
                 "INSERT INTO svc_jobs (id, queue, type, state, priority, ready_at, attempt, created_at, body, \
-                 unique_key) SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, ",
+                 unique_key, dispatch_key) SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, ",
                 ts!("t.ready"),
                 ", 0, ",
                 ts!("t.created"),
-                ", t.body, t.key FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], \
-                 $6::int8[], $7::int8[], $8::bytea[], $9::bytea[]) \
-                 AS t(id, queue, type, state, priority, ready, created, body, key)"
+                ", t.body, t.key, t.limit_key FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
+                 $5::int2[], $6::int8[], $7::int8[], $8::bytea[], $9::bytea[], $10::text[]) \
+                 AS t(id, queue, type, state, priority, ready, created, body, key, limit_key)"
             ),
-            &[&ids, &queues, &types, &states, &priorities, &ready, &created, &bodies, &keys],
+            &[&ids, &queues, &types, &states, &priorities, &ready, &created, &bodies, &keys, &limits],
         )
         .await
 }

@@ -11,6 +11,7 @@ mod backend;
 mod batch;
 mod claims;
 mod cron;
+mod dispatch;
 mod enqueues;
 mod events;
 mod history;

@@ -25,8 +25,17 @@ const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS svc_schema (
 )";
 
 /// Each migration's statements; migration N is `MIGRATIONS[N - 1]`.
-const MIGRATIONS: &[&str] =
-    &[V1_JOBS_QUEUES_LEADER, V2_EVENTS, V3_CRON, V4_QUEUE_INDEXES, V5_WORKERS, V6_SCHEMAS, V7_WORKFLOWS, V8_UNIQUE];
+const MIGRATIONS: &[&str] = &[
+    V1_JOBS_QUEUES_LEADER,
+    V2_EVENTS,
+    V3_CRON,
+    V4_QUEUE_INDEXES,
+    V5_WORKERS,
+    V6_SCHEMAS,
+    V7_WORKFLOWS,
+    V8_UNIQUE,
+    V9_DISPATCH,
+];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
 /// leader lease.
@@ -201,6 +210,21 @@ const V8_UNIQUE: &str = "
 -- unfinished states only: finished jobs hold nothing.)
 ALTER TABLE svc_jobs ADD COLUMN unique_key bytea;
 CREATE INDEX svc_jobs_unique ON svc_jobs (unique_key) WHERE unique_key IS NOT NULL;
+";
+
+/// Version 9: dispatch limits.
+const V9_DISPATCH: &str = "
+-- A job with a dispatch limit keeps its limit key in `dispatch_key`: the
+-- jobs active under a key are counted through the index.
+ALTER TABLE svc_jobs ADD COLUMN dispatch_key text;
+CREATE INDEX svc_jobs_dispatch_active ON svc_jobs (dispatch_key) WHERE state = 'active' AND dispatch_key IS NOT NULL;
+-- The claims of jobs with a rate, as milliseconds since the epoch; kept as
+-- long as the longest window.
+CREATE TABLE svc_dispatch_claims (
+    key text NOT NULL,
+    claimed_at bigint NOT NULL
+);
+CREATE INDEX svc_dispatch_claims_key ON svc_dispatch_claims (key, claimed_at);
 ";
 
 /// Why the schema cannot be brought to this binary's version.

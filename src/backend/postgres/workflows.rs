@@ -27,7 +27,7 @@ use crate::engine::{
     Callback, EngineError, EventKind, Member, MemberOutcome, Workflow, WorkflowEvent, WorkflowFailure, WorkflowState,
     is_failure,
 };
-use crate::job::{Job, JobExtra, JobId, JobState, NewJob, OnConflict, ValidationError, WorkflowRole, transition};
+use crate::job::{Job, JobExtra, JobId, JobState, OnConflict, WorkflowRole, transition};
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
 
 fn encode(workflow: &Workflow) -> Vec<u8> {
@@ -45,20 +45,6 @@ fn workflow_event(at: Millis, id: JobId, event: WorkflowEvent) -> (Millis, Event
     (at, EventKind::Workflow { id, event: Box::new(event) }, None)
 }
 
-/// Refuses what this backend does not enqueue yet, before anything else.
-fn check_supported(jobs: &[&NewJob]) -> Result<(), EngineError> {
-    match jobs.iter().position(|job| job.rate_limit.is_some()) {
-        None => Ok(()),
-        Some(position) => {
-            let error = ValidationError::unsupported(
-                "options",
-                "dispatch limits (rate_limit) are not yet supported on the PostgreSQL backend",
-            );
-            Err(EngineError::Invalid { error, index: Some(position) })
-        }
-    }
-}
-
 /// Ends a running workflow: completed, or failed by `failure`.
 fn finish(workflow: &mut Workflow, at: Millis, failure: Option<WorkflowFailure>, events: &mut Events) {
     let event = workflow.finish(at, failure);
@@ -70,13 +56,6 @@ impl PgJobs {
     /// local engine checks one: schemas, then each job as an enqueue would
     /// be (the jobs that start at once also against paused queues).
     pub async fn create_workflow(&self, now: Millis, definition: WorkflowDefinition) -> Result<JobId, EngineError> {
-        check_supported(&definition.jobs.iter().collect::<Vec<_>>())?;
-        check_supported(&definition.callbacks.iter().map(|(_, job)| job).collect::<Vec<_>>()).map_err(|error| {
-            match error {
-                EngineError::Invalid { error, .. } => EngineError::Invalid { error, index: None },
-                other => other,
-            }
-        })?;
         let members = definition.jobs.iter().enumerate().map(|(i, job)| (Some(i), job));
         let callbacks = definition.callbacks.iter().map(|(_, job)| (None, job));
         let named = members

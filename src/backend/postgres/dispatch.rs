@@ -1,0 +1,118 @@
+//! Dispatch limits on PostgreSQL (docs/postgres.md, "Dispatch limits"): how
+//! many jobs under a limit key may be active at once, and how many claims
+//! a window allows, checked by the claim that would break them.
+//!
+//! A job with a limit keeps its key in `svc_jobs.dispatch_key`: the jobs
+//! active under a key are counted from there. A claim by a job with a rate
+//! is recorded in `svc_dispatch_claims`, kept as long as the longest window.
+//! A claim transaction that meets a limited job takes one advisory lock
+//! first, so that claims of limited jobs, on any nodes, are decided one
+//! transaction after the other, each seeing the other's claims; claims of
+//! other jobs never take it. Claims select with `SKIP LOCKED`, so a
+//! transaction holding the lock never waits on a row, and the lock is the
+//! only one they wait on. The rule is the local engine's (docs/api.md,
+//! "Dispatch limits").
+
+use std::collections::HashMap;
+
+use deadpool_postgres::Transaction;
+
+use super::jobs::database;
+use super::sql::Prepared;
+use crate::clock::Millis;
+use crate::engine::EngineError;
+use crate::job::Job;
+use crate::limits::DISPATCH_WINDOW_MS_MAX;
+
+/// The advisory lock claims of limited jobs hold (`svc_disp` as eight bytes).
+const DISPATCH_LOCK: i64 = i64::from_be_bytes(*b"svc_disp");
+
+/// What one key holds: active jobs, and claims within the longest window
+/// (oldest first).
+struct KeyUse {
+    active: u32,
+    claims: Vec<Millis>,
+}
+
+/// The limit keys one claim transaction has looked at, with the claims it
+/// decided so far.
+#[derive(Default)]
+pub(super) struct Dispatch {
+    locked: bool,
+    keys: HashMap<String, KeyUse>,
+    /// Claims to record (jobs with a rate): key and time.
+    recorded: Vec<(String, Millis)>,
+}
+
+impl Dispatch {
+    /// Whether `job` may be claimed at `now` under its limit (a job with
+    /// none always may); a claim allowed counts toward the next ones.
+    pub async fn allows(&mut self, transaction: &Transaction<'_>, job: &Job, now: Millis) -> Result<bool, EngineError> {
+        let Some((limit, key)) = job.limit_and_key() else { return Ok(true) };
+        if !self.locked {
+            transaction.run("SELECT pg_advisory_xact_lock($1)", &[&DISPATCH_LOCK]).await.map_err(database)?;
+            self.locked = true;
+        }
+        if !self.keys.contains_key(key) {
+            let since = now.saturating_sub(DISPATCH_WINDOW_MS_MAX);
+            let active: i64 = transaction
+                .row("SELECT count(*) FROM svc_jobs WHERE dispatch_key = $1 AND state = 'active'", &[&key])
+                .await
+                .map_err(database)?
+                .get(0);
+            let claims: Vec<Millis> = transaction
+                .rows(
+                    "SELECT claimed_at FROM svc_dispatch_claims WHERE key = $1 AND claimed_at > $2 ORDER BY claimed_at",
+                    &[&key, &since],
+                )
+                .await
+                .map_err(database)?
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            self.keys.insert(key.to_string(), KeyUse { active: active as u32, claims });
+        }
+        let state = self.keys.get_mut(key).expect("loaded above");
+        if limit.concurrency.is_some_and(|concurrency| state.active >= concurrency) {
+            return Ok(false);
+        }
+        if let Some(rate) = &limit.rate {
+            let since = now.saturating_sub(rate.period_ms as i64);
+            let recent = state.claims.len() - state.claims.partition_point(|at| *at <= since);
+            if recent >= rate.count as usize {
+                return Ok(false);
+            }
+            state.claims.push(now);
+            self.recorded.push((key.to_string(), now));
+        }
+        state.active += 1;
+        Ok(true)
+    }
+
+    /// Records the claims of jobs with a rate, in the claim's transaction.
+    pub async fn record(&self, transaction: &Transaction<'_>) -> Result<(), EngineError> {
+        if self.recorded.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<&str> = self.recorded.iter().map(|(key, _)| key.as_str()).collect();
+        let times: Vec<Millis> = self.recorded.iter().map(|(_, at)| *at).collect();
+        transaction
+            .run(
+                "INSERT INTO svc_dispatch_claims (key, claimed_at) SELECT * FROM unnest($1::text[], $2::int8[])",
+                &[&keys, &times],
+            )
+            .await
+            .map_err(database)?;
+        Ok(())
+    }
+}
+
+impl super::PgJobs {
+    /// Drops recorded claims older than the longest window (the leader's
+    /// housekeeping).
+    pub async fn prune_dispatch_claims(&self, now: Millis) -> Result<u64, EngineError> {
+        let since = now.saturating_sub(DISPATCH_WINDOW_MS_MAX);
+        let client = self.client().await?;
+        client.run("DELETE FROM svc_dispatch_claims WHERE claimed_at <= $1", &[&since]).await.map_err(database)
+    }
+}

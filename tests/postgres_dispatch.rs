@@ -1,0 +1,114 @@
+//! Dispatch limits on the PostgreSQL backend, against a real PostgreSQL
+//! server of the test's own, at the times the test gives: a rate is a
+//! sliding window and keys are independent; a held job holds the jobs
+//! behind it under its key; claims without a rate count toward none; and a
+//! concurrency cap holds across two nodes claiming at once.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::postgres::TempPostgres;
+use svc::backend::postgres::{PgJobs, PgSettings, open};
+use svc::engine::FetchRequest;
+use svc::job::{DispatchLimit, JobBuilder, JobDefaults, JobId, NewJob, RateWindow};
+
+const NOW: i64 = 1_800_000_000_000;
+
+async fn node(url: &str) -> Arc<PgJobs> {
+    Arc::new(PgJobs::new(open(&PgSettings::new(url)).await.expect("the schema migrates")))
+}
+
+fn limited(queue: &str, n: u64, limit: DispatchLimit) -> NewJob {
+    JobBuilder::new("report.build").args([n]).queue(queue).rate_limit(limit).build(&JobDefaults::default()).unwrap()
+}
+
+fn limit(key: &str, concurrency: Option<u32>, rate: Option<(u32, u64)>) -> DispatchLimit {
+    let rate = rate.map(|(count, period_ms)| RateWindow { count, period_ms });
+    DispatchLimit { key: Some(key.to_string()), concurrency, rate }
+}
+
+async fn claim(jobs: &PgJobs, at: i64, queue: &str) -> Vec<JobId> {
+    let request = FetchRequest {
+        queues: vec![queue.into()],
+        count: 10,
+        worker_id: Some("w".into()),
+        visibility_timeout_ms: None,
+    };
+    jobs.claim(at, &request).await.unwrap().iter().map(|job| job.id).collect()
+}
+
+async fn enqueue(jobs: &PgJobs, job: NewJob) -> JobId {
+    jobs.enqueue(NOW, vec![job]).await.unwrap()[0].job.id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_is_a_sliding_window_and_keys_are_independent() {
+    let server = TempPostgres::start();
+    let jobs = node(&server.database("windows")).await;
+    for n in 0..4 {
+        enqueue(&jobs, limited("q", n, limit("api", None, Some((2, 60_000))))).await;
+    }
+    let other = enqueue(&jobs, limited("q", 9, limit("other", None, Some((1, 1_000))))).await;
+    assert_eq!(claim(&jobs, NOW, "q").await.len(), 3, "two under `api`, one under `other`");
+    assert!(claim(&jobs, NOW + 30_000, "q").await.is_empty());
+    assert!(claim(&jobs, NOW + 59_999, "q").await.is_empty(), "both claims are still inside the window");
+    assert_eq!(claim(&jobs, NOW + 60_000, "q").await.len(), 2, "the window moved past both claims");
+    assert_eq!(jobs.job(other).await.unwrap().unwrap().state, svc::job::JobState::Active);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_job_holds_the_jobs_behind_it_under_its_key() {
+    let server = TempPostgres::start();
+    let jobs = node(&server.database("behind")).await;
+    let three_an_hour = || limit("k", None, Some((3, 3_600_000)));
+    let hourly = [
+        enqueue(&jobs, limited("q", 0, three_an_hour())).await,
+        enqueue(&jobs, limited("q", 1, three_an_hour())).await,
+    ];
+    let quick = enqueue(&jobs, limited("q", 2, limit("k", None, Some((1, 1_000))))).await;
+    let last = enqueue(&jobs, limited("q", 3, three_an_hour())).await;
+    assert_eq!(claim(&jobs, NOW, "q").await, hourly, "the per-second job waits, and the job behind it");
+    assert_eq!(claim(&jobs, NOW + 2_000, "q").await, [quick], "its second has passed; the hour holds three claims");
+    assert!(claim(&jobs, NOW + 4_000, "q").await.is_empty(), "three claims in the hour");
+    assert_eq!(claim(&jobs, NOW + 3_600_000, "q").await, [last], "the first two claims left the hour");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_jobs_without_a_rate_count_toward_no_rate() {
+    let server = TempPostgres::start();
+    let jobs = node(&server.database("mixed")).await;
+    let capped = || limit("mixed", Some(5), None);
+    let rated = || limit("mixed", Some(5), Some((2, 60_000)));
+    let ids = [
+        enqueue(&jobs, limited("q", 0, capped())).await,
+        enqueue(&jobs, limited("q", 1, rated())).await,
+        enqueue(&jobs, limited("q", 2, capped())).await,
+        enqueue(&jobs, limited("q", 3, rated())).await,
+        enqueue(&jobs, limited("q", 4, rated())).await,
+    ];
+    assert_eq!(claim(&jobs, NOW, "q").await, ids[..4], "two rated claims fit the minute; the third waits");
+    assert!(claim(&jobs, NOW + 59_999, "q").await.is_empty());
+    assert_eq!(claim(&jobs, NOW + 60_000, "q").await, [ids[4]]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_cap_holds_across_two_nodes_claiming_at_once() {
+    let server = TempPostgres::start();
+    let url = server.database("nodes");
+    let (a, b) = (node(&url).await, node(&url).await);
+    for n in 0..40 {
+        enqueue(&a, limited(if n % 2 == 0 { "even" } else { "odd" }, n, limit("shared", Some(3), None))).await;
+    }
+    let mut claims = Vec::new();
+    for round in 0..10 {
+        for (store, queue) in [(a.clone(), "even"), (b.clone(), "odd")] {
+            claims.push(tokio::spawn(async move { claim(&store, NOW + round, queue).await.len() }));
+        }
+    }
+    let mut claimed = 0;
+    for handle in claims {
+        claimed += handle.await.unwrap();
+    }
+    assert_eq!(claimed, 3, "three active under the key, whichever node claimed");
+}
