@@ -41,10 +41,20 @@ fn discarded(server: &TestServer, queue: &str, marker: &str) -> String {
 #[test]
 fn stats_and_queues_show_counts_per_state() {
     let (_dir, server) = server();
+    check_stats_and_queues_show_counts_per_state(&server);
+}
+
+#[test]
+fn on_postgres_stats_and_queues_show_counts_per_state() {
+    let (_postgres, _dir, server) = server_on_postgres();
+    check_stats_and_queues_show_counts_per_state(&server);
+}
+
+fn check_stats_and_queues_show_counts_per_state(server: &TestServer) {
     server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "mail"}}));
     server.enqueue(json!({"type": "t", "args": [2], "options": {"queue": "mail"}}));
     server.fetch(&["mail"], 1);
-    discarded(&server, "reports", "a");
+    discarded(server, "reports", "a");
 
     let stats = server.get("/svc/v1/admin/stats");
     assert_eq!(stats.status, 200, "{}", stats.body);
@@ -295,7 +305,17 @@ fn check_bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter(ser
 #[test]
 fn the_dead_letter_listing_pages_by_number_and_deletes_with_204() {
     let (_dir, server) = server();
-    let ids: Vec<String> = (0..5).map(|n| discarded(&server, if n < 3 { "a" } else { "b" }, &n.to_string())).collect();
+    check_the_dead_letter_listing_pages_by_number_and_deletes_with_204(&server);
+}
+
+#[test]
+fn on_postgres_the_dead_letter_listing_pages_by_number_and_deletes_with_204() {
+    let (_postgres, _dir, server) = server_on_postgres();
+    check_the_dead_letter_listing_pages_by_number_and_deletes_with_204(&server);
+}
+
+fn check_the_dead_letter_listing_pages_by_number_and_deletes_with_204(server: &TestServer) {
+    let ids: Vec<String> = (0..5).map(|n| discarded(server, if n < 3 { "a" } else { "b" }, &n.to_string())).collect();
 
     let page = server.get("/svc/v1/admin/dead-letter?per_page=2&page=2");
     assert_eq!(page.status, 200, "{}", page.body);
@@ -319,6 +339,16 @@ fn the_dead_letter_listing_pages_by_number_and_deletes_with_204() {
 #[test]
 fn workers_are_listed_with_totals_and_can_be_signalled() {
     let (_dir, server) = server();
+    check_workers_are_listed_with_totals_and_can_be_signalled(&server);
+}
+
+#[test]
+fn on_postgres_workers_are_listed_with_totals_and_can_be_signalled() {
+    let (_postgres, _dir, server) = server_on_postgres();
+    check_workers_are_listed_with_totals_and_can_be_signalled(&server);
+}
+
+fn check_workers_are_listed_with_totals_and_can_be_signalled(server: &TestServer) {
     for worker in ["w-1", "w-2"] {
         let fetch = json!({"queues": ["default"], "count": 1, "worker_id": worker});
         assert_eq!(server.post("/svc/v1/workers/fetch", fetch).status, 200);
@@ -387,8 +417,18 @@ impl Stream {
 #[test]
 fn live_events_stream_as_they_happen_filtered_and_resumable() {
     let (_dir, server) = server();
+    check_live_events_stream_as_they_happen_filtered_and_resumable(&server);
+}
+
+#[test]
+fn on_postgres_live_events_stream_as_they_happen_filtered_and_resumable() {
+    let (_postgres, _dir, server) = server_on_postgres();
+    check_live_events_stream_as_they_happen_filtered_and_resumable(&server);
+}
+
+fn check_live_events_stream_as_they_happen_filtered_and_resumable(server: &TestServer) {
     server.enqueue(json!({"type": "t", "args": ["before the stream"], "options": {"queue": "mail"}}));
-    let mut stream = Stream::open(&server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", None);
+    let mut stream = Stream::open(server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", None);
     server.enqueue(json!({"type": "t", "args": ["elsewhere"], "options": {"queue": "other"}}));
     let first = server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "mail"}}));
     let (first_event, kind, data) = stream.next_event();
@@ -398,7 +438,7 @@ fn live_events_stream_as_they_happen_filtered_and_resumable() {
     drop(stream);
 
     let second = server.enqueue(json!({"type": "t", "args": [2], "options": {"queue": "mail"}}));
-    let mut resumed = Stream::open(&server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", Some(&first_event));
+    let mut resumed = Stream::open(server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", Some(&first_event));
     let (_, _, data) = resumed.next_event();
     assert!(data.to_string().contains(&second), "resumed after the last event seen: {data}");
 }

@@ -111,9 +111,10 @@ async fn last_minute(client: &impl GenericClient, queue: Option<&str>, now: Mill
     Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
 }
 
-/// Queues that hold jobs, or are paused or bounded, after `after` in name order.
+/// Queues that hold jobs, or are paused or bounded, and `default`, after
+/// `after` in name order.
 const LISTED: &str = "SELECT name FROM svc_queues q WHERE ($1::text IS NULL OR name COLLATE \"C\" > $1) \
-     AND (paused OR max_depth IS NOT NULL OR EXISTS (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) \
+     AND (name = 'default' OR paused OR max_depth IS NOT NULL OR EXISTS (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) \
      OR EXISTS (SELECT 1 FROM svc_job_history h WHERE h.queue = q.name)) \
      ORDER BY name COLLATE \"C\" LIMIT $2";
 
@@ -256,7 +257,7 @@ impl PgJobs {
         }
         let row = client
             .row(
-                "SELECT count(*) FILTER (WHERE paused OR max_depth IS NOT NULL OR EXISTS \
+                "SELECT count(*) FILTER (WHERE name = 'default' OR paused OR max_depth IS NOT NULL OR EXISTS \
                  (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) OR EXISTS \
                  (SELECT 1 FROM svc_job_history h WHERE h.queue = q.name)), count(*) FILTER (WHERE paused) \
                  FROM svc_queues q",

@@ -225,6 +225,8 @@ CREATE TABLE svc_dispatch_claims (
     claimed_at bigint NOT NULL
 );
 CREATE INDEX svc_dispatch_claims_key ON svc_dispatch_claims (key, claimed_at);
+-- The `default` queue is always listed, as on the local engine.
+INSERT INTO svc_queues (name) VALUES ('default') ON CONFLICT DO NOTHING;
 ";
 
 /// Why the schema cannot be brought to this binary's version.
