@@ -467,3 +467,24 @@ async fn a_unique_fingerprint_is_held_once_across_nodes_and_within_its_period() 
     a.cancel(NOW + 60_001, second).await.unwrap();
     assert!(b.enqueue(NOW + 60_002, vec![timed()]).await.is_ok(), "a cancelled holder frees its fingerprint");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_never_claimed_are_discarded_when_they_expire() {
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "expiry").await;
+    let expiring = |builder: JobBuilder| new_job(builder.queue("x").expires_at(NOW + 1_000));
+    let enqueued = jobs
+        .enqueue(NOW, vec![expiring(JobBuilder::new("a")), expiring(JobBuilder::new("b").pending())])
+        .await
+        .unwrap();
+    let lasting = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("c").queue("x"))]).await.unwrap()[0].job.id;
+
+    assert_eq!(jobs.expire_due(NOW + 999, 100).await.unwrap(), 0, "not yet");
+    assert_eq!(jobs.expire_due(NOW + 1_000, 100).await.unwrap(), 2);
+    for enqueued in &enqueued {
+        let job = jobs.job(enqueued.job.id).await.unwrap().unwrap();
+        assert_eq!(job.state, JobState::Discarded, "available and staged jobs alike");
+        assert_eq!(job.run().error.as_ref().map(|error| error.code.as_str()), Some("expired"));
+    }
+    assert_eq!(jobs.job(lasting).await.unwrap().unwrap().state, JobState::Available);
+}

@@ -94,9 +94,10 @@ impl Drop for PgBackend {
 }
 
 /// The leader's timers: while this node holds the lease, due jobs are
-/// promoted, claims that ran out are ended and due cron entries fire,
-/// every [`TIMERS_EVERY`]; events, cron firings, idle workers, the history
-/// and ended workflows are pruned every [`PRUNE_EVERY`].
+/// promoted, jobs past their expiry discarded, claims that ran out ended
+/// and due cron entries fired, every [`TIMERS_EVERY`]; events, cron
+/// firings, idle workers, the history, ended workflows and old dispatch
+/// claims are pruned every [`PRUNE_EVERY`].
 async fn run_timers(
     jobs: Arc<PgJobs>,
     lease: LeaderLease,
@@ -132,6 +133,7 @@ async fn run_timers(
         if leading {
             let now = clock.now_ms();
             // A failure is logged by the store, and tried again next pass.
+            let _ = jobs.expire_due(now, TIMERS_BATCH).await;
             let _ = jobs.promote_due(now, TIMERS_BATCH).await;
             let _ = jobs.expire_claims(now, TIMERS_BATCH).await;
             let _ = jobs.fire_due_crons(now, CRON_BATCH).await;

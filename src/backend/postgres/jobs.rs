@@ -600,6 +600,37 @@ impl PgJobs {
         Ok(jobs.len())
     }
 
+    /// Discards jobs not claimed whose `expires_at` passed, as the local
+    /// engine's timers do, up to `limit` of them (the soonest first);
+    /// answers how many.
+    pub async fn expire_due(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let mut jobs = locked_jobs(
+            &transaction,
+            concat!(
+                "SELECT id::text AS id_text, body FROM svc_jobs \
+                 WHERE state IN ('pending', 'scheduled', 'available', 'retryable') AND expires_at <= ",
+                ts!("$1"),
+                " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+            ),
+            &[&now, &limit],
+        )
+        .await?;
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        jobs.iter_mut().for_each(|job| transition::expire(job, now));
+        self.move_to_history(&transaction, &jobs.iter().collect::<Vec<_>>()).await?;
+        let events = jobs
+            .iter()
+            .flat_map(|job| [(EventKind::Expired, job), (EventKind::Discarded { reason: "expired" }, job)])
+            .collect();
+        self.record(&transaction, now, events).await?;
+        transaction.commit().await.map_err(database)?;
+        Ok(jobs.len())
+    }
+
     /// Writes a changed job back: its row updated while in flight, or moved
     /// to the history once finished.
     pub(super) async fn store(&self, transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
@@ -766,19 +797,22 @@ pub(super) async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<
     let bodies: Vec<Vec<u8>> = jobs.iter().map(encode).collect();
     let keys: Vec<Option<Vec<u8>>> = jobs.iter().map(unique_key).collect();
     let limits: Vec<Option<&str>> = jobs.iter().map(|job| job.limit_and_key().map(|(_, key)| key)).collect();
+    let expiries: Vec<Option<Millis>> = jobs.iter().map(Job::expires_at).collect();
     client
         .run(
             concat!(
                 "INSERT INTO svc_jobs (id, queue, type, state, priority, ready_at, attempt, created_at, body, \
-                 unique_key, dispatch_key) SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, ",
+                 unique_key, dispatch_key, expires_at) SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, ",
                 ts!("t.ready"),
                 ", 0, ",
                 ts!("t.created"),
-                ", t.body, t.key, t.limit_key FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
-                 $5::int2[], $6::int8[], $7::int8[], $8::bytea[], $9::bytea[], $10::text[]) \
-                 AS t(id, queue, type, state, priority, ready, created, body, key, limit_key)"
+                ", t.body, t.key, t.limit_key, ",
+                ts!("t.expires"),
+                " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::int8[], $7::int8[], \
+                 $8::bytea[], $9::bytea[], $10::text[], $11::int8[]) \
+                 AS t(id, queue, type, state, priority, ready, created, body, key, limit_key, expires)"
             ),
-            &[&ids, &queues, &types, &states, &priorities, &ready, &created, &bodies, &keys, &limits],
+            &[&ids, &queues, &types, &states, &priorities, &ready, &created, &bodies, &keys, &limits, &expiries],
         )
         .await
 }

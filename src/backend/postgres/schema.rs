@@ -35,6 +35,7 @@ const MIGRATIONS: &[&str] = &[
     V7_WORKFLOWS,
     V8_UNIQUE,
     V9_DISPATCH,
+    V10_EXPIRY,
 ];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
@@ -227,6 +228,14 @@ CREATE TABLE svc_dispatch_claims (
 CREATE INDEX svc_dispatch_claims_key ON svc_dispatch_claims (key, claimed_at);
 -- The `default` queue is always listed, as on the local engine.
 INSERT INTO svc_queues (name) VALUES ('default') ON CONFLICT DO NOTHING;
+";
+
+/// Version 10: the expiry of jobs not claimed.
+const V10_EXPIRY: &str = "
+-- When a job not yet claimed is discarded unclaimed (`expires_at`); the
+-- leader's timers select on it.
+ALTER TABLE svc_jobs ADD COLUMN expires_at timestamptz;
+CREATE INDEX svc_jobs_expiry ON svc_jobs (expires_at) WHERE expires_at IS NOT NULL AND state <> 'active';
 ";
 
 /// Why the schema cannot be brought to this binary's version.
