@@ -1,8 +1,9 @@
 //! Cron on the PostgreSQL backend, against a real PostgreSQL server of the
 //! test's own: registration, listing and deletion as on the local engine;
 //! firings at their nominal times, once each even when two nodes fire at
-//! once; downtime caught up with one firing; the overlap policies; and what
-//! this backend refuses rather than fire wrongly.
+//! once; downtime caught up with one firing; the overlap policies, a run
+//! waiting for the previous one included; and unique policies met by a
+//! firing.
 
 mod common;
 
@@ -13,7 +14,7 @@ use svc::backend::EventFilter;
 use svc::backend::postgres::{PgJobs, PgSettings, open};
 use svc::cron::{CronDefinition, parse_cron_body};
 use svc::engine::{CronWrite, EngineError, EventKind, FetchRequest};
-use svc::job::{JobDefaults, JobState, ValidationKind};
+use svc::job::{JobDefaults, JobState};
 
 /// 2027-01-15T08:00:00Z: a whole minute.
 const NOW: i64 = 1_800_000_000_000;
@@ -182,22 +183,6 @@ async fn the_overlap_policy_and_paused_queues_are_obeyed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_this_backend_cannot_fire_is_refused_at_registration() {
-    let server = TempPostgres::start();
-    let (jobs, _pool) = store(&server, "refused").await;
-    let refusals = [serde_json::json!({"name": "q", "expression": "* * * * *", "overlap_policy": "enqueue",
-            "job_template": {"type": "t", "args": []}})];
-    for body in refusals {
-        let refused = jobs.cron_put(NOW, definition(body.clone()), CronWrite::Upsert).await.unwrap_err();
-        match refused {
-            EngineError::Invalid { error, .. } => assert_eq!(error.kind, ValidationKind::Unsupported, "{body}"),
-            other => panic!("{body}: expected 422 unsupported, got {other:?}"),
-        }
-    }
-    assert!(jobs.crons_page(None, 10, None).await.unwrap().0.is_empty(), "nothing was stored");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_firing_meets_its_unique_policy_as_an_enqueue_does() {
     let server = TempPostgres::start();
     let (jobs, _pool) = store(&server, "unique_cron").await;
@@ -234,4 +219,30 @@ async fn a_firing_meets_its_unique_policy_as_an_enqueue_does() {
     let cancelled =
         events.iter().find(|event| matches!(event.kind, EventKind::Cancelled { reason: "unique_replace", .. }));
     assert!(cancelled.is_some(), "the first run was cancelled as replaced");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_waits_for_the_previous_one_starts_when_it_ends() {
+    use svc::engine::ConflictReason;
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "waiting").await;
+    let mut entry = every_minute("nightly", "queued");
+    entry.overlap = svc::cron::OverlapPolicy::Enqueue;
+    jobs.cron_put(NOW, entry, CronWrite::Upsert).await.unwrap();
+
+    jobs.fire_due_crons(NOW + MINUTE, 10).await.unwrap();
+    let first = jobs.claim(NOW + MINUTE, &fetch("queued")).await.unwrap()[0].id;
+    jobs.fire_due_crons(NOW + 2 * MINUTE, 10).await.unwrap();
+    let waiting = jobs.cron("nightly").await.unwrap().unwrap().last_job_id.unwrap();
+    assert_eq!(jobs.job(waiting).await.unwrap().unwrap().state, JobState::Pending, "it waits for the first");
+    let owned = jobs.activate(NOW + 2 * MINUTE, waiting).await.unwrap_err();
+    assert!(matches!(owned, EngineError::Conflict { reason: ConflictReason::Owned, .. }), "{owned:?}");
+    // At most one run waits: the next firing is skipped.
+    jobs.fire_due_crons(NOW + 3 * MINUTE, 10).await.unwrap();
+    assert_eq!(jobs.cron("nightly").await.unwrap().unwrap().last_job_id, Some(waiting));
+
+    jobs.ack(NOW + 3 * MINUTE + 1, first, None, Some("w")).await.unwrap();
+    let started = jobs.job(waiting).await.unwrap().unwrap();
+    assert_eq!(started.state, JobState::Available, "started when the first ended");
+    assert_eq!(jobs.claim(NOW + 3 * MINUTE + 2, &fetch("queued")).await.unwrap()[0].id, waiting);
 }

@@ -20,7 +20,7 @@ use crate::clock::Millis;
 use crate::cron::{CronDefinition, OverlapPolicy};
 use crate::engine::{CronEntry, CronInfo, CronSkip, CronWrite, EngineError, EventKind, register_cron};
 use crate::job::OnConflict;
-use crate::job::{Job, JobId, JobState, ValidationError, transition};
+use crate::job::{Job, JobId, JobState, transition};
 use crate::limits::{CRON_ENTRIES_MAX_DEFAULT, CRON_MISSED_COUNT_MAX};
 
 /// The advisory lock registrations hold (`svc_cron` as eight bytes), so that
@@ -36,17 +36,6 @@ fn encode(entry: &CronEntry) -> Vec<u8> {
 
 fn decode(name: &str, body: &[u8]) -> Result<CronEntry, EngineError> {
     from_body("cron entry", name, body)
-}
-
-/// Refuses what this backend cannot fire yet, before anything is stored:
-/// a run that waits for the previous one.
-fn check_supported(definition: &CronDefinition) -> Result<(), EngineError> {
-    if definition.overlap == OverlapPolicy::Enqueue {
-        let message = "overlap_policy \"enqueue\" is not yet available for cron on the PostgreSQL backend";
-        let error = ValidationError::unsupported("overlap_policy", message);
-        return Err(EngineError::Invalid { error, index: None });
-    }
-    Ok(())
 }
 
 /// The entry's part in the events of its firing.
@@ -105,7 +94,6 @@ impl PgJobs {
         definition: CronDefinition,
         write: CronWrite,
     ) -> Result<(Arc<CronEntry>, bool), EngineError> {
-        check_supported(&definition)?;
         // The template's args are checked when the entry is registered;
         // each firing only checks that the schema is still registered.
         if let Some(uri) = definition.schema() {
@@ -198,12 +186,23 @@ impl PgJobs {
             Some(uri) => !self.schema_registered(transaction, &uri).await?,
             None => false,
         };
-        // What this firing does: skip, or enqueue (cancelling the previous run first).
+        // What this firing does: skip, or enqueue (cancelling the previous
+        // run first, or waiting for it to end).
+        let mut waits_for = None;
         let (job, cancelled, skip) = match (previous, definition.overlap) {
             _ if schema_missing => (None, None, Some(skipped(&entry, due.scheduled, "schema_not_registered", None))),
             _ if paused => (None, None, Some(skipped(&entry, due.scheduled, "queue_paused", None))),
-            (Some(previous), OverlapPolicy::Skip | OverlapPolicy::Enqueue) => {
+            (Some(previous), OverlapPolicy::Skip) => {
                 (None, None, Some(skipped(&entry, due.scheduled, "overlap_skip", Some(previous.id))))
+            }
+            // At most one run waits behind the previous one.
+            (Some(previous), OverlapPolicy::Enqueue) if previous.state == JobState::Pending => {
+                (None, None, Some(skipped(&entry, due.scheduled, "overlap_skip", Some(previous.id))))
+            }
+            (Some(previous), OverlapPolicy::Enqueue) => {
+                waits_for = Some(previous.id);
+                let id = self.fresh_id(now);
+                (Some(definition.fired_job(id, JobState::Pending, now, due.scheduled)), None, None)
             }
             (previous, policy) => {
                 let cancelled = previous.filter(|_| policy == OverlapPolicy::CancelPrevious);
@@ -257,8 +256,19 @@ impl PgJobs {
                 events.push((EventKind::Cancelled { previous_state, reason: "cron_cancel_previous" }, None));
             }
             if let Some(job) = &job {
-                self.cancel_replaced(transaction, now, &replaced).await?;
                 insert(transaction, std::slice::from_ref(job)).await.map_err(database)?;
+                if let Some(previous) = waits_for {
+                    // Started when the previous run ends (`move_to_history`),
+                    // even when that is the `replace` just below.
+                    transaction
+                        .run(
+                            "UPDATE svc_jobs SET waiter = $2::text::uuid WHERE id = $1::text::uuid",
+                            &[&previous.to_string(), &job.id.to_string()],
+                        )
+                        .await
+                        .map_err(database)?;
+                }
+                self.cancel_replaced(transaction, now, &replaced).await?;
                 notify_available(transaction, std::slice::from_ref(job)).await?;
                 updated.run_count += 1;
                 updated.last_run_at = Some(due.scheduled);

@@ -400,8 +400,13 @@ impl PgJobs {
         if job.state != JobState::Pending {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::NotPending });
         }
-        // A waiting chain step or callback is its workflow's to start.
-        if job.workflow().is_some() {
+        // A waiting chain step or callback is its workflow's to start, a
+        // waiting cron run its cron entry's.
+        let waiting = transaction
+            .maybe_row("SELECT 1 FROM svc_jobs WHERE waiter = $1::text::uuid", &[&id.to_string()])
+            .await
+            .map_err(database)?;
+        if job.workflow().is_some() || waiting.is_some() {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::Owned });
         }
         transition::activate(&mut job, now);
@@ -647,11 +652,41 @@ impl PgJobs {
         transaction: &Transaction<'_>,
         jobs: &[&Job],
     ) -> Result<(), EngineError> {
-        move_rows(transaction, jobs).await?;
+        let waiters = move_rows(transaction, jobs).await?;
+        if !waiters.is_empty() {
+            let at = jobs.iter().map(|job| finished_at(job)).max().unwrap_or_default();
+            self.start_waiters(transaction, at, &waiters).await?;
+        }
         if jobs.iter().any(|job| job.workflow().is_some()) {
             self.workflow_jobs_ended(transaction, jobs).await?;
         }
         Ok(())
+    }
+}
+
+impl PgJobs {
+    /// Starts the cron runs that waited for jobs just ended
+    /// (`overlap_policy: "enqueue"`): `scheduled` until their time, else
+    /// available.
+    pub(super) async fn start_waiters(
+        &self,
+        transaction: &Transaction<'_>,
+        at: Millis,
+        waiters: &[String],
+    ) -> Result<(), EngineError> {
+        if waiters.is_empty() {
+            return Ok(());
+        }
+        let mut started = lock_in_flight(transaction, waiters).await?;
+        started.retain(|job| job.state == JobState::Pending);
+        for job in &mut started {
+            transition::activate(job, at);
+            update_row(transaction, job).await?;
+        }
+        let scheduled = started.iter().filter(|job| job.state == JobState::Scheduled);
+        let events = scheduled.map(|job| (EventKind::Scheduled, job)).collect();
+        notify_available(transaction, &started).await?;
+        self.record(transaction, at, events).await
     }
 }
 
@@ -734,8 +769,9 @@ async fn take_discarded(transaction: &Transaction<'_>, id: JobId) -> Result<Job,
 }
 
 /// Moves finished jobs' rows from `svc_jobs` to `svc_job_history`: one
-/// `DELETE` and one `INSERT`, sent together (pipelined).
-pub(super) async fn move_rows(transaction: &Transaction<'_>, jobs: &[&Job]) -> Result<(), EngineError> {
+/// `DELETE` and one `INSERT`, sent together (pipelined). Answers the cron
+/// runs that waited for them (`waiter`), to be started.
+pub(super) async fn move_rows(transaction: &Transaction<'_>, jobs: &[&Job]) -> Result<Vec<String>, EngineError> {
     let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
     let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
     let types: Vec<&str> = jobs.iter().map(|job| job.payload.job_type()).collect();
@@ -744,8 +780,9 @@ pub(super) async fn move_rows(transaction: &Transaction<'_>, jobs: &[&Job]) -> R
     let bodies: Vec<Vec<u8>> = jobs.iter().map(|job| encode(job)).collect();
     let (delete_params, move_params): (Params<'_>, Params<'_>) =
         (&[&ids], &[&ids, &queues, &types, &states, &times, &bodies]);
-    tokio::try_join!(
-        transaction.run("DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[])", delete_params),
+    let (waiters, _) = tokio::try_join!(
+        transaction
+            .rows("DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) RETURNING waiter::text", delete_params),
         transaction.run(
             "INSERT INTO svc_job_history (id, queue, type, state, finished_at, body) \
              SELECT t.id::uuid, t.queue, t.type, t.state, to_timestamp(t.at::float8 / 1000), t.body \
@@ -755,7 +792,7 @@ pub(super) async fn move_rows(transaction: &Transaction<'_>, jobs: &[&Job]) -> R
         ),
     )
     .map_err(database)?;
-    Ok(())
+    Ok(waiters.iter().filter_map(|row| row.get::<_, Option<String>>(0)).collect())
 }
 
 /// The jobs a locking query selects, as `(id, body)` rows.

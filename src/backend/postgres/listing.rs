@@ -151,8 +151,17 @@ impl PgJobs {
             }
             BulkAction::Delete | BulkAction::Purge => {
                 let mut events = Vec::new();
-                let mut cancelled = Vec::new();
+                let (mut cancelled, mut waiters) = (Vec::new(), Vec::new());
                 if action == BulkAction::Purge {
+                    // Cron runs waiting for a purged job start, as when it is cancelled.
+                    let waiting = transaction
+                        .rows(
+                            "SELECT waiter::text FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND waiter IS NOT NULL",
+                            &[&keys],
+                        )
+                        .await
+                        .map_err(database)?;
+                    waiters = waiting.iter().map(|row| row.get(0)).collect();
                     // Cancelled first, in the same step: the events say both.
                     cancelled = rows(
                         "DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) RETURNING id::text AS id_text, body",
@@ -173,6 +182,7 @@ impl PgJobs {
                 if cancelled.iter().any(|job| job.workflow().is_some()) {
                     self.workflow_jobs_ended(&transaction, &cancelled.iter().collect::<Vec<_>>()).await?;
                 }
+                self.start_waiters(&transaction, now, &waiters).await?;
                 self.record(&transaction, now, events).await?;
                 cancelled.len() + deleted.len()
             }

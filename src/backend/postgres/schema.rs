@@ -36,6 +36,7 @@ const MIGRATIONS: &[&str] = &[
     V8_UNIQUE,
     V9_DISPATCH,
     V10_EXPIRY,
+    V11_CRON_WAITERS,
 ];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
@@ -236,6 +237,14 @@ const V10_EXPIRY: &str = "
 -- leader's timers select on it.
 ALTER TABLE svc_jobs ADD COLUMN expires_at timestamptz;
 CREATE INDEX svc_jobs_expiry ON svc_jobs (expires_at) WHERE expires_at IS NOT NULL AND state <> 'active';
+";
+
+/// Version 11: cron runs waiting for the previous run.
+const V11_CRON_WAITERS: &str = "
+-- The run of a cron entry (`overlap_policy: enqueue`) that waits, pending,
+-- for this job to end; it starts when this row leaves the table.
+ALTER TABLE svc_jobs ADD COLUMN waiter uuid;
+CREATE INDEX svc_jobs_waiter ON svc_jobs (waiter) WHERE waiter IS NOT NULL;
 ";
 
 /// Why the schema cannot be brought to this binary's version.
