@@ -197,13 +197,10 @@ impl PgJobs {
         if current.state.is_terminal() {
             return Err(EngineError::WorkflowConflict { id, current_state: current.state });
         }
-        let members = current.members.iter().filter(|member| member.outcome.is_none()).map(|member| member.job_id);
-        let fired = current.callbacks.iter().filter(|callback| callback.fired && callback.outcome.is_none());
-        let live: Vec<String> = members.chain(fired.map(|callback| callback.job.id)).map(|id| id.to_string()).collect();
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         // Jobs first, then the workflow: the order an ack takes them in.
-        let mut jobs = lock_in_flight(&transaction, &live).await?;
+        let mut jobs = lock_in_flight(&transaction, &live_jobs(&current)).await?;
         let row = transaction
             .maybe_row("SELECT body FROM svc_workflows WHERE id = $1::text::uuid FOR UPDATE", &[&key])
             .await
@@ -213,6 +210,15 @@ impl PgJobs {
         if workflow.state.is_terminal() {
             return Err(EngineError::WorkflowConflict { id, current_state: workflow.state });
         }
+        // A callback fired since the first read is locked now (rarely: only
+        // a batch whose last member ended meanwhile).
+        let fired: Vec<String> =
+            live_jobs(&workflow).into_iter().filter(|id| !jobs.iter().any(|job| job.id.to_string() == *id)).collect();
+        if !fired.is_empty() {
+            jobs.extend(lock_in_flight(&transaction, &fired).await?);
+        }
+        let live = live_jobs(&workflow);
+        jobs.retain(|job| live.contains(&job.id.to_string()));
         workflow.state = WorkflowState::Cancelled;
         workflow.ended_at = Some(now);
         let mut events = vec![workflow_event(now, id, WorkflowEvent::Cancelled { jobs_cancelled: jobs.len() })];
@@ -482,6 +488,15 @@ async fn unique_members(transaction: &Transaction<'_>, now: Millis, jobs: &[Job]
         }
     }
     Ok(replaced.into_iter().collect())
+}
+
+/// The jobs of a workflow that have not ended as far as it knows: members,
+/// and callbacks fired (a job sent back from the dead letter listing after
+/// it ended runs on its own).
+fn live_jobs(workflow: &Workflow) -> Vec<String> {
+    let members = workflow.members.iter().filter(|member| member.outcome.is_none()).map(|member| member.job_id);
+    let fired = workflow.callbacks.iter().filter(|callback| callback.fired && callback.outcome.is_none());
+    members.chain(fired.map(|callback| callback.job.id)).map(|id| id.to_string()).collect()
 }
 
 /// Records how a job of `workflow` first ended; `false` when it had ended
