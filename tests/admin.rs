@@ -7,8 +7,8 @@
 
 mod common;
 
+use common::PostgresNode;
 use common::TestServer;
-use common::postgres::TempPostgres;
 use serde_json::{Value, json};
 
 fn server() -> (tempfile::TempDir, TestServer) {
@@ -18,11 +18,8 @@ fn server() -> (tempfile::TempDir, TestServer) {
 }
 
 /// A node on a PostgreSQL server of the test's own.
-fn server_on_postgres() -> (TempPostgres, tempfile::TempDir, TestServer) {
-    let postgres = TempPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::on_postgres(dir.path(), &postgres.database("admin"));
-    (postgres, dir, server)
+fn server_on_postgres() -> PostgresNode {
+    PostgresNode::start("admin")
 }
 
 /// Enqueues a job into `queue` that fails for good on its first attempt.
@@ -46,7 +43,7 @@ fn stats_and_queues_show_counts_per_state() {
 
 #[test]
 fn on_postgres_stats_and_queues_show_counts_per_state() {
-    let (_postgres, _dir, server) = server_on_postgres();
+    let server = server_on_postgres();
     check_stats_and_queues_show_counts_per_state(&server);
 }
 
@@ -153,7 +150,7 @@ fn jobs_are_listed_filtered_searched_and_paged_without_repeats() {
 
 #[test]
 fn on_postgres_jobs_are_listed_filtered_searched_and_paged_without_repeats() {
-    let (_postgres, _dir, server) = server_on_postgres();
+    let server = server_on_postgres();
     check_jobs_are_listed_filtered_searched_and_paged_without_repeats(&server);
 }
 
@@ -217,7 +214,7 @@ fn a_job_in_full_carries_its_timeline() {
 
 #[test]
 fn on_postgres_a_job_in_full_carries_its_timeline() {
-    let (_postgres, _dir, server) = server_on_postgres();
+    let server = server_on_postgres();
     check_a_job_in_full_carries_its_timeline(&server);
 }
 
@@ -242,7 +239,7 @@ fn bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter() {
 
 #[test]
 fn on_postgres_bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter() {
-    let (_postgres, _dir, server) = server_on_postgres();
+    let server = server_on_postgres();
     check_bulk_actions_need_confirmation_count_in_a_dry_run_and_act_by_filter(&server);
 }
 
@@ -310,7 +307,7 @@ fn the_dead_letter_listing_pages_by_number_and_deletes_with_204() {
 
 #[test]
 fn on_postgres_the_dead_letter_listing_pages_by_number_and_deletes_with_204() {
-    let (_postgres, _dir, server) = server_on_postgres();
+    let server = server_on_postgres();
     check_the_dead_letter_listing_pages_by_number_and_deletes_with_204(&server);
 }
 
@@ -344,7 +341,7 @@ fn workers_are_listed_with_totals_and_can_be_signalled() {
 
 #[test]
 fn on_postgres_workers_are_listed_with_totals_and_can_be_signalled() {
-    let (_postgres, _dir, server) = server_on_postgres();
+    let server = server_on_postgres();
     check_workers_are_listed_with_totals_and_can_be_signalled(&server);
 }
 
@@ -422,7 +419,7 @@ fn live_events_stream_as_they_happen_filtered_and_resumable() {
 
 #[test]
 fn on_postgres_live_events_stream_as_they_happen_filtered_and_resumable() {
-    let (_postgres, _dir, server) = server_on_postgres();
+    let server = server_on_postgres();
     check_live_events_stream_as_they_happen_filtered_and_resumable(&server);
 }
 

@@ -8,8 +8,8 @@
 
 mod common;
 
+use common::PostgresNode;
 use common::TestServer;
-use common::postgres::TempPostgres;
 use serde_json::{Value, json};
 use svc::clock::ManualClock;
 use svc::engine::FetchRequest;
@@ -32,9 +32,7 @@ fn concurrency_caps_active_jobs_per_key() {
 
 #[test]
 fn on_postgres_concurrency_caps_active_jobs_per_key() {
-    let postgres = TempPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    check_concurrency_caps_active_jobs_per_key(&TestServer::on_postgres(dir.path(), &postgres.database("limits")));
+    check_concurrency_caps_active_jobs_per_key(&PostgresNode::start("limits"));
 }
 
 fn check_concurrency_caps_active_jobs_per_key(server: &TestServer) {

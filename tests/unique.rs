@@ -6,8 +6,8 @@
 
 mod common;
 
+use common::PostgresNode;
 use common::TestServer;
-use common::postgres::TempPostgres;
 use serde_json::{Value, json};
 use svc::clock::ManualClock;
 
@@ -34,12 +34,7 @@ fn reject_answers_409_with_the_holder_and_stores_nothing() {
 
 #[test]
 fn on_postgres_reject_answers_409_with_the_holder_and_stores_nothing() {
-    let postgres = TempPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    check_reject_answers_409_with_the_holder_and_stores_nothing(&TestServer::on_postgres(
-        dir.path(),
-        &postgres.database("unique_jobs"),
-    ));
+    check_reject_answers_409_with_the_holder_and_stores_nothing(&PostgresNode::start("unique_jobs"));
 }
 
 fn check_reject_answers_409_with_the_holder_and_stores_nothing(server: &TestServer) {
@@ -75,12 +70,7 @@ fn ignore_answers_with_the_held_job_and_emits_nothing() {
 
 #[test]
 fn on_postgres_ignore_answers_with_the_held_job_and_emits_nothing() {
-    let postgres = TempPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    check_ignore_answers_with_the_held_job_and_emits_nothing(&TestServer::on_postgres(
-        dir.path(),
-        &postgres.database("unique_jobs"),
-    ));
+    check_ignore_answers_with_the_held_job_and_emits_nothing(&PostgresNode::start("unique_jobs"));
 }
 
 fn check_ignore_answers_with_the_held_job_and_emits_nothing(server: &TestServer) {
@@ -103,12 +93,7 @@ fn replace_cancels_every_holder_even_an_active_one() {
 
 #[test]
 fn on_postgres_replace_cancels_every_holder_even_an_active_one() {
-    let postgres = TempPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    check_replace_cancels_every_holder_even_an_active_one(&TestServer::on_postgres(
-        dir.path(),
-        &postgres.database("unique_jobs"),
-    ));
+    check_replace_cancels_every_holder_even_an_active_one(&PostgresNode::start("unique_jobs"));
 }
 
 fn check_replace_cancels_every_holder_even_an_active_one(server: &TestServer) {
@@ -162,12 +147,7 @@ fn batches_apply_policies_in_item_order_all_or_nothing() {
 
 #[test]
 fn on_postgres_batches_apply_policies_in_item_order_all_or_nothing() {
-    let postgres = TempPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    check_batches_apply_policies_in_item_order_all_or_nothing(&TestServer::on_postgres(
-        dir.path(),
-        &postgres.database("unique_jobs"),
-    ));
+    check_batches_apply_policies_in_item_order_all_or_nothing(&PostgresNode::start("unique_jobs"));
 }
 
 fn check_batches_apply_policies_in_item_order_all_or_nothing(server: &TestServer) {

@@ -185,6 +185,31 @@ impl TestServer {
     }
 }
 
+/// A node on the PostgreSQL backend with a PostgreSQL server and data dir
+/// of its own; it reads as the [`TestServer`] it holds. The node stops
+/// before its database does (fields drop in order).
+pub struct PostgresNode {
+    pub server: TestServer,
+    _dir: tempfile::TempDir,
+    _postgres: postgres::TempPostgres,
+}
+
+impl PostgresNode {
+    pub fn start(database: &str) -> PostgresNode {
+        let postgres = postgres::TempPostgres::start();
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let server = TestServer::on_postgres(dir.path(), &postgres.database(database));
+        PostgresNode { server, _dir: dir, _postgres: postgres }
+    }
+}
+
+impl std::ops::Deref for PostgresNode {
+    type Target = TestServer;
+    fn deref(&self) -> &TestServer {
+        &self.server
+    }
+}
+
 impl Drop for TestServer {
     fn drop(&mut self) {
         if let Some(server) = self.server.take() {
