@@ -274,9 +274,12 @@ fn run_on_postgres(
     let mut postgres = postgres.clone();
     postgres.retention = config.retention;
     postgres.max_schemas = config.max_schemas;
-    let backend = runtime
+    postgres.webhook_limits = config.webhook_limits;
+    postgres.delivery_timeout = Duration::from_millis(config.webhooks_timeout_ms);
+    let mut backend = runtime
         .block_on(crate::backend::postgres::PgBackend::start(&postgres, clock.clone(), node.clone()))
         .map_err(|error| ServerError::Postgres(error.to_string()))?;
+    backend.deliver(client.clone());
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     tracing::info!(address = %addr, backend = "postgres", node, max_connections = caps.total, "svc listening");
     let timeout = Duration::from_millis(config.request_timeout_ms);

@@ -1,8 +1,8 @@
 //! `svc serve --postgres` (SVC_POSTGRES_URL here): stateless nodes on one
 //! PostgreSQL database, over HTTP. A job enqueued on one node is claimed and
 //! acked on another; a node killed and started again has lost nothing,
-//! since it keeps nothing of its own; what the backend does not offer yet
-//! is refused as unsupported.
+//! since it keeps nothing of its own; cron entries and webhook
+//! subscriptions made through one node are the other's too.
 
 mod common;
 
@@ -62,10 +62,12 @@ fn nodes_on_one_database_serve_the_same_jobs() {
     let (status, body) = get(&b, "/cron/nightly");
     assert_eq!((status, body["cron"]["expression"].as_str()), (200, Some("0 3 * * *")), "{body}");
 
-    // Not on this backend yet: refused, and said so.
-    let (status, body) = get(&a, "/webhooks");
-    assert_eq!(status, 422, "{body}");
-    assert_eq!(body["error"]["code"], "unsupported");
-    assert!(body["error"]["message"].as_str().unwrap().contains("PostgreSQL"), "{body}");
+    // So is a webhook subscription.
+    let subscription = json!({"url": "https://hooks.example.com/svc", "events": ["job.*"],
+        "secret": "a-secret-of-sixteen-or-more"});
+    let (status, body) = post(&a, "/webhooks", subscription);
+    assert_eq!(status, 201, "{body}");
+    let (status, listed) = get(&b, "/webhooks");
+    assert_eq!((status, &listed["subscriptions"][0]["id"]), (200, &body["subscription"]["id"]), "{listed}");
     assert_eq!(get(&a, "/health").0, 200);
 }

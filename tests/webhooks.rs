@@ -1,10 +1,11 @@
 //! Webhook subscriptions end to end: both route spellings, validation with
 //! its reasons, secrets that never come back, secret rotation on the manual
-//! clock, and durability across a restart.
+//! clock, and durability across a restart. The tests that need no clock
+//! run on PostgreSQL too (`on_postgres_*`).
 
 mod common;
 
-use common::{TestServer, config_for};
+use common::{PostgresNode, TestServer, config_for};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use svc::clock::ManualClock;
@@ -28,8 +29,15 @@ fn start(dir: &std::path::Path, clock: &ManualClock) -> TestServer {
 #[test]
 fn create_read_list_change_delete_under_both_paths() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path());
+    check_create_read_list_change_delete_under_both_paths(&TestServer::start(dir.path()));
+}
 
+#[test]
+fn on_postgres_create_read_list_change_delete_under_both_paths() {
+    check_create_read_list_change_delete_under_both_paths(&PostgresNode::start("webhooks"));
+}
+
+fn check_create_read_list_change_delete_under_both_paths(server: &TestServer) {
     let created = server.post("/svc/v1/webhooks", subscription());
     assert_eq!(created.status, 201, "{}", created.body);
     let id = created.body["subscription"]["id"].as_str().unwrap().to_string();
@@ -78,7 +86,15 @@ fn create_read_list_change_delete_under_both_paths() {
 #[test]
 fn bad_subscriptions_get_their_reasons_and_store_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path());
+    check_bad_subscriptions_get_their_reasons_and_store_nothing(&TestServer::start(dir.path()));
+}
+
+#[test]
+fn on_postgres_bad_subscriptions_get_their_reasons_and_store_nothing() {
+    check_bad_subscriptions_get_their_reasons_and_store_nothing(&PostgresNode::start("webhooks"));
+}
+
+fn check_bad_subscriptions_get_their_reasons_and_store_nothing(server: &TestServer) {
     for (change, field, reason) in [
         (json!({"url": "http://hooks.example.com/x"}), "url", "https_required"),
         (json!({"url": "hooks.example.com"}), "url", "invalid_url"),
@@ -108,7 +124,15 @@ fn bad_subscriptions_get_their_reasons_and_store_nothing() {
 #[test]
 fn secrets_go_in_and_never_come_out() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path());
+    check_secrets_go_in_and_never_come_out(&TestServer::start(dir.path()));
+}
+
+#[test]
+fn on_postgres_secrets_go_in_and_never_come_out() {
+    check_secrets_go_in_and_never_come_out(&PostgresNode::start("webhooks"));
+}
+
+fn check_secrets_go_in_and_never_come_out(server: &TestServer) {
     let created = server.post("/svc/v1/webhooks", subscription());
     let id = created.body["subscription"]["id"].as_str().unwrap().to_string();
     let rotated = server.post(&format!("/svc/v1/webhooks/{id}/secrets"), json!({"secret": "next-secret-0123456789"}));

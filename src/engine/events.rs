@@ -218,6 +218,17 @@ pub struct Event {
 }
 
 impl Event {
+    /// The queue and job type a webhook subscription's filter looks at: a
+    /// queue event's queue, or the job's queue and type (none for events
+    /// about neither).
+    pub fn webhook_scope(&self) -> (Option<&str>, Option<&str>) {
+        match (&self.kind, self.job.as_deref()) {
+            (EventKind::QueuePaused(queue) | EventKind::QueueResumed(queue), _) => (Some(queue.as_str()), None),
+            (_, Some(job)) => (Some(job.queue.as_str()), Some(job.payload.job_type())),
+            _ => (None, None),
+        }
+    }
+
     /// The envelope's `subject`: job id, cron name or worker id; none for
     /// an event about many jobs (`jobs.pruned`).
     pub fn subject(&self) -> Option<String> {

@@ -63,7 +63,7 @@ pub use state::State;
 pub use throughput::MinuteCount;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
 pub use webhooks::outbox;
-pub use webhooks::{AttemptOutcome, AttemptResult, WebhookChange};
+pub use webhooks::{AttemptOutcome, AttemptResult, WebhookChange, changed as changed_subscription};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
 pub use workflows::table::{
     Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState, is_failure,

@@ -24,7 +24,7 @@ use super::requests::{Parked, RECORD_BYTES_PER_JOB, Ran, Responder, Turn};
 use super::snapshot::{BackgroundSnapshot, write_in_place};
 use super::state::State;
 use super::view::ReadView;
-use super::webhooks::outbox::{QUEUED_RECORD_BODY_BYTES_MAX, QUEUED_RECORD_DELIVERIES_MAX};
+use super::webhooks::outbox::{self, QUEUED_RECORD_BODY_BYTES_MAX, QUEUED_RECORD_DELIVERIES_MAX};
 use super::workers::entry::Contacts;
 use super::workers::registry;
 use crate::clock::{Clock, Millis};
@@ -547,12 +547,7 @@ impl Writer {
         let mut chunk = QueuedChunk::default();
         let mut due: Option<Millis> = None;
         for event in events {
-            let job = event.job.as_deref();
-            let (queue, job_type) = match (&event.kind, job) {
-                (EventKind::QueuePaused(queue) | EventKind::QueueResumed(queue), _) => (Some(queue.as_str()), None),
-                (_, Some(job)) => (Some(job.queue.as_str()), Some(job.payload.job_type())),
-                _ => (None, None),
-            };
+            let (queue, job_type) = event.webhook_scope();
             let type_name = event.kind.type_name();
             let mut body: Option<Arc<str>> = None;
             for subscription in &subscriptions {
@@ -562,11 +557,13 @@ impl Writer {
                 let body = body.get_or_insert_with(|| Arc::from(crate::wire::render_event(event)));
                 let held = super::webhooks::outbox::delivery_held_bytes(body, type_name);
                 let outbox = &self.state.outbox;
-                let room = outbox.pending_for(subscription.id) < limits.max_pending
-                    && outbox.pending_bytes_for(subscription.id) + held <= limits.max_pending_bytes
-                    && outbox.len() < limits.max_outbox
-                    && outbox.bytes() + held <= limits.max_outbox_bytes;
-                if !room {
+                let queued = outbox::Queued {
+                    subscription: outbox.pending_for(subscription.id),
+                    subscription_bytes: outbox.pending_bytes_for(subscription.id),
+                    all: outbox.len(),
+                    all_bytes: outbox.bytes(),
+                };
+                if !limits.has_room(&queued, held) {
                     self.metrics.webhook_delivery("dropped");
                     self.delivery_log.dropped(subscription.id);
                     continue;

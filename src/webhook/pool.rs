@@ -176,22 +176,28 @@ async fn attempt(
     let Some(subscription) = engine.webhook(delivery.subscription) else { return AttemptResult::NoSubscription };
     let now = crate::clock::Clock::now_ms(engine.clock().as_ref());
     let delivery_id = format!("del_{}", delivery.id);
-    let outcome = client
-        .send(Attempt {
-            subscription: &subscription,
-            delivery_id: &delivery_id,
-            event_type: &delivery.event_type,
-            body: shared_body(&delivery.body),
-            now,
-            timeout,
-        })
-        .await;
+    let attempt = Attempt {
+        subscription: &subscription,
+        delivery_id: &delivery_id,
+        event_type: &delivery.event_type,
+        body: shared_body(&delivery.body),
+        now,
+        timeout,
+    };
+    send_attempt(client, attempt).await
+}
+
+/// Sends one attempt and says how it ended, as both backends count it: a
+/// failure is logged with its reason, and a 429's `Retry-After` kept.
+pub async fn send_attempt(client: &DeliveryClient, attempt: Attempt<'_>) -> AttemptResult {
+    let (delivery_id, subscription) = (attempt.delivery_id, attempt.subscription.id);
+    let outcome = client.send(attempt).await;
     if outcome.succeeded() {
         return AttemptResult::Delivered;
     }
     tracing::debug!(
         delivery_id = %delivery_id,
-        subscription_id = %format!("sub_{}", subscription.id),
+        subscription_id = %format!("sub_{subscription}"),
         status = outcome.status,
         error = outcome.error.map(AttemptError::as_str),
         detail = outcome.detail.as_deref(),

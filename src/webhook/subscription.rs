@@ -145,6 +145,24 @@ pub struct NewSubscription {
     pub active: bool,
 }
 
+impl NewSubscription {
+    /// The subscription this body creates, as either backend stores it.
+    pub fn stored(self, id: JobId, now: Millis) -> Subscription {
+        Subscription {
+            id,
+            url: self.url,
+            events: self.events,
+            secret: self.secret,
+            rotation: None,
+            metadata: self.metadata,
+            filter: self.filter,
+            active: self.active,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
 /// A validated change: each field present is replaced.
 #[derive(Clone, Default)]
 pub struct SubscriptionPatch {

@@ -1,10 +1,7 @@
-//! The PostgreSQL backend as a [`Backend`] (docs/postgres.md, "What runs
-//! on PostgreSQL today"): each operation runs as a task on the node's
-//! runtime and answers through a [`Pending`]; the node's housekeeping (the
-//! leader's timers) runs beside them.
-//!
-//! Operations this backend does not carry yet are refused with 422
-//! `unsupported`, naming the operation: never answered as if done.
+//! The PostgreSQL backend as a [`Backend`] (docs/postgres.md): each
+//! operation runs as a task on the node's runtime and answers through a
+//! [`Pending`]; the node's housekeeping (the leader's timers, matching
+//! events to webhook subscriptions, sending deliveries) runs beside them.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,7 +18,7 @@ use crate::engine::{
     MinuteCount, Overview, Pending, QueueStats, QueueSummary, Retention, WebhookChange, WorkerEntry, WorkerSignal,
     WorkerState, Workflow,
 };
-use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob, ValidationError};
+use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
 use crate::schema::{SchemaEntry, SchemaRegistration};
 use crate::webhook::Subscription;
 use crate::webhook::subscription::NewSubscription;
@@ -36,6 +33,9 @@ const PRUNE_EVERY: Duration = Duration::from_secs(10);
 /// Jobs one pass of the timers changes at most, per kind.
 const TIMERS_BATCH: i64 = 1_000;
 
+/// Passes of webhook matching one pass of the timers runs at most.
+const MATCH_PASSES: usize = 10;
+
 /// Cron entries one pass of the timers fires at most (one transaction).
 const CRON_BATCH: i64 = 100;
 
@@ -45,6 +45,14 @@ pub struct PgBackend {
     clock: Arc<dyn Clock>,
     runtime: tokio::runtime::Handle,
     draining: Arc<AtomicBool>,
+    /// Whether this node holds the leader lease (it sends webhook deliveries).
+    #[cfg_attr(not(feature = "webhooks"), allow(dead_code))]
+    leading: Arc<AtomicBool>,
+    /// Wakes the sender of deliveries when matching queued some.
+    #[cfg_attr(not(feature = "webhooks"), allow(dead_code))]
+    deliveries_queued: Arc<tokio::sync::Notify>,
+    #[cfg_attr(not(feature = "webhooks"), allow(dead_code))]
+    delivery_timeout: Duration,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -54,18 +62,46 @@ impl PgBackend {
     /// node in `svc_leader`.
     pub async fn start(settings: &PgSettings, clock: Arc<dyn Clock>, node: String) -> Result<PgBackend, PgError> {
         let pool = super::open(settings).await?;
-        let jobs = Arc::new(PgJobs::new(pool.clone()).with_max_schemas(settings.max_schemas));
+        let jobs = Arc::new(
+            PgJobs::new(pool.clone())
+                .with_max_schemas(settings.max_schemas)
+                .with_webhook_limits(settings.webhook_limits),
+        );
         let listener = jobs.listen(settings)?;
         let lease = LeaderLease::new(pool, "timers", node, LEASE_TTL_MS_DEFAULT);
         let draining = Arc::new(AtomicBool::new(false));
-        let timers = tokio::spawn(run_timers(jobs.clone(), lease, clock.clone(), draining.clone(), settings.retention));
+        let leading = Arc::new(AtomicBool::new(false));
+        let deliveries_queued = Arc::new(tokio::sync::Notify::new());
+        let leader = Leader { lease, leading: leading.clone(), deliveries_queued: deliveries_queued.clone() };
+        let timers =
+            tokio::spawn(run_timers(jobs.clone(), leader, clock.clone(), draining.clone(), settings.retention));
         Ok(PgBackend {
             jobs,
             clock,
             runtime: tokio::runtime::Handle::current(),
             draining,
+            leading,
+            deliveries_queued,
+            delivery_timeout: settings.delivery_timeout,
             tasks: vec![listener, timers],
         })
+    }
+
+    /// Sends webhook deliveries through `client` while this node leads
+    /// (docs/postgres.md, "Webhooks"). Without it, deliveries queue up in
+    /// the database, bounded by the outbox's limits, for a node that sends.
+    #[cfg(feature = "webhooks")]
+    pub fn deliver(&mut self, client: crate::webhook::client::DeliveryClient) {
+        let _guard = self.runtime.enter();
+        let tasks = super::deliveries::Sender::spawn(
+            self.jobs.clone(),
+            client,
+            self.clock.clone(),
+            self.delivery_timeout,
+            self.leading.clone(),
+            self.deliveries_queued.clone(),
+        );
+        self.tasks.extend(tasks);
     }
 
     /// Runs `work` on the node's runtime; its outcome answers the pending.
@@ -100,11 +136,13 @@ impl Drop for PgBackend {
 /// claims are pruned every [`PRUNE_EVERY`].
 async fn run_timers(
     jobs: Arc<PgJobs>,
-    lease: LeaderLease,
+    leader: Leader,
     clock: Arc<dyn Clock>,
     draining: Arc<AtomicBool>,
     retention: Retention,
 ) {
+    let Leader { lease, leading: leading_flag, deliveries_queued } = leader;
+    let mut delivery_log = crate::engine::outbox::DeliveryLog::default();
     let mut leading = false;
     let mut asked_at: Option<tokio::time::Instant> = None;
     let mut pruned_at: Option<tokio::time::Instant> = None;
@@ -129,6 +167,7 @@ async fn run_timers(
                     leading = false;
                 }
             }
+            leading_flag.store(leading, Ordering::SeqCst);
         }
         if leading {
             let now = clock.now_ms();
@@ -137,6 +176,9 @@ async fn run_timers(
             let _ = jobs.promote_due(now, TIMERS_BATCH).await;
             let _ = jobs.expire_claims(now, TIMERS_BATCH).await;
             let _ = jobs.fire_due_crons(now, CRON_BATCH).await;
+            if match_events(&jobs, now, &mut delivery_log).await > 0 {
+                deliveries_queued.notify_one();
+            }
             if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
                 pruned_at = Some(tokio::time::Instant::now());
                 let _ = jobs.prune_events().await;
@@ -151,13 +193,30 @@ async fn run_timers(
     }
 }
 
-/// The refusal of an operation this backend does not carry yet.
-fn unsupported<T>(operation: &str) -> Pending<T> {
-    let error = ValidationError::unsupported(
-        "operation",
-        format!("{operation} is not yet available on the PostgreSQL backend"),
-    );
-    Pending::ready(Err(EngineError::Invalid { error, index: None }))
+/// The leader lease, and what the sender of deliveries learns from it.
+struct Leader {
+    lease: LeaderLease,
+    leading: Arc<AtomicBool>,
+    deliveries_queued: Arc<tokio::sync::Notify>,
+}
+
+/// Matches committed events to webhook subscriptions until none is left
+/// or [`MATCH_PASSES`] passes ran; answers how many events were read.
+async fn match_events(jobs: &PgJobs, now: crate::clock::Millis, log: &mut crate::engine::outbox::DeliveryLog) -> usize {
+    let mut read = 0;
+    for _ in 0..MATCH_PASSES {
+        match jobs.match_events(now, log).await {
+            Ok(events) => {
+                read += events;
+                if (events as i64) < super::webhooks::MATCH_BATCH {
+                    break;
+                }
+            }
+            // Logged by the store, and tried again next pass.
+            Err(_) => break,
+        }
+    }
+    read
 }
 
 impl Backend for PgBackend {
@@ -419,24 +478,29 @@ impl Backend for PgBackend {
         self.run(async move { store.schemas_page(after.as_deref(), limit).await })
     }
 
-    fn create_webhook(&self, _: NewSubscription) -> Pending<Arc<Subscription>> {
-        unsupported("webhooks")
+    fn create_webhook(&self, subscription: NewSubscription) -> Pending<Arc<Subscription>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.create_webhook(now, subscription).await })
     }
 
-    fn change_webhook(&self, _: JobId, _: WebhookChange) -> Pending<Arc<Subscription>> {
-        unsupported("webhooks")
+    fn change_webhook(&self, id: JobId, change: WebhookChange) -> Pending<Arc<Subscription>> {
+        let (store, now) = (self.jobs.clone(), self.now());
+        self.run(async move { store.change_webhook(now, id, change).await })
     }
 
-    fn delete_webhook(&self, _: JobId) -> Pending<Arc<Subscription>> {
-        unsupported("webhooks")
+    fn delete_webhook(&self, id: JobId) -> Pending<Arc<Subscription>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.delete_webhook(id).await })
     }
 
-    fn webhook(&self, _: JobId) -> Pending<Option<Arc<Subscription>>> {
-        unsupported("webhooks")
+    fn webhook(&self, id: JobId) -> Pending<Option<Arc<Subscription>>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.webhook(id).await })
     }
 
-    fn webhooks_page(&self, _: Option<JobId>, _: usize) -> Pending<Page<Arc<Subscription>>> {
-        unsupported("webhooks")
+    fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Subscription>>> {
+        let store = self.jobs.clone();
+        self.run(async move { store.webhooks_page(after, limit).await })
     }
 
     fn events_page(&self, after: Option<String>, limit: usize, filter: EventFilter) -> Pending<EventPage> {

@@ -369,7 +369,7 @@ pub async fn page(
     Ok(EventPage { events, has_more, gap })
 }
 
-fn decode(id: &str, at: i64, body: &[u8]) -> Option<Event> {
+pub(super) fn decode(id: &str, at: i64, body: &[u8]) -> Option<Event> {
     let id = JobId::parse(id)?;
     let decoded = postcard::take_from_bytes::<StoredKind>(body).and_then(|(kind, rest)| {
         let job = if rest.is_empty() { None } else { Some(Arc::new(postcard::from_bytes::<Job>(rest)?)) };
@@ -384,11 +384,13 @@ fn decode(id: &str, at: i64, body: &[u8]) -> Option<Event> {
     }
 }
 
-/// Deletes all but the newest [`EVENTS_KEPT`] events; answers how many went.
+/// Deletes all but the newest [`EVENTS_KEPT`] events, never one webhook
+/// subscriptions have not been matched against yet; answers how many went.
 pub async fn prune(client: &impl GenericClient) -> Result<u64, tokio_postgres::Error> {
     client
         .run(
-            "DELETE FROM svc_events WHERE id < (SELECT id FROM svc_events ORDER BY id DESC OFFSET $1 LIMIT 1)",
+            "DELETE FROM svc_events WHERE id < (SELECT id FROM svc_events ORDER BY id DESC OFFSET $1 LIMIT 1) \
+             AND xid < (SELECT xid FROM svc_webhook_cursor)",
             &[&(EVENTS_KEPT - 1)],
         )
         .await

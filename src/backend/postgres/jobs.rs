@@ -49,6 +49,7 @@ pub struct PgJobs {
     batches: Arc<std::sync::OnceLock<Batches>>,
     compiled_schemas: Arc<super::schemas::CompiledSchemas>,
     max_schemas: usize,
+    webhook_limits: crate::engine::outbox::WebhookLimits,
 }
 
 /// The requests merged into shared transactions (`batch.rs`).
@@ -121,7 +122,19 @@ impl PgJobs {
             batches: Arc::default(),
             compiled_schemas: Arc::default(),
             max_schemas: crate::limits::SCHEMAS_MAX,
+            webhook_limits: Default::default(),
         }
+    }
+
+    /// Sets the bounds of webhook subscriptions and their outbox
+    /// (`limits.max_webhooks`, `webhooks.max_pending`, ...).
+    pub fn with_webhook_limits(mut self, limits: crate::engine::outbox::WebhookLimits) -> Self {
+        self.webhook_limits = limits;
+        self
+    }
+
+    pub(super) fn webhook_limits(&self) -> &crate::engine::outbox::WebhookLimits {
+        &self.webhook_limits
     }
 
     /// Sets the most schemas the registry holds (`limits.max_schemas`).

@@ -11,6 +11,8 @@ mod backend;
 mod batch;
 mod claims;
 mod cron;
+#[cfg(feature = "webhooks")]
+mod deliveries;
 mod dispatch;
 mod enqueues;
 mod events;
@@ -24,6 +26,7 @@ mod schemas;
 mod sql;
 mod unique;
 mod wakeup;
+mod webhooks;
 mod workers;
 mod workflows;
 
@@ -51,6 +54,11 @@ pub struct PgSettings {
     pub retention: crate::engine::Retention,
     /// The most schemas the registry holds (`limits.max_schemas`).
     pub max_schemas: usize,
+    /// The bounds of webhook subscriptions and their deliveries (the same
+    /// `webhooks` settings as on the local engine).
+    pub webhook_limits: crate::engine::outbox::WebhookLimits,
+    /// How long one delivery attempt may take (`webhooks.timeout_s`).
+    pub delivery_timeout: Duration,
 }
 
 /// Connections a node keeps by default: enough for the merged statements of
@@ -69,6 +77,8 @@ impl PgSettings {
             statement_timeout: STATEMENT_TIMEOUT_DEFAULT,
             retention: crate::engine::Retention::default(),
             max_schemas: crate::limits::SCHEMAS_MAX,
+            webhook_limits: Default::default(),
+            delivery_timeout: Duration::from_millis(crate::engine::outbox::ATTEMPT_TIMEOUT_MS_DEFAULT as u64),
         }
     }
 

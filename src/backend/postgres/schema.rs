@@ -37,6 +37,7 @@ const MIGRATIONS: &[&str] = &[
     V9_DISPATCH,
     V10_EXPIRY,
     V11_CRON_WAITERS,
+    V12_WEBHOOKS,
 ];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
@@ -245,6 +246,47 @@ const V11_CRON_WAITERS: &str = "
 -- for this job to end; it starts when this row leaves the table.
 ALTER TABLE svc_jobs ADD COLUMN waiter uuid;
 CREATE INDEX svc_jobs_waiter ON svc_jobs (waiter) WHERE waiter IS NOT NULL;
+";
+
+/// Version 12: webhook subscriptions, the outbox of their deliveries, and
+/// the point up to which events were matched to subscriptions.
+const V12_WEBHOOKS: &str = "
+-- The transaction each event was written in: an event whose transaction is
+-- older than every running one (the snapshot's xmin) can no longer appear,
+-- so the leader matches events to subscriptions in this order, never
+-- skipping one that commits late.
+ALTER TABLE svc_events ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();
+CREATE INDEX svc_events_xid ON svc_events (xid, id);
+
+-- Subscriptions; `body` is the whole subscription in svc's stored form.
+CREATE TABLE svc_webhooks (
+    id uuid PRIMARY KEY,
+    body bytea NOT NULL
+);
+
+-- Deliveries not yet delivered or abandoned: the event's envelope as it is
+-- sent, the attempts started, and when the next may start (an attempt in
+-- flight holds it until its timeout has passed). Times are Unix milliseconds.
+CREATE TABLE svc_deliveries (
+    id uuid PRIMARY KEY,
+    subscription uuid NOT NULL REFERENCES svc_webhooks (id) ON DELETE CASCADE,
+    event_type text NOT NULL,
+    body text NOT NULL,
+    held int8 NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    next_at int8 NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
+CREATE INDEX svc_deliveries_due ON svc_deliveries (next_at);
+CREATE INDEX svc_deliveries_subscription ON svc_deliveries (subscription);
+
+-- Events up to (xid, id) have been matched. Events written before this
+-- migration are not delivered.
+CREATE TABLE svc_webhook_cursor (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    xid xid8 NOT NULL,
+    id uuid NOT NULL
+);
+INSERT INTO svc_webhook_cursor (xid, id) VALUES (pg_current_xact_id(), 'ffffffff-ffff-ffff-ffff-ffffffffffff');
 ";
 
 /// Why the schema cannot be brought to this binary's version.

@@ -38,19 +38,7 @@ impl Request for CreateWebhook {
         let now = turn.now;
         let (state, entropy) = turn.state_and_entropy();
         let id = state.fresh_id(now, entropy, &Default::default());
-        let new = self.subscription;
-        let subscription = Arc::new(Subscription {
-            id,
-            url: new.url,
-            events: new.events,
-            secret: new.secret,
-            rotation: None,
-            metadata: new.metadata,
-            filter: new.filter,
-            active: new.active,
-            created_at: now,
-            updated_at: now,
-        });
+        let subscription = Arc::new(self.subscription.stored(id, now));
         turn.apply(WebhookPut { at: now, subscription: subscription.clone() }.into());
         Ok(subscription)
     }
@@ -85,49 +73,61 @@ impl Request for ChangeWebhook {
         let Some(current) = turn.state().webhooks.get(&self.id) else {
             return Err(EngineError::WebhookNotFound { id: self.id });
         };
-        let mut changed = current.settled(now);
-        let start_rotation = |changed: &mut Subscription, secret: String| {
-            if changed.rotation.is_some() {
-                return Err(EngineError::RotationInProgress { id: changed.id });
-            }
-            changed.rotation =
-                Some(Rotation { next_secret: secret, started_at: now, expires_at: now.saturating_add(grace) });
-            Ok(())
-        };
-        match self.change {
-            WebhookChange::Patch(patch) => {
-                if let Some(secret) = patch.secret {
-                    start_rotation(&mut changed, secret)?;
-                }
-                if let Some(url) = patch.url {
-                    changed.url = url;
-                }
-                if let Some(events) = patch.events {
-                    changed.events = events;
-                }
-                if let Some(metadata) = patch.metadata {
-                    changed.metadata = metadata;
-                }
-                if let Some(filter) = patch.filter {
-                    changed.filter = Some(filter);
-                }
-                if let Some(active) = patch.active {
-                    changed.active = active;
-                }
-            }
-            WebhookChange::AddSecret(secret) => start_rotation(&mut changed, secret)?,
-            WebhookChange::DropPreviousSecret => {
-                let Some(rotation) = changed.rotation.take() else {
-                    return Err(EngineError::NoRotation { id: self.id });
-                };
-                changed.secret = rotation.next_secret;
-            }
-        }
-        changed.updated_at = now;
-        let subscription = Arc::new(changed);
+        let subscription = Arc::new(changed(current, self.change, now, grace)?);
         turn.apply(WebhookPut { at: now, subscription: subscription.clone() }.into());
         Ok(subscription)
     }
+}
+
+/// `current` as `change` leaves it at `now`, both backends' rule: a new
+/// secret starts a rotation of `grace_ms` (refused while one runs), and a
+/// rotation whose grace ran out has ended first.
+pub fn changed(
+    current: &Subscription,
+    change: WebhookChange,
+    now: crate::clock::Millis,
+    grace_ms: i64,
+) -> Result<Subscription, EngineError> {
+    let mut changed = current.settled(now);
+    let start_rotation = |changed: &mut Subscription, secret: String| {
+        if changed.rotation.is_some() {
+            return Err(EngineError::RotationInProgress { id: changed.id });
+        }
+        changed.rotation =
+            Some(Rotation { next_secret: secret, started_at: now, expires_at: now.saturating_add(grace_ms) });
+        Ok(())
+    };
+    match change {
+        WebhookChange::Patch(patch) => {
+            if let Some(secret) = patch.secret {
+                start_rotation(&mut changed, secret)?;
+            }
+            if let Some(url) = patch.url {
+                changed.url = url;
+            }
+            if let Some(events) = patch.events {
+                changed.events = events;
+            }
+            if let Some(metadata) = patch.metadata {
+                changed.metadata = metadata;
+            }
+            if let Some(filter) = patch.filter {
+                changed.filter = Some(filter);
+            }
+            if let Some(active) = patch.active {
+                changed.active = active;
+            }
+        }
+        WebhookChange::AddSecret(secret) => start_rotation(&mut changed, secret)?,
+        WebhookChange::DropPreviousSecret => {
+            let Some(rotation) = changed.rotation.take() else {
+                return Err(EngineError::NoRotation { id: current.id });
+            };
+            changed.secret = rotation.next_secret;
+        }
+    }
+    changed.updated_at = now;
+    Ok(changed)
 }
 
 /// Deletes a subscription; answers it as it was.

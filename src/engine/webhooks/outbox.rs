@@ -83,6 +83,29 @@ impl Default for WebhookLimits {
     }
 }
 
+/// What the outbox holds, for [`WebhookLimits::has_room`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Queued {
+    /// Deliveries queued for the subscription, and their bytes.
+    pub subscription: usize,
+    pub subscription_bytes: usize,
+    /// Deliveries queued over every subscription, and their bytes.
+    pub all: usize,
+    pub all_bytes: usize,
+}
+
+impl WebhookLimits {
+    /// Whether one more delivery of `held` bytes fits beside `queued`: by
+    /// count and by bytes, for its subscription and overall. One that does
+    /// not is dropped and counted, never queued.
+    pub fn has_room(&self, queued: &Queued, held: usize) -> bool {
+        queued.subscription < self.max_pending
+            && queued.subscription_bytes + held <= self.max_pending_bytes
+            && queued.all < self.max_outbox
+            && queued.all_bytes + held <= self.max_outbox_bytes
+    }
+}
+
 /// Attempts handed to the pool whose outcome has not come back (soft state
 /// of the running engine: after a restart, leases stand in for it).
 #[derive(Debug, Default)]

@@ -1,0 +1,325 @@
+//! Webhook subscriptions on PostgreSQL (docs/postgres.md, "Webhooks"): the
+//! subscriptions in `svc_webhooks`, and the leader's matching of committed
+//! events to them, which fills the outbox (`svc_deliveries`) that
+//! `deliveries.rs` sends from.
+//!
+//! Events are matched after they commit, not in the transaction that writes
+//! them, so a job operation pays nothing for webhooks. The leader reads the
+//! events in the order of the transactions that wrote them, and only those
+//! older than every transaction still running (the snapshot's xmin): an
+//! event that commits late cannot appear behind the point already matched.
+//! Each pass matches a batch and moves that point in one transaction, so an
+//! event is matched once, whichever node leads.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use deadpool_postgres::GenericClient;
+
+use super::jobs::{PgJobs, database};
+use super::sql::{Prepared, from_body, to_body};
+use crate::backend::Page;
+use crate::clock::Millis;
+use crate::engine::changed_subscription as changed;
+use crate::engine::outbox::{DeliveryLog, Queued, delivery_held_bytes};
+use crate::engine::{EngineError, WebhookChange};
+use crate::job::JobId;
+use crate::webhook::Subscription;
+use crate::webhook::subscription::NewSubscription;
+
+/// The advisory lock creations hold (`svc_webh` as eight bytes), so that
+/// creations past the cap cannot race each other.
+const CREATION_LOCK: i64 = i64::from_be_bytes(*b"svc_webh");
+
+/// Events one pass of matching reads at most (one transaction).
+pub(super) const MATCH_BATCH: i64 = 1_000;
+
+/// The point before which every event has been matched: the transaction
+/// that wrote it, then its id.
+const NOTHING_AFTER: &str = "00000000-0000-0000-0000-000000000000";
+
+pub(super) fn decode(id: &str, body: &[u8]) -> Result<Subscription, EngineError> {
+    from_body("webhook", id, body)
+}
+
+impl PgJobs {
+    /// Creates a subscription; past `limits.max_webhooks` it is refused.
+    pub async fn create_webhook(
+        &self,
+        now: Millis,
+        subscription: NewSubscription,
+    ) -> Result<Arc<Subscription>, EngineError> {
+        let max_webhooks = self.webhook_limits().max_webhooks;
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        transaction.run("SELECT pg_advisory_xact_lock($1)", &[&CREATION_LOCK]).await.map_err(database)?;
+        let count: i64 = transaction.row("SELECT count(*) FROM svc_webhooks", &[]).await.map_err(database)?.get(0);
+        if count as usize >= max_webhooks {
+            return Err(EngineError::WebhookLimit { max_webhooks });
+        }
+        let subscription = subscription.stored(self.fresh_id(now), now);
+        transaction
+            .run(
+                "INSERT INTO svc_webhooks (id, body) VALUES ($1::text::uuid, $2)",
+                &[&subscription.id.to_string(), &to_body(&subscription)],
+            )
+            .await
+            .map_err(database)?;
+        transaction.commit().await.map_err(database)?;
+        Ok(Arc::new(subscription))
+    }
+
+    /// Changes a subscription by the local engine's rule
+    /// ([`changed`]); one paused drops its queued deliveries.
+    pub async fn change_webhook(
+        &self,
+        now: Millis,
+        id: JobId,
+        change: WebhookChange,
+    ) -> Result<Arc<Subscription>, EngineError> {
+        let key = id.to_string();
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        let row = transaction
+            .maybe_row("SELECT body FROM svc_webhooks WHERE id = $1::text::uuid FOR UPDATE", &[&key])
+            .await
+            .map_err(database)?
+            .ok_or(EngineError::WebhookNotFound { id })?;
+        let current = decode(&key, row.get(0))?;
+        let subscription = changed(&current, change, now, self.webhook_limits().rotation_grace_ms)?;
+        transaction
+            .run("UPDATE svc_webhooks SET body = $2 WHERE id = $1::text::uuid", &[&key, &to_body(&subscription)])
+            .await
+            .map_err(database)?;
+        if !subscription.active {
+            transaction
+                .run("DELETE FROM svc_deliveries WHERE subscription = $1::text::uuid", &[&key])
+                .await
+                .map_err(database)?;
+        }
+        transaction.commit().await.map_err(database)?;
+        Ok(Arc::new(subscription))
+    }
+
+    /// Deletes a subscription and its queued deliveries; answers it as it was.
+    pub async fn delete_webhook(&self, id: JobId) -> Result<Arc<Subscription>, EngineError> {
+        let key = id.to_string();
+        let client = self.client().await?;
+        // The outbox's rows go with it (`ON DELETE CASCADE`).
+        let row = client
+            .maybe_row("DELETE FROM svc_webhooks WHERE id = $1::text::uuid RETURNING body", &[&key])
+            .await
+            .map_err(database)?
+            .ok_or(EngineError::WebhookNotFound { id })?;
+        Ok(Arc::new(decode(&key, row.get(0))?))
+    }
+
+    pub async fn webhook(&self, id: JobId) -> Result<Option<Arc<Subscription>>, EngineError> {
+        let key = id.to_string();
+        let client = self.client().await?;
+        let row = client
+            .maybe_row("SELECT body FROM svc_webhooks WHERE id = $1::text::uuid", &[&key])
+            .await
+            .map_err(database)?;
+        row.map(|row| decode(&key, row.get(0)).map(Arc::new)).transpose()
+    }
+
+    /// Subscriptions in id order (their creation order) after `after`.
+    pub async fn webhooks_page(
+        &self,
+        after: Option<JobId>,
+        limit: usize,
+    ) -> Result<Page<Arc<Subscription>>, EngineError> {
+        let after = after.map(|id| id.to_string());
+        let client = self.client().await?;
+        let rows = client
+            .rows(
+                "SELECT id::text, body FROM svc_webhooks WHERE ($1::text IS NULL OR id > $1::text::uuid) \
+                 ORDER BY id LIMIT $2",
+                &[&after, &(limit as i64 + 1)],
+            )
+            .await
+            .map_err(database)?;
+        let has_more = rows.len() > limit;
+        let page = rows.iter().take(limit).map(|row| decode(row.get(0), row.get(1)).map(Arc::new));
+        Ok((page.collect::<Result<_, _>>()?, has_more))
+    }
+
+    /// One pass of matching (the leader's): the next events, up to
+    /// [`MATCH_BATCH`], in the order their transactions were written,
+    /// become deliveries to the active subscriptions that take them, each
+    /// body rendered once; a delivery past the outbox's bounds is dropped
+    /// and counted in `log`. Answers how many events were read: a full
+    /// batch means more may be waiting.
+    pub async fn match_events(&self, now: Millis, log: &mut DeliveryLog) -> Result<usize, EngineError> {
+        let mut client = self.client().await?;
+        // Nothing new has settled since the last pass: nothing is written
+        // (an idle database stays idle).
+        let cursor = client
+            .row(
+                "SELECT xid::text, id::text, pg_snapshot_xmin(pg_current_snapshot())::text FROM svc_webhook_cursor",
+                &[],
+            )
+            .await
+            .map_err(database)?;
+        let (cursor_xid, cursor_id, settled): (String, String, String) = (cursor.get(0), cursor.get(1), cursor.get(2));
+        if cursor_id == NOTHING_AFTER && xid_below(&cursor_xid, &settled) == Some(false) {
+            return Ok(0);
+        }
+        let transaction = client.transaction().await.map_err(database)?;
+        // Locked, so that two leaders in a handover match each event once.
+        let cursor = transaction
+            .row(
+                "SELECT xid::text, id::text, pg_snapshot_xmin(pg_current_snapshot())::text \
+                 FROM svc_webhook_cursor FOR UPDATE",
+                &[],
+            )
+            .await
+            .map_err(database)?;
+        let (cursor_xid, cursor_id, settled): (String, String, String) = (cursor.get(0), cursor.get(1), cursor.get(2));
+        let rows = transaction.rows("SELECT id::text, body FROM svc_webhooks", &[]).await.map_err(database)?;
+        let subscriptions: Vec<Subscription> = rows
+            .iter()
+            .map(|row| decode(row.get(0), row.get(1)))
+            .filter(|subscription| subscription.as_ref().is_ok_and(|s| s.active))
+            .collect::<Result<_, _>>()?;
+        let events = if subscriptions.is_empty() {
+            Vec::new()
+        } else {
+            transaction
+                .rows(
+                    "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body, xid::text FROM svc_events \
+                     WHERE (xid, id) > ($1::text::xid8, $2::text::uuid) AND xid < $3::text::xid8 \
+                     ORDER BY xid, id LIMIT $4",
+                    &[&cursor_xid, &cursor_id, &settled, &MATCH_BATCH],
+                )
+                .await
+                .map_err(database)?
+        };
+        let read = events.len();
+        let mut figures: Option<OutboxFigures> = None;
+        let mut outbox = Outbox::default();
+        for row in &events {
+            let Some(event) = super::events::decode(row.get(0), row.get(1), row.get(2)) else { continue };
+            let (queue, job_type) = event.webhook_scope();
+            let type_name = event.kind.type_name();
+            let mut body: Option<String> = None;
+            for subscription in &subscriptions {
+                if !subscription.takes(type_name, queue, job_type) {
+                    continue;
+                }
+                let figures = match &mut figures {
+                    Some(figures) => figures,
+                    None => figures.insert(OutboxFigures::read(&transaction).await?),
+                };
+                let body = body.get_or_insert_with(|| crate::wire::render_event(&event));
+                let held = delivery_held_bytes(body, type_name);
+                if !self.webhook_limits().has_room(&figures.queued(subscription.id), held) {
+                    log.dropped(subscription.id);
+                    continue;
+                }
+                figures.add(subscription.id, held);
+                outbox.push(self.fresh_id(now), subscription.id, type_name, body, held, event.time);
+            }
+        }
+        outbox.insert(&transaction).await?;
+        // Every event before the snapshot's xmin is matched once a pass reads
+        // fewer than a batch (or there is no one to match them for).
+        let (next_xid, next_id) = match events.last() {
+            Some(row) if read as i64 == MATCH_BATCH => (row.get::<_, String>(3), row.get::<_, String>(0)),
+            _ if xid_below(&settled, &cursor_xid) == Some(true) => (cursor_xid, cursor_id),
+            _ => (settled, NOTHING_AFTER.to_string()),
+        };
+        transaction
+            .run("UPDATE svc_webhook_cursor SET xid = $1::text::xid8, id = $2::text::uuid", &[&next_xid, &next_id])
+            .await
+            .map_err(database)?;
+        transaction.commit().await.map_err(database)?;
+        log.flush_if_due();
+        Ok(read)
+    }
+}
+
+/// What the outbox holds: (deliveries, bytes) by subscription and in all.
+#[derive(Default)]
+struct OutboxFigures {
+    by_subscription: HashMap<JobId, (usize, usize)>,
+    all: (usize, usize),
+}
+
+impl OutboxFigures {
+    /// The figures as the transaction sees them.
+    async fn read(client: &impl GenericClient) -> Result<OutboxFigures, EngineError> {
+        let rows = client
+            .rows(
+                "SELECT subscription::text, count(*), coalesce(sum(held), 0)::int8 FROM svc_deliveries GROUP BY 1",
+                &[],
+            )
+            .await
+            .map_err(database)?;
+        let mut figures = OutboxFigures::default();
+        for row in rows {
+            let Some(id) = JobId::parse(row.get(0)) else { continue };
+            let (count, bytes) = (row.get::<_, i64>(1) as usize, row.get::<_, i64>(2) as usize);
+            figures.all = (figures.all.0 + count, figures.all.1 + bytes);
+            figures.by_subscription.insert(id, (count, bytes));
+        }
+        Ok(figures)
+    }
+
+    fn queued(&self, subscription: JobId) -> Queued {
+        let (count, bytes) = self.by_subscription.get(&subscription).copied().unwrap_or_default();
+        Queued { subscription: count, subscription_bytes: bytes, all: self.all.0, all_bytes: self.all.1 }
+    }
+
+    fn add(&mut self, subscription: JobId, held: usize) {
+        let entry = self.by_subscription.entry(subscription).or_default();
+        *entry = (entry.0 + 1, entry.1 + held);
+        self.all = (self.all.0 + 1, self.all.1 + held);
+    }
+}
+
+/// Whether transaction id `a` is below `b` (both as text); none if either
+/// does not read as one.
+fn xid_below(a: &str, b: &str) -> Option<bool> {
+    Some(a.parse::<u64>().ok()? < b.parse::<u64>().ok()?)
+}
+
+/// Deliveries a pass of matching writes, as columns for one statement.
+#[derive(Default)]
+struct Outbox {
+    ids: Vec<String>,
+    subscriptions: Vec<String>,
+    types: Vec<&'static str>,
+    bodies: Vec<String>,
+    held: Vec<i64>,
+    due: Vec<Millis>,
+}
+
+impl Outbox {
+    fn push(&mut self, id: JobId, subscription: JobId, event_type: &'static str, body: &str, held: usize, at: Millis) {
+        self.ids.push(id.to_string());
+        self.subscriptions.push(subscription.to_string());
+        self.types.push(event_type);
+        self.bodies.push(body.to_string());
+        self.held.push(held as i64);
+        self.due.push(at);
+    }
+
+    async fn insert(&self, client: &impl GenericClient) -> Result<(), EngineError> {
+        if self.ids.is_empty() {
+            return Ok(());
+        }
+        client
+            .run(
+                "INSERT INTO svc_deliveries (id, subscription, event_type, body, held, next_at) \
+                 SELECT t.id::uuid, t.subscription::uuid, t.event_type, t.body, t.held, t.due \
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[]) \
+                   AS t(id, subscription, event_type, body, held, due)",
+                &[&self.ids, &self.subscriptions, &self.types, &self.bodies, &self.held, &self.due],
+            )
+            .await
+            .map_err(database)?;
+        Ok(())
+    }
+}
