@@ -283,7 +283,7 @@ fn run_on_postgres(
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     tracing::info!(address = %addr, backend = "postgres", node, max_connections = caps.total, "svc listening");
     let timeout = Duration::from_millis(config.request_timeout_ms);
-    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let metrics = backend.metrics();
     let app = AppState::with_backend(Arc::new(backend), clock, Arc::new(config.jobs.clone()), metrics, timeout);
     let app = Arc::new(app_state(app, config, client));
     let grace = Duration::from_millis(config.shutdown_grace_ms);

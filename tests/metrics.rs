@@ -1,10 +1,10 @@
 //! `GET /metrics` (docs/api.md, "Metrics"): the Prometheus text after a known
 //! sequence of operations, its content type, bounded labels, and who may
-//! read it.
+//! read it; on PostgreSQL, the leader's counts of committed events.
 
 mod common;
 
-use common::{TestServer, config_for};
+use common::{PostgresNode, TestServer, config_for};
 use serde_json::json;
 use svc::config::Config;
 use svc::http::auth::{ApiKey, Role};
@@ -62,6 +62,45 @@ fn counters_follow_a_known_sequence_of_operations() {
     assert!(text.contains("svc_engine_recovery_seconds"));
     // No id, job type or argument ever becomes a label.
     assert!(!text.contains(&kept) && !text.contains(r#"type="t""#));
+}
+
+/// On PostgreSQL the leader counts each committed event once, as it reads
+/// them after they commit (docs/postgres.md, "Metrics").
+#[test]
+fn on_postgres_the_leader_counts_what_committed() {
+    let server = PostgresNode::start("metrics");
+    server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "mail"}}));
+    server.enqueue(json!({"type": "t", "args": [2], "options": {"queue": "mail", "retry": {"max_attempts": 1}}}));
+    server.enqueue(json!({"type": "t", "args": [3], "options": {"queue": "other"}}));
+    let claimed = server.fetch(&["mail"], 2);
+    assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": claimed[0]["id"]})).status, 200);
+    let error = json!({"type": "E", "message": "m"});
+    assert_eq!(server.post("/svc/v1/workers/nack", json!({"job_id": claimed[1]["id"], "error": error})).status, 200);
+
+    let expected = [
+        (r#"svc_jobs_enqueued_total{queue="mail"}"#, 2.0),
+        (r#"svc_jobs_enqueued_total{queue="other"}"#, 1.0),
+        (r#"svc_jobs_completed_total{queue="mail"}"#, 1.0),
+        (r#"svc_jobs_failed_total{queue="mail"}"#, 1.0),
+        (r#"svc_jobs_discarded_total{queue="mail"}"#, 1.0),
+        (r#"svc_job_duration_seconds_count{queue="mail"}"#, 1.0),
+        (r#"svc_job_wait_seconds_count{queue="mail"}"#, 2.0),
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (_, _, text) = metrics_text(&server, None);
+        let found: Vec<f64> = expected.iter().map(|(series, _)| sample(&text, series)).collect();
+        if found == expected.map(|(_, value)| value) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{found:?}\n{text}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Counted once: later passes add nothing.
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let (_, _, text) = metrics_text(&server, None);
+    assert_eq!(sample(&text, r#"svc_jobs_enqueued_total{queue="mail"}"#), 2.0);
+    assert_eq!(sample(&text, r#"svc_queue_jobs{queue="mail",state="completed"}"#), 1.0);
 }
 
 #[test]

@@ -124,6 +124,13 @@ async fn events_of_either_node_reach_the_subscriptions_that_take_them_once() {
     }
     let completed = delivered.iter().find(|(kind, _, _)| kind == "job.completed").unwrap();
     assert_eq!(completed.2["data"]["result"], json!({"sent": true}));
+    // Counted by whichever node sent them, once.
+    let sent = |node: &PgBackend| {
+        let text = node.metrics().render(&[], &[]);
+        let line = text.lines().find(|line| line.starts_with(r#"svc_webhook_deliveries_total{result="success"}"#));
+        line.map_or(0, |line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+    };
+    assert_eq!(sent(&a) + sent(&b), 3);
 
     // Paused, it takes nothing; deleted, it is gone on both nodes.
     let patch = svc::webhook::subscription::parse_subscription_patch(br#"{"active": false}"#, true).unwrap();

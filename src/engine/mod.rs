@@ -7,6 +7,7 @@
 mod acks;
 mod api;
 mod commit;
+pub(crate) mod counting;
 mod cron;
 mod events;
 mod handle;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use super::api::{EngineError, Unavailable};
 use super::commit::{Committer, ViewDelta, storage_failed};
+use super::counting::EventCounter;
 use super::events::{Event, EventId, EventKind, EventSink, JobRef};
 use super::image::StateImage;
 use super::inbox::{Command, InboxReceiver, Received};
@@ -512,7 +513,7 @@ impl Writer {
     /// Gives the turn's events their ids and the jobs as they are now.
     fn number_events(&mut self, pending: &mut Vec<(Millis, EventKind, JobRef)>) -> Vec<Event> {
         let mut events = Vec::with_capacity(pending.len());
-        let mut counts = JobCountRun::default();
+        let mut counts = EventCounter::default();
         for (time, kind, job) in pending.drain(..) {
             let job = match job {
                 JobRef::Id(id) => {
@@ -522,7 +523,7 @@ impl Writer {
                 JobRef::Gone(job) => Some(job),
                 JobRef::None => None,
             };
-            count_event(&self.metrics, &mut counts, time, &kind, job.as_deref());
+            counts.count(&self.metrics, time, &kind, job.as_deref());
             self.event_seq += 1;
             let event_id = self.event_ids.next(time, self.entropy.next_u128());
             events.push(Event { seq: self.event_seq, id: EventId(event_id), time, kind, job });
@@ -734,71 +735,5 @@ impl Writer {
             tracing::error!(error = %error, "could not start a snapshot thread");
             busy_if_not_started.store(false, Ordering::SeqCst);
         }
-    }
-}
-
-/// Job transitions counted a run at a time: a turn's events mostly come in
-/// runs of one kind in one queue (a batch enqueue's), and a counter is
-/// looked up by its labels once per run instead of once per job.
-#[derive(Default)]
-struct JobCountRun {
-    run: Option<(crate::metrics::JobCount, crate::job::QueueName, u64)>,
-}
-
-impl JobCountRun {
-    fn add(
-        &mut self,
-        metrics: &crate::metrics::Metrics,
-        kind: crate::metrics::JobCount,
-        queue: &crate::job::QueueName,
-    ) {
-        match &mut self.run {
-            Some((run_kind, run_queue, count)) if *run_kind == kind && run_queue == queue => *count += 1,
-            _ => {
-                self.flush(metrics);
-                self.run = Some((kind, queue.clone(), 1));
-            }
-        }
-    }
-
-    fn flush(&mut self, metrics: &crate::metrics::Metrics) {
-        if let Some((kind, queue, count)) = self.run.take() {
-            metrics.jobs(kind, &queue, count);
-        }
-    }
-}
-
-/// Counts what an event says happened (job transitions by queue, how long
-/// jobs waited and ran, cron fires and skips).
-fn count_event(
-    metrics: &crate::metrics::Metrics,
-    counts: &mut JobCountRun,
-    time: Millis,
-    kind: &EventKind,
-    job: Option<&crate::job::Job>,
-) {
-    use crate::metrics::JobCount;
-    let seconds = |from: Option<Millis>| from.map(|from| (time - from).max(0) as f64 / 1000.0);
-    match (kind, job) {
-        (EventKind::CronTriggered { .. }, _) => metrics.cron_fires.inc(),
-        (EventKind::CronSkipped(skip), _) => metrics.cron_skip(skip.reason),
-        (EventKind::Enqueued | EventKind::Revived, Some(job)) => counts.add(metrics, JobCount::Enqueued, &job.queue),
-        (EventKind::Started, Some(job)) => {
-            if let Some(waited) = seconds(job.enqueued_at()) {
-                metrics.job_wait(&job.queue, waited);
-            }
-        }
-        (EventKind::Completed, Some(job)) => {
-            counts.add(metrics, JobCount::Completed, &job.queue);
-            if let Some(ran) = seconds(job.run().started_at) {
-                metrics.job_duration(&job.queue, ran);
-            }
-        }
-        (EventKind::Failed { .. }, Some(job)) => counts.add(metrics, JobCount::Failed, &job.queue),
-        (EventKind::Retrying { .. }, Some(job)) => counts.add(metrics, JobCount::Retried, &job.queue),
-        (EventKind::Discarded { .. }, Some(job)) => counts.add(metrics, JobCount::Discarded, &job.queue),
-        (EventKind::Cancelled { .. }, Some(job)) => counts.add(metrics, JobCount::Cancelled, &job.queue),
-        (EventKind::Expired, Some(job)) => counts.add(metrics, JobCount::Expired, &job.queue),
-        _ => {}
     }
 }

@@ -104,6 +104,12 @@ impl PgBackend {
         self.tasks.extend(tasks);
     }
 
+    /// What this node counts (`GET /metrics`): requests, and on the leader
+    /// every committed event once (docs/postgres.md, "Metrics").
+    pub fn metrics(&self) -> Arc<crate::metrics::Metrics> {
+        self.jobs.metrics().clone()
+    }
+
     /// Runs `work` on the node's runtime; its outcome answers the pending.
     fn run<T: Send + 'static>(
         &self,
@@ -538,6 +544,9 @@ impl Backend for PgBackend {
     }
 
     /// Not counted on this backend yet (the metric reads 0).
+    /// None is held by this node: a worker's ack or heartbeat may go to any
+    /// node, so a node that drains waits for none (docs/postgres.md,
+    /// "Several nodes").
     fn active_jobs(&self) -> u64 {
         0
     }

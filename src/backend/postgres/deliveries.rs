@@ -255,6 +255,18 @@ async fn write_outcomes(
                 }
             }
         }
+        let metrics = jobs.metrics();
+        for ended in &batch {
+            metrics.webhook_delivery(match ended.result {
+                AttemptResult::Delivered => "success",
+                AttemptResult::Failed { blocked: true, .. } => "blocked",
+                AttemptResult::Failed { .. } => "failure",
+                AttemptResult::NoSubscription => "dropped",
+            });
+        }
+        for _ in &abandoned {
+            metrics.webhook_delivery("abandoned");
+        }
         for _ in 0..OUTCOMES_TRIES {
             match write(&jobs, &done, &retry).await {
                 Ok(()) => break,

@@ -370,13 +370,24 @@ pub async fn page(
 }
 
 pub(super) fn decode(id: &str, at: i64, body: &[u8]) -> Option<Event> {
+    decode_if(id, at, body, |_| true)
+}
+
+/// An event read back, its job decoded only where `wants_job` says so for
+/// its kind (decoding the job is most of the cost of reading an event).
+pub(super) fn decode_if(id: &str, at: i64, body: &[u8], wants_job: impl Fn(&EventKind) -> bool) -> Option<Event> {
     let id = JobId::parse(id)?;
     let decoded = postcard::take_from_bytes::<StoredKind>(body).and_then(|(kind, rest)| {
-        let job = if rest.is_empty() { None } else { Some(Arc::new(postcard::from_bytes::<Job>(rest)?)) };
+        let kind = kind.kind();
+        let job = if rest.is_empty() || !wants_job(&kind) {
+            None
+        } else {
+            Some(Arc::new(postcard::from_bytes::<Job>(rest)?))
+        };
         Ok((kind, job))
     });
     match decoded {
-        Ok((kind, job)) => Some(Event { seq: 0, id: EventId(id), time: at, kind: kind.kind(), job }),
+        Ok((kind, job)) => Some(Event { seq: 0, id: EventId(id), time: at, kind, job }),
         Err(error) => {
             tracing::error!(%id, %error, "a stored event does not decode");
             None

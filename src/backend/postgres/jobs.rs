@@ -50,6 +50,8 @@ pub struct PgJobs {
     compiled_schemas: Arc<super::schemas::CompiledSchemas>,
     max_schemas: usize,
     webhook_limits: crate::engine::outbox::WebhookLimits,
+    /// What this node counts: the leader counts every committed event once.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The requests merged into shared transactions (`batch.rs`).
@@ -123,7 +125,13 @@ impl PgJobs {
             compiled_schemas: Arc::default(),
             max_schemas: crate::limits::SCHEMAS_MAX,
             webhook_limits: Default::default(),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         }
+    }
+
+    /// The metrics this store counts into (docs/postgres.md, "Metrics").
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.metrics
     }
 
     /// Sets the bounds of webhook subscriptions and their outbox

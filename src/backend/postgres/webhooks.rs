@@ -9,7 +9,8 @@
 //! older than every transaction still running (the snapshot's xmin): an
 //! event that commits late cannot appear behind the point already matched.
 //! Each pass matches a batch and moves that point in one transaction, so an
-//! event is matched once, whichever node leads.
+//! event is matched once, whichever node leads; the same pass counts the
+//! events into the leader's metrics, so each is counted once too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,9 +22,10 @@ use super::sql::{Prepared, from_body, to_body};
 use crate::backend::Page;
 use crate::clock::Millis;
 use crate::engine::changed_subscription as changed;
+use crate::engine::counting::EventCounter;
 use crate::engine::outbox::{DeliveryLog, Queued, delivery_held_bytes};
-use crate::engine::{EngineError, WebhookChange};
-use crate::job::JobId;
+use crate::engine::{EngineError, Event, EventKind, WebhookChange};
+use crate::job::{JobId, QueueName};
 use crate::webhook::Subscription;
 use crate::webhook::subscription::NewSubscription;
 
@@ -183,24 +185,30 @@ impl PgJobs {
             .map(|row| decode(row.get(0), row.get(1)))
             .filter(|subscription| subscription.as_ref().is_ok_and(|s| s.active))
             .collect::<Result<_, _>>()?;
-        let events = if subscriptions.is_empty() {
-            Vec::new()
-        } else {
-            transaction
-                .rows(
-                    "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body, xid::text FROM svc_events \
-                     WHERE (xid, id) > ($1::text::xid8, $2::text::uuid) AND xid < $3::text::xid8 \
-                     ORDER BY xid, id LIMIT $4",
-                    &[&cursor_xid, &cursor_id, &settled, &MATCH_BATCH],
-                )
-                .await
-                .map_err(database)?
-        };
-        let read = events.len();
+        let rows = transaction
+            .rows(
+                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body, xid::text, queue FROM svc_events \
+                 WHERE (xid, id) > ($1::text::xid8, $2::text::uuid) AND xid < $3::text::xid8 \
+                 ORDER BY xid, id LIMIT $4",
+                &[&cursor_xid, &cursor_id, &settled, &MATCH_BATCH],
+            )
+            .await
+            .map_err(database)?;
+        let read = rows.len();
+        // The job itself is decoded only where a subscription may render it
+        // or counting needs its times: for the rest, its queue's column does.
+        let wants_job = |kind: &EventKind| !subscriptions.is_empty() || EventCounter::needs_job(kind);
+        let events: Vec<(Event, Option<QueueName>)> = rows
+            .iter()
+            .filter_map(|row| {
+                let event = super::events::decode_if(row.get(0), row.get(1), row.get(2), wants_job)?;
+                Some((event, row.get::<_, Option<&str>>(4).map(QueueName::new)))
+            })
+            .collect();
         let mut figures: Option<OutboxFigures> = None;
         let mut outbox = Outbox::default();
-        for row in &events {
-            let Some(event) = super::events::decode(row.get(0), row.get(1), row.get(2)) else { continue };
+        let mut dropped = 0;
+        for (event, _) in &events {
             let (queue, job_type) = event.webhook_scope();
             let type_name = event.kind.type_name();
             let mut body: Option<String> = None;
@@ -212,10 +220,11 @@ impl PgJobs {
                     Some(figures) => figures,
                     None => figures.insert(OutboxFigures::read(&transaction).await?),
                 };
-                let body = body.get_or_insert_with(|| crate::wire::render_event(&event));
+                let body = body.get_or_insert_with(|| crate::wire::render_event(event));
                 let held = delivery_held_bytes(body, type_name);
                 if !self.webhook_limits().has_room(&figures.queued(subscription.id), held) {
                     log.dropped(subscription.id);
+                    dropped += 1;
                     continue;
                 }
                 figures.add(subscription.id, held);
@@ -225,7 +234,7 @@ impl PgJobs {
         outbox.insert(&transaction).await?;
         // Every event before the snapshot's xmin is matched once a pass reads
         // fewer than a batch (or there is no one to match them for).
-        let (next_xid, next_id) = match events.last() {
+        let (next_xid, next_id) = match rows.last() {
             Some(row) if read as i64 == MATCH_BATCH => (row.get::<_, String>(3), row.get::<_, String>(0)),
             _ if xid_below(&settled, &cursor_xid) == Some(true) => (cursor_xid, cursor_id),
             _ => (settled, NOTHING_AFTER.to_string()),
@@ -235,6 +244,19 @@ impl PgJobs {
             .await
             .map_err(database)?;
         transaction.commit().await.map_err(database)?;
+        // Counted once committed: each event once, whichever node leads.
+        let metrics = self.metrics();
+        let mut counter = EventCounter::default();
+        for (event, queue) in &events {
+            counter.count_in(metrics, event.time, &event.kind, queue.as_ref(), event.job.as_deref());
+        }
+        counter.flush(metrics);
+        for _ in 0..dropped {
+            metrics.webhook_delivery("dropped");
+        }
+        if let Some(figures) = &figures {
+            metrics.webhook_pending.set(figures.all.0 as i64);
+        }
         log.flush_if_due();
         Ok(read)
     }
