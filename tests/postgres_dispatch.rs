@@ -1,8 +1,9 @@
 //! Dispatch limits on the PostgreSQL backend, against a real PostgreSQL
 //! server of the test's own, at the times the test gives: a rate is a
 //! sliding window and keys are independent; a held job holds the jobs
-//! behind it under its key; claims without a rate count toward none; and a
-//! concurrency cap holds across two nodes claiming at once.
+//! behind it under its key; claims without a rate count toward none; a
+//! concurrency cap holds across two nodes claiming at once; and a long-poll
+//! fetch held back by a window gets the job when the window opens.
 
 mod common;
 
@@ -111,4 +112,33 @@ async fn a_concurrency_cap_holds_across_two_nodes_claiming_at_once() {
         claimed += handle.await.unwrap();
     }
     assert_eq!(claimed, 3, "three active under the key, whichever node claimed");
+}
+
+/// A long-poll fetch held back by a rate window is answered when the window
+/// opens, not when the listener's recheck (2 s) or its own wait comes round:
+/// no notification tells of a window opening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_held_back_by_a_window_gets_the_job_when_it_opens() {
+    let server = TempPostgres::start();
+    let settings = PgSettings::new(server.database("long_poll"));
+    let jobs = node(&settings.url).await;
+    let _listener = jobs.listen(&settings).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !jobs.listening() {
+        assert!(std::time::Instant::now() < deadline, "the listener connects");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // This test's clock runs in real time: the waiting fetch sleeps for real.
+    let started = std::time::Instant::now();
+    let now = move || NOW + started.elapsed().as_millis() as i64;
+    enqueue(&jobs, limited("lp", 0, limit("lp", None, Some((1, 1_000))))).await;
+    let second = enqueue(&jobs, limited("lp", 1, limit("lp", None, Some((1, 1_000))))).await;
+    assert_eq!(claim(&jobs, now(), "lp").await.len(), 1);
+
+    let request = FetchRequest { queues: vec!["lp".into()], count: 1, worker_id: None, visibility_timeout_ms: None };
+    let waited = std::time::Instant::now();
+    let got = jobs.claim_waiting(&now, &request, std::time::Duration::from_millis(1_900)).await.unwrap();
+    assert_eq!(got.iter().map(|job| job.id).collect::<Vec<_>>(), [second]);
+    let waited = waited.elapsed();
+    assert!(waited < std::time::Duration::from_millis(1_600), "answered after {waited:?}, not when the window opened");
 }

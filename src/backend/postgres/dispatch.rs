@@ -42,6 +42,9 @@ pub(super) struct Dispatch {
     keys: HashMap<String, KeyUse>,
     /// Claims to record (jobs with a rate): key and time.
     recorded: Vec<(String, Millis)>,
+    /// The soonest a rate window that held a job back lets the next claim
+    /// in (a waiting fetch looks again then).
+    pub opens_at: Option<Millis>,
 }
 
 impl Dispatch {
@@ -80,6 +83,11 @@ impl Dispatch {
             let since = now.saturating_sub(rate.period_ms as i64);
             let recent = state.claims.len() - state.claims.partition_point(|at| *at <= since);
             if recent >= rate.count as usize {
+                // The window lets one more in once the oldest of its last
+                // `count` claims leaves it.
+                let oldest = state.claims[state.claims.len() - rate.count as usize];
+                let opens = oldest.saturating_add(rate.period_ms as i64);
+                self.opens_at = Some(self.opens_at.map_or(opens, |known| known.min(opens)));
                 return Ok(false);
             }
             state.claims.push(now);

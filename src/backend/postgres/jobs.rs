@@ -52,6 +52,9 @@ pub struct PgJobs {
     webhook_limits: crate::engine::outbox::WebhookLimits,
     /// What this node counts: the leader counts every committed event once.
     metrics: Arc<crate::metrics::Metrics>,
+    /// The soonest a rate window that held a claim back opens, as the
+    /// node's claims last saw it: waiting fetches look again then.
+    window_opens_at: Arc<std::sync::Mutex<Option<Millis>>>,
 }
 
 /// The requests merged into shared transactions (`batch.rs`).
@@ -126,7 +129,24 @@ impl PgJobs {
             max_schemas: crate::limits::SCHEMAS_MAX,
             webhook_limits: Default::default(),
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            window_opens_at: Arc::default(),
         }
+    }
+
+    /// Notes that a rate window opens at `opens_at` (a claim at `now` was
+    /// held back by it); a time already past is replaced.
+    pub(super) fn window_opens_at(&self, now: Millis, opens_at: Millis) {
+        let mut known = self.window_opens_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *known = Some(match *known {
+            Some(earlier) if earlier > now => earlier.min(opens_at),
+            _ => opens_at,
+        });
+    }
+
+    /// How long until the soonest rate window known opens, if one is ahead.
+    fn until_a_window_opens(&self, now: Millis) -> Option<std::time::Duration> {
+        let known = *self.window_opens_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        known.filter(|at| *at > now).map(|at| std::time::Duration::from_millis((at - now) as u64))
     }
 
     /// The metrics this store counts into (docs/postgres.md, "Metrics").
@@ -208,7 +228,10 @@ impl PgJobs {
             if !claimed.is_empty() || left.is_zero() {
                 return Ok(claimed);
             }
-            waiter.wait(left).await;
+            // A job a rate window holds back is claimed when the window
+            // opens: no notification tells of that.
+            let window = self.until_a_window_opens(now()).unwrap_or(left);
+            waiter.wait(left.min(window)).await;
         }
     }
 
