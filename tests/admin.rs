@@ -87,6 +87,15 @@ fn check_stats_and_queues_show_counts_per_state(server: &TestServer) {
     assert_eq!(server.get("/svc/v1/admin/queues/nowhere").status, 404);
     assert_eq!(server.get("/svc/v1/admin/queues?page=0").error_code(), "invalid_request");
     assert_eq!(server.get("/svc/v1/admin/queues?page=200&per_page=100").error_code(), "invalid_request");
+
+    // A queue that holds nothing any more is not shown, as if never used.
+    assert_eq!(server.get("/svc/v1/queues/reports/stats").status, 200);
+    let deleted =
+        server.post("/svc/v1/admin/jobs/bulk/delete", json!({"filter": {"queue": "reports"}, "confirm": true}));
+    assert_eq!(deleted.body["changed"], 1, "{}", deleted.body);
+    assert_eq!(server.get("/svc/v1/queues/reports/stats").status, 404);
+    assert_eq!(server.get("/svc/v1/admin/queues/reports").status, 404);
+    assert_eq!(server.get("/svc/v1/admin/queues").body["pagination"]["total"], 2);
 }
 
 #[test]

@@ -111,12 +111,27 @@ async fn last_minute(client: &impl GenericClient, queue: Option<&str>, now: Mill
     Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
 }
 
+/// Whether the queue `q` is in use: the local engine shows a queue while it
+/// holds jobs (finished ones kept included), is paused or bounded, and
+/// always `default`.
+macro_rules! in_use {
+    () => {
+        "(name = 'default' OR paused OR max_depth IS NOT NULL \
+         OR EXISTS (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) \
+         OR EXISTS (SELECT 1 FROM svc_job_history h WHERE h.queue = q.name))"
+    };
+}
+
 /// Queues that hold jobs, or are paused or bounded, and `default`, after
 /// `after` in name order.
-const LISTED: &str = "SELECT name FROM svc_queues q WHERE ($1::text IS NULL OR name COLLATE \"C\" > $1) \
-     AND (name = 'default' OR paused OR max_depth IS NOT NULL OR EXISTS (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) \
-     OR EXISTS (SELECT 1 FROM svc_job_history h WHERE h.queue = q.name)) \
-     ORDER BY name COLLATE \"C\" LIMIT $2";
+const LISTED: &str = concat!(
+    "SELECT name FROM svc_queues q WHERE ($1::text IS NULL OR name COLLATE \"C\" > $1) AND ",
+    in_use!(),
+    " ORDER BY name COLLATE \"C\" LIMIT $2"
+);
+
+/// A queue known and in use, as the listing shows it.
+const IN_USE: &str = concat!("SELECT 1 FROM svc_queues q WHERE name = $1 AND ", in_use!());
 
 impl PgJobs {
     /// Jobs completed and attempts failed per minute over the 24 hours
@@ -158,11 +173,11 @@ impl PgJobs {
         Ok((summaries(&client, &names).await?, has_more))
     }
 
-    /// A queue's figures, with its last minute; `None` for a queue svc
-    /// does not know (nothing ever enqueued to it, no settings).
+    /// A queue's figures, with its last minute; `None` for a queue not in
+    /// use (as the local engine forgets a queue that holds nothing).
     pub async fn queue_stats(&self, now: Millis, name: &str) -> Result<Option<QueueStats>, EngineError> {
         let client = self.client().await?;
-        let known = client.maybe_row("SELECT 1 FROM svc_queues WHERE name = $1", &[&name]).await.map_err(database)?;
+        let known = client.maybe_row(IN_USE, &[&name]).await.map_err(database)?;
         if known.is_none() {
             return Ok(None);
         }
