@@ -27,10 +27,9 @@ fn sample(text: &str, series: &str) -> f64 {
         .map_or(0.0, |value| value.parse().unwrap())
 }
 
-#[test]
-fn counters_follow_a_known_sequence_of_operations() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path());
+/// Three jobs enqueued (two to `mail`, one of them with one attempt), two
+/// claimed, one acked and one failed for good; answers the acked job's id.
+fn known_sequence(server: &TestServer) -> String {
     let kept = server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "mail"}}));
     server.enqueue(json!({"type": "t", "args": [2], "options": {"queue": "mail", "retry": {"max_attempts": 1}}}));
     server.enqueue(json!({"type": "t", "args": [3], "options": {"queue": "other"}}));
@@ -38,9 +37,17 @@ fn counters_follow_a_known_sequence_of_operations() {
     assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": claimed[0]["id"]})).status, 200);
     let error = json!({"type": "E", "message": "m"});
     assert_eq!(server.post("/svc/v1/workers/nack", json!({"job_id": claimed[1]["id"], "error": error})).status, 200);
+    assert_eq!(claimed[0]["id"], kept.as_str());
+    kept
+}
+
+#[test]
+fn counters_follow_a_known_sequence_of_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path());
+    let kept = known_sequence(&server);
     assert_eq!(server.get("/svc/v1/jobs/019539a4-0000-7000-8000-000000000000").status, 404);
     assert_eq!(server.post("/svc/v1/queues/other/pause", json!({})).status, 200);
-    assert_eq!(claimed[0]["id"], kept.as_str());
 
     let (status, content_type, text) = metrics_text(&server, None);
     assert_eq!((status, content_type.as_str()), (200, "text/plain"));
@@ -69,13 +76,7 @@ fn counters_follow_a_known_sequence_of_operations() {
 #[test]
 fn on_postgres_the_leader_counts_what_committed() {
     let server = PostgresNode::start("metrics");
-    server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "mail"}}));
-    server.enqueue(json!({"type": "t", "args": [2], "options": {"queue": "mail", "retry": {"max_attempts": 1}}}));
-    server.enqueue(json!({"type": "t", "args": [3], "options": {"queue": "other"}}));
-    let claimed = server.fetch(&["mail"], 2);
-    assert_eq!(server.post("/svc/v1/workers/ack", json!({"job_id": claimed[0]["id"]})).status, 200);
-    let error = json!({"type": "E", "message": "m"});
-    assert_eq!(server.post("/svc/v1/workers/nack", json!({"job_id": claimed[1]["id"], "error": error})).status, 200);
+    known_sequence(&server);
 
     let expected = [
         (r#"svc_jobs_enqueued_total{queue="mail"}"#, 2.0),

@@ -39,6 +39,32 @@ async fn node(settings: &PgSettings, clock: &Arc<ManualClock>, name: &str, recei
     node
 }
 
+/// A database of the test's own, a receiver, a manual clock and one node
+/// that delivers (with the pool the test reads the tables through).
+struct Setup {
+    pool: deadpool_postgres::Pool,
+    receiver: Receiver,
+    clock: Arc<ManualClock>,
+    node: PgBackend,
+    _dir: tempfile::TempDir,
+    _server: TempPostgres,
+}
+
+impl Setup {
+    /// The node subscribed to `events` at the receiver.
+    async fn start(database: &str, events: &[&str]) -> Setup {
+        let server = TempPostgres::start();
+        let settings = PgSettings::new(server.database(database));
+        let pool = open(&settings).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let receiver = Receiver::start(dir.path());
+        let clock = Arc::new(ManualClock::new(NOW));
+        let node = node(&settings, &clock, "node-a", &receiver).await;
+        subscribe(&node, WebhookBuilder::new(&receiver.url("127.0.0.1"), events.iter().copied(), SECRET)).await;
+        Setup { pool, receiver, clock, node, _dir: dir, _server: server }
+    }
+}
+
 async fn subscribe(node: &PgBackend, webhook: WebhookBuilder) -> Arc<Subscription> {
     let new = parse_subscription(webhook.into_json().to_string().as_bytes(), true).unwrap();
     node.create_webhook(new).outcome().await.unwrap()
@@ -144,14 +170,7 @@ async fn events_of_either_node_reach_the_subscriptions_that_take_them_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_attempts_follow_the_schedule_then_the_delivery_is_abandoned() {
-    let server = TempPostgres::start();
-    let settings = PgSettings::new(server.database("retries"));
-    let pool = open(&settings).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let receiver = Receiver::start(dir.path());
-    let clock = Arc::new(ManualClock::new(NOW));
-    let node = node(&settings, &clock, "node-a", &receiver).await;
-    subscribe(&node, WebhookBuilder::new(&receiver.url("127.0.0.1"), ["job.enqueued"], SECRET)).await;
+    let Setup { pool, receiver, clock, node, .. } = &Setup::start("retries", &["job.enqueued"]).await;
     // The first answer asks for two minutes, longer than the schedule's first wait.
     receiver.answer_next(429, vec![("retry-after", "120".into())]);
     for _ in 1..8 {
@@ -167,25 +186,18 @@ async fn failed_attempts_follow_the_schedule_then_the_delivery_is_abandoned() {
         }
         let wait = if attempt == 1 { 120_000 } else { RETRY_DELAYS_MS[attempt - 1] };
         let expected = vec![(attempt as i32, now + wait)];
-        eventually("the failure is written", async || outbox(&pool).await == expected).await;
+        eventually("the failure is written", async || outbox(pool).await == expected).await;
         now += wait;
         clock.set_ms(now);
     }
-    eventually("the delivery is abandoned", async || outbox(&pool).await.is_empty()).await;
-    let ids: Vec<String> = deliveries(&receiver).into_iter().map(|(_, id, _)| id).collect();
+    eventually("the delivery is abandoned", async || outbox(pool).await.is_empty()).await;
+    let ids: Vec<String> = deliveries(receiver).into_iter().map(|(_, id, _)| id).collect();
     assert!(ids.iter().all(|id| *id == ids[0]), "every attempt carries the delivery's id: {ids:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_committed_after_later_ones_is_still_delivered() {
-    let server = TempPostgres::start();
-    let settings = PgSettings::new(server.database("late"));
-    let pool = open(&settings).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let receiver = Receiver::start(dir.path());
-    let clock = Arc::new(ManualClock::new(NOW));
-    let node = node(&settings, &clock, "node-a", &receiver).await;
-    subscribe(&node, WebhookBuilder::new(&receiver.url("127.0.0.1"), ["job.enqueued"], SECRET)).await;
+    let Setup { pool, receiver, node, .. } = &Setup::start("late", &["job.enqueued"]).await;
     let first = node.enqueue(vec![new_job(JobBuilder::new("first"))]).outcome().await.unwrap()[0].job.id;
     eventually("the first delivery arrives", async || receiver.count() == 1).await;
 
@@ -209,7 +221,7 @@ async fn an_event_committed_after_later_ones_is_still_delivered() {
 
     eventually("both later events arrive", async || receiver.count() == 3).await;
     let mut jobs: Vec<String> =
-        deliveries(&receiver).into_iter().map(|(_, _, body)| body["data"]["job_id"].as_str().unwrap().into()).collect();
+        deliveries(receiver).into_iter().map(|(_, _, body)| body["data"]["job_id"].as_str().unwrap().into()).collect();
     jobs.sort();
     let mut expected = vec![first.to_string(), first.to_string(), second.to_string()];
     expected.sort();
