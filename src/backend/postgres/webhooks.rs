@@ -148,7 +148,7 @@ impl PgJobs {
     }
 
     /// One pass of matching (the leader's): the next events, up to
-    /// [`MATCH_BATCH`], in the order their transactions were written,
+    /// 1 000 (`MATCH_BATCH`), in the order their transactions were written,
     /// become deliveries to the active subscriptions that take them, each
     /// body rendered once; a delivery past the outbox's bounds is dropped
     /// and counted in `log`. Answers how many events were read: a full
