@@ -250,3 +250,24 @@ async fn deliveries_past_the_outbox_bounds_are_dropped_and_subscriptions_capped(
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(outbox(&pool).await.len(), 3, "the other two were dropped");
 }
+
+/// A database restored onto another server carries transaction ids larger
+/// than the new server's: matching starts again from the server's own ids,
+/// so new events are delivered (and old ones not sent again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matching_starts_again_after_a_restore_onto_another_server() {
+    let Setup { pool, receiver, node, .. } = &Setup::start("restored", &["job.enqueued"]).await;
+    node.enqueue(vec![new_job(JobBuilder::new("before"))]).outcome().await.unwrap();
+    eventually("the first delivery arrives", async || receiver.count() == 1).await;
+    // As after a restore: the ids written came from a server far ahead.
+    let client = pool.get().await.unwrap();
+    client.execute("UPDATE svc_events SET xid = '900000000000'", &[]).await.unwrap();
+    client.execute("UPDATE svc_webhook_cursor SET xid = '900000000000'", &[]).await.unwrap();
+
+    let after = node.enqueue(vec![new_job(JobBuilder::new("after"))]).outcome().await.unwrap()[0].job.id;
+    eventually("the new event is delivered", async || receiver.count() == 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let delivered = deliveries(receiver);
+    assert_eq!(delivered.len(), 2, "the event from before is not sent again");
+    assert_eq!(delivered[1].2["data"]["job_id"], after.to_string());
+}

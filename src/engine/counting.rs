@@ -27,6 +27,7 @@ impl EventCounter {
 
     /// Whether counting `kind` reads the job itself (its times), not only
     /// its queue.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub fn needs_job(kind: &EventKind) -> bool {
         matches!(kind, EventKind::Started | EventKind::Completed)
     }

@@ -121,12 +121,7 @@ async fn run(pool: Pool, engine: EngineHandle) {
             tokio::spawn(async move {
                 let result = attempt(&engine, &client, &delivery, timeout).await;
                 let metrics = engine.metrics();
-                match result {
-                    AttemptResult::Delivered => metrics.webhook_delivery("success"),
-                    AttemptResult::Failed { blocked: true, .. } => metrics.webhook_delivery("blocked"),
-                    AttemptResult::Failed { .. } => metrics.webhook_delivery("failure"),
-                    AttemptResult::NoSubscription => metrics.webhook_delivery("dropped"),
-                }
+                metrics.webhook_delivery(result.metric_label());
                 let outcome = AttemptOutcome { id: delivery.id, subscription: delivery.subscription, result };
                 let _ = ended.send((outcome, slot));
             });

@@ -154,6 +154,8 @@ async fn run_timers(
     let mut pruned_at: Option<tokio::time::Instant> = None;
     loop {
         if draining.load(Ordering::SeqCst) {
+            // The sender stops starting attempts too: the next leader sends.
+            leading_flag.store(false, Ordering::SeqCst);
             if leading && let Err(error) = lease.release().await {
                 tracing::warn!(%error, "could not give up the leader lease");
             }
@@ -543,7 +545,6 @@ impl Backend for PgBackend {
         false
     }
 
-    /// Not counted on this backend yet (the metric reads 0).
     /// None is held by this node: a worker's ack or heartbeat may go to any
     /// node, so a node that drains waits for none (docs/postgres.md,
     /// "Several nodes").

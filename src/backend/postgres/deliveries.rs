@@ -34,9 +34,10 @@ const LOOK_EVERY: Duration = Duration::from_millis(100);
 const OUTCOMES_BATCH_MAX: usize = 256;
 /// How long a failed write of outcomes waits before it is tried again.
 const OUTCOMES_RETRY_WAIT: Duration = Duration::from_millis(200);
-/// How often a write of outcomes is tried before the attempts are left to
-/// their leases (they are sent again once those run out).
-const OUTCOMES_TRIES: usize = 25;
+/// How often a write of outcomes is tried (over 30 s, as long as an
+/// attempt's lease lasts by default) before the attempts are left to their
+/// leases (they are sent again once those run out).
+const OUTCOMES_TRIES: usize = 150;
 
 /// How one attempt ended.
 struct Ended {
@@ -106,10 +107,15 @@ impl Sender {
         }
         let now = self.clock.now_ms();
         let client = self.jobs.client().await?;
+        // At most a subscription's own cap from each, so that one slow
+        // receiver's backlog cannot hide the others' due deliveries.
         let candidates = client
             .rows(
-                "SELECT id::text, subscription::text FROM svc_deliveries WHERE next_at <= $1 ORDER BY next_at LIMIT $2",
-                &[&now, &(limits.concurrency.saturating_mul(4) as i64)],
+                "SELECT d.id::text, d.subscription::text FROM svc_webhooks w CROSS JOIN LATERAL \
+                   (SELECT id, subscription, next_at FROM svc_deliveries \
+                    WHERE subscription = w.id AND next_at <= $1 ORDER BY next_at LIMIT $2) d \
+                 ORDER BY d.next_at LIMIT $3",
+                &[&now, &(limits.concurrency_per_subscription.max(1) as i64), &(limits.concurrency.max(1) as i64)],
             )
             .await
             .map_err(database)?;
@@ -235,20 +241,17 @@ async fn write_outcomes(
     let mut batch = Vec::new();
     while outcomes.recv_many(&mut batch, OUTCOMES_BATCH_MAX).await > 0 {
         let now = clock.now_ms();
-        let mut done = Vec::new();
-        let mut retry = (Vec::new(), Vec::new());
+        let mut outcome = Outcomes::default();
         let mut abandoned = Vec::new();
         for ended in &batch {
+            let attempts = ended.attempts as i32;
             match ended.result {
-                AttemptResult::Delivered | AttemptResult::NoSubscription => done.push(ended.id.to_string()),
+                AttemptResult::Delivered | AttemptResult::NoSubscription => outcome.done(ended.id, attempts),
                 AttemptResult::Failed { retry_after_ms, .. } => {
                     match next_attempt_at(now, ended.attempts, retry_after_ms) {
-                        Some(next_at) => {
-                            retry.0.push(ended.id.to_string());
-                            retry.1.push(next_at);
-                        }
+                        Some(next_at) => outcome.retry(ended.id, attempts, next_at),
                         None => {
-                            done.push(ended.id.to_string());
+                            outcome.done(ended.id, attempts);
                             abandoned.push(ended.subscription);
                         }
                     }
@@ -257,28 +260,25 @@ async fn write_outcomes(
         }
         let metrics = jobs.metrics();
         for ended in &batch {
-            metrics.webhook_delivery(match ended.result {
-                AttemptResult::Delivered => "success",
-                AttemptResult::Failed { blocked: true, .. } => "blocked",
-                AttemptResult::Failed { .. } => "failure",
-                AttemptResult::NoSubscription => "dropped",
-            });
+            metrics.webhook_delivery(ended.result.metric_label());
         }
-        for _ in &abandoned {
-            metrics.webhook_delivery("abandoned");
-        }
+        // Tried again while the attempts' leases last: a write that never
+        // comes leaves them to be sent again once the leases run out.
+        let mut written = false;
         for _ in 0..OUTCOMES_TRIES {
-            match write(&jobs, &done, &retry).await {
-                Ok(()) => break,
-                Err(_) => tokio::time::sleep(OUTCOMES_RETRY_WAIT).await,
+            if outcome.write(&jobs).await.is_ok() {
+                written = true;
+                break;
             }
+            tokio::time::sleep(OUTCOMES_RETRY_WAIT).await;
         }
         {
             let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
             for ended in &batch {
                 shared.in_flight.ended(ended.subscription);
             }
-            for subscription in abandoned {
+            for subscription in abandoned.into_iter().filter(|_| written) {
+                metrics.webhook_delivery("abandoned");
                 shared.log.abandoned(subscription);
             }
             shared.log.flush_if_due();
@@ -288,25 +288,53 @@ async fn write_outcomes(
     }
 }
 
-/// One transaction: `done` leave the outbox, `retry` get their next time.
-async fn write(jobs: &PgJobs, done: &[String], retry: &(Vec<String>, Vec<Millis>)) -> Result<(), EngineError> {
-    let mut client = jobs.client().await?;
-    let transaction = client.transaction().await.map_err(database)?;
-    if !done.is_empty() {
-        transaction
-            .run("DELETE FROM svc_deliveries WHERE id = ANY($1::text[]::uuid[])", &[&done])
-            .await
-            .map_err(database)?;
+/// How attempts ended, as columns: each names the attempt it reports, so
+/// that an outcome written late (its lease ran out, and another attempt
+/// started) changes nothing.
+#[derive(Default)]
+struct Outcomes {
+    done: (Vec<String>, Vec<i32>),
+    retry: (Vec<String>, Vec<i32>, Vec<Millis>),
+}
+
+impl Outcomes {
+    fn done(&mut self, id: JobId, attempts: i32) {
+        self.done.0.push(id.to_string());
+        self.done.1.push(attempts);
     }
-    if !retry.0.is_empty() {
-        transaction
-            .run(
-                "UPDATE svc_deliveries d SET next_at = t.next_at \
-                 FROM unnest($1::text[], $2::int8[]) AS t(id, next_at) WHERE d.id = t.id::uuid",
-                &[&retry.0, &retry.1],
-            )
-            .await
-            .map_err(database)?;
+
+    fn retry(&mut self, id: JobId, attempts: i32, next_at: Millis) {
+        self.retry.0.push(id.to_string());
+        self.retry.1.push(attempts);
+        self.retry.2.push(next_at);
     }
-    transaction.commit().await.map_err(database)
+
+    /// One transaction: the done leave the outbox, the others get their
+    /// next time.
+    async fn write(&self, jobs: &PgJobs) -> Result<(), EngineError> {
+        let mut client = jobs.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        if !self.done.0.is_empty() {
+            transaction
+                .run(
+                    "DELETE FROM svc_deliveries d USING unnest($1::text[], $2::int4[]) AS t(id, attempts) \
+                     WHERE d.id = t.id::uuid AND d.attempts = t.attempts",
+                    &[&self.done.0, &self.done.1],
+                )
+                .await
+                .map_err(database)?;
+        }
+        if !self.retry.0.is_empty() {
+            transaction
+                .run(
+                    "UPDATE svc_deliveries d SET next_at = t.next_at \
+                     FROM unnest($1::text[], $2::int4[], $3::int8[]) AS t(id, attempts, next_at) \
+                     WHERE d.id = t.id::uuid AND d.attempts = t.attempts",
+                    &[&self.retry.0, &self.retry.1, &self.retry.2],
+                )
+                .await
+                .map_err(database)?;
+        }
+        transaction.commit().await.map_err(database)
+    }
 }

@@ -277,16 +277,17 @@ CREATE TABLE svc_deliveries (
     next_at int8 NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX svc_deliveries_due ON svc_deliveries (next_at);
-CREATE INDEX svc_deliveries_subscription ON svc_deliveries (subscription);
+-- A subscription's deliveries by due time: the sender's look, the cascade.
+CREATE INDEX svc_deliveries_subscription ON svc_deliveries (subscription, next_at);
 
--- Events up to (xid, id) have been matched. Events written before this
--- migration are not delivered.
+-- Events up to (xid, id) have been matched: none yet. (Events kept from
+-- before this migration are matched once too; no subscription takes them.)
 CREATE TABLE svc_webhook_cursor (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     xid xid8 NOT NULL,
     id uuid NOT NULL
 );
-INSERT INTO svc_webhook_cursor (xid, id) VALUES (pg_current_xact_id(), 'ffffffff-ffff-ffff-ffff-ffffffffffff');
+INSERT INTO svc_webhook_cursor (xid, id) VALUES ('0', '00000000-0000-0000-0000-000000000000');
 ";
 
 /// Why the schema cannot be brought to this binary's version.

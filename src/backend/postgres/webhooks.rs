@@ -36,10 +36,6 @@ const CREATION_LOCK: i64 = i64::from_be_bytes(*b"svc_webh");
 /// Events one pass of matching reads at most (one transaction).
 pub(super) const MATCH_BATCH: i64 = 1_000;
 
-/// The point before which every event has been matched: the transaction
-/// that wrote it, then its id.
-const NOTHING_AFTER: &str = "00000000-0000-0000-0000-000000000000";
-
 pub(super) fn decode(id: &str, body: &[u8]) -> Result<Subscription, EngineError> {
     from_body("webhook", id, body)
 }
@@ -155,30 +151,32 @@ impl PgJobs {
     /// batch means more may be waiting.
     pub async fn match_events(&self, now: Millis, log: &mut DeliveryLog) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
-        // Nothing new has settled since the last pass: nothing is written
-        // (an idle database stays idle).
-        let cursor = client
+        // A read first: with no event settled past the point matched, nothing
+        // is written (an idle database stays idle).
+        let probe = client
             .row(
-                "SELECT xid::text, id::text, pg_snapshot_xmin(pg_current_snapshot())::text FROM svc_webhook_cursor",
+                "SELECT c.xid::text, pg_snapshot_xmax(pg_current_snapshot())::text, EXISTS (SELECT 1 FROM svc_events e \
+                   WHERE (e.xid, e.id) > (c.xid, c.id) AND e.xid < pg_snapshot_xmin(pg_current_snapshot())) \
+                 FROM svc_webhook_cursor c",
                 &[],
             )
             .await
             .map_err(database)?;
-        let (cursor_xid, cursor_id, settled): (String, String, String) = (cursor.get(0), cursor.get(1), cursor.get(2));
-        if cursor_id == NOTHING_AFTER && xid_below(&cursor_xid, &settled) == Some(false) {
+        let (cursor_xid, next_xid, waiting): (String, String, bool) = (probe.get(0), probe.get(1), probe.get(2));
+        if xid_below(&next_xid, &cursor_xid) == Some(true) {
+            return self.restart_matching(&mut client, &next_xid).await;
+        }
+        if !waiting {
             return Ok(0);
         }
         let transaction = client.transaction().await.map_err(database)?;
-        // Locked, so that two leaders in a handover match each event once.
+        // Locked, so that two leaders in a handover match each event once;
+        // the row read is the newest committed, so the point only moves on.
         let cursor = transaction
-            .row(
-                "SELECT xid::text, id::text, pg_snapshot_xmin(pg_current_snapshot())::text \
-                 FROM svc_webhook_cursor FOR UPDATE",
-                &[],
-            )
+            .row("SELECT xid::text, id::text FROM svc_webhook_cursor FOR UPDATE", &[])
             .await
             .map_err(database)?;
-        let (cursor_xid, cursor_id, settled): (String, String, String) = (cursor.get(0), cursor.get(1), cursor.get(2));
+        let (cursor_xid, cursor_id): (String, String) = (cursor.get(0), cursor.get(1));
         let rows = transaction.rows("SELECT id::text, body FROM svc_webhooks", &[]).await.map_err(database)?;
         let subscriptions: Vec<Subscription> = rows
             .iter()
@@ -188,9 +186,10 @@ impl PgJobs {
         let rows = transaction
             .rows(
                 "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body, xid::text, queue FROM svc_events \
-                 WHERE (xid, id) > ($1::text::xid8, $2::text::uuid) AND xid < $3::text::xid8 \
-                 ORDER BY xid, id LIMIT $4",
-                &[&cursor_xid, &cursor_id, &settled, &MATCH_BATCH],
+                 WHERE (xid, id) > ($1::text::xid8, $2::text::uuid) \
+                   AND xid < pg_snapshot_xmin(pg_current_snapshot()) \
+                 ORDER BY xid, id LIMIT $3",
+                &[&cursor_xid, &cursor_id, &MATCH_BATCH],
             )
             .await
             .map_err(database)?;
@@ -207,7 +206,7 @@ impl PgJobs {
             .collect();
         let mut figures: Option<OutboxFigures> = None;
         let mut outbox = Outbox::default();
-        let mut dropped = 0;
+        let mut dropped = Vec::new();
         for (event, _) in &events {
             let (queue, job_type) = event.webhook_scope();
             let type_name = event.kind.type_name();
@@ -223,8 +222,7 @@ impl PgJobs {
                 let body = body.get_or_insert_with(|| crate::wire::render_event(event));
                 let held = delivery_held_bytes(body, type_name);
                 if !self.webhook_limits().has_room(&figures.queued(subscription.id), held) {
-                    log.dropped(subscription.id);
-                    dropped += 1;
+                    dropped.push(subscription.id);
                     continue;
                 }
                 figures.add(subscription.id, held);
@@ -232,17 +230,15 @@ impl PgJobs {
             }
         }
         outbox.insert(&transaction).await?;
-        // Every event before the snapshot's xmin is matched once a pass reads
-        // fewer than a batch (or there is no one to match them for).
-        let (next_xid, next_id) = match rows.last() {
-            Some(row) if read as i64 == MATCH_BATCH => (row.get::<_, String>(3), row.get::<_, String>(0)),
-            _ if xid_below(&settled, &cursor_xid) == Some(true) => (cursor_xid, cursor_id),
-            _ => (settled, NOTHING_AFTER.to_string()),
-        };
-        transaction
-            .run("UPDATE svc_webhook_cursor SET xid = $1::text::xid8, id = $2::text::uuid", &[&next_xid, &next_id])
-            .await
-            .map_err(database)?;
+        // The point matched moves to the last event read: every event before
+        // it in this order has been read, and none can still appear there.
+        if let Some(last) = rows.last() {
+            let (next_xid, next_id) = (last.get::<_, String>(3), last.get::<_, String>(0));
+            transaction
+                .run("UPDATE svc_webhook_cursor SET xid = $1::text::xid8, id = $2::text::uuid", &[&next_xid, &next_id])
+                .await
+                .map_err(database)?;
+        }
         transaction.commit().await.map_err(database)?;
         // Counted once committed: each event once, whichever node leads.
         let metrics = self.metrics();
@@ -251,8 +247,9 @@ impl PgJobs {
             counter.count_in(metrics, event.time, &event.kind, queue.as_ref(), event.job.as_deref());
         }
         counter.flush(metrics);
-        for _ in 0..dropped {
+        for subscription in dropped {
             metrics.webhook_delivery("dropped");
+            log.dropped(subscription);
         }
         if let Some(figures) = &figures {
             metrics.webhook_pending.set(figures.all.0 as i64);
@@ -261,6 +258,41 @@ impl PgJobs {
         Ok(read)
     }
 }
+
+impl PgJobs {
+    /// The point matched lies past every transaction id the server has
+    /// given: the database was restored from a dump (or moved by logical
+    /// replication) onto a server whose ids start lower. Events kept from
+    /// before are taken as matched, and matching starts again from the
+    /// server's own ids, so that new events are neither skipped nor pruned
+    /// unmatched.
+    async fn restart_matching(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        next_xid: &str,
+    ) -> Result<usize, EngineError> {
+        tracing::warn!(
+            next_xid,
+            "webhook matching restarts: the database's transaction ids went back (a restore?); events kept \
+             from before are not delivered again"
+        );
+        let transaction = client.transaction().await.map_err(database)?;
+        transaction
+            .run("UPDATE svc_events SET xid = '0'::xid8 WHERE xid >= $1::text::xid8", &[&next_xid])
+            .await
+            .map_err(database)?;
+        transaction
+            .run("UPDATE svc_webhook_cursor SET xid = '0'::xid8, id = $1::text::uuid", &[&MATCHED_ALL])
+            .await
+            .map_err(database)?;
+        transaction.commit().await.map_err(database)?;
+        Ok(0)
+    }
+}
+
+/// The largest event id: with transaction id 0, the point that marks every
+/// event of an earlier server as matched.
+const MATCHED_ALL: &str = "ffffffff-ffff-ffff-ffff-ffffffffffff";
 
 /// What the outbox holds: (deliveries, bytes) by subscription and in all.
 #[derive(Default)]

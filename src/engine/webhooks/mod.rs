@@ -158,6 +158,18 @@ pub enum AttemptResult {
     NoSubscription,
 }
 
+impl AttemptResult {
+    /// The `result` label `svc_webhook_deliveries_total` counts it under.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            AttemptResult::Delivered => "success",
+            AttemptResult::Failed { blocked: true, .. } => "blocked",
+            AttemptResult::Failed { .. } => "failure",
+            AttemptResult::NoSubscription => "dropped",
+        }
+    }
+}
+
 /// How one attempt ended: the delivery ends, or waits for its next attempt
 /// by the schedule, or is abandoned after its last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
