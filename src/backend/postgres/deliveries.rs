@@ -98,6 +98,14 @@ impl Sender {
         self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Frees the in-flight slots of attempts that will not be sent.
+    fn release(&self, subscriptions: impl Iterator<Item = JobId>) {
+        let mut shared = self.shared();
+        for subscription in subscriptions {
+            shared.in_flight.ended(subscription);
+        }
+    }
+
     /// Starts the due deliveries there is room for, oldest due first, each
     /// counted and held past its timeout before it is sent.
     async fn start_due(&self) -> Result<usize, EngineError> {
@@ -137,55 +145,42 @@ impl Sender {
         if chosen.is_empty() {
             return Ok(0);
         }
-        let until = now.saturating_add(self.timeout.as_millis() as Millis).saturating_add(ATTEMPT_LEASE_MARGIN_MS);
-        let ids: Vec<String> = chosen.iter().map(|(id, _)| id.to_string()).collect();
-        let started = client
-            .rows(
-                "UPDATE svc_deliveries SET attempts = attempts + 1, next_at = $2 \
-                 WHERE id = ANY($1::text[]::uuid[]) AND next_at <= $3 \
-                 RETURNING id::text, event_type, body, attempts",
-                &[&ids, &until, &now],
-            )
-            .await;
-        let started = match started {
-            Ok(rows) => rows,
-            Err(error) => {
-                let mut shared = self.shared();
-                for (_, subscription) in &chosen {
-                    shared.in_flight.ended(*subscription);
-                }
-                return Err(database(error));
-            }
-        };
-        let begun: HashSet<JobId> = started.iter().filter_map(|row| JobId::parse(row.get(0))).collect();
-        {
-            // Taken meanwhile by another node, or gone with its subscription.
-            let mut shared = self.shared();
-            for (_, subscription) in chosen.iter().filter(|(id, _)| !begun.contains(id)) {
-                shared.in_flight.ended(*subscription);
-            }
-        }
-        let subscription_of = |id: JobId| chosen.iter().find(|(chosen, _)| *chosen == id).map(|(_, s)| *s);
+        // Read before the attempts are counted: a failure here counts none.
         let mut wanted: Vec<String> = chosen.iter().map(|(_, subscription)| subscription.to_string()).collect();
         wanted.sort_unstable();
         wanted.dedup();
-        let subscriptions = match self.jobs.webhooks_among(&client, &wanted).await {
-            Ok(subscriptions) => subscriptions,
+        let until = now.saturating_add(self.timeout.as_millis() as Millis).saturating_add(ATTEMPT_LEASE_MARGIN_MS);
+        let ids: Vec<String> = chosen.iter().map(|(id, _)| id.to_string()).collect();
+        let counted = async {
+            let subscriptions = self.jobs.webhooks_among(&client, &wanted).await?;
+            let started = client
+                .rows(
+                    "UPDATE svc_deliveries SET attempts = attempts + 1, next_at = $2 \
+                     WHERE id = ANY($1::text[]::uuid[]) AND next_at <= $3 \
+                     RETURNING id::text, subscription::text, event_type, body, attempts",
+                    &[&ids, &until, &now],
+                )
+                .await
+                .map_err(database)?;
+            Ok::<_, EngineError>((subscriptions, started))
+        };
+        let (subscriptions, started) = match counted.await {
+            Ok(counted) => counted,
             Err(error) => {
-                let mut shared = self.shared();
-                for id in &begun {
-                    if let Some(subscription) = subscription_of(*id) {
-                        shared.in_flight.ended(subscription);
-                    }
-                }
+                self.release(chosen.iter().map(|(_, subscription)| *subscription));
                 return Err(error);
             }
         };
+        // Those not started were taken meanwhile by another node, or went
+        // with their subscription.
+        let begun: HashSet<JobId> = started.iter().filter_map(|row| JobId::parse(row.get(0))).collect();
+        self.release(chosen.iter().filter(|(id, _)| !begun.contains(id)).map(|(_, subscription)| *subscription));
         drop(client);
         for row in &started {
-            let Some(id) = JobId::parse(row.get(0)) else { continue };
-            let Some(subscription) = subscription_of(id) else { continue };
-            let (event_type, body, attempts): (String, String, i32) = (row.get(1), row.get(2), row.get(3));
+            let (Some(id), Some(subscription)) = (JobId::parse(row.get(0)), JobId::parse(row.get(1))) else {
+                continue;
+            };
+            let (event_type, body, attempts): (String, String, i32) = (row.get(2), row.get(3), row.get(4));
             let target = subscriptions.get(&subscription).cloned();
             let (client, ended, timeout) = (self.client.clone(), self.ended.clone(), self.timeout);
             let now = self.clock.now_ms();
