@@ -177,7 +177,7 @@ impl Svc {
         )
         .map_err(SvcError::Webhooks)?;
         config.delivery_timeout_ms = webhooks.timeout.as_millis().clamp(1, i64::MAX as u128) as i64;
-        let pool = crate::webhook::pool::Pool::attach(&mut config, client, webhooks.priority);
+        let pool = crate::engine::pool::Pool::attach(&mut config, client, webhooks.priority);
         let engine = Engine::open(config).map_err(SvcError::Storage)?;
         let runtime = pool.spawn(engine.handle().clone()).map_err(|error| SvcError::Webhooks(error.to_string()))?;
         let backend: Arc<dyn Backend> = Arc::new(engine.handle().clone());

@@ -20,13 +20,13 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::config::Config;
+use crate::engine::pool::Pool;
 use crate::engine::{Engine, EngineConfig};
 use crate::http::connection::{ConnectionSlots, WriteTimeout, refuse};
 use crate::http::connection::{connection_cap, open_descriptors, raise_open_file_limit};
 use crate::http::{AppState, serve_request};
 use crate::limits::{POISON_EXIT_DELAY_MS, WRITE_TIMEOUT_MS};
 use crate::storage::StorageError;
-use crate::webhook::pool::Pool;
 
 const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -308,7 +308,16 @@ fn app_state(app: AppState, config: &Config, client: crate::webhook::client::Del
     app.webhooks_allow_private_targets = config.webhooks_allow_private_targets;
     app.webhook_client = Some(client);
     app.webhook_timeout = Duration::from_millis(config.webhooks_timeout_ms);
-    app.with_access_checks(config)
+    // A server bound beyond loopback without keys sits behind a proxy that
+    // authenticates (`--insecure-no-auth`), whose host names it cannot
+    // know; web pages are kept out all the same.
+    let guard = if config.binds_loopback_only() {
+        crate::http::auth::BrowserGuard::new(&config.listen)
+    } else {
+        crate::http::auth::BrowserGuard::any_host()
+    };
+    app.with_failed_attempt_limit(config.auth_failed_attempts_per_minute)
+        .with_browser_guard(guard.allow_origins(&config.http_allowed_origins))
 }
 
 /// Writes the per-minute throughput history to the data dir every minute,

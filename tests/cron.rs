@@ -90,7 +90,7 @@ impl Harness {
         page.events
             .iter()
             .map(|event| {
-                let rendered = serde_json::from_str::<serde_json::Value>(&svc::wire::render_event(event)).unwrap();
+                let rendered = serde_json::from_str::<serde_json::Value>(&svc::engine::render_event(event)).unwrap();
                 match rendered["data"]["reason"].as_str() {
                     Some(reason) if event.kind.type_name().starts_with("cron.") => {
                         format!("{}:{reason}", event.kind.type_name())
@@ -213,7 +213,7 @@ fn cancel_previous_cancels_the_running_job_then_enqueues() {
     assert_eq!(jobs.len(), 2);
     assert_eq!(jobs[1].state, JobState::Available);
     let page = harness.handle().events_page(None, 1000, |event| event.kind.type_name() == "job.cancelled");
-    let cancelled = serde_json::from_str::<serde_json::Value>(&svc::wire::render_event(&page.events[0])).unwrap();
+    let cancelled = serde_json::from_str::<serde_json::Value>(&svc::engine::render_event(&page.events[0])).unwrap();
     assert_eq!(cancelled["data"]["reason"], "cron_cancel_previous");
     assert_eq!(cancelled["data"]["previous_state"], "active");
 }
@@ -252,7 +252,7 @@ fn after_downtime_one_catch_up_run_fires_for_the_latest_missed_slot() {
     let entry = harness.cron("reports");
     assert_eq!(entry.next_run_at.map(iso).as_deref(), Some("2027-01-15T10:40:00Z"));
     let page = harness.handle().events_page(None, 100, |event| event.kind.type_name() == "cron.skipped");
-    let misfire = serde_json::from_str::<serde_json::Value>(&svc::wire::render_event(&page.events[0])).unwrap();
+    let misfire = serde_json::from_str::<serde_json::Value>(&svc::engine::render_event(&page.events[0])).unwrap();
     assert_eq!(
         (misfire["data"]["reason"].as_str(), misfire["data"]["missed_count"].as_u64()),
         (Some("misfire"), Some(6))

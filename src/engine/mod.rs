@@ -45,7 +45,9 @@ pub use cron::table::{CronEntry, CronWrite};
 pub use cron::{DeleteCron, PutCron};
 #[doc(hidden)]
 pub use events::EventSink;
-pub use events::{CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent};
+pub use events::{
+    CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent, render_event,
+};
 pub(crate) use handle::block_on;
 pub use handle::{EngineHandle, Pending};
 #[doc(hidden)]
@@ -64,6 +66,8 @@ pub use state::State;
 pub use throughput::MinuteCount;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
 pub use webhooks::outbox;
+#[cfg(feature = "webhooks")]
+pub use webhooks::pool;
 pub use webhooks::{AttemptOutcome, AttemptResult, WebhookChange, changed as changed_subscription};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
 pub use workflows::table::{

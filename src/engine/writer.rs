@@ -555,7 +555,7 @@ impl Writer {
                 if !subscription.takes(type_name, queue, job_type) {
                     continue;
                 }
-                let body = body.get_or_insert_with(|| Arc::from(crate::wire::render_event(event)));
+                let body = body.get_or_insert_with(|| Arc::from(super::events::render_event(event)));
                 let held = super::webhooks::outbox::delivery_held_bytes(body, type_name);
                 let outbox = &self.state.outbox;
                 let queued = outbox::Queued {

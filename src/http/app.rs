@@ -102,25 +102,15 @@ impl AppState {
         }
     }
 
-    /// The checks `config` asks for ahead of the routes, after `with_keys`:
-    /// the browser guard of a server without keys (docs/api.md,
-    /// "Authentication") with `http.allowed_origins`, and the limit of wrong
-    /// keys per address.
-    pub fn with_access_checks(self, config: &crate::config::Config) -> Self {
-        let mut app = self.with_failed_attempt_limit(config.auth_failed_attempts_per_minute);
-        if app.auth.is_enabled() {
-            return app;
+    /// Keeps web pages away from a server without keys (docs/api.md,
+    /// "Authentication"): `guard` checks Host and Origin ahead of the
+    /// routes. A server with keys needs no guard and keeps none. Call after
+    /// `with_keys`.
+    pub fn with_browser_guard(mut self, guard: auth::BrowserGuard) -> Self {
+        if !self.auth.is_enabled() {
+            self.browser_guard = Some(guard);
         }
-        // A server bound beyond loopback without keys sits behind a proxy that
-        // authenticates (`--insecure-no-auth`), whose host names it cannot
-        // know; web pages are kept out all the same.
-        let guard = if config.binds_loopback_only() {
-            auth::BrowserGuard::new(&config.listen)
-        } else {
-            auth::BrowserGuard::any_host()
-        };
-        app.browser_guard = Some(guard.allow_origins(&config.http_allowed_origins));
-        app
+        self
     }
 
     /// Requires one of `keys` on every request but the public ones. Call

@@ -6,7 +6,8 @@ use super::error::ApiError;
 use super::paging::{page_limit, query_pairs, query_value};
 use super::{AppState, Reply};
 use crate::backend::EventFilter;
-use crate::wire::{ObjectWriter, render_event};
+use crate::engine::render_event;
+use crate::wire::ObjectWriter;
 
 pub(super) fn list_filter(pairs: &[(String, String)], key: &str) -> Option<Vec<String>> {
     query_value(pairs, key).map(|text| text.split(',').filter(|item| !item.is_empty()).map(str::to_string).collect())

@@ -118,7 +118,7 @@ impl StreamTask {
                     chunk.push_str(&format!("event: {}\n", event.kind.type_name()));
                 }
                 chunk.push_str("data: ");
-                chunk.push_str(&crate::wire::render_event(event));
+                chunk.push_str(&crate::engine::render_event(event));
                 chunk.push_str("\n\n");
                 self.after = id;
             }

@@ -1,12 +1,11 @@
 //! Webhooks (docs/api.md, "Webhooks"): subscriptions to events, and what a
-//! delivery needs that does not depend on the engine: the address guard and
-//! the signature.
+//! delivery needs that does not depend on the engine: the address guard,
+//! the signature and the client that sends one attempt. The engine's
+//! webhooks feature (`engine/webhooks/`) keeps the outbox and runs the pool.
 
 #[cfg(feature = "webhooks")]
 pub mod client;
 pub mod guard;
-#[cfg(feature = "webhooks")]
-pub mod pool;
 pub mod signature;
 pub mod subscription;
 #[cfg(feature = "webhooks")]

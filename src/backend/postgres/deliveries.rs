@@ -22,11 +22,11 @@ use deadpool_postgres::GenericClient;
 use super::sql::Prepared;
 use crate::clock::{Clock, Millis};
 use crate::engine::outbox::{ATTEMPT_LEASE_MARGIN_MS, DeliveryLog, InFlight, next_attempt_at};
+use crate::engine::pool::send_attempt;
 use crate::engine::{AttemptResult, EngineError};
 use crate::job::JobId;
 use crate::webhook::Subscription;
 use crate::webhook::client::{Attempt, DeliveryClient};
-use crate::webhook::pool::send_attempt;
 
 /// How often the sender looks for due deliveries when nothing wakes it.
 const LOOK_EVERY: Duration = Duration::from_millis(100);

@@ -219,7 +219,7 @@ impl PgJobs {
                     Some(figures) => figures,
                     None => figures.insert(OutboxFigures::read(&transaction).await?),
                 };
-                let body = body.get_or_insert_with(|| crate::wire::render_event(event));
+                let body = body.get_or_insert_with(|| crate::engine::render_event(event));
                 let held = delivery_held_bytes(body, type_name);
                 if !self.webhook_limits().has_room(&figures.queued(subscription.id), held) {
                     dropped.push(subscription.id);

@@ -5,10 +5,13 @@
 //!
 //! The feature is here: the requests, their decisions, their records
 //! (`record.rs`) and how those apply, and the outbox of deliveries
-//! (`outbox.rs`). Parsing subscriptions, signing and sending are
+//! (`outbox.rs`), and the delivery pool that sends what the outbox starts
+//! (`pool.rs`). Parsing subscriptions, signing and sending one attempt are
 //! `crate::webhook`'s.
 
 pub mod outbox;
+#[cfg(feature = "webhooks")]
+pub mod pool;
 pub(super) mod record;
 
 use std::sync::Arc;

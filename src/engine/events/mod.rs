@@ -2,6 +2,10 @@
 //! for `GET /events`. A job event's payload is rendered lazily from the job
 //! as it was right after the transition; cron and worker events carry their data.
 
+mod render;
+
+pub use render::render_event;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::DeliveryPriority;
-use super::client::{Attempt, AttemptError, DeliveryClient, shared_body};
-use crate::engine::outbox::{Delivery, StartedAttempts};
+use super::outbox::{Delivery, StartedAttempts};
 use crate::engine::{AttemptOutcome, AttemptResult, EngineConfig, EngineError, EngineHandle, Unavailable};
+use crate::webhook::DeliveryPriority;
+use crate::webhook::client::{Attempt, AttemptError, DeliveryClient, shared_body};
 
 /// How long a refused report waits before it is offered again.
 const REPORT_RETRY_WAIT: Duration = Duration::from_millis(100);
