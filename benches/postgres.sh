@@ -6,6 +6,9 @@
 #
 #   plain      svc bench --target postgres: the hand-written queue
 #              (src/bench/postgres.rs), every statement its own transaction
+#   merged     svc bench --target postgres-merged: the same queue with the
+#              connections' requests merged as svc merges them, the floor
+#              of merging on this machine (fill: a binary COPY a request)
 #   pg         svc serve --postgres, one node
 #   pg2        two svc nodes on one database, each driven by its own
 #              `svc bench` with half the connections and half the jobs
@@ -81,6 +84,7 @@ measure() { # target workload
     local result
     case "$1" in
         plain) result=$(bench "$(fresh_db)" "$2" "$JOBS" 32 --target postgres) ;;
+        merged) result=$(bench "$(fresh_db)" "$2" "$JOBS" 32 --target postgres-merged) ;;
         local)
             serve "${PORTS[0]}"
             result=$(bench "127.0.0.1:${PORTS[0]}" "$2" "$JOBS" 32)
@@ -122,7 +126,7 @@ measure() { # target workload
 
 for _ in $(seq "$ROUNDS"); do
     for workload in enqueue fill drain; do
-        for target in plain pg pg2 local; do measure "$target" "$workload"; done
+        for target in plain merged pg pg2 local; do measure "$target" "$workload"; done
     done
 done
 
@@ -131,7 +135,8 @@ median() { grep "^$1 $2 " "$WORK/rounds" | cut -d' ' -f3 | grep -x '[0-9]*' | so
 ratio() { if [ "$2" = 0 ]; then echo "-"; else echo "scale=2; $1 / $2" | bc; fi; }
 for workload in enqueue fill drain; do
     plain=$(median plain "$workload")
-    echo "$workload medians (jobs/s): plain=$plain pg=$(median pg "$workload") pg2=$(median pg2 "$workload")" \
-        "local=$(median local "$workload")  pg/plain=$(ratio "$(median pg "$workload")" "$plain")" \
+    echo "$workload medians (jobs/s): plain=$plain merged=$(median merged "$workload") pg=$(median pg "$workload")" \
+        "pg2=$(median pg2 "$workload") local=$(median local "$workload")" \
+        " merged/plain=$(ratio "$(median merged "$workload")" "$plain") pg/plain=$(ratio "$(median pg "$workload")" "$plain")" \
         "pg2/pg=$(ratio "$(median pg2 "$workload")" "$(median pg "$workload")")"
 done

@@ -240,6 +240,10 @@ enum TargetName {
     /// `enqueue`, one `INSERT` a job; for `fill`, 100 jobs to an `INSERT`;
     /// for `drain`, a `SKIP LOCKED` claim and an `UPDATE` per job.
     Postgres,
+    /// The same queue with the connections' requests merged into one
+    /// statement per kind, as svc's PostgreSQL backend merges them (`fill`:
+    /// one binary `COPY` per request of 100 jobs).
+    PostgresMerged,
 }
 
 fn main() -> ExitCode {
@@ -329,18 +333,19 @@ fn bench(flags: BenchFlags) -> ExitCode {
         ack_fetch: flags.ack_fetch,
         key: flags.key.or_else(|| flags.key_env.and_then(|variable| std::env::var(variable).ok())),
     };
-    if matches!(flags.target, TargetName::Postgres) {
+    if matches!(flags.target, TargetName::Postgres | TargetName::PostgresMerged) {
         if !matches!(workload, Workload::Enqueue | Workload::Fill | Workload::Drain) {
             eprintln!("svc bench: --target postgres runs enqueue, fill and drain");
             return ExitCode::from(2);
         }
-        return print_report(bench::run_postgres(options));
+        let merged = matches!(flags.target, TargetName::PostgresMerged);
+        return print_report(bench::run_postgres(options, merged));
     }
     if workload == Workload::Fill {
         let target = match flags.target {
             TargetName::Svc => bench::fill::Target::Svc,
             TargetName::Redis => bench::fill::Target::Redis,
-            TargetName::Postgres => unreachable!("answered above"),
+            TargetName::Postgres | TargetName::PostgresMerged => unreachable!("answered above"),
         };
         return print_report(bench::run_fill(options, target));
     }

@@ -76,15 +76,18 @@ async fn a_newer_schema_is_refused_and_the_tables_are_as_documented() {
     let timeout: String = fresh.query_one("SHOW statement_timeout", &[]).await.unwrap().get(0);
     assert_eq!(timeout, "30s");
 
-    // The hot table's indexes are partial, one per kind of lookup.
+    // One index reads a queue's jobs, in claim order for each state, so no
+    // claim plan sorts the queue; the timers' lookups are partial.
     let indexes = client
         .query("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'svc_jobs' ORDER BY indexname", &[])
         .await
         .unwrap();
     let indexes: Vec<(String, String)> = indexes.iter().map(|row| (row.get(0), row.get(1))).collect();
     let definition = |name: &str| indexes.iter().find(|(n, _)| n == name).map(|(_, d)| d.clone()).unwrap();
-    assert!(definition("svc_jobs_available").contains("WHERE (state = 'available'::text)"));
-    assert!(definition("svc_jobs_available").contains("(queue, priority DESC, ready_at, id)"));
+    assert!(definition("svc_jobs_claim_order").contains("(queue, state, priority DESC, ready_at, id)"));
+    let by_queue: Vec<&str> =
+        indexes.iter().filter(|(_, d)| d.contains("USING btree (queue")).map(|(n, _)| n.as_str()).collect();
+    assert_eq!(by_queue, ["svc_jobs_claim_order"]);
     assert!(definition("svc_jobs_leases").contains("WHERE (state = 'active'::text)"));
     assert!(definition("svc_jobs_due").contains("scheduled"));
     // Vacuumed early, as a queue table needs.

@@ -12,11 +12,23 @@
 //! - `drain`: `--jobs` jobs loaded 100 to a statement, then every connection
 //!   claims one job at a time (`UPDATE ... WHERE id = (SELECT ... FOR UPDATE
 //!   SKIP LOCKED LIMIT 1) RETURNING`) and acks it (`UPDATE`) until none is left.
+//!
+//! `--target postgres-merged` is the floor of merging on the same table: the
+//! connections' requests go through one merger per kind, as svc's PostgreSQL
+//! backend merges them (no delay added, at most two statements of a kind
+//! under way, each on a connection of its own). Enqueues become one `INSERT
+//! ... unnest`, claims one `UPDATE` of a `MATERIALIZED` `SKIP LOCKED` pick,
+//! acks one `UPDATE ... WHERE id = ANY(...)`. `fill` there writes each
+//! request's 100 jobs with a binary `COPY` instead, unmerged, for the figure
+//! of `COPY` against `unnest` at that batch size.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, NoTls};
 
 use super::{BenchOptions, BenchReport, LoopResult, Workload, gather_report, micros};
@@ -43,6 +55,16 @@ const CLAIM: &str = "UPDATE bench_jobs SET state = 'active', attempt = attempt +
      WHERE id = (SELECT id FROM bench_jobs WHERE queue = 'bench' AND state = 'available' \
        ORDER BY priority DESC, id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING id, args";
 const ACK: &str = "UPDATE bench_jobs SET state = 'completed', finished_at = now() WHERE id = $1";
+const CLAIM_MANY: &str = "WITH picked AS MATERIALIZED (SELECT id FROM bench_jobs \
+       WHERE queue = 'bench' AND state = 'available' ORDER BY priority DESC, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+     UPDATE bench_jobs j SET state = 'active', attempt = attempt + 1, started_at = now() \
+     FROM picked WHERE j.id = picked.id RETURNING j.id, j.args";
+const ACK_MANY: &str = "UPDATE bench_jobs SET state = 'completed', finished_at = now() WHERE id = ANY($1)";
+const COPY_IN: &str = "COPY bench_jobs (queue, args) FROM STDIN (FORMAT binary)";
+/// Requests merged into one statement at most, and merged statements of one
+/// kind under way at once: svc's PostgreSQL backend's figures.
+const MERGED_MAX: usize = 64;
+const MERGED_IN_FLIGHT: usize = 2;
 
 async fn connect(url: &str) -> Result<Client, String> {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(|error| format!("{url}: {error}"))?;
@@ -55,8 +77,13 @@ fn args(n: u64) -> String {
     format!(r#"[{n},"bench"]"#)
 }
 
-/// Runs `enqueue`, `fill` or `drain` against the plain queue at `options.address` (a URL).
-pub async fn run(options: &BenchOptions) -> Result<BenchReport, String> {
+/// Runs `enqueue`, `fill` or `drain` against the plain queue at
+/// `options.address` (a URL), each connection on its own or, if `merged`,
+/// through mergers.
+pub async fn run(options: &BenchOptions, merged: bool) -> Result<BenchReport, String> {
+    if merged {
+        return run_merged(options).await;
+    }
     let setup = connect(&options.address).await?;
     setup.batch_execute(SCHEMA).await.map_err(|error| error.to_string())?;
     if options.workload == Workload::Drain {
@@ -130,5 +157,196 @@ async fn drain(client: &Client) -> LoopResult {
         client.execute(&ack, &[&id]).await.map_err(|error| error.to_string())?;
         latencies.push(micros(sent.elapsed()));
         jobs += 1;
+    }
+}
+
+/// One merger's requests: what each asks, and where its answer goes.
+type Asked<R, A> = (R, oneshot::Sender<Result<A, String>>);
+
+/// Gathers requests of one kind into one statement, with no delay added:
+/// while [`MERGED_IN_FLIGHT`] statements run, new requests queue up.
+struct Merger<R, A> {
+    sender: mpsc::UnboundedSender<Asked<R, A>>,
+}
+
+impl<R: Send + 'static, A: Send + 'static> Merger<R, A> {
+    async fn start<F, Fut>(url: &str, run: F) -> Result<Merger<R, A>, String>
+    where
+        F: Fn(Arc<Client>, Vec<R>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<A>, String>> + Send + 'static,
+    {
+        let (free, mut idle) = mpsc::unbounded_channel();
+        for _ in 0..MERGED_IN_FLIGHT {
+            let _ = free.send(Arc::new(connect(url).await?));
+        }
+        let (sender, mut receiver) = mpsc::unbounded_channel::<Asked<R, A>>();
+        let run = Arc::new(run);
+        tokio::spawn(async move {
+            while let Some(first) = receiver.recv().await {
+                let Some(client) = idle.recv().await else { return };
+                let mut batch = vec![first];
+                while batch.len() < MERGED_MAX {
+                    match receiver.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                let (run, free) = (run.clone(), free.clone());
+                tokio::spawn(async move {
+                    let (requests, answers): (Vec<R>, Vec<_>) = batch.into_iter().unzip();
+                    match run(client.clone(), requests).await {
+                        Ok(outcomes) => {
+                            for (answer, outcome) in answers.into_iter().zip(outcomes) {
+                                let _ = answer.send(Ok(outcome));
+                            }
+                        }
+                        Err(error) => {
+                            for answer in answers {
+                                let _ = answer.send(Err(error.clone()));
+                            }
+                        }
+                    }
+                    let _ = free.send(client);
+                });
+            }
+        });
+        Ok(Merger { sender })
+    }
+
+    async fn submit(&self, request: R) -> Result<A, String> {
+        let (answer, outcome) = oneshot::channel();
+        self.sender.send((request, answer)).map_err(|_| "the merger stopped".to_string())?;
+        outcome.await.map_err(|_| "the merger stopped".to_string())?
+    }
+}
+
+/// The mergers of one run.
+struct Mergers {
+    enqueue: Merger<Vec<String>, ()>,
+    claim: Merger<(), Option<i64>>,
+    ack: Merger<i64, ()>,
+}
+
+async fn mergers(url: &str) -> Result<Mergers, String> {
+    let enqueue = Merger::start(url, |client: Arc<Client>, batches: Vec<Vec<String>>| async move {
+        let count = batches.len();
+        let all: Vec<String> = batches.into_iter().flatten().collect();
+        client.execute(INSERT_MANY, &[&all]).await.map_err(|error| error.to_string())?;
+        Ok(vec![(); count])
+    })
+    .await?;
+    let claim = Merger::start(url, |client: Arc<Client>, asked: Vec<()>| async move {
+        let rows = client.query(CLAIM_MANY, &[&(asked.len() as i64)]).await.map_err(|error| error.to_string())?;
+        let mut ids: Vec<Option<i64>> = rows.iter().map(|row| Some(row.get(0))).collect();
+        ids.resize(asked.len(), None);
+        Ok(ids)
+    })
+    .await?;
+    let ack = Merger::start(url, |client: Arc<Client>, ids: Vec<i64>| async move {
+        let count = ids.len();
+        client.execute(ACK_MANY, &[&ids]).await.map_err(|error| error.to_string())?;
+        Ok(vec![(); count])
+    })
+    .await?;
+    Ok(Mergers { enqueue, claim, ack })
+}
+
+async fn run_merged(options: &BenchOptions) -> Result<BenchReport, String> {
+    let setup = connect(&options.address).await?;
+    setup.batch_execute(SCHEMA).await.map_err(|error| error.to_string())?;
+    if options.workload == Workload::Drain {
+        load(&setup, options.jobs).await?;
+    }
+    let mergers = Arc::new(mergers(&options.address).await?);
+    let mut copy_clients = Vec::new();
+    if options.workload == Workload::Fill {
+        for _ in 0..options.connections {
+            copy_clients.push(Some(connect(&options.address).await?));
+        }
+    }
+    let counter = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for task in 0..options.connections {
+        let (counter, jobs, workload, mergers) = (counter.clone(), options.jobs, options.workload, mergers.clone());
+        let copy_client = copy_clients.get_mut(task).and_then(Option::take);
+        tasks.push(tokio::spawn(async move {
+            match (workload, copy_client) {
+                (Workload::Fill, Some(client)) => copy_fill(&client, &counter, jobs).await,
+                (Workload::Enqueue, _) => merged_enqueue(&mergers, &counter, jobs).await,
+                _ => merged_drain(&mergers).await,
+            }
+        }));
+    }
+    let none = std::sync::Mutex::new(Vec::new());
+    gather_report(options.workload, options.connections, tasks, started, &none).await
+}
+
+async fn merged_enqueue(mergers: &Mergers, counter: &AtomicU64, jobs: u64) -> LoopResult {
+    let (mut latencies, mut inserted) = (Vec::new(), 0);
+    loop {
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        if n >= jobs {
+            return Ok((inserted, latencies));
+        }
+        let sent = Instant::now();
+        mergers.enqueue.submit(vec![args(n)]).await?;
+        latencies.push(micros(sent.elapsed()));
+        inserted += 1;
+    }
+}
+
+async fn merged_drain(mergers: &Mergers) -> LoopResult {
+    let (mut latencies, mut jobs) = (Vec::new(), 0);
+    loop {
+        let sent = Instant::now();
+        let claimed = mergers.claim.submit(()).await?;
+        latencies.push(micros(sent.elapsed()));
+        let Some(id) = claimed else { return Ok((jobs, latencies)) };
+        let sent = Instant::now();
+        mergers.ack.submit(id).await?;
+        latencies.push(micros(sent.elapsed()));
+        jobs += 1;
+    }
+}
+
+/// A `jsonb` value from JSON text, as `COPY`'s binary format writes it.
+#[derive(Debug)]
+struct JsonbText(String);
+
+impl ToSql for JsonbText {
+    fn to_sql(&self, _: &Type, out: &mut bytes::BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        // The binary form of jsonb: a version byte, then the text.
+        out.extend_from_slice(&[1]);
+        out.extend_from_slice(self.0.as_bytes());
+        Ok(IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB
+    }
+
+    to_sql_checked!();
+}
+
+/// Writes jobs 100 to a binary `COPY` until `jobs` are in.
+async fn copy_fill(client: &Client, counter: &AtomicU64, jobs: u64) -> LoopResult {
+    let (mut latencies, mut inserted) = (Vec::new(), 0);
+    loop {
+        let first = counter.fetch_add(100, Ordering::Relaxed);
+        if first >= jobs {
+            return Ok((inserted, latencies));
+        }
+        let last = jobs.min(first + 100);
+        let sent = Instant::now();
+        let sink = client.copy_in(COPY_IN).await.map_err(|error| error.to_string())?;
+        let writer = BinaryCopyInWriter::new(sink, &[Type::TEXT, Type::JSONB]);
+        let mut writer = std::pin::pin!(writer);
+        for n in first..last {
+            writer.as_mut().write(&[&"bench", &JsonbText(args(n))]).await.map_err(|error| error.to_string())?;
+        }
+        writer.finish().await.map_err(|error| error.to_string())?;
+        latencies.push(micros(sent.elapsed()));
+        inserted += last - first;
     }
 }

@@ -91,7 +91,7 @@ pub(super) fn decode(id: &str, body: &[u8]) -> Result<Job, EngineError> {
 }
 
 /// When a job in the hot table becomes (or became) claimable: the order of
-/// `svc_jobs_available` within a priority, and the due time of the timers.
+/// `svc_jobs_claim_order` within a priority, and the due time of the timers.
 fn ready_at(job: &Job) -> Millis {
     match job.state {
         JobState::Scheduled => job.scheduled_at().unwrap_or(job.created_at),

@@ -152,11 +152,14 @@ impl PgJobs {
     pub async fn match_events(&self, now: Millis, log: &mut DeliveryLog) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         // A read first: with no event settled past the point matched, nothing
-        // is written (an idle database stays idle).
+        // is written (an idle database stays idle). The first such event in
+        // index order, not `EXISTS`: for `EXISTS` the planner may scan the
+        // whole table (docs/perf-log.md, "PostgreSQL: plans that hold").
         let probe = client
             .row(
-                "SELECT c.xid::text, pg_snapshot_xmax(pg_current_snapshot())::text, EXISTS (SELECT 1 FROM svc_events e \
-                   WHERE (e.xid, e.id) > (c.xid, c.id) AND e.xid < pg_snapshot_xmin(pg_current_snapshot())) \
+                "SELECT c.xid::text, pg_snapshot_xmax(pg_current_snapshot())::text, (SELECT e.xid FROM svc_events e \
+                   WHERE (e.xid, e.id) > (c.xid, c.id) AND e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
+                   ORDER BY e.xid, e.id LIMIT 1) IS NOT NULL \
                  FROM svc_webhook_cursor c",
                 &[],
             )
