@@ -1,5 +1,6 @@
 //! The embedding API: the engine without HTTP, called from synchronous code.
 
+use crate::job::{SubscriptionId, WorkflowId};
 use serde::Serialize;
 use std::fmt;
 use std::path::PathBuf;
@@ -282,7 +283,7 @@ impl Svc {
     }
 
     /// Changes a subscription; a new secret starts a rotation.
-    pub fn update_webhook(&self, id: JobId, update: WebhookUpdate) -> Result<Arc<Subscription>, SvcError> {
+    pub fn update_webhook(&self, id: SubscriptionId, update: WebhookUpdate) -> Result<Arc<Subscription>, SvcError> {
         let body = update.into_json().to_string();
         let patch = crate::webhook::subscription::parse_subscription_patch(body.as_bytes(), self.allow_private_targets)
             .map_err(SvcError::Invalid)?;
@@ -290,15 +291,15 @@ impl Svc {
     }
 
     /// Ends a secret rotation: the new secret alone signs from now on.
-    pub fn drop_previous_webhook_secret(&self, id: JobId) -> Result<Arc<Subscription>, SvcError> {
+    pub fn drop_previous_webhook_secret(&self, id: SubscriptionId) -> Result<Arc<Subscription>, SvcError> {
         Ok(self.backend.change_webhook(id, WebhookChange::DropPreviousSecret).wait()?)
     }
 
-    pub fn delete_webhook(&self, id: JobId) -> Result<Arc<Subscription>, SvcError> {
+    pub fn delete_webhook(&self, id: SubscriptionId) -> Result<Arc<Subscription>, SvcError> {
         Ok(self.backend.delete_webhook(id).wait()?)
     }
 
-    pub fn webhook(&self, id: JobId) -> Option<Arc<Subscription>> {
+    pub fn webhook(&self, id: SubscriptionId) -> Option<Arc<Subscription>> {
         local_read(self.backend.webhook(id))
     }
 
@@ -316,13 +317,13 @@ impl Svc {
     }
 
     /// A workflow with its members' states and outcomes.
-    pub fn workflow(&self, id: JobId) -> Option<Arc<Workflow>> {
+    pub fn workflow(&self, id: WorkflowId) -> Option<Arc<Workflow>> {
         local_read(self.backend.workflow(id))
     }
 
     /// Cancels a running workflow and every job of it not yet ended; no
     /// callback fires afterwards.
-    pub fn cancel_workflow(&self, id: JobId) -> Result<Arc<Workflow>, SvcError> {
+    pub fn cancel_workflow(&self, id: WorkflowId) -> Result<Arc<Workflow>, SvcError> {
         self.backend.cancel_workflow(id).wait()?;
         Ok(self.workflow(id).expect("a cancelled workflow is in the view"))
     }
@@ -534,7 +535,7 @@ impl Svc {
 
     /// Up to `limit` workflows after `after`, by id (oldest first), and
     /// whether more follow.
-    pub fn workflows(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
+    pub fn workflows(&self, after: Option<WorkflowId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
         local_read(self.backend.workflows_page(after, limit))
     }
 

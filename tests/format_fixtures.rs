@@ -145,7 +145,7 @@ fn format_v1_data_dir_still_opens() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
 }
 
-fn workflow(engine: &Engine, body: serde_json::Value) -> JobId {
+fn workflow(engine: &Engine, body: serde_json::Value) -> svc::job::WorkflowId {
     let definition = svc::workflow::parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
     engine.handle().create_workflow(definition).wait().unwrap()
 }

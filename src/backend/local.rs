@@ -2,6 +2,7 @@
 //! through its handle, reads come from the read view and are answered at
 //! once.
 
+use crate::job::{SubscriptionId, WorkflowId};
 use std::sync::Arc;
 
 use super::{Backend, EventFilter, Page};
@@ -160,19 +161,19 @@ impl Backend for EngineHandle {
         EngineHandle::cron_delete(self, name)
     }
 
-    fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<JobId> {
+    fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<WorkflowId> {
         EngineHandle::create_workflow(self, definition)
     }
 
-    fn workflow(&self, id: JobId) -> Pending<Option<Arc<Workflow>>> {
+    fn workflow(&self, id: WorkflowId) -> Pending<Option<Arc<Workflow>>> {
         Pending::ready(Ok(EngineHandle::workflow(self, id)))
     }
 
-    fn cancel_workflow(&self, id: JobId) -> Pending<()> {
+    fn cancel_workflow(&self, id: WorkflowId) -> Pending<()> {
         EngineHandle::cancel_workflow(self, id)
     }
 
-    fn workflows_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Workflow>>> {
+    fn workflows_page(&self, after: Option<WorkflowId>, limit: usize) -> Pending<Page<Arc<Workflow>>> {
         Pending::ready(Ok(EngineHandle::workflows_page(self, after, limit)))
     }
 
@@ -196,19 +197,19 @@ impl Backend for EngineHandle {
         EngineHandle::create_webhook(self, subscription)
     }
 
-    fn change_webhook(&self, id: JobId, change: WebhookChange) -> Pending<Arc<Subscription>> {
+    fn change_webhook(&self, id: SubscriptionId, change: WebhookChange) -> Pending<Arc<Subscription>> {
         EngineHandle::change_webhook(self, id, change)
     }
 
-    fn delete_webhook(&self, id: JobId) -> Pending<Arc<Subscription>> {
+    fn delete_webhook(&self, id: SubscriptionId) -> Pending<Arc<Subscription>> {
         EngineHandle::delete_webhook(self, id)
     }
 
-    fn webhook(&self, id: JobId) -> Pending<Option<Arc<Subscription>>> {
+    fn webhook(&self, id: SubscriptionId) -> Pending<Option<Arc<Subscription>>> {
         Pending::ready(Ok(EngineHandle::webhook(self, id)))
     }
 
-    fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Subscription>>> {
+    fn webhooks_page(&self, after: Option<SubscriptionId>, limit: usize) -> Pending<Page<Arc<Subscription>>> {
         Pending::ready(Ok(EngineHandle::webhooks_page(self, after, limit)))
     }
 

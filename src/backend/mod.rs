@@ -16,6 +16,7 @@ mod local;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 
+use crate::job::{SubscriptionId, WorkflowId};
 use std::sync::Arc;
 
 use crate::cron::CronDefinition;
@@ -133,11 +134,11 @@ pub trait Backend: Send + Sync + 'static {
     // Workflows.
 
     /// Creates a workflow; answers its id.
-    fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<JobId>;
-    fn workflow(&self, id: JobId) -> Pending<Option<Arc<Workflow>>>;
-    fn cancel_workflow(&self, id: JobId) -> Pending<()>;
+    fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<WorkflowId>;
+    fn workflow(&self, id: WorkflowId) -> Pending<Option<Arc<Workflow>>>;
+    fn cancel_workflow(&self, id: WorkflowId) -> Pending<()>;
     /// Workflows by id (oldest first), running and ended ones still held.
-    fn workflows_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Workflow>>>;
+    fn workflows_page(&self, after: Option<WorkflowId>, limit: usize) -> Pending<Page<Arc<Workflow>>>;
 
     // Schemas.
 
@@ -150,10 +151,10 @@ pub trait Backend: Send + Sync + 'static {
 
     fn create_webhook(&self, subscription: NewSubscription) -> Pending<Arc<Subscription>>;
     /// Changes a subscription's fields or its secrets.
-    fn change_webhook(&self, id: JobId, change: WebhookChange) -> Pending<Arc<Subscription>>;
-    fn delete_webhook(&self, id: JobId) -> Pending<Arc<Subscription>>;
-    fn webhook(&self, id: JobId) -> Pending<Option<Arc<Subscription>>>;
-    fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Subscription>>>;
+    fn change_webhook(&self, id: SubscriptionId, change: WebhookChange) -> Pending<Arc<Subscription>>;
+    fn delete_webhook(&self, id: SubscriptionId) -> Pending<Arc<Subscription>>;
+    fn webhook(&self, id: SubscriptionId) -> Pending<Option<Arc<Subscription>>>;
+    fn webhooks_page(&self, after: Option<SubscriptionId>, limit: usize) -> Pending<Page<Arc<Subscription>>>;
 
     // Events and health.
 

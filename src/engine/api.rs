@@ -115,7 +115,7 @@ pub enum EngineError {
     },
     /// No webhook subscription has this id.
     WebhookNotFound {
-        id: JobId,
+        id: crate::job::SubscriptionId,
     },
     /// As many webhook subscriptions exist as the server allows.
     WebhookLimit {
@@ -123,11 +123,11 @@ pub enum EngineError {
     },
     /// A new secret was added while another rotation is still going.
     RotationInProgress {
-        id: JobId,
+        id: crate::job::SubscriptionId,
     },
     /// No rotation is going: there is no previous secret to drop.
     NoRotation {
-        id: JobId,
+        id: crate::job::SubscriptionId,
     },
     /// No schema is registered under this URI.
     SchemaNotFound {
@@ -181,11 +181,11 @@ pub enum EngineError {
     },
     /// No workflow has this id (or it was pruned).
     WorkflowNotFound {
-        id: JobId,
+        id: crate::job::WorkflowId,
     },
     /// The workflow has ended: it cannot be cancelled.
     WorkflowConflict {
-        id: JobId,
+        id: crate::job::WorkflowId,
         current_state: super::workflows::table::WorkflowState,
     },
     /// The engine cannot take the request now; `reason` says why.

@@ -21,7 +21,6 @@ use super::requests::Responder;
 use super::table::Changes;
 use super::view::{QueueSummary, ReadView};
 use super::workers::entry::WorkerEntry;
-use crate::job::JobId;
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 use crate::storage::{StorageError, WalWriter};
 
@@ -36,10 +35,10 @@ pub(crate) fn storage_failed() -> EngineError {
 pub(crate) struct ViewDelta {
     pub workers: Vec<(String, Option<WorkerEntry>)>,
     pub crons: Changes<String, CronEntry>,
-    pub workflows: Changes<JobId, super::workflows::table::Workflow>,
+    pub workflows: Changes<crate::job::WorkflowId, super::workflows::table::Workflow>,
     pub queues: Vec<(String, Option<QueueSummary>)>,
     pub schemas: Changes<String, crate::schema::SchemaEntry>,
-    pub webhooks: Changes<JobId, crate::webhook::Subscription>,
+    pub webhooks: Changes<crate::job::SubscriptionId, crate::webhook::Subscription>,
     pub events: Vec<Event>,
 }
 

@@ -1,6 +1,7 @@
 //! The engine's only door: commands in, outcomes out, plus reads from the view.
 //! Both the HTTP front end and embedding programs use it.
 
+use crate::job::{SubscriptionId, WorkflowId};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
@@ -299,12 +300,16 @@ impl EngineHandle {
     }
 
     /// Changes a webhook subscription (fields, or its secrets).
-    pub fn change_webhook(&self, id: JobId, change: super::webhooks::WebhookChange) -> Pending<Arc<Subscription>> {
+    pub fn change_webhook(
+        &self,
+        id: SubscriptionId,
+        change: super::webhooks::WebhookChange,
+    ) -> Pending<Arc<Subscription>> {
         self.submit(super::webhooks::ChangeWebhook { id, change })
     }
 
     /// Deletes a webhook subscription.
-    pub fn delete_webhook(&self, id: JobId) -> Pending<Arc<Subscription>> {
+    pub fn delete_webhook(&self, id: SubscriptionId) -> Pending<Arc<Subscription>> {
         self.submit(super::webhooks::DeleteWebhook { id })
     }
 
@@ -315,12 +320,12 @@ impl EngineHandle {
     }
 
     /// A webhook subscription, as of the last commit.
-    pub fn webhook(&self, id: JobId) -> Option<Arc<Subscription>> {
+    pub fn webhook(&self, id: SubscriptionId) -> Option<Arc<Subscription>> {
         self.view.webhook(id)
     }
 
     /// Webhook subscriptions in creation order after `after`, and whether more follow.
-    pub fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<Subscription>>, bool) {
+    pub fn webhooks_page(&self, after: Option<SubscriptionId>, limit: usize) -> (Vec<Arc<Subscription>>, bool) {
         self.view.webhooks_page(after, limit)
     }
 
@@ -339,7 +344,7 @@ impl EngineHandle {
     }
 
     /// Creates a workflow; answers its id.
-    pub fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<JobId> {
+    pub fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<WorkflowId> {
         let members = definition.jobs.iter().enumerate().map(|(i, job)| (Some(i), job));
         let callbacks = definition.callbacks.iter().map(|(_, job)| (None, job));
         if let Err(error) = self.check_schemas(members.chain(callbacks)) {
@@ -349,17 +354,17 @@ impl EngineHandle {
     }
 
     /// Cancels a running workflow.
-    pub fn cancel_workflow(&self, id: JobId) -> Pending<()> {
+    pub fn cancel_workflow(&self, id: WorkflowId) -> Pending<()> {
         self.submit(super::workflows::CancelWorkflow { id })
     }
 
     /// A workflow as of the last commit.
-    pub fn workflow(&self, id: JobId) -> Option<Arc<Workflow>> {
+    pub fn workflow(&self, id: WorkflowId) -> Option<Arc<Workflow>> {
         self.view.workflow(id)
     }
 
     /// Up to `limit` workflows after `after`, by id, and whether more follow.
-    pub fn workflows_page(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
+    pub fn workflows_page(&self, after: Option<WorkflowId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
         self.view.workflows_page(after, limit)
     }
 

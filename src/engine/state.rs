@@ -4,6 +4,7 @@
 //! job in its queue's ready order, every job with a pending deadline in the
 //! timer set under that deadline. [`State::check_invariants`] verifies this.
 
+use crate::job::{SubscriptionId, WorkflowId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -151,9 +152,9 @@ pub struct State {
     /// Claims under a limit since old claims were last forgotten.
     claims_since_forget: u32,
     /// Workflows by id, shared with the read view.
-    pub(crate) workflows: Table<JobId, Workflow>,
+    pub(crate) workflows: Table<WorkflowId, Workflow>,
     /// Ended workflows by when they ended, for retention and the caps.
-    pub(crate) terminal_workflows: std::collections::BTreeSet<(Millis, JobId)>,
+    pub(crate) terminal_workflows: std::collections::BTreeSet<(Millis, WorkflowId)>,
     /// The sum of [`Workflow::held_bytes`] over ended workflows (which do
     /// not change size once ended).
     pub(crate) terminal_workflow_bytes: u64,
@@ -162,7 +163,7 @@ pub struct State {
     /// Registered schemas by URI, shared with the read view.
     pub(crate) schemas: Table<String, crate::schema::SchemaEntry>,
     /// Webhook subscriptions by id, shared with the read view.
-    pub(crate) webhooks: Table<JobId, crate::webhook::Subscription>,
+    pub(crate) webhooks: Table<SubscriptionId, crate::webhook::Subscription>,
     /// Webhook deliveries on their way.
     pub(crate) outbox: super::webhooks::outbox::Outbox,
 }

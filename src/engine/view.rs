@@ -2,6 +2,7 @@
 //! changes, after each durable commit. Readers take a shard's read lock for
 //! one lookup, so reads never wait behind a commit's I/O.
 
+use crate::job::{SubscriptionId, WorkflowId};
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -97,11 +98,11 @@ pub struct ReadView {
     /// Cron entries by name.
     pub(super) crons: Published<String, CronEntry>,
     /// Workflows by id.
-    pub(super) workflows: Published<JobId, Workflow>,
+    pub(super) workflows: Published<WorkflowId, Workflow>,
     /// Registered schemas by URI.
     pub(super) schemas: Published<String, SchemaEntry>,
     /// Webhook subscriptions by id (creation order).
-    pub(super) webhooks: Published<JobId, crate::webhook::Subscription>,
+    pub(super) webhooks: Published<SubscriptionId, crate::webhook::Subscription>,
     /// Why the engine accepts no more writes: 0 while it does, else an
     /// [`EngineFailure`] as `1 + its index`.
     failure: AtomicU8,
@@ -299,20 +300,24 @@ impl ReadView {
     }
 
     /// Up to `limit` subscriptions after `after` (creation order), and whether more follow.
-    pub fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<crate::webhook::Subscription>>, bool) {
+    pub fn webhooks_page(
+        &self,
+        after: Option<SubscriptionId>,
+        limit: usize,
+    ) -> (Vec<Arc<crate::webhook::Subscription>>, bool) {
         self.webhooks.page(after.as_ref(), limit, |_| true)
     }
 
-    pub fn webhook(&self, id: JobId) -> Option<Arc<crate::webhook::Subscription>> {
+    pub fn webhook(&self, id: SubscriptionId) -> Option<Arc<crate::webhook::Subscription>> {
         self.webhooks.get(&id)
     }
 
-    pub fn workflow(&self, id: JobId) -> Option<Arc<Workflow>> {
+    pub fn workflow(&self, id: WorkflowId) -> Option<Arc<Workflow>> {
         self.workflows.get(&id)
     }
 
     /// Up to `limit` workflows after `after`, by id (oldest first), and whether more follow.
-    pub fn workflows_page(&self, after: Option<JobId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
+    pub fn workflows_page(&self, after: Option<WorkflowId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
         self.workflows.page(after.as_ref(), limit, |_| true)
     }
 

@@ -30,7 +30,7 @@ use super::workers::entry::Contacts;
 use super::workers::registry;
 use crate::clock::{Clock, Millis};
 use crate::job::IdGenerator;
-use crate::job::JobId;
+use crate::job::{DeliveryId, SubscriptionId};
 use crate::limits::{ENGINE_BATCH_BYTES_MAX, ENGINE_BATCH_COMMANDS_MAX};
 use crate::storage::{FileSystem, StorageError, read_newest_into_page_cache};
 
@@ -129,7 +129,14 @@ impl QueuedChunk {
     /// Adds a delivery of the event whose body is `body` (its events are
     /// added in turn, so one already added is the last); whether the record
     /// is full now.
-    fn add(&mut self, id: JobId, subscription: JobId, event_type: &str, body: &Arc<str>, at: Millis) -> bool {
+    fn add(
+        &mut self,
+        id: DeliveryId,
+        subscription: SubscriptionId,
+        event_type: &str,
+        body: &Arc<str>,
+        at: Millis,
+    ) -> bool {
         let same_event = self.events.last().is_some_and(|last| Arc::ptr_eq(&last.body, body));
         if !same_event {
             self.events
@@ -569,7 +576,7 @@ impl Writer {
                     self.delivery_log.dropped(subscription.id);
                     continue;
                 }
-                let id = self.event_ids.next(event.time, self.entropy.next_u128());
+                let id = DeliveryId(self.event_ids.next(event.time, self.entropy.next_u128()));
                 let at = event.time;
                 due = Some(due.map_or(at, |due| due.min(at)));
                 if chunk.add(id, subscription.id, type_name, body, at) {

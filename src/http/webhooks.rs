@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::paging::{decode_cursor, encode_cursor, page_limit, percent_decode, query_pairs, query_value};
 use super::{AppState, Reply};
 use crate::engine::WebhookChange;
-use crate::job::JobId;
+use crate::job::SubscriptionId;
 use crate::job::time::format_timestamp;
 use crate::webhook::Subscription;
 use crate::webhook::subscription::{parse_secret_body, parse_subscription, parse_subscription_patch};
@@ -104,13 +104,15 @@ impl WebhookRoute {
 }
 
 /// `sub_<uuidv7>`.
-pub fn subscription_id(id: JobId) -> String {
+pub fn subscription_id(id: SubscriptionId) -> String {
     format!("sub_{id}")
 }
 
 /// A path id that is not `sub_<uuidv7>` names no subscription: 404.
-fn parse_id(text: &str) -> Result<JobId, ApiError> {
-    text.strip_prefix("sub_").and_then(JobId::parse_any_case).ok_or_else(|| ApiError::not_found("webhook", text))
+fn parse_id(text: &str) -> Result<SubscriptionId, ApiError> {
+    text.strip_prefix("sub_")
+        .and_then(SubscriptionId::parse_any_case)
+        .ok_or_else(|| ApiError::not_found("webhook", text))
 }
 
 /// The subscription object, as it stands now: never a secret.
@@ -168,7 +170,7 @@ async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError> {
             None => None,
             Some(cursor) => {
                 let text = decode_cursor(cursor)?;
-                Some(JobId::parse_any_case(&text).ok_or_else(|| {
+                Some(SubscriptionId::parse_any_case(&text).ok_or_else(|| {
                     ApiError::invalid_request(Some("cursor"), "cursor is not one this server gave out")
                 })?)
             }

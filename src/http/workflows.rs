@@ -2,6 +2,7 @@
 //! workflow object; and the fields a workflow's job shows (`workflow_id`,
 //! `parent_results`, `parent_states`).
 
+use crate::job::WorkflowId;
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -69,8 +70,8 @@ impl WorkflowRoute {
     }
 }
 
-fn workflow_id(text: &str) -> Result<JobId, ApiError> {
-    JobId::parse_any_case(text).ok_or_else(|| ApiError::not_found("workflow", text))
+fn workflow_id(text: &str) -> Result<WorkflowId, ApiError> {
+    WorkflowId::parse_any_case(text).ok_or_else(|| ApiError::not_found("workflow", text))
 }
 
 /// `POST /workflows`: 201 `{workflow}` with its `Location`.
@@ -97,7 +98,7 @@ async fn cancel(app: &AppState, id: &str) -> Result<Reply, ApiError> {
 }
 
 /// The workflow object of `id`, with the states of the jobs it shows.
-async fn read(app: &AppState, id: JobId) -> Result<Value, ApiError> {
+async fn read(app: &AppState, id: WorkflowId) -> Result<Value, ApiError> {
     let workflow =
         app.backend.workflow(id).outcome().await?.ok_or_else(|| ApiError::not_found("workflow", id.to_string()))?;
     // The states of members and fired callbacks the workflow has no end for.
@@ -192,7 +193,7 @@ pub(super) async fn job_fields(
     Ok(fields)
 }
 
-fn workflow_fields(id: JobId, role: WorkflowRole, workflow: Option<&Workflow>) -> Vec<(&'static str, Value)> {
+fn workflow_fields(id: WorkflowId, role: WorkflowRole, workflow: Option<&Workflow>) -> Vec<(&'static str, Value)> {
     let mut fields = vec![("workflow_id", Value::from(id.to_string()))];
     let Some(workflow) = workflow else { return fields };
     let ParentResults { results, states } = workflow.parent_results(role);

@@ -100,6 +100,66 @@ impl fmt::Debug for JobId {
     }
 }
 
+/// Declares an id of something other than a job: a UUIDv7 like a job's, a
+/// type of its own so that one kind of id is never passed for another. It
+/// is written (and stored) exactly as the [`JobId`] it wraps.
+macro_rules! typed_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub JobId);
+
+        impl $name {
+            /// Parses the lowercase hyphenated UUIDv7 form, as [`JobId::parse`].
+            pub fn parse(text: &str) -> Option<$name> {
+                JobId::parse(text).map($name)
+            }
+
+            /// Like `parse`, but upper-case hex digits are read too.
+            pub fn parse_any_case(text: &str) -> Option<$name> {
+                JobId::parse_any_case(text).map($name)
+            }
+
+            /// The Unix millisecond the id carries.
+            pub fn timestamp_ms(self) -> i64 {
+                self.0.timestamp_ms()
+            }
+        }
+
+        impl From<JobId> for $name {
+            fn from(id: JobId) -> $name {
+                $name(id)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+    };
+}
+
+typed_id!(
+    /// A workflow's id (shown as the bare UUID).
+    WorkflowId
+);
+typed_id!(
+    /// A webhook subscription's id (shown as `sub_<uuid>`).
+    SubscriptionId
+);
+typed_id!(
+    /// A webhook delivery's id (shown as `del_<uuid>`), the same on every attempt.
+    DeliveryId
+);
+
 /// Makes UUIDv7 values that strictly increase, even within one millisecond or
 /// when the clock steps back: within one millisecond the 74-bit counter counts
 /// up, and when it runs out the id moves on to the next millisecond.

@@ -27,7 +27,7 @@ pub use enqueue::{
 };
 pub use error::{ValidationError, ValidationKind};
 pub use failure::{ErrorEntry, Failure, FailureReport, parse_failure_report};
-pub use id::{IdGenerator, IdHashState, JobId, JobIdMap, JobIdSet};
+pub use id::{DeliveryId, IdGenerator, IdHashState, JobId, JobIdMap, JobIdSet, SubscriptionId, WorkflowId};
 pub use payload::JobPayload;
 pub use progress::JobProgress;
 pub use queue_name::QueueName;
@@ -125,7 +125,7 @@ pub enum JobExtra {
     /// When the job last left `pending`.
     ActivatedAt(Millis),
     /// The workflow the job belongs to, and its part in it.
-    Workflow { id: JobId, role: WorkflowRole },
+    Workflow { id: WorkflowId, role: WorkflowRole },
     /// The registered schema its `args` were checked against (its URI).
     Schema(Arc<str>),
     /// Progress reported in the current attempt (docs/api.md, "Progress").
@@ -414,7 +414,7 @@ impl Job {
     }
 
     /// The workflow the job belongs to, and its part in it.
-    pub fn workflow(&self) -> Option<(JobId, WorkflowRole)> {
+    pub fn workflow(&self) -> Option<(WorkflowId, WorkflowRole)> {
         self.extras.iter().find_map(|extra| match extra {
             JobExtra::Workflow { id, role } => Some((*id, *role)),
             _ => None,

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::clock::Millis;
 use crate::job::json::{self, RawObject};
-use crate::job::{JobId, ValidationError, is_valid_queue};
+use crate::job::{SubscriptionId, ValidationError, is_valid_queue};
 
 use super::guard::{AddressClass, classify};
 
@@ -31,7 +31,7 @@ const PATTERN_CHARS_MAX: usize = 255;
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct Subscription {
     /// Rendered `sub_<uuidv7>`.
-    pub id: JobId,
+    pub id: SubscriptionId,
     pub url: String,
     pub events: Vec<String>,
     /// The secret `X-SVC-Signature` is made with.
@@ -147,7 +147,7 @@ pub struct NewSubscription {
 
 impl NewSubscription {
     /// The subscription this body creates, as either backend stores it.
-    pub fn stored(self, id: JobId, now: Millis) -> Subscription {
+    pub fn stored(self, id: SubscriptionId, now: Millis) -> Subscription {
         Subscription {
             id,
             url: self.url,
@@ -479,6 +479,7 @@ fn parse_bool(field: &str, raw: &str) -> Result<bool, ValidationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::JobId;
     use serde_json::json;
 
     fn create(body: Value) -> Result<NewSubscription, ValidationError> {
@@ -539,7 +540,7 @@ mod tests {
     #[test]
     fn patterns_and_filters_decide_which_events_are_taken() {
         let mut subscription = Subscription {
-            id: JobId(1),
+            id: SubscriptionId(JobId(1)),
             url: "https://h.example".into(),
             events: vec!["job.*".into(), "cron.triggered".into()],
             secret: "0123456789abcdef".into(),
@@ -565,7 +566,7 @@ mod tests {
     #[test]
     fn a_rotation_ends_by_itself_when_its_grace_runs_out() {
         let subscription = Subscription {
-            id: JobId(1),
+            id: SubscriptionId(JobId(1)),
             url: "https://h.example".into(),
             events: vec!["*".into()],
             secret: "old-secret-0123456".into(),

@@ -144,9 +144,9 @@ struct ModelWorkflow {
 struct Model {
     now: i64,
     jobs: BTreeMap<JobId, ModelJob>,
-    workflows: BTreeMap<JobId, ModelWorkflow>,
+    workflows: BTreeMap<svc::job::WorkflowId, ModelWorkflow>,
     /// Every workflow ever made, for picking.
-    workflow_ids: Vec<JobId>,
+    workflow_ids: Vec<svc::job::WorkflowId>,
     /// Which of `QUEUES` are paused.
     paused: [bool; 2],
     /// Every id ever made, deleted ones included, for picking targets.
@@ -222,7 +222,7 @@ impl Model {
         let failed = |state: JobState| matches!(state, JobState::Discarded | JobState::Cancelled);
         loop {
             let mut changed = false;
-            let ids: Vec<JobId> = self.workflows.keys().copied().collect();
+            let ids: Vec<svc::job::WorkflowId> = self.workflows.keys().copied().collect();
             for id in ids {
                 let mut flow = self.workflows[&id].clone();
                 for (index, member) in flow.members.iter().enumerate() {

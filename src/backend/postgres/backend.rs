@@ -3,6 +3,7 @@
 //! [`Pending`]; the node's housekeeping (the leader's timers, matching
 //! events to webhook subscriptions, sending deliveries) runs beside them.
 
+use crate::job::{SubscriptionId, WorkflowId};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -446,22 +447,22 @@ impl Backend for PgBackend {
         self.run(async move { store.cron_delete(&name).await })
     }
 
-    fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<JobId> {
+    fn create_workflow(&self, definition: WorkflowDefinition) -> Pending<WorkflowId> {
         let (store, now) = (self.jobs.clone(), self.now());
         self.run(async move { store.create_workflow(now, definition).await })
     }
 
-    fn workflow(&self, id: JobId) -> Pending<Option<Arc<Workflow>>> {
+    fn workflow(&self, id: WorkflowId) -> Pending<Option<Arc<Workflow>>> {
         let store = self.jobs.clone();
         self.run(async move { store.workflow(id).await })
     }
 
-    fn cancel_workflow(&self, id: JobId) -> Pending<()> {
+    fn cancel_workflow(&self, id: WorkflowId) -> Pending<()> {
         let (store, now) = (self.jobs.clone(), self.now());
         self.run(async move { store.cancel_workflow(now, id).await })
     }
 
-    fn workflows_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Workflow>>> {
+    fn workflows_page(&self, after: Option<WorkflowId>, limit: usize) -> Pending<Page<Arc<Workflow>>> {
         let store = self.jobs.clone();
         self.run(async move { store.workflows_page(after, limit).await })
     }
@@ -491,22 +492,22 @@ impl Backend for PgBackend {
         self.run(async move { store.create_webhook(now, subscription).await })
     }
 
-    fn change_webhook(&self, id: JobId, change: WebhookChange) -> Pending<Arc<Subscription>> {
+    fn change_webhook(&self, id: SubscriptionId, change: WebhookChange) -> Pending<Arc<Subscription>> {
         let (store, now) = (self.jobs.clone(), self.now());
         self.run(async move { store.change_webhook(now, id, change).await })
     }
 
-    fn delete_webhook(&self, id: JobId) -> Pending<Arc<Subscription>> {
+    fn delete_webhook(&self, id: SubscriptionId) -> Pending<Arc<Subscription>> {
         let store = self.jobs.clone();
         self.run(async move { store.delete_webhook(id).await })
     }
 
-    fn webhook(&self, id: JobId) -> Pending<Option<Arc<Subscription>>> {
+    fn webhook(&self, id: SubscriptionId) -> Pending<Option<Arc<Subscription>>> {
         let store = self.jobs.clone();
         self.run(async move { store.webhook(id).await })
     }
 
-    fn webhooks_page(&self, after: Option<JobId>, limit: usize) -> Pending<Page<Arc<Subscription>>> {
+    fn webhooks_page(&self, after: Option<SubscriptionId>, limit: usize) -> Pending<Page<Arc<Subscription>>> {
         let store = self.jobs.clone();
         self.run(async move { store.webhooks_page(after, limit).await })
     }

@@ -24,7 +24,7 @@ use crate::clock::{Clock, Millis};
 use crate::engine::outbox::{ATTEMPT_LEASE_MARGIN_MS, DeliveryLog, InFlight, next_attempt_at};
 use crate::engine::pool::send_attempt;
 use crate::engine::{AttemptResult, EngineError};
-use crate::job::JobId;
+use crate::job::{DeliveryId, SubscriptionId};
 use crate::webhook::Subscription;
 use crate::webhook::client::{Attempt, DeliveryClient};
 
@@ -41,8 +41,8 @@ const OUTCOMES_TRIES: usize = 150;
 
 /// How one attempt ended.
 struct Ended {
-    id: JobId,
-    subscription: JobId,
+    id: DeliveryId,
+    subscription: SubscriptionId,
     /// Attempts counted, this one included.
     attempts: u32,
     result: AttemptResult,
@@ -99,7 +99,7 @@ impl Sender {
     }
 
     /// Frees the in-flight slots of attempts that will not be sent.
-    fn release(&self, subscriptions: impl Iterator<Item = JobId>) {
+    fn release(&self, subscriptions: impl Iterator<Item = SubscriptionId>) {
         let mut shared = self.shared();
         for subscription in subscriptions {
             shared.in_flight.ended(subscription);
@@ -133,7 +133,8 @@ impl Sender {
         {
             let mut shared = self.shared();
             for row in &candidates {
-                let (Some(id), Some(subscription)) = (JobId::parse(row.get(0)), JobId::parse(row.get(1))) else {
+                let (Some(id), Some(subscription)) = (DeliveryId::parse(row.get(0)), SubscriptionId::parse(row.get(1)))
+                else {
                     continue;
                 };
                 if shared.in_flight.has_room(subscription, &limits) {
@@ -173,11 +174,12 @@ impl Sender {
         };
         // Those not started were taken meanwhile by another node, or went
         // with their subscription.
-        let begun: HashSet<JobId> = started.iter().filter_map(|row| JobId::parse(row.get(0))).collect();
+        let begun: HashSet<DeliveryId> = started.iter().filter_map(|row| DeliveryId::parse(row.get(0))).collect();
         self.release(chosen.iter().filter(|(id, _)| !begun.contains(id)).map(|(_, subscription)| *subscription));
         drop(client);
         for row in &started {
-            let (Some(id), Some(subscription)) = (JobId::parse(row.get(0)), JobId::parse(row.get(1))) else {
+            let (Some(id), Some(subscription)) = (DeliveryId::parse(row.get(0)), SubscriptionId::parse(row.get(1)))
+            else {
                 continue;
             };
             let (event_type, body, attempts): (String, String, i32) = (row.get(2), row.get(3), row.get(4));
@@ -213,7 +215,7 @@ impl PgJobs {
         &self,
         client: &impl GenericClient,
         ids: &[String],
-    ) -> Result<HashMap<JobId, Arc<Subscription>>, EngineError> {
+    ) -> Result<HashMap<SubscriptionId, Arc<Subscription>>, EngineError> {
         let rows = client
             .rows("SELECT id::text, body FROM svc_webhooks WHERE id = ANY($1::text[]::uuid[])", &[&ids])
             .await
@@ -293,12 +295,12 @@ struct Outcomes {
 }
 
 impl Outcomes {
-    fn done(&mut self, id: JobId, attempts: i32) {
+    fn done(&mut self, id: DeliveryId, attempts: i32) {
         self.done.0.push(id.to_string());
         self.done.1.push(attempts);
     }
 
-    fn retry(&mut self, id: JobId, attempts: i32, next_at: Millis) {
+    fn retry(&mut self, id: DeliveryId, attempts: i32, next_at: Millis) {
         self.retry.0.push(id.to_string());
         self.retry.1.push(attempts);
         self.retry.2.push(next_at);

@@ -48,7 +48,7 @@ enum StoredKind {
     QueueResumed { queue: String },
     WorkerStarted { worker_id: String },
     WorkerSignalled { worker_id: String, terminate: bool, active_job_ids: Vec<JobId> },
-    Workflow { id: JobId, event: StoredWorkflowEvent },
+    Workflow { id: crate::job::WorkflowId, event: StoredWorkflowEvent },
 }
 
 /// A workflow event as stored: the engine's, its names as text.

@@ -12,6 +12,7 @@
 //! event is matched once, whichever node leads; the same pass counts the
 //! events into the leader's metrics, so each is counted once too.
 
+use crate::job::{DeliveryId, SubscriptionId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ use crate::engine::changed_subscription as changed;
 use crate::engine::counting::EventCounter;
 use crate::engine::outbox::{DeliveryLog, Queued, delivery_held_bytes};
 use crate::engine::{EngineError, Event, EventKind, WebhookChange};
-use crate::job::{JobId, QueueName};
+use crate::job::QueueName;
 use crate::webhook::Subscription;
 use crate::webhook::subscription::NewSubscription;
 
@@ -55,7 +56,7 @@ impl PgJobs {
         if count as usize >= max_webhooks {
             return Err(EngineError::WebhookLimit { max_webhooks });
         }
-        let subscription = subscription.stored(self.fresh_id(now), now);
+        let subscription = subscription.stored(SubscriptionId(self.fresh_id(now)), now);
         transaction
             .run(
                 "INSERT INTO svc_webhooks (id, body) VALUES ($1::text::uuid, $2)",
@@ -72,7 +73,7 @@ impl PgJobs {
     pub async fn change_webhook(
         &self,
         now: Millis,
-        id: JobId,
+        id: SubscriptionId,
         change: WebhookChange,
     ) -> Result<Arc<Subscription>, EngineError> {
         let key = id.to_string();
@@ -100,7 +101,7 @@ impl PgJobs {
     }
 
     /// Deletes a subscription and its queued deliveries; answers it as it was.
-    pub async fn delete_webhook(&self, id: JobId) -> Result<Arc<Subscription>, EngineError> {
+    pub async fn delete_webhook(&self, id: SubscriptionId) -> Result<Arc<Subscription>, EngineError> {
         let key = id.to_string();
         let client = self.client().await?;
         // The outbox's rows go with it (`ON DELETE CASCADE`).
@@ -112,7 +113,7 @@ impl PgJobs {
         Ok(Arc::new(decode(&key, row.get(0))?))
     }
 
-    pub async fn webhook(&self, id: JobId) -> Result<Option<Arc<Subscription>>, EngineError> {
+    pub async fn webhook(&self, id: SubscriptionId) -> Result<Option<Arc<Subscription>>, EngineError> {
         let key = id.to_string();
         let client = self.client().await?;
         let row = client
@@ -125,7 +126,7 @@ impl PgJobs {
     /// Subscriptions in id order (their creation order) after `after`.
     pub async fn webhooks_page(
         &self,
-        after: Option<JobId>,
+        after: Option<SubscriptionId>,
         limit: usize,
     ) -> Result<Page<Arc<Subscription>>, EngineError> {
         let after = after.map(|id| id.to_string());
@@ -229,7 +230,7 @@ impl PgJobs {
                     continue;
                 }
                 figures.add(subscription.id, held);
-                outbox.push(self.fresh_id(now), subscription.id, type_name, body, held, event.time);
+                outbox.push(DeliveryId(self.fresh_id(now)), subscription.id, type_name, body, held, event.time);
             }
         }
         outbox.insert(&transaction).await?;
@@ -300,7 +301,7 @@ const MATCHED_ALL: &str = "ffffffff-ffff-ffff-ffff-ffffffffffff";
 /// What the outbox holds: (deliveries, bytes) by subscription and in all.
 #[derive(Default)]
 struct OutboxFigures {
-    by_subscription: HashMap<JobId, (usize, usize)>,
+    by_subscription: HashMap<SubscriptionId, (usize, usize)>,
     all: (usize, usize),
 }
 
@@ -316,7 +317,7 @@ impl OutboxFigures {
             .map_err(database)?;
         let mut figures = OutboxFigures::default();
         for row in rows {
-            let Some(id) = JobId::parse(row.get(0)) else { continue };
+            let Some(id) = SubscriptionId::parse(row.get(0)) else { continue };
             let (count, bytes) = (row.get::<_, i64>(1) as usize, row.get::<_, i64>(2) as usize);
             figures.all = (figures.all.0 + count, figures.all.1 + bytes);
             figures.by_subscription.insert(id, (count, bytes));
@@ -324,12 +325,12 @@ impl OutboxFigures {
         Ok(figures)
     }
 
-    fn queued(&self, subscription: JobId) -> Queued {
+    fn queued(&self, subscription: SubscriptionId) -> Queued {
         let (count, bytes) = self.by_subscription.get(&subscription).copied().unwrap_or_default();
         Queued { subscription: count, subscription_bytes: bytes, all: self.all.0, all_bytes: self.all.1 }
     }
 
-    fn add(&mut self, subscription: JobId, held: usize) {
+    fn add(&mut self, subscription: SubscriptionId, held: usize) {
         let entry = self.by_subscription.entry(subscription).or_default();
         *entry = (entry.0 + 1, entry.1 + held);
         self.all = (self.all.0 + 1, self.all.1 + held);
@@ -354,7 +355,15 @@ struct Outbox {
 }
 
 impl Outbox {
-    fn push(&mut self, id: JobId, subscription: JobId, event_type: &'static str, body: &str, held: usize, at: Millis) {
+    fn push(
+        &mut self,
+        id: DeliveryId,
+        subscription: SubscriptionId,
+        event_type: &'static str,
+        body: &str,
+        held: usize,
+        at: Millis,
+    ) {
         self.ids.push(id.to_string());
         self.subscriptions.push(subscription.to_string());
         self.types.push(event_type);

@@ -13,6 +13,7 @@
 //! ended. Locks are taken jobs first, then workflows (by id), in every
 //! transaction, so two transactions never wait on each other in a circle.
 
+use crate::job::WorkflowId;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
@@ -41,7 +42,7 @@ fn decode(id: &str, body: &[u8]) -> Result<Workflow, EngineError> {
 /// The events of a change, each with its time and the job it is about.
 type Events = Vec<(Millis, EventKind, Option<Job>)>;
 
-fn workflow_event(at: Millis, id: JobId, event: WorkflowEvent) -> (Millis, EventKind, Option<Job>) {
+fn workflow_event(at: Millis, id: WorkflowId, event: WorkflowEvent) -> (Millis, EventKind, Option<Job>) {
     (at, EventKind::Workflow { id, event: Box::new(event) }, None)
 }
 
@@ -55,7 +56,11 @@ impl PgJobs {
     /// Creates a workflow with its jobs, all or nothing, checked as the
     /// local engine checks one: schemas, then each job as an enqueue would
     /// be (the jobs that start at once also against paused queues).
-    pub async fn create_workflow(&self, now: Millis, definition: WorkflowDefinition) -> Result<JobId, EngineError> {
+    pub async fn create_workflow(
+        &self,
+        now: Millis,
+        definition: WorkflowDefinition,
+    ) -> Result<WorkflowId, EngineError> {
         let members = definition.jobs.iter().enumerate().map(|(i, job)| (Some(i), job));
         let callbacks = definition.callbacks.iter().map(|(_, job)| (None, job));
         let named = members
@@ -63,7 +68,7 @@ impl PgJobs {
             .filter_map(|(index, job)| job.schema.as_deref().map(|uri| (index, uri, job.payload.args())));
         self.check_args(named.collect()).await?;
 
-        let id = self.fresh_id(now);
+        let id = WorkflowId(self.fresh_id(now));
         let kind = definition.kind;
         let mut jobs = Vec::with_capacity(definition.jobs.len());
         let mut members = Vec::with_capacity(definition.jobs.len());
@@ -161,7 +166,7 @@ impl PgJobs {
         super::events::append(transaction, &events).await.map_err(database)
     }
 
-    pub async fn workflow(&self, id: JobId) -> Result<Option<Arc<Workflow>>, EngineError> {
+    pub async fn workflow(&self, id: WorkflowId) -> Result<Option<Arc<Workflow>>, EngineError> {
         let key = id.to_string();
         let client = self.client().await?;
         let row = client
@@ -173,7 +178,11 @@ impl PgJobs {
 
     /// Workflows by id (oldest first) after `after`, running and ended ones
     /// still kept.
-    pub async fn workflows_page(&self, after: Option<JobId>, limit: usize) -> Result<Page<Arc<Workflow>>, EngineError> {
+    pub async fn workflows_page(
+        &self,
+        after: Option<WorkflowId>,
+        limit: usize,
+    ) -> Result<Page<Arc<Workflow>>, EngineError> {
         let client = self.client().await?;
         let rows = client
             .rows(
@@ -191,7 +200,7 @@ impl PgJobs {
 
     /// Cancels a running workflow and every job of it not yet ended
     /// (callbacks fired included); callbacks not fired never will.
-    pub async fn cancel_workflow(&self, now: Millis, id: JobId) -> Result<(), EngineError> {
+    pub async fn cancel_workflow(&self, now: Millis, id: WorkflowId) -> Result<(), EngineError> {
         let key = id.to_string();
         let Some(current) = self.workflow(id).await? else { return Err(EngineError::WorkflowNotFound { id }) };
         if current.state.is_terminal() {

@@ -67,7 +67,7 @@ pub enum EventKind {
     WorkerSignalled(Box<SignalledWorker>),
     /// Something happened to a workflow.
     Workflow {
-        id: JobId,
+        id: crate::job::WorkflowId,
         event: Box<WorkflowEvent>,
     },
 }

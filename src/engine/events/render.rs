@@ -2,6 +2,7 @@
 //! event listing and the body of the event's webhook deliveries, built with
 //! `wire`'s writer so the common `job.*` events need no `Value`.
 
+use crate::job::WorkflowId;
 use serde_json::Value;
 
 use super::{CronInfo, CronSkip, Event, EventKind, SignalledWorker, WorkflowEvent};
@@ -87,7 +88,7 @@ fn other_event_data(event: &Event) -> Option<(&'static str, Value)> {
     })
 }
 
-fn workflow_event_data(id: JobId, event: &WorkflowEvent) -> Value {
+fn workflow_event_data(id: WorkflowId, event: &WorkflowEvent) -> Value {
     let mut data = serde_json::json!({"workflow_id": id.to_string()});
     let fields: Vec<(&str, Value)> = match event {
         WorkflowEvent::Started { name, workflow_type, jobs_total } => {
@@ -136,7 +137,7 @@ fn cron_data(cron: &CronInfo) -> Value {
 fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
     data.id("job_id", job.id).string("job_type", job.payload.job_type()).string("queue", &job.queue);
     if let Some((workflow_id, _)) = job.workflow() {
-        data.id("workflow_id", workflow_id);
+        data.id("workflow_id", workflow_id.0);
     }
     let meta = job.payload.meta();
     // Most jobs carry no trace id: their meta is not parsed (unless a key

@@ -193,7 +193,8 @@ impl State {
     pub(crate) fn fresh_id(&mut self, now: Millis, entropy: &mut dyn Entropy, taken: &crate::job::JobIdSet) -> JobId {
         loop {
             let id = self.ids.next(now, entropy.next_u128());
-            let stored = id <= self.highest_stored_id && (self.job(id).is_some() || self.workflows.contains_key(&id));
+            let stored = id <= self.highest_stored_id
+                && (self.job(id).is_some() || self.workflows.contains_key(&crate::job::WorkflowId(id)));
             if !stored && !taken.contains(&id) {
                 return id;
             }

@@ -1,6 +1,7 @@
 //! What the engine reads of the state, and what changed since the read
 //! view was last updated (`take_dirty_*`, which a commit copies out).
 
+use crate::job::WorkflowId;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
@@ -128,7 +129,7 @@ impl State {
         &self.crons
     }
 
-    pub fn workflow(&self, id: JobId) -> Option<&Arc<Workflow>> {
+    pub fn workflow(&self, id: WorkflowId) -> Option<&Arc<Workflow>> {
         self.workflows.get(&id)
     }
 

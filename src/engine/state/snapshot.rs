@@ -116,7 +116,7 @@ impl State {
             state.dispatch.load_claims(key, claims);
         }
         for workflow in image.workflows {
-            state.ids.observe(workflow.id);
+            state.ids.observe(workflow.id.0);
             for callback in &workflow.callbacks {
                 state.ids.observe(callback.job.id);
             }
@@ -124,11 +124,11 @@ impl State {
                 state.terminal_workflows.insert((ended_at, workflow.id));
                 state.terminal_workflow_bytes += workflow.held_bytes();
             }
-            state.highest_stored_id = state.highest_stored_id.max(workflow.id);
+            state.highest_stored_id = state.highest_stored_id.max(workflow.id.0);
             state.workflows.insert(workflow.id, workflow);
         }
         for subscription in image.webhooks {
-            state.ids.observe(subscription.id);
+            state.ids.observe(subscription.id.0);
             state.webhooks.insert(subscription.id, subscription);
         }
         let mut previous: Option<Arc<super::super::webhooks::outbox::Delivery>> = None;

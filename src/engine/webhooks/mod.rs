@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::api::EngineError;
 use super::requests::{Request, Turn, sealed};
 use super::state::{ApplyError, State};
-use crate::job::JobId;
+use crate::job::{DeliveryId, SubscriptionId};
 use crate::webhook::subscription::{NewSubscription, Rotation, Subscription, SubscriptionPatch};
 use record::{
     DeliveriesDone, DeliveriesQueued, DeliveriesQueuedOnce, DeliveryRetry, DeliveryStarted, WebhookDelete, WebhookPut,
@@ -40,7 +40,7 @@ impl Request for CreateWebhook {
         }
         let now = turn.now;
         let (state, entropy) = turn.state_and_entropy();
-        let id = state.fresh_id(now, entropy, &Default::default());
+        let id = SubscriptionId(state.fresh_id(now, entropy, &Default::default()));
         let subscription = Arc::new(self.subscription.stored(id, now));
         turn.apply(WebhookPut { at: now, subscription: subscription.clone() }.into());
         Ok(subscription)
@@ -63,7 +63,7 @@ pub enum WebhookChange {
 
 /// Changes a subscription; answers it as changed.
 pub struct ChangeWebhook {
-    pub id: JobId,
+    pub id: SubscriptionId,
     pub change: WebhookChange,
 }
 
@@ -135,7 +135,7 @@ pub fn changed(
 
 /// Deletes a subscription; answers it as it was.
 pub struct DeleteWebhook {
-    pub id: JobId,
+    pub id: SubscriptionId,
 }
 
 impl Request for DeleteWebhook {
@@ -177,9 +177,9 @@ impl AttemptResult {
 /// by the schedule, or is abandoned after its last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttemptOutcome {
-    pub id: JobId,
+    pub id: DeliveryId,
     /// The subscription the attempt went to (its slot is freed).
-    pub subscription: JobId,
+    pub subscription: SubscriptionId,
     pub result: AttemptResult,
 }
 
@@ -240,7 +240,7 @@ impl sealed::Sealed for DeliveryOutcomes {}
 impl State {
     pub(super) fn apply_webhook_put(&mut self, record: &WebhookPut) -> Result<(), ApplyError> {
         let subscription = &record.subscription;
-        self.ids.observe(subscription.id);
+        self.ids.observe(subscription.id.0);
         self.webhooks.insert(subscription.id, subscription.clone());
         // A paused subscription's queued deliveries are dropped.
         if !subscription.active {
@@ -307,6 +307,7 @@ impl State {
 mod tests {
     use super::*;
     use crate::engine::record::Record;
+    use crate::job::JobId;
 
     #[test]
     fn the_records_are_encoded_as_the_struct_variants_they_replaced() {
@@ -314,10 +315,13 @@ mod tests {
         // order: 5 as a zigzag varint, then ids (u128 varints), lists of
         // them and times.
         let cases: [(Record, &[u8]); 4] = [
-            (WebhookDelete { at: 5, id: JobId(3) }.into(), &[28, 10, 3]),
-            (DeliveryStarted { at: 5, ids: vec![JobId(3)], until: 2 }.into(), &[30, 10, 1, 3, 4]),
-            (DeliveryRetry { at: 5, id: JobId(3), next_at: 2 }.into(), &[31, 10, 3, 4]),
-            (DeliveriesDone { at: 5, ids: vec![JobId(3), JobId(4)] }.into(), &[32, 10, 2, 3, 4]),
+            (WebhookDelete { at: 5, id: SubscriptionId(JobId(3)) }.into(), &[28, 10, 3]),
+            (DeliveryStarted { at: 5, ids: vec![DeliveryId(JobId(3))], until: 2 }.into(), &[30, 10, 1, 3, 4]),
+            (DeliveryRetry { at: 5, id: DeliveryId(JobId(3)), next_at: 2 }.into(), &[31, 10, 3, 4]),
+            (
+                DeliveriesDone { at: 5, ids: vec![DeliveryId(JobId(3)), DeliveryId(JobId(4))] }.into(),
+                &[32, 10, 2, 3, 4],
+            ),
         ];
         for (record, expected) in cases {
             assert_eq!(postcard::to_allocvec(&record).unwrap(), expected, "{}", record.kind());

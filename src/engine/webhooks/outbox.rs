@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::clock::Millis;
-use crate::job::JobId;
+use crate::job::{DeliveryId, JobId, SubscriptionId};
 
 /// The most attempts of one delivery.
 pub const DELIVERY_ATTEMPTS_MAX: u32 = 8;
@@ -111,12 +111,12 @@ impl WebhookLimits {
 #[derive(Debug, Default)]
 pub struct InFlight {
     total: usize,
-    per_subscription: HashMap<JobId, usize>,
+    per_subscription: HashMap<SubscriptionId, usize>,
 }
 
 impl InFlight {
     /// Whether another attempt to `subscription` may start now.
-    pub fn has_room(&self, subscription: JobId, limits: &WebhookLimits) -> bool {
+    pub fn has_room(&self, subscription: SubscriptionId, limits: &WebhookLimits) -> bool {
         self.total < limits.concurrency
             && self.per_subscription.get(&subscription).copied().unwrap_or(0) < limits.concurrency_per_subscription
     }
@@ -126,12 +126,12 @@ impl InFlight {
         self.total < limits.concurrency
     }
 
-    pub fn started(&mut self, subscription: JobId) {
+    pub fn started(&mut self, subscription: SubscriptionId) {
         self.total += 1;
         *self.per_subscription.entry(subscription).or_default() += 1;
     }
 
-    pub fn ended(&mut self, subscription: JobId) {
+    pub fn ended(&mut self, subscription: SubscriptionId) {
         self.total = self.total.saturating_sub(1);
         if let Some(count) = self.per_subscription.get_mut(&subscription) {
             *count -= 1;
@@ -159,8 +159,8 @@ pub struct StartedAttempts {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Delivery {
     /// Shown as `del_<uuidv7>`; the same on every attempt.
-    pub id: JobId,
-    pub subscription: JobId,
+    pub id: DeliveryId,
+    pub subscription: SubscriptionId,
     /// The event's type, for the `X-SVC-Event-Type` header and the logs.
     pub event_type: String,
     /// The event envelope, serialised once: every attempt sends these bytes.
@@ -192,18 +192,18 @@ const DELIVERY_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(6
 /// than a line each.
 #[derive(Debug, Default)]
 pub struct DeliveryLog {
-    dropped: HashMap<JobId, u64>,
-    abandoned: HashMap<JobId, u64>,
+    dropped: HashMap<SubscriptionId, u64>,
+    abandoned: HashMap<SubscriptionId, u64>,
     last_flush: Option<std::time::Instant>,
 }
 
 impl DeliveryLog {
-    pub fn dropped(&mut self, subscription: JobId) {
+    pub fn dropped(&mut self, subscription: SubscriptionId) {
         *self.dropped.entry(subscription).or_default() += 1;
         self.flush_if_due();
     }
 
-    pub fn abandoned(&mut self, subscription: JobId) {
+    pub fn abandoned(&mut self, subscription: SubscriptionId) {
         *self.abandoned.entry(subscription).or_default() += 1;
         self.flush_if_due();
     }
@@ -246,8 +246,8 @@ pub struct QueuedEvent {
 /// record's `events[event]`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct QueuedDelivery {
-    pub id: JobId,
-    pub subscription: JobId,
+    pub id: DeliveryId,
+    pub subscription: SubscriptionId,
     pub event: u32,
     pub next_at: Millis,
 }
@@ -287,10 +287,10 @@ pub fn share_body(previous: Option<&Arc<Delivery>>, delivery: &mut Arc<Delivery>
 /// The deliveries the state holds, with their due order.
 #[derive(Debug, Clone, Default)]
 pub struct Outbox {
-    deliveries: BTreeMap<JobId, Arc<Delivery>>,
-    due: BTreeSet<(Millis, JobId)>,
+    deliveries: BTreeMap<DeliveryId, Arc<Delivery>>,
+    due: BTreeSet<(Millis, DeliveryId)>,
     /// Per subscription: how many deliveries it has queued, and their bytes.
-    per_subscription: HashMap<JobId, (usize, usize)>,
+    per_subscription: HashMap<SubscriptionId, (usize, usize)>,
     /// The bytes of every queued delivery ([`Delivery::held_bytes`]).
     bytes: usize,
 }
@@ -304,17 +304,17 @@ impl Outbox {
         self.deliveries.is_empty()
     }
 
-    pub fn get(&self, id: JobId) -> Option<&Arc<Delivery>> {
+    pub fn get(&self, id: DeliveryId) -> Option<&Arc<Delivery>> {
         self.deliveries.get(&id)
     }
 
     /// How many deliveries a subscription has queued.
-    pub fn pending_for(&self, subscription: JobId) -> usize {
+    pub fn pending_for(&self, subscription: SubscriptionId) -> usize {
         self.per_subscription.get(&subscription).map_or(0, |(count, _)| *count)
     }
 
     /// The bytes of the deliveries a subscription has queued.
-    pub fn pending_bytes_for(&self, subscription: JobId) -> usize {
+    pub fn pending_bytes_for(&self, subscription: SubscriptionId) -> usize {
         self.per_subscription.get(&subscription).map_or(0, |(_, bytes)| *bytes)
     }
 
@@ -341,7 +341,7 @@ impl Outbox {
         Ok(())
     }
 
-    pub fn remove(&mut self, id: JobId) -> Option<Arc<Delivery>> {
+    pub fn remove(&mut self, id: DeliveryId) -> Option<Arc<Delivery>> {
         let delivery = self.deliveries.remove(&id)?;
         self.due.remove(&(delivery.next_at, id));
         let held = delivery.held_bytes();
@@ -357,7 +357,7 @@ impl Outbox {
     }
 
     /// Changes a delivery in place, keeping the due order right.
-    pub fn update(&mut self, id: JobId, change: impl FnOnce(&mut Delivery)) -> Result<(), String> {
+    pub fn update(&mut self, id: DeliveryId, change: impl FnOnce(&mut Delivery)) -> Result<(), String> {
         let delivery = self.deliveries.get_mut(&id).ok_or_else(|| format!("unknown delivery {id}"))?;
         self.due.remove(&(delivery.next_at, id));
         change(Arc::make_mut(delivery));
@@ -366,11 +366,11 @@ impl Outbox {
     }
 
     /// Every delivery of a subscription, removed (it was deleted or paused).
-    pub fn drop_subscription(&mut self, subscription: JobId) -> usize {
+    pub fn drop_subscription(&mut self, subscription: SubscriptionId) -> usize {
         if self.pending_for(subscription) == 0 {
             return 0;
         }
-        let ids: Vec<JobId> =
+        let ids: Vec<DeliveryId> =
             self.deliveries.values().filter(|delivery| delivery.subscription == subscription).map(|d| d.id).collect();
         for id in &ids {
             self.remove(*id);
@@ -379,8 +379,8 @@ impl Outbox {
     }
 
     /// Deliveries whose time came, earliest first, skipping `busy` ones.
-    pub fn due(&self, now: Millis, busy: &dyn Fn(JobId) -> bool) -> impl Iterator<Item = JobId> {
-        self.due.range(..=(now, JobId(u128::MAX))).map(|(_, id)| *id).filter(move |id| !busy(*id))
+    pub fn due(&self, now: Millis, busy: &dyn Fn(DeliveryId) -> bool) -> impl Iterator<Item = DeliveryId> {
+        self.due.range(..=(now, DeliveryId(JobId(u128::MAX)))).map(|(_, id)| *id).filter(move |id| !busy(*id))
     }
 
     /// When the earliest delivery is due.
@@ -390,7 +390,7 @@ impl Outbox {
 
     /// When the earliest delivery due after `now` is due.
     pub fn next_due_after(&self, now: Millis) -> Option<Millis> {
-        self.due.range((now.saturating_add(1), JobId(0))..).next().map(|(at, _)| *at)
+        self.due.range((now.saturating_add(1), DeliveryId(JobId(0)))..).next().map(|(at, _)| *at)
     }
 }
 
@@ -417,8 +417,8 @@ mod tests {
         let old = (1..=3)
             .map(|n| {
                 Arc::new(Delivery {
-                    id: JobId(n),
-                    subscription: JobId(100 + n),
+                    id: DeliveryId(JobId(n)),
+                    subscription: SubscriptionId(JobId(100 + n)),
                     event_type: "job.enqueued".into(),
                     // Each its own copy, as decoding gives it.
                     body: Arc::from(&*body),
@@ -429,7 +429,12 @@ mod tests {
             .collect();
         let events = vec![QueuedEvent { event_type: "job.enqueued".into(), body: body.clone() }];
         let deliveries = (1..=3)
-            .map(|n| QueuedDelivery { id: JobId(n), subscription: JobId(100 + n), event: 0, next_at: 5 })
+            .map(|n| QueuedDelivery {
+                id: DeliveryId(JobId(n)),
+                subscription: SubscriptionId(JobId(100 + n)),
+                event: 0,
+                next_at: 5,
+            })
             .collect();
         [
             Record::DeliveriesQueued(super::super::record::DeliveriesQueued { at: 5, deliveries: old }),
@@ -450,21 +455,22 @@ mod tests {
             let loaded: Vec<_> = state.outbox.deliveries().cloned().collect();
             assert_eq!(loaded.len(), 3, "{kind}");
             assert!(loaded.iter().all(|delivery| Arc::ptr_eq(&delivery.body, &loaded[0].body)), "{kind}: one body");
-            assert_eq!(state.outbox.pending_for(JobId(102)), 1, "{kind}");
+            assert_eq!(state.outbox.pending_for(SubscriptionId(JobId(102))), 1, "{kind}");
             assert_eq!(state.outbox.bytes(), 3 * loaded[0].held_bytes(), "{kind}");
         }
     }
 
     #[test]
     fn a_queued_delivery_naming_a_missing_event_is_refused() {
-        let deliveries = [QueuedDelivery { id: JobId(1), subscription: JobId(2), event: 1, next_at: 0 }];
+        let deliveries =
+            [QueuedDelivery { id: DeliveryId(JobId(1)), subscription: SubscriptionId(JobId(2)), event: 1, next_at: 0 }];
         assert!(queued_deliveries(&[], &deliveries).is_err());
     }
 
     fn delivery(id: u128, subscription: u128, next_at: Millis) -> Arc<Delivery> {
         Arc::new(Delivery {
-            id: JobId(id),
-            subscription: JobId(subscription),
+            id: DeliveryId(JobId(id)),
+            subscription: SubscriptionId(JobId(subscription)),
             event_type: "job.completed".into(),
             body: Arc::from("{}"),
             attempts: 0,
@@ -490,13 +496,16 @@ mod tests {
         outbox.insert(delivery(2, 7, 10)).unwrap();
         outbox.insert(delivery(3, 8, 20)).unwrap();
         assert!(outbox.insert(delivery(3, 8, 20)).is_err());
-        let due: Vec<u128> = outbox.due(25, &|_| false).map(|id| id.0).collect();
+        let due: Vec<u128> = outbox.due(25, &|_| false).map(|id| id.0.0).collect();
         assert_eq!(due, [2, 3]);
-        let not_busy: Vec<u128> = outbox.due(25, &|id| id.0 == 2).map(|id| id.0).collect();
+        let not_busy: Vec<u128> = outbox.due(25, &|id| id.0.0 == 2).map(|id| id.0.0).collect();
         assert_eq!(not_busy, [3]);
-        outbox.update(JobId(2), |d| d.next_at = 100).unwrap();
+        outbox.update(DeliveryId(JobId(2)), |d| d.next_at = 100).unwrap();
         assert_eq!(outbox.next_due(), Some(20));
-        assert_eq!((outbox.pending_for(JobId(7)), outbox.drop_subscription(JobId(7))), (2, 2));
-        assert_eq!((outbox.len(), outbox.pending_for(JobId(7))), (1, 0));
+        assert_eq!(
+            (outbox.pending_for(SubscriptionId(JobId(7))), outbox.drop_subscription(SubscriptionId(JobId(7)))),
+            (2, 2)
+        );
+        assert_eq!((outbox.len(), outbox.pending_for(SubscriptionId(JobId(7)))), (1, 0));
     }
 }

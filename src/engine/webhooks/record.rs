@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::outbox::{Delivery, QueuedDelivery, QueuedEvent};
 use crate::clock::Millis;
-use crate::job::JobId;
+use crate::job::{DeliveryId, SubscriptionId};
 use crate::webhook::Subscription;
 
 /// A webhook subscription created or changed, whole.
@@ -21,7 +21,7 @@ pub struct WebhookPut {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WebhookDelete {
     pub at: Millis,
-    pub id: JobId,
+    pub id: SubscriptionId,
 }
 
 /// Deliveries queued, each with its whole body: no longer written
@@ -38,7 +38,7 @@ pub struct DeliveriesQueued {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveryStarted {
     pub at: Millis,
-    pub ids: Vec<JobId>,
+    pub ids: Vec<DeliveryId>,
     pub until: Millis,
 }
 
@@ -46,7 +46,7 @@ pub struct DeliveryStarted {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveryRetry {
     pub at: Millis,
-    pub id: JobId,
+    pub id: DeliveryId,
     pub next_at: Millis,
 }
 
@@ -55,7 +55,7 @@ pub struct DeliveryRetry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveriesDone {
     pub at: Millis,
-    pub ids: Vec<JobId>,
+    pub ids: Vec<DeliveryId>,
 }
 
 /// Events queued for the subscriptions that take them, in the commit of

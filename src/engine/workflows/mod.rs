@@ -13,6 +13,7 @@
 pub(super) mod record;
 pub(crate) mod table;
 
+use crate::job::WorkflowId;
 use std::sync::Arc;
 
 use super::api::{EngineError, Unavailable};
@@ -35,7 +36,7 @@ pub struct CreateWorkflow {
 impl sealed::Sealed for CreateWorkflow {}
 
 impl Request for CreateWorkflow {
-    type Output = JobId;
+    type Output = WorkflowId;
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
         let now = turn.now;
@@ -66,7 +67,7 @@ impl Request for CreateWorkflow {
 
 /// Cancels a running workflow and every job of it not yet ended.
 pub struct CancelWorkflow {
-    pub id: JobId,
+    pub id: WorkflowId,
 }
 
 impl sealed::Sealed for CancelWorkflow {}
@@ -95,13 +96,13 @@ impl State {
         now: Millis,
         definition: WorkflowDefinition,
         entropy: &mut dyn Entropy,
-    ) -> Result<(Record, JobId), EngineError> {
+    ) -> Result<(Record, WorkflowId), EngineError> {
         if !self.has_room_for(definition.jobs.len()) {
             return Err(EngineError::Unavailable { reason: Unavailable::Capacity });
         }
         let mut seen = JobIdSet::default();
-        let id = self.fresh_id(now, entropy, &seen);
-        seen.insert(id);
+        let id = WorkflowId(self.fresh_id(now, entropy, &seen));
+        seen.insert(id.0);
         let kind = definition.kind;
         let mut jobs: Vec<Arc<Job>> = Vec::with_capacity(definition.jobs.len());
         let mut members = Vec::with_capacity(definition.jobs.len());
@@ -141,7 +142,7 @@ impl State {
     }
 
     /// Decides a cancel: 404 for an unknown workflow, 409 for an ended one.
-    pub fn decide_workflow_cancel(&self, now: Millis, id: JobId) -> Result<Record, EngineError> {
+    pub fn decide_workflow_cancel(&self, now: Millis, id: WorkflowId) -> Result<Record, EngineError> {
         let workflow = self.workflow(id).ok_or(EngineError::WorkflowNotFound { id })?;
         if workflow.state.is_terminal() {
             return Err(EngineError::WorkflowConflict { id, current_state: workflow.state });
@@ -163,11 +164,11 @@ impl State {
         // The generator moves past the workflow's id and its callbacks' (not
         // stored as jobs until they fire), as it does past every stored job's,
         // so a replayed log never hands them out again.
-        self.ids.observe(workflow.id);
+        self.ids.observe(workflow.id.0);
         for callback in &workflow.callbacks {
             self.ids.observe(callback.job.id);
         }
-        self.highest_stored_id = self.highest_stored_id.max(workflow.id);
+        self.highest_stored_id = self.highest_stored_id.max(workflow.id.0);
         self.workflows.insert(workflow.id, workflow.clone());
         let started = WorkflowEvent::Started {
             name: workflow.name.clone(),
@@ -188,7 +189,7 @@ impl State {
     pub(super) fn apply_workflow_cancel(
         &mut self,
         at: Millis,
-        id: JobId,
+        id: WorkflowId,
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
         let workflow =
@@ -222,7 +223,7 @@ impl State {
     }
 
     /// Removes ended workflows for good.
-    pub(super) fn apply_workflow_prune(&mut self, ids: &[JobId]) -> Result<(), ApplyError> {
+    pub(super) fn apply_workflow_prune(&mut self, ids: &[WorkflowId]) -> Result<(), ApplyError> {
         for id in ids {
             let workflow =
                 self.workflows.remove(id).ok_or_else(|| ApplyError(format!("record prunes unknown workflow {id}")))?;
@@ -309,7 +310,7 @@ impl State {
     fn chain_step_ended(
         &mut self,
         at: Millis,
-        id: JobId,
+        id: WorkflowId,
         index: usize,
         job: &Job,
         events: &mut EventSink,
@@ -343,7 +344,7 @@ impl State {
 
     /// A group's or batch's job ended: once all have, a group ends and a
     /// batch fires its callbacks.
-    fn member_of_many_ended(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
+    fn member_of_many_ended(&mut self, at: Millis, id: WorkflowId, events: &mut EventSink) -> Result<(), ApplyError> {
         let workflow = self.workflows.get(&id).expect("a known workflow").clone();
         if workflow.members.iter().any(|member| member.outcome.is_none()) {
             return Ok(());
@@ -383,7 +384,7 @@ impl State {
     }
 
     /// Ends a running workflow: completed, or failed by `failure`.
-    fn finish(&mut self, at: Millis, id: JobId, failure: Option<WorkflowFailure>, events: &mut EventSink) {
+    fn finish(&mut self, at: Millis, id: WorkflowId, failure: Option<WorkflowFailure>, events: &mut EventSink) {
         let workflow = self.workflows.update(&id).expect("a known workflow");
         let event = workflow.finish(at, failure);
         self.terminal_workflow_bytes += workflow.held_bytes();
@@ -392,7 +393,7 @@ impl State {
     }
 
     /// Ends a running workflow as cancelled.
-    fn cancel_running(&mut self, id: JobId, at: Millis) {
+    fn cancel_running(&mut self, id: WorkflowId, at: Millis) {
         let workflow = self.workflows.update(&id).expect("a known workflow");
         workflow.state = WorkflowState::Cancelled;
         workflow.ended_at = Some(at);
@@ -427,9 +428,10 @@ mod tests {
     fn the_records_are_encoded_as_the_struct_variants_they_replaced() {
         // Kinds 23 and 24 (docs/wal-format.md), then the fields in order:
         // 5 as a zigzag varint, then an id (a u128 varint) or a list of them.
-        let cancel = Record::WorkflowCancel(WorkflowCancel { at: 5, id: JobId(3) });
+        let cancel = Record::WorkflowCancel(WorkflowCancel { at: 5, id: WorkflowId(JobId(3)) });
         assert_eq!(postcard::to_allocvec(&cancel).unwrap(), [23, 10, 3]);
-        let prune = Record::WorkflowPrune(WorkflowPrune { at: 5, ids: vec![JobId(3), JobId(4)] });
+        let prune =
+            Record::WorkflowPrune(WorkflowPrune { at: 5, ids: vec![WorkflowId(JobId(3)), WorkflowId(JobId(4))] });
         assert_eq!(postcard::to_allocvec(&prune).unwrap(), [24, 10, 2, 3, 4]);
     }
 }

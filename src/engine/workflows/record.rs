@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::table::Workflow;
 use crate::clock::Millis;
-use crate::job::{Job, JobId};
+use crate::job::{Job, JobId, WorkflowId};
 
 /// A workflow created with its jobs (later chain steps `pending`) and its
 /// callbacks' jobs (inside the workflow, stored when they fire);
@@ -23,12 +23,12 @@ pub struct WorkflowCreate {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkflowCancel {
     pub at: Millis,
-    pub id: JobId,
+    pub id: WorkflowId,
 }
 
 /// Ended workflows removed for good (retention, or the cap).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkflowPrune {
     pub at: Millis,
-    pub ids: Vec<JobId>,
+    pub ids: Vec<WorkflowId>,
 }

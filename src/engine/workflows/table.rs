@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::super::events::WorkflowEvent;
 use crate::clock::Millis;
-use crate::job::{CallbackKind, FailureReport, Job, JobId, JobState, WorkflowRole};
+use crate::job::{CallbackKind, FailureReport, Job, JobId, JobState, WorkflowId, WorkflowRole};
 use crate::workflow::WorkflowKind;
 
 /// `running` until it completes, fails or is cancelled.
@@ -111,7 +111,7 @@ pub struct WorkflowFailure {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Workflow {
-    pub id: JobId,
+    pub id: WorkflowId,
     pub name: Option<String>,
     pub kind: WorkflowKind,
     pub state: WorkflowState,
@@ -126,7 +126,7 @@ pub struct Workflow {
 impl Workflow {
     /// A workflow just created, running.
     pub fn running(
-        id: JobId,
+        id: WorkflowId,
         name: Option<String>,
         kind: WorkflowKind,
         members: Vec<Member>,

@@ -9,7 +9,7 @@ use super::layout::{
 };
 use super::{Viewer, page as html_page};
 use crate::engine::{JobCursor, JobFilter};
-use crate::job::{JobId, JobState, is_valid_queue};
+use crate::job::{JobId, JobState, WorkflowId, is_valid_queue};
 
 /// Rows a page shows.
 const ROWS: usize = 50;
@@ -392,7 +392,7 @@ async fn workers(app: &AppState, viewer: &Viewer, query: &Query) -> Result<Marku
 }
 
 async fn workflows(app: &AppState, viewer: &Viewer, query: &Query) -> Result<Markup, ApiError> {
-    let after = value(query, "cursor").and_then(JobId::parse);
+    let after = value(query, "cursor").and_then(WorkflowId::parse);
     let (found, has_more) = app.backend.workflows_page(after, ROWS).outcome().await?;
     let cursor = if has_more { found.last().map(|workflow| workflow.id.to_string()) } else { None };
     let body = html! {
@@ -419,7 +419,7 @@ async fn workflows(app: &AppState, viewer: &Viewer, query: &Query) -> Result<Mar
 }
 
 async fn workflow(app: &AppState, viewer: &Viewer, id: &str, query: &Query) -> Result<Markup, ApiError> {
-    let parsed = JobId::parse_any_case(id).ok_or_else(|| ApiError::not_found("workflow", id))?;
+    let parsed = WorkflowId::parse_any_case(id).ok_or_else(|| ApiError::not_found("workflow", id))?;
     let found = app.backend.workflow(parsed).outcome().await?.ok_or_else(|| ApiError::not_found("workflow", id))?;
     let mut steps = Vec::with_capacity(found.members.len());
     for member in &found.members {
