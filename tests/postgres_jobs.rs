@@ -331,8 +331,8 @@ async fn each_change_writes_its_events_and_the_newest_are_kept() {
     // Only events already matched to webhook subscriptions go (the leader
     // matches them before it prunes).
     assert_eq!(jobs.prune_events().await.unwrap(), 0, "events not yet matched stay");
-    let mut log = svc::engine::outbox::DeliveryLog::default();
-    while jobs.match_events(NOW + 3, &mut log).await.unwrap() > 0 {}
+    let mut matching = svc::backend::postgres::Matching::default();
+    while jobs.match_events(NOW + 3, &mut matching).await.unwrap() > 0 {}
     assert_eq!(jobs.prune_events().await.unwrap(), 4);
     let after_pruning = jobs.events_page(Some(&cursor), 10, &EventFilter::default()).await.unwrap();
     assert!(after_pruning.gap, "events after the cursor were pruned");

@@ -149,7 +149,7 @@ async fn run_timers(
     retention: Retention,
 ) {
     let Leader { lease, leading: leading_flag, deliveries_queued } = leader;
-    let mut delivery_log = crate::engine::outbox::DeliveryLog::default();
+    let mut matching = super::webhooks::Matching::default();
     let mut leading = false;
     let mut asked_at: Option<tokio::time::Instant> = None;
     let mut pruned_at: Option<tokio::time::Instant> = None;
@@ -185,7 +185,7 @@ async fn run_timers(
             let _ = jobs.promote_due(now, TIMERS_BATCH).await;
             let _ = jobs.expire_claims(now, TIMERS_BATCH).await;
             let _ = jobs.fire_due_crons(now, CRON_BATCH).await;
-            if match_events(&jobs, now, &mut delivery_log).await > 0 {
+            if match_events(&jobs, now, &mut matching).await > 0 {
                 deliveries_queued.notify_one();
             }
             if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
@@ -211,10 +211,10 @@ struct Leader {
 
 /// Matches committed events to webhook subscriptions until none is left
 /// or [`MATCH_PASSES`] passes ran; answers how many events were read.
-async fn match_events(jobs: &PgJobs, now: crate::clock::Millis, log: &mut crate::engine::outbox::DeliveryLog) -> usize {
+async fn match_events(jobs: &PgJobs, now: crate::clock::Millis, matching: &mut super::webhooks::Matching) -> usize {
     let mut read = 0;
     for _ in 0..MATCH_PASSES {
-        match jobs.match_events(now, log).await {
+        match jobs.match_events(now, matching).await {
             Ok(events) => {
                 read += events;
                 if (events as i64) < super::webhooks::MATCH_BATCH {

@@ -37,6 +37,7 @@ pub use jobs::PgJobs;
 pub use leader::{LEASE_TTL_MS_DEFAULT, LeaderLease};
 pub use schema::{SCHEMA_VERSION, SchemaError, migrate, schema_version};
 pub use wakeup::{POLL_INTERVAL, RECHECK_INTERVAL};
+pub use webhooks::Matching;
 
 /// Where the database is and how svc uses it (`--postgres`,
 /// `SVC_POSTGRES_URL`, `[postgres]` in the settings file).

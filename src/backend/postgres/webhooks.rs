@@ -150,7 +150,7 @@ impl PgJobs {
     /// body rendered once; a delivery past the outbox's bounds is dropped
     /// and counted in `log`. Answers how many events were read: a full
     /// batch means more may be waiting.
-    pub async fn match_events(&self, now: Millis, log: &mut DeliveryLog) -> Result<usize, EngineError> {
+    pub async fn match_events(&self, now: Millis, matching: &mut Matching) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         // A read first: with no event settled past the point matched, nothing
         // is written (an idle database stays idle). The first such event in
@@ -208,7 +208,13 @@ impl PgJobs {
                 Some((event, row.get::<_, Option<&str>>(4).map(QueueName::new)))
             })
             .collect();
-        let mut figures: Option<OutboxFigures> = None;
+        // Taken: should the pass fail from here, figures that may count
+        // deliveries never committed are read again.
+        let kept = matching.figures.take().filter(|(_, read_at)| read_at.elapsed() < FIGURES_KEPT);
+        let (mut figures, mut read_at) = match kept {
+            Some((figures, read_at)) => (Some(figures), read_at),
+            None => (None, std::time::Instant::now()),
+        };
         let mut outbox = Outbox::default();
         let mut dropped = Vec::new();
         for (event, _) in &events {
@@ -221,7 +227,10 @@ impl PgJobs {
                 }
                 let figures = match &mut figures {
                     Some(figures) => figures,
-                    None => figures.insert(OutboxFigures::read(&transaction).await?),
+                    None => {
+                        read_at = std::time::Instant::now();
+                        figures.insert(OutboxFigures::read(&transaction).await?)
+                    }
                 };
                 let body = body.get_or_insert_with(|| crate::engine::render_event(event));
                 let held = delivery_held_bytes(body, type_name);
@@ -253,12 +262,13 @@ impl PgJobs {
         counter.flush(metrics);
         for subscription in dropped {
             metrics.webhook_delivery("dropped");
-            log.dropped(subscription);
+            matching.log.dropped(subscription);
         }
-        if let Some(figures) = &figures {
+        if let Some(figures) = figures {
             metrics.webhook_pending.set(figures.all.0 as i64);
+            matching.figures = Some((figures, read_at));
         }
-        log.flush_if_due();
+        matching.log.flush_if_due();
         Ok(read)
     }
 }
@@ -297,6 +307,22 @@ impl PgJobs {
 /// The largest event id: with transaction id 0, the point that marks every
 /// event of an earlier server as matched.
 const MATCHED_ALL: &str = "ffffffff-ffff-ffff-ffff-ffffffffffff";
+
+/// How long the leader counts on the outbox's figures it read, adding what
+/// it queued since: deliveries that ended meanwhile are still counted, so a
+/// cap may hold back a little early for that long, never let more through.
+/// Read at every pass instead, they cost a scan of the outbox per 1 000
+/// events while it is full.
+const FIGURES_KEPT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What the leader keeps from one pass of matching to the next.
+#[derive(Default)]
+pub struct Matching {
+    /// Deliveries dropped, logged as counts.
+    pub log: DeliveryLog,
+    /// The outbox's figures, and when they were read.
+    figures: Option<(OutboxFigures, std::time::Instant)>,
+}
 
 /// What the outbox holds: (deliveries, bytes) by subscription and in all.
 #[derive(Default)]
