@@ -22,7 +22,7 @@ use deadpool_postgres::GenericClient;
 use super::sql::Prepared;
 use crate::clock::{Clock, Millis};
 use crate::engine::outbox::{ATTEMPT_LEASE_MARGIN_MS, DeliveryLog, InFlight, next_attempt_at};
-use crate::engine::pool::send_attempt;
+use crate::engine::pool::{guarded, send_attempt};
 use crate::engine::{AttemptResult, EngineError};
 use crate::job::{DeliveryId, SubscriptionId};
 use crate::webhook::Subscription;
@@ -187,19 +187,22 @@ impl Sender {
             let (client, ended, timeout) = (self.client.clone(), self.ended.clone(), self.timeout);
             let now = self.clock.now_ms();
             tokio::spawn(async move {
-                let result = match &target {
+                let result = match target {
                     None => AttemptResult::NoSubscription,
                     Some(target) => {
-                        let delivery_id = format!("del_{id}");
-                        let attempt = Attempt {
-                            subscription: target,
-                            delivery_id: &delivery_id,
-                            event_type: &event_type,
-                            body: body.into(),
-                            now,
-                            timeout,
-                        };
-                        send_attempt(&client, attempt).await
+                        guarded(async move {
+                            let delivery_id = format!("del_{id}");
+                            let attempt = Attempt {
+                                subscription: &target,
+                                delivery_id: &delivery_id,
+                                event_type: &event_type,
+                                body: body.into(),
+                                now,
+                                timeout,
+                            };
+                            send_attempt(&client, attempt).await
+                        })
+                        .await
                     }
                 };
                 let _ = ended.send(Ended { id, subscription, attempts: attempts.max(0) as u32, result });

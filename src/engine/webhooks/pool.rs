@@ -119,7 +119,8 @@ async fn run(pool: Pool, engine: EngineHandle) {
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
             let (engine, client, ended) = (engine.clone(), client.clone(), ended.clone());
             tokio::spawn(async move {
-                let result = attempt(&engine, &client, &delivery, timeout).await;
+                let sent = (engine.clone(), delivery.clone());
+                let result = guarded(async move { attempt(&sent.0, &client, &sent.1, timeout).await }).await;
                 let metrics = engine.metrics();
                 metrics.webhook_delivery(result.metric_label());
                 let outcome = AttemptOutcome { id: delivery.id, subscription: delivery.subscription, result };
@@ -182,6 +183,16 @@ async fn attempt(
     send_attempt(client, attempt).await
 }
 
+/// Runs one attempt on a task of its own. Should it panic, it counts as a
+/// failed attempt, retried by the schedule, instead of keeping its slot (and
+/// its subscription's) taken until the process ends.
+pub async fn guarded(attempt: impl Future<Output = AttemptResult> + Send + 'static) -> AttemptResult {
+    tokio::spawn(attempt).await.unwrap_or_else(|error| {
+        tracing::error!(%error, "a webhook attempt panicked; it counts as failed");
+        AttemptResult::Failed { retry_after_ms: None, blocked: false }
+    })
+}
+
 /// Sends one attempt and says how it ended, as both backends count it: a
 /// failure is logged with its reason, and a 429's `Retry-After` kept.
 pub async fn send_attempt(client: &DeliveryClient, attempt: Attempt<'_>) -> AttemptResult {
@@ -201,5 +212,17 @@ pub async fn send_attempt(client: &DeliveryClient, attempt: Attempt<'_>) -> Atte
     AttemptResult::Failed {
         retry_after_ms: outcome.retry_after_s.map(|seconds| seconds.saturating_mul(1000).min(i64::MAX as u64) as i64),
         blocked: outcome.error == Some(AttemptError::BlockedAddress),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_attempt_that_panics_counts_as_a_failed_attempt() {
+        let result = guarded(async { panic!("a receiver the client did not expect") }).await;
+        assert_eq!(result, AttemptResult::Failed { retry_after_ms: None, blocked: false });
+        assert_eq!(guarded(async { AttemptResult::Delivered }).await, AttemptResult::Delivered);
     }
 }
