@@ -116,8 +116,8 @@ impl Harness {
 fn open(dir: &Path, clock: &ManualClock) -> Engine {
     let mut config = EngineConfig::new(dir);
     config.clock = Arc::new(clock.clone());
-    config.entropy = Box::new(FixedEntropy(0));
-    config.check_invariants = true;
+    config.wiring.entropy = Box::new(FixedEntropy(0));
+    config.wiring.check_invariants = true;
     Engine::open(config).unwrap()
 }
 

@@ -29,8 +29,8 @@ impl Harness {
         let clock = ManualClock::new(START);
         let mut config = EngineConfig::new(dir.path());
         config.clock = Arc::new(clock.clone());
-        config.entropy = Box::new(FixedEntropy(0));
-        config.check_invariants = true;
+        config.wiring.entropy = Box::new(FixedEntropy(0));
+        config.wiring.check_invariants = true;
         config.retention = retention;
         Harness { engine: Engine::open(config).unwrap(), clock, _dir: dir }
     }
@@ -262,7 +262,7 @@ fn a_heartbeat_extension_survives_a_crash() {
     let config = |clock: &ManualClock| {
         let mut config = EngineConfig::new(dir.path());
         config.clock = Arc::new(clock.clone());
-        config.check_invariants = true;
+        config.wiring.check_invariants = true;
         config
     };
     let engine = Engine::open(config(&clock)).unwrap();
@@ -293,7 +293,7 @@ fn commands_queued_during_a_sync_share_the_next_sync() {
     let disk = FaultyFileSystem::failing_after(i64::MAX);
     let mut config = EngineConfig::new(dir.path());
     config.file_system = Arc::new(disk.clone());
-    config.check_invariants = true;
+    config.wiring.check_invariants = true;
     let engine = Engine::open(config).unwrap();
     let handle = engine.handle();
     let job = || parse_enqueue_body(br#"{"type":"t","args":[]}"#, &JobDefaults::default()).unwrap();

@@ -44,9 +44,9 @@ fn extras_fixture_dir() -> PathBuf {
 fn config(dir: &Path) -> EngineConfig {
     let mut config = EngineConfig::new(dir);
     config.clock = Arc::new(ManualClock::new(START));
-    config.entropy = Box::new(CountingEntropy(0));
+    config.wiring.entropy = Box::new(CountingEntropy(0));
     config.segment_bytes = 4096;
-    config.check_invariants = true;
+    config.wiring.check_invariants = true;
     config
 }
 
@@ -272,7 +272,7 @@ fn write_schemas_v5_fixture() {
     let mut settings = config(&dir);
     // Deliveries are queued for a pool that never sends them.
     let (sink, _unsent) = tokio::sync::mpsc::unbounded_channel();
-    settings.deliveries = Some(sink);
+    settings.wiring.deliveries = Some(sink);
     let engine = Engine::open(settings).unwrap();
     register(&engine, json!({"uri": "urn:city", "schema": {"type": "object", "required": ["city"]}}));
     register(

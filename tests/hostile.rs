@@ -19,7 +19,7 @@ fn server() -> &'static TestServer {
             let dir = tempfile::tempdir().unwrap();
             let config = config_for(dir.path());
             let mut engine = svc::server::engine_config(&config);
-            engine.check_invariants = true;
+            engine.wiring.check_invariants = true;
             // Small caps, so that pruning runs while the cases do.
             engine.retention.max_terminal_jobs = 50;
             engine.retention.max_terminal_bytes = 256 * 1024;

@@ -18,8 +18,8 @@ fn engine() -> (tempfile::TempDir, ManualClock, Engine) {
     let clock = ManualClock::new(1_800_000_000_000);
     let mut config = EngineConfig::new(dir.path());
     config.clock = Arc::new(clock.clone());
-    config.entropy = Box::new(FixedEntropy(0));
-    config.check_invariants = true;
+    config.wiring.entropy = Box::new(FixedEntropy(0));
+    config.wiring.check_invariants = true;
     let engine = Engine::open(config).unwrap();
     (dir, clock, engine)
 }

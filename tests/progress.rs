@@ -135,7 +135,7 @@ fn a_report_replays_from_the_log_and_loads_from_a_snapshot() {
     let config = || {
         let mut config = EngineConfig::new(dir.path());
         config.clock = Arc::new(ManualClock::new(1_800_000_000_000));
-        config.check_invariants = true;
+        config.wiring.check_invariants = true;
         config
     };
     let engine = Engine::open(config()).unwrap();

@@ -105,8 +105,8 @@ fn a_cron_entry_whose_queue_is_paused_skips_its_runs_and_fires_again_once_resume
     let clock = ManualClock::new(1_800_000_000_000);
     let mut config = EngineConfig::new(dir.path());
     config.clock = Arc::new(clock.clone());
-    config.entropy = Box::new(FixedEntropy(0));
-    config.check_invariants = true;
+    config.wiring.entropy = Box::new(FixedEntropy(0));
+    config.wiring.check_invariants = true;
     let engine = Engine::open(config).unwrap();
     let handle = engine.handle();
     let body = json!({"name": "every-minute", "schedule": "* * * * *", "type": "t", "args": [], "queue": "reports"});

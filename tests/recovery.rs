@@ -134,7 +134,7 @@ fn sigkill_under_load(env: &[(&str, &str)]) {
 fn engine_config(dir: &Path) -> EngineConfig {
     let mut config = EngineConfig::new(dir);
     config.clock = Arc::new(svc::clock::ManualClock::new(1_800_000_000_000));
-    config.check_invariants = true;
+    config.wiring.check_invariants = true;
     config
 }
 

@@ -445,8 +445,8 @@ fn start_retaining(dir: &std::path::Path, clock: &ManualClock, change: fn(&mut s
     let config = common::config_for(dir);
     let mut engine = svc::server::engine_config(&config);
     engine.clock = std::sync::Arc::new(clock.clone());
-    engine.entropy = Box::new(common::FixedEntropy(0));
-    engine.check_invariants = true;
+    engine.wiring.entropy = Box::new(common::FixedEntropy(0));
+    engine.wiring.check_invariants = true;
     change(&mut engine.retention);
     TestServer::start_with(&config, engine)
 }
@@ -605,8 +605,8 @@ fn a_callbacks_id_is_never_handed_out_again_after_a_crash() {
     let open = || {
         let mut config = EngineConfig::new(dir.path());
         config.clock = std::sync::Arc::new(clock.clone());
-        config.entropy = Box::new(common::FixedEntropy(0));
-        config.check_invariants = true;
+        config.wiring.entropy = Box::new(common::FixedEntropy(0));
+        config.wiring.check_invariants = true;
         Engine::open(config).unwrap()
     };
     let engine = open();
@@ -637,8 +637,8 @@ fn ended_workflows_past_a_cap_are_pruned_oldest_first() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = EngineConfig::new(dir.path());
     config.clock = std::sync::Arc::new(ManualClock::new(START));
-    config.entropy = Box::new(common::FixedEntropy(0));
-    config.check_invariants = true;
+    config.wiring.entropy = Box::new(common::FixedEntropy(0));
+    config.wiring.check_invariants = true;
     config.retention.max_terminal_workflows = 2;
     let engine = Engine::open(config).unwrap();
     let handle = engine.handle();

@@ -94,9 +94,10 @@ use writer::{SnapshotPolicy, Writer};
 #[non_exhaustive]
 pub struct EngineConfig {
     pub data_dir: PathBuf,
+    /// Where time comes from; a [`crate::clock::ManualClock`] to drive it by hand.
     pub clock: Arc<dyn Clock>,
+    /// What the log and snapshots are written through.
     pub file_system: Arc<dyn FileSystem>,
-    pub entropy: Box<dyn Entropy>,
     /// Log bytes between snapshots.
     pub snapshot_log_bytes: u64,
     /// Size at which a log segment is closed.
@@ -105,13 +106,6 @@ pub struct EngineConfig {
     pub defaults: JobDefaults,
     /// Most cron entries (`limits.max_cron`).
     pub cron_entries_max: usize,
-    /// Verify every invariant after each batch (tests; costs O(jobs) per batch).
-    pub check_invariants: bool,
-    /// Where the engine counts what it does (shared with the HTTP front end).
-    pub metrics: Arc<crate::metrics::Metrics>,
-    /// Where attempts of webhook deliveries go (the server's delivery pool);
-    /// without one, events are not queued for subscriptions.
-    pub deliveries: Option<outbox::DeliverySink>,
     /// How long one delivery attempt may take (`webhooks.timeout_s`).
     pub delivery_timeout_ms: i64,
     /// Bounds of subscriptions and deliveries.
@@ -120,6 +114,36 @@ pub struct EngineConfig {
     pub max_schemas: usize,
     /// Bytes the live jobs may hold before new jobs are refused (`limits.max_live_bytes`).
     pub max_live_bytes: u64,
+    /// What the server and the tests wire in; an embedding program leaves it.
+    #[doc(hidden)]
+    pub wiring: Wiring,
+}
+
+/// What the program that opens an engine wires into it, apart from its
+/// settings: where it counts, where its deliveries go, where its ids'
+/// randomness comes from, and the tests' check of every invariant.
+#[doc(hidden)]
+#[non_exhaustive]
+pub struct Wiring {
+    pub entropy: Box<dyn Entropy>,
+    /// Verify every invariant after each batch (tests; costs O(jobs) per batch).
+    pub check_invariants: bool,
+    /// Where the engine counts what it does (shared with the HTTP front end).
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Where attempts of webhook deliveries go (the delivery pool); without
+    /// one, events are not queued for subscriptions.
+    pub deliveries: Option<outbox::DeliverySink>,
+}
+
+impl Default for Wiring {
+    fn default() -> Wiring {
+        Wiring {
+            entropy: Box::new(SystemEntropy),
+            check_invariants: false,
+            metrics: Arc::new(crate::metrics::Metrics::new()),
+            deliveries: None,
+        }
+    }
 }
 
 impl EngineConfig {
@@ -128,19 +152,16 @@ impl EngineConfig {
             data_dir: data_dir.into(),
             clock: Arc::new(SystemClock),
             file_system: Arc::new(RealFileSystem),
-            entropy: Box::new(SystemEntropy),
             snapshot_log_bytes: SNAPSHOT_LOG_BYTES_DEFAULT,
             segment_bytes: SEGMENT_BYTES_MAX,
             retention: Retention::default(),
             defaults: JobDefaults::default(),
             cron_entries_max: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
-            check_invariants: false,
-            metrics: Arc::new(crate::metrics::Metrics::new()),
-            deliveries: None,
             delivery_timeout_ms: outbox::ATTEMPT_TIMEOUT_MS_DEFAULT,
             webhook_limits: outbox::WebhookLimits::default(),
             max_schemas: crate::limits::SCHEMAS_MAX,
             max_live_bytes: crate::limits::LIVE_BYTES_MAX_DEFAULT,
+            wiring: Wiring::default(),
         }
     }
 }
@@ -160,7 +181,7 @@ impl Engine {
         let (mut state, replay_from, last_segment, replayed_bytes) = recover(&config.data_dir, config.retention)?;
         state.set_max_live_bytes(config.max_live_bytes);
         let recovery_seconds = recovery_started.elapsed().as_secs_f64();
-        config.metrics.recovery_seconds.set(recovery_seconds);
+        config.wiring.metrics.recovery_seconds.set(recovery_seconds);
         tracing::info!(
             data_dir = %config.data_dir.display(),
             live_jobs = state.live_jobs(),
@@ -187,7 +208,7 @@ impl Engine {
                 *index == replay_from
                     && open_snapshot(path).is_ok_and(|newest| newest.payload_version == image::IMAGE_VERSION)
             });
-        if config.check_invariants {
+        if config.wiring.check_invariants {
             state.check_invariants().map_err(|reason| StorageError::Corrupt {
                 path: config.data_dir.clone(),
                 offset: 0,
@@ -199,13 +220,18 @@ impl Engine {
         view.load_throughput(&config.data_dir);
         // The engine's time never goes back, not even across a restart.
         let clock: Arc<dyn Clock> = Arc::new(SteadyClock::new(config.clock, state.latest_at()));
-        let handle =
-            EngineHandle::new(sender, view.clone(), clock.clone(), config.defaults.clone(), config.metrics.clone());
-        let committer = commit::Committer::new(wal, view.clone(), config.metrics.clone());
+        let handle = EngineHandle::new(
+            sender,
+            view.clone(),
+            clock.clone(),
+            config.defaults.clone(),
+            config.wiring.metrics.clone(),
+        );
+        let committer = commit::Committer::new(wal, view.clone(), config.wiring.metrics.clone());
         let writer = Writer {
             state,
             clock,
-            entropy: config.entropy,
+            entropy: config.wiring.entropy,
             inbox,
             view,
             snapshots: SnapshotPolicy {
@@ -220,7 +246,7 @@ impl Engine {
             snapshot_retry_at: None,
             event_ids: IdGenerator::default(),
             event_seq: 0,
-            check_invariants: config.check_invariants,
+            check_invariants: config.wiring.check_invariants,
             final_snapshot: true,
             contacts: workers::entry::Contacts::default(),
             cron_entries_max: config.cron_entries_max,
@@ -228,8 +254,8 @@ impl Engine {
             last_worker_sweep: i64::MIN / 2,
             committer,
             parked: std::collections::VecDeque::new(),
-            metrics: config.metrics,
-            deliveries: config.deliveries,
+            metrics: config.wiring.metrics,
+            deliveries: config.wiring.deliveries,
             delivery_timeout_ms: config.delivery_timeout_ms,
             in_flight: outbox::InFlight::default(),
             outbox_wake: None,

@@ -85,8 +85,8 @@ impl TestServer {
         let config = config_for(dir);
         let mut engine = engine_config(&config);
         engine.clock = std::sync::Arc::new(clock.clone());
-        engine.entropy = Box::new(FixedEntropy(0));
-        engine.check_invariants = true;
+        engine.wiring.entropy = Box::new(FixedEntropy(0));
+        engine.wiring.check_invariants = true;
         Self::start_with(&config, engine)
     }
 

@@ -377,8 +377,8 @@ fn open(dir: &std::path::Path, clock: &ManualClock, disk: &Disk) -> Result<Engin
         config.file_system = Arc::new(file_system.clone());
     }
     config.clock = Arc::new(clock.clone());
-    config.entropy = Box::new(FixedEntropy(0));
-    config.check_invariants = true;
+    config.wiring.entropy = Box::new(FixedEntropy(0));
+    config.wiring.check_invariants = true;
     // Small bounds, so rotation and background snapshots happen too.
     config.segment_bytes = 8 * 1024;
     config.snapshot_log_bytes = 16 * 1024;

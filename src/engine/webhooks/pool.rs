@@ -42,7 +42,7 @@ impl Pool {
     /// Makes the engine opened with `engine` hand its attempts to this pool.
     pub fn attach(engine: &mut EngineConfig, client: DeliveryClient, priority: DeliveryPriority) -> Pool {
         let (sink, batches) = mpsc::unbounded_channel();
-        engine.deliveries = Some(sink);
+        engine.wiring.deliveries = Some(sink);
         let timeout = Duration::from_millis(engine.delivery_timeout_ms.max(1) as u64);
         Pool { batches, client, timeout, concurrency: engine.webhook_limits.concurrency, priority }
     }
