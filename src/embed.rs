@@ -1,6 +1,5 @@
 //! The embedding API: the engine without HTTP, called from synchronous code.
 
-use crate::job::{SubscriptionId, WorkflowId};
 use serde::Serialize;
 use std::fmt;
 use std::path::PathBuf;
@@ -15,9 +14,9 @@ use crate::engine::{
     Overview, Pending, QueueStats, QueueSummary, Workflow,
 };
 use crate::job::{
-    Failure, Job, JobBuilder, JobId, JobProgress, JobState, NewJob, ValidationError, ValidationKind, check_batch_size,
-    fetch_count, fetch_queues, fetch_wait_ms, invalid_queue, invalid_worker_id, is_valid_queue, is_valid_worker_id,
-    parse_ack_result, parse_enqueue_body,
+    Failure, Job, JobBuilder, JobId, JobProgress, JobState, NewJob, SubscriptionId, ValidationError, ValidationKind,
+    WorkflowId, check_batch_size, fetch_count, fetch_queues, fetch_wait_ms, invalid_queue, invalid_worker_id,
+    is_valid_queue, is_valid_worker_id, parse_ack_result, parse_enqueue_body,
 };
 use crate::schema::{SchemaBuilder, SchemaEntry, SchemaViolation};
 use crate::storage::StorageError;

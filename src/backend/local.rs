@@ -2,7 +2,6 @@
 //! through its handle, reads come from the read view and are answered at
 //! once.
 
-use crate::job::{SubscriptionId, WorkflowId};
 use std::sync::Arc;
 
 use super::{Backend, EventFilter, Page};
@@ -13,7 +12,7 @@ use crate::engine::{
     JobFilter, JobsPage, MinuteCount, Overview, PauseQueue, Pending, QueueStats, QueueSummary, ReportProgress,
     WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
 };
-use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
+use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob, SubscriptionId, WorkflowId};
 use crate::schema::{SchemaEntry, SchemaRegistration};
 use crate::webhook::Subscription;
 use crate::webhook::subscription::NewSubscription;

@@ -16,7 +16,6 @@ mod local;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 
-use crate::job::{SubscriptionId, WorkflowId};
 use std::sync::Arc;
 
 use crate::cron::CronDefinition;
@@ -26,7 +25,7 @@ use crate::engine::{
     MinuteCount, Overview, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState,
     Workflow,
 };
-use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
+use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob, SubscriptionId, WorkflowId};
 use crate::schema::{SchemaEntry, SchemaRegistration};
 use crate::webhook::Subscription;
 use crate::webhook::subscription::{NewSubscription, pattern_matches};

@@ -1,7 +1,6 @@
 //! The engine's only door: commands in, outcomes out, plus reads from the view.
 //! Both the HTTP front end and embedding programs use it.
 
-use crate::job::{SubscriptionId, WorkflowId};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
@@ -16,7 +15,7 @@ use super::workers::entry::{WorkerEntry, WorkerSignal};
 use super::workflows::table::Workflow;
 use crate::clock::Clock;
 use crate::cron::CronDefinition;
-use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob};
+use crate::job::{FailureReport, Job, JobDefaults, JobId, NewJob, SubscriptionId, WorkflowId};
 use crate::schema::SchemaEntry;
 use crate::webhook::Subscription;
 use crate::workflow::WorkflowDefinition;

@@ -4,7 +4,6 @@
 //! job in its queue's ready order, every job with a pending deadline in the
 //! timer set under that deadline. [`State::check_invariants`] verifies this.
 
-use crate::job::{SubscriptionId, WorkflowId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -16,7 +15,7 @@ use super::table::Table;
 use super::workers::entry::WorkerSignal;
 use super::workflows::table::Workflow;
 use crate::clock::Millis;
-use crate::job::{FailureReport, IdGenerator, Job, JobId, JobState, UniqueKey, transition};
+use crate::job::{FailureReport, IdGenerator, Job, JobId, JobState, SubscriptionId, UniqueKey, WorkflowId, transition};
 use crate::limits::DISPATCH_WINDOW_MS_MAX;
 use crate::schedule::{DispatchTable, KeyedReady, ReadyQueue, TimerSet};
 

@@ -2,7 +2,6 @@
 //! changes, after each durable commit. Readers take a shard's read lock for
 //! one lookup, so reads never wait behind a commit's I/O.
 
-use crate::job::{SubscriptionId, WorkflowId};
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -16,7 +15,7 @@ use super::throughput::{MinuteCount, Throughput};
 use super::workers::entry::{WorkerEntry, WorkerState};
 use super::workflows::table::Workflow;
 use crate::clock::Millis;
-use crate::job::{Job, JobId, JobState};
+use crate::job::{Job, JobId, JobState, SubscriptionId, WorkflowId};
 use crate::schema::SchemaEntry;
 
 /// One queue's figures as of the last commit.

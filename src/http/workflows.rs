@@ -2,7 +2,6 @@
 //! workflow object; and the fields a workflow's job shows (`workflow_id`,
 //! `parent_results`, `parent_states`).
 
-use crate::job::WorkflowId;
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -12,7 +11,7 @@ use super::paging::percent_decode;
 use super::{AppState, Reply};
 use crate::engine::{ParentResults, Workflow, WorkflowState};
 use crate::job::time::format_timestamp;
-use crate::job::{Job, JobId, JobState, WorkflowRole};
+use crate::job::{Job, JobId, JobState, WorkflowId, WorkflowRole};
 use crate::wire::report_value;
 use crate::workflow::{WorkflowKind, parse_workflow_body};
 use std::collections::HashMap;

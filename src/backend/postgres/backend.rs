@@ -3,7 +3,6 @@
 //! [`Pending`]; the node's housekeeping (the leader's timers, matching
 //! events to webhook subscriptions, sending deliveries) runs beside them.
 
-use crate::job::{SubscriptionId, WorkflowId};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +18,7 @@ use crate::engine::{
     MinuteCount, Overview, Pending, QueueStats, QueueSummary, Retention, WebhookChange, WorkerEntry, WorkerSignal,
     WorkerState, Workflow,
 };
-use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob};
+use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob, SubscriptionId, WorkflowId};
 use crate::schema::{SchemaEntry, SchemaRegistration};
 use crate::webhook::Subscription;
 use crate::webhook::subscription::NewSubscription;

@@ -12,7 +12,6 @@
 //! event is matched once, whichever node leads; the same pass counts the
 //! events into the leader's metrics, so each is counted once too.
 
-use crate::job::{DeliveryId, SubscriptionId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -26,7 +25,7 @@ use crate::engine::changed_subscription as changed;
 use crate::engine::counting::EventCounter;
 use crate::engine::outbox::{DeliveryLog, Queued, delivery_held_bytes};
 use crate::engine::{EngineError, Event, EventKind, WebhookChange};
-use crate::job::QueueName;
+use crate::job::{DeliveryId, QueueName, SubscriptionId};
 use crate::webhook::Subscription;
 use crate::webhook::subscription::NewSubscription;
 

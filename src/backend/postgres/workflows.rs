@@ -13,7 +13,6 @@
 //! ended. Locks are taken jobs first, then workflows (by id), in every
 //! transaction, so two transactions never wait on each other in a circle.
 
-use crate::job::WorkflowId;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
@@ -28,7 +27,7 @@ use crate::engine::{
     Callback, EngineError, EventKind, Member, MemberOutcome, Workflow, WorkflowEvent, WorkflowFailure, WorkflowState,
     is_failure,
 };
-use crate::job::{Job, JobExtra, JobId, JobState, OnConflict, WorkflowRole, transition};
+use crate::job::{Job, JobExtra, JobId, JobState, OnConflict, WorkflowId, WorkflowRole, transition};
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
 
 fn encode(workflow: &Workflow) -> Vec<u8> {

@@ -2,12 +2,11 @@
 //! event listing and the body of the event's webhook deliveries, built with
 //! `wire`'s writer so the common `job.*` events need no `Value`.
 
-use crate::job::WorkflowId;
 use serde_json::Value;
 
 use super::{CronInfo, CronSkip, Event, EventKind, SignalledWorker, WorkflowEvent};
 use crate::job::time::format_timestamp;
-use crate::job::{Job, JobId, JobState};
+use crate::job::{Job, JobId, JobState, WorkflowId};
 use crate::wire::{ObjectWriter, push_progress_fields, report_value};
 
 /// The event envelope (docs/api.md, "Events") as JSON text: an item of the

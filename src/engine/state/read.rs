@@ -1,7 +1,6 @@
 //! What the engine reads of the state, and what changed since the read
 //! view was last updated (`take_dirty_*`, which a commit copies out).
 
-use crate::job::WorkflowId;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use super::super::workers::entry::WorkerSignal;
 use super::super::workflows::table::Workflow;
 use super::{QueueState, Retention, State};
 use crate::clock::Millis;
-use crate::job::{Job, JobId, UniqueKey};
+use crate::job::{Job, JobId, UniqueKey, WorkflowId};
 
 impl State {
     pub fn job(&self, id: JobId) -> Option<&Job> {

@@ -13,7 +13,6 @@
 pub(super) mod record;
 pub(crate) mod table;
 
-use crate::job::WorkflowId;
 use std::sync::Arc;
 
 use super::api::{EngineError, Unavailable};
@@ -23,7 +22,7 @@ use super::record::Record;
 use super::requests::{RECORD_BYTES_PER_JOB, RECORD_FIXED_BYTES, Request, Turn, sealed};
 use super::state::{ApplyError, State};
 use crate::clock::Millis;
-use crate::job::{Job, JobExtra, JobId, JobIdSet, JobState, OnConflict, WorkflowRole};
+use crate::job::{Job, JobExtra, JobId, JobIdSet, JobState, OnConflict, WorkflowId, WorkflowRole};
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
 use record::{WorkflowCancel, WorkflowCreate, WorkflowPrune};
 use table::{Callback, Member, MemberOutcome, Workflow, WorkflowFailure, WorkflowState, is_failure};
