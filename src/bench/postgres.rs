@@ -164,7 +164,10 @@ async fn drain(client: &Client) -> LoopResult {
 type Asked<R, A> = (R, oneshot::Sender<Result<A, String>>);
 
 /// Gathers requests of one kind into one statement, with no delay added:
-/// while [`MERGED_IN_FLIGHT`] statements run, new requests queue up.
+/// while [`MERGED_IN_FLIGHT`] statements run, new requests queue up. The
+/// rule of svc's own batcher (`backend/postgres/batch.rs`), kept apart since
+/// the load generator is a client and does not link the library; each
+/// statement here has a connection of its own, as a floor should.
 struct Merger<R, A> {
     sender: mpsc::UnboundedSender<Asked<R, A>>,
 }
