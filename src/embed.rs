@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::backend::{Backend, BulkReport, run_bulk};
+pub use crate::engine::Refusal;
 use crate::engine::WebhookChange;
 use crate::engine::block_on;
 use crate::engine::{
@@ -64,6 +65,38 @@ impl SvcError {
         let listed = error.details.iter().find(|(key, _)| *key == "validation_errors");
         Some(listed.and_then(|(_, value)| serde_json::from_value(value.clone()).ok()).unwrap_or_default())
     }
+
+    /// The call's refusal as the HTTP API states it: the stable code, the
+    /// status, whether to retry, the message and the details, exactly as the
+    /// same request over HTTP answers in its error body. `None` for the
+    /// errors of opening a data dir, which no request meets.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            SvcError::Invalid(error) => Some(Refusal::from(error.clone())),
+            SvcError::Engine(error) => Some(Refusal::from(error.clone())),
+            SvcError::Storage(_) | SvcError::Webhooks(_) => None,
+        }
+    }
+}
+
+/// A job as the HTTP API represents it, as JSON text: a workflow's job
+/// names its `workflow_id`, and `given` adds what it is given,
+/// `parent_results` (and a batch callback's `parent_states`), as a fetch
+/// answers it (see [`Svc::parent_results`]).
+pub fn render_job(job: &Job, given: Option<&GivenResults>) -> String {
+    let mut extra = Vec::new();
+    if let Some((id, _)) = job.workflow() {
+        extra.push(("workflow_id", serde_json::Value::from(id.to_string())));
+    }
+    if let Some(given) = given {
+        extra.push(("parent_results", serde_json::Value::Array(given.results.clone())));
+        if let Some(states) = &given.states {
+            let states =
+                states.iter().map(|state| state.map_or(serde_json::Value::Null, |state| state.as_str().into()));
+            extra.push(("parent_states", serde_json::Value::Array(states.collect())));
+        }
+    }
+    crate::wire::render_job(job, &extra)
 }
 
 impl From<EngineError> for SvcError {

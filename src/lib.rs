@@ -73,4 +73,4 @@ pub mod workflow;
 
 mod embed;
 
-pub use embed::{GivenResults, Svc, SvcError, WebhookSettings};
+pub use embed::{GivenResults, Refusal, Svc, SvcError, WebhookSettings, render_job};

@@ -478,3 +478,46 @@ fn the_admin_operations_work_embedded_and_validate_as_http_does() {
     let refused = svc.enqueue(JobBuilder::new("email.send").queue("mail"));
     assert!(refused.is_ok(), "the bound is durable, and the queue is empty now");
 }
+
+#[test]
+fn refusals_and_jobs_read_as_the_http_api_answers_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let done = svc.enqueue(JobBuilder::new("t").args([1])).unwrap().job;
+    svc.fetch(&["default"], 1, None).unwrap();
+    svc.ack(done.id).unwrap();
+    let unknown = svc::job::JobId::parse_any_case("0195a9c4-0000-7000-8000-000000000001").unwrap();
+    let embedded: Vec<svc::Refusal> = [
+        svc.ack(unknown).map(drop),
+        svc.ack(done.id).map(drop),
+        svc.nack(done.id, Failure::new("", "no type")).map(drop),
+        svc.fetch(&["not a queue!"], 1, None).map(drop),
+    ]
+    .into_iter()
+    .map(|outcome| outcome.expect_err("refused").refusal().expect("a request's refusal"))
+    .collect();
+    let rendered: Value = serde_json::from_str(&svc::render_job(&svc.get(done.id).unwrap(), None)).unwrap();
+    svc.close();
+
+    let server = common::TestServer::start(dir.path());
+    let answers = [
+        server.post("/svc/v1/workers/ack", json!({"job_id": unknown.to_string()})),
+        server.post("/svc/v1/workers/ack", json!({"job_id": done.id.to_string()})),
+        server.post(
+            "/svc/v1/workers/nack",
+            json!({"job_id": done.id.to_string(), "error": {"type": "", "message": "no type"}}),
+        ),
+        server.post("/svc/v1/workers/fetch", json!({"queues": ["not a queue!"]})),
+    ];
+    for (refusal, answer) in embedded.iter().zip(&answers) {
+        let error = &answer.body["error"];
+        assert_eq!(refusal.status(), answer.status, "{refusal}");
+        assert_eq!(refusal.code, error["code"], "{refusal}");
+        assert_eq!(refusal.message, error["message"], "{refusal}");
+        assert_eq!(json!(refusal.retryable()), error["retryable"], "{refusal}");
+        assert_eq!(Value::Object(refusal.details.clone()), error["details"], "{refusal}");
+    }
+    let codes: Vec<&str> = embedded.iter().map(|refusal| refusal.code).collect();
+    assert_eq!(codes, ["not_found", "conflict", "invalid_request", "invalid_request"]);
+    assert_eq!(rendered, server.get(&format!("/svc/v1/jobs/{}", done.id)).body["job"]);
+}

@@ -70,7 +70,7 @@ async fn jobs_go_through_their_lifecycle_as_on_the_local_engine() {
     assert!(
         matches!(
             again,
-            EngineError::Conflict { current_state: JobState::Completed, reason: ConflictReason::InvalidState, .. }
+            EngineError::Conflict { current_state: JobState::Completed, reason: ConflictReason::NotActive, .. }
         ),
         "{again:?}"
     );

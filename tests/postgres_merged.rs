@@ -98,7 +98,7 @@ async fn concurrent_acks_are_each_answered_on_their_own() {
                 assert!(completed.insert(id), "job {id} acked twice");
             }
             Err(EngineError::Conflict { reason: ConflictReason::NotOwner, .. }) => assert_eq!(worker, "other"),
-            Err(EngineError::Conflict { reason: ConflictReason::InvalidState, current_state, .. }) => {
+            Err(EngineError::Conflict { reason: ConflictReason::NotActive, current_state, .. }) => {
                 assert_eq!(current_state, JobState::Completed, "the other ack of the pair came first");
             }
             Err(other) => panic!("unexpected refusal of {id}: {other:?}"),

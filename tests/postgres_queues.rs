@@ -142,7 +142,7 @@ async fn a_worker_reports_progress_on_the_job_it_holds() {
     let (jobs, _pool) = store(&server, "progress").await;
     let id = jobs.enqueue(NOW, vec![job("p")]).await.unwrap()[0].job.id;
     let early = jobs.report_progress(NOW, id, JobProgress::new(0.1), None).await.unwrap_err();
-    assert!(matches!(early, EngineError::Conflict { reason: ConflictReason::InvalidState, .. }), "{early:?}");
+    assert!(matches!(early, EngineError::Conflict { reason: ConflictReason::NotActive, .. }), "{early:?}");
 
     jobs.claim(NOW + 1, &fetch("p", 1, "w1")).await.unwrap();
     let other = jobs.report_progress(NOW + 2, id, JobProgress::new(0.2), Some("w2")).await.unwrap_err();

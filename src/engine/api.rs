@@ -200,6 +200,9 @@ pub enum EngineError {
 pub enum ConflictReason {
     /// The job is not in a state the request applies to.
     InvalidState,
+    /// A worker's report (ack, nack, progress) on a job that is not
+    /// `active`; read as `invalid_state`, with `expected_state: active`.
+    NotActive,
     /// The job is claimed by another worker.
     NotOwner,
     /// Activation of a job that is not `pending`.
@@ -211,7 +214,7 @@ pub enum ConflictReason {
 impl ConflictReason {
     pub fn as_str(self) -> &'static str {
         match self {
-            ConflictReason::InvalidState => "invalid_state",
+            ConflictReason::InvalidState | ConflictReason::NotActive => "invalid_state",
             ConflictReason::NotOwner => "not_owner",
             ConflictReason::NotPending => "not_pending",
             ConflictReason::Owned => "owned",
@@ -310,7 +313,7 @@ impl EngineError {
     /// The 409 for a worker's report on a job it does not hold.
     pub fn not_held(job: &Job, refusal: crate::job::transition::NotHeld) -> EngineError {
         let reason = match refusal {
-            crate::job::transition::NotHeld::NotActive => ConflictReason::InvalidState,
+            crate::job::transition::NotHeld::NotActive => ConflictReason::NotActive,
             crate::job::transition::NotHeld::OtherWorker => ConflictReason::NotOwner,
         };
         EngineError::Conflict { id: job.id, current_state: job.state, reason }

@@ -24,6 +24,7 @@ mod queues;
 #[doc(hidden)]
 pub mod record;
 mod recover;
+mod refusal;
 pub mod requests;
 mod schemas;
 mod snapshot;
@@ -58,6 +59,7 @@ pub use jobs::listing::{JobCursor, JobFilter, JobsPage};
 pub use progress::ReportProgress;
 pub use queues::{Backpressure, BackpressureStrategy, ConfigureQueue, PauseQueue};
 pub use recover::recover;
+pub use refusal::{ERROR_CODES, Refusal};
 pub use requests::Request;
 pub use schemas::{DeleteSchema, RegisterSchema};
 pub use state::Retention;

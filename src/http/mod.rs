@@ -31,7 +31,7 @@ mod workers;
 mod workflows;
 
 pub use app::{AppState, MEDIA_TYPE, Principal, Reply, SPEC_VERSION, is_empty_body};
-pub use error::{ApiError, ERROR_TABLE};
+pub use error::ApiError;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};

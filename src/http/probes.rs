@@ -5,8 +5,9 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
-use super::error::{ApiError, ERROR_TABLE};
+use super::error::ApiError;
 use super::{AppState, Reply, SPEC_VERSION};
+use crate::engine::ERROR_CODES;
 use crate::limits::{
     BATCH_JOBS_MAX, ENVELOPE_BYTES_MAX, FETCH_COUNT_MAX, HEALTH_PROBE_MS, PAGE_SIZE_DEFAULT, PAGE_SIZE_MAX,
 };
@@ -60,7 +61,7 @@ pub(super) fn ready(app: &AppState) -> Result<Reply, ApiError> {
 }
 
 pub(super) fn error_catalog() -> Value {
-    let errors: Vec<Value> = ERROR_TABLE
+    let errors: Vec<Value> = ERROR_CODES
         .iter()
         .map(|(code, status, retryable, meaning, _)| json!({"code": code, "status": status, "retryable": retryable, "meaning": meaning}))
         .collect();

@@ -6,7 +6,7 @@ use hyper::Method;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{job_id, object_body};
-use super::workers::{report_error, worker_id};
+use super::workers::worker_id;
 use super::{AppState, Reply};
 use crate::job::{Job, JobProgress};
 use crate::wire::{ObjectWriter, push_progress_fields};
@@ -60,7 +60,7 @@ async fn report(app: &AppState, id: &str, body: &[u8]) -> Result<Reply, ApiError
     let object = object_body(body)?;
     let progress = JobProgress::from_object(&object)?;
     let worker_id = worker_id(&object)?;
-    let job = app.backend.report_progress(id, progress, worker_id).outcome().await.map_err(report_error)?;
+    let job = app.backend.report_progress(id, progress, worker_id).outcome().await.map_err(ApiError::from)?;
     Ok(Reply::ok(render(&job)))
 }
 

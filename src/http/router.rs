@@ -270,7 +270,7 @@ mod tests {
     fn the_documented_error_codes_are_the_error_table() {
         let document: serde_json::Value = serde_json::from_str(super::super::probes::OPENAPI).unwrap();
         let codes = &document["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"];
-        let table: Vec<&str> = crate::http::ERROR_TABLE.iter().map(|row| row.0).collect();
+        let table: Vec<&str> = crate::engine::ERROR_CODES.iter().map(|row| row.0).collect();
         assert_eq!(codes, &serde_json::json!(table));
     }
 

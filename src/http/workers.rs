@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::extract::{job_id, object_body};
 use super::paging::{decode_cursor, encode_cursor, page_limit, percent_decode, query_pairs, query_value};
 use super::{AppState, Reply, is_empty_body};
-use crate::engine::{ACKS_MAX, AckItem, AckMany, EngineError, FetchRequest, WorkerState};
+use crate::engine::{ACKS_MAX, AckItem, AckMany, FetchRequest, WorkerState};
 use crate::job::json::{JsonKind, RawObject, kind_of, string_value};
 use crate::job::time::format_timestamp;
 use crate::job::{
@@ -209,14 +209,6 @@ pub(super) fn report_job_id(path_id: Option<&str>, body_id: Option<&RawValue>) -
     }
 }
 
-/// A 409 for a report on a job that is not active, with the expected state.
-pub(super) fn report_error(error: EngineError) -> ApiError {
-    let is_state_conflict =
-        matches!(error, EngineError::Conflict { reason: crate::engine::ConflictReason::InvalidState, .. });
-    let api = ApiError::from(error);
-    if is_state_conflict { api.detail("expected_state", "active") } else { api }
-}
-
 /// `POST /workers/ack` (or `/jobs/{id}/ack`): one job by `job_id`, or
 /// several by `acks`; with `fetch`, the next jobs are claimed in the same
 /// step and answered as `jobs` (docs/api.md, "Ack").
@@ -236,12 +228,12 @@ async fn ack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Reply
     let id = report_job_id(path_id, object.get_present("job_id"))?;
     let result = object.get_present("result").map(ack_result).transpose()?;
     let job = match fetch {
-        None => app.backend.ack(id, result, worker).outcome().await.map_err(report_error)?,
+        None => app.backend.ack(id, result, worker).outcome().await.map_err(ApiError::from)?,
         Some(fetch) => {
             let mut request = AckMany::new(vec![AckItem { id, result }], worker, Some(fetch));
             request.fetch_unless_refused = true;
             let outcome = app.backend.ack_many(request).outcome().await?;
-            let acked = outcome.acked.into_iter().next().expect("one ack, one outcome").map_err(report_error)?;
+            let acked = outcome.acked.into_iter().next().expect("one ack, one outcome").map_err(ApiError::from)?;
             let mut body = jobs_with_fields(app, "jobs", &outcome.jobs).await?;
             push_acked(&mut body, &acked);
             return Ok(Reply::ok(body.finish()));
@@ -347,7 +339,7 @@ async fn ack_many(
                 entry
             }
             Ok(Err(error)) => {
-                json!({"job_id": id, "acknowledged": false, "error": item_error(report_error(error.clone()))})
+                json!({"job_id": id, "acknowledged": false, "error": item_error(ApiError::from(error.clone()))})
             }
             Err(error) => json!({"job_id": id, "acknowledged": false, "error": item_error(error)}),
         })
@@ -378,7 +370,7 @@ async fn nack(app: &AppState, path_id: Option<&str>, body: &[u8]) -> Result<Repl
             return Err(ApiError::invalid_request(Some("requeue"), "requeue must be a boolean"));
         }
     };
-    let job = app.backend.fail(id, report, requeue, worker_id(&object)?).outcome().await.map_err(report_error)?;
+    let job = app.backend.fail(id, report, requeue, worker_id(&object)?).outcome().await.map_err(ApiError::from)?;
     let mut body = crate::wire::ObjectWriter::default();
     body.job("job", &job)
         .id("id", job.id)

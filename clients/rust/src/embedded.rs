@@ -68,42 +68,32 @@ fn engine_error(error: EngineError) -> Error {
 }
 
 fn api_error(error: EngineError) -> ApiError {
-    from_server_error(svc::http::error::ApiError::from(error))
+    from_refusal(svc::Refusal::from(error))
 }
 
 fn validation_error(error: ValidationError) -> Error {
-    Error::from(from_server_error(svc::http::error::ApiError::from(error)))
+    Error::from(from_refusal(svc::Refusal::from(error)))
 }
 
-fn from_server_error(server: svc::http::error::ApiError) -> ApiError {
-    let status = server.status().as_u16();
-    let body = server.body("");
-    let error = &body["error"];
-    let mut api = ApiError::new(status, server.code, server.message.clone());
-    api.retryable = error["retryable"].as_bool().unwrap_or(false);
-    api.details = server.details;
+fn from_refusal(refusal: svc::Refusal) -> ApiError {
+    let mut api = ApiError::new(refusal.status(), refusal.code, refusal.message.clone());
+    api.retryable = refusal.retryable();
+    api.details = refusal.details;
     api
 }
 
 /// A job as HTTP renders it, read into this crate's [`Job`].
 fn render(handle: &EngineHandle, job: &svc::job::Job) -> Result<Job> {
-    let mut extra = Vec::new();
-    if let Some((workflow_id, role)) = job.workflow()
-        && let Some(workflow) = handle.workflow(workflow_id)
-    {
-        let given = workflow.parent_results(role);
-        let results: Vec<Value> = given
+    let given = job.workflow().and_then(|(workflow_id, role)| {
+        let given = handle.workflow(workflow_id)?.parent_results(role);
+        let results = given
             .results
             .iter()
             .map(|result| result.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default())
             .collect();
-        extra.push(("parent_results", Value::Array(results)));
-        if let Some(states) = given.states {
-            let states = states.iter().map(|state| state.map_or(Value::Null, |state| json!(state.as_str())));
-            extra.push(("parent_states", Value::Array(states.collect())));
-        }
-    }
-    let text = svc::wire::render_job(job, &extra);
+        Some(svc::GivenResults { results, states: given.states })
+    });
+    let text = svc::render_job(job, given.as_ref());
     serde_json::from_str(&text).map_err(|error| Error::protocol(format!("a job does not read: {error}"), None))
 }
 
