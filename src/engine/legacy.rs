@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::cron::table::{CronFire, CronOutcome};
 use crate::clock::Millis;
-use crate::job::{ErrorEntry, FailureReport, Job, JobId, JobPayload, JobState, RetryPolicy, StoredJob};
+use crate::job::{ErrorEntry, FailureReport, Job, JobId, JobPayload, JobRun, JobState, RetryPolicy, StoredJob};
 
 /// A job as logs and snapshots held it before jobs carried extras (unique
 /// policies, dispatch limits, activation times).
@@ -57,19 +57,21 @@ impl From<JobV1> for Job {
             scheduled_at: old.scheduled_at,
             expires_at: old.expires_at,
             enqueued_at: old.enqueued_at,
-            started_at: old.started_at,
-            completed_at: old.completed_at,
-            cancelled_at: old.cancelled_at,
-            discarded_at: old.discarded_at,
-            retry_at: old.retry_at,
-            retry_delay_ms: old.retry_delay_ms,
-            worker_id: old.worker_id,
-            result: old.result,
-            error: old.error.map(|report| *report),
-            errors: old.errors,
-            visibility_deadline: old.visibility_deadline,
-            execution_deadline: old.execution_deadline,
-            claim_visibility_ms: old.claim_visibility_ms,
+            run: JobRun {
+                started_at: old.started_at,
+                completed_at: old.completed_at,
+                cancelled_at: old.cancelled_at,
+                discarded_at: old.discarded_at,
+                retry_at: old.retry_at,
+                retry_delay_ms: old.retry_delay_ms,
+                worker_id: old.worker_id,
+                result: old.result,
+                error: old.error.map(|report| *report),
+                errors: old.errors,
+                visibility_deadline: old.visibility_deadline,
+                execution_deadline: old.execution_deadline,
+                claim_visibility_ms: old.claim_visibility_ms,
+            },
             extras: Box::default(),
         }
         .into()

@@ -246,8 +246,9 @@ impl std::ops::Deref for JobExtras {
     }
 }
 
-/// What a job gathers once it is claimed, cancelled or discarded.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// What a job gathers once it is claimed, cancelled or discarded. Its
+/// fields are stored in this order, inside a job's (`stored.rs`).
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct JobRun {
     pub started_at: Option<Millis>,
     pub completed_at: Option<Millis>,

@@ -8,115 +8,92 @@ use std::sync::Arc;
 
 use super::postcard_form::{put_serde, put_signed, put_unsigned};
 use super::{
-    ErrorEntry, FailureReport, Job, JobExtra, JobExtras, JobId, JobPayload, JobRun, JobState, QueueName, RetryPolicy,
-    RunSlot, SharedPolicies,
+    Job, JobExtra, JobExtras, JobId, JobPayload, JobRun, JobState, QueueName, RetryPolicy, RunSlot, SharedPolicies,
 };
 use crate::clock::Millis;
 
-/// A job as decoded from a log or a snapshot.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct StoredJob {
-    pub id: JobId,
-    pub payload: JobPayload,
-    pub queue: QueueName,
-    pub state: JobState,
-    pub priority: i32,
-    pub timeout_ms: u64,
-    pub visibility_timeout_ms: u64,
-    pub retry: Arc<RetryPolicy>,
-    pub attempt: u32,
-    pub created_at: Millis,
-    pub scheduled_at: Option<Millis>,
-    pub expires_at: Option<Millis>,
-    pub enqueued_at: Option<Millis>,
-    pub started_at: Option<Millis>,
-    pub completed_at: Option<Millis>,
-    pub cancelled_at: Option<Millis>,
-    pub discarded_at: Option<Millis>,
-    pub retry_at: Option<Millis>,
-    pub retry_delay_ms: Option<u64>,
-    pub worker_id: Option<String>,
-    pub result: Option<String>,
-    pub error: Option<FailureReport>,
-    pub errors: Vec<ErrorEntry>,
-    pub visibility_deadline: Option<Millis>,
-    pub execution_deadline: Option<Millis>,
-    pub claim_visibility_ms: u64,
-    pub extras: Box<[JobExtra]>,
+/// Declares the stored field list once, as the two forms serde reads and
+/// writes: [`StoredJob`] owns each field (decoding), `StoredJobRef` borrows
+/// it from a [`Job`] (encoding). The order is the format's
+/// (docs/wal-format.md); a job's run is one field here, and postcard writes
+/// a struct as its fields one after another, so the run's fields, declared
+/// once in [`JobRun`], sit in the list exactly where they always did.
+macro_rules! stored_job_forms {
+    ($lt:lifetime; $($(#[$doc:meta])* $name:ident: $owned:ty => $borrowed:ty,)*) => {
+        /// A job as decoded from a log or a snapshot.
+        #[derive(Debug, Clone, PartialEq, Deserialize)]
+        pub struct StoredJob {
+            $($(#[$doc])* pub $name: $owned,)*
+        }
+
+        /// The same fields, borrowed from a [`Job`], for encoding.
+        #[derive(Serialize)]
+        struct StoredJobRef<$lt> {
+            $($name: $borrowed,)*
+        }
+    };
 }
 
-/// The same fields, borrowed from a [`Job`], for encoding.
-#[derive(Serialize)]
-struct StoredJobRef<'a> {
-    id: JobId,
-    payload: &'a JobPayload,
-    queue: &'a str,
-    state: JobState,
-    priority: i32,
-    timeout_ms: u64,
-    visibility_timeout_ms: u64,
-    retry: &'a Arc<RetryPolicy>,
-    attempt: u32,
-    created_at: Millis,
-    scheduled_at: Option<Millis>,
-    expires_at: Option<Millis>,
-    enqueued_at: Option<Millis>,
-    started_at: Option<Millis>,
-    completed_at: Option<Millis>,
-    cancelled_at: Option<Millis>,
-    discarded_at: Option<Millis>,
-    retry_at: Option<Millis>,
-    retry_delay_ms: Option<u64>,
-    worker_id: Option<&'a str>,
-    result: Option<&'a str>,
-    error: Option<&'a FailureReport>,
-    errors: &'a [ErrorEntry],
-    visibility_deadline: Option<Millis>,
-    execution_deadline: Option<Millis>,
-    claim_visibility_ms: u64,
-    extras: &'a [JobExtra],
+stored_job_forms! { 'a;
+    id: JobId => JobId,
+    payload: JobPayload => &'a JobPayload,
+    queue: QueueName => &'a str,
+    state: JobState => JobState,
+    priority: i32 => i32,
+    timeout_ms: u64 => u64,
+    visibility_timeout_ms: u64 => u64,
+    retry: Arc<RetryPolicy> => &'a Arc<RetryPolicy>,
+    attempt: u32 => u32,
+    created_at: Millis => Millis,
+    scheduled_at: Option<Millis> => Option<Millis>,
+    expires_at: Option<Millis> => Option<Millis>,
+    enqueued_at: Option<Millis> => Option<Millis>,
+    /// Thirteen fields in the format: those of [`JobRun`], in its order.
+    run: JobRun => &'a JobRun,
+    extras: Box<[JobExtra]> => &'a [JobExtra],
 }
 
 impl From<StoredJob> for Job {
     fn from(stored: StoredJob) -> Job {
-        let run = JobRun {
-            started_at: stored.started_at,
-            completed_at: stored.completed_at,
-            cancelled_at: stored.cancelled_at,
-            discarded_at: stored.discarded_at,
-            retry_at: stored.retry_at,
-            retry_delay_ms: stored.retry_delay_ms,
-            worker_id: stored.worker_id,
-            result: stored.result,
-            error: stored.error,
-            errors: stored.errors,
-            visibility_deadline: stored.visibility_deadline,
-            execution_deadline: stored.execution_deadline,
-            claim_visibility_ms: stored.claim_visibility_ms,
-        };
+        let StoredJob {
+            id,
+            payload,
+            queue,
+            state,
+            priority,
+            timeout_ms,
+            visibility_timeout_ms,
+            retry,
+            attempt,
+            created_at,
+            scheduled_at,
+            expires_at,
+            enqueued_at,
+            run,
+            extras,
+        } = stored;
         Job {
-            id: stored.id,
-            payload: stored.payload,
-            queue: stored.queue,
-            state: stored.state,
-            priority: super::priority_field(stored.priority),
-            timeout_ms: super::timeout_field(stored.timeout_ms),
-            visibility_timeout_ms: super::timeout_field(stored.visibility_timeout_ms),
-            retry: stored.retry,
-            attempt: stored.attempt,
-            created_at: stored.created_at,
-            scheduled_at: stored.scheduled_at.into(),
-            enqueued_at: stored.enqueued_at.into(),
+            id,
+            payload,
+            queue,
+            state,
+            priority: super::priority_field(priority),
+            timeout_ms: super::timeout_field(timeout_ms),
+            visibility_timeout_ms: super::timeout_field(visibility_timeout_ms),
+            retry,
+            attempt,
+            created_at,
+            scheduled_at: scheduled_at.into(),
+            enqueued_at: enqueued_at.into(),
             // A job that never ran takes no out-of-line space.
             run: RunSlot((run != JobRun::default()).then(|| Box::new(run))),
-            extras: JobExtras::new(stored.extras.into_vec(), stored.expires_at),
+            extras: JobExtras::new(extras.into_vec(), expires_at),
         }
     }
 }
 
 impl Serialize for Job {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let run = self.run();
         StoredJobRef {
             id: self.id,
             payload: &self.payload,
@@ -131,19 +108,7 @@ impl Serialize for Job {
             scheduled_at: self.scheduled_at(),
             expires_at: self.expires_at(),
             enqueued_at: self.enqueued_at(),
-            started_at: run.started_at,
-            completed_at: run.completed_at,
-            cancelled_at: run.cancelled_at,
-            discarded_at: run.discarded_at,
-            retry_at: run.retry_at,
-            retry_delay_ms: run.retry_delay_ms,
-            worker_id: run.worker_id.as_deref(),
-            result: run.result.as_deref(),
-            error: run.error.as_ref(),
-            errors: &run.errors,
-            visibility_deadline: run.visibility_deadline,
-            execution_deadline: run.execution_deadline,
-            claim_visibility_ms: run.claim_visibility_ms,
+            run: self.run(),
             extras: &self.extras,
         }
         .serialize(serializer)
@@ -171,7 +136,7 @@ pub struct StoredJobDecoder<'a, 'p> {
 }
 
 /// How the run of a job that never ran is stored: its thirteen fields
-/// empty, one zero byte each.
+/// empty, one zero byte each (a test checks it against [`JobRun`]).
 const NO_RUN_STORED: [u8; 13] = [0; 13];
 
 /// Reads one stored value off the front of `bytes`.
@@ -231,7 +196,7 @@ impl<'a, 'p> StoredJobDecoder<'a, 'p> {
             *bytes = &bytes[NO_RUN_STORED.len()..];
             None
         } else {
-            let run = decode_run(bytes)?;
+            let run: JobRun = take(bytes)?;
             (run != JobRun::default()).then(|| Box::new(run))
         };
         let extras: Box<[JobExtra]> = take(bytes)?;
@@ -291,24 +256,7 @@ impl StoredJobEncoder {
         put_time(out, job.enqueued_at());
         match job.run.0.as_deref().filter(|run| **run != *super::NO_RUN) {
             None => out.extend_from_slice(&NO_RUN_STORED),
-            Some(run) => put_serde(
-                out,
-                &(
-                    run.started_at,
-                    run.completed_at,
-                    run.cancelled_at,
-                    run.discarded_at,
-                    run.retry_at,
-                    run.retry_delay_ms,
-                    run.worker_id.as_deref(),
-                    run.result.as_deref(),
-                    run.error.as_ref(),
-                    &run.errors,
-                    run.visibility_deadline,
-                    run.execution_deadline,
-                    run.claim_visibility_ms,
-                ),
-            ),
+            Some(run) => put_serde(out, run),
         }
         put_list(out, job.extras());
     }
@@ -371,61 +319,10 @@ fn decode_payload(bytes: &mut &[u8]) -> postcard::Result<JobPayload> {
     Ok(JobPayload::new(job_type, args, meta, tags, extra))
 }
 
-/// A run's thirteen stored fields, in their order.
-fn decode_run(bytes: &mut &[u8]) -> postcard::Result<JobRun> {
-    Ok(JobRun {
-        started_at: take(bytes)?,
-        completed_at: take(bytes)?,
-        cancelled_at: take(bytes)?,
-        discarded_at: take(bytes)?,
-        retry_at: take(bytes)?,
-        retry_delay_ms: take(bytes)?,
-        worker_id: take(bytes)?,
-        result: take(bytes)?,
-        error: take(bytes)?,
-        errors: take(bytes)?,
-        visibility_deadline: take(bytes)?,
-        execution_deadline: take(bytes)?,
-        claim_visibility_ms: take(bytes)?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::job::{ErrorEntry, FailureReport};
-
-    /// The encoding before the run moved out of line, field by field.
-    #[derive(Serialize)]
-    struct FlatJob {
-        id: JobId,
-        payload: JobPayload,
-        queue: String,
-        state: JobState,
-        priority: i32,
-        timeout_ms: u64,
-        visibility_timeout_ms: u64,
-        retry: Arc<RetryPolicy>,
-        attempt: u32,
-        created_at: Millis,
-        scheduled_at: Option<Millis>,
-        expires_at: Option<Millis>,
-        enqueued_at: Option<Millis>,
-        started_at: Option<Millis>,
-        completed_at: Option<Millis>,
-        cancelled_at: Option<Millis>,
-        discarded_at: Option<Millis>,
-        retry_at: Option<Millis>,
-        retry_delay_ms: Option<u64>,
-        worker_id: Option<String>,
-        result: Option<String>,
-        error: Option<Box<FailureReport>>,
-        errors: Vec<ErrorEntry>,
-        visibility_deadline: Option<Millis>,
-        execution_deadline: Option<Millis>,
-        claim_visibility_ms: u64,
-        extras: Box<[JobExtra]>,
-    }
 
     fn sample_job() -> Job {
         let payload = JobPayload::new("email.send", r#"["a@example.com"]"#, "{}", vec!["t".into()], Vec::new());
@@ -463,42 +360,24 @@ mod tests {
         job
     }
 
+    /// The order of the fields is the format's, which the fixtures of
+    /// `tests/format_fixtures.rs` hold; here, what a job writes reads back
+    /// field by field, the run's and the out-of-line ones included.
     #[test]
-    fn a_job_encodes_as_the_flat_list_it_always_was() {
+    fn a_job_reads_back_as_its_stored_fields() {
         let job = sample_job();
-        let run = job.run().clone();
-        let flat = FlatJob {
-            id: job.id,
-            payload: job.payload.clone(),
-            queue: job.queue.to_string(),
-            state: job.state,
-            priority: i32::from(job.priority),
-            timeout_ms: u64::from(job.timeout_ms),
-            visibility_timeout_ms: u64::from(job.visibility_timeout_ms),
-            retry: job.retry.clone(),
-            attempt: job.attempt,
-            created_at: job.created_at,
-            scheduled_at: job.scheduled_at(),
-            expires_at: job.expires_at(),
-            enqueued_at: job.enqueued_at(),
-            started_at: run.started_at,
-            completed_at: run.completed_at,
-            cancelled_at: run.cancelled_at,
-            discarded_at: run.discarded_at,
-            retry_at: run.retry_at,
-            retry_delay_ms: run.retry_delay_ms,
-            worker_id: run.worker_id,
-            result: run.result,
-            error: run.error.map(Box::new),
-            errors: run.errors,
-            visibility_deadline: run.visibility_deadline,
-            execution_deadline: run.execution_deadline,
-            claim_visibility_ms: run.claim_visibility_ms,
-            extras: job.extras().to_vec().into_boxed_slice(),
-        };
         let encoded = postcard::to_allocvec(&job).unwrap();
-        assert_eq!(encoded, postcard::to_allocvec(&flat).unwrap());
-        assert_eq!(postcard::from_bytes::<Job>(&encoded).unwrap(), job);
+        let stored: StoredJob = postcard::from_bytes(&encoded).unwrap();
+        assert_eq!((stored.id, stored.priority, stored.timeout_ms, stored.attempt), (job.id, 3, 1000, 1));
+        assert_eq!((stored.expires_at, stored.enqueued_at, &*stored.queue), (Some(99), Some(10), "default"));
+        assert_eq!(&stored.run, job.run());
+        assert_eq!(&*stored.extras, &[JobExtra::ActivatedAt(5)]);
+        assert_eq!(Job::from(stored), job);
+    }
+
+    #[test]
+    fn a_run_that_never_started_is_stored_as_the_zero_bytes_the_codecs_skip() {
+        assert_eq!(postcard::to_allocvec(&JobRun::default()).unwrap(), NO_RUN_STORED);
     }
 
     #[test]
