@@ -12,6 +12,7 @@ use crate::wire::ObjectWriter;
 
 /// How a workflow's jobs relate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub enum WorkflowKind {
     /// One after the other; a step starts when the one before completed.
     Chain,

@@ -23,6 +23,7 @@ use crate::limits::{CRON_DESCRIPTION_CHARS_MAX, CRON_NAME_CHARS_MAX, CRON_SCHEDU
 
 /// What a cron entry does when its previous job is still going (docs/api.md, "When the previous run is still going").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum OverlapPolicy {
     Skip,
     Allow,

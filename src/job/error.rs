@@ -4,6 +4,7 @@ use std::fmt;
 
 /// Which error code a validation failure maps to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ValidationKind {
     /// Malformed JSON, a missing required field, an invalid non-envelope request.
     Request,

@@ -47,6 +47,7 @@ use time::TimeSpec;
 
 /// The states a job moves through (docs/api.md, "States").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum JobState {
     Scheduled,
     Available,
@@ -134,6 +135,7 @@ pub enum JobExtra {
 
 /// A job's part in its workflow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum WorkflowRole {
     /// A chain step or a group or batch job, by its index.
     Member(u32),
@@ -143,6 +145,7 @@ pub enum WorkflowRole {
 
 /// Which batch callback (docs/api.md, "Workflows").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum CallbackKind {
     /// Fires once every job ended, whatever the outcome.
     OnComplete,

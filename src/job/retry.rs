@@ -13,6 +13,7 @@ use crate::limits::{BACKOFF_COEFFICIENT_MAX, ERROR_TYPE_CHARS_MAX, NON_RETRYABLE
 /// What happens to a job whose attempts are used up. Both end in `discarded`
 /// and the dead letter listing; they differ in retention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Exhaustion {
     Discard,
     DeadLetter,

@@ -22,6 +22,7 @@ const FIELDS: [&str; 4] = ["key", "period", "on_conflict", "states"];
 
 /// What an enqueue does when a job with the same fingerprint is held in a covered state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum OnConflict {
     /// Refuse the new job.
     Reject,

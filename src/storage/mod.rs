@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 /// A storage failure. Corruption names the file and byte offset.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum StorageError {
     Io {
         path: PathBuf,

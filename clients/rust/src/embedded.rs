@@ -215,6 +215,7 @@ async fn heartbeat(handle: &EngineHandle, heartbeat: Heartbeat) -> Result<Heartb
         None => WorkerState::Running,
         Some(WorkerSignal::Quiet) => WorkerState::Quiet,
         Some(WorkerSignal::Terminate) => WorkerState::Terminate,
+        Some(_) => WorkerState::Unknown,
     };
     Ok(HeartbeatAnswer { state, jobs_extended: outcome.extended, server_time: None })
 }

@@ -39,6 +39,7 @@ pub enum CronWrite {
 
 /// What one evaluation of a due entry did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum CronOutcome {
     /// A job was created (`available`, or `pending` behind `waits_for`);
     /// `cancelled` is the previous run cancelled by `cancel_previous`.

@@ -15,6 +15,7 @@ use crate::limits::{EVENT_BUFFER_BYTES_MAX, EVENT_BUFFER_MAX};
 
 /// The details an event carries beyond its job.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum EventKind {
     Enqueued,
     Scheduled,

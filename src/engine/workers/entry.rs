@@ -11,6 +11,7 @@ use crate::job::JobId;
 
 /// What an operator told a worker. No signal means `running`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum WorkerSignal {
     /// Finish current jobs; fetch hands out nothing new.
     Quiet,
@@ -20,6 +21,7 @@ pub enum WorkerSignal {
 
 /// What a worker is to do, as the registry reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WorkerState {
     Running,
     Quiet,

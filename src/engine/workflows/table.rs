@@ -12,6 +12,7 @@ use crate::workflow::WorkflowKind;
 
 /// `running` until it completes, fails or is cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum WorkflowState {
     Running,
     Completed,
