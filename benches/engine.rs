@@ -5,10 +5,10 @@
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 use std::hint::black_box;
+use svc::__private::schedule::{ReadyKey, ReadyQueue};
 use svc::engine::record::Record;
 use svc::engine::{Entropy, FetchRequest, Retention, State, SystemEntropy};
 use svc::job::{JobDefaults, JobId, NewJob, parse_enqueue_body};
-use svc::schedule::{ReadyKey, ReadyQueue};
 
 const NOW: i64 = 1_800_000_000_000;
 
@@ -138,7 +138,7 @@ fn batch_path(c: &mut Criterion) {
     let defaults = JobDefaults::default();
     // The request side alone: the body read into 100 validated jobs.
     group.bench_function("parse_100", |b| {
-        b.iter(|| svc::http::jobs::parse_batch(black_box(body.as_bytes()), &defaults).expect("valid batch"))
+        b.iter(|| svc::__private::http::jobs::parse_batch(black_box(body.as_bytes()), &defaults).expect("valid batch"))
     });
     let mut entropy = SystemEntropy;
     let mut state = state_with(100_000);
@@ -153,7 +153,8 @@ fn batch_path(c: &mut Criterion) {
                     state = state_with(100_000);
                 }
                 let started = std::time::Instant::now();
-                let jobs = svc::http::jobs::parse_batch(black_box(body.as_bytes()), &defaults).expect("valid batch");
+                let jobs = svc::__private::http::jobs::parse_batch(black_box(body.as_bytes()), &defaults)
+                    .expect("valid batch");
                 let (record, slots) = state.decide_enqueue(NOW, jobs, &mut entropy).expect("accepted");
                 let record = record.expect("a record");
                 apply(&mut state, &record);
@@ -165,7 +166,7 @@ fn batch_path(c: &mut Criterion) {
                         Enqueued { job: state.job_handle(*id).expect("stored"), deduplicated: false, pressure: None }
                     })
                     .collect();
-                black_box(svc::http::jobs::render_batch(&enqueued).len() + encoded.len());
+                black_box(svc::__private::http::jobs::render_batch(&enqueued).len() + encoded.len());
                 timed += started.elapsed();
             }
             timed

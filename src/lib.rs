@@ -15,8 +15,8 @@
 //! (the handle, its requests and answers, the configuration), [`job`] (jobs
 //! and their parts), [`cron`] (cron registrations), [`clock`] (to inject
 //! time) and [`storage`] (the file system the log writes through). The
-//! modules behind the `svc` binary (`server`, `http`, `config` and the
-//! rest) are public for it and for the tests, and hidden from these docs.
+//! modules behind the `svc` binary (the server, its settings, the HTTP front
+//! end and the rest) sit under a hidden `__private`, for it and the tests.
 //!
 //! ```no_run
 //! use svc::job::{Failure, JobBuilder};
@@ -42,34 +42,24 @@
 
 pub mod backend;
 pub mod clock;
-#[cfg(feature = "server")]
-#[doc(hidden)]
-pub mod config;
 pub mod cron;
 pub mod engine;
-#[cfg(feature = "server")]
-#[doc(hidden)]
-pub mod http;
 pub mod job;
-#[doc(hidden)]
-pub mod limits;
-#[cfg(feature = "server")]
-#[doc(hidden)]
-pub mod logging;
-#[doc(hidden)]
-pub mod metrics;
-#[doc(hidden)]
-pub mod schedule;
 /// The schema registry's documents: registration, compilation, checking `args`.
 pub mod schema;
-#[cfg(feature = "server")]
-#[doc(hidden)]
-pub mod server;
 pub mod storage;
 pub mod webhook;
-#[doc(hidden)]
-pub mod wire;
 pub mod workflow;
+
+/// The modules behind the `svc` binary (the server, its settings, the HTTP
+/// front end, metrics, logging), public for the binary and the tests only:
+/// not part of the embedding API, not documented, and free to change.
+#[doc(hidden)]
+pub mod __private;
+
+#[cfg(feature = "server")]
+pub(crate) use __private::{config, http, logging};
+pub(crate) use __private::{limits, metrics, schedule, wire};
 
 mod embed;
 

@@ -9,7 +9,7 @@ mod bench;
 use bench::{BenchOptions, Workload};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
-use svc::config::{Config, ServeFlags};
+use svc::__private::config::{Config, ServeFlags};
 
 // A server allocates and frees many small buffers per request; mimalloc does
 // that markedly cheaper than the system allocator.
@@ -276,7 +276,7 @@ fn main() -> ExitCode {
 }
 
 fn serve(flags: &ServeFlags) -> ExitCode {
-    svc::logging::init(flags.log_format, flags.log_level);
+    svc::__private::logging::init(flags.log_format, flags.log_level);
     let env: HashMap<String, String> = std::env::vars().collect();
     let config = match Config::from_flags(flags, &env) {
         Ok(config) => config,
@@ -285,7 +285,7 @@ fn serve(flags: &ServeFlags) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match svc::server::run(&config) {
+    match svc::__private::server::run(&config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("svc: {error}");

@@ -8,8 +8,8 @@ mod common;
 
 use common::{TestServer, config_for};
 use serde_json::{Value, json};
-use svc::config::Config;
-use svc::http::auth::{ApiKey, Role};
+use svc::__private::config::Config;
+use svc::__private::http::auth::{ApiKey, Role};
 
 const ADMIN: &str = "admin-key-0123456789abcdef0123456789abcdef";
 const PRODUCER: &str = "producer-key-0123456789abcdef0123456789ab";
@@ -329,7 +329,7 @@ fn an_address_sending_ten_wrong_keys_in_a_minute_is_refused_until_the_minute_end
     // As `svc serve` runs with keys and no other setting: the limit is on.
     let config = Config { api_keys: keys(), ..config_for(dir.path()) };
     assert_eq!(config.auth_failed_attempts_per_minute, 10);
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     // Requests without a key guess nothing and are not counted.
     for _ in 0..20 {
         assert_eq!(send(&server, "GET", "/svc/v1/queues", None, None).0, 401);
@@ -427,7 +427,7 @@ fn raw(server: &TestServer, head: &[u8]) -> (u16, Value) {
 fn without_keys_the_guard_comes_before_every_route_the_public_ones_too() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config { metrics_public: true, ..config_for(dir.path()) };
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     let client = common::http_client();
     let public = ["/svc/manifest", "/svc/v1/health", "/health", "/ready", "/svc/v1/errors", "/svc/v1/openapi.json"];
     for path in public.into_iter().chain(["/metrics", "/svc/v1/queues", "/svc/v1/nothing-here"]) {

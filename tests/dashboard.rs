@@ -7,8 +7,8 @@ mod common;
 
 use common::{TestServer, config_for};
 use serde_json::json;
-use svc::config::Config;
-use svc::http::auth::{ApiKey, Role};
+use svc::__private::config::Config;
+use svc::__private::http::auth::{ApiKey, Role};
 
 const ADMIN: &str = "admin-key-0123456789abcdef0123456789abcdef";
 const VIEWER: &str = "viewer-key-0123456789abcdef0123456789abcd";

@@ -229,7 +229,7 @@ fn results_and_failure_reports_are_checked_as_over_http() {
     deeper = Value::Array(vec![deeper]);
     assert_eq!(refused_field(svc.ack_with(job.id, &deeper)), request);
     let too_large = (ValidationKind::TooLarge, "result".to_string());
-    let big = "x".repeat(svc::limits::RESULT_BYTES_MAX);
+    let big = "x".repeat(svc::__private::limits::RESULT_BYTES_MAX);
     assert_eq!(refused_field(svc.ack_with(job.id, &big)), too_large);
     assert_eq!(refused_field(svc.ack_json(job.id, &format!("\"{big}\""))), too_large);
     let mut keyed = std::collections::HashMap::new();
@@ -284,11 +284,11 @@ fn fetches_batches_and_queue_names_are_checked_as_over_http() {
     assert!(svc.pause_queue("mail").unwrap().paused);
 
     assert_eq!(refused_field(svc.enqueue_batch([])), (ValidationKind::Request, "jobs".to_string()));
-    let too_many = (0..=svc::limits::BATCH_JOBS_MAX).map(|n| JobBuilder::new("t").args([n]));
+    let too_many = (0..=svc::__private::limits::BATCH_JOBS_MAX).map(|n| JobBuilder::new("t").args([n]));
     match svc.enqueue_batch(too_many) {
         Err(SvcError::Invalid(error)) => {
             assert_eq!(error.kind, ValidationKind::TooLarge);
-            assert!(error.details.contains(&("received", json!(svc::limits::BATCH_JOBS_MAX + 1))));
+            assert!(error.details.contains(&("received", json!(svc::__private::limits::BATCH_JOBS_MAX + 1))));
         }
         other => panic!("a batch over the most is refused, got {other:?}"),
     }

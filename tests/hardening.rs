@@ -31,7 +31,7 @@ fn a_dead_engine_thread_turns_health_and_ready_503_and_stops_the_server_with_an_
     let dir = tempfile::tempdir().unwrap();
     let broken = Arc::new(AtomicBool::new(false));
     let config = config_for(dir.path());
-    let mut engine = svc::server::engine_config(&config);
+    let mut engine = svc::__private::server::engine_config(&config);
     engine.clock = Arc::new(BreakingClock { broken: broken.clone() });
     let mut server = TestServer::start_with(&config, engine);
     let kept = server.enqueue(json!({"type": "t", "args": []}));
@@ -44,7 +44,10 @@ fn a_dead_engine_thread_turns_health_and_ready_503_and_stops_the_server_with_an_
     assert_eq!(server.get("/ready").status, 503);
     assert_eq!(server.job(&kept)["state"], "available", "reads of durable state still work");
     let outcome = server.server.take().unwrap().join();
-    assert!(matches!(outcome, Err(svc::server::ServerError::StorageFailed)), "the server stops with an error");
+    assert!(
+        matches!(outcome, Err(svc::__private::server::ServerError::StorageFailed)),
+        "the server stops with an error"
+    );
 
     let server = TestServer::start(dir.path());
     assert_eq!(server.job(&kept)["state"], "available", "recovery brings back what was acknowledged");
@@ -75,7 +78,7 @@ fn terminal_jobs_over_the_count_cap_are_pruned_oldest_first_dead_letter_last() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_for(dir.path());
     config.retention.max_terminal_jobs = 3;
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     let dead = dead_letter_one(&server);
     let completed: Vec<String> = (0..4).map(|_| complete_one(&server, "default")).collect();
     let live = server.enqueue(json!({"type": "t", "args": []}));
@@ -100,7 +103,7 @@ fn terminal_jobs_over_the_count_cap_are_pruned_oldest_first_dead_letter_last() {
 
     // The pruning is durable: a restart (replaying the log) does not bring them back.
     server.stop();
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     assert_eq!(server.get(&format!("/svc/v1/jobs/{}", completed[0])).status, 404);
     assert_eq!(server.job(&completed[3])["state"], "completed");
     assert_eq!(server.job(&dead)["state"], "discarded");
@@ -111,7 +114,7 @@ fn terminal_jobs_over_the_byte_cap_are_pruned_and_large_results_count() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_for(dir.path());
     config.retention.max_terminal_bytes = 64 * 1024;
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     let big = "x".repeat(40 * 1024);
     let mut ids = Vec::new();
     for _ in 0..4 {
@@ -144,7 +147,7 @@ fn connections_over_the_cap_get_a_clear_503_and_the_slot_comes_back() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_for(dir.path());
     config.max_connections = 2;
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     let address = server.base.trim_start_matches("http://").to_string();
     let health = |stream: &mut std::net::TcpStream| {
         let request = format!("GET /svc/v1/health HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n\r\n");
@@ -197,7 +200,7 @@ fn with_the_disk_full_new_work_gets_503_accepted_work_ends_and_space_freed_bring
         let disk = if direct { disk } else { disk.without_direct_writes() };
         let config = config_for(dir.path());
         let engine_for = |disk: &svc::storage::FaultyFileSystem| {
-            let mut engine = svc::server::engine_config(&config);
+            let mut engine = svc::__private::server::engine_config(&config);
             engine.file_system = Arc::new(disk.clone());
             engine.segment_bytes = 1 << 20;
             engine
@@ -252,7 +255,7 @@ fn the_request_rate_limit_counts_each_client_and_answers_429_with_when_to_come_b
     let mut config = config_for(dir.path());
     // A day-long window, so that the test never straddles two.
     config.rate_limit = Some((3, 86_400));
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     let mut remaining = Vec::new();
     for _ in 0..3 {
         let answer = server.get("/svc/v1/queues");
@@ -281,7 +284,7 @@ fn a_start_on_a_busy_port_leaves_no_data_dir() {
     let dir = parent.path().join("data");
     let mut config = config_for(&dir);
     config.listen = busy.local_addr().unwrap().to_string();
-    let started = svc::server::start(&config, svc::server::engine_config(&config));
-    assert!(matches!(started, Err(svc::server::ServerError::Bind(..))), "the port is taken");
+    let started = svc::__private::server::start(&config, svc::__private::server::engine_config(&config));
+    assert!(matches!(started, Err(svc::__private::server::ServerError::Bind(..))), "the port is taken");
     assert!(!dir.exists(), "nothing was created");
 }

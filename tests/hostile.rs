@@ -18,7 +18,7 @@ fn server() -> &'static TestServer {
         .get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
             let config = config_for(dir.path());
-            let mut engine = svc::server::engine_config(&config);
+            let mut engine = svc::__private::server::engine_config(&config);
             engine.wiring.check_invariants = true;
             // Small caps, so that pruning runs while the cases do.
             engine.retention.max_terminal_jobs = 50;
@@ -286,7 +286,7 @@ fn a_large_batch_fanned_out_to_subscriptions_is_logged_and_kept() {
     let clock = svc::clock::ManualClock::new(1_800_000_000_000);
     let start = || {
         let config = config_for(dir.path());
-        let mut engine = svc::server::engine_config(&config);
+        let mut engine = svc::__private::server::engine_config(&config);
         engine.clock = std::sync::Arc::new(clock.clone());
         TestServer::start_with(&config, engine)
     };
@@ -424,7 +424,7 @@ fn live_jobs_are_bounded_by_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_for(dir.path());
     config.max_live_bytes = 200_000;
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     let big = "x".repeat(10_000);
     let mut taken = Vec::new();
     let refused = loop {

@@ -7,8 +7,8 @@ mod common;
 use common::{TestServer, config_for};
 use serde_json::{Value, json};
 use std::sync::Arc;
+use svc::__private::server::engine_config;
 use svc::clock::ManualClock;
-use svc::server::engine_config;
 
 /// 2027-01-15T10:02:00Z.
 const START: i64 = 1_800_007_320_000;

@@ -6,8 +6,8 @@ mod common;
 
 use common::{PostgresNode, TestServer, config_for};
 use serde_json::json;
-use svc::config::Config;
-use svc::http::auth::{ApiKey, Role};
+use svc::__private::config::Config;
+use svc::__private::http::auth::{ApiKey, Role};
 
 fn metrics_text(server: &TestServer, key: Option<&str>) -> (u16, String, String) {
     let mut request = common::http_client().get(format!("{}/metrics", server.base()));
@@ -125,7 +125,7 @@ fn with_keys_metrics_need_one_unless_public() {
     let dir = tempfile::tempdir().unwrap();
     let keys = vec![ApiKey::from_key("scraper".into(), Role::Worker, key).unwrap()];
     let config = Config { api_keys: keys.clone(), ..config_for(dir.path()) };
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     assert_eq!(metrics_text(&server, None).0, 401);
     assert_eq!(metrics_text(&server, Some(key)).0, 200, "any role may read metrics");
     let text = metrics_text(&server, Some(key)).2;
@@ -134,6 +134,6 @@ fn with_keys_metrics_need_one_unless_public() {
 
     let dir = tempfile::tempdir().unwrap();
     let config = Config { api_keys: keys, metrics_public: true, ..config_for(dir.path()) };
-    let server = TestServer::start_with(&config, svc::server::engine_config(&config));
+    let server = TestServer::start_with(&config, svc::__private::server::engine_config(&config));
     assert_eq!(metrics_text(&server, None).0, 200);
 }

@@ -240,7 +240,7 @@ fn a_failed_fsync_poisons_the_log_and_stops_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let faulty = FaultyFileSystem::failing_after(1_000);
     let config = config_for(dir.path());
-    let mut engine = svc::server::engine_config(&config);
+    let mut engine = svc::__private::server::engine_config(&config);
     engine.file_system = Arc::new(faulty.clone());
     let mut server = TestServer::start_with(&config, engine);
     let kept = server.enqueue(json!({"type": "t", "args": []}));
@@ -258,7 +258,10 @@ fn a_failed_fsync_poisons_the_log_and_stops_the_server() {
     assert_eq!((health.status, health.body["backend"]["error"].as_str()), (503, Some("sync_failed")));
     assert_eq!(server.job(&kept)["state"], "available", "reads of durable state still work");
     let outcome = server.server.take().unwrap().join();
-    assert!(matches!(outcome, Err(svc::server::ServerError::StorageFailed)), "the server stops with an error");
+    assert!(
+        matches!(outcome, Err(svc::__private::server::ServerError::StorageFailed)),
+        "the server stops with an error"
+    );
 
     let server = TestServer::start(dir.path());
     assert_eq!(server.job(&kept)["state"], "available", "recovery brings back what was acknowledged");

@@ -47,7 +47,7 @@ fn the_grace_period_bounds_a_drain() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_for(dir.path());
     config.shutdown_grace_ms = 300;
-    let engine = svc::server::engine_config(&config);
+    let engine = svc::__private::server::engine_config(&config);
     let mut server = TestServer::start_with(&config, engine);
     let held = server.enqueue(json!({"type": "t", "args": []}));
     server.fetch(&["default"], 1);

@@ -32,6 +32,8 @@ use std::path::Path;
 
 /// The most lines a source file may have.
 const LINES_MAX: usize = 1_000;
+/// Where the modules behind the binary are declared (see `lib.rs`).
+const PRIVATE: &str = "__private.rs";
 /// Directory modules whose files must not import each other in a cycle.
 const LAYERED: [&str; 2] = ["engine", "http"];
 /// The external crates a row's "never" column can name, and this test checks.
@@ -536,7 +538,11 @@ fn module_of(path: &str) -> &str {
 fn dependency_problems(sources: &Sources, document: &str) -> Vec<String> {
     let rules = Rules::parse(document);
     let mut problems = rules.problems.clone();
-    let library = declared_modules(sources.get("lib.rs"));
+    // The modules behind the binary are declared in `__private.rs` and
+    // named from the crate root as the others are (`crate::http`).
+    let mut library = declared_modules(sources.get("lib.rs"));
+    library.extend(declared_modules(sources.get(PRIVATE)));
+    library.remove("__private");
     let binary = declared_modules(sources.get("main.rs"));
     let known = |name: &str| library.contains(name) || binary.contains(name) || name == "main.rs" || name == "lib.rs";
 
@@ -568,6 +574,9 @@ fn dependency_problems(sources: &Sources, document: &str) -> Vec<String> {
     let mut rows_missing = BTreeSet::new();
     let mut reported = BTreeSet::new();
     for (&path, file) in &scan_all(sources) {
+        if path == PRIVATE {
+            continue;
+        }
         let module = module_of(path);
         let Some(allowed) = rules.may_use.get(module) else {
             rows_missing.insert(module);
@@ -582,7 +591,12 @@ fn dependency_problems(sources: &Sources, document: &str) -> Vec<String> {
             _ => path.split('/').count() - usize::from(path.ends_with("/mod.rs")),
         };
         for reference in &file.paths {
-            let segments = &reference.segments;
+            // `svc::__private::http::X` and `crate::__private::http` name `http`.
+            let mut segments = reference.segments.clone();
+            if segments.get(1).is_some_and(|segment| segment == "__private") {
+                segments.remove(1);
+            }
+            let segments = &segments;
             let supers = segments.iter().take_while(|&segment| segment == "super").count();
             let target = match segments[0].as_str() {
                 "crate" => segments.get(1).filter(|name| own.contains(*name)),
@@ -607,7 +621,7 @@ fn dependency_problems(sources: &Sources, document: &str) -> Vec<String> {
             let arrow = (module.to_string(), target.to_string());
             if rules.module_arrows.contains(&arrow) {
                 arrows_seen.insert(arrow);
-            } else if reported.insert((path, reference.line, target)) {
+            } else if reported.insert((path, reference.line, target.to_string())) {
                 problems.push(format!(
                     "src/{path}:{}: `{module}` uses `{target}` (`{}`), which its row does not allow",
                     reference.line,

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use svc::server::engine_config;
+use svc::__private::server::engine_config;
 
 const SECRET: &str = "receiver-secret-0123456789";
 

@@ -8,8 +8,8 @@ mod common;
 use common::{PostgresNode, TestServer, config_for};
 use serde_json::{Value, json};
 use std::sync::Arc;
+use svc::__private::server::engine_config;
 use svc::clock::ManualClock;
-use svc::server::engine_config;
 
 const SECRET: &str = "whk-secret-0123456789";
 

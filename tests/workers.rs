@@ -114,7 +114,7 @@ fn workers_idle_for_a_day_are_forgotten_with_their_signals() {
     let dir = tempfile::tempdir().unwrap();
     let config = common::config_for(dir.path());
     let clock = ManualClock::new(1_800_000_000_000);
-    let mut engine = svc::server::engine_config(&config);
+    let mut engine = svc::__private::server::engine_config(&config);
     engine.clock = Arc::new(clock.clone());
     let server = TestServer::start_with(&config, engine);
     fetch_as(&server, "steady");
@@ -207,8 +207,9 @@ fn a_full_registry_forgets_the_least_recently_seen_idle_worker() {
     server.advance(&clock, 1);
     handle.ack(done, None, None).wait().unwrap();
     server.advance(&clock, 1);
-    let fillers: Vec<_> =
-        (0..svc::limits::WORKERS_MAX - 2).map(|n| handle.heartbeat(format!("f{n:05}"), None, None)).collect();
+    let fillers: Vec<_> = (0..svc::__private::limits::WORKERS_MAX - 2)
+        .map(|n| handle.heartbeat(format!("f{n:05}"), None, None))
+        .collect();
     for beat in fillers {
         beat.wait().unwrap();
     }

@@ -443,7 +443,7 @@ fn ended_workflows_are_pruned_after_their_retention() {
 /// workflow retention `change` sets.
 fn start_retaining(dir: &std::path::Path, clock: &ManualClock, change: fn(&mut svc::engine::Retention)) -> TestServer {
     let config = common::config_for(dir);
-    let mut engine = svc::server::engine_config(&config);
+    let mut engine = svc::__private::server::engine_config(&config);
     engine.clock = std::sync::Arc::new(clock.clone());
     engine.wiring.entropy = Box::new(common::FixedEntropy(0));
     engine.wiring.check_invariants = true;

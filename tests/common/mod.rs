@@ -10,9 +10,9 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use svc::config::Config;
+use svc::__private::config::Config;
+use svc::__private::server::{RunningServer, engine_config, start};
 use svc::engine::{EngineConfig, Entropy};
-use svc::server::{RunningServer, engine_config, start};
 
 /// The HTTP client tests talk to servers with. The build's `reqwest` can
 /// speak TLS (webhook deliveries use it) and needs a crypto provider chosen

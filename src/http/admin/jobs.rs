@@ -17,7 +17,7 @@ use crate::job::{Job, JobId, JobState, is_valid_queue};
 /// `filter`): `queue`, `state` (one, or several comma-separated),
 /// `type` (exact or `prefix.*`), `since` and `until` (RFC 3339, on the
 /// creation time) and `q` (text in args, meta or the last error).
-pub(in crate::http) fn parse_filter<'a>(
+pub(in crate::__private::http) fn parse_filter<'a>(
     get: impl Fn(&str) -> Option<&'a str>,
     prefix: &str,
 ) -> Result<JobFilter, ApiError> {
@@ -103,7 +103,7 @@ pub(super) async fn get(app: &AppState, id: &str) -> Result<Reply, ApiError> {
 /// The job's state changes that its times record, oldest first: created,
 /// scheduled, enqueued, each failed attempt, the current attempt's start,
 /// a retry's time, and how it ended.
-pub(in crate::http) fn timeline(job: &Job) -> Value {
+pub(in crate::__private::http) fn timeline(job: &Job) -> Value {
     let mut entries: Vec<(i64, Value)> = Vec::new();
     let mut push = |at: Option<i64>, event: &str, more: Value| {
         if let Some(at) = at {
