@@ -276,10 +276,11 @@ fn run_on_postgres(
     postgres.max_schemas = config.max_schemas;
     postgres.webhook_limits = config.webhook_limits;
     postgres.delivery_timeout = Duration::from_millis(config.webhooks_timeout_ms);
+    postgres.delivery_priority = config.webhooks_priority;
     let mut backend = runtime
         .block_on(crate::backend::postgres::PgBackend::start(&postgres, clock.clone(), node.clone()))
         .map_err(|error| ServerError::Postgres(error.to_string()))?;
-    backend.deliver(client.clone());
+    backend.deliver(client.clone()).map_err(ServerError::Runtime)?;
     let addr = listener.local_addr().map_err(|error| ServerError::Bind(config.listen.clone(), error))?;
     tracing::info!(address = %addr, backend = "postgres", node, max_connections = caps.total, "svc listening");
     let timeout = Duration::from_millis(config.request_timeout_ms);

@@ -5,6 +5,8 @@
 //! subscriptions made through one node are the other's too.
 
 mod common;
+#[path = "support/receiver.rs"]
+mod receiver;
 
 use common::postgres::TempPostgres;
 use common::{http_client, spawn_server_with_env};
@@ -70,4 +72,46 @@ fn nodes_on_one_database_serve_the_same_jobs() {
     let (status, listed) = get(&b, "/webhooks");
     assert_eq!((status, &listed["subscriptions"][0]["id"]), (200, &body["subscription"]["id"]), "{listed}");
     assert_eq!(get(&a, "/health").0, 200);
+}
+
+/// The threads of process `pid` named `name`, each with its nice value.
+fn threads_named(pid: u32, name: &str) -> Vec<i64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let mut nice = Vec::new();
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap();
+        // The fields after the command's closing parenthesis; nice is the 19th field of the line.
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        nice.push(fields[16].parse().unwrap());
+    }
+    nice
+}
+
+#[test]
+fn a_node_sends_deliveries_from_a_thread_of_its_own_at_webhooks_priority() {
+    let postgres = TempPostgres::start();
+    let url = postgres.database("priority");
+    let (data, files) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let receiver = receiver::Receiver::start(files.path());
+    let settings = files.path().join("svc.toml");
+    let toml = format!(
+        "[webhooks]\npriority = \"low\"\nallow_private_targets = true\nextra_ca_file = \"{}\"\n",
+        receiver.ca_file.display()
+    );
+    std::fs::write(&settings, toml).unwrap();
+    let settings = settings.display().to_string();
+    let (node, base) =
+        spawn_server_with_env(data.path(), &[("SVC_POSTGRES_URL", url.as_str()), ("SVC_CONFIG", settings.as_str())]);
+
+    let subscription = json!({"url": receiver.url("127.0.0.1"), "events": ["job.enqueued"],
+        "secret": "a-secret-of-sixteen-or-more"});
+    assert_eq!(post(&base, "/webhooks", subscription).0, 201);
+    assert_eq!(post(&base, "/jobs", json!({"type": "t", "args": []})).0, 201);
+    receiver.wait_for_arrivals("/hooks", 1);
+    // One thread sends, at nice 10 (`low`), apart from the node's own.
+    assert_eq!(threads_named(node.id(), "svc-webhooks"), [10]);
 }

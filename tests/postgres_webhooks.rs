@@ -35,7 +35,7 @@ fn new_job(builder: JobBuilder) -> NewJob {
 /// A node on `settings` that delivers to receivers the test trusts.
 async fn node(settings: &PgSettings, clock: &Arc<ManualClock>, name: &str, receiver: &Receiver) -> PgBackend {
     let mut node = PgBackend::start(settings, clock.clone(), name.into()).await.unwrap();
-    node.deliver(DeliveryClient::new(true, Some(&receiver.ca_file)).unwrap());
+    node.deliver(DeliveryClient::new(true, Some(&receiver.ca_file)).unwrap()).unwrap();
     node
 }
 

@@ -53,7 +53,34 @@ pub struct PgBackend {
     deliveries_queued: Arc<tokio::sync::Notify>,
     #[cfg_attr(not(feature = "webhooks"), allow(dead_code))]
     delivery_timeout: Duration,
+    /// The connections and the thread deliveries are sent with, apart from
+    /// job operations' (docs/postgres.md, "Webhooks").
+    #[cfg_attr(not(feature = "webhooks"), allow(dead_code))]
+    delivery_pool: deadpool_postgres::Pool,
+    #[cfg_attr(not(feature = "webhooks"), allow(dead_code))]
+    delivery_priority: crate::webhook::DeliveryPriority,
+    #[cfg(feature = "webhooks")]
+    deliveries: Option<DeliveryRuntime>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Connections the sender of deliveries keeps: one to start attempts, one
+/// to write how they ended.
+const DELIVERY_POOL_SIZE: usize = 2;
+
+/// The runtime deliveries are sent from; dropped, it stops without waiting
+/// (attempts under way are counted and go out again), so that it may be
+/// dropped from async code.
+#[cfg(feature = "webhooks")]
+struct DeliveryRuntime(Option<tokio::runtime::Runtime>);
+
+#[cfg(feature = "webhooks")]
+impl Drop for DeliveryRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl PgBackend {
@@ -68,6 +95,7 @@ impl PgBackend {
                 .with_webhook_limits(settings.webhook_limits),
         );
         let listener = jobs.listen(settings)?;
+        let delivery_pool = super::connect(&PgSettings { pool_size: DELIVERY_POOL_SIZE, ..settings.clone() })?;
         let lease = LeaderLease::new(pool, "timers", node, LEASE_TTL_MS_DEFAULT);
         let draining = Arc::new(AtomicBool::new(false));
         let leading = Arc::new(AtomicBool::new(false));
@@ -83,6 +111,10 @@ impl PgBackend {
             leading,
             deliveries_queued,
             delivery_timeout: settings.delivery_timeout,
+            delivery_pool,
+            delivery_priority: settings.delivery_priority,
+            #[cfg(feature = "webhooks")]
+            deliveries: None,
             tasks: vec![listener, timers],
         })
     }
@@ -90,11 +122,16 @@ impl PgBackend {
     /// Sends webhook deliveries through `client` while this node leads
     /// (docs/postgres.md, "Webhooks"). Without it, deliveries queue up in
     /// the database, bounded by the outbox's limits, for a node that sends.
+    ///
+    /// They go out from a thread of their own at `webhooks.priority`
+    /// ([`PgSettings::delivery_priority`]), on connections of their own, so
+    /// that sending never takes job operations' threads or connections.
     #[cfg(feature = "webhooks")]
-    pub fn deliver(&mut self, client: crate::webhook::client::DeliveryClient) {
-        let _guard = self.runtime.enter();
+    pub fn deliver(&mut self, client: crate::webhook::client::DeliveryClient) -> std::io::Result<()> {
+        let runtime = crate::engine::pool::delivery_runtime(self.delivery_priority)?;
+        let _guard = runtime.enter();
         let tasks = super::deliveries::Sender::spawn(
-            self.jobs.clone(),
+            Arc::new(self.jobs.with_pool(self.delivery_pool.clone())),
             client,
             self.clock.clone(),
             self.delivery_timeout,
@@ -102,6 +139,9 @@ impl PgBackend {
             self.deliveries_queued.clone(),
         );
         self.tasks.extend(tasks);
+        drop(_guard);
+        self.deliveries = Some(DeliveryRuntime(Some(runtime)));
+        Ok(())
     }
 
     /// What this node counts (`GET /metrics`): requests, and on the leader

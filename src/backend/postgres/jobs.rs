@@ -161,6 +161,13 @@ impl PgJobs {
         self
     }
 
+    /// The same store on connections of `pool`: the sender of deliveries
+    /// has its own, driven by its own runtime.
+    #[cfg(feature = "webhooks")]
+    pub(super) fn with_pool(&self, pool: Pool) -> Self {
+        PgJobs { pool, ..self.clone() }
+    }
+
     pub(super) fn webhook_limits(&self) -> &crate::engine::outbox::WebhookLimits {
         &self.webhook_limits
     }

@@ -60,6 +60,9 @@ pub struct PgSettings {
     pub webhook_limits: crate::engine::outbox::WebhookLimits,
     /// How long one delivery attempt may take (`webhooks.timeout_s`).
     pub delivery_timeout: Duration,
+    /// The priority of the thread deliveries are sent from
+    /// (`webhooks.priority`), as on the local engine.
+    pub delivery_priority: crate::webhook::DeliveryPriority,
 }
 
 /// Connections a node keeps by default: enough for the merged statements of
@@ -80,6 +83,7 @@ impl PgSettings {
             max_schemas: crate::limits::SCHEMAS_MAX,
             webhook_limits: Default::default(),
             delivery_timeout: Duration::from_millis(crate::engine::outbox::ATTEMPT_TIMEOUT_MS_DEFAULT as u64),
+            delivery_priority: crate::webhook::DeliveryPriority::default(),
         }
     }
 

@@ -50,16 +50,21 @@ impl Pool {
     /// Runs the pool on a runtime of its own: one thread, `svc-webhooks`,
     /// at the pool's priority. Dropping the runtime stops it.
     pub fn spawn(self, engine: EngineHandle) -> std::io::Result<tokio::runtime::Runtime> {
-        let priority = self.priority;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("svc-webhooks")
-            .on_thread_start(move || lower_priority(priority))
-            .enable_all()
-            .build()?;
+        let runtime = delivery_runtime(self.priority)?;
         runtime.spawn(run(self, engine));
         Ok(runtime)
     }
+}
+
+/// The runtime deliveries are sent from, on either backend: one thread,
+/// `svc-webhooks`, at `priority` (`webhooks.priority`).
+pub fn delivery_runtime(priority: DeliveryPriority) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("svc-webhooks")
+        .on_thread_start(move || lower_priority(priority))
+        .enable_all()
+        .build()
 }
 
 /// Lowers the calling thread's priority, unless it is to stay the server's
