@@ -172,8 +172,8 @@ impl PgJobs {
         // Sent together (pipelined), as one step of the transaction.
         tokio::try_join!(updated, self.record(&transaction, now, events), met.dispatch.record(&transaction))?;
         transaction.commit().await.map_err(database)?;
-        if let Some(opens_at) = met.dispatch.opens_at {
-            self.window_opens_at(now, opens_at);
+        for (queue, opens_at) in met.dispatch.opens_at {
+            self.window_opens_at(now, queue, opens_at);
         }
         Ok(handed.into_iter().map(|jobs| Ok(jobs.into_iter().map(Arc::new).collect())).collect())
     }

@@ -42,9 +42,9 @@ pub(super) struct Dispatch {
     keys: HashMap<String, KeyUse>,
     /// Claims to record (jobs with a rate): key and time.
     recorded: Vec<(String, Millis)>,
-    /// The soonest a rate window that held a job back lets the next claim
-    /// in (a waiting fetch looks again then).
-    pub opens_at: Option<Millis>,
+    /// By queue, the soonest a rate window that held one of its jobs back
+    /// lets the next claim in (a fetch waiting on the queue looks again then).
+    pub opens_at: HashMap<String, Millis>,
 }
 
 impl Dispatch {
@@ -87,7 +87,8 @@ impl Dispatch {
                 // `count` claims leaves it.
                 let oldest = state.claims[state.claims.len() - rate.count as usize];
                 let opens = oldest.saturating_add(rate.period_ms as i64);
-                self.opens_at = Some(self.opens_at.map_or(opens, |known| known.min(opens)));
+                let soonest = self.opens_at.entry(job.queue.to_string()).or_insert(opens);
+                *soonest = (*soonest).min(opens);
                 return Ok(false);
             }
             state.claims.push(now);

@@ -12,6 +12,7 @@
 //! Times are the caller's (`now`), so a manual clock drives tests; nodes are
 //! expected to keep their clocks in sync (NTP), as leases span nodes.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
@@ -52,9 +53,10 @@ pub struct PgJobs {
     webhook_limits: crate::engine::outbox::WebhookLimits,
     /// What this node counts: the leader counts every committed event once.
     metrics: Arc<crate::metrics::Metrics>,
-    /// The soonest a rate window that held a claim back opens, as the
-    /// node's claims last saw it: waiting fetches look again then.
-    window_opens_at: Arc<std::sync::Mutex<Option<Millis>>>,
+    /// By queue, the soonest a rate window that held a claim back opens, as
+    /// the node's claims last saw it: fetches waiting on the queue look
+    /// again then. Times past are dropped as new ones come.
+    window_opens_at: Arc<std::sync::Mutex<HashMap<String, Millis>>>,
 }
 
 /// The requests merged into shared transactions (`batch.rs`).
@@ -133,20 +135,21 @@ impl PgJobs {
         }
     }
 
-    /// Notes that a rate window opens at `opens_at` (a claim at `now` was
-    /// held back by it); a time already past is replaced.
-    pub(super) fn window_opens_at(&self, now: Millis, opens_at: Millis) {
+    /// Notes that a rate window opens at `opens_at` for `queue` (a claim at
+    /// `now` was held back by it); times already past are dropped.
+    pub(super) fn window_opens_at(&self, now: Millis, queue: String, opens_at: Millis) {
         let mut known = self.window_opens_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *known = Some(match *known {
-            Some(earlier) if earlier > now => earlier.min(opens_at),
-            _ => opens_at,
-        });
+        known.retain(|_, at| *at > now);
+        let soonest = known.entry(queue).or_insert(opens_at);
+        *soonest = (*soonest).min(opens_at);
     }
 
-    /// How long until the soonest rate window known opens, if one is ahead.
-    fn until_a_window_opens(&self, now: Millis) -> Option<std::time::Duration> {
-        let known = *self.window_opens_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        known.filter(|at| *at > now).map(|at| std::time::Duration::from_millis((at - now) as u64))
+    /// How long until the soonest rate window known of `queues` opens, if
+    /// one is ahead.
+    fn until_a_window_opens(&self, now: Millis, queues: &[String]) -> Option<std::time::Duration> {
+        let known = self.window_opens_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let soonest = queues.iter().filter_map(|queue| known.get(queue)).filter(|at| **at > now).min()?;
+        Some(std::time::Duration::from_millis((soonest - now) as u64))
     }
 
     /// The metrics this store counts into (docs/postgres.md, "Metrics").
@@ -237,7 +240,7 @@ impl PgJobs {
             }
             // A job a rate window holds back is claimed when the window
             // opens: no notification tells of that.
-            let window = self.until_a_window_opens(now()).unwrap_or(left);
+            let window = self.until_a_window_opens(now(), &request.queues).unwrap_or(left);
             waiter.wait(left.min(window)).await;
         }
     }
@@ -914,4 +917,28 @@ pub(super) fn duplicate_of(error: &tokio_postgres::Error, ids: &[String]) -> Opt
     }
     let detail = db.detail().unwrap_or_default();
     Some(ids.iter().position(|id| detail.contains(id.as_str())).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiting_fetch_looks_again_only_when_a_window_of_its_own_queues_opens() {
+        // The pool connects lazily: nothing here reaches a database.
+        let pool = super::super::connect(&super::super::PgSettings::new("postgres://127.0.0.1:1/none")).unwrap();
+        let jobs = PgJobs::new(pool);
+        let queues = |names: &[&str]| names.iter().map(|name| name.to_string()).collect::<Vec<_>>();
+        let ms = std::time::Duration::from_millis;
+        jobs.window_opens_at(1_000, "mail".into(), 3_000);
+        jobs.window_opens_at(1_000, "mail".into(), 2_500);
+        jobs.window_opens_at(1_000, "sms".into(), 4_000);
+        assert_eq!(jobs.until_a_window_opens(1_000, &queues(&["reports"])), None);
+        assert_eq!(jobs.until_a_window_opens(1_000, &queues(&["reports", "sms"])), Some(ms(3_000)));
+        assert_eq!(jobs.until_a_window_opens(1_000, &queues(&["sms", "mail"])), Some(ms(1_500)));
+        // Once past, a window is forgotten.
+        assert_eq!(jobs.until_a_window_opens(2_500, &queues(&["mail"])), None);
+        jobs.window_opens_at(3_000, "reports".into(), 3_500);
+        assert_eq!(jobs.window_opens_at.lock().unwrap().len(), 2, "mail's time had passed");
+    }
 }
