@@ -126,3 +126,57 @@ async fn a_member_meets_the_unique_policy_of_a_job_held() {
     let member = jobs.workflow(id).await.unwrap().unwrap().members[0].job_id;
     assert_eq!(jobs.claim(NOW + 3, &fetch("s", 10, "w")).await.unwrap()[0].id, member);
 }
+
+/// A cancel that the database rolls back to break a deadlock is run again,
+/// and succeeds, rather than answering 503: another session holds the
+/// workflow's row, the cancel locks the jobs and waits for it, and that
+/// session then asks for a job, so the two wait on each other in a circle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_rolled_back_to_break_a_deadlock_is_run_again() {
+    let server = TempPostgres::start();
+    let url = server.database("deadlock");
+    let store = node(&url).await;
+    let steps: Vec<_> = (0..2).map(|n| serde_json::json!({"type": "step", "args": [n]})).collect();
+    let body = serde_json::json!({"type": "chain", "steps": steps});
+    let definition = parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
+    let id = store.create_workflow(NOW, definition).await.unwrap();
+    let first = store.workflow(id).await.unwrap().unwrap().members[0].job_id.to_string();
+
+    let (mut other, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let other = other.transaction().await.unwrap();
+    let workflow_row = "SELECT 1 FROM svc_workflows WHERE id = $1::text::uuid FOR UPDATE";
+    other.execute(workflow_row, &[&id.to_string()]).await.unwrap();
+
+    let cancelling = {
+        let store = store.clone();
+        tokio::spawn(async move { store.cancel_workflow(NOW + 1, id).await })
+    };
+    // The cancel holds the jobs and waits for the workflow's row; asking for
+    // a job now closes the circle, and the database rolls the cancel back
+    // (it has waited longer, so its check finds the circle first).
+    let job_row = "SELECT 1 FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE";
+    let waiting = async {
+        loop {
+            let query = "SELECT count(*) FROM pg_locks WHERE NOT granted";
+            let row = count_of(&url, query).await;
+            if row > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    waiting.await;
+    other.execute(job_row, &[&first]).await.unwrap();
+    other.rollback().await.unwrap();
+
+    assert_eq!(cancelling.await.unwrap(), Ok(()), "the cancel was run again");
+    assert_eq!(store.workflow(id).await.unwrap().unwrap().state, WorkflowState::Cancelled);
+}
+
+/// One number a query answers, on a connection of its own.
+async fn count_of(url: &str, query: &str) -> i64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client.query_one(query, &[]).await.unwrap().get(0)
+}

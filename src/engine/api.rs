@@ -241,6 +241,10 @@ pub enum Unavailable {
     /// The database (the PostgreSQL backend's) could not be reached, or
     /// failed the statement; nothing of the request was committed.
     Database,
+    /// The database rolled the request back to end a conflict with another
+    /// transaction (a deadlock, a serialization failure); nothing of it was
+    /// committed, and the same request may well succeed at once.
+    Contention,
 }
 
 impl Unavailable {
@@ -253,6 +257,7 @@ impl Unavailable {
             Unavailable::EngineStopped => "engine_stopped",
             Unavailable::SnapshotFailed => "snapshot_failed",
             Unavailable::Database => "database",
+            Unavailable::Contention => "contention",
         }
     }
 }

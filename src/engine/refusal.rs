@@ -268,6 +268,9 @@ impl From<EngineError> for Refusal {
                     Unavailable::DiskFull => "the disk is full; new work is refused until space is freed",
                     Unavailable::EngineStopped | Unavailable::SnapshotFailed => "the engine is not available",
                     Unavailable::Database => "the database did not answer or failed; nothing was changed, retry",
+                    Unavailable::Contention => {
+                        "the database rolled the change back to end a conflict with another; nothing was changed, retry"
+                    }
                 };
                 Refusal::new("backend_error", text).detail("reason", reason.as_str())
             }

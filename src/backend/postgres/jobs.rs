@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
+use tokio_postgres::error::SqlState;
 
 use super::PgError;
 use super::acks::PendingAck;
@@ -80,7 +81,15 @@ const BATCHES_IN_FLIGHT: usize = 2;
 pub(super) fn database(error: impl Into<PgError>) -> EngineError {
     let error = error.into();
     tracing::warn!(%error, "a database statement failed");
-    EngineError::Unavailable { reason: Unavailable::Database }
+    let code = match &error {
+        PgError::Database(error) => error.code(),
+        _ => None,
+    };
+    let contention = [SqlState::T_R_DEADLOCK_DETECTED, SqlState::T_R_SERIALIZATION_FAILURE];
+    match code {
+        Some(code) if contention.contains(code) => EngineError::Unavailable { reason: Unavailable::Contention },
+        _ => EngineError::Unavailable { reason: Unavailable::Database },
+    }
 }
 
 /// The job as stored in `body`.

@@ -24,11 +24,15 @@ use super::sql::{Prepared, from_body, to_body};
 use crate::backend::Page;
 use crate::clock::Millis;
 use crate::engine::{
-    Callback, EngineError, EventKind, Member, MemberOutcome, Workflow, WorkflowEvent, WorkflowFailure, WorkflowState,
-    is_failure,
+    Callback, EngineError, EventKind, Member, MemberOutcome, Unavailable, Workflow, WorkflowEvent, WorkflowFailure,
+    WorkflowState, is_failure,
 };
 use crate::job::{Job, JobExtra, JobId, JobState, OnConflict, WorkflowId, WorkflowRole, transition};
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
+
+/// Tries at cancelling a workflow: one more after a callback fired between
+/// the read and the lock, or a deadlock the database broke.
+const CANCEL_TRIES: usize = 3;
 
 fn encode(workflow: &Workflow) -> Vec<u8> {
     to_body(workflow)
@@ -200,6 +204,26 @@ impl PgJobs {
     /// Cancels a running workflow and every job of it not yet ended
     /// (callbacks fired included); callbacks not fired never will.
     pub async fn cancel_workflow(&self, now: Millis, id: WorkflowId) -> Result<(), EngineError> {
+        let contention = EngineError::Unavailable { reason: Unavailable::Contention };
+        for _ in 0..CANCEL_TRIES {
+            // A deadlock the database broke by rolling the cancel back (an
+            // ack moving the workflow on takes a job after the workflow's
+            // row): nothing was changed, so it is tried again.
+            match self.try_cancel_workflow(now, id).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => continue,
+                Err(error) if error == contention => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        Err(contention)
+    }
+
+    /// One try at cancelling: `false` when a batch callback fired between
+    /// the first read of the workflow and the lock of its row. Its job was
+    /// not locked first, and locking it after the workflow's row could wait
+    /// in a circle with an ack, so the try is rolled back to start over.
+    async fn try_cancel_workflow(&self, now: Millis, id: WorkflowId) -> Result<bool, EngineError> {
         let key = id.to_string();
         let Some(current) = self.workflow(id).await? else { return Err(EngineError::WorkflowNotFound { id }) };
         if current.state.is_terminal() {
@@ -218,14 +242,10 @@ impl PgJobs {
         if workflow.state.is_terminal() {
             return Err(EngineError::WorkflowConflict { id, current_state: workflow.state });
         }
-        // A callback fired since the first read is locked now (rarely: only
-        // a batch whose last member ended meanwhile).
-        let fired: Vec<String> =
-            live_jobs(&workflow).into_iter().filter(|id| !jobs.iter().any(|job| job.id.to_string() == *id)).collect();
-        if !fired.is_empty() {
-            jobs.extend(lock_in_flight(&transaction, &fired).await?);
-        }
         let live = live_jobs(&workflow);
+        if live.iter().any(|id| !live_jobs(&current).contains(id)) {
+            return Ok(false);
+        }
         jobs.retain(|job| live.contains(&job.id.to_string()));
         workflow.state = WorkflowState::Cancelled;
         workflow.ended_at = Some(now);
@@ -240,7 +260,7 @@ impl PgJobs {
         store_workflow(&transaction, &workflow).await?;
         self.append_events(&transaction, events).await?;
         transaction.commit().await.map_err(database)?;
-        Ok(())
+        Ok(true)
     }
 
     /// Jobs of workflows ended (in the caller's transaction, their rows
