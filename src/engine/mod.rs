@@ -41,6 +41,7 @@ pub use acks::{ACKS_MAX, AckItem, AckMany, AckOutcome};
 pub use api::{
     Cancelled, ConflictReason, EngineError, Enqueued, FetchRequest, HeartbeatOutcome, Overview, QueueStats, Unavailable,
 };
+#[doc(hidden)]
 pub use cron::register as register_cron;
 pub use cron::table::{CronEntry, CronWrite};
 pub use cron::{DeleteCron, PutCron};
@@ -54,10 +55,12 @@ pub use handle::{EngineHandle, Pending};
 #[doc(hidden)]
 pub use image::{IMAGE_VERSION, StateImage, decode_image};
 pub use jobs::bulk::{BULK_CHUNK_MAX, BulkAction, BulkJobs, BulkOutcome};
+#[doc(hidden)]
 pub use jobs::decide::{EnqueueSlot, Entropy, SystemEntropy};
 pub use jobs::listing::{JobCursor, JobFilter, JobsPage};
 pub use progress::ReportProgress;
 pub use queues::{Backpressure, BackpressureStrategy, ConfigureQueue, PauseQueue};
+#[doc(hidden)]
 pub use recover::recover;
 pub use refusal::{ERROR_CODES, Refusal};
 pub use requests::Request;
@@ -67,14 +70,17 @@ pub use state::Retention;
 pub use state::State;
 pub use throughput::MinuteCount;
 pub use view::{DeadLetterCursor, EngineFailure, QueueSummary};
+pub use webhooks::WebhookChange;
 pub use webhooks::outbox;
 #[cfg(feature = "webhooks")]
+#[doc(hidden)]
 pub use webhooks::pool;
-pub use webhooks::{AttemptOutcome, AttemptResult, WebhookChange, changed as changed_subscription};
+#[doc(hidden)]
+pub use webhooks::{AttemptOutcome, AttemptResult, changed as changed_subscription};
 pub use workers::{WorkerEntry, WorkerSignal, WorkerState};
-pub use workflows::table::{
-    Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState, is_failure,
-};
+#[doc(hidden)]
+pub use workflows::table::is_failure;
+pub use workflows::table::{Callback, Member, MemberOutcome, ParentResults, Workflow, WorkflowFailure, WorkflowState};
 pub use workflows::{CancelWorkflow, CreateWorkflow};
 
 use std::path::PathBuf;
