@@ -232,7 +232,8 @@ impl PgJobs {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         // Jobs first, then the workflow: the order an ack takes them in.
-        let mut jobs = lock_in_flight(&transaction, &live_jobs(&current)).await?;
+        let first_read = live_jobs(&current);
+        let mut jobs = lock_in_flight(&transaction, &first_read).await?;
         let row = transaction
             .maybe_row("SELECT body FROM svc_workflows WHERE id = $1::text::uuid FOR UPDATE", &[&key])
             .await
@@ -242,8 +243,9 @@ impl PgJobs {
         if workflow.state.is_terminal() {
             return Err(EngineError::WorkflowConflict { id, current_state: workflow.state });
         }
-        let live = live_jobs(&workflow);
-        if live.iter().any(|id| !live_jobs(&current).contains(id)) {
+        let first_read: HashSet<String> = first_read.into_iter().collect();
+        let live: HashSet<String> = live_jobs(&workflow).into_iter().collect();
+        if !live.is_subset(&first_read) {
             return Ok(false);
         }
         jobs.retain(|job| live.contains(&job.id.to_string()));
