@@ -12,7 +12,7 @@ use crate::engine::block_on;
 use crate::engine::{
     ACKS_MAX, AckItem, AckMany, BULK_CHUNK_MAX, Backpressure, BulkAction, Cancelled, Engine, EngineConfig, EngineError,
     EngineFailure, EngineHandle, Enqueued, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage, MinuteCount,
-    Overview, Pending, QueueStats, QueueSummary, Workflow,
+    Overview, ParentResults, Pending, QueueStats, QueueSummary, Workflow,
 };
 use crate::job::{
     Failure, Job, JobBuilder, JobId, JobProgress, JobState, NewJob, SubscriptionId, ValidationError, ValidationKind,
@@ -113,6 +113,18 @@ pub struct GivenResults {
     pub results: Vec<serde_json::Value>,
     /// A batch callback: each member's final state.
     pub states: Option<Vec<Option<JobState>>>,
+}
+
+impl From<ParentResults> for GivenResults {
+    /// Each result read as JSON (`null` where a job gave none).
+    fn from(given: ParentResults) -> Self {
+        let results = given
+            .results
+            .iter()
+            .map(|result| result.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default())
+            .collect();
+        GivenResults { results, states: given.states }
+    }
 }
 
 /// A job queue in a local data dir. Every call returns once its change is on disk.
@@ -366,12 +378,7 @@ impl Svc {
     pub fn parent_results(&self, job: &Job) -> Option<GivenResults> {
         let (id, role) = job.workflow()?;
         let given = self.workflow(id).map(|workflow| workflow.parent_results(role)).unwrap_or_default();
-        let results = given
-            .results
-            .iter()
-            .map(|result| result.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default())
-            .collect();
-        Some(GivenResults { results, states: given.states })
+        Some(GivenResults::from(given))
     }
 
     /// Activates a staged job (enqueued with [`JobBuilder::pending`]): it

@@ -85,13 +85,7 @@ fn from_refusal(refusal: svc::Refusal) -> ApiError {
 /// A job as HTTP renders it, read into this crate's [`Job`].
 fn render(handle: &EngineHandle, job: &svc::job::Job) -> Result<Job> {
     let given = job.workflow().and_then(|(workflow_id, role)| {
-        let given = handle.workflow(workflow_id)?.parent_results(role);
-        let results = given
-            .results
-            .iter()
-            .map(|result| result.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default())
-            .collect();
-        Some(svc::GivenResults { results, states: given.states })
+        Some(svc::GivenResults::from(handle.workflow(workflow_id)?.parent_results(role)))
     });
     let text = svc::render_job(job, given.as_ref());
     serde_json::from_str(&text).map_err(|error| Error::protocol(format!("a job does not read: {error}"), None))
