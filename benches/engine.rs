@@ -6,7 +6,7 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use serde_json::json;
 use std::hint::black_box;
 use svc::__private::schedule::{ReadyKey, ReadyQueue};
-use svc::engine::record::Record;
+use svc::engine::record::Logged;
 use svc::engine::{Entropy, FetchRequest, Retention, State, SystemEntropy};
 use svc::job::{JobDefaults, JobId, NewJob, parse_enqueue_body};
 
@@ -18,7 +18,7 @@ fn new_job(n: usize) -> NewJob {
 }
 
 /// Applies a record the way the engine does, with events off.
-fn apply(state: &mut State, record: &Record) {
+fn apply(state: &mut State, record: &Logged) {
     state.apply(record, &mut svc::engine::EventSink::disabled()).expect("applies");
 }
 

@@ -6,14 +6,14 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use serde_json::json;
 use std::hint::black_box;
 use std::sync::Arc;
-use svc::engine::record::{Record, encode_batch};
+use svc::engine::record::{Logged, encode_batch};
 use svc::engine::{Entropy, IMAGE_VERSION, Retention, State, SystemEntropy, decode_image};
 use svc::job::{JobDefaults, parse_enqueue_body};
 use svc::storage::frame::{decode_frame, encode_frame};
 use svc::storage::{FileSystem, PageCacheFileSystem, RealFileSystem, WalWriter};
 
 /// The records of `count` single-job enqueues, as the engine logs them.
-fn enqueue_records(count: usize) -> Vec<Record> {
+fn enqueue_records(count: usize) -> Vec<Logged> {
     let mut state = State::new(Retention::default());
     let mut entropy: Box<dyn Entropy> = Box::new(SystemEntropy);
     (0..count)

@@ -6,7 +6,9 @@ use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
-use svc::engine::record::{Claim, FailOutcome, Record, decode_batch, encode_batch, encode_sequences};
+use svc::engine::record::{
+    Claim, FailOutcome, JobRecord, Logged, RECORD_FORMAT, decode_batch, encode_batch, encode_sequences,
+};
 use svc::job::{FailureReport, Job, JobBuilder, JobDefaults, JobId, JobState, RetryPolicy};
 use svc::storage::frame::{Decoded, decode_frame, encode_frame};
 
@@ -53,43 +55,38 @@ fn largest_allocation(work: impl FnOnce()) -> usize {
 /// serde caps a sequence's pre-allocation at 1 MiB whatever length it claims.
 const PREALLOCATION_CAP: usize = 1024 * 1024;
 
-fn record_strategy() -> impl Strategy<Value = Record> {
+fn record_strategy() -> impl Strategy<Value = Logged> {
     let id = any::<u128>().prop_map(JobId);
     prop_oneof![
-        (any::<i64>(), id.clone(), proptest::option::of(".{0,40}")).prop_map(|(at, id, result)| Record::Ack {
-            at,
-            id,
-            result
-        }),
-        (any::<i64>(), id.clone()).prop_map(|(at, id)| Record::Cancel { at, id }),
+        (any::<i64>(), id.clone(), proptest::option::of(".{0,40}"))
+            .prop_map(|(at, id, result)| Logged::new(at, JobRecord::Ack { id, result })),
+        (any::<i64>(), id.clone()).prop_map(|(at, id)| Logged::new(at, JobRecord::Cancel { id })),
         (any::<i64>(), proptest::collection::vec(any::<u128>().prop_map(JobId), 0..8))
-            .prop_map(|(at, ids)| Record::Promote { at, ids }),
+            .prop_map(|(at, ids)| Logged::new(at, JobRecord::Promote { ids })),
         (
             any::<i64>(),
             proptest::option::of("[a-z]{1,8}"),
             proptest::collection::vec((any::<u128>(), any::<i64>(), any::<i64>()), 0..5)
         )
-            .prop_map(|(at, worker_id, claims)| Record::Claim {
-                at,
-                worker_id,
-                claims: claims
+            .prop_map(|(at, worker_id, claims)| {
+                let claims = claims
                     .into_iter()
                     .map(|(id, v, e)| Claim { id: JobId(id), visibility_deadline: v, execution_deadline: e })
-                    .collect(),
+                    .collect();
+                Logged::new(at, JobRecord::Claim { worker_id, claims })
             }),
         (
             -1_000_000_000_000i64..4_000_000_000_000,
             proptest::collection::vec(job_strategy(), 0..6),
             proptest::collection::vec(any::<u128>().prop_map(JobId), 0..3)
         )
-            .prop_map(|(at, jobs, replaced)| Record::Enqueue { at, jobs, replaced }),
+            .prop_map(|(at, jobs, replaced)| Logged::new(at, JobRecord::Enqueue { jobs, replaced })),
         (any::<i64>(), id, "[A-Za-z]{1,10}", ".{0,30}", any::<u64>()).prop_map(|(at, id, kind, message, delay)| {
-            Record::Fail {
+            let report = FailureReport { message, ..FailureReport::server(&kind, "") };
+            Logged::new(
                 at,
-                id,
-                report: FailureReport { message, ..FailureReport::server(&kind, "") },
-                outcome: FailOutcome::Retry { retry_at: at, delay_ms: delay },
-            }
+                JobRecord::Fail { id, report, outcome: FailOutcome::Retry { retry_at: at, delay_ms: delay } },
+            )
         }),
     ]
 }
@@ -126,12 +123,15 @@ fn job_strategy() -> impl Strategy<Value = Arc<Job>> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// The hand-written encoding of a batch is byte for byte postcard's.
+    /// The hand-written encoding of a batch is the sequence mark, then byte
+    /// for byte postcard's.
     #[test]
     fn a_batch_encodes_as_postcard_encodes_it(records in proptest::collection::vec(record_strategy(), 1..12)) {
         let mut encoded = Vec::new();
         encode_batch(&records, &mut encoded);
-        prop_assert_eq!(encoded, postcard::to_allocvec(&records).unwrap());
+        let mut expected = vec![0, RECORD_FORMAT];
+        expected.extend(postcard::to_allocvec(&records).unwrap());
+        prop_assert_eq!(encoded, expected);
     }
 
     #[test]
@@ -174,7 +174,7 @@ proptest! {
         for sequence in encode_sequences(&first).into_iter().chain(encode_sequences(&second)) {
             payload.extend(sequence);
         }
-        let expected: Vec<Record> = first.iter().chain(&second).cloned().collect();
+        let expected: Vec<Logged> = first.iter().chain(&second).cloned().collect();
         prop_assert_eq!(decode_batch(&payload).unwrap(), expected);
     }
 
@@ -193,8 +193,11 @@ fn a_huge_claimed_length_is_refused_before_allocating() {
     bytes.extend_from_slice(&[0; 4]);
     let largest = largest_allocation(|| assert!(matches!(decode_frame(&bytes), Decoded::Invalid(_))));
     assert_eq!(largest, 0);
-    // A batch that claims four billion records.
+    // A batch that claims four billion records, in either record format.
     let claim = [0xff, 0xff, 0xff, 0xff, 0x0f, 0x03];
+    let largest = largest_allocation(|| assert!(decode_batch(&claim).is_err()));
+    assert!(largest <= PREALLOCATION_CAP, "allocated {largest}");
+    let claim = [0, RECORD_FORMAT, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x03];
     let largest = largest_allocation(|| assert!(decode_batch(&claim).is_err()));
     assert!(largest <= PREALLOCATION_CAP, "allocated {largest}");
 }

@@ -17,7 +17,7 @@ mod inbox;
 pub mod inspect;
 mod job_table;
 mod jobs;
-mod legacy;
+pub(crate) mod legacy;
 mod pace;
 mod progress;
 mod queues;

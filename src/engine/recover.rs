@@ -4,10 +4,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::cron::record::{CronFired, CronRecord};
+use super::cron::table::{CronFire, CronOutcome};
 use super::events::EventSink;
 use super::image::{self, StateImage};
 use super::job_table::LoadedJobs;
-use super::record::{Record, decode_batch};
+use super::jobs::record::JobRecord;
+use super::record::{Change, Logged, decode_batch};
 use super::state::{Retention, State};
 use crate::job::{Job, SharedPolicies};
 use crate::storage::{
@@ -223,7 +226,7 @@ fn apply_frame(
     events: &mut EventSink,
     path: &Path,
     offset: u64,
-    records: &[Record],
+    records: &[Logged],
 ) -> Result<(), StorageError> {
     records.iter().try_for_each(|record| {
         state.apply(record, events).map_err(|error| StorageError::Corrupt {
@@ -238,7 +241,7 @@ fn apply_frame(
 struct DecodedFrame {
     path: std::path::PathBuf,
     offset: u64,
-    records: Vec<Record>,
+    records: Vec<Logged>,
     bytes: u64,
 }
 
@@ -249,17 +252,16 @@ fn decode_frame(
     offset: u64,
     payload: &[u8],
     policies: &mut SharedPolicies,
-) -> Result<Vec<Record>, StorageError> {
+) -> Result<Vec<Logged>, StorageError> {
     let mut records =
         decode_batch(payload).map_err(|reason| StorageError::Corrupt { path: path.to_path_buf(), offset, reason })?;
     for record in &mut records {
-        let jobs = match record {
-            Record::Enqueue { jobs, .. } => jobs.as_mut_slice(),
-            Record::CronFire(super::cron::record::CronFired {
-                fire:
-                    super::cron::table::CronFire { outcome: super::cron::table::CronOutcome::Enqueued { job, .. }, .. },
+        let jobs = match &mut record.change {
+            Change::Jobs(JobRecord::Enqueue { jobs, .. }) => jobs.as_mut_slice(),
+            Change::Cron(CronRecord::Fire(CronFired {
+                fire: CronFire { outcome: CronOutcome::Enqueued { job, .. }, .. },
                 ..
-            }) => std::slice::from_mut(job),
+            })) => std::slice::from_mut(job),
             _ => &mut [],
         };
         jobs.iter_mut().filter_map(Arc::get_mut).for_each(|job| policies.share(&mut job.retry));

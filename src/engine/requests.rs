@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use super::api::EngineError;
 use super::events::EventSink;
 use super::jobs::decide::Entropy;
-use super::record::Record;
+use super::record::Logged;
 use super::state::State;
 use super::workers::entry::Contacts;
 use super::workers::registry;
@@ -182,7 +182,7 @@ pub struct Turn<'a> {
     pub(crate) delivery_log: &'a mut super::webhooks::outbox::DeliveryLog,
     pub(crate) max_schemas: usize,
     pub(crate) now: Millis,
-    pub(crate) records: &'a mut Vec<Record>,
+    pub(crate) records: &'a mut Vec<Logged>,
     pub(crate) events: &'a mut EventSink,
 }
 
@@ -197,7 +197,7 @@ impl Turn<'_> {
     }
 
     /// Applies a decided record and keeps it for the turn's commit.
-    pub(crate) fn apply(&mut self, record: Record) {
+    pub(crate) fn apply(&mut self, record: Logged) {
         self.state.apply(&record, self.events).expect("a record decided against this state applies to it");
         self.records.push(record);
     }

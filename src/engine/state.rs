@@ -10,13 +10,12 @@ use std::sync::Arc;
 use super::cron::table::CronTable;
 use super::events::{EventKind, EventSink};
 use super::job_table::JobTable;
-use super::record::{FailOutcome, Record, TimeoutKind};
+use super::record::{Change, Logged};
 use super::table::Table;
 use super::workers::entry::WorkerSignal;
 use super::workflows::table::Workflow;
 use crate::clock::Millis;
-use crate::job::{FailureReport, IdGenerator, Job, JobId, JobState, SubscriptionId, UniqueKey, WorkflowId, transition};
-use crate::limits::DISPATCH_WINDOW_MS_MAX;
+use crate::job::{IdGenerator, Job, JobId, JobState, SubscriptionId, UniqueKey, WorkflowId, transition};
 use crate::schedule::{DispatchTable, KeyedReady, ReadyQueue, TimerSet};
 
 mod index;
@@ -149,7 +148,7 @@ pub struct State {
     /// Active jobs and recent claims per dispatch-limit key.
     pub(crate) dispatch: DispatchTable,
     /// Claims under a limit since old claims were last forgotten.
-    claims_since_forget: u32,
+    pub(crate) claims_since_forget: u32,
     /// Workflows by id, shared with the read view.
     pub(crate) workflows: Table<WorkflowId, Workflow>,
     /// Ended workflows by when they ended, for retention and the caps.
@@ -230,9 +229,9 @@ impl State {
 
     /// Applies one decided record. The live engine and recovery both come
     /// through here, so replay rebuilds exactly the live state.
-    pub fn apply(&mut self, record: &Record, events: &mut EventSink) -> Result<(), ApplyError> {
+    pub fn apply(&mut self, record: &Logged, events: &mut EventSink) -> Result<(), ApplyError> {
         self.apply_record(record, events)?;
-        let at = record.at();
+        let at = record.at;
         self.latest_at = self.latest_at.max(at);
         // What the jobs that ended set going, until nothing more ends: a cron
         // run staged behind a run that just ended starts now (docs/api.md, "Job state table", row 10), and
@@ -265,58 +264,21 @@ impl State {
         Ok(())
     }
 
-    /// One function per record kind.
-    fn apply_record(&mut self, record: &Record, events: &mut EventSink) -> Result<(), ApplyError> {
-        match record {
-            Record::Enqueue { at, jobs, replaced } => self.apply_enqueue(*at, jobs, replaced, events),
-            Record::Activate { at, id } => self.apply_activate(*at, *id, events),
-            Record::WorkflowCreate(record) => {
-                self.apply_workflow_create(record.at, &record.workflow, &record.jobs, &record.replaced, events)
-            }
-            Record::WorkflowCancel(record) => self.apply_workflow_cancel(record.at, record.id, events),
-            Record::WorkflowPrune(record) => self.apply_workflow_prune(&record.ids),
-            Record::EnqueueV1 { .. } | Record::CronFireV1 { .. } => {
-                Err(ApplyError(format!("a {} record of an earlier format was not upgraded", record.kind())))
-            }
-            Record::Claim { at, worker_id, claims } => self.apply_claim(*at, worker_id, claims, events),
-            Record::Ack { at, id, result } => self.apply_ack(*at, *id, result, events),
-            Record::Progress(record) => self.apply_progress(record, events),
-            Record::Fail { at, id, report, outcome } => self.apply_fail(*at, *id, report, *outcome, events),
-            Record::Cancel { at, id } => self.cancel(*at, *id, "api", events),
-            Record::Promote { at, ids } => self.apply_promote(*at, ids),
-            Record::Expire { at, ids } => self.apply_expire(*at, ids, events),
-            Record::Timeout { at, id, kind, outcome } => self.apply_timeout(*at, *id, *kind, *outcome, events),
-            Record::DeadLetterRetry { at, id } => self.apply_dead_letter_retry(*at, *id, events),
-            Record::Delete { at, id } => self.apply_delete(*at, *id, events),
-            Record::Heartbeat { extensions, .. } => self.apply_heartbeat(extensions),
-            Record::WorkerSignal(record) => self.apply_worker_signal(record, events),
-            Record::WorkerForget(record) => self.apply_worker_forget(record),
-            Record::CronPut(record) => self.apply_cron_put(record),
-            Record::CronDelete(record) => self.apply_cron_delete(record),
-            Record::CronFire(record) => self.apply_cron_fire(record, events),
-            Record::Prune { ids, .. } => self.prune(ids),
-            Record::PruneCapped { at, ids } => {
-                self.prune(ids)?;
-                events.push_other(*at, EventKind::Pruned { count: ids.len() as u64 });
+    /// Hands a record to its feature's apply.
+    fn apply_record(&mut self, record: &Logged, events: &mut EventSink) -> Result<(), ApplyError> {
+        let at = record.at;
+        match &record.change {
+            Change::Jobs(change) => self.apply_job_record(at, change, events),
+            Change::Queues(change) => {
+                self.apply_queue_record(at, change, events);
                 Ok(())
             }
-            Record::SchemaPut(record) => self.apply_schema_put(record),
-            Record::SchemaDelete(record) => self.apply_schema_delete(record),
-            Record::WebhookPut(record) => self.apply_webhook_put(record),
-            Record::WebhookDelete(record) => self.apply_webhook_delete(record),
-            Record::DeliveriesQueued(record) => self.apply_deliveries_queued(record),
-            Record::DeliveriesQueuedOnce(record) => self.apply_deliveries_queued_once(record),
-            Record::DeliveryStarted(record) => self.apply_delivery_started(record),
-            Record::DeliveryRetry(record) => self.apply_delivery_retry(record),
-            Record::DeliveriesDone(record) => self.apply_deliveries_done(record),
-            Record::QueuePause(record) => {
-                self.apply_queue_pause(record, events);
-                Ok(())
-            }
-            Record::QueueConfig(record) => {
-                self.apply_queue_configured(record);
-                Ok(())
-            }
+            Change::Workers(change) => self.apply_worker_record(at, change, events),
+            Change::Cron(change) => self.apply_cron_record(at, change, events),
+            Change::Workflows(change) => self.apply_workflow_record(at, change, events),
+            Change::Schemas(change) => self.apply_schema_record(change),
+            Change::Webhooks(change) => self.apply_webhook_record(change),
+            Change::Progress(change) => self.apply_progress(at, change, events),
         }
     }
 
@@ -347,183 +309,6 @@ impl State {
         }
     }
 
-    fn apply_enqueue(
-        &mut self,
-        at: Millis,
-        jobs: &[Arc<Job>],
-        replaced: &[JobId],
-        events: &mut EventSink,
-    ) -> Result<(), ApplyError> {
-        // Jobs a unique `replace` cancels: stored ones first, then any of
-        // this same batch once it is stored.
-        let (stored, in_batch): (Vec<JobId>, Vec<JobId>) = replaced.iter().partition(|id| self.jobs.contains_key(id));
-        for id in stored {
-            self.cancel(at, id, "unique_replace", events)?;
-        }
-        self.insert_new(at, jobs, events)?;
-        for id in in_batch {
-            self.cancel(at, id, "unique_replace", events)?;
-        }
-        Ok(())
-    }
-
-    /// Stages no longer: `available`, or `scheduled` until its time (docs/api.md, "Job state table", rows 8 and 9).
-    fn apply_activate(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
-        match self.jobs.get(&id) {
-            Some(job) if job.state == JobState::Pending => {}
-            Some(job) => return Err(ApplyError(format!("record activates job {id}, which is {}", job.state.as_str()))),
-            None => return Err(ApplyError(format!("record activates unknown job {id}"))),
-        }
-        let job = self.update(id, |job| transition::activate(job, at))?;
-        if job.state == JobState::Scheduled {
-            events.push(at, EventKind::Scheduled, id);
-        }
-        Ok(())
-    }
-
-    pub(super) fn insert_new(
-        &mut self,
-        at: Millis,
-        jobs: &[Arc<Job>],
-        events: &mut EventSink,
-    ) -> Result<(), ApplyError> {
-        for job in jobs {
-            // A fresh id is above every stored one: most need no lookup.
-            if job.id <= self.highest_stored_id && self.jobs.contains_key(&job.id) {
-                return Err(ApplyError(format!("record enqueues job {} twice", job.id)));
-            }
-            events.push(at, EventKind::Enqueued, job.id);
-            if job.state == JobState::Scheduled {
-                events.push(at, EventKind::Scheduled, job.id);
-            }
-            self.insert_loaded(job.clone());
-        }
-        Ok(())
-    }
-
-    fn apply_claim(
-        &mut self,
-        at: Millis,
-        worker_id: &Option<String>,
-        claims: &[super::record::Claim],
-        events: &mut EventSink,
-    ) -> Result<(), ApplyError> {
-        for claim in claims {
-            let job = self.update(claim.id, |job| {
-                transition::claim(job, at, worker_id.clone(), claim.visibility_deadline, claim.execution_deadline)
-            })?;
-            if let Some((limit, key)) = job.limit_and_key() {
-                self.dispatch.claimed(key, limit, at);
-                self.claims_since_forget += 1;
-            }
-            events.push(at, EventKind::Started, claim.id);
-        }
-        // Claims older than the longest window decide nothing: forget them
-        // now and then, so keys used once do not stay forever.
-        if self.claims_since_forget >= 4096 {
-            self.claims_since_forget = 0;
-            self.dispatch.forget_before(at, DISPATCH_WINDOW_MS_MAX);
-        }
-        Ok(())
-    }
-
-    fn apply_ack(
-        &mut self,
-        at: Millis,
-        id: JobId,
-        result: &Option<String>,
-        events: &mut EventSink,
-    ) -> Result<(), ApplyError> {
-        self.update(id, |job| transition::complete(job, at, result.clone()))?;
-        events.push(at, EventKind::Completed, id);
-        Ok(())
-    }
-
-    fn apply_fail(
-        &mut self,
-        at: Millis,
-        id: JobId,
-        report: &FailureReport,
-        outcome: FailOutcome,
-        events: &mut EventSink,
-    ) -> Result<(), ApplyError> {
-        let attempt = self.jobs.get(&id).map_or(0, |job| job.attempt);
-        self.update(id, |job| transition::fail(job, at, report, outcome))?;
-        if outcome != FailOutcome::Requeue {
-            events.push(at, EventKind::Failed { report: Box::new(report.clone()), attempt }, id);
-        }
-        push_outcome_event(events, at, id, report, outcome, "nack_requeue");
-        Ok(())
-    }
-
-    /// Jobs whose time came. A job an earlier record of the same turn moved
-    /// on (a chain step cancelled by its chain's failure) is left as it is.
-    fn apply_promote(&mut self, at: Millis, ids: &[JobId]) -> Result<(), ApplyError> {
-        for id in ids {
-            if !self.jobs.get(id).is_some_and(|job| matches!(job.state, JobState::Scheduled | JobState::Retryable)) {
-                continue;
-            }
-            self.update(*id, |job| transition::promote(job, at))?;
-        }
-        Ok(())
-    }
-
-    /// Unclaimed jobs past `expires_at`; as for promotions, a job that an
-    /// earlier record of the turn ended or claimed is left as it is.
-    fn apply_expire(&mut self, at: Millis, ids: &[JobId], events: &mut EventSink) -> Result<(), ApplyError> {
-        for id in ids {
-            let waiting = |job: &Job| {
-                matches!(job.state, JobState::Scheduled | JobState::Retryable | JobState::Available | JobState::Pending)
-            };
-            if !self.jobs.get(id).is_some_and(waiting) {
-                continue;
-            }
-            self.update(*id, |job| transition::expire(job, at))?;
-            events.push(at, EventKind::Expired, *id);
-            events.push(at, EventKind::Discarded { reason: "expired" }, *id);
-        }
-        Ok(())
-    }
-
-    fn apply_timeout(
-        &mut self,
-        at: Millis,
-        id: JobId,
-        kind: TimeoutKind,
-        outcome: FailOutcome,
-        events: &mut EventSink,
-    ) -> Result<(), ApplyError> {
-        let job = self.jobs.get(&id).ok_or_else(|| ApplyError(format!("record names unknown job {id}")))?;
-        let report = transition::timeout_report(job, kind, at);
-        let attempt = job.attempt;
-        self.update(id, |job| transition::fail(job, at, &report, outcome))?;
-        events.push(at, EventKind::Failed { report: Box::new(report.clone()), attempt }, id);
-        push_outcome_event(events, at, id, &report, outcome, "visibility_timeout");
-        Ok(())
-    }
-
-    /// A revived job starts a fresh run: of the old one only the error
-    /// history stays (docs/api.md, "Which times a job carries").
-    fn apply_dead_letter_retry(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
-        self.update(id, |job| transition::revive(job, at))?;
-        events.push(at, EventKind::Revived, id);
-        Ok(())
-    }
-
-    fn apply_delete(&mut self, at: Millis, id: JobId, events: &mut EventSink) -> Result<(), ApplyError> {
-        let job = self.jobs.remove(&id).ok_or_else(|| ApplyError(format!("record deletes unknown job {id}")))?;
-        self.unindex_job(&job);
-        events.push_gone(at, EventKind::Deleted, job);
-        Ok(())
-    }
-
-    fn apply_heartbeat(&mut self, extensions: &[(JobId, Millis)]) -> Result<(), ApplyError> {
-        for (id, deadline) in extensions {
-            self.update(*id, |job| transition::extend(job, *deadline))?;
-        }
-        Ok(())
-    }
-
     /// Gives (`Some`: the signal and when) or forgets a worker's signal.
     pub(super) fn set_worker_signal(&mut self, worker_id: &str, signal: Option<(WorkerSignal, Millis)>) {
         match signal {
@@ -532,28 +317,4 @@ impl State {
         };
         self.dirty_workers.insert(worker_id.to_string());
     }
-
-    /// Removes terminal jobs for good.
-    fn prune(&mut self, ids: &[JobId]) -> Result<(), ApplyError> {
-        for id in ids {
-            match self.jobs.get(id) {
-                Some(job) if job.state.is_terminal() => {}
-                Some(_) => return Err(ApplyError(format!("record prunes job {id}, which is not terminal"))),
-                None => return Err(ApplyError(format!("record prunes unknown job {id}"))),
-            }
-            let job = self.jobs.remove(id).expect("checked above");
-            self.unindex_job(&job);
-        }
-        Ok(())
-    }
-}
-fn push_outcome_event(
-    events: &mut EventSink,
-    at: Millis,
-    id: JobId,
-    report: &FailureReport,
-    outcome: FailOutcome,
-    requeue_reason: &'static str,
-) {
-    events.push(at, EventKind::after_failure(report, outcome, requeue_reason), id);
 }

@@ -20,7 +20,7 @@ use super::image::StateImage;
 use super::inbox::{Command, InboxReceiver, Received};
 use super::jobs::decide::Entropy;
 use super::pace::PaceSignals;
-use super::record::{Record, encode_sequences_into};
+use super::record::{Logged, encode_sequences_into};
 use super::requests::{Parked, RECORD_BYTES_PER_JOB, Ran, Responder, Turn};
 use super::snapshot::{BackgroundSnapshot, write_in_place};
 use super::state::State;
@@ -148,14 +148,11 @@ impl QueuedChunk {
         self.body_bytes >= QUEUED_RECORD_BODY_BYTES_MAX || self.deliveries.len() >= QUEUED_RECORD_DELIVERIES_MAX
     }
 
-    fn take(&mut self, at: Millis) -> Record {
+    fn take(&mut self, at: Millis) -> Logged {
         self.body_bytes = 0;
-        super::webhooks::record::DeliveriesQueuedOnce {
-            at,
-            events: std::mem::take(&mut self.events),
-            deliveries: std::mem::take(&mut self.deliveries),
-        }
-        .into()
+        let events = std::mem::take(&mut self.events);
+        let deliveries = std::mem::take(&mut self.deliveries);
+        Logged::new(at, super::webhooks::record::DeliveriesQueuedOnce { events, deliveries })
     }
 }
 
@@ -168,14 +165,14 @@ fn disk_full() -> EngineError {
 }
 
 /// The bytes `records` take encoded.
-fn encoded_bytes(records: &[Record]) -> u64 {
+fn encoded_bytes(records: &[Logged]) -> u64 {
     records.iter().map(|record| postcard::experimental::serialized_size(record).unwrap_or(0) as u64).sum()
 }
 
 /// A turn's records, applied to the state, with the replies and events that
 /// wait for them.
 struct Staged {
-    records: Vec<Record>,
+    records: Vec<Logged>,
     replies: Vec<Responder>,
     events: EventSink,
 }
@@ -439,14 +436,14 @@ impl Writer {
         stop
     }
 
-    pub(crate) fn apply(&mut self, record: Record, records: &mut Vec<Record>, events: &mut EventSink) {
+    pub(crate) fn apply(&mut self, record: Logged, records: &mut Vec<Logged>, events: &mut EventSink) {
         self.state.apply(&record, events).expect("a record decided against this state applies to it");
         records.push(record);
     }
 
     /// Forgets workers idle for a day (no contact, no active jobs), at most
     /// once a minute.
-    fn forget_idle_workers(&mut self, now: Millis, records: &mut Vec<Record>, events: &mut EventSink) {
+    fn forget_idle_workers(&mut self, now: Millis, records: &mut Vec<Logged>, events: &mut EventSink) {
         if now - self.last_worker_sweep < crate::limits::WORKER_SWEEP_EVERY_MS {
             return;
         }
@@ -546,7 +543,7 @@ impl Writer {
     /// so no number of events or subscriptions makes one record too large for
     /// the log. A delivery past its subscription's caps or the outbox's (in
     /// count or bytes) is dropped and counted.
-    fn queue_deliveries(&mut self, events: &[Event], records: &mut Vec<Record>) {
+    fn queue_deliveries(&mut self, events: &[Event], records: &mut Vec<Logged>) {
         if self.deliveries.is_none() || events.is_empty() || self.state.webhooks.is_empty() {
             return;
         }
@@ -597,14 +594,14 @@ impl Writer {
     }
 
     /// Applies a `DeliveriesQueuedOnce` record and keeps it for the commit.
-    fn log_queued(&mut self, record: Record, records: &mut Vec<Record>) {
+    fn log_queued(&mut self, record: Logged, records: &mut Vec<Logged>) {
         self.state.apply(&record, &mut EventSink::disabled()).expect("queued deliveries apply");
         records.push(record);
     }
 
     /// Starts the attempts of deliveries whose time came: counted durably
     /// in this turn's commit, then handed to the delivery pool.
-    fn start_deliveries(&mut self, now: Millis, records: &mut Vec<Record>, replies: &mut Vec<Responder>) {
+    fn start_deliveries(&mut self, now: Millis, records: &mut Vec<Logged>, replies: &mut Vec<Responder>) {
         let Some(sink) = self.deliveries.clone() else { return };
         // Counts of dropped and abandoned deliveries go out within a minute
         // of the last one, on the next turn.
@@ -634,7 +631,7 @@ impl Writer {
         }
         if !ids.is_empty() {
             let until = now + self.delivery_timeout_ms + super::webhooks::outbox::ATTEMPT_LEASE_MARGIN_MS;
-            let record = super::webhooks::record::DeliveryStarted { at: now, ids: ids.clone(), until }.into();
+            let record = Logged::new(now, super::webhooks::record::DeliveryStarted { ids: ids.clone(), until });
             self.state.apply(&record, &mut EventSink::disabled()).expect("started deliveries apply");
             records.push(record);
             let batch: Vec<_> = ids.iter().filter_map(|id| self.state.outbox.get(*id).cloned()).collect();

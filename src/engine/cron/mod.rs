@@ -15,14 +15,14 @@ use std::sync::Arc;
 use super::api::EngineError;
 use super::events::{CronInfo, CronSkip, EventKind, EventSink};
 use super::jobs::decide::Entropy;
-use super::record::Record;
+use super::record::Logged;
 use super::requests::{Request, Turn, sealed};
 use super::state::{ApplyError, State};
 use crate::clock::Millis;
 use crate::cron::{CronDefinition, OverlapPolicy};
 use crate::job::{Job, JobState, OnConflict};
 use crate::limits::CRON_MISSED_COUNT_MAX;
-use record::{CronDelete, CronFired, CronPut};
+use record::{CronDelete, CronFired, CronPut, CronRecord};
 use table::{CronEntry, CronFire, CronOutcome, CronWrite};
 
 /// Registers a cron entry, replaces one, or changes one still at a revision;
@@ -113,21 +113,21 @@ impl State {
         definition: CronDefinition,
         write: CronWrite,
         max_entries: usize,
-    ) -> Result<(Record, bool), EngineError> {
+    ) -> Result<(Logged, bool), EngineError> {
         let existing = self.crons.get(&definition.name).map(Arc::as_ref);
         let entry = register(existing, self.crons.len(), definition, write, now, max_entries)?;
-        Ok((CronPut { at: now, entry }.into(), existing.is_none()))
+        Ok((Logged::new(now, CronPut { entry }), existing.is_none()))
     }
 
-    pub fn decide_cron_delete(&self, now: Millis, name: &str) -> Result<Record, EngineError> {
+    pub fn decide_cron_delete(&self, now: Millis, name: &str) -> Result<Logged, EngineError> {
         if self.crons.get(name).is_none() {
             return Err(EngineError::CronNotFound { name: name.to_string() });
         }
-        Ok(CronDelete { at: now, name: name.to_string() }.into())
+        Ok(Logged::new(now, CronDelete { name: name.to_string() }))
     }
 
     /// Fires every entry due at `now` (at most `max`), one record each.
-    pub fn decide_cron_due(&mut self, now: Millis, max: usize, entropy: &mut dyn Entropy) -> Vec<Record> {
+    pub fn decide_cron_due(&mut self, now: Millis, max: usize, entropy: &mut dyn Entropy) -> Vec<Logged> {
         let mut records = Vec::new();
         let mut made = crate::job::JobIdSet::default();
         let mut made_jobs: Vec<Arc<Job>> = Vec::new();
@@ -183,25 +183,32 @@ impl State {
                 next_run_at: next.map(|next| next.at),
                 outcome,
             };
-            records.push(CronFired { at: now, name, fire }.into());
+            records.push(Logged::new(now, CronFired { name, fire }));
         }
         records
     }
 }
 
 impl State {
-    pub(super) fn apply_cron_put(&mut self, record: &CronPut) -> Result<(), ApplyError> {
-        self.crons.put(record.entry.clone()).map_err(ApplyError)
+    pub(super) fn apply_cron_record(
+        &mut self,
+        at: Millis,
+        record: &CronRecord,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        match record {
+            CronRecord::Put(CronPut { entry }) => self.crons.put(entry.clone()).map_err(ApplyError),
+            CronRecord::Delete(CronDelete { name }) => self
+                .crons
+                .remove(name)
+                .map(drop)
+                .ok_or_else(|| ApplyError(format!("record deletes unknown cron entry {name}"))),
+            CronRecord::Fire(fired) => self.apply_cron_fire(at, fired, events),
+        }
     }
 
-    pub(super) fn apply_cron_delete(&mut self, record: &CronDelete) -> Result<(), ApplyError> {
-        let name = &record.name;
-        self.crons.remove(name).map(drop).ok_or_else(|| ApplyError(format!("record deletes unknown cron entry {name}")))
-    }
-
-    pub(super) fn apply_cron_fire(&mut self, record: &CronFired, events: &mut EventSink) -> Result<(), ApplyError> {
-        let CronFired { at, name, fire } = record;
-        let at = *at;
+    fn apply_cron_fire(&mut self, at: Millis, record: &CronFired, events: &mut EventSink) -> Result<(), ApplyError> {
+        let CronFired { name, fire } = record;
         let entry =
             self.crons.get(name).cloned().ok_or_else(|| ApplyError(format!("record fires unknown cron {name}")))?;
         let definition = &entry.definition;
@@ -303,13 +310,14 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::record::decode_batch;
 
     #[test]
-    fn the_records_are_encoded_as_the_struct_variants_they_replaced() {
-        let record = Record::CronDelete(CronDelete { at: 5, name: "n".into() });
+    fn records_of_the_first_format_read_as_they_were_written() {
         // Kind 15 (docs/wal-format.md), then the fields in order: 5 as a
         // zigzag varint, the name's length and text.
-        assert_eq!(postcard::to_allocvec(&record).unwrap(), [15, 10, 1, b'n']);
+        let delete = Logged::new(5, CronDelete { name: "n".into() });
+        assert_eq!(decode_batch(&[1, 15, 10, 1, b'n']).unwrap(), [delete]);
         let fire = CronFire {
             scheduled: 3,
             missed: 0,
@@ -317,9 +325,9 @@ mod tests {
             next_run_at: None,
             outcome: CronOutcome::QueuePaused,
         };
-        let fired = postcard::to_allocvec(&Record::CronFire(CronFired { at: 5, name: "n".into(), fire: fire.clone() }));
-        let mut expected = vec![20, 10, 1, b'n'];
-        expected.extend(postcard::to_allocvec(&fire).unwrap());
-        assert_eq!(fired.unwrap(), expected);
+        // Kind 20, `at`, the name, the firing.
+        let mut fired = vec![1, 20, 10, 1, b'n'];
+        fired.extend(postcard::to_allocvec(&fire).unwrap());
+        assert_eq!(decode_batch(&fired).unwrap(), [Logged::new(5, CronFired { name: "n".into(), fire })]);
     }
 }

@@ -4,8 +4,9 @@
 //! so other requests are served between chunks.
 
 use super::super::api::EngineError;
-use super::super::record::Record;
+use super::super::record::Logged;
 use super::super::requests::{RECORD_FIXED_BYTES, Request, Turn, sealed};
+use super::record::JobRecord;
 use crate::job::{JobId, JobState};
 
 /// Most jobs one bulk request takes.
@@ -89,12 +90,12 @@ impl Request for BulkJobs {
                 Some(state) if self.action.applies_to(state) => match self.action {
                     BulkAction::Retry => turn.state().decide_dead_letter_retry(now, id).ok(),
                     BulkAction::Cancel => turn.state().decide_cancel(now, id).ok().flatten(),
-                    BulkAction::Delete => Some(Record::Delete { at: now, id }),
+                    BulkAction::Delete => Some(Logged::new(now, JobRecord::Delete { id })),
                     BulkAction::Purge => {
                         if let Some(cancel) = turn.state().decide_cancel(now, id).ok().flatten() {
                             turn.apply(cancel);
                         }
-                        Some(Record::Delete { at: now, id })
+                        Some(Logged::new(now, JobRecord::Delete { id }))
                     }
                 },
                 _ => None,

@@ -2,8 +2,9 @@
 //! fully decided record. Nothing here changes the state; `State::apply` does.
 
 use super::super::api::{ConflictReason, EngineError, FetchRequest, Unavailable};
-use super::super::record::{Claim, FailOutcome, Record};
+use super::super::record::Logged;
 use super::super::state::{QueueState, State};
+use super::record::{Claim, FailOutcome, JobRecord};
 use crate::clock::Millis;
 use crate::job::{FailureReport, Job, JobId, JobState, NewJob, OnConflict, transition};
 use crate::schedule::{ReadyKey, Taken};
@@ -48,7 +49,7 @@ impl State {
         now: Millis,
         new_jobs: Vec<NewJob>,
         entropy: &mut dyn Entropy,
-    ) -> Result<(Option<Record>, Vec<EnqueueSlot>), EngineError> {
+    ) -> Result<(Option<Logged>, Vec<EnqueueSlot>), EngineError> {
         if !self.has_room_for(new_jobs.len()) {
             return Err(EngineError::Unavailable { reason: Unavailable::Capacity });
         }
@@ -104,7 +105,8 @@ impl State {
             slots.push(EnqueueSlot::New(job.id));
             jobs.push(Arc::new(job));
         }
-        let record = (!jobs.is_empty() || !replaced.is_empty()).then_some(Record::Enqueue { at: now, jobs, replaced });
+        let record = (!jobs.is_empty() || !replaced.is_empty())
+            .then_some(Logged::new(now, JobRecord::Enqueue { jobs, replaced }));
         Ok((record, slots))
     }
 
@@ -174,7 +176,7 @@ impl State {
     }
 
     /// Activates a staged job (`POST /jobs/{id}/activate`).
-    pub fn decide_activate(&self, now: Millis, id: JobId) -> Result<Record, EngineError> {
+    pub fn decide_activate(&self, now: Millis, id: JobId) -> Result<Logged, EngineError> {
         let job = self.job(id).ok_or(EngineError::NotFound { id })?;
         if job.state != JobState::Pending {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::NotPending });
@@ -182,7 +184,7 @@ impl State {
         if job.workflow().is_some() || self.crons.waiters.values().any(|waiting| *waiting == id) {
             return Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::Owned });
         }
-        Ok(Record::Activate { at: now, id })
+        Ok(Logged::new(now, JobRecord::Activate { id }))
     }
 
     /// A generated id that no stored job and none of `taken` uses. The
@@ -203,7 +205,7 @@ impl State {
 
     /// Chooses jobs for a fetch without claiming them, with their ids in
     /// claim order; `None` when nothing qualifies.
-    pub fn decide_fetch(&self, now: Millis, request: &FetchRequest) -> Option<(Record, Vec<JobId>)> {
+    pub fn decide_fetch(&self, now: Millis, request: &FetchRequest) -> Option<(Logged, Vec<JobId>)> {
         let mut claims = Vec::new();
         let mut taken = HashMap::new();
         for (position, name) in request.queues.iter().enumerate() {
@@ -229,7 +231,8 @@ impl State {
             }
         }
         let ids = claims.iter().map(|claim| claim.id).collect();
-        (!claims.is_empty()).then(|| (Record::Claim { at: now, worker_id: request.worker_id.clone(), claims }, ids))
+        (!claims.is_empty())
+            .then(|| (Logged::new(now, JobRecord::Claim { worker_id: request.worker_id.clone(), claims }), ids))
     }
 
     /// Up to `wanted` available jobs of `queue` in fetch order, skipping the
@@ -321,9 +324,9 @@ impl State {
         id: JobId,
         result: Option<String>,
         worker_id: Option<&str>,
-    ) -> Result<Record, EngineError> {
+    ) -> Result<Logged, EngineError> {
         self.active_job(id, worker_id)?;
-        Ok(Record::Ack { at: now, id, result })
+        Ok(Logged::new(now, JobRecord::Ack { id, result }))
     }
 
     pub fn decide_fail(
@@ -334,21 +337,21 @@ impl State {
         requeue: bool,
         worker_id: Option<&str>,
         entropy: &mut dyn Entropy,
-    ) -> Result<Record, EngineError> {
+    ) -> Result<Logged, EngineError> {
         let job = self.active_job(id, worker_id)?;
         let outcome = if requeue { FailOutcome::Requeue } else { failure_outcome(job, &report, now, entropy) };
-        Ok(Record::Fail { at: now, id, report, outcome })
+        Ok(Logged::new(now, JobRecord::Fail { id, report, outcome }))
     }
 
     /// `Ok(None)` when the job is already cancelled (cancel is idempotent).
-    pub fn decide_cancel(&self, now: Millis, id: JobId) -> Result<Option<Record>, EngineError> {
+    pub fn decide_cancel(&self, now: Millis, id: JobId) -> Result<Option<Logged>, EngineError> {
         let job = self.job(id).ok_or(EngineError::NotFound { id })?;
         match job.state {
             JobState::Cancelled => Ok(None),
             JobState::Completed | JobState::Discarded => {
                 Err(EngineError::Conflict { id, current_state: job.state, reason: ConflictReason::InvalidState })
             }
-            _ => Ok(Some(Record::Cancel { at: now, id })),
+            _ => Ok(Some(Logged::new(now, JobRecord::Cancel { id }))),
         }
     }
 
@@ -363,7 +366,7 @@ impl State {
         worker_id: &str,
         listed: Option<&[JobId]>,
         visibility_ms: Option<u64>,
-    ) -> (Option<(Record, usize)>, Vec<JobId>) {
+    ) -> (Option<(Logged, usize)>, Vec<JobId>) {
         let (mut ids, mut not_extended): (Vec<JobId>, Vec<JobId>) = match listed {
             Some(ids) => ids.iter().copied().partition(|id| self.heartbeat_covers(*id, worker_id)),
             None => (self.active_of_worker(worker_id), Vec::new()),
@@ -381,7 +384,7 @@ impl State {
             })
             .collect();
         let extended = extensions.len();
-        ((extended > 0).then_some((Record::Heartbeat { at: now, extensions }, extended)), not_extended)
+        ((extended > 0).then_some((Logged::new(now, JobRecord::Heartbeat { extensions }), extended)), not_extended)
     }
 
     /// Whether a heartbeat of `worker_id` extends job `id`'s claim: it is
@@ -397,18 +400,18 @@ impl State {
         self.job(id).filter(|job| job.state == JobState::Discarded).ok_or(EngineError::NotInDeadLetter { id })
     }
 
-    pub fn decide_dead_letter_retry(&self, now: Millis, id: JobId) -> Result<Record, EngineError> {
+    pub fn decide_dead_letter_retry(&self, now: Millis, id: JobId) -> Result<Logged, EngineError> {
         self.dead_letter_job(id)?;
-        Ok(Record::DeadLetterRetry { at: now, id })
+        Ok(Logged::new(now, JobRecord::DeadLetterRetry { id }))
     }
 
-    pub fn decide_dead_letter_delete(&self, now: Millis, id: JobId) -> Result<Record, EngineError> {
+    pub fn decide_dead_letter_delete(&self, now: Millis, id: JobId) -> Result<Logged, EngineError> {
         self.dead_letter_job(id)?;
-        Ok(Record::Delete { at: now, id })
+        Ok(Logged::new(now, JobRecord::Delete { id }))
     }
 
     /// Records for everything due at `now`, at most `limit` jobs.
-    pub fn decide_due(&self, now: Millis, limit: usize, entropy: &mut dyn Entropy) -> Vec<Record> {
+    pub fn decide_due(&self, now: Millis, limit: usize, entropy: &mut dyn Entropy) -> Vec<Logged> {
         let mut promote = Vec::new();
         let mut expire = Vec::new();
         let mut prune = Vec::new();
@@ -427,13 +430,13 @@ impl State {
             }
         }
         if !promote.is_empty() {
-            records.push(Record::Promote { at: now, ids: promote });
+            records.push(Logged::new(now, JobRecord::Promote { ids: promote }));
         }
         if !expire.is_empty() {
-            records.push(Record::Expire { at: now, ids: expire });
+            records.push(Logged::new(now, JobRecord::Expire { ids: expire }));
         }
         if !prune.is_empty() {
-            records.push(Record::Prune { at: now, ids: prune });
+            records.push(Logged::new(now, JobRecord::Prune { ids: prune }));
         }
         if let Some(record) = self.decide_workflow_prune(now, limit) {
             records.push(record);
@@ -443,7 +446,7 @@ impl State {
 
     /// The oldest terminal jobs to prune (dead-lettered ones last) so that
     /// the rest fit the retention caps, at most `limit`; `None` when they fit.
-    pub fn decide_capped_prune(&self, now: Millis, limit: usize) -> Option<Record> {
+    pub fn decide_capped_prune(&self, now: Millis, limit: usize) -> Option<Logged> {
         let retention = self.retention();
         let mut count = self.terminal.len();
         let mut bytes = self.terminal_bytes;
@@ -457,14 +460,14 @@ impl State {
             bytes -= self.job(*id).map_or(0, |job| job.held_bytes());
             capped.push(*id);
         }
-        (!capped.is_empty()).then_some(Record::PruneCapped { at: now, ids: capped })
+        (!capped.is_empty()).then_some(Logged::new(now, JobRecord::PruneCapped { ids: capped }))
     }
 }
 
 /// Which deadline of an active job ran out, and what follows (docs/api.md, "Visibility and execution timeouts").
-fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Record {
+fn claim_timeout(job: &Job, now: Millis, entropy: &mut dyn Entropy) -> Logged {
     let (kind, outcome) = crate::schedule::timeout_outcome(job, now, || entropy.next_unit());
-    Record::Timeout { at: now, id: job.id, kind, outcome }
+    Logged::new(now, JobRecord::Timeout { id: job.id, kind, outcome })
 }
 
 /// The decision on a failed attempt (docs/api.md, "What a failure leads to").

@@ -2,13 +2,15 @@
 //! ack, fail, cancel, heartbeat, activate, and the dead letter listing's
 //! retry and delete.
 //!
-//! The requests are here, their decisions in `decide.rs`; the records and
-//! their apply are still in `record.rs` and `state.rs`, and the job map
+//! The requests are here, their decisions in `decide.rs`, their records in
+//! `record.rs` and how the state applies them in `apply.rs`; the job map
 //! the read view shares is `job_table.rs`.
 
+mod apply;
 pub mod bulk;
 pub(super) mod decide;
 pub mod listing;
+pub(super) mod record;
 
 use std::sync::Arc;
 

@@ -14,8 +14,10 @@ use std::sync::Arc;
 
 use super::api::EngineError;
 use super::events::{EventKind, EventSink};
+use super::record::Logged;
 use super::requests::{RECORD_FIXED_BYTES, Request, Turn, sealed};
 use super::state::{ApplyError, State};
+use crate::clock::Millis;
 use crate::job::{Job, JobId, JobProgress};
 
 /// Reports progress on an active job; `worker_id`, when given, must be the
@@ -36,7 +38,7 @@ impl Request for ReportProgress {
         progress.check().map_err(|error| EngineError::Invalid { error, index: None })?;
         turn.state().active_job(self.id, self.worker_id.as_deref())?;
         progress.updated_at = turn.now;
-        turn.apply(ProgressReported { id: self.id, progress }.into());
+        turn.apply(Logged::new(turn.now, ProgressReported { id: self.id, progress }));
         Ok(turn.current(self.id))
     }
 
@@ -52,11 +54,12 @@ impl Request for ReportProgress {
 impl State {
     pub(super) fn apply_progress(
         &mut self,
+        at: Millis,
         record: &ProgressReported,
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
         self.update(record.id, |job| job.set_progress(Some(record.progress.clone())))?;
-        events.push(record.at(), EventKind::Progress, record.id);
+        events.push(at, EventKind::Progress, record.id);
         Ok(())
     }
 }

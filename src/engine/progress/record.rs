@@ -1,9 +1,8 @@
 //! The log record of a progress report: which job, and what it reported
-//! (its `updated_at` is the record's time).
+//! (its `updated_at` is the time the record is logged at).
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Millis;
 use crate::job::{JobId, JobProgress};
 
 /// A worker reported progress on the active job `id`.
@@ -11,10 +10,4 @@ use crate::job::{JobId, JobProgress};
 pub struct ProgressReported {
     pub id: JobId,
     pub progress: JobProgress,
-}
-
-impl ProgressReported {
-    pub fn at(&self) -> Millis {
-        self.progress.updated_at
-    }
 }

@@ -13,12 +13,13 @@ pub(super) mod record;
 
 use super::api::EngineError;
 use super::events::{EventKind, EventSink};
+use super::record::Logged;
 use super::requests::{Request, Turn, sealed};
 use super::state::State;
 use super::view::QueueSummary;
 use crate::clock::Millis;
 pub use record::{Backpressure, BackpressureStrategy};
-use record::{QueueConfigured, QueuePause};
+use record::{QueueConfigured, QueuePause, QueueRecord};
 
 /// Sets (`Some`) or removes a queue's backpressure; answers its figures.
 /// Setting what is already set changes nothing and logs nothing.
@@ -35,8 +36,8 @@ impl Request for ConfigureQueue {
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
         let current = turn.state().queue(&self.queue).and_then(|queue| queue.backpressure);
         if current != self.backpressure {
-            let record = QueueConfigured { at: turn.now, queue: self.queue.clone(), backpressure: self.backpressure };
-            turn.apply(record.into());
+            let record = QueueConfigured { queue: self.queue.clone(), backpressure: self.backpressure };
+            turn.apply(Logged::new(turn.now, record));
         }
         Ok(turn.state().queue_summary(&self.queue))
     }
@@ -55,8 +56,8 @@ impl Request for PauseQueue {
     type Output = QueueSummary;
 
     fn run(self, turn: &mut Turn<'_>) -> Result<Self::Output, EngineError> {
-        if let Some(record) = turn.state().decide_queue_pause(turn.now, &self.queue, self.paused) {
-            turn.apply(record.into());
+        if let Some(record) = turn.state().decide_queue_pause(&self.queue, self.paused) {
+            turn.apply(Logged::new(turn.now, record));
         }
         Ok(turn.state().queue_summary(&self.queue))
     }
@@ -64,44 +65,44 @@ impl Request for PauseQueue {
 
 impl State {
     /// `None` when the queue already is as asked (no record, no event).
-    fn decide_queue_pause(&self, now: Millis, queue: &str, paused: bool) -> Option<QueuePause> {
+    fn decide_queue_pause(&self, queue: &str, paused: bool) -> Option<QueuePause> {
         let current = self.queue(queue).is_some_and(|state| state.paused);
-        (current != paused).then(|| QueuePause { at: now, queue: queue.to_string(), paused })
+        (current != paused).then(|| QueuePause { queue: queue.to_string(), paused })
     }
 
-    pub(super) fn apply_queue_pause(&mut self, record: &QueuePause, events: &mut EventSink) {
-        self.set_queue_paused(&record.queue, record.paused);
-        let kind = if record.paused { EventKind::QueuePaused } else { EventKind::QueueResumed };
-        events.push_other(record.at, kind(record.queue.clone()));
-    }
-
-    pub(super) fn apply_queue_configured(&mut self, record: &QueueConfigured) {
-        self.set_queue_backpressure(&record.queue, record.backpressure);
+    pub(super) fn apply_queue_record(&mut self, at: Millis, record: &QueueRecord, events: &mut EventSink) {
+        match record {
+            QueueRecord::Pause(QueuePause { queue, paused }) => {
+                self.set_queue_paused(queue, *paused);
+                let kind = if *paused { EventKind::QueuePaused } else { EventKind::QueueResumed };
+                events.push_other(at, kind(queue.clone()));
+            }
+            QueueRecord::Configure(QueueConfigured { queue, backpressure }) => {
+                self.set_queue_backpressure(queue, *backpressure);
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::record::decode_batch;
 
     #[test]
-    fn the_record_is_encoded_as_the_struct_variant_it_replaced() {
-        let record = super::super::record::Record::QueuePause(QueuePause { at: 5, queue: "q".into(), paused: true });
+    fn records_of_the_first_format_read_as_they_were_written() {
         // Kind 18 (docs/wal-format.md), then the fields in order: 5 as a
         // zigzag varint, the queue's length and text, `true`.
-        assert_eq!(postcard::to_allocvec(&record).unwrap(), [18, 10, 1, b'q', 1]);
-    }
-
-    #[test]
-    fn the_configuration_record_is_kind_35_as_documented() {
+        let pause = [1, 18, 10, 1, b'q', 1];
+        let expected = Logged::new(5, QueuePause { queue: "q".into(), paused: true });
+        assert_eq!(decode_batch(&pause).unwrap(), [expected]);
+        // Kind 35, `at`, the queue, `Some`, max_depth 3, strategy 0
+        // (reject), `Some(0.5)` as 8 little-endian bytes.
+        let mut configure = vec![1, 35, 10, 1, b'q', 1, 3, 0, 1];
+        configure.extend_from_slice(&0.5f64.to_le_bytes());
         let backpressure = Some(Backpressure::reject_above(3).warning_at(0.5));
-        let record =
-            super::super::record::Record::QueueConfig(QueueConfigured { at: 5, queue: "q".into(), backpressure });
-        // Kind 35 (docs/wal-format.md), `at`, the queue, `Some`, max_depth 3,
-        // strategy 0 (reject), `Some(0.5)` as 8 little-endian bytes.
-        let mut expected = vec![35, 10, 1, b'q', 1, 3, 0, 1];
-        expected.extend_from_slice(&0.5f64.to_le_bytes());
-        assert_eq!(postcard::to_allocvec(&record).unwrap(), expected);
+        let expected = Logged::new(5, QueueConfigured { queue: "q".into(), backpressure });
+        assert_eq!(decode_batch(&configure).unwrap(), [expected]);
     }
 
     #[test]

@@ -3,21 +3,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Millis;
-
-/// A queue paused (new work refused, fetches skip it) or resumed. Encoded
-/// as the struct variant it replaced, field for field (record 18).
+/// A queue paused (new work refused, fetches skip it) or resumed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueuePause {
-    pub at: Millis,
     pub queue: String,
     pub paused: bool,
 }
 
-/// A queue's backpressure set (`Some`) or removed (record 35).
+/// A queue's backpressure set (`Some`) or removed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueConfigured {
-    pub at: Millis,
     pub queue: String,
     pub backpressure: Option<Backpressure>,
 }
@@ -88,4 +83,11 @@ impl BackpressureStrategy {
             BackpressureStrategy::Reject => "reject",
         }
     }
+}
+
+/// A change of a queue's settings. The variant order is part of the log format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum QueueRecord {
+    Pause(QueuePause),
+    Configure(QueueConfigured),
 }

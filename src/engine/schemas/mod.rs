@@ -11,10 +11,11 @@ pub(super) mod record;
 use std::sync::Arc;
 
 use super::api::EngineError;
+use super::record::Logged;
 use super::requests::{Request, Turn, sealed};
 use super::state::{ApplyError, State};
 use crate::schema::SchemaEntry;
-use record::{SchemaDelete, SchemaPut};
+use record::{SchemaDelete, SchemaPut, SchemaRecord};
 
 /// Registers a schema compiled by the caller (`schema::parse_registration`);
 /// a URI already registered is refused. Answers the stored entry.
@@ -37,7 +38,7 @@ impl Request for RegisterSchema {
         }
         entry.created_at = turn.now;
         let entry = Arc::new(entry);
-        turn.apply(SchemaPut { at: turn.now, entry: entry.clone() }.into());
+        turn.apply(Logged::new(turn.now, SchemaPut { entry: entry.clone() }));
         Ok(entry)
     }
 
@@ -65,24 +66,25 @@ impl Request for DeleteSchema {
         let Some(entry) = turn.state().schemas.get(&self.uri).cloned() else {
             return Err(EngineError::SchemaNotFound { uri: self.uri });
         };
-        turn.apply(SchemaDelete { at: turn.now, uri: self.uri }.into());
+        turn.apply(Logged::new(turn.now, SchemaDelete { uri: self.uri }));
         Ok(entry)
     }
 }
 
 impl State {
-    pub(super) fn apply_schema_put(&mut self, record: &SchemaPut) -> Result<(), ApplyError> {
-        let uri = &record.entry.uri;
-        if self.schemas.contains_key(uri) {
-            return Err(ApplyError(format!("record registers schema {uri} twice")));
+    pub(super) fn apply_schema_record(&mut self, record: &SchemaRecord) -> Result<(), ApplyError> {
+        match record {
+            SchemaRecord::Put(SchemaPut { entry }) => {
+                let uri = &entry.uri;
+                if self.schemas.contains_key(uri) {
+                    return Err(ApplyError(format!("record registers schema {uri} twice")));
+                }
+                self.schemas.insert(uri.clone(), entry.clone());
+            }
+            SchemaRecord::Delete(SchemaDelete { uri }) => {
+                self.schemas.remove(uri).ok_or_else(|| ApplyError(format!("record deletes unknown schema {uri}")))?;
+            }
         }
-        self.schemas.insert(uri.clone(), record.entry.clone());
-        Ok(())
-    }
-
-    pub(super) fn apply_schema_delete(&mut self, record: &SchemaDelete) -> Result<(), ApplyError> {
-        let uri = &record.uri;
-        self.schemas.remove(uri).ok_or_else(|| ApplyError(format!("record deletes unknown schema {uri}")))?;
         Ok(())
     }
 }
@@ -90,19 +92,19 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::record::Record;
+    use crate::engine::record::decode_batch;
 
     #[test]
-    fn the_records_are_encoded_as_the_struct_variants_they_replaced() {
-        let record = Record::SchemaDelete(SchemaDelete { at: 5, uri: "u".into() });
+    fn records_of_the_first_format_read_as_they_were_written() {
         // Kind 26 (docs/wal-format.md), then the fields in order: 5 as a
         // zigzag varint, the URI's length and text.
-        assert_eq!(postcard::to_allocvec(&record).unwrap(), [26, 10, 1, b'u']);
+        let delete = Logged::new(5, SchemaDelete { uri: "u".into() });
+        assert_eq!(decode_batch(&[1, 26, 10, 1, b'u']).unwrap(), [delete]);
         let body = br#"{"uri": "urn:u", "schema": {"type": "object"}}"#;
         let entry = Arc::new(crate::schema::parse_registration(body, 7, &|_| None).unwrap().entry);
-        let put = postcard::to_allocvec(&Record::SchemaPut(SchemaPut { at: 5, entry: entry.clone() })).unwrap();
-        let mut expected = vec![25, 10];
-        expected.extend(postcard::to_allocvec(&entry).unwrap());
-        assert_eq!(put, expected);
+        // Kind 25, `at`, the entry.
+        let mut put = vec![1, 25, 10];
+        put.extend(postcard::to_allocvec(&entry).unwrap());
+        assert_eq!(decode_batch(&put).unwrap(), [Logged::new(5, SchemaPut { entry })]);
     }
 }

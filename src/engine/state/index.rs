@@ -106,7 +106,7 @@ impl State {
     }
 
     /// Takes a job out of every structure (the reverse of `index_job`).
-    pub(super) fn unindex_job(&mut self, job: &Job) {
+    pub(in crate::engine) fn unindex_job(&mut self, job: &Job) {
         if let Some(deadline) = self.deadline_of(job) {
             self.timers.remove(deadline, job.id);
         }

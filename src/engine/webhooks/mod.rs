@@ -17,12 +17,14 @@ pub(super) mod record;
 use std::sync::Arc;
 
 use super::api::EngineError;
+use super::record::Logged;
 use super::requests::{Request, Turn, sealed};
 use super::state::{ApplyError, State};
 use crate::job::{DeliveryId, SubscriptionId};
 use crate::webhook::subscription::{NewSubscription, Rotation, Subscription, SubscriptionPatch};
 use record::{
     DeliveriesDone, DeliveriesQueued, DeliveriesQueuedOnce, DeliveryRetry, DeliveryStarted, WebhookDelete, WebhookPut,
+    WebhookRecord,
 };
 
 /// Creates a subscription; answers it.
@@ -42,7 +44,7 @@ impl Request for CreateWebhook {
         let (state, entropy) = turn.state_and_entropy();
         let id = SubscriptionId(state.fresh_id(now, entropy, &Default::default()));
         let subscription = Arc::new(self.subscription.stored(id, now));
-        turn.apply(WebhookPut { at: now, subscription: subscription.clone() }.into());
+        turn.apply(Logged::new(now, WebhookPut { subscription: subscription.clone() }));
         Ok(subscription)
     }
 
@@ -77,7 +79,7 @@ impl Request for ChangeWebhook {
             return Err(EngineError::WebhookNotFound { id: self.id });
         };
         let subscription = Arc::new(changed(current, self.change, now, grace)?);
-        turn.apply(WebhookPut { at: now, subscription: subscription.clone() }.into());
+        turn.apply(Logged::new(now, WebhookPut { subscription: subscription.clone() }));
         Ok(subscription)
     }
 }
@@ -145,7 +147,7 @@ impl Request for DeleteWebhook {
         let Some(current) = turn.state().webhooks.get(&self.id).cloned() else {
             return Err(EngineError::WebhookNotFound { id: self.id });
         };
-        turn.apply(WebhookDelete { at: turn.now, id: self.id }.into());
+        turn.apply(Logged::new(turn.now, WebhookDelete { id: self.id }));
         Ok(current)
     }
 }
@@ -214,7 +216,7 @@ impl Request for DeliveryOutcomes {
                 AttemptResult::Delivered | AttemptResult::NoSubscription => done.push(outcome.id),
                 AttemptResult::Failed { retry_after_ms, .. } => {
                     match outbox::next_attempt_at(now, delivery.attempts, retry_after_ms) {
-                        Some(next_at) => turn.apply(DeliveryRetry { at: now, id: outcome.id, next_at }.into()),
+                        Some(next_at) => turn.apply(Logged::new(now, DeliveryRetry { id: outcome.id, next_at })),
                         None => {
                             turn.delivery_log.abandoned(delivery.subscription);
                             done.push(outcome.id);
@@ -225,7 +227,7 @@ impl Request for DeliveryOutcomes {
             }
         }
         if !done.is_empty() {
-            turn.apply(DeliveriesDone { at: now, ids: done }.into());
+            turn.apply(Logged::new(now, DeliveriesDone { ids: done }));
         }
         Ok(abandoned)
     }
@@ -238,66 +240,56 @@ impl sealed::Sealed for DeleteWebhook {}
 impl sealed::Sealed for DeliveryOutcomes {}
 
 impl State {
-    pub(super) fn apply_webhook_put(&mut self, record: &WebhookPut) -> Result<(), ApplyError> {
-        let subscription = &record.subscription;
-        self.ids.observe(subscription.id.0);
-        self.webhooks.insert(subscription.id, subscription.clone());
-        // A paused subscription's queued deliveries are dropped.
-        if !subscription.active {
-            self.outbox.drop_subscription(subscription.id);
-        }
-        Ok(())
-    }
-
-    pub(super) fn apply_webhook_delete(&mut self, record: &WebhookDelete) -> Result<(), ApplyError> {
-        let id = record.id;
-        self.webhooks.remove(&id).ok_or_else(|| ApplyError(format!("record deletes unknown webhook {id}")))?;
-        self.outbox.drop_subscription(id);
-        Ok(())
-    }
-
-    pub(super) fn apply_deliveries_queued(&mut self, record: &DeliveriesQueued) -> Result<(), ApplyError> {
-        let mut previous: Option<Arc<outbox::Delivery>> = None;
-        for delivery in &record.deliveries {
-            let mut delivery = delivery.clone();
-            outbox::share_body(previous.as_ref(), &mut delivery);
-            self.outbox.insert(delivery.clone()).map_err(ApplyError)?;
-            previous = Some(delivery);
-        }
-        Ok(())
-    }
-
-    pub(super) fn apply_deliveries_queued_once(&mut self, record: &DeliveriesQueuedOnce) -> Result<(), ApplyError> {
-        for delivery in outbox::queued_deliveries(&record.events, &record.deliveries).map_err(ApplyError)? {
-            self.outbox.insert(delivery).map_err(ApplyError)?;
-        }
-        Ok(())
-    }
-
-    /// A delivery dropped meanwhile (its subscription went) is skipped.
-    pub(super) fn apply_delivery_started(&mut self, record: &DeliveryStarted) -> Result<(), ApplyError> {
-        for id in &record.ids {
-            if self.outbox.get(*id).is_some() {
-                let change = |delivery: &mut outbox::Delivery| {
-                    delivery.attempts += 1;
-                    delivery.next_at = record.until;
-                };
-                self.outbox.update(*id, change).map_err(ApplyError)?;
+    pub(super) fn apply_webhook_record(&mut self, record: &WebhookRecord) -> Result<(), ApplyError> {
+        match record {
+            WebhookRecord::Put(WebhookPut { subscription }) => {
+                self.ids.observe(subscription.id.0);
+                self.webhooks.insert(subscription.id, subscription.clone());
+                // A paused subscription's queued deliveries are dropped.
+                if !subscription.active {
+                    self.outbox.drop_subscription(subscription.id);
+                }
             }
-        }
-        Ok(())
-    }
-
-    pub(super) fn apply_delivery_retry(&mut self, record: &DeliveryRetry) -> Result<(), ApplyError> {
-        if self.outbox.get(record.id).is_some() {
-            self.outbox.update(record.id, |delivery| delivery.next_at = record.next_at).map_err(ApplyError)?;
-        }
-        Ok(())
-    }
-
-    pub(super) fn apply_deliveries_done(&mut self, record: &DeliveriesDone) -> Result<(), ApplyError> {
-        for id in &record.ids {
-            self.outbox.remove(*id);
+            WebhookRecord::Delete(WebhookDelete { id }) => {
+                self.webhooks.remove(id).ok_or_else(|| ApplyError(format!("record deletes unknown webhook {id}")))?;
+                self.outbox.drop_subscription(*id);
+            }
+            WebhookRecord::DeliveriesQueued(DeliveriesQueuedOnce { events, deliveries }) => {
+                for delivery in outbox::queued_deliveries(events, deliveries).map_err(ApplyError)? {
+                    self.outbox.insert(delivery).map_err(ApplyError)?;
+                }
+            }
+            WebhookRecord::DeliveriesQueuedWhole(DeliveriesQueued { deliveries }) => {
+                let mut previous: Option<Arc<outbox::Delivery>> = None;
+                for delivery in deliveries {
+                    let mut delivery = delivery.clone();
+                    outbox::share_body(previous.as_ref(), &mut delivery);
+                    self.outbox.insert(delivery.clone()).map_err(ApplyError)?;
+                    previous = Some(delivery);
+                }
+            }
+            // A delivery dropped meanwhile (its subscription went) is skipped.
+            WebhookRecord::DeliveryStarted(DeliveryStarted { ids, until }) => {
+                for id in ids {
+                    if self.outbox.get(*id).is_some() {
+                        let change = |delivery: &mut outbox::Delivery| {
+                            delivery.attempts += 1;
+                            delivery.next_at = *until;
+                        };
+                        self.outbox.update(*id, change).map_err(ApplyError)?;
+                    }
+                }
+            }
+            WebhookRecord::DeliveryRetry(DeliveryRetry { id, next_at }) => {
+                if self.outbox.get(*id).is_some() {
+                    self.outbox.update(*id, |delivery| delivery.next_at = *next_at).map_err(ApplyError)?;
+                }
+            }
+            WebhookRecord::DeliveriesDone(DeliveriesDone { ids }) => {
+                for id in ids {
+                    self.outbox.remove(*id);
+                }
+            }
         }
         Ok(())
     }
@@ -306,25 +298,26 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::record::Record;
+    use crate::engine::record::decode_batch;
     use crate::job::JobId;
 
     #[test]
-    fn the_records_are_encoded_as_the_struct_variants_they_replaced() {
+    fn records_of_the_first_format_read_as_they_were_written() {
         // Kinds 28, 30, 31 and 32 (docs/wal-format.md), then the fields in
         // order: 5 as a zigzag varint, then ids (u128 varints), lists of
         // them and times.
-        let cases: [(Record, &[u8]); 4] = [
-            (WebhookDelete { at: 5, id: SubscriptionId(JobId(3)) }.into(), &[28, 10, 3]),
-            (DeliveryStarted { at: 5, ids: vec![DeliveryId(JobId(3))], until: 2 }.into(), &[30, 10, 1, 3, 4]),
-            (DeliveryRetry { at: 5, id: DeliveryId(JobId(3)), next_at: 2 }.into(), &[31, 10, 3, 4]),
+        let cases: [(Logged, &[u8]); 4] = [
+            (Logged::new(5, WebhookDelete { id: SubscriptionId(JobId(3)) }), &[1, 28, 10, 3]),
+            (Logged::new(5, DeliveryStarted { ids: vec![DeliveryId(JobId(3))], until: 2 }), &[1, 30, 10, 1, 3, 4]),
+            (Logged::new(5, DeliveryRetry { id: DeliveryId(JobId(3)), next_at: 2 }), &[1, 31, 10, 3, 4]),
             (
-                DeliveriesDone { at: 5, ids: vec![DeliveryId(JobId(3)), DeliveryId(JobId(4))] }.into(),
-                &[32, 10, 2, 3, 4],
+                Logged::new(5, DeliveriesDone { ids: vec![DeliveryId(JobId(3)), DeliveryId(JobId(4))] }),
+                &[1, 32, 10, 2, 3, 4],
             ),
         ];
-        for (record, expected) in cases {
-            assert_eq!(postcard::to_allocvec(&record).unwrap(), expected, "{}", record.kind());
+        for (expected, bytes) in cases {
+            let kind = expected.kind();
+            assert_eq!(decode_batch(bytes).unwrap(), [expected], "{kind}");
         }
     }
 }

@@ -410,9 +410,11 @@ pub fn next_attempt_at(now: Millis, attempts: u32, retry_after_ms: Option<i64>) 
 mod tests {
     use super::*;
 
-    /// Deliveries of one event to three subscriptions, in both record forms.
-    fn both_forms() -> [crate::engine::record::Record; 2] {
-        use crate::engine::record::Record;
+    /// Deliveries of one event to three subscriptions, in both record forms,
+    /// as logged: the first record format's, and today's.
+    fn both_forms() -> [(&'static str, Vec<u8>); 2] {
+        use crate::engine::legacy::RecordV1;
+        use crate::engine::record::{Logged, encode_sequences};
         let body: Arc<str> = Arc::from(r#"{"id":"evt_1","data":{}}"#);
         let old = (1..=3)
             .map(|n| {
@@ -436,18 +438,15 @@ mod tests {
                 next_at: 5,
             })
             .collect();
-        [
-            Record::DeliveriesQueued(super::super::record::DeliveriesQueued { at: 5, deliveries: old }),
-            Record::DeliveriesQueuedOnce(super::super::record::DeliveriesQueuedOnce { at: 5, events, deliveries }),
-        ]
+        let whole = postcard::to_allocvec(&vec![RecordV1::DeliveriesQueued { at: 5, deliveries: old }]).unwrap();
+        let once = Logged::new(5, super::super::record::DeliveriesQueuedOnce { events, deliveries });
+        [("whole bodies", whole), ("bodies once", encode_sequences(&[once]).concat())]
     }
 
     #[test]
     fn queued_deliveries_load_from_either_record_with_one_body() {
-        for record in both_forms() {
-            let kind = record.kind();
-            let sequences = crate::engine::record::encode_sequences(std::slice::from_ref(&record));
-            let decoded = crate::engine::record::decode_batch(&sequences.concat()).unwrap();
+        for (kind, logged) in both_forms() {
+            let decoded = crate::engine::record::decode_batch(&logged).unwrap();
             let mut state = crate::engine::state::State::new(Default::default());
             for record in &decoded {
                 state.apply(record, &mut crate::engine::events::EventSink::disabled()).unwrap();

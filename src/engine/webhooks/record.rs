@@ -1,6 +1,4 @@
-//! The log records of webhook subscriptions and their deliveries. Each is
-//! encoded as the struct variant it replaced, field for field (records 27
-//! to 33).
+//! The log records of webhook subscriptions and their deliveries.
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -13,14 +11,12 @@ use crate::webhook::Subscription;
 /// A webhook subscription created or changed, whole.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WebhookPut {
-    pub at: Millis,
     pub subscription: Arc<Subscription>,
 }
 
 /// A webhook subscription deleted, with its queued deliveries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WebhookDelete {
-    pub at: Millis,
     pub id: SubscriptionId,
 }
 
@@ -28,7 +24,6 @@ pub struct WebhookDelete {
 /// ([`DeliveriesQueuedOnce`] replaced it), read as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveriesQueued {
-    pub at: Millis,
     pub deliveries: Vec<Arc<Delivery>>,
 }
 
@@ -37,7 +32,6 @@ pub struct DeliveriesQueued {
 /// unless the attempt is lost with the process).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveryStarted {
-    pub at: Millis,
     pub ids: Vec<DeliveryId>,
     pub until: Millis,
 }
@@ -45,7 +39,6 @@ pub struct DeliveryStarted {
 /// A failed attempt: the delivery waits until `next_at`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveryRetry {
-    pub at: Millis,
     pub id: DeliveryId,
     pub next_at: Millis,
 }
@@ -54,7 +47,6 @@ pub struct DeliveryRetry {
 /// or dropped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveriesDone {
-    pub at: Millis,
     pub ids: Vec<DeliveryId>,
 }
 
@@ -65,7 +57,20 @@ pub struct DeliveriesDone {
 /// turn logs as many as it needs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveriesQueuedOnce {
-    pub at: Millis,
     pub events: Vec<QueuedEvent>,
     pub deliveries: Vec<QueuedDelivery>,
+}
+
+/// A change of subscriptions or their deliveries. The variant order is
+/// part of the log format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WebhookRecord {
+    Put(WebhookPut),
+    Delete(WebhookDelete),
+    DeliveriesQueued(DeliveriesQueuedOnce),
+    DeliveryStarted(DeliveryStarted),
+    DeliveryRetry(DeliveryRetry),
+    DeliveriesDone(DeliveriesDone),
+    /// Read from logs of the first record format only; never written.
+    DeliveriesQueuedWhole(DeliveriesQueued),
 }

@@ -15,9 +15,11 @@ pub use entry::{WorkerEntry, WorkerSignal, WorkerState};
 
 use super::api::EngineError;
 use super::events::{EventKind, EventSink, SignalledWorker};
+use super::record::Logged;
 use super::requests::{Request, Turn, sealed};
 use super::state::{ApplyError, State};
-use record::{WorkerForgotten, WorkerSignalGiven};
+use crate::clock::Millis;
+use record::{WorkerForgotten, WorkerRecord, WorkerSignalGiven};
 
 /// Gives a known worker a signal (`quiet` or `terminate`).
 pub struct SignalWorker {
@@ -52,31 +54,31 @@ impl Request for ForgetWorker {
             return Err(EngineError::WorkerNotFound { worker_id: self.worker_id });
         }
         turn.contacts.forget(&self.worker_id);
-        turn.apply(WorkerForgotten { at: turn.now, worker_id: self.worker_id }.into());
+        turn.apply(Logged::new(turn.now, WorkerForgotten { worker_id: self.worker_id }));
         Ok(())
     }
 }
 
 impl State {
-    pub(super) fn apply_worker_signal(
+    pub(super) fn apply_worker_record(
         &mut self,
-        record: &WorkerSignalGiven,
+        at: Millis,
+        record: &WorkerRecord,
         events: &mut EventSink,
     ) -> Result<(), ApplyError> {
-        let WorkerSignalGiven { at, worker_id, signal } = record;
-        self.set_worker_signal(worker_id, Some((*signal, *at)));
-        let kind = EventKind::WorkerSignalled(Box::new(SignalledWorker {
-            worker_id: worker_id.to_string(),
-            terminate: *signal == WorkerSignal::Terminate,
-            active_job_ids: self.active_of_worker(worker_id),
-            by: "operator",
-        }));
-        events.push_other(*at, kind);
-        Ok(())
-    }
-
-    pub(super) fn apply_worker_forget(&mut self, record: &WorkerForgotten) -> Result<(), ApplyError> {
-        self.set_worker_signal(&record.worker_id, None);
+        match record {
+            WorkerRecord::Signal(WorkerSignalGiven { worker_id, signal }) => {
+                self.set_worker_signal(worker_id, Some((*signal, at)));
+                let kind = EventKind::WorkerSignalled(Box::new(SignalledWorker {
+                    worker_id: worker_id.to_string(),
+                    terminate: *signal == WorkerSignal::Terminate,
+                    active_job_ids: self.active_of_worker(worker_id),
+                    by: "operator",
+                }));
+                events.push_other(at, kind);
+            }
+            WorkerRecord::Forget(WorkerForgotten { worker_id }) => self.set_worker_signal(worker_id, None),
+        }
         Ok(())
     }
 }
@@ -84,15 +86,15 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::record::Record;
+    use crate::engine::record::decode_batch;
 
     #[test]
-    fn the_records_are_encoded_as_the_struct_variants_they_replaced() {
+    fn records_of_the_first_format_read_as_they_were_written() {
         // Kinds 12 and 13 (docs/wal-format.md), then the fields in order: 5
         // as a zigzag varint, the worker id's length and text, the signal.
-        let signal = WorkerSignalGiven { at: 5, worker_id: "w".into(), signal: WorkerSignal::Terminate };
-        assert_eq!(postcard::to_allocvec(&Record::WorkerSignal(signal)).unwrap(), [12, 10, 1, b'w', 1]);
-        let forget = WorkerForgotten { at: 5, worker_id: "w".into() };
-        assert_eq!(postcard::to_allocvec(&Record::WorkerForget(forget)).unwrap(), [13, 10, 1, b'w']);
+        let signal = WorkerSignalGiven { worker_id: "w".into(), signal: WorkerSignal::Terminate };
+        assert_eq!(decode_batch(&[1, 12, 10, 1, b'w', 1]).unwrap(), [Logged::new(5, signal)]);
+        let forget = WorkerForgotten { worker_id: "w".into() };
+        assert_eq!(decode_batch(&[1, 13, 10, 1, b'w']).unwrap(), [Logged::new(5, forget)]);
     }
 }

@@ -1,15 +1,12 @@
-//! The log records of the worker registry. Each is encoded as the struct
-//! variant it replaced, field for field (records 12 and 13).
+//! The log records of the worker registry.
 
 use serde::{Deserialize, Serialize};
 
 use super::entry::WorkerSignal;
-use crate::clock::Millis;
 
 /// An operator's signal to a worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerSignalGiven {
-    pub at: Millis,
     pub worker_id: String,
     pub signal: WorkerSignal,
 }
@@ -17,6 +14,12 @@ pub struct WorkerSignalGiven {
 /// A worker's entry and signal forgotten; its jobs are untouched.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerForgotten {
-    pub at: Millis,
     pub worker_id: String,
+}
+
+/// A change of the worker registry. The variant order is part of the log format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WorkerRecord {
+    Signal(WorkerSignalGiven),
+    Forget(WorkerForgotten),
 }

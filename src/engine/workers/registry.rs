@@ -5,7 +5,7 @@
 
 use super::super::api::EngineError;
 use super::super::events::{EventKind, EventSink, SignalledWorker};
-use super::super::record::Record;
+use super::super::record::Logged;
 use super::super::state::State;
 use super::entry::{Contacts, WorkerEntry, WorkerSignal, WorkerState};
 use super::record::{WorkerForgotten, WorkerSignalGiven};
@@ -66,14 +66,14 @@ pub(crate) fn decide_signal(
     now: Millis,
     worker_id: &str,
     signal: WorkerSignal,
-) -> Result<Record, EngineError> {
+) -> Result<Logged, EngineError> {
     let Some(entry) = entry(state, contacts, worker_id) else {
         return Err(EngineError::WorkerNotFound { worker_id: worker_id.to_string() });
     };
     if signal == WorkerSignal::Quiet && entry.state == WorkerState::Terminate {
         return Err(EngineError::WorkerConflict { worker_id: worker_id.to_string(), current_state: entry.state });
     }
-    Ok(WorkerSignalGiven { at: now, worker_id: worker_id.to_string(), signal }.into())
+    Ok(Logged::new(now, WorkerSignalGiven { worker_id: worker_id.to_string(), signal }))
 }
 
 /// A drain began: each worker seen lately gets a `worker.terminate` event.
@@ -87,7 +87,7 @@ pub(crate) fn farewell(state: &State, contacts: &Contacts, now: Millis, events: 
 
 /// Forgets workers idle for a day (no contact, no active jobs); returns the
 /// records that forget the signals given long ago to workers not seen since.
-pub(crate) fn forget_idle(state: &mut State, contacts: &mut Contacts, now: Millis) -> Vec<Record> {
+pub(crate) fn forget_idle(state: &mut State, contacts: &mut Contacts, now: Millis) -> Vec<Logged> {
     let cutoff = now - WORKER_FORGET_MS;
     for worker_id in contacts.seen_before(cutoff) {
         if state.active_of_worker(&worker_id).is_empty() {
@@ -103,6 +103,6 @@ pub(crate) fn forget_idle(state: &mut State, contacts: &mut Contacts, now: Milli
                 && state.worker_signal(worker_id).is_some_and(|(_, at)| at < cutoff)
                 && state.active_of_worker(worker_id).is_empty()
         })
-        .map(|worker_id| WorkerForgotten { at: now, worker_id: worker_id.clone() }.into())
+        .map(|worker_id| Logged::new(now, WorkerForgotten { worker_id: worker_id.clone() }))
         .collect()
 }

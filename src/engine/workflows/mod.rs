@@ -18,13 +18,13 @@ use std::sync::Arc;
 use super::api::{EngineError, Unavailable};
 use super::events::{EventKind, EventSink, WorkflowEvent};
 use super::jobs::decide::Entropy;
-use super::record::Record;
+use super::record::Logged;
 use super::requests::{RECORD_BYTES_PER_JOB, RECORD_FIXED_BYTES, Request, Turn, sealed};
 use super::state::{ApplyError, State};
 use crate::clock::Millis;
 use crate::job::{Job, JobExtra, JobId, JobIdSet, JobState, OnConflict, WorkflowId, WorkflowRole};
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
-use record::{WorkflowCancel, WorkflowCreate, WorkflowPrune};
+use record::{WorkflowCancel, WorkflowCreate, WorkflowPrune, WorkflowRecord};
 use table::{Callback, Member, MemberOutcome, Workflow, WorkflowFailure, WorkflowState, is_failure};
 
 /// Creates a workflow with its jobs, all or nothing; answers its id.
@@ -95,7 +95,7 @@ impl State {
         now: Millis,
         definition: WorkflowDefinition,
         entropy: &mut dyn Entropy,
-    ) -> Result<(Record, WorkflowId), EngineError> {
+    ) -> Result<(Logged, WorkflowId), EngineError> {
         if !self.has_room_for(definition.jobs.len()) {
             return Err(EngineError::Unavailable { reason: Unavailable::Capacity });
         }
@@ -137,19 +137,34 @@ impl State {
             callbacks.push(Callback { kind: callback, job: Arc::new(job), fired: false, outcome: None });
         }
         let workflow = Workflow::running(id, definition.name, kind, members, callbacks, now);
-        Ok((WorkflowCreate { at: now, workflow: Arc::new(workflow), jobs, replaced }.into(), id))
+        Ok((Logged::new(now, WorkflowCreate { workflow: Arc::new(workflow), jobs, replaced }), id))
     }
 
     /// Decides a cancel: 404 for an unknown workflow, 409 for an ended one.
-    pub fn decide_workflow_cancel(&self, now: Millis, id: WorkflowId) -> Result<Record, EngineError> {
+    pub fn decide_workflow_cancel(&self, now: Millis, id: WorkflowId) -> Result<Logged, EngineError> {
         let workflow = self.workflow(id).ok_or(EngineError::WorkflowNotFound { id })?;
         if workflow.state.is_terminal() {
             return Err(EngineError::WorkflowConflict { id, current_state: workflow.state });
         }
-        Ok(WorkflowCancel { at: now, id }.into())
+        Ok(Logged::new(now, WorkflowCancel { id }))
     }
 
-    pub(super) fn apply_workflow_create(
+    pub(super) fn apply_workflow_record(
+        &mut self,
+        at: Millis,
+        record: &WorkflowRecord,
+        events: &mut EventSink,
+    ) -> Result<(), ApplyError> {
+        match record {
+            WorkflowRecord::Create(WorkflowCreate { workflow, jobs, replaced }) => {
+                self.apply_workflow_create(at, workflow, jobs, replaced, events)
+            }
+            WorkflowRecord::Cancel(WorkflowCancel { id }) => self.apply_workflow_cancel(at, *id, events),
+            WorkflowRecord::Prune(WorkflowPrune { ids }) => self.apply_workflow_prune(ids),
+        }
+    }
+
+    fn apply_workflow_create(
         &mut self,
         at: Millis,
         workflow: &Arc<Workflow>,
@@ -185,12 +200,7 @@ impl State {
 
     /// Cancels a running workflow: every job of it not yet ended, callbacks
     /// fired included; callbacks not fired never will.
-    pub(super) fn apply_workflow_cancel(
-        &mut self,
-        at: Millis,
-        id: WorkflowId,
-        events: &mut EventSink,
-    ) -> Result<(), ApplyError> {
+    fn apply_workflow_cancel(&mut self, at: Millis, id: WorkflowId, events: &mut EventSink) -> Result<(), ApplyError> {
         let workflow =
             self.workflows.get(&id).ok_or_else(|| ApplyError(format!("record cancels unknown workflow {id}")))?;
         if workflow.state.is_terminal() {
@@ -222,7 +232,7 @@ impl State {
     }
 
     /// Removes ended workflows for good.
-    pub(super) fn apply_workflow_prune(&mut self, ids: &[WorkflowId]) -> Result<(), ApplyError> {
+    fn apply_workflow_prune(&mut self, ids: &[WorkflowId]) -> Result<(), ApplyError> {
         for id in ids {
             let workflow =
                 self.workflows.remove(id).ok_or_else(|| ApplyError(format!("record prunes unknown workflow {id}")))?;
@@ -402,7 +412,7 @@ impl State {
 
     /// Ended workflows past their retention, or over the caps (oldest
     /// first), at most `limit`.
-    pub fn decide_workflow_prune(&self, now: Millis, limit: usize) -> Option<Record> {
+    pub fn decide_workflow_prune(&self, now: Millis, limit: usize) -> Option<Logged> {
         let retention = self.retention();
         let (mut count, mut bytes) = (self.terminal_workflows.len(), self.terminal_workflow_bytes);
         let mut ids = Vec::new();
@@ -415,22 +425,22 @@ impl State {
             bytes -= self.workflows.get(id).map_or(0, |workflow| workflow.held_bytes());
             ids.push(*id);
         }
-        (!ids.is_empty()).then(|| WorkflowPrune { at: now, ids }.into())
+        (!ids.is_empty()).then(|| Logged::new(now, WorkflowPrune { ids }))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::record::decode_batch;
 
     #[test]
-    fn the_records_are_encoded_as_the_struct_variants_they_replaced() {
+    fn records_of_the_first_format_read_as_they_were_written() {
         // Kinds 23 and 24 (docs/wal-format.md), then the fields in order:
         // 5 as a zigzag varint, then an id (a u128 varint) or a list of them.
-        let cancel = Record::WorkflowCancel(WorkflowCancel { at: 5, id: WorkflowId(JobId(3)) });
-        assert_eq!(postcard::to_allocvec(&cancel).unwrap(), [23, 10, 3]);
-        let prune =
-            Record::WorkflowPrune(WorkflowPrune { at: 5, ids: vec![WorkflowId(JobId(3)), WorkflowId(JobId(4))] });
-        assert_eq!(postcard::to_allocvec(&prune).unwrap(), [24, 10, 2, 3, 4]);
+        let cancel = Logged::new(5, WorkflowCancel { id: WorkflowId(JobId(3)) });
+        assert_eq!(decode_batch(&[1, 23, 10, 3]).unwrap(), [cancel]);
+        let prune = Logged::new(5, WorkflowPrune { ids: vec![WorkflowId(JobId(3)), WorkflowId(JobId(4))] });
+        assert_eq!(decode_batch(&[1, 24, 10, 2, 3, 4]).unwrap(), [prune]);
     }
 }
