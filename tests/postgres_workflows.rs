@@ -1,7 +1,8 @@
 //! Workflows on the PostgreSQL backend with more than one node, against a
 //! real PostgreSQL server of the test's own: a batch whose jobs are acked at
 //! once through two nodes fires its callback once and ends once; a chain
-//! step whose claim runs out fails the chain in the leader's transaction.
+//! step whose claim runs out fails the chain in the leader's transaction; a
+//! cancel or an ack the database rolls back to break a deadlock runs again.
 //! (The execution table itself runs on both backends in tests/workflows.rs.)
 
 mod common;
@@ -172,6 +173,44 @@ async fn a_cancel_rolled_back_to_break_a_deadlock_is_run_again() {
 
     assert_eq!(cancelling.await.unwrap(), Ok(()), "the cancel was run again");
     assert_eq!(store.workflow(id).await.unwrap().unwrap().state, WorkflowState::Cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_rolled_back_to_break_a_deadlock_is_run_again() {
+    let server = TempPostgres::start();
+    let url = server.database("ack_deadlock");
+    let store = node(&url).await;
+    let steps: Vec<_> = (0..2).map(|n| serde_json::json!({"type": "step", "args": [n]})).collect();
+    let body = serde_json::json!({"type": "chain", "steps": steps});
+    let definition = parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
+    let id = store.create_workflow(NOW, definition).await.unwrap();
+    let members = store.workflow(id).await.unwrap().unwrap().members.clone();
+    let (first, second) = (members[0].job_id, members[1].job_id);
+    assert_eq!(store.claim(NOW, &fetch("default", 1, "w")).await.unwrap()[0].id, first);
+
+    let (mut other, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let other = other.transaction().await.unwrap();
+    let job_row = "SELECT 1 FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE";
+    other.execute(job_row, &[&second.to_string()]).await.unwrap();
+
+    let acking = {
+        let store = store.clone();
+        tokio::spawn(async move { store.ack(NOW + 1, first, None, Some("w")).await })
+    };
+    // The ack holds the first step and waits for the second, to start it;
+    // asking for the first step now closes the circle, and the database
+    // rolls the ack back (it has waited longer, so its check finds the
+    // circle first).
+    while count_of(&url, "SELECT count(*) FROM pg_locks WHERE NOT granted").await == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    other.execute(job_row, &[&first.to_string()]).await.unwrap();
+    other.rollback().await.unwrap();
+
+    let acked = acking.await.unwrap().expect("the ack was run again");
+    assert_eq!(acked.state, JobState::Completed);
+    assert_eq!(store.job(second).await.unwrap().unwrap().state, JobState::Available, "the next step started");
 }
 
 /// One number a query answers, on a connection of its own.

@@ -7,15 +7,16 @@
 //! local engine, in the order the acks came, and the completed jobs move to
 //! the history with one `DELETE` and one `INSERT`, their events with one
 //! more. An ack refused (not found, not active, another worker's) refuses
-//! that ack alone.
+//! that ack alone. A batch the database rolls back to break a deadlock is
+//! run again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::jobs::{PgJobs, database, decode, finished_at, lock_in_flight};
+use super::jobs::{CONTENTION_TRIES, PgJobs, database, decode, finished_at, lock_in_flight};
 use super::sql::Prepared;
 use crate::clock::Millis;
-use crate::engine::{EngineError, EventKind};
+use crate::engine::{EngineError, EventKind, Unavailable};
 use crate::job::transition::{self, NotHeld};
 use crate::job::{Job, JobId};
 
@@ -28,11 +29,25 @@ pub(super) struct PendingAck {
 }
 
 impl PgJobs {
-    /// Runs waiting acks as one transaction; answers each ack's outcome, in order.
+    /// Runs waiting acks as one transaction; answers each ack's outcome, in
+    /// order. A transaction the database rolled back to break a deadlock
+    /// changed nothing and runs again, up to [`CONTENTION_TRIES`] times, so
+    /// that the acks merged with the one caught in it are not refused.
     pub(super) async fn ack_batch(
         &self,
         acks: Vec<PendingAck>,
     ) -> Result<Vec<Result<Arc<Job>, EngineError>>, EngineError> {
+        let contention = EngineError::Unavailable { reason: Unavailable::Contention };
+        let mut tries = 1;
+        loop {
+            match self.try_ack_batch(&acks).await {
+                Err(error) if error == contention && tries < CONTENTION_TRIES => tries += 1,
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn try_ack_batch(&self, acks: &[PendingAck]) -> Result<Vec<Result<Arc<Job>, EngineError>>, EngineError> {
         let mut ids: Vec<String> = acks.iter().map(|ack| ack.id.to_string()).collect();
         ids.sort_unstable();
         ids.dedup();
@@ -66,7 +81,7 @@ impl PgJobs {
             let outcome = match held.get_mut(&ack.id) {
                 Some(job) => match transition::check_held(job, ack.worker_id.as_deref()) {
                     Ok(()) => {
-                        transition::complete(job, ack.now, ack.result);
+                        transition::complete(job, ack.now, ack.result.clone());
                         completed.push(job.id);
                         Ok(Arc::new(job.clone()))
                     }

@@ -76,6 +76,11 @@ const CLAIM_BATCH_MAX: usize = 64;
 /// Merged transactions of one kind under way at once on a node.
 const BATCHES_IN_FLIGHT: usize = 2;
 
+/// Tries at a transaction the database may roll back to break a deadlock
+/// (a workflow cancel, a merged ack): such a transaction changed nothing
+/// and runs again, up to this many times in all.
+pub(super) const CONTENTION_TRIES: usize = 3;
+
 /// A database failure, logged with its cause and answered as unavailable:
 /// the transaction was rolled back, nothing changed.
 pub(super) fn database(error: impl Into<PgError>) -> EngineError {

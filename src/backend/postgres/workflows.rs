@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use deadpool_postgres::Transaction;
 
+use super::jobs::{CONTENTION_TRIES, decode as decode_job, lock_in_flight, update_row};
 use super::jobs::{PgJobs, database, duplicate_of, finished, finished_at, insert, locked, move_rows, notify_available};
-use super::jobs::{decode as decode_job, lock_in_flight, update_row};
 use super::sql::{Prepared, from_body, to_body};
 use crate::backend::Page;
 use crate::clock::Millis;
@@ -29,10 +29,6 @@ use crate::engine::{
 };
 use crate::job::{Job, JobExtra, JobId, JobState, OnConflict, WorkflowId, WorkflowRole, transition};
 use crate::workflow::{WorkflowDefinition, WorkflowKind};
-
-/// Tries at cancelling a workflow: one more after a callback fired between
-/// the read and the lock, or a deadlock the database broke.
-const CANCEL_TRIES: usize = 3;
 
 fn encode(workflow: &Workflow) -> Vec<u8> {
     to_body(workflow)
@@ -205,7 +201,7 @@ impl PgJobs {
     /// (callbacks fired included); callbacks not fired never will.
     pub async fn cancel_workflow(&self, now: Millis, id: WorkflowId) -> Result<(), EngineError> {
         let contention = EngineError::Unavailable { reason: Unavailable::Contention };
-        for _ in 0..CANCEL_TRIES {
+        for _ in 0..CONTENTION_TRIES {
             // A deadlock the database broke by rolling the cancel back (an
             // ack moving the workflow on takes a job after the workflow's
             // row): nothing was changed, so it is tried again.
