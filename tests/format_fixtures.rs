@@ -516,6 +516,7 @@ fn logged_v2_data_dir_still_opens() {
     // The log's frames are of the second record format: each sequence
     // begins with its mark (docs/wal-format.md, "Payload").
     let segment = std::fs::read(dir.path().join("segment-00000000000000000000.wal")).unwrap();
+    assert_eq!(segment[8..12], 2u32.to_le_bytes(), "a segment of version 2");
     let first_payload = &segment[32 + 8..32 + 10];
     assert_eq!(first_payload, [0, svc::engine::record::RECORD_FORMAT]);
 
@@ -545,4 +546,28 @@ fn logged_v2_data_dir_still_opens() {
     assert!(queue("sms").paused);
     engine.close();
     assert_inspect_decodes(&logged_fixture_dir());
+}
+
+#[test]
+fn a_segment_of_the_older_version_is_left_as_it_is_and_the_next_one_started() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&queue_config_fixture_dir(), dir.path());
+    let last = dir.path().join("segment-00000000000000000001.wal");
+    let before = std::fs::read(&last).unwrap();
+    assert_eq!(before[8..12], 1u32.to_le_bytes(), "the fixture's segments are of version 1");
+
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let id = enqueue(&engine, json!({"type": "mail.send", "args": ["after"], "options": {"queue": "sms"}}));
+    engine.close_without_snapshot();
+    // Nothing of this build's records went into the older segment; they
+    // are in the next one, of version 2, which records where it ended.
+    assert_eq!(std::fs::read(&last).unwrap(), before);
+    let next = std::fs::read(dir.path().join("segment-00000000000000000002.wal")).unwrap();
+    assert_eq!(next[8..12], 2u32.to_le_bytes());
+
+    let engine = Engine::open(config(dir.path())).unwrap();
+    assert_eq!(engine.handle().job(id).unwrap().state, JobState::Available);
+    let queue = engine.handle().queue("mail").unwrap();
+    assert_eq!(queue.backpressure, Some(svc::engine::Backpressure::reject_above(2).warning_at(0.5)));
+    engine.close();
 }

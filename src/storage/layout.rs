@@ -16,7 +16,14 @@ use super::{StorageError, io_error};
 /// `magic[8] | version u32 | previous segment's length u32 | segment index u64 | crc32 u32 | reserved u32`.
 pub const SEGMENT_HEADER_BYTES: usize = 32;
 pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"SVCWAL\r\n";
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The version of the segments this build writes: 2, whose frames may hold
+/// records of the second record format (`docs/wal-format.md`, "Payload").
+/// Segments of version 1 hold only the first and are still read; an older
+/// build refuses a version-2 segment by its header instead of failing on
+/// its records.
+pub(crate) const SEGMENT_VERSION: u32 = 2;
+/// The version of snapshot files (their header; the payload has its own).
+pub(crate) const SNAPSHOT_FILE_VERSION: u32 = 1;
 
 pub fn segment_path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("segment-{index:020}.wal"))
@@ -59,7 +66,7 @@ pub fn list_snapshots(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
 pub(crate) fn encode_segment_header(index: u64, previous_length: Option<u64>) -> [u8; SEGMENT_HEADER_BYTES] {
     let mut header = [0u8; SEGMENT_HEADER_BYTES];
     header[0..8].copy_from_slice(SEGMENT_MAGIC);
-    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
     let previous = previous_length.and_then(|length| u32::try_from(length).ok()).unwrap_or(0);
     header[12..16].copy_from_slice(&previous.to_le_bytes());
     header[16..24].copy_from_slice(&index.to_le_bytes());
@@ -74,6 +81,11 @@ pub(crate) fn previous_segment_length(header: &[u8]) -> Option<u64> {
     (length != 0).then_some(u64::from(length))
 }
 
+/// The format version a segment header names.
+pub(crate) fn segment_version(header: &[u8]) -> u32 {
+    u32::from_le_bytes(header[8..12].try_into().expect("four bytes"))
+}
+
 /// Checks a segment header; returns the reason it is unusable.
 pub(crate) fn check_segment_header(bytes: &[u8], expected_index: u64) -> Result<(), String> {
     if bytes[0..8] != SEGMENT_MAGIC[..] {
@@ -83,9 +95,11 @@ pub(crate) fn check_segment_header(bytes: &[u8], expected_index: u64) -> Result<
     if crc != crc32fast::hash(&bytes[0..24]) {
         return Err("segment header checksum mismatch".to_string());
     }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("four bytes"));
-    if version != FORMAT_VERSION {
-        return Err(format!("segment format version {version} is not supported (this build reads {FORMAT_VERSION})"));
+    let version = segment_version(bytes);
+    if !(1..=SEGMENT_VERSION).contains(&version) {
+        return Err(format!(
+            "segment format version {version} is not supported (this build reads 1 to {SEGMENT_VERSION})"
+        ));
     }
     let index = u64::from_le_bytes(bytes[16..24].try_into().expect("eight bytes"));
     if index != expected_index {

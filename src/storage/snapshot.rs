@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::direct::AlignedBuffer;
 use super::fs::DIRECT_BLOCK_BYTES;
-use super::layout::{FORMAT_VERSION, list_segments, list_snapshots, snapshot_path};
+use super::layout::{SNAPSHOT_FILE_VERSION, list_segments, list_snapshots, snapshot_path};
 use super::{FileSystem, LogFile, StorageError, io_error};
 use crate::limits::SNAPSHOT_BYTES_MAX;
 
@@ -177,7 +177,7 @@ impl Write for PayloadWriter<'_> {
 fn encode_header(payload_version: u32, replay_from: u64, length: u64, crc: u32) -> [u8; SNAPSHOT_HEADER_BYTES] {
     let mut header = [0u8; SNAPSHOT_HEADER_BYTES];
     header[0..8].copy_from_slice(SNAPSHOT_MAGIC);
-    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[8..12].copy_from_slice(&SNAPSHOT_FILE_VERSION.to_le_bytes());
     header[12..16].copy_from_slice(&payload_version.to_le_bytes());
     header[16..24].copy_from_slice(&replay_from.to_le_bytes());
     header[24..32].copy_from_slice(&length.to_le_bytes());
@@ -343,7 +343,7 @@ fn check_header(header: &[u8]) -> Result<(u64, u32, u64, u32), (u64, String)> {
         return Err((0, "snapshot header checksum mismatch".into()));
     }
     let version = u32::from_le_bytes(header[8..12].try_into().expect("four bytes"));
-    if version != FORMAT_VERSION {
+    if version != SNAPSHOT_FILE_VERSION {
         return Err((8, format!("snapshot format version {version} is not supported")));
     }
     let replay_from = u64::from_le_bytes(header[16..24].try_into().expect("eight bytes"));

@@ -9,12 +9,13 @@
 //! Reading the log back: [`replay_log`] (`wal/replay.rs`). Zeroed space ahead
 //! of the writer: the zeroer (`wal/zeroer.rs`).
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::direct::DirectWriter;
 use super::frame::encode_frame;
-use super::layout::{SEGMENT_HEADER_BYTES, encode_segment_header, segment_path};
+use super::layout::{SEGMENT_HEADER_BYTES, SEGMENT_VERSION, encode_segment_header, segment_path, segment_version};
 use super::{FileSystem, LogFile, StorageError, io_error, is_out_of_descriptors};
 use crate::limits::FRAME_PAYLOAD_BYTES_MAX;
 use zeroer::{ZERO_CHUNK_BYTES, ZEROER_FULL_RETRY, Zeroer};
@@ -73,7 +74,19 @@ impl WalWriter {
         index: u64,
         segment_bytes_max: u64,
     ) -> Result<Self, StorageError> {
-        let header = encode_segment_header(index, None);
+        Self::create_after(fs, dir, index, None, segment_bytes_max)
+    }
+
+    /// Starts a new, empty segment `index`, recording where the frames of
+    /// the one before it end when known.
+    fn create_after(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        index: u64,
+        previous_length: Option<u64>,
+        segment_bytes_max: u64,
+    ) -> Result<Self, StorageError> {
+        let header = encode_segment_header(index, previous_length);
         let file = create_segment(fs.as_ref(), dir, index, segment_bytes_max, &header)?;
         let path = segment_path(dir, index);
         let zeroed = file.size().map_err(io_error(&path))?;
@@ -97,7 +110,8 @@ impl WalWriter {
     }
 
     /// Continues segment `index`, whose first `valid_bytes` hold frames and
-    /// whose rest is zeros.
+    /// whose rest is zeros. A segment of an older version is left as it is
+    /// and the next one started: its version says which records it may hold.
     pub fn resume(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
@@ -109,6 +123,11 @@ impl WalWriter {
         if valid_bytes < SEGMENT_HEADER_BYTES as u64 {
             std::fs::remove_file(&path).map_err(io_error(&path))?;
             return Self::create(fs, dir, index, segment_bytes_max);
+        }
+        let mut header = [0u8; SEGMENT_HEADER_BYTES];
+        std::fs::File::open(&path).and_then(|mut file| file.read_exact(&mut header)).map_err(io_error(&path))?;
+        if segment_version(&header) < SEGMENT_VERSION {
+            return Self::create_after(fs, dir, index + 1, Some(valid_bytes), segment_bytes_max);
         }
         let file = fs.open_existing(&path).map_err(io_error(&path))?;
         let zeroed = file.size().map_err(io_error(&path))?;
