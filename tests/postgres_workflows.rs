@@ -137,10 +137,7 @@ async fn a_cancel_rolled_back_to_break_a_deadlock_is_run_again() {
     let server = TempPostgres::start();
     let url = server.database("deadlock");
     let store = node(&url).await;
-    let steps: Vec<_> = (0..2).map(|n| serde_json::json!({"type": "step", "args": [n]})).collect();
-    let body = serde_json::json!({"type": "chain", "steps": steps});
-    let definition = parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
-    let id = store.create_workflow(NOW, definition).await.unwrap();
+    let id = chain_of_two(&store).await;
     let first = store.workflow(id).await.unwrap().unwrap().members[0].job_id.to_string();
 
     let (mut other, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
@@ -180,10 +177,7 @@ async fn an_ack_rolled_back_to_break_a_deadlock_is_run_again() {
     let server = TempPostgres::start();
     let url = server.database("ack_deadlock");
     let store = node(&url).await;
-    let steps: Vec<_> = (0..2).map(|n| serde_json::json!({"type": "step", "args": [n]})).collect();
-    let body = serde_json::json!({"type": "chain", "steps": steps});
-    let definition = parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
-    let id = store.create_workflow(NOW, definition).await.unwrap();
+    let id = chain_of_two(&store).await;
     let members = store.workflow(id).await.unwrap().unwrap().members.clone();
     let (first, second) = (members[0].job_id, members[1].job_id);
     assert_eq!(store.claim(NOW, &fetch("default", 1, "w")).await.unwrap()[0].id, first);
@@ -211,6 +205,14 @@ async fn an_ack_rolled_back_to_break_a_deadlock_is_run_again() {
     let acked = acking.await.unwrap().expect("the ack was run again");
     assert_eq!(acked.state, JobState::Completed);
     assert_eq!(store.job(second).await.unwrap().unwrap().state, JobState::Available, "the next step started");
+}
+
+/// A chain of two steps in the `default` queue.
+async fn chain_of_two(store: &PgJobs) -> svc::job::WorkflowId {
+    let steps: Vec<_> = (0..2).map(|n| serde_json::json!({"type": "step", "args": [n]})).collect();
+    let body = serde_json::json!({"type": "chain", "steps": steps});
+    let definition = parse_workflow_body(body.to_string().as_bytes(), &JobDefaults::default()).unwrap();
+    store.create_workflow(NOW, definition).await.unwrap()
 }
 
 /// One number a query answers, on a connection of its own.
