@@ -23,10 +23,30 @@ import unittest
 import urllib.request
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
+
+
+def left(element):
+    """A wait condition: the page holding `element` was replaced. Chromium
+    reports an element of a page it is leaving either as stale or, in the
+    middle of the change, as a node that no longer belongs to the document."""
+
+    def replaced(_browser):
+        try:
+            element.is_enabled()
+            return False
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as error:
+            if "does not belong to the document" in str(error):
+                return True
+            raise
+
+    return replaced
+
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "target" / "ui-screenshots"
@@ -130,7 +150,7 @@ class Dashboard(unittest.TestCase):
                 page = self.browser.find_element(By.TAG_NAME, "html")
                 button.click()
                 # The post, then the page it leads to.
-                WebDriverWait(self.browser, 10).until(staleness_of(page), message=f"{label} leads on")
+                WebDriverWait(self.browser, 10).until(left(page), message=f"{label} leads on")
                 WebDriverWait(self.browser, 10).until(
                     lambda browser: browser.execute_script("return document.readyState") == "complete")
                 return
@@ -145,7 +165,7 @@ class Dashboard(unittest.TestCase):
         self.browser.find_element(By.NAME, "key").send_keys(key)
         page = self.browser.find_element(By.TAG_NAME, "html")
         self.browser.find_element(By.CSS_SELECTOR, "form button").click()
-        WebDriverWait(self.browser, 10).until(staleness_of(page), message="signed in")
+        WebDriverWait(self.browser, 10).until(left(page), message="signed in")
         self.assertEqual(self.heading(), "Overview")
 
     def test_an_operator_session(self):
