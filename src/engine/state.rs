@@ -148,7 +148,7 @@ pub struct State {
     /// Active jobs and recent claims per dispatch-limit key.
     pub(crate) dispatch: DispatchTable,
     /// Claims under a limit since old claims were last forgotten.
-    pub(crate) claims_since_forget: u32,
+    pub(in crate::engine) claims_since_forget: u32,
     /// Workflows by id, shared with the read view.
     pub(crate) workflows: Table<WorkflowId, Workflow>,
     /// Ended workflows by when they ended, for retention and the caps.

@@ -30,3 +30,14 @@ pub enum CronRecord {
     Delete(CronDelete),
     Fire(CronFired),
 }
+
+impl CronRecord {
+    /// The record's name, as `svc inspect` counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CronRecord::Put(_) => "cron_put",
+            CronRecord::Delete(_) => "cron_delete",
+            CronRecord::Fire(_) => "cron_fire",
+        }
+    }
+}

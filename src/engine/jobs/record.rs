@@ -92,6 +92,7 @@ pub enum JobRecord {
 }
 
 impl JobRecord {
+    /// The record's name, as `svc inspect` counts it.
     pub fn kind(&self) -> &'static str {
         match self {
             JobRecord::Enqueue { .. } => "enqueue",

@@ -91,3 +91,13 @@ pub enum QueueRecord {
     Pause(QueuePause),
     Configure(QueueConfigured),
 }
+
+impl QueueRecord {
+    /// The record's name, as `svc inspect` counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            QueueRecord::Pause(_) => "queue_pause",
+            QueueRecord::Configure(_) => "queue_config",
+        }
+    }
+}

@@ -37,30 +37,16 @@ impl Logged {
         Logged { at, change: change.into() }
     }
 
-    /// The record's kind, as `svc inspect` counts it.
+    /// The record's name, as `svc inspect` counts it.
     pub fn kind(&self) -> &'static str {
         match &self.change {
             Change::Jobs(record) => record.kind(),
-            Change::Queues(QueueRecord::Pause(_)) => "queue_pause",
-            Change::Queues(QueueRecord::Configure(_)) => "queue_config",
-            Change::Workers(WorkerRecord::Signal(_)) => "worker_signal",
-            Change::Workers(WorkerRecord::Forget(_)) => "worker_forget",
-            Change::Cron(CronRecord::Put(_)) => "cron_put",
-            Change::Cron(CronRecord::Delete(_)) => "cron_delete",
-            Change::Cron(CronRecord::Fire(_)) => "cron_fire",
-            Change::Workflows(WorkflowRecord::Create(_)) => "workflow_create",
-            Change::Workflows(WorkflowRecord::Cancel(_)) => "workflow_cancel",
-            Change::Workflows(WorkflowRecord::Prune(_)) => "workflow_prune",
-            Change::Schemas(SchemaRecord::Put(_)) => "schema_put",
-            Change::Schemas(SchemaRecord::Delete(_)) => "schema_delete",
-            Change::Webhooks(WebhookRecord::Put(_)) => "webhook_put",
-            Change::Webhooks(WebhookRecord::Delete(_)) => "webhook_delete",
-            Change::Webhooks(WebhookRecord::DeliveriesQueued(_) | WebhookRecord::DeliveriesQueuedWhole(_)) => {
-                "deliveries_queued"
-            }
-            Change::Webhooks(WebhookRecord::DeliveryStarted(_)) => "delivery_started",
-            Change::Webhooks(WebhookRecord::DeliveryRetry(_)) => "delivery_retry",
-            Change::Webhooks(WebhookRecord::DeliveriesDone(_)) => "deliveries_done",
+            Change::Queues(record) => record.kind(),
+            Change::Workers(record) => record.kind(),
+            Change::Cron(record) => record.kind(),
+            Change::Workflows(record) => record.kind(),
+            Change::Schemas(record) => record.kind(),
+            Change::Webhooks(record) => record.kind(),
             Change::Progress(_) => "progress",
         }
     }

@@ -23,3 +23,13 @@ pub enum SchemaRecord {
     Put(SchemaPut),
     Delete(SchemaDelete),
 }
+
+impl SchemaRecord {
+    /// The record's name, as `svc inspect` counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SchemaRecord::Put(_) => "schema_put",
+            SchemaRecord::Delete(_) => "schema_delete",
+        }
+    }
+}

@@ -74,3 +74,17 @@ pub enum WebhookRecord {
     /// Read from logs of the first record format only; never written.
     DeliveriesQueuedWhole(DeliveriesQueued),
 }
+
+impl WebhookRecord {
+    /// The record's name, as `svc inspect` counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WebhookRecord::Put(_) => "webhook_put",
+            WebhookRecord::Delete(_) => "webhook_delete",
+            WebhookRecord::DeliveriesQueued(_) | WebhookRecord::DeliveriesQueuedWhole(_) => "deliveries_queued",
+            WebhookRecord::DeliveryStarted(_) => "delivery_started",
+            WebhookRecord::DeliveryRetry(_) => "delivery_retry",
+            WebhookRecord::DeliveriesDone(_) => "deliveries_done",
+        }
+    }
+}

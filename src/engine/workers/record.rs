@@ -23,3 +23,13 @@ pub enum WorkerRecord {
     Signal(WorkerSignalGiven),
     Forget(WorkerForgotten),
 }
+
+impl WorkerRecord {
+    /// The record's name, as `svc inspect` counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkerRecord::Signal(_) => "worker_signal",
+            WorkerRecord::Forget(_) => "worker_forget",
+        }
+    }
+}

@@ -35,3 +35,14 @@ pub enum WorkflowRecord {
     Cancel(WorkflowCancel),
     Prune(WorkflowPrune),
 }
+
+impl WorkflowRecord {
+    /// The record's name, as `svc inspect` counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkflowRecord::Create(_) => "workflow_create",
+            WorkflowRecord::Cancel(_) => "workflow_cancel",
+            WorkflowRecord::Prune(_) => "workflow_prune",
+        }
+    }
+}
