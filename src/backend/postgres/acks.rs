@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::jobs::{CONTENTION_TRIES, PgJobs, database, decode, finished_at, lock_in_flight};
+use super::jobs::{CONTENTION_TRIES, PgJobs, database, decode, finished_at, generic_plans, lock_in_flight};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind, Unavailable};
@@ -53,7 +53,7 @@ impl PgJobs {
         ids.dedup();
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let locked = lock_in_flight(&transaction, &ids).await?;
+        let (_, locked) = tokio::try_join!(generic_plans(&transaction), lock_in_flight(&transaction, &ids))?;
         let mut held: HashMap<JobId, Job> = HashMap::with_capacity(locked.len());
         for job in locked {
             held.insert(job.id, job);

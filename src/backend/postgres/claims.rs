@@ -16,7 +16,7 @@ use std::sync::Arc;
 use deadpool_postgres::Transaction;
 
 use super::dispatch::Dispatch;
-use super::jobs::{PgJobs, database, decode, encode};
+use super::jobs::{PgJobs, database, decode, encode, generic_plans};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind, FetchRequest};
@@ -170,7 +170,12 @@ impl PgJobs {
                 .map_err(database)
         };
         // Sent together (pipelined), as one step of the transaction.
-        tokio::try_join!(updated, self.record(&transaction, now, events), met.dispatch.record(&transaction))?;
+        tokio::try_join!(
+            generic_plans(&transaction),
+            updated,
+            self.record(&transaction, now, events),
+            met.dispatch.record(&transaction)
+        )?;
         transaction.commit().await.map_err(database)?;
         for (queue, opens_at) in met.dispatch.opens_at {
             self.window_opens_at(now, queue, opens_at);

@@ -798,6 +798,16 @@ pub(super) async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<O
     row.map(|row| decode(&key, row.get(0))).transpose()
 }
 
+/// Runs the rest of the transaction's statements on their generic plans.
+/// The merged claims and acks select by primary key from arrays whose
+/// length changes with every merge, so PostgreSQL would plan them again
+/// each time (docs/postgres.md, "Merged statements"); their generic plan is
+/// the same index scan, whatever the length. Sent pipelined with the
+/// statement after it, it adds no round trip.
+pub(super) async fn generic_plans(transaction: &Transaction<'_>) -> Result<(), EngineError> {
+    transaction.batch_execute("SET LOCAL plan_cache_mode = force_generic_plan").await.map_err(database)
+}
+
 /// The jobs in flight among `ids`, locked in id order: the order every
 /// transaction locks jobs in, so that two never wait on each other in a
 /// circle.
