@@ -22,6 +22,7 @@ with that budget. Quote the ratios and the shares, not the figures.
   benches/postgres_cpu.py [JOBS] [ROUNDS] [TARGET ...]   (after cargo build --release)
 """
 
+import glob
 import json
 import os
 import re
@@ -66,10 +67,11 @@ class Database:
     """A PostgreSQL cluster in a temp dir, and the CPU of its processes."""
 
     def __init__(self):
-        bins = sorted(subprocess.check_output("ls -d /usr/lib/postgresql/*/bin", shell=True, text=True).split())
+        # The newest installed version, as benches/postgres.sh picks it.
+        bins = glob.glob("/usr/lib/postgresql/*/bin")
         if not bins:
             sys.exit("postgres_cpu.py: install Debian's postgresql package")
-        self.bin = bins[-1]
+        self.bin = max(bins, key=lambda path: int(path.split("/")[-2]))
         self.work = tempfile.mkdtemp()
         if AS_POSTGRES:
             shutil.chown(self.work, "postgres")

@@ -483,17 +483,15 @@ fn write_logged_v2_fixture() {
     let backpressure = Some(Backpressure::reject_above(10));
     handle.submit(ConfigureQueue { queue: "mail".into(), backpressure }).wait().unwrap();
     handle.submit(PauseQueue { queue: "sms".into(), paused: true }).wait().unwrap();
-    let enqueued: Vec<JobId> = ["acked", "failed", "reporting", "cancelled"]
-        .iter()
-        .map(|args| enqueue(&engine, json!({"type": "mail.send", "args": [args], "options": {"queue": "mail"}})))
-        .collect();
+    let [.., cancelled] = ["acked", "failed", "reporting", "cancelled"]
+        .map(|args| enqueue(&engine, json!({"type": "mail.send", "args": [args], "options": {"queue": "mail"}})));
     let [acked, failed, reporting] = fetch(&engine, 3)[..] else { panic!("three claimed") };
     handle.ack(acked, Some(r#"{"sent":true}"#.into()), None).wait().unwrap();
     let report = FailureReport { message: "421 try later".into(), ..FailureReport::server("smtp", "") };
     handle.fail(failed, report, false, None).wait().unwrap();
     let progress = JobProgress::new(0.5).message("half");
     handle.submit(ReportProgress { id: reporting, progress, worker_id: Some("w-1".into()) }).wait().unwrap();
-    handle.cancel(enqueued[3]).wait().unwrap();
+    handle.cancel(cancelled).wait().unwrap();
     workflow(
         &engine,
         json!({"name": "logged", "type": "chain", "steps": [
