@@ -2,8 +2,8 @@
 //! HTTPS receiver: subscriptions shared by the nodes, each event delivered
 //! once whichever node wrote it, signed as on the local engine; failed
 //! attempts tried again by the schedule, then abandoned; an event whose
-//! transaction commits after later ones still delivered; the outbox's
-//! bounds.
+//! transaction commits after later ones still delivered; events matched in
+//! the order of their transaction ids as numbers; the outbox's bounds.
 
 mod common;
 #[path = "support/receiver.rs"]
@@ -270,4 +270,53 @@ async fn matching_starts_again_after_a_restore_onto_another_server() {
     let delivered = deliveries(receiver);
     assert_eq!(delivered.len(), 2, "the event from before is not sent again");
     assert_eq!(delivered[1].2["data"]["job_id"], after.to_string());
+}
+
+/// Events are matched in the order of their transaction ids as numbers:
+/// events written on both sides of a power of ten (9 999, then 10 000) and
+/// read in one pass are each delivered once, none read again or passed by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_across_a_power_of_ten_in_transaction_ids_are_delivered_once() {
+    let Setup { pool, receiver, node, .. } = &Setup::start("digits", &["job.enqueued"]).await;
+    // An open transaction with an id of its own holds every later event
+    // back, so that the leader reads them all in one pass.
+    let mut held = pool.get().await.unwrap();
+    let held = held.transaction().await.unwrap();
+    let oldest: i64 = held.query_one("SELECT pg_current_xact_id()::text::int8", &[]).await.unwrap().get(0);
+    let boundary = 10_i64.pow(oldest.ilog10() + 1);
+    // Transaction ids used up, each in a transaction of its own, to just
+    // below the boundary.
+    let burner = pool.get().await.unwrap();
+    burner
+        .batch_execute(&format!(
+            "DO $$ BEGIN WHILE pg_current_xact_id()::text::int8 < {} LOOP COMMIT; END LOOP; END $$",
+            boundary - 4
+        ))
+        .await
+        .unwrap();
+    let mut enqueued = Vec::new();
+    for i in 0..8 {
+        let job = node.enqueue(vec![new_job(JobBuilder::new("t").args([i]))]).outcome().await.unwrap();
+        enqueued.push(job[0].job.id.to_string());
+    }
+    let xids: Vec<i64> = burner
+        .query("SELECT xid::text::int8 FROM svc_events ORDER BY xid", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(xids[0] < boundary && xids[xids.len() - 1] >= boundary, "the events straddle {boundary}: {xids:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(receiver.count(), 0, "held back by the older transaction");
+    held.commit().await.unwrap();
+
+    eventually("every event is delivered", async || receiver.count() >= enqueued.len()).await;
+    eventually("the outbox is empty", async || outbox(pool).await.is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut delivered: Vec<String> =
+        deliveries(receiver).into_iter().map(|(_, _, body)| body["data"]["job_id"].as_str().unwrap().into()).collect();
+    delivered.sort();
+    enqueued.sort();
+    assert_eq!(delivered, enqueued, "each event once");
 }

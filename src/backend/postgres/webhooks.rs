@@ -132,7 +132,7 @@ impl PgJobs {
         let client = self.client().await?;
         let rows = client
             .rows(
-                "SELECT id::text, body FROM svc_webhooks WHERE ($1::text IS NULL OR id > $1::text::uuid) \
+                "SELECT id::text AS id_text, body FROM svc_webhooks WHERE ($1::text IS NULL OR id > $1::text::uuid) \
                  ORDER BY id LIMIT $2",
                 &[&after, &(limit as i64 + 1)],
             )
@@ -188,10 +188,14 @@ impl PgJobs {
             .collect::<Result<_, _>>()?;
         let rows = transaction
             .rows(
-                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body, xid::text, queue FROM svc_events \
-                 WHERE (xid, id) > ($1::text::xid8, $2::text::uuid) \
-                   AND xid < pg_snapshot_xmin(pg_current_snapshot()) \
-                 ORDER BY xid, id LIMIT $3",
+                // `e.xid, e.id`: unqualified, ORDER BY would name the text
+                // outputs, sorting every unread event, ids as text
+                // ('1000' before '999').
+                "SELECT e.id::text, (extract(epoch FROM e.at) * 1000)::int8, e.body, e.xid::text, e.queue \
+                 FROM svc_events e \
+                 WHERE (e.xid, e.id) > ($1::text::xid8, $2::text::uuid) \
+                   AND e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
+                 ORDER BY e.xid, e.id LIMIT $3",
                 &[&cursor_xid, &cursor_id, &MATCH_BATCH],
             )
             .await
