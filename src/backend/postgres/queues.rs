@@ -210,9 +210,10 @@ impl PgJobs {
             // Workers waiting on this queue may claim again.
             transaction.run("SELECT pg_notify($1, $2)", &[&super::wakeup::CHANNEL, &name]).await.map_err(database)?;
         }
-        let summary = summaries(&transaction, &[name.to_string()]).await?.remove(0);
         transaction.commit().await.map_err(database)?;
-        Ok(summary)
+        // Counted after the commit: the queue's row stays locked no longer
+        // than the change, since every enqueue's upsert of it waits on it.
+        Ok(summaries(&client, &[name.to_string()]).await?.remove(0))
     }
 
     async fn record_queue_event(

@@ -39,10 +39,14 @@ fn signal_text(signal: WorkerSignal) -> &'static str {
     }
 }
 
+/// A worker's entry with the jobs it holds. `COLLATE "default"`: the
+/// workers' ids are `"C"`, which would win in the comparison and keep it
+/// off `svc_jobs_worker`, an index in the default collation (equality is
+/// the same in both).
 const ENTRY: &str = "SELECT w.worker_id, w.signal, (extract(epoch FROM w.first_seen_at) * 1000)::int8, \
      (extract(epoch FROM w.last_seen_at) * 1000)::int8, (extract(epoch FROM w.last_heartbeat_at) * 1000)::int8, \
      w.queues, coalesce((SELECT array_agg(j.id::text ORDER BY j.id) FROM svc_jobs j \
-       WHERE j.state = 'active' AND j.worker_id = w.worker_id), '{}') FROM svc_workers w";
+       WHERE j.state = 'active' AND j.worker_id = w.worker_id COLLATE \"default\"), '{}') FROM svc_workers w";
 
 fn entry(row: &tokio_postgres::Row) -> WorkerEntry {
     let active: Vec<String> = row.get(6);
@@ -194,7 +198,7 @@ impl PgJobs {
             .run(
                 "DELETE FROM svc_workers w WHERE last_seen_at < to_timestamp(($1::int8 - $2::int8)::float8 / 1000) \
                  AND coalesce(signalled_at, last_seen_at) < to_timestamp(($1::int8 - $2::int8)::float8 / 1000) \
-                 AND NOT EXISTS (SELECT 1 FROM svc_jobs j WHERE j.state = 'active' AND j.worker_id = w.worker_id)",
+                 AND NOT EXISTS (SELECT 1 FROM svc_jobs j WHERE j.state = 'active' AND j.worker_id = w.worker_id COLLATE \"default\")",
                 &[&now, &WORKER_FORGET_MS],
             )
             .await
