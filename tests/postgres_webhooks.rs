@@ -283,7 +283,8 @@ async fn events_across_a_power_of_ten_in_transaction_ids_are_delivered_once() {
     let mut held = pool.get().await.unwrap();
     let held = held.transaction().await.unwrap();
     let oldest: i64 = held.query_one("SELECT pg_current_xact_id()::text::int8", &[]).await.unwrap().get(0);
-    let boundary = 10_i64.pow(oldest.ilog10() + 1);
+    // The next power of ten with room below it for the enqueues' ids.
+    let boundary = 10_i64.pow((oldest + 100).ilog10() + 1);
     // Transaction ids used up, each in a transaction of its own, to just
     // below the boundary.
     let burner = pool.get().await.unwrap();
