@@ -246,3 +246,61 @@ async fn a_run_that_waits_for_the_previous_one_starts_when_it_ends() {
     assert_eq!(started.state, JobState::Available, "started when the first ended");
     assert_eq!(jobs.claim(NOW + 3 * MINUTE + 2, &fetch("queued")).await.unwrap()[0].id, waiting);
 }
+
+/// A firing takes its locks in the order an enqueue with a `replace` policy
+/// takes them: the fingerprint first, then the jobs. So an enqueue that holds
+/// the fingerprint and goes on to lock the run it replaces is not deadlocked
+/// by a firing of the same job waiting for that fingerprint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_and_a_replacing_enqueue_at_one_moment_both_go_through() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "lock_order").await;
+    let entry = definition(serde_json::json!({
+        "name": "digest", "expression": "* * * * *", "overlap_policy": "allow",
+        "job_template": {"type": "digest.send", "args": ["daily"],
+                         "options": {"queue": "digests", "unique": {"on_conflict": "replace"}}}
+    }));
+    jobs.cron_put(NOW, entry, CronWrite::Upsert).await.unwrap();
+    assert_eq!(jobs.fire_due_crons(NOW + MINUTE, 10).await.unwrap(), 1);
+    let first_run = jobs.cron("digest").await.unwrap().unwrap().last_job_id.unwrap();
+    let previous = first_run.to_string();
+
+    // The enqueue's transaction takes the fingerprint's lock (its first
+    // eight bytes, as a number) ...
+    let mut client = pool.get().await.unwrap();
+    let enqueue = client.transaction().await.unwrap();
+    enqueue
+        .execute(
+            "SELECT pg_advisory_xact_lock(('x' || encode(substring(unique_key FROM 1 FOR 8), 'hex'))::bit(64)::int8) \
+             FROM svc_jobs WHERE id = $1::text::uuid",
+            &[&previous],
+        )
+        .await
+        .unwrap();
+    // ... while the next firing starts and waits for it ...
+    let firing = tokio::spawn({
+        let jobs = jobs.clone();
+        async move { jobs.fire_due_crons(NOW + 2 * MINUTE, 10).await }
+    });
+    let monitor = pool.get().await.unwrap();
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'";
+    for _ in 0..1000 {
+        if monitor.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0) == 1 {
+            break;
+        }
+        assert!(!firing.is_finished(), "the firing waits for the fingerprint");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(monitor.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0), 1);
+    // ... and then locks the run it replaces: the firing holds no job yet.
+    enqueue.batch_execute("SET LOCAL lock_timeout = '10s'").await.unwrap();
+    enqueue.execute("SELECT 1 FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE", &[&previous]).await.unwrap();
+    enqueue.commit().await.unwrap();
+
+    // The firing, no longer waiting, is made (not rolled back as a deadlock).
+    assert_eq!(firing.await.unwrap().unwrap(), 1);
+    let entry = jobs.cron("digest").await.unwrap().unwrap();
+    assert_eq!(entry.run_count, 2);
+    let replaced = jobs.job(first_run).await.unwrap().unwrap();
+    assert_eq!(replaced.state, JobState::Cancelled, "the run it met was replaced");
+}

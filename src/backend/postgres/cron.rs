@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::GenericClient;
 
-use super::jobs::{PgJobs, database, insert, locked, notify_available};
+use super::jobs::{PgJobs, database, insert, lock_in_flight, notify_available};
 use super::sql::{Prepared, from_body, to_body};
 use crate::backend::Page;
 use crate::clock::Millis;
@@ -137,25 +137,41 @@ impl PgJobs {
         }
     }
 
-    /// Fires the entries due at `now`, at most `limit`, in one transaction
-    /// (the leader's timers); answers how many were fired.
+    /// Fires the entries due at `now`, at most `limit`, each in a
+    /// transaction of its own (the leader's timers); answers how many were
+    /// fired. One transaction an entry keeps each firing's locks in the
+    /// order every transaction takes them (see [`Self::fire`]): two entries
+    /// fired together would lock their previous runs in firing order.
     pub async fn fire_due_crons(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
-        let transaction = client.transaction().await.map_err(database)?;
-        let rows = transaction
+        let due: Vec<String> = client
             .rows(
-                "SELECT name, body FROM svc_crons WHERE next_run_at <= to_timestamp($1::int8::float8 / 1000) \
-                 ORDER BY next_run_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                "SELECT name FROM svc_crons WHERE next_run_at <= to_timestamp($1::int8::float8 / 1000) \
+                 ORDER BY next_run_at LIMIT $2",
                 &[&now, &limit],
             )
             .await
-            .map_err(database)?;
-        let fired = rows.len();
-        for row in rows {
-            let entry = decode(row.get(0), row.get(1))?;
-            self.fire(&transaction, now, entry).await?;
+            .map_err(database)?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let mut fired = 0;
+        for name in due {
+            let transaction = client.transaction().await.map_err(database)?;
+            // Still due, and not being fired by another node.
+            let row = transaction
+                .maybe_row(
+                    "SELECT body FROM svc_crons WHERE name = $1 \
+                     AND next_run_at <= to_timestamp($2::int8::float8 / 1000) FOR UPDATE SKIP LOCKED",
+                    &[&name, &now],
+                )
+                .await
+                .map_err(database)?;
+            let Some(row) = row else { continue };
+            self.fire(&transaction, now, decode(&name, row.get(0))?).await?;
+            transaction.commit().await.map_err(database)?;
+            fired += 1;
         }
-        transaction.commit().await.map_err(database)?;
         Ok(fired)
     }
 
@@ -173,10 +189,25 @@ impl PgJobs {
         };
         let due = schedule.due_firing(first_due, now, CRON_MISSED_COUNT_MAX);
         let definition = entry.definition.clone();
-        let previous = match entry.last_job_id {
-            Some(id) => locked(transaction, id).await?,
-            None => None,
-        };
+        let id = self.fresh_id(now);
+        let candidate = definition.fired_job(id, JobState::Available, now, due.scheduled);
+        // Locks in the order enqueues and acks take them: the fingerprint
+        // first (as an enqueue with a unique policy does), then the previous
+        // run and the fingerprint's holders together, in id order (as acks
+        // and `replace` do). Taken the other way round, a `replace` enqueue
+        // of the same job at the same moment would wait on this firing while
+        // it waited on the enqueue.
+        let holders = super::unique::lock_and_read_holders(transaction, std::iter::once(&candidate)).await?;
+        let mut ids: Vec<String> = holders.iter().map(|holder| holder.id.to_string()).collect();
+        ids.extend(entry.last_job_id.map(|id| id.to_string()));
+        let in_flight = if ids.is_empty() { Vec::new() } else { lock_in_flight(transaction, &ids).await? };
+        let previous = entry.last_job_id.and_then(|id| in_flight.iter().find(|job| job.id == id).cloned());
+        let candidate_key = candidate.unique().map(|(_, key)| key);
+        let holders: Vec<Arc<Job>> = in_flight
+            .into_iter()
+            .filter(|job| candidate_key.is_some() && job.unique().map(|(_, key)| key) == candidate_key)
+            .map(Arc::new)
+            .collect();
         let paused: bool = transaction
             .maybe_row("SELECT paused FROM svc_queues WHERE name = $1", &[&definition.job.queue])
             .await
@@ -201,20 +232,17 @@ impl PgJobs {
             }
             (Some(previous), OverlapPolicy::Enqueue) => {
                 waits_for = Some(previous.id);
-                let id = self.fresh_id(now);
                 (Some(definition.fired_job(id, JobState::Pending, now, due.scheduled)), None, None)
             }
             (previous, policy) => {
                 let cancelled = previous.filter(|_| policy == OverlapPolicy::CancelPrevious);
-                let id = self.fresh_id(now);
-                (Some(definition.fired_job(id, JobState::Available, now, due.scheduled)), cancelled, None)
+                (Some(candidate), cancelled, None)
             }
         };
         // A job held under its unique policy: skipped as a duplicate, or
         // its holders cancelled (`replace`), as on the local engine.
         let (mut job, mut skip, mut replaced) = (job, skip, Vec::new());
         if let Some(fired) = job.as_ref().filter(|fired| fired.unique().is_some()) {
-            let holders = super::unique::lock_and_read_holders(transaction, std::iter::once(fired)).await?;
             let blocking = super::unique::blocking(fired, now, holders.iter(), &Default::default());
             match blocking {
                 Some((OnConflict::Replace, holders)) => replaced = holders.iter().map(|holder| holder.id).collect(),
