@@ -2,7 +2,8 @@
 //! real PostgreSQL server of the test's own: a batch whose jobs are acked at
 //! once through two nodes fires its callback once and ends once; a chain
 //! step whose claim runs out fails the chain in the leader's transaction; a
-//! cancel or an ack the database rolls back to break a deadlock runs again.
+//! cancel or an ack the database rolls back to break a deadlock runs again;
+//! ended workflows past the count kept are dropped, oldest first.
 //! (The execution table itself runs on both backends in tests/workflows.rs.)
 
 mod common;
@@ -205,6 +206,36 @@ async fn an_ack_rolled_back_to_break_a_deadlock_is_run_again() {
     let acked = acking.await.unwrap().expect("the ack was run again");
     assert_eq!(acked.state, JobState::Completed);
     assert_eq!(store.job(second).await.unwrap().unwrap().state, JobState::Available, "the next step started");
+}
+
+/// Past the count kept, the workflows that ended first are dropped; one
+/// still running is never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_workflows_past_the_count_kept_are_dropped_oldest_first() {
+    let server = TempPostgres::start();
+    let store = node(&server.database("kept")).await;
+    let running = chain_of_two(&store).await;
+    let mut ended = Vec::new();
+    for at in [NOW + 1, NOW + 2, NOW + 3] {
+        let id = chain_of_two(&store).await;
+        store.cancel_workflow(at, id).await.unwrap();
+        ended.push(id);
+    }
+    let mut retention = svc::engine::Retention::default();
+    retention.max_terminal_workflows = 2;
+    let exists = async |id| store.workflow(id).await.unwrap().is_some();
+
+    assert_eq!(store.prune_workflows(NOW + 10, &retention).await.unwrap(), 1);
+    assert!(!exists(ended[0]).await, "the first to end is dropped");
+    assert!(exists(ended[1]).await && exists(ended[2]).await && exists(running).await);
+
+    // Another ends: the oldest of the two kept goes.
+    let last = chain_of_two(&store).await;
+    store.cancel_workflow(NOW + 4, last).await.unwrap();
+    assert_eq!(store.prune_workflows(NOW + 10, &retention).await.unwrap(), 1);
+    assert!(!exists(ended[1]).await);
+    assert!(exists(ended[2]).await && exists(last).await && exists(running).await);
+    assert_eq!(store.prune_workflows(NOW + 10, &retention).await.unwrap(), 0, "none past the count");
 }
 
 /// A chain of two steps in the `default` queue.

@@ -39,6 +39,7 @@ const MIGRATIONS: &[&str] = &[
     V11_CRON_WAITERS,
     V12_WEBHOOKS,
     V13_CLAIM_ORDER,
+    V14_PRUNE_INDEXES,
 ];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
@@ -300,6 +301,14 @@ const V13_CLAIM_ORDER: &str = "
 CREATE INDEX svc_jobs_claim_order ON svc_jobs (queue, state, priority DESC, ready_at, id);
 DROP INDEX svc_jobs_available;
 DROP INDEX svc_jobs_queue_state;
+";
+
+/// Version 14: the leader's prunes of old firings and claims select by
+/// age; without an index on it each pass read the whole table, which holds
+/// a week of firings and the longest window's claims (docs/perf-log.md).
+const V14_PRUNE_INDEXES: &str = "
+CREATE INDEX svc_cron_firings_fired ON svc_cron_firings (fired_at);
+CREATE INDEX svc_dispatch_claims_claimed ON svc_dispatch_claims (claimed_at);
 ";
 
 /// Why the schema cannot be brought to this binary's version.

@@ -476,11 +476,14 @@ impl PgJobs {
             .run("DELETE FROM svc_workflows WHERE ended_at < to_timestamp($1::int8::float8 / 1000)", &[&cutoff])
             .await
             .map_err(database)?;
+        // Past the count kept: those that ended before the last one kept.
+        // The time of that one is read from the index alone; ones that
+        // ended in the same millisecond as it are kept with it.
         let over = client
             .run(
-                "DELETE FROM svc_workflows WHERE id IN (SELECT id FROM svc_workflows WHERE ended_at IS NOT NULL \
-                 ORDER BY ended_at DESC OFFSET $1)",
-                &[&kept],
+                "DELETE FROM svc_workflows WHERE ended_at < (SELECT ended_at FROM svc_workflows \
+                 WHERE ended_at IS NOT NULL ORDER BY ended_at DESC OFFSET $1 LIMIT 1)",
+                &[&(kept - 1).max(0)],
             )
             .await
             .map_err(database)?;
