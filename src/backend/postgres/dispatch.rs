@@ -24,7 +24,11 @@ use crate::engine::EngineError;
 use crate::job::Job;
 use crate::limits::DISPATCH_WINDOW_MS_MAX;
 
-/// The advisory lock claims of limited jobs hold (`svc_disp` as eight bytes).
+/// The advisory lock a claim takes when it meets its first limited job
+/// (`svc_disp` as eight bytes): one lock for every key, so that claims of
+/// limited jobs on every node are decided one transaction after the other.
+/// The claim has already locked its candidates with `SKIP LOCKED`, which
+/// never waits, so holding it never makes a transaction wait on a row.
 const DISPATCH_LOCK: i64 = i64::from_be_bytes(*b"svc_disp");
 
 /// What one key holds: active jobs, and claims within the longest window

@@ -10,8 +10,11 @@
 //! workflow on as the local engine does (docs/api.md, "Workflows"): the next
 //! chain step becomes available, a failed step fails the chain and cancels
 //! the steps still waiting, a batch fires its callbacks once every job
-//! ended. Locks are taken jobs first, then workflows (by id), in every
-//! transaction, so two transactions never wait on each other in a circle.
+//! ended. Locks are taken jobs first (in id order), then workflows (by id).
+//! Moving a workflow on can still lock a job after the workflow's row (the
+//! next step, a callback), so a cancel or an ack can meet another
+//! transaction in a circle; the database rolls one back, and it is run
+//! again (`CONTENTION_TRIES`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
