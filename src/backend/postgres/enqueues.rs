@@ -30,6 +30,9 @@ use crate::job::{Job, JobId, JobState, OnConflict};
 pub(super) struct PendingEnqueue {
     pub now: Millis,
     pub jobs: Vec<Job>,
+    /// The ids among them the client chose. Only those can already be in
+    /// use: a fresh id is a UUIDv7 no other job was given.
+    pub chosen_ids: Vec<String>,
 }
 
 /// What the merged transaction read, that each request is checked against;
@@ -153,11 +156,11 @@ impl PgJobs {
         let mut names: Vec<&str> = all.iter().map(|job| job.queue.as_str()).collect();
         names.sort_unstable();
         names.dedup();
-        let ids: Vec<String> = all.iter().map(|job| job.id.to_string()).collect();
+        let chosen: Vec<&String> = requests.iter().flat_map(|request| &request.chosen_ids).collect();
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         let holders = super::unique::lock_and_read_holders(&transaction, all.iter().copied()).await?;
-        let (names_param, ids_param): (Params<'_>, Params<'_>) = (&[&names], &[&ids]);
+        let (names_param, chosen_param): (Params<'_>, Params<'_>) = (&[&names], &[&chosen]);
         let (rows, taken) = tokio::try_join!(
             transaction.rows(
                 "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING) \
@@ -165,11 +168,18 @@ impl PgJobs {
                  WHERE name = ANY($1) AND (paused OR max_depth IS NOT NULL)",
                 names_param,
             ),
-            transaction.rows(
-                "SELECT id::text AS id_text FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
-                 UNION ALL SELECT id::text AS id_text FROM svc_job_history WHERE id = ANY($1::text[]::uuid[])",
-                ids_param,
-            ),
+            async {
+                if chosen.is_empty() {
+                    return Ok(Vec::new());
+                }
+                transaction
+                    .rows(
+                        "SELECT id::text AS id_text FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
+                         UNION ALL SELECT id::text AS id_text FROM svc_job_history WHERE id = ANY($1::text[]::uuid[])",
+                        chosen_param,
+                    )
+                    .await
+            },
         )
         .map_err(database)?;
         let taken: HashSet<String> = taken.iter().map(|row| row.get(0)).collect();

@@ -304,11 +304,12 @@ impl PgJobs {
         let batch = new_jobs.len() > 1;
         let index_of = |position: usize| batch.then_some(position);
         self.check_schemas(&new_jobs, index_of).await?;
+        let chosen_ids = new_jobs.iter().filter_map(|new_job| new_job.id).map(|id| id.to_string()).collect();
         let mut jobs = Vec::with_capacity(new_jobs.len());
         for (position, new_job) in new_jobs.into_iter().enumerate() {
             jobs.push(self.admit(now, new_job, index_of(position))?);
         }
-        self.batches().enqueues.submit(super::enqueues::PendingEnqueue { now, jobs }).await
+        self.batches().enqueues.submit(super::enqueues::PendingEnqueue { now, jobs, chosen_ids }).await
     }
 
     /// A new job with its id, times and first state, as the local engine
