@@ -140,8 +140,9 @@ impl PgJobs {
     /// Fires the entries due at `now`, at most `limit`, each in a
     /// transaction of its own (the leader's timers); answers how many were
     /// fired. One transaction an entry keeps each firing's locks in the
-    /// order every transaction takes them (see [`Self::fire`]): two entries
-    /// fired together would lock their previous runs in firing order.
+    /// order every transaction takes them (the fingerprint, then the jobs
+    /// in id order): two entries fired together would lock their previous
+    /// runs in firing order.
     pub async fn fire_due_crons(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         let due: Vec<String> = client
