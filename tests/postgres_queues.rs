@@ -263,3 +263,92 @@ async fn finished_jobs_leave_the_history_by_retention_and_whole_days_are_dropped
     assert!(!partitions().await.contains(&days[0].to_string()));
     assert!(jobs.job(ids[1]).await.unwrap().is_none());
 }
+
+/// The depth a bounded queue's enqueues are checked against is kept by the
+/// database as jobs change, whatever changes them; it always equals the
+/// jobs counted waiting, and refuses at the bound. It is kept only while
+/// some queue is bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_depth_a_bound_is_checked_against_follows_every_change() {
+    use svc::job::FailureReport;
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "depths").await;
+    let kept = async || -> i64 {
+        let client = pool.get().await.unwrap();
+        let row = client
+            .query_one("SELECT coalesce(sum(delta), 0)::int8 FROM svc_queue_depths WHERE queue = 'q'", &[])
+            .await
+            .unwrap();
+        row.get(0)
+    };
+    let counted = async || jobs.queue_stats(NOW, "q").await.unwrap().unwrap().summary.depth() as i64;
+
+    // Jobs enqueued before the bound is set count too.
+    let enqueued = jobs.enqueue(NOW, (0..6).map(|_| job("q")).collect()).await.unwrap();
+    jobs.configure_queue("q", Some(Backpressure::reject_above(10))).await.unwrap();
+    assert_eq!((kept().await, counted().await), (6, 6));
+
+    // Claims take jobs out; a failure to be retried puts one back; an ack
+    // changes nothing; a cancel of a waiting job takes it out.
+    let claimed = jobs.claim(NOW + 1, &fetch("q", 3, "w")).await.unwrap();
+    assert_eq!((kept().await, counted().await), (3, 3));
+    let report = FailureReport::server("boom", "to retry");
+    jobs.fail(NOW + 2, claimed[0].id, report, false, Some("w")).await.unwrap();
+    jobs.ack(NOW + 3, claimed[1].id, None, Some("w")).await.unwrap();
+    assert_eq!((kept().await, counted().await), (4, 4));
+    let waiting = enqueued.iter().map(|item| item.job.id).find(|id| claimed.iter().all(|job| job.id != *id));
+    jobs.cancel(NOW + 4, waiting.unwrap()).await.unwrap();
+    assert_eq!((kept().await, counted().await), (3, 3));
+    // A claim that runs out puts its job back.
+    assert_eq!(jobs.expire_claims(NOW + 3_600_000, 100).await.unwrap(), 1);
+    assert_eq!((kept().await, counted().await), (4, 4));
+
+    // Folded into one row, the depth is the same; the bound refuses at it.
+    jobs.fold_queue_depths().await.unwrap();
+    let client = pool.get().await.unwrap();
+    let rows: i64 = client.query_one("SELECT count(*) FROM svc_queue_depths", &[]).await.unwrap().get(0);
+    assert_eq!((rows, kept().await), (1, 4));
+    let full = jobs.enqueue(NOW + 5, (0..7).map(|_| job("q")).collect()).await.unwrap_err();
+    assert!(matches!(full, EngineError::QueueFull { depth: 10, bound: 10, index: Some(6), .. }), "{full:?}");
+    jobs.enqueue(NOW + 5, (0..6).map(|_| job("q")).collect()).await.unwrap();
+    assert_eq!((kept().await, counted().await), (10, 10));
+
+    // With no queue bounded, depths are no longer kept (nothing is added
+    // as jobs change); a bound set again counts the queue afresh.
+    let triggers =
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'svc_jobs'::regclass AND tgname LIKE 'svc_jobs_depths_%'";
+    assert_eq!(client.query_one(triggers, &[]).await.unwrap().get::<_, i64>(0), 3);
+    jobs.configure_queue("q", None).await.unwrap();
+    jobs.unkeep_queue_depths().await.unwrap();
+    assert_eq!(client.query_one(triggers, &[]).await.unwrap().get::<_, i64>(0), 0);
+    jobs.enqueue(NOW + 6, vec![job("q")]).await.unwrap();
+    assert_eq!(kept().await, 0, "nothing kept while no queue is bounded");
+    jobs.configure_queue("q", Some(Backpressure::reject_above(11))).await.unwrap();
+    assert_eq!((kept().await, counted().await), (11, 11));
+    let full = jobs.enqueue(NOW + 7, vec![job("q")]).await.unwrap_err();
+    assert!(matches!(full, EngineError::QueueFull { depth: 11, bound: 11, .. }), "{full:?}");
+}
+
+/// Setting the first bound counts every queue with writes to jobs held
+/// back; behind a long transaction that writes jobs it gives up within a
+/// second (to be sent again), rather than hold every write back meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_bound_gives_up_behind_a_long_writer_without_holding_writes() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "first_bound").await;
+    jobs.enqueue(NOW, vec![job("q")]).await.unwrap();
+    let mut client = pool.get().await.unwrap();
+    let writer = client.transaction().await.unwrap();
+    writer.execute("UPDATE svc_jobs SET priority = priority", &[]).await.unwrap();
+
+    let started = std::time::Instant::now();
+    let refused = jobs.configure_queue("q", Some(Backpressure::reject_above(5))).await.unwrap_err();
+    let contention = svc::engine::Unavailable::Contention;
+    assert!(matches!(refused, EngineError::Unavailable { reason } if reason == contention), "{refused:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "it gave up");
+    jobs.enqueue(NOW, vec![job("other")]).await.expect("writes go on");
+    writer.rollback().await.unwrap();
+
+    let summary = jobs.configure_queue("q", Some(Backpressure::reject_above(5))).await.unwrap();
+    assert_eq!(summary.backpressure.map(|bound| bound.max_depth), Some(5));
+}

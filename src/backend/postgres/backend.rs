@@ -177,9 +177,10 @@ impl Drop for PgBackend {
 
 /// The leader's timers: while this node holds the lease, due jobs are
 /// promoted, jobs past their expiry discarded, claims that ran out ended
-/// and due cron entries fired, every [`TIMERS_EVERY`]; events, cron
-/// firings, idle workers, the history, ended workflows and old dispatch
-/// claims are pruned every [`PRUNE_EVERY`].
+/// and due cron entries fired, and the queues' depths folded, every
+/// [`TIMERS_EVERY`]; events, cron firings, idle workers, the history, ended
+/// workflows and old dispatch claims are pruned, and depths no longer kept
+/// once no queue is bounded, every [`PRUNE_EVERY`].
 async fn run_timers(
     jobs: Arc<PgJobs>,
     leader: Leader,
@@ -224,6 +225,7 @@ async fn run_timers(
             let _ = jobs.promote_due(now, TIMERS_BATCH).await;
             let _ = jobs.expire_claims(now, TIMERS_BATCH).await;
             let _ = jobs.fire_due_crons(now, CRON_BATCH).await;
+            let _ = jobs.fold_queue_depths().await;
             if match_events(&jobs, now, &mut matching).await > 0 {
                 deliveries_queued.notify_one();
             }
@@ -235,6 +237,7 @@ async fn run_timers(
                 let _ = jobs.keep_history(now, &retention, TIMERS_BATCH).await;
                 let _ = jobs.prune_workflows(now, &retention).await;
                 let _ = jobs.prune_dispatch_claims(now).await;
+                let _ = jobs.unkeep_queue_depths().await;
             }
         }
         tokio::time::sleep(TIMERS_EVERY).await;

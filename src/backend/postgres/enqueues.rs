@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::jobs::{PgJobs, database, duplicate_of, insert, notify_available};
-use super::queues::{Settings, WAITING, settings};
+use super::queues::{Settings, settings};
 use super::sql::{Params, Prepared};
 use crate::clock::Millis;
 use crate::engine::{Backpressure, EngineError, Enqueued, EventKind};
@@ -201,14 +201,16 @@ impl PgJobs {
                 .run("SELECT 1 FROM svc_queues WHERE name = ANY($1) ORDER BY name FOR UPDATE", &[&locked])
                 .await
                 .map_err(database)?;
+            // The depths the database keeps (schema version 15): read
+            // after the rows' locks, they count every enqueue before.
             let rows = transaction
                 .rows(
-                    "SELECT queue, count(*) FROM svc_jobs WHERE queue = ANY($1) AND state = ANY($2) GROUP BY queue",
-                    &[&locked, &&WAITING[..]],
+                    "SELECT queue, sum(delta)::int8 FROM svc_queue_depths WHERE queue = ANY($1) GROUP BY queue",
+                    &[&locked],
                 )
                 .await
                 .map_err(database)?;
-            depths = rows.iter().map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1) as u64)).collect();
+            depths = rows.iter().map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1).max(0) as u64)).collect();
         }
         let mut known = Known { paused, bounded, depths, taken, holders, replaced: HashSet::new() };
         let checked: Vec<_> = requests.iter().map(|request| check(&request.jobs, request.now, &mut known)).collect();

@@ -90,7 +90,10 @@ pub(super) fn database(error: impl Into<PgError>) -> EngineError {
         PgError::Database(error) => error.code(),
         _ => None,
     };
-    let contention = [SqlState::T_R_DEADLOCK_DETECTED, SqlState::T_R_SERIALIZATION_FAILURE];
+    // A lock not taken within the transaction's `lock_timeout` is
+    // contention too: nothing was changed, and it may be sent again.
+    let contention =
+        [SqlState::T_R_DEADLOCK_DETECTED, SqlState::T_R_SERIALIZATION_FAILURE, SqlState::LOCK_NOT_AVAILABLE];
     match code {
         Some(code) if contention.contains(code) => EngineError::Unavailable { reason: Unavailable::Contention },
         _ => EngineError::Unavailable { reason: Unavailable::Database },

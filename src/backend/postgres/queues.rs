@@ -39,9 +39,6 @@ fn state_of(text: &str) -> Option<JobState> {
     JobState::ALL.into_iter().find(|state| state.as_str() == text)
 }
 
-/// The states a queue's depth counts: jobs waiting to be claimed.
-pub(super) const WAITING: [&str; 4] = ["available", "scheduled", "retryable", "pending"];
-
 /// The figures of `names`, in that order: jobs per state (in flight and in
 /// the history), settings, and the longest-waiting available job.
 async fn summaries(client: &impl GenericClient, names: &[String]) -> Result<Vec<QueueSummary>, EngineError> {
@@ -242,8 +239,17 @@ impl PgJobs {
         }
         let max_depth = backpressure.map(|bound| bound.max_depth as i64);
         let warning = backpressure.and_then(|bound| bound.warning_threshold);
-        let client = self.client().await?;
-        client
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        if max_depth.is_some() {
+            // Bounded queues' depths are kept from here on (schema version
+            // 15), before the bound is set: the lock this may take on
+            // `svc_jobs` comes before the queue's row, as in enqueues. Its
+            // wait is bounded, since every write waits behind it.
+            transaction.batch_execute("SET LOCAL lock_timeout = '1s'").await.map_err(database)?;
+            transaction.run("SELECT svc_depths_keep()", &[]).await.map_err(database)?;
+        }
+        transaction
             .run(
                 "INSERT INTO svc_queues (name, max_depth, warning_threshold) VALUES ($1, $2, $3) \
                  ON CONFLICT (name) DO UPDATE SET max_depth = $2, warning_threshold = $3, changed_at = now()",
@@ -251,6 +257,7 @@ impl PgJobs {
             )
             .await
             .map_err(database)?;
+        transaction.commit().await.map_err(database)?;
         Ok(summaries(&client, &[name.to_string()]).await?.remove(0))
     }
 
@@ -288,5 +295,33 @@ impl PgJobs {
         drop(client);
         overview.dead_letter = self.dead_letter_count(None).await? as usize;
         Ok(overview)
+    }
+
+    /// Folds the rows of each queue's depth into one (the leader's timers):
+    /// while some queue is bounded, every statement that changes jobs adds a
+    /// row (schema version 15), and a bounded queue's enqueue sums its rows.
+    pub async fn fold_queue_depths(&self) -> Result<u64, EngineError> {
+        let client = self.client().await?;
+        client
+            .run(
+                "WITH folded AS (DELETE FROM svc_queue_depths RETURNING queue, delta) \
+                 INSERT INTO svc_queue_depths (queue, delta) \
+                 SELECT queue, sum(delta) FROM folded GROUP BY queue HAVING sum(delta) <> 0",
+                &[],
+            )
+            .await
+            .map_err(database)
+    }
+
+    /// Stops keeping queues' depths once no queue is bounded (the leader's
+    /// housekeeping), so that changes to jobs no longer pay for it.
+    pub async fn unkeep_queue_depths(&self) -> Result<(), EngineError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(database)?;
+        // Every write to jobs waits behind the lock this may take: should a
+        // long transaction hold it back, it is tried again next pass.
+        transaction.batch_execute("SET LOCAL lock_timeout = '100ms'").await.map_err(database)?;
+        transaction.run("SELECT svc_depths_unkeep()", &[]).await.map_err(database)?;
+        transaction.commit().await.map_err(database)
     }
 }

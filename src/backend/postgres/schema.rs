@@ -40,6 +40,7 @@ const MIGRATIONS: &[&str] = &[
     V12_WEBHOOKS,
     V13_CLAIM_ORDER,
     V14_PRUNE_INDEXES,
+    V15_QUEUE_DEPTHS,
 ];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
@@ -309,6 +310,85 @@ DROP INDEX svc_jobs_queue_state;
 const V14_PRUNE_INDEXES: &str = "
 CREATE INDEX svc_cron_firings_fired ON svc_cron_firings (fired_at);
 CREATE INDEX svc_dispatch_claims_claimed ON svc_dispatch_claims (claimed_at);
+";
+
+/// Version 15: the depth of each queue (its jobs waiting: every state in
+/// `svc_jobs` but `active`), kept by the database while some queue is
+/// bounded. Counting a deep bounded queue at each enqueue read its whole
+/// waiting set while its row was locked, so enqueues into it slowed with
+/// its depth (docs/perf-log.md).
+///
+/// While the triggers exist, every statement that changes `svc_jobs` adds a
+/// row per queue whose depth it changed (exact whichever path or node
+/// changed the jobs), the leader folds them into one row a queue, and a
+/// queue's depth is the sum of its rows. `svc_depths_keep` creates the
+/// triggers and counts every queue once, with `svc_jobs` locked against
+/// writes so that the count misses no change; a queue is given a bound only
+/// after it ran, in the same transaction. `svc_depths_unkeep` (the leader)
+/// drops them once no queue is bounded, so queues without bounds pay
+/// nothing. Both hold one advisory lock (`svc_dept` as eight bytes).
+const V15_QUEUE_DEPTHS: &str = "
+CREATE TABLE svc_queue_depths (
+    queue text NOT NULL,
+    delta bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
+CREATE INDEX svc_queue_depths_queue ON svc_queue_depths (queue);
+
+CREATE FUNCTION svc_depths_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO svc_queue_depths (queue, delta)
+    SELECT queue, count(*) FROM svc_new WHERE state <> 'active' GROUP BY queue;
+    RETURN NULL;
+END $$;
+CREATE FUNCTION svc_depths_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO svc_queue_depths (queue, delta)
+    SELECT queue, sum(delta) FROM (
+        SELECT queue, 1 AS delta FROM svc_new WHERE state <> 'active'
+        UNION ALL SELECT queue, -1 FROM svc_old WHERE state <> 'active'
+    ) AS changed GROUP BY queue HAVING sum(delta) <> 0;
+    RETURN NULL;
+END $$;
+CREATE FUNCTION svc_depths_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO svc_queue_depths (queue, delta)
+    SELECT queue, -count(*) FROM svc_old WHERE state <> 'active' GROUP BY queue;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION svc_depths_keep() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(8319946622970982516);
+    IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'svc_jobs'::regclass AND tgname = 'svc_jobs_depths_inserted') THEN
+        RETURN;
+    END IF;
+    LOCK TABLE svc_jobs IN SHARE ROW EXCLUSIVE MODE;
+    CREATE TRIGGER svc_jobs_depths_inserted AFTER INSERT ON svc_jobs
+        REFERENCING NEW TABLE AS svc_new FOR EACH STATEMENT EXECUTE FUNCTION svc_depths_inserted();
+    CREATE TRIGGER svc_jobs_depths_updated AFTER UPDATE ON svc_jobs
+        REFERENCING OLD TABLE AS svc_old NEW TABLE AS svc_new FOR EACH STATEMENT EXECUTE FUNCTION svc_depths_updated();
+    CREATE TRIGGER svc_jobs_depths_deleted AFTER DELETE ON svc_jobs
+        REFERENCING OLD TABLE AS svc_old FOR EACH STATEMENT EXECUTE FUNCTION svc_depths_deleted();
+    DELETE FROM svc_queue_depths;
+    INSERT INTO svc_queue_depths (queue, delta)
+    SELECT queue, count(*) FROM svc_jobs WHERE state <> 'active' GROUP BY queue;
+END $$;
+
+CREATE FUNCTION svc_depths_unkeep() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(8319946622970982516);
+    IF EXISTS (SELECT 1 FROM svc_queues WHERE max_depth IS NOT NULL)
+        OR NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'svc_jobs'::regclass AND tgname = 'svc_jobs_depths_inserted') THEN
+        RETURN;
+    END IF;
+    LOCK TABLE svc_jobs IN SHARE ROW EXCLUSIVE MODE;
+    DROP TRIGGER svc_jobs_depths_inserted ON svc_jobs;
+    DROP TRIGGER svc_jobs_depths_updated ON svc_jobs;
+    DROP TRIGGER svc_jobs_depths_deleted ON svc_jobs;
+    DELETE FROM svc_queue_depths;
+END $$;
+
+SELECT svc_depths_keep() WHERE EXISTS (SELECT 1 FROM svc_queues WHERE max_depth IS NOT NULL);
 ";
 
 /// Why the schema cannot be brought to this binary's version.
