@@ -547,16 +547,19 @@ impl PgJobs {
     pub async fn expire_claims(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let mut jobs = locked_jobs(
-            &transaction,
-            concat!(
-                "SELECT id::text AS id_text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
-                ts!("$1"),
-                " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
-            ),
-            &[&now, &limit],
-        )
-        .await?;
+        let params: super::sql::Params<'_> = &[&now, &limit];
+        let (_, mut jobs) = tokio::try_join!(
+            custom_plans(&transaction),
+            locked_jobs(
+                &transaction,
+                concat!(
+                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
+                    ts!("$1"),
+                    " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
+                ),
+                params,
+            )
+        )?;
         let mut events = Vec::with_capacity(2 * jobs.len());
         for job in &mut jobs {
             let (kind, outcome) = crate::schedule::timeout_outcome(job, now, rand::random);
@@ -658,16 +661,19 @@ impl PgJobs {
     pub async fn promote_due(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let mut jobs = locked_jobs(
-            &transaction,
-            concat!(
-                "SELECT id::text AS id_text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
-                ts!("$1"),
-                " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
-            ),
-            &[&now, &limit],
-        )
-        .await?;
+        let params: super::sql::Params<'_> = &[&now, &limit];
+        let (_, mut jobs) = tokio::try_join!(
+            custom_plans(&transaction),
+            locked_jobs(
+                &transaction,
+                concat!(
+                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
+                    ts!("$1"),
+                    " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+                ),
+                params,
+            )
+        )?;
         for job in &mut jobs {
             transition::promote(job, now);
             self.store(&transaction, job).await?;
@@ -683,17 +689,20 @@ impl PgJobs {
     pub async fn expire_due(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let mut jobs = locked_jobs(
-            &transaction,
-            concat!(
-                "SELECT id::text AS id_text, body FROM svc_jobs \
+        let params: super::sql::Params<'_> = &[&now, &limit];
+        let (_, mut jobs) = tokio::try_join!(
+            custom_plans(&transaction),
+            locked_jobs(
+                &transaction,
+                concat!(
+                    "SELECT id::text AS id_text, body FROM svc_jobs \
                  WHERE state IN ('pending', 'scheduled', 'available', 'retryable') AND expires_at <= ",
-                ts!("$1"),
-                " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
-            ),
-            &[&now, &limit],
-        )
-        .await?;
+                    ts!("$1"),
+                    " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+                ),
+                params,
+            )
+        )?;
         if jobs.is_empty() {
             return Ok(0);
         }
@@ -810,6 +819,17 @@ pub(super) async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<O
 /// statement after it, it adds no round trip.
 pub(super) async fn generic_plans(transaction: &Transaction<'_>) -> Result<(), EngineError> {
     transaction.batch_execute("SET LOCAL plan_cache_mode = force_generic_plan").await.map_err(database)
+}
+
+/// Plans the rest of the transaction's statements at each execution. The
+/// leader's timers select due jobs through partial indexes; a plan cached
+/// while `svc_jobs` was empty (a new database) reads the whole table and
+/// sorts it, and stays cached until the table is analyzed
+/// (docs/perf-log.md). Planned afresh, they see the table's size and take
+/// the index, for the planning of one simple statement a pass. Sent
+/// pipelined with the statement after it, it adds no round trip.
+pub(super) async fn custom_plans(transaction: &Transaction<'_>) -> Result<(), EngineError> {
+    transaction.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan").await.map_err(database)
 }
 
 /// The jobs in flight among `ids`, locked in id order: the order every
