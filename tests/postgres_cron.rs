@@ -2,8 +2,9 @@
 //! test's own: registration, listing and deletion as on the local engine;
 //! firings at their nominal times, once each even when two nodes fire at
 //! once; downtime caught up with one firing; the overlap policies, a run
-//! waiting for the previous one included; and unique policies met by a
-//! firing.
+//! waiting for the previous one included; unique policies met by a firing,
+//! with locks taken in the order enqueues take them; and an entry that
+//! cannot be fired holding back no other.
 
 mod common;
 
@@ -303,4 +304,36 @@ async fn a_firing_and_a_replacing_enqueue_at_one_moment_both_go_through() {
     assert_eq!(entry.run_count, 2);
     let replaced = jobs.job(first_run).await.unwrap().unwrap();
     assert_eq!(replaced.state, JobState::Cancelled, "the run it met was replaced");
+}
+
+/// An entry whose firing fails is left due, to be tried again, and the
+/// entries due after it are fired meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_cannot_be_fired_holds_back_no_other() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "failing_entry").await;
+    jobs.cron_put(NOW, every_minute("report", "reports"), CronWrite::Upsert).await.unwrap();
+    // An entry whose stored form no longer reads, due before the other.
+    pool.get()
+        .await
+        .unwrap()
+        .execute(
+            "INSERT INTO svc_crons (name, enabled, next_run_at, body) \
+             VALUES ('broken', true, to_timestamp(0), '\\x00ff'::bytea)",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(jobs.fire_due_crons(NOW + MINUTE, 10).await.unwrap(), 1);
+    assert_eq!(jobs.cron("report").await.unwrap().unwrap().run_count, 1);
+    let still_due: i64 = pool
+        .get()
+        .await
+        .unwrap()
+        .query_one("SELECT count(*) FROM svc_crons WHERE name = 'broken' AND next_run_at = to_timestamp(0)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(still_due, 1, "the failing entry is left due");
 }

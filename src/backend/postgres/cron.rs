@@ -169,7 +169,17 @@ impl PgJobs {
                 .await
                 .map_err(database)?;
             let Some(row) = row else { continue };
-            self.fire(&transaction, now, decode(&name, row.get(0))?).await?;
+            // An entry that cannot be fired now (its transaction rolled
+            // back) is tried again next pass; the entries due after it
+            // are fired meanwhile.
+            let firing = match decode(&name, row.get(0)) {
+                Ok(entry) => self.fire(&transaction, now, entry).await,
+                Err(error) => Err(error),
+            };
+            if let Err(error) = firing {
+                tracing::warn!(name, %error, "a cron firing failed; it is tried again");
+                continue;
+            }
             transaction.commit().await.map_err(database)?;
             fired += 1;
         }
