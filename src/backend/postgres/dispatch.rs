@@ -27,8 +27,7 @@ use crate::limits::DISPATCH_WINDOW_MS_MAX;
 /// The advisory lock a claim takes when it meets its first limited job
 /// (`svc_disp` as eight bytes): one lock for every key, so that claims of
 /// limited jobs on every node are decided one transaction after the other.
-/// The claim has already locked its candidates with `SKIP LOCKED`, which
-/// never waits, so holding it never makes a transaction wait on a row.
+/// It is taken after the claim locked its candidates (`SKIP LOCKED`).
 const DISPATCH_LOCK: i64 = i64::from_be_bytes(*b"svc_disp");
 
 /// What one key holds: active jobs, and claims within the longest window

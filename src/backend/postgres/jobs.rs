@@ -547,19 +547,16 @@ impl PgJobs {
     pub async fn expire_claims(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let params: super::sql::Params<'_> = &[&now, &limit];
-        let (_, mut jobs) = tokio::try_join!(
-            custom_plans(&transaction),
-            locked_jobs(
-                &transaction,
-                concat!(
-                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
-                    ts!("$1"),
-                    " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
-                ),
-                params,
-            )
-        )?;
+        let mut jobs = due_jobs(
+            &transaction,
+            concat!(
+                "SELECT id::text AS id_text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
+                ts!("$1"),
+                " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
+            ),
+            &[&now, &limit],
+        )
+        .await?;
         let mut events = Vec::with_capacity(2 * jobs.len());
         for job in &mut jobs {
             let (kind, outcome) = crate::schedule::timeout_outcome(job, now, rand::random);
@@ -661,19 +658,16 @@ impl PgJobs {
     pub async fn promote_due(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let params: super::sql::Params<'_> = &[&now, &limit];
-        let (_, mut jobs) = tokio::try_join!(
-            custom_plans(&transaction),
-            locked_jobs(
-                &transaction,
-                concat!(
-                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
-                    ts!("$1"),
-                    " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
-                ),
-                params,
-            )
-        )?;
+        let mut jobs = due_jobs(
+            &transaction,
+            concat!(
+                "SELECT id::text AS id_text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
+                ts!("$1"),
+                " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+            ),
+            &[&now, &limit],
+        )
+        .await?;
         for job in &mut jobs {
             transition::promote(job, now);
             self.store(&transaction, job).await?;
@@ -689,20 +683,17 @@ impl PgJobs {
     pub async fn expire_due(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let params: super::sql::Params<'_> = &[&now, &limit];
-        let (_, mut jobs) = tokio::try_join!(
-            custom_plans(&transaction),
-            locked_jobs(
-                &transaction,
-                concat!(
-                    "SELECT id::text AS id_text, body FROM svc_jobs \
-                 WHERE state IN ('pending', 'scheduled', 'available', 'retryable') AND expires_at <= ",
-                    ts!("$1"),
-                    " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
-                ),
-                params,
-            )
-        )?;
+        let mut jobs = due_jobs(
+            &transaction,
+            concat!(
+                "SELECT id::text AS id_text, body FROM svc_jobs \
+             WHERE state IN ('pending', 'scheduled', 'available', 'retryable') AND expires_at <= ",
+                ts!("$1"),
+                " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+            ),
+            &[&now, &limit],
+        )
+        .await?;
         if jobs.is_empty() {
             return Ok(0);
         }
@@ -821,15 +812,22 @@ pub(super) async fn generic_plans(transaction: &Transaction<'_>) -> Result<(), E
     transaction.batch_execute("SET LOCAL plan_cache_mode = force_generic_plan").await.map_err(database)
 }
 
-/// Plans the rest of the transaction's statements at each execution. The
-/// leader's timers select due jobs through partial indexes; a plan cached
-/// while `svc_jobs` was empty (a new database) reads the whole table and
-/// sorts it, and stays cached until the table is analyzed
-/// (docs/perf-log.md). Planned afresh, they see the table's size and take
-/// the index, for the planning of one simple statement a pass. Sent
-/// pipelined with the statement after it, it adds no round trip.
-pub(super) async fn custom_plans(transaction: &Transaction<'_>) -> Result<(), EngineError> {
-    transaction.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan").await.map_err(database)
+/// The due jobs a timer's `query` selects and locks, the query planned at
+/// this execution. The leader's timers select due jobs through partial
+/// indexes; a plan cached while `svc_jobs` was empty (a new database) reads
+/// the whole table and sorts it, and stays cached until the table is
+/// analyzed (docs/perf-log.md). Planned afresh, the query sees the table's
+/// size and takes the index. The setting is sent pipelined with the query,
+/// and put back (when there are jobs to write) before the statements that
+/// follow, which keep their cached plans.
+async fn due_jobs(transaction: &Transaction<'_>, query: &str, params: Params<'_>) -> Result<Vec<Job>, EngineError> {
+    let custom =
+        async { transaction.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan").await.map_err(database) };
+    let (_, jobs) = tokio::try_join!(custom, locked_jobs(transaction, query, params))?;
+    if !jobs.is_empty() {
+        transaction.batch_execute("SET LOCAL plan_cache_mode TO DEFAULT").await.map_err(database)?;
+    }
+    Ok(jobs)
 }
 
 /// The jobs in flight among `ids`, locked in id order: the order every

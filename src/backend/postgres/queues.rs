@@ -241,13 +241,10 @@ impl PgJobs {
         let warning = backpressure.and_then(|bound| bound.warning_threshold);
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
+        // Every write to jobs waits behind the lock `svc_depths_keep` may
+        // take on `svc_jobs`, so the wait for it is bounded.
         if max_depth.is_some() {
-            // Bounded queues' depths are kept from here on (schema version
-            // 15), before the bound is set: the lock this may take on
-            // `svc_jobs` comes before the queue's row, as in enqueues. Its
-            // wait is bounded, since every write waits behind it.
             transaction.batch_execute("SET LOCAL lock_timeout = '1s'").await.map_err(database)?;
-            transaction.run("SELECT svc_depths_keep()", &[]).await.map_err(database)?;
         }
         transaction
             .run(
@@ -257,6 +254,13 @@ impl PgJobs {
             )
             .await
             .map_err(database)?;
+        if max_depth.is_some() {
+            // Bounded queues' depths are kept from here on (schema version
+            // 15), in the transaction that sets the bound. The queue's row
+            // is locked before `svc_jobs`, the order of enqueues and
+            // workflow creations.
+            transaction.run("SELECT svc_depths_keep()", &[]).await.map_err(database)?;
+        }
         transaction.commit().await.map_err(database)?;
         Ok(summaries(&client, &[name.to_string()]).await?.remove(0))
     }
@@ -300,11 +304,14 @@ impl PgJobs {
     /// Folds the rows of each queue's depth into one (the leader's timers):
     /// while some queue is bounded, every statement that changes jobs adds a
     /// row (schema version 15), and a bounded queue's enqueue sums its rows.
+    /// A queue already down to one row is left as it is.
     pub async fn fold_queue_depths(&self) -> Result<u64, EngineError> {
         let client = self.client().await?;
         client
             .run(
-                "WITH folded AS (DELETE FROM svc_queue_depths RETURNING queue, delta) \
+                "WITH folded AS (DELETE FROM svc_queue_depths WHERE queue IN \
+                   (SELECT queue FROM svc_queue_depths GROUP BY queue HAVING count(*) > 1) \
+                   RETURNING queue, delta) \
                  INSERT INTO svc_queue_depths (queue, delta) \
                  SELECT queue, sum(delta) FROM folded GROUP BY queue HAVING sum(delta) <> 0",
                 &[],
@@ -318,8 +325,9 @@ impl PgJobs {
     pub async fn unkeep_queue_depths(&self) -> Result<(), EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        // Every write to jobs waits behind the lock this may take: should a
-        // long transaction hold it back, it is tried again next pass.
+        // Every statement on jobs waits behind the lock this may take:
+        // should a transaction in flight hold it back, it is tried again
+        // next pass.
         transaction.batch_execute("SET LOCAL lock_timeout = '100ms'").await.map_err(database)?;
         transaction.run("SELECT svc_depths_unkeep()", &[]).await.map_err(database)?;
         transaction.commit().await.map_err(database)

@@ -323,10 +323,14 @@ CREATE INDEX svc_dispatch_claims_claimed ON svc_dispatch_claims (claimed_at);
 /// changed the jobs), the leader folds them into one row a queue, and a
 /// queue's depth is the sum of its rows. `svc_depths_keep` creates the
 /// triggers and counts every queue once, with `svc_jobs` locked against
-/// writes so that the count misses no change; a queue is given a bound only
-/// after it ran, in the same transaction. `svc_depths_unkeep` (the leader)
+/// writes so that the count misses no change; a queue is given a bound
+/// only in a transaction that ran it. `svc_depths_unkeep` (the leader)
 /// drops them once no queue is bounded, so queues without bounds pay
-/// nothing. Both hold one advisory lock (`svc_dept` as eight bytes).
+/// nothing; dropping a trigger locks `svc_jobs` against reads too, so it
+/// takes that lock at once rather than raise a weaker one. Both hold one
+/// advisory lock (`svc_dept` as eight bytes), and lock `svc_queue_depths`
+/// against a fold of the leader's running meanwhile, which could put back
+/// rows they delete.
 const V15_QUEUE_DEPTHS: &str = "
 CREATE TABLE svc_queue_depths (
     queue text NOT NULL,
@@ -363,6 +367,7 @@ BEGIN
         RETURN;
     END IF;
     LOCK TABLE svc_jobs IN SHARE ROW EXCLUSIVE MODE;
+    LOCK TABLE svc_queue_depths IN EXCLUSIVE MODE;
     CREATE TRIGGER svc_jobs_depths_inserted AFTER INSERT ON svc_jobs
         REFERENCING NEW TABLE AS svc_new FOR EACH STATEMENT EXECUTE FUNCTION svc_depths_inserted();
     CREATE TRIGGER svc_jobs_depths_updated AFTER UPDATE ON svc_jobs
@@ -381,7 +386,8 @@ BEGIN
         OR NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'svc_jobs'::regclass AND tgname = 'svc_jobs_depths_inserted') THEN
         RETURN;
     END IF;
-    LOCK TABLE svc_jobs IN SHARE ROW EXCLUSIVE MODE;
+    LOCK TABLE svc_jobs IN ACCESS EXCLUSIVE MODE;
+    LOCK TABLE svc_queue_depths IN EXCLUSIVE MODE;
     DROP TRIGGER svc_jobs_depths_inserted ON svc_jobs;
     DROP TRIGGER svc_jobs_depths_updated ON svc_jobs;
     DROP TRIGGER svc_jobs_depths_deleted ON svc_jobs;

@@ -474,7 +474,7 @@ impl PgJobs {
     pub async fn prune_workflows(&self, now: Millis, retention: &crate::engine::Retention) -> Result<u64, EngineError> {
         let client = self.client().await?;
         let cutoff = now.saturating_sub(retention.workflows_ms);
-        let kept = retention.max_terminal_workflows as i64;
+        let kept = i64::try_from(retention.max_terminal_workflows).unwrap_or(i64::MAX);
         let old = client
             .run("DELETE FROM svc_workflows WHERE ended_at < to_timestamp($1::int8::float8 / 1000)", &[&cutoff])
             .await
@@ -482,14 +482,18 @@ impl PgJobs {
         // Past the count kept: those that ended before the last one kept.
         // The time of that one is read from the index alone; ones that
         // ended in the same millisecond as it are kept with it.
-        let over = client
-            .run(
-                "DELETE FROM svc_workflows WHERE ended_at < (SELECT ended_at FROM svc_workflows \
-                 WHERE ended_at IS NOT NULL ORDER BY ended_at DESC OFFSET $1 LIMIT 1)",
-                &[&(kept - 1).max(0)],
-            )
-            .await
-            .map_err(database)?;
+        let over = if kept == 0 {
+            client.run("DELETE FROM svc_workflows WHERE ended_at IS NOT NULL", &[]).await
+        } else {
+            client
+                .run(
+                    "DELETE FROM svc_workflows WHERE ended_at < (SELECT ended_at FROM svc_workflows \
+                     WHERE ended_at IS NOT NULL ORDER BY ended_at DESC OFFSET $1 LIMIT 1)",
+                    &[&(kept - 1)],
+                )
+                .await
+        };
+        let over = over.map_err(database)?;
         Ok(old + over)
     }
 }
