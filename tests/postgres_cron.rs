@@ -337,3 +337,32 @@ async fn an_entry_that_cannot_be_fired_holds_back_no_other() {
         .get(0);
     assert_eq!(still_due, 1, "the failing entry is left due");
 }
+
+/// An entry whose firing keeps failing is held back between tries, with a
+/// delay that doubles, so it takes no place among the entries a pass fires
+/// and is fired once it can be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_keeps_failing_waits_between_tries_and_takes_no_place() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "retried_entry").await;
+    jobs.cron_put(NOW, every_minute("nightly", "reports"), CronWrite::Upsert).await.unwrap();
+    jobs.cron_put(NOW + 1_000, every_minute("report", "reports"), CronWrite::Upsert).await.unwrap();
+    let client = pool.get().await.unwrap();
+    let stored: Vec<u8> =
+        client.query_one("SELECT body FROM svc_crons WHERE name = 'nightly'", &[]).await.unwrap().get(0);
+    // `nightly`, due first, no longer reads.
+    client.execute("UPDATE svc_crons SET body = '\\x00ff'::bytea WHERE name = 'nightly'", &[]).await.unwrap();
+
+    // One entry a pass: the failing one first, then, held back, the other.
+    let due = NOW + MINUTE;
+    assert_eq!(jobs.fire_due_crons(due, 1).await.unwrap(), 0, "the failing entry is tried");
+    assert_eq!(jobs.fire_due_crons(due + 1, 1).await.unwrap(), 1, "then the next entry due");
+    assert_eq!(jobs.cron("report").await.unwrap().unwrap().run_count, 1);
+
+    // Readable again, it is fired at its next try, not before.
+    client.execute("UPDATE svc_crons SET body = $1 WHERE name = 'nightly'", &[&stored]).await.unwrap();
+    assert_eq!(jobs.fire_due_crons(due + 50, 1).await.unwrap(), 0, "held back until its next try");
+    assert_eq!(jobs.cron("nightly").await.unwrap().unwrap().run_count, 0);
+    assert_eq!(jobs.fire_due_crons(due + 100, 1).await.unwrap(), 1, "tried again after its delay");
+    assert_eq!(jobs.cron("nightly").await.unwrap().unwrap().run_count, 1);
+}

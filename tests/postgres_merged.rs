@@ -166,3 +166,50 @@ async fn concurrent_enqueues_are_each_accepted_or_refused_whole() {
     let waiting: u64 = queues.iter().map(|queue| queue.count(JobState::Available)).sum();
     assert_eq!(waiting, 1 + stored.len() as u64, "nothing of a refused request was stored");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_enqueues_at_once_store_every_job_and_its_events() {
+    use svc::backend::EventFilter;
+    let server = TempPostgres::start();
+    let pool = open(&PgSettings::new(server.database("plain"))).await.unwrap();
+    let jobs = Arc::new(PgJobs::new(pool));
+    let later = |queue: &str| {
+        let job = JobBuilder::new("work").args([1]).queue(queue).scheduled_at(NOW + 60_000);
+        job.build(&JobDefaults::default()).unwrap()
+    };
+
+    // 20 requests at once with fresh ids and no unique policy: some of one
+    // job, some of two, a third of them scheduled, over new queues.
+    let sent: Vec<_> = (0..20)
+        .map(|i| {
+            let jobs = jobs.clone();
+            let queue = format!("q{}", i % 4);
+            let batch = if i % 3 == 0 { vec![later(&queue)] } else { vec![job(&queue, 0), job(&queue, 1)] };
+            tokio::spawn(async move { jobs.enqueue(NOW, batch).await.unwrap() })
+        })
+        .collect();
+    let mut stored = Vec::new();
+    for request in sent {
+        stored.extend(request.await.unwrap().into_iter().map(|enqueued| enqueued.job));
+    }
+    assert_eq!(stored.len(), 7 + 13 * 2);
+    let page = jobs.events_page(None, 1000, &EventFilter::default()).await.unwrap();
+    for job in &stored {
+        let found = jobs.job(job.id).await.unwrap().expect("stored");
+        assert_eq!((found.state, &found.queue), (job.state, &job.queue));
+        let mut types: Vec<&str> = page
+            .events
+            .iter()
+            .filter(|event| event.job.as_ref().is_some_and(|of| of.id == job.id))
+            .map(|event| event.kind.type_name())
+            .collect();
+        types.sort_unstable();
+        let expected: &[&str] =
+            if job.state == JobState::Scheduled { &["job.enqueued", "job.scheduled"] } else { &["job.enqueued"] };
+        assert_eq!(types, expected, "the events of job {}", job.id);
+    }
+    assert_eq!(page.events.len(), 7 * 2 + 13 * 2, "no other event");
+    let (queues, _) = jobs.queues_page(None, 10).await.unwrap();
+    let names: HashSet<String> = queues.iter().map(|queue| queue.name.to_string()).collect();
+    assert!(["q0", "q1", "q2", "q3"].iter().all(|name| names.contains(*name)), "new queues recorded: {names:?}");
+}

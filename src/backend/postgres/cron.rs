@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use deadpool_postgres::GenericClient;
 
-use super::jobs::{PgJobs, database, insert, lock_in_flight, notify_available};
+use super::enqueues::insert;
+use super::jobs::{PgJobs, database, lock_in_flight, notify_available};
 use super::sql::{Prepared, from_body, to_body};
 use crate::backend::Page;
 use crate::clock::Millis;
@@ -142,20 +143,23 @@ impl PgJobs {
     /// fired. One transaction an entry keeps each firing's locks in the
     /// order every transaction takes them (the fingerprint, then the jobs
     /// in id order): two entries fired together would lock their previous
-    /// runs in firing order.
+    /// runs in firing order. An entry whose firing failed is tried again
+    /// after a delay that doubles with each failure (docs/postgres.md, "Cron").
     pub async fn fire_due_crons(&self, now: Millis, limit: i64) -> Result<usize, EngineError> {
+        let held_back = self.cron_retries.held_back(now);
         let mut client = self.client().await?;
         let due: Vec<String> = client
             .rows(
                 "SELECT name FROM svc_crons WHERE next_run_at <= to_timestamp($1::int8::float8 / 1000) \
-                 ORDER BY next_run_at LIMIT $2",
-                &[&now, &limit],
+                 AND NOT (name = ANY($3)) ORDER BY next_run_at LIMIT $2",
+                &[&now, &limit, &held_back],
             )
             .await
             .map_err(database)?
             .iter()
             .map(|row| row.get(0))
             .collect();
+        self.cron_retries.forget_all_but(&due, now);
         let mut fired = 0;
         for name in due {
             let transaction = client.transaction().await.map_err(database)?;
@@ -177,10 +181,11 @@ impl PgJobs {
                 Err(error) => Err(error),
             };
             if let Err(error) = firing {
-                tracing::warn!(name, %error, "a cron firing failed; it is tried again");
+                self.cron_retries.failed(&name, now, &error);
                 continue;
             }
             transaction.commit().await.map_err(database)?;
+            self.cron_retries.fired(&name);
             fired += 1;
         }
         Ok(fired)
@@ -362,5 +367,61 @@ impl PgJobs {
             )
             .await
             .map_err(database)
+    }
+}
+
+/// The first delay before a failed firing is tried again.
+const RETRY_FIRST_MS: Millis = 100;
+/// The longest delay between tries at a firing that keeps failing.
+const RETRY_MAX_MS: Millis = 60_000;
+
+/// Entries whose firing failed, held back from the leader's passes until
+/// their next try: a delay of [`RETRY_FIRST_MS`] after the first failure,
+/// doubled at each one after, up to [`RETRY_MAX_MS`]. So an entry that
+/// cannot be fired (a stored form this binary does not read) neither takes
+/// a place in every pass, ahead of the entries due after it, nor logs a
+/// warning every pass: it warns at its first failure, then once its delay
+/// reaches the longest. A failure caused by the moment (contention, a
+/// connection lost) is tried again within a fraction of a second.
+#[derive(Default)]
+pub(super) struct CronRetries {
+    failing: std::sync::Mutex<std::collections::HashMap<String, Failing>>,
+}
+
+struct Failing {
+    failures: u32,
+    retry_at: Millis,
+}
+
+impl CronRetries {
+    fn failing(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Failing>> {
+        self.failing.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The entries not to be tried at `now`.
+    fn held_back(&self, now: Millis) -> Vec<String> {
+        self.failing().iter().filter(|(_, failing)| failing.retry_at > now).map(|(name, _)| name.clone()).collect()
+    }
+
+    /// Forgets the entries whose try is due that are no longer due
+    /// themselves (changed, fired elsewhere or removed).
+    fn forget_all_but(&self, due: &[String], now: Millis) {
+        self.failing().retain(|name, failing| failing.retry_at > now || due.contains(name));
+    }
+
+    fn failed(&self, name: &str, now: Millis, error: &EngineError) {
+        let mut failing = self.failing();
+        let entry = failing.entry(name.to_string()).or_insert(Failing { failures: 0, retry_at: now });
+        entry.failures = entry.failures.saturating_add(1);
+        let delay = RETRY_FIRST_MS.saturating_mul(1 << (entry.failures - 1).min(20)).min(RETRY_MAX_MS);
+        entry.retry_at = now.saturating_add(delay);
+        if entry.failures == 1 || delay == RETRY_MAX_MS {
+            let failures = entry.failures;
+            tracing::warn!(name, %error, failures, retry_in_ms = delay, "a cron firing failed; it is tried again");
+        }
+    }
+
+    fn fired(&self, name: &str) {
+        self.failing().remove(name);
     }
 }

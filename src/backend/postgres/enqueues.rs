@@ -3,25 +3,34 @@
 //! stored by one transaction, and each is still accepted or refused whole,
 //! on its own.
 //!
-//! The transaction reads what every request is checked against at once:
-//! the jobs holding the fingerprints of unique jobs (the fingerprints
-//! locked, `unique.rs`), the settings of their queues (recording new
-//! queues), the client ids already in use, and the depth of bounded queues
-//! (their rows locked). The requests are then checked in the order they
-//! came, each job as one request alone would be (paused queue, id in use,
-//! unique policy, backpressure; an accepted request counts toward the next
-//! ones), the accepted jobs are inserted with one statement, and the
-//! holders a `replace` policy gave up are cancelled. Should that insert still meet an id
-//! taken meanwhile by another node, the transaction is dropped and each
-//! request runs alone, so that only the request with the duplicate fails.
+//! Requests of plain jobs (fresh ids, no unique policy) are first tried as
+//! one statement that stores them only if none of their queues is paused
+//! or bounded (`enqueue_plain`); otherwise, and for other requests, the
+//! checked transaction runs. It reads what every request is checked
+//! against at once: the jobs holding the fingerprints of unique jobs (the
+//! fingerprints locked, `unique.rs`), the settings of their queues
+//! (recording new queues), the client ids already in use, and the depth of
+//! bounded queues (their rows locked). The requests are then checked in
+//! the order they came, each job as one request alone would be (paused
+//! queue, id in use, unique policy, backpressure; an accepted request
+//! counts toward the next ones), the accepted jobs are inserted with one
+//! statement, and the holders a `replace` policy gave up are cancelled.
+//! Should that insert still meet an id taken meanwhile by another node, the
+//! transaction is dropped and each request runs alone, so that only the
+//! request with the duplicate fails.
 //! A lone request goes the same way, as a batch of one.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::jobs::{PgJobs, database, duplicate_of, insert, notify_available};
+use deadpool_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
+
+use super::events::{EventRows, insert_events};
+use super::jobs::{PgJobs, database, duplicate_of, encode, notify_available, ready_at, unique_key};
 use super::queues::{Settings, settings};
 use super::sql::{Params, Prepared};
+use super::wakeup::CHANNEL;
 use crate::clock::Millis;
 use crate::engine::{Backpressure, EngineError, Enqueued, EventKind};
 use crate::job::{Job, JobId, JobState, OnConflict};
@@ -128,6 +137,14 @@ impl PgJobs {
         &self,
         requests: Vec<PendingEnqueue>,
     ) -> Result<Vec<Result<Vec<Enqueued>, EngineError>>, EngineError> {
+        let plain = |request: &PendingEnqueue| {
+            request.chosen_ids.is_empty() && request.jobs.iter().all(|job| job.unique().is_none())
+        };
+        if requests.iter().all(plain)
+            && let Some(outcomes) = self.enqueue_plain(&requests).await?
+        {
+            return Ok(outcomes);
+        }
         match self.enqueue_merged(&requests).await? {
             Ok(outcomes) => Ok(outcomes),
             Err(raced) if requests.len() == 1 => {
@@ -144,6 +161,62 @@ impl PgJobs {
                 Ok(outcomes)
             }
         }
+    }
+
+    /// Plain requests (fresh ids, no unique policy) in one statement, its
+    /// own transaction: one round trip to the database, where the merged
+    /// transaction takes four. Such a request can only be refused by a
+    /// paused or bounded queue, so the statement stores the jobs and their
+    /// events only when none of their queues is either; else it stores
+    /// nothing, and `None` sends the requests to the merged transaction.
+    async fn enqueue_plain(
+        &self,
+        requests: &[PendingEnqueue],
+    ) -> Result<Option<Vec<Result<Vec<Enqueued>, EngineError>>>, EngineError> {
+        let jobs = requests.iter().flat_map(|request| request.jobs.iter());
+        let mut names: Vec<&str> = jobs.clone().map(|job| job.queue.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut events = Vec::new();
+        for request in requests {
+            for job in &request.jobs {
+                events.push((self.fresh_id(request.now), request.now, EventKind::Enqueued, Some(job)));
+                if job.state == JobState::Scheduled {
+                    events.push((self.fresh_id(request.now), request.now, EventKind::Scheduled, Some(job)));
+                }
+            }
+        }
+        let (job_rows, event_rows) = (JobRows::of(jobs), EventRows::of(&events));
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(19);
+        params.extend(job_rows.params());
+        params.extend(event_rows.params());
+        params.extend([&names as &(dyn ToSql + Sync), &CHANNEL]);
+        let client = self.client().await?;
+        let rows = client
+            .rows(
+                concat!(
+                    "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($18::text[]) ON CONFLICT DO NOTHING), \
+                     special AS (SELECT 1 FROM svc_queues WHERE name = ANY($18) AND (paused OR max_depth IS NOT NULL)), \
+                     stored AS (",
+                    insert_jobs!(),
+                    " WHERE NOT EXISTS (SELECT 1 FROM special) RETURNING queue, state), \
+                     recorded AS (",
+                    insert_events!("$12", "$13", "$14", "$15", "$16", "$17"),
+                    " WHERE NOT EXISTS (SELECT 1 FROM special)) \
+                     SELECT false FROM special \
+                     UNION ALL SELECT pg_notify($19, queue) IS NOT NULL \
+                       FROM (SELECT DISTINCT queue FROM stored WHERE state = 'available') AS woken"
+                ),
+                &params,
+            )
+            .await
+            .map_err(database)?;
+        // A paused or bounded queue: nothing was stored.
+        if rows.iter().any(|row| !row.get::<_, bool>(0)) {
+            return Ok(None);
+        }
+        let enqueued = |job: &Job| Enqueued { job: Arc::new(job.clone()), deduplicated: false, pressure: None };
+        Ok(Some(requests.iter().map(|request| Ok(request.jobs.iter().map(enqueued).collect())).collect()))
     }
 
     /// The merged transaction; `Err` with the id its insert met taken
@@ -271,4 +344,75 @@ impl PgJobs {
             .collect();
         Ok(Ok(outcomes))
     }
+}
+
+/// The `INSERT` of new jobs from the eleven arrays of [`JobRows`], bound
+/// to `$1` to `$11` (a macro, so that a statement of several parts can
+/// include it).
+macro_rules! insert_jobs {
+    () => {
+        "INSERT INTO svc_jobs (id, queue, type, state, priority, ready_at, attempt, created_at, body, \
+         unique_key, dispatch_key, expires_at) \
+         SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, to_timestamp(t.ready::float8 / 1000), 0, \
+           to_timestamp(t.created::float8 / 1000), t.body, t.key, t.limit_key, to_timestamp(t.expires::float8 / 1000) \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::int8[], $7::int8[], \
+           $8::bytea[], $9::bytea[], $10::text[], $11::int8[]) \
+           AS t(id, queue, type, state, priority, ready, created, body, key, limit_key, expires)"
+    };
+}
+pub(super) use insert_jobs;
+
+/// New jobs as the columns of [`insert_jobs`].
+pub(super) struct JobRows<'a> {
+    ids: Vec<String>,
+    queues: Vec<&'a str>,
+    types: Vec<&'a str>,
+    states: Vec<&'static str>,
+    priorities: Vec<i16>,
+    ready: Vec<Millis>,
+    created: Vec<Millis>,
+    bodies: Vec<Vec<u8>>,
+    keys: Vec<Option<Vec<u8>>>,
+    limits: Vec<Option<&'a str>>,
+    expiries: Vec<Option<Millis>>,
+}
+
+impl<'a> JobRows<'a> {
+    pub(super) fn of(jobs: impl Iterator<Item = &'a Job> + Clone) -> JobRows<'a> {
+        JobRows {
+            ids: jobs.clone().map(|job| job.id.to_string()).collect(),
+            queues: jobs.clone().map(|job| job.queue.as_str()).collect(),
+            types: jobs.clone().map(|job| job.payload.job_type()).collect(),
+            states: jobs.clone().map(|job| job.state.as_str()).collect(),
+            priorities: jobs.clone().map(|job| i16::from(job.priority)).collect(),
+            ready: jobs.clone().map(ready_at).collect(),
+            created: jobs.clone().map(|job| job.created_at).collect(),
+            bodies: jobs.clone().map(encode).collect(),
+            keys: jobs.clone().map(unique_key).collect(),
+            limits: jobs.clone().map(|job| job.limit_and_key().map(|(_, key)| key)).collect(),
+            expiries: jobs.map(Job::expires_at).collect(),
+        }
+    }
+
+    /// The parameters, in the order [`insert_jobs`] names them.
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 11] {
+        [
+            &self.ids,
+            &self.queues,
+            &self.types,
+            &self.states,
+            &self.priorities,
+            &self.ready,
+            &self.created,
+            &self.bodies,
+            &self.keys,
+            &self.limits,
+            &self.expiries,
+        ]
+    }
+}
+
+/// Inserts new jobs in one statement.
+pub(super) async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<u64, tokio_postgres::Error> {
+    client.run(insert_jobs!(), &JobRows::of(jobs.iter()).params()).await
 }

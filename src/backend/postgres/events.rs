@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::GenericClient;
 use serde::{Deserialize, Serialize};
+use tokio_postgres::types::ToSql;
 
 use super::sql::Prepared;
 use crate::backend::EventFilter;
@@ -263,45 +264,85 @@ impl StoredKind {
     }
 }
 
-/// Writes events of one transaction: each with its id, time and the job
-/// as it is after the change (none for an event about a cron entry only).
-///
-/// `body` is the stored kind, followed by the job when there is one.
+/// The `INSERT` of events from the six arrays of [`EventRows`], given the
+/// placeholders they are bound to (so that a statement of several parts
+/// can number them).
+macro_rules! insert_events {
+    ($ids:literal, $times:literal, $types:literal, $queues:literal, $job_types:literal, $bodies:literal) => {
+        concat!(
+            "INSERT INTO svc_events (id, at, type, queue, job_type, body) \
+             SELECT t.id::uuid, to_timestamp(t.at::float8 / 1000), t.type, t.queue, t.job_type, t.body \
+             FROM unnest(",
+            $ids,
+            "::text[], ",
+            $times,
+            "::int8[], ",
+            $types,
+            "::text[], ",
+            $queues,
+            "::text[], ",
+            $job_types,
+            "::text[], ",
+            $bodies,
+            "::bytea[]) AS t(id, at, type, queue, job_type, body)"
+        )
+    };
+}
+pub(super) use insert_events;
+
+/// Events to write, as the columns of [`insert_events`]: each with its
+/// id, time and the job as it is after the change (none for an event about
+/// a cron entry only). `body` is the stored kind, followed by the job when
+/// there is one.
+#[derive(Default)]
+pub(super) struct EventRows<'a> {
+    ids: Vec<String>,
+    times: Vec<Millis>,
+    types: Vec<&'static str>,
+    queues: Vec<Option<&'a str>>,
+    job_types: Vec<Option<&'a str>>,
+    bodies: Vec<Vec<u8>>,
+}
+
+impl<'a> EventRows<'a> {
+    pub(super) fn of(events: &[(JobId, Millis, EventKind, Option<&'a Job>)]) -> EventRows<'a> {
+        let mut rows = EventRows::default();
+        for (id, at, kind, job) in events {
+            let Some(stored) = StoredKind::of(kind) else { continue };
+            rows.ids.push(id.to_string());
+            rows.times.push(*at);
+            rows.types.push(kind.type_name());
+            rows.queues.push(job.map(|job| job.queue.as_str()));
+            rows.job_types.push(job.map(|job| job.payload.job_type()));
+            let mut body = postcard::to_allocvec(&stored).expect("an event always encodes");
+            if let Some(job) = job {
+                body.extend(postcard::to_allocvec(job).expect("a job always encodes"));
+            }
+            rows.bodies.push(body);
+        }
+        rows
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The parameters, in the order [`insert_events`] names them.
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 6] {
+        [&self.ids, &self.times, &self.types, &self.queues, &self.job_types, &self.bodies]
+    }
+}
+
+/// Writes events of one transaction (see [`EventRows`]).
 pub async fn append(
     client: &impl GenericClient,
     events: &[(JobId, Millis, EventKind, Option<&Job>)],
 ) -> Result<(), tokio_postgres::Error> {
-    if events.is_empty() {
+    let rows = EventRows::of(events);
+    if rows.is_empty() {
         return Ok(());
     }
-    let mut ids = Vec::with_capacity(events.len());
-    let mut times = Vec::with_capacity(events.len());
-    let mut types = Vec::with_capacity(events.len());
-    let mut queues = Vec::with_capacity(events.len());
-    let mut job_types = Vec::with_capacity(events.len());
-    let mut bodies = Vec::with_capacity(events.len());
-    for (id, at, kind, job) in events {
-        let Some(stored) = StoredKind::of(kind) else { continue };
-        ids.push(id.to_string());
-        times.push(*at);
-        types.push(kind.type_name());
-        queues.push(job.map(|job| job.queue.as_str()));
-        job_types.push(job.map(|job| job.payload.job_type()));
-        let mut body = postcard::to_allocvec(&stored).expect("an event always encodes");
-        if let Some(job) = job {
-            body.extend(postcard::to_allocvec(job).expect("a job always encodes"));
-        }
-        bodies.push(body);
-    }
-    client
-        .run(
-            "INSERT INTO svc_events (id, at, type, queue, job_type, body) \
-             SELECT t.id::uuid, to_timestamp(t.at::float8 / 1000), t.type, t.queue, t.job_type, t.body \
-             FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::bytea[]) \
-               AS t(id, at, type, queue, job_type, body)",
-            &[&ids, &times, &types, &queues, &job_types, &bodies],
-        )
-        .await?;
+    client.run(insert_events!("$1", "$2", "$3", "$4", "$5", "$6"), &rows.params()).await?;
     Ok(())
 }
 

@@ -22,7 +22,7 @@ use super::PgError;
 use super::acks::PendingAck;
 use super::batch::Batcher;
 use super::claims::PendingClaim;
-use super::enqueues::PendingEnqueue;
+use super::enqueues::{PendingEnqueue, insert};
 use super::sql::{Params, Prepared, from_body, to_body};
 use super::wakeup::{CHANNEL, Wakeups};
 use crate::clock::Millis;
@@ -58,6 +58,8 @@ pub struct PgJobs {
     /// the node's claims last saw it: fetches waiting on the queue look
     /// again then. Times past are dropped as new ones come.
     window_opens_at: Arc<std::sync::Mutex<HashMap<String, Millis>>>,
+    /// Cron entries whose firing failed, until their next try.
+    pub(super) cron_retries: Arc<super::cron::CronRetries>,
 }
 
 /// The requests merged into shared transactions (`batch.rs`).
@@ -111,7 +113,7 @@ pub(super) fn decode(id: &str, body: &[u8]) -> Result<Job, EngineError> {
 
 /// When a job in the hot table becomes (or became) claimable: the order of
 /// `svc_jobs_claim_order` within a priority, and the due time of the timers.
-fn ready_at(job: &Job) -> Millis {
+pub(super) fn ready_at(job: &Job) -> Millis {
     match job.state {
         JobState::Scheduled => job.scheduled_at().unwrap_or(job.created_at),
         JobState::Retryable => job.run().retry_at.unwrap_or(job.created_at),
@@ -120,7 +122,7 @@ fn ready_at(job: &Job) -> Millis {
 }
 
 /// The fingerprint a job with a unique policy holds (`unique_key` columns).
-fn unique_key(job: &Job) -> Option<Vec<u8>> {
+pub(super) fn unique_key(job: &Job) -> Option<Vec<u8>> {
     job.unique().map(|(_, key)| key.0.to_vec())
 }
 
@@ -149,6 +151,7 @@ impl PgJobs {
             webhook_limits: Default::default(),
             metrics: Arc::new(crate::metrics::Metrics::new()),
             window_opens_at: Arc::default(),
+            cron_retries: Arc::default(),
         }
     }
 
@@ -920,38 +923,6 @@ pub(super) async fn notify_available(client: &impl GenericClient, jobs: &[Job]) 
         .await
         .map_err(database)?;
     Ok(())
-}
-
-/// Inserts new jobs in one statement.
-pub(super) async fn insert(client: &impl GenericClient, jobs: &[Job]) -> Result<u64, tokio_postgres::Error> {
-    let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
-    let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
-    let types: Vec<&str> = jobs.iter().map(|job| job.payload.job_type()).collect();
-    let states: Vec<&str> = jobs.iter().map(|job| job.state.as_str()).collect();
-    let priorities: Vec<i16> = jobs.iter().map(|job| i16::from(job.priority)).collect();
-    let ready: Vec<i64> = jobs.iter().map(ready_at).collect();
-    let created: Vec<i64> = jobs.iter().map(|job| job.created_at).collect();
-    let bodies: Vec<Vec<u8>> = jobs.iter().map(encode).collect();
-    let keys: Vec<Option<Vec<u8>>> = jobs.iter().map(unique_key).collect();
-    let limits: Vec<Option<&str>> = jobs.iter().map(|job| job.limit_and_key().map(|(_, key)| key)).collect();
-    let expiries: Vec<Option<Millis>> = jobs.iter().map(Job::expires_at).collect();
-    client
-        .run(
-            concat!(
-                "INSERT INTO svc_jobs (id, queue, type, state, priority, ready_at, attempt, created_at, body, \
-                 unique_key, dispatch_key, expires_at) SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, ",
-                ts!("t.ready"),
-                ", 0, ",
-                ts!("t.created"),
-                ", t.body, t.key, t.limit_key, ",
-                ts!("t.expires"),
-                " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::int8[], $7::int8[], \
-                 $8::bytea[], $9::bytea[], $10::text[], $11::int8[]) \
-                 AS t(id, queue, type, state, priority, ready, created, body, key, limit_key, expires)"
-            ),
-            &[&ids, &queues, &types, &states, &priorities, &ready, &created, &bodies, &keys, &limits, &expiries],
-        )
-        .await
 }
 
 /// Which of `ids` a unique violation names, when the error is one (two

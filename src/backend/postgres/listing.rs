@@ -13,7 +13,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::jobs::{PgJobs, database, decode, insert, lock_in_flight, notify_available};
+use super::enqueues::insert;
+use super::jobs::{PgJobs, database, decode, lock_in_flight, notify_available};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{BULK_CHUNK_MAX, BulkAction, BulkOutcome, EngineError, EventKind, JobCursor, JobFilter, JobsPage};

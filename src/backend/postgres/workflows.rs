@@ -21,8 +21,9 @@ use std::sync::Arc;
 
 use deadpool_postgres::Transaction;
 
+use super::enqueues::insert;
 use super::jobs::{CONTENTION_TRIES, decode as decode_job, lock_in_flight, update_row};
-use super::jobs::{PgJobs, database, duplicate_of, finished, finished_at, insert, locked, move_rows, notify_available};
+use super::jobs::{PgJobs, database, duplicate_of, finished, finished_at, locked, move_rows, notify_available};
 use super::sql::{Prepared, from_body, to_body};
 use crate::backend::Page;
 use crate::clock::Millis;
