@@ -213,3 +213,58 @@ async fn plain_enqueues_at_once_store_every_job_and_its_events() {
     let names: HashSet<String> = queues.iter().map(|queue| queue.name.to_string()).collect();
     assert!(["q0", "q1", "q2", "q3"].iter().all(|name| names.contains(*name)), "new queues recorded: {names:?}");
 }
+
+/// An ack of a job this node claimed completes it from the claim only while
+/// the row is still as the claim left it: after a heartbeat, or once the
+/// claim ran out and another node's worker claimed the job, the ack is
+/// checked against the row as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_completes_a_claim_only_while_the_row_still_holds_it() {
+    use svc::backend::EventFilter;
+    let server = TempPostgres::start();
+    let url = server.database("claims_held");
+    let jobs = PgJobs::new(open(&PgSettings::new(url.clone())).await.unwrap());
+    let other_node = PgJobs::new(open(&PgSettings::new(url)).await.unwrap());
+    jobs.enqueue(NOW, (0..3).map(|_| job("q", 0)).collect()).await.unwrap();
+    let claimed = jobs.claim(NOW + 1, &fetch(&["q"], 3, "w")).await.unwrap();
+    let (plain, beaten, lost) = (claimed[0].id, claimed[1].id, claimed[2].id);
+
+    // The plain case: completed with its result, moved to the history.
+    let acked = jobs.ack(NOW + 2, plain, Some("{\"ok\":true}".into()), Some("w")).await.unwrap();
+    assert_eq!((acked.state, acked.run().completed_at), (JobState::Completed, Some(NOW + 2)));
+    let stored = other_node.job(plain).await.unwrap().unwrap();
+    assert_eq!((stored.state, stored.run().result.as_deref()), (JobState::Completed, Some("{\"ok\":true}")));
+
+    // A heartbeat and a progress report changed the claim's row: the ack
+    // completes the job as the row holds it, with its progress.
+    jobs.extend_claims(NOW + 3, "w", Some(&[beaten]), Some(120_000)).await.unwrap();
+    jobs.report_progress(NOW + 3, beaten, svc::job::JobProgress::new(0.5), Some("w")).await.unwrap();
+    let acked = jobs.ack(NOW + 4, beaten, None, Some("w")).await.unwrap();
+    assert_eq!(acked.state, JobState::Completed);
+    assert_eq!(acked.progress().map(|progress| progress.fraction), Some(0.5), "completed from the row as it is");
+
+    // The claim ran out, and a worker of the other node claimed the job:
+    // this node still remembers the first claim, which no longer holds.
+    assert_eq!(other_node.expire_claims(NOW + 61_000, 10).await.unwrap(), 1);
+    let later = NOW + 3_600_000;
+    other_node.promote_due(later, 10).await.unwrap();
+    let again = other_node.claim(later, &fetch(&["q"], 1, "x")).await.unwrap();
+    assert_eq!(again.iter().map(|job| job.id).collect::<Vec<_>>(), vec![lost]);
+    let refused = jobs.ack(later + 1, lost, None, Some("w")).await;
+    assert!(matches!(refused, Err(EngineError::Conflict { reason: ConflictReason::NotOwner, .. })), "{refused:?}");
+    let row = jobs.job(lost).await.unwrap().unwrap();
+    assert_eq!((row.state, row.run().worker_id.as_deref()), (JobState::Active, Some("x")), "left to its holder");
+    let completed = other_node.ack(later + 2, lost, None, Some("x")).await.unwrap();
+    assert_eq!(completed.state, JobState::Completed);
+
+    let events = jobs.events_page(None, 100, &EventFilter::default()).await.unwrap().events;
+    let mut completions: Vec<_> = events
+        .iter()
+        .filter(|event| event.kind.type_name() == "job.completed")
+        .map(|event| event.job.as_ref().unwrap().id)
+        .collect();
+    completions.sort_unstable();
+    let mut expected = vec![plain, beaten, lost];
+    expected.sort_unstable();
+    assert_eq!(completions, expected, "one event a completion");
+}

@@ -180,6 +180,9 @@ impl PgJobs {
         for (queue, opens_at) in met.dispatch.opens_at {
             self.window_opens_at(now, queue, opens_at);
         }
-        Ok(handed.into_iter().map(|jobs| Ok(jobs.into_iter().map(Arc::new).collect())).collect())
+        let handed: Vec<Vec<Arc<Job>>> =
+            handed.into_iter().map(|jobs| jobs.into_iter().map(Arc::new).collect()).collect();
+        self.claimed.keep(handed.iter().flatten().cloned().zip(bodies));
+        Ok(handed.into_iter().map(Ok).collect())
     }
 }

@@ -60,6 +60,8 @@ pub struct PgJobs {
     window_opens_at: Arc<std::sync::Mutex<HashMap<String, Millis>>>,
     /// Cron entries whose firing failed, until their next try.
     pub(super) cron_retries: Arc<super::cron::CronRetries>,
+    /// The jobs this node claimed last, for acks that come back to it.
+    pub(super) claimed: Arc<super::acks::ClaimedJobs>,
 }
 
 /// The requests merged into shared transactions (`batch.rs`).
@@ -152,6 +154,7 @@ impl PgJobs {
             metrics: Arc::new(crate::metrics::Metrics::new()),
             window_opens_at: Arc::default(),
             cron_retries: Arc::default(),
+            claimed: Arc::default(),
         }
     }
 
