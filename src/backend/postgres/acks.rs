@@ -1,6 +1,6 @@
 //! Acks on PostgreSQL, merged (docs/postgres.md, "Merged statements"):
-//! the acks a node has waiting run as one transaction of five statements,
-//! whatever their number.
+//! the acks a node has waiting run together, as one statement, one
+//! transaction or one of each, whatever their number.
 //!
 //! An ack of a job this node claimed, whose row is still exactly as the
 //! claim wrote it (no heartbeat, progress or other change since), is first
@@ -62,12 +62,19 @@ impl PgJobs {
             return Ok(outcomes.into_iter().flatten().collect());
         }
         let mut tries = 1;
-        let mut checked = loop {
+        let checked = loop {
             match self.try_ack_batch(&rest).await {
                 Err(error) if error == contention && tries < CONTENTION_TRIES => tries += 1,
-                outcome => break outcome?.into_iter(),
+                outcome => break outcome,
             }
         };
+        // The acks completed by the statement are answered as completed
+        // whatever became of the checked transaction after it.
+        let mut checked = match checked {
+            Ok(checked) => checked,
+            Err(error) => rest.iter().map(|_| Err(error.clone())).collect(),
+        }
+        .into_iter();
         for outcome in outcomes.iter_mut().filter(|outcome| outcome.is_none()) {
             *outcome = checked.next();
         }
@@ -97,7 +104,10 @@ impl PgJobs {
         if candidates.is_empty() {
             return Ok(outcomes);
         }
-        // Rows are locked in id order, as every transaction locks jobs.
+        // Sorted by id, so that the rows are locked in the order every
+        // transaction locks jobs in when the plan follows the array (a
+        // deadlock otherwise rolls the statement back, and its acks take
+        // the checked transaction).
         candidates.sort_unstable_by_key(|(_, job, _)| job.id.to_string());
         let ids: Vec<String> = candidates.iter().map(|(_, job, _)| job.id.to_string()).collect();
         let claimed_bodies: Vec<&[u8]> = candidates.iter().map(|(_, _, body)| body.as_slice()).collect();

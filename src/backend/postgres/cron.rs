@@ -200,8 +200,10 @@ impl PgJobs {
     ) -> Result<(), EngineError> {
         let name = entry.definition.name.clone();
         let (Some(first_due), Ok(schedule)) = (entry.next_run_at, entry.definition.compile()) else {
-            tracing::error!(name, "a due cron entry does not compile; it is left as it is");
-            return Ok(());
+            // Left due, and held back between tries like any failed firing.
+            let message = "a due cron entry does not compile (its expression or time zone)";
+            let error = crate::job::ValidationError::request(Some("cron".to_string()), message);
+            return Err(EngineError::Invalid { error, index: None });
         };
         let due = schedule.due_firing(first_due, now, CRON_MISSED_COUNT_MAX);
         let definition = entry.definition.clone();

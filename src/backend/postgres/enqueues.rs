@@ -32,7 +32,7 @@ use super::queues::{Settings, settings};
 use super::sql::{Params, Prepared};
 use super::wakeup::CHANNEL;
 use crate::clock::Millis;
-use crate::engine::{Backpressure, EngineError, Enqueued, EventKind};
+use crate::engine::{Backpressure, EngineError, Enqueued, EventKind, Unavailable};
 use crate::job::{Job, JobId, JobState, OnConflict};
 
 /// One enqueue request, its jobs admitted (ids, times, first state).
@@ -140,10 +140,15 @@ impl PgJobs {
         let plain = |request: &PendingEnqueue| {
             request.chosen_ids.is_empty() && request.jobs.iter().all(|job| job.unique().is_none())
         };
-        if requests.iter().all(plain)
-            && let Some(outcomes) = self.enqueue_plain(&requests).await?
-        {
-            return Ok(outcomes);
+        if requests.iter().all(plain) {
+            match self.enqueue_plain(&requests).await {
+                Ok(Some(outcomes)) => return Ok(outcomes),
+                Ok(None) => {}
+                // Caught in a deadlock (with the first bound being set, say),
+                // the statement stored nothing: the checked path waits instead.
+                Err(EngineError::Unavailable { reason: Unavailable::Contention }) => {}
+                Err(error) => return Err(error),
+            }
         }
         match self.enqueue_merged(&requests).await? {
             Ok(outcomes) => Ok(outcomes),
