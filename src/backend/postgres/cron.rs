@@ -174,8 +174,8 @@ impl PgJobs {
                 .map_err(database)?;
             let Some(row) = row else { continue };
             // An entry that cannot be fired now (its transaction rolled
-            // back) is tried again next pass; the entries due after it
-            // are fired meanwhile.
+            // back) is tried again after a delay (`CronRetries`); the
+            // entries due after it are fired meanwhile.
             let firing = match decode(&name, row.get(0)) {
                 Ok(entry) => self.fire(&transaction, now, entry).await,
                 Err(error) => Err(error),
@@ -199,12 +199,17 @@ impl PgJobs {
         entry: CronEntry,
     ) -> Result<(), EngineError> {
         let name = entry.definition.name.clone();
-        let (Some(first_due), Ok(schedule)) = (entry.next_run_at, entry.definition.compile()) else {
-            // Left due, and held back between tries like any failed firing.
-            let message = "a due cron entry does not compile (its expression or time zone)";
+        // An entry that cannot be fired is left due, and held back between
+        // tries like any failed firing.
+        let cannot = |message: String| {
             let error = crate::job::ValidationError::request(Some("cron".to_string()), message);
-            return Err(EngineError::Invalid { error, index: None });
+            EngineError::Invalid { error, index: None }
         };
+        let first_due = entry.next_run_at.ok_or_else(|| cannot("a due cron entry has no next time".to_string()))?;
+        let schedule = entry
+            .definition
+            .compile()
+            .map_err(|problem| cannot(format!("a due cron entry does not compile: {problem}")))?;
         let due = schedule.due_firing(first_due, now, CRON_MISSED_COUNT_MAX);
         let definition = entry.definition.clone();
         let id = self.fresh_id(now);
@@ -380,11 +385,12 @@ const RETRY_MAX_MS: Millis = 60_000;
 /// Entries whose firing failed, held back from the leader's passes until
 /// their next try: a delay of [`RETRY_FIRST_MS`] after the first failure,
 /// doubled at each one after, up to [`RETRY_MAX_MS`]. So an entry that
-/// cannot be fired (a stored form this binary does not read) neither takes
-/// a place in every pass, ahead of the entries due after it, nor logs a
-/// warning every pass: it warns at its first failure, then once its delay
-/// reaches the longest. A failure caused by the moment (contention, a
-/// connection lost) is tried again within a fraction of a second.
+/// cannot be fired (a stored form this binary does not read, or one that
+/// does not compile) neither takes a place in every pass, ahead of the
+/// entries due after it, nor logs a warning every pass: it warns at its
+/// first failure, then at every try once its delay has reached the
+/// longest. A failure caused by the moment (contention, a connection lost)
+/// is tried again within a fraction of a second.
 #[derive(Default)]
 pub(super) struct CronRetries {
     failing: std::sync::Mutex<std::collections::HashMap<String, Failing>>,

@@ -5,8 +5,9 @@
 //!
 //! Requests of plain jobs (fresh ids, no unique policy) are first tried as
 //! one statement that stores them only if none of their queues is paused
-//! or bounded (`enqueue_plain`); otherwise, and for other requests, the
-//! checked transaction runs. It reads what every request is checked
+//! or bounded (`enqueue_plain`); otherwise (or if the statement is rolled
+//! back in a deadlock), and for other requests, the checked transaction
+//! runs. It reads what every request is checked
 //! against at once: the jobs holding the fingerprints of unique jobs (the
 //! fingerprints locked, `unique.rs`), the settings of their queues
 //! (recording new queues), the client ids already in use, and the depth of
@@ -131,8 +132,9 @@ fn check(jobs: &[Job], now: Millis, known: &mut Known) -> Result<Vec<Slot>, Engi
 }
 
 impl PgJobs {
-    /// Stores waiting enqueue requests with one transaction; answers each
-    /// request's outcome, in order. A lone request is a batch of one.
+    /// Stores waiting enqueue requests with one statement or one checked
+    /// transaction; answers each request's outcome, in order. A lone
+    /// request is a batch of one.
     pub(super) async fn enqueue_batch(
         &self,
         requests: Vec<PendingEnqueue>,
