@@ -4,22 +4,21 @@
 //! on its own.
 //!
 //! Requests of plain jobs (fresh ids, no unique policy) are first tried as
-//! one statement that stores them only if none of their queues is paused
-//! or bounded (`enqueue_plain`); otherwise (or if the statement is rolled
-//! back in a deadlock), and for other requests, the checked transaction
-//! runs. It reads what every request is checked
-//! against at once: the jobs holding the fingerprints of unique jobs (the
-//! fingerprints locked, `unique.rs`), the settings of their queues
-//! (recording new queues), the client ids already in use, and the depth of
-//! bounded queues (their rows locked). The requests are then checked in
-//! the order they came, each job as one request alone would be (paused
-//! queue, id in use, unique policy, backpressure; an accepted request
-//! counts toward the next ones), the accepted jobs are inserted with one
-//! statement, and the holders a `replace` policy gave up are cancelled.
-//! Should that insert still meet an id taken meanwhile by another node, the
-//! transaction is dropped and each request runs alone, so that only the
-//! request with the duplicate fails.
-//! A lone request goes the same way, as a batch of one.
+//! one statement that stores them only if none of their queues is paused or
+//! bounded (`enqueue_plain`); otherwise (or if the statement is rolled back
+//! in a deadlock), and for other requests, the checked transaction runs. It
+//! reads what every request is checked against at once: the jobs holding
+//! the fingerprints of unique jobs (the fingerprints locked, `unique.rs`),
+//! the settings of their queues (recording new queues), the client ids
+//! already in use, and the depth of bounded queues (their rows locked). The
+//! requests are then checked in the order they came, each job as one
+//! request alone would be (paused queue, id in use, unique policy,
+//! backpressure; an accepted request counts toward the next ones), the
+//! accepted jobs are inserted with one statement, and the holders a
+//! `replace` policy gave up are cancelled. Should that insert still meet an
+//! id taken meanwhile by another node, the transaction is dropped and each
+//! request runs alone, so that only the request with the duplicate fails. A
+//! lone request goes the same way, as a batch of one.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -170,6 +169,22 @@ impl PgJobs {
         }
     }
 
+    /// The events of jobs stored at their request's time: `job.enqueued`,
+    /// and `job.scheduled` for a job scheduled for later.
+    fn enqueue_events<'a>(
+        &self,
+        stored: impl Iterator<Item = (Millis, &'a Job)>,
+    ) -> Vec<(JobId, Millis, EventKind, Option<&'a Job>)> {
+        let mut events = Vec::new();
+        for (now, job) in stored {
+            events.push((self.fresh_id(now), now, EventKind::Enqueued, Some(job)));
+            if job.state == JobState::Scheduled {
+                events.push((self.fresh_id(now), now, EventKind::Scheduled, Some(job)));
+            }
+        }
+        events
+    }
+
     /// Plain requests (fresh ids, no unique policy) in one statement, its
     /// own transaction: one round trip to the database, where the merged
     /// transaction takes four. Such a request can only be refused by a
@@ -184,15 +199,8 @@ impl PgJobs {
         let mut names: Vec<&str> = jobs.clone().map(|job| job.queue.as_str()).collect();
         names.sort_unstable();
         names.dedup();
-        let mut events = Vec::new();
-        for request in requests {
-            for job in &request.jobs {
-                events.push((self.fresh_id(request.now), request.now, EventKind::Enqueued, Some(job)));
-                if job.state == JobState::Scheduled {
-                    events.push((self.fresh_id(request.now), request.now, EventKind::Scheduled, Some(job)));
-                }
-            }
-        }
+        let events =
+            self.enqueue_events(requests.iter().flat_map(|request| request.jobs.iter().map(|job| (request.now, job))));
         let (job_rows, event_rows) = (JobRows::of(jobs), EventRows::of(&events));
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(19);
         params.extend(job_rows.params());
@@ -307,13 +315,7 @@ impl PgJobs {
         if !accepted.is_empty() {
             let jobs: Vec<Job> = accepted.iter().map(|(_, job)| (*job).clone()).collect();
             let ids: Vec<String> = jobs.iter().map(|job| job.id.to_string()).collect();
-            let mut events = Vec::with_capacity(jobs.len());
-            for (now, job) in &accepted {
-                events.push((self.fresh_id(*now), *now, EventKind::Enqueued, Some(*job)));
-                if job.state == JobState::Scheduled {
-                    events.push((self.fresh_id(*now), *now, EventKind::Scheduled, Some(*job)));
-                }
-            }
+            let events = self.enqueue_events(accepted.iter().copied());
             // Sent together (pipelined), as one step of the transaction.
             let inserted = tokio::try_join!(
                 async { insert(&transaction, &jobs).await.map_err(Some) },
