@@ -268,3 +268,70 @@ async fn an_ack_completes_a_claim_only_while_the_row_still_holds_it() {
     expected.sort_unstable();
     assert_eq!(completions, expected, "one event a completion");
 }
+
+/// A claim is written as columns, the job's stored body left as it was:
+/// every read of the job (by id, in the listing, in its `job.started`
+/// event) shows it exactly as the claim answered it, and the claim runs out
+/// at its visibility or execution timeout, whichever comes first. A row
+/// written before claims were columns (no timeouts in its columns) is
+/// claimed too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_written_as_columns_reads_back_as_the_claim_answered() {
+    use std::time::Duration;
+    use svc::backend::EventFilter;
+    use svc::engine::JobFilter;
+    let server = TempPostgres::start();
+    let pool = open(&PgSettings::new(server.database("claim_columns"))).await.unwrap();
+    let jobs = PgJobs::new(pool.clone());
+    let timed = |visibility_ms: u64| {
+        let job = JobBuilder::new("work").args([1]).queue("q").timeout(Duration::from_secs(30));
+        job.visibility_timeout(Duration::from_millis(visibility_ms)).build(&JobDefaults::default()).unwrap()
+    };
+    let enqueued = jobs.enqueue(NOW, vec![timed(20_000), timed(90_000), timed(20_000)]).await.unwrap();
+    let ids: Vec<_> = enqueued.iter().map(|enqueued| enqueued.job.id).collect();
+    let client = pool.get().await.unwrap();
+    client
+        .execute(
+            "UPDATE svc_jobs SET visibility_ms = NULL, timeout_ms = NULL WHERE id = $1::text::uuid",
+            &[&ids[2].to_string()],
+        )
+        .await
+        .unwrap();
+
+    // Two with the jobs' own visibility timeouts, then the old row with the
+    // fetch's (5 s).
+    let own =
+        FetchRequest { queues: vec!["q".into()], count: 2, worker_id: Some("w".into()), visibility_timeout_ms: None };
+    let mut claimed = jobs.claim(NOW + 1, &own).await.unwrap();
+    assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), ids[..2]);
+    let short = FetchRequest { visibility_timeout_ms: Some(5_000), ..fetch(&["q"], 1, "v") };
+    claimed.extend(jobs.claim(NOW + 2, &short).await.unwrap());
+    assert_eq!(claimed.len(), 3);
+    assert_eq!(claimed[0].run().visibility_deadline, Some(NOW + 1 + 20_000));
+    assert_eq!(claimed[1].run().execution_deadline, Some(NOW + 1 + 30_000));
+    assert_eq!((claimed[2].run().worker_id.as_deref(), claimed[2].attempt), (Some("v"), 1));
+
+    let listed = jobs.jobs_page(&JobFilter::all(), None, 10).await.unwrap().jobs;
+    let events = jobs.events_page(None, 100, &EventFilter::default()).await.unwrap().events;
+    for job in &claimed {
+        assert_eq!(jobs.job(job.id).await.unwrap().as_deref(), Some(job.as_ref()), "read by id");
+        assert_eq!(listed.iter().find(|found| found.id == job.id), Some(job), "listed");
+        let started: Vec<_> = events
+            .iter()
+            .filter(|event| event.kind.type_name() == "job.started")
+            .filter_map(|event| event.job.as_ref().filter(|of| of.id == job.id))
+            .collect();
+        assert_eq!(started, vec![job], "its job.started event");
+    }
+
+    // Each claim runs out at its lease, soonest first: the old row's at the
+    // fetch's visibility timeout, the first job's at its own, the second's
+    // at its execution timeout (its visibility is longer).
+    for (lease, id) in [(NOW + 2 + 5_000, ids[2]), (NOW + 1 + 20_000, ids[0]), (NOW + 1 + 30_000, ids[1])] {
+        assert_eq!(jobs.expire_claims(lease - 1, 10).await.unwrap(), 0, "not before {lease}");
+        assert_eq!(jobs.expire_claims(lease, 10).await.unwrap(), 1, "at {lease}");
+        let job = jobs.job(id).await.unwrap().unwrap();
+        assert_ne!(job.state, JobState::Active, "job {id} given back");
+        assert_eq!(job.attempt, 1);
+    }
+}

@@ -3,7 +3,7 @@
 //! transaction or one of each, whatever their number.
 //!
 //! An ack of a job this node claimed, whose row is still exactly as the
-//! claim wrote it (no heartbeat, progress or other change since), is first
+//! claim left it (no heartbeat, progress or other change since), is first
 //! tried with one statement that deletes the row on that condition and
 //! writes the history row and event of the completion computed here from
 //! the claimed job ([`ClaimedJobs`]). The acks it does not complete take
@@ -82,7 +82,7 @@ impl PgJobs {
     }
 
     /// Completes, with one statement, the acks of jobs this node claimed
-    /// whose rows are still as the claim wrote them (and that belong to no
+    /// whose rows are still as the claim left them (and that belong to no
     /// workflow and hold back no cron run: those take the checked
     /// transaction). Answers the outcome of each ack it completed, `None`
     /// for the others.
@@ -91,15 +91,15 @@ impl PgJobs {
         acks: &[PendingAck],
     ) -> Result<Vec<Option<Result<Arc<Job>, EngineError>>>, EngineError> {
         let mut outcomes: Vec<Option<Result<Arc<Job>, EngineError>>> = acks.iter().map(|_| None).collect();
-        let mut candidates: Vec<(usize, Job, Vec<u8>)> = Vec::new();
+        let mut candidates: Vec<(usize, Job, i64)> = Vec::new();
         for (index, ack) in acks.iter().enumerate() {
-            let Some((claimed, body)) = self.claimed.take(ack.id) else { continue };
+            let Some((claimed, token)) = self.claimed.take(ack.id) else { continue };
             if claimed.workflow().is_some() || transition::check_held(&claimed, ack.worker_id.as_deref()).is_err() {
                 continue;
             }
             let mut job = Arc::unwrap_or_clone(claimed);
             transition::complete(&mut job, ack.now, ack.result.clone());
-            candidates.push((index, job, body));
+            candidates.push((index, job, token));
         }
         if candidates.is_empty() {
             return Ok(outcomes);
@@ -110,7 +110,7 @@ impl PgJobs {
         // the checked transaction).
         candidates.sort_unstable_by_key(|(_, job, _)| job.id.to_string());
         let ids: Vec<String> = candidates.iter().map(|(_, job, _)| job.id.to_string()).collect();
-        let claimed_bodies: Vec<&[u8]> = candidates.iter().map(|(_, _, body)| body.as_slice()).collect();
+        let tokens: Vec<i64> = candidates.iter().map(|(_, _, token)| *token).collect();
         let queues: Vec<&str> = candidates.iter().map(|(_, job, _)| job.queue.as_str()).collect();
         let types: Vec<&str> = candidates.iter().map(|(_, job, _)| job.payload.job_type()).collect();
         let times: Vec<Millis> = candidates.iter().map(|(_, job, _)| finished_at(job)).collect();
@@ -122,13 +122,14 @@ impl PgJobs {
         let event_ids: Vec<String> = events.iter().map(|(id, ..)| id.to_string()).collect();
         let event_rows = EventRows::of(&events);
         let mut params: Vec<&(dyn ToSql + Sync)> = event_rows.params().to_vec();
-        params.extend([&ids as &(dyn ToSql + Sync), &claimed_bodies, &queues, &types, &times, &bodies, &event_ids]);
+        params.extend([&ids as &(dyn ToSql + Sync), &tokens, &queues, &types, &times, &bodies, &event_ids]);
         let client = self.client().await?;
         let rows = client
             .rows(
                 concat!(
-                    "WITH gone AS (DELETE FROM svc_jobs j USING unnest($7::text[], $8::bytea[]) AS c(id, body) \
-                       WHERE j.id = c.id::uuid AND j.body = c.body AND j.waiter IS NULL RETURNING j.id), \
+                    "WITH gone AS (DELETE FROM svc_jobs j USING unnest($7::text[], $8::int8[]) AS c(id, claim) \
+                       WHERE j.id = c.id::uuid AND j.claim = c.claim AND j.claimed_ms IS NOT NULL \
+                         AND j.waiter IS NULL RETURNING j.id), \
                      moved AS (INSERT INTO svc_job_history (id, queue, type, state, finished_at, body) \
                        SELECT h.id::uuid, h.queue, h.type, 'completed', to_timestamp(h.at::float8 / 1000), h.body \
                        FROM unnest($7::text[], $9::text[], $10::text[], $11::int8[], $12::bytea[]) \
@@ -226,12 +227,13 @@ const CLAIMED_KEPT_MAX: usize = 16_384;
 /// Jobs this node claimed, at most this many bytes of them remembered.
 const CLAIMED_KEPT_BYTES_MAX: u64 = 32 << 20;
 
-/// The jobs this node claimed last, each with the row's `body` as the claim
-/// wrote it, for acks that come back to this node (`ack_claimed`). Bounded
-/// by count and bytes; the oldest claims are forgotten first. A job
-/// remembered is only a guess: an ack completes it only if its row still
-/// holds exactly that body, so a claim changed since (a heartbeat, a
-/// failure, an expiry, another node) is never completed from here.
+/// The jobs this node claimed last, each with its claim's token, for acks
+/// that come back to this node (`ack_claimed`). Bounded by count and bytes;
+/// the oldest claims are forgotten first. A job remembered is only a guess:
+/// an ack completes it only if its row still holds that claim written as
+/// columns (`claimed_ms` set, which every later write of the row clears),
+/// so a claim changed since (a heartbeat, a failure, an expiry, another
+/// node's claim) is never completed from here.
 #[derive(Default)]
 pub(super) struct ClaimedJobs {
     kept: Mutex<Kept>,
@@ -239,22 +241,18 @@ pub(super) struct ClaimedJobs {
 
 #[derive(Default)]
 struct Kept {
-    jobs: HashMap<JobId, (Arc<Job>, Vec<u8>)>,
+    jobs: HashMap<JobId, (Arc<Job>, i64)>,
     /// Ids in the order they were claimed (some since taken or claimed again).
     order: VecDeque<JobId>,
     bytes: u64,
 }
 
 impl Kept {
-    fn size(job: &Job, body: &[u8]) -> u64 {
-        job.held_bytes() + body.len() as u64
-    }
-
     fn forget_oldest(&mut self) {
         if let Some(id) = self.order.pop_front()
-            && let Some((job, body)) = self.jobs.remove(&id)
+            && let Some((job, _)) = self.jobs.remove(&id)
         {
-            self.bytes -= Kept::size(&job, &body);
+            self.bytes -= job.held_bytes();
         }
     }
 }
@@ -264,14 +262,14 @@ impl ClaimedJobs {
         self.kept.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Remembers jobs just claimed, each with the body its row was given.
-    pub(super) fn keep(&self, claimed: impl Iterator<Item = (Arc<Job>, Vec<u8>)>) {
+    /// Remembers jobs just claimed, each with its claim's token.
+    pub(super) fn keep(&self, claimed: impl Iterator<Item = (Arc<Job>, i64)>) {
         let mut kept = self.kept();
-        for (job, body) in claimed {
-            let size = Kept::size(&job, &body);
+        for (job, token) in claimed {
+            let size = job.held_bytes();
             kept.order.push_back(job.id);
-            if let Some((old, old_body)) = kept.jobs.insert(job.id, (job, body)) {
-                kept.bytes -= Kept::size(&old, &old_body);
+            if let Some((old, _)) = kept.jobs.insert(job.id, (job, token)) {
+                kept.bytes -= old.held_bytes();
             }
             kept.bytes += size;
             while kept.order.len() > CLAIMED_KEPT_MAX || kept.bytes > CLAIMED_KEPT_BYTES_MAX {
@@ -281,10 +279,10 @@ impl ClaimedJobs {
     }
 
     /// The job as claimed here, forgotten once taken.
-    fn take(&self, id: JobId) -> Option<(Arc<Job>, Vec<u8>)> {
+    fn take(&self, id: JobId) -> Option<(Arc<Job>, i64)> {
         let mut kept = self.kept();
-        let (job, body) = kept.jobs.remove(&id)?;
-        kept.bytes -= Kept::size(&job, &body);
-        Some((job, body))
+        let (job, token) = kept.jobs.remove(&id)?;
+        kept.bytes -= job.held_bytes();
+        Some((job, token))
     }
 }

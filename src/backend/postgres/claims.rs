@@ -1,22 +1,31 @@
 //! Claims (fetches) on PostgreSQL, merged (docs/postgres.md, "Merged
-//! statements"): the fetches a node has waiting run as one transaction.
+//! statements"): the fetches a node has waiting are claimed together.
 //!
 //! Fetches naming the same queues share one selection: the jobs are taken
 //! in claim order (queue by queue as listed; in a queue by priority, then
 //! time, then id) with `FOR UPDATE SKIP LOCKED`, so claims on other nodes
 //! pass over them, and handed to the fetches in the order they came, each
-//! up to its count. One `UPDATE` then claims them all and one `INSERT`
-//! writes their events. Jobs past their expiry met on the way are
-//! discarded, not handed out, and jobs their dispatch limit holds back
-//! (`dispatch.rs`) are left available, their key passed over for the rest
-//! of the claim; the queue is then looked at again.
+//! up to its count. A claim is written as columns (`claimed_ms` and the
+//! rest), the job's `body` left as it was (docs/postgres.md, "Claims as
+//! columns").
+//!
+//! Fetches of one queue are first claimed by one statement
+//! (`claim_at_once`): it selects, claims and writes the `job.started`
+//! events, on the condition that none of the jobs it selects needs Rust's
+//! judgement. Otherwise, and for fetches of several queues, the checked
+//! transaction runs: it selects the jobs, discards those past their expiry
+//! met on the way, leaves available those their dispatch limit holds back
+//! (`dispatch.rs`), their key passed over for the rest of the claim (the
+//! queue is then looked at again), and claims the rest with one `UPDATE`
+//! and their events with one `INSERT`.
 
 use std::sync::Arc;
 
 use deadpool_postgres::Transaction;
 
 use super::dispatch::Dispatch;
-use super::jobs::{PgJobs, database, decode, encode, generic_plans};
+use super::events::claimed_header;
+use super::jobs::{PgJobs, database, decode, generic_plans};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind, FetchRequest};
@@ -62,11 +71,15 @@ async fn select(
                 .rows(
                     // `id_text`, not `id`: ORDER BY `id` must name the uuid
                     // column, in the index's order, not the text.
-                    "SELECT id::text AS id_text, body FROM svc_jobs \
+                    concat!(
+                        "SELECT ",
+                        job_columns!(),
+                        " FROM svc_jobs \
                      WHERE state = 'available' AND queue = $1 AND NOT (id = ANY($3::text[]::uuid[])) \
                        AND (dispatch_key IS NULL OR NOT (dispatch_key = ANY($4))) \
                        AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
-                     ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
+                     ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
+                    ),
                     &[queue, &missing, &met.taken, &met.blocked],
                 )
                 .await
@@ -74,7 +87,7 @@ async fn select(
             let found = rows.len() as i64;
             let mut passed_over = 0;
             for row in rows {
-                let mut job = decode(row.get(0), row.get(1))?;
+                let mut job = job_of(&row)?;
                 met.taken.push(job.id.to_string());
                 // Past its expiry, a job is discarded, not handed out.
                 if job.expires_at().is_some_and(|at| at <= now) {
@@ -107,13 +120,78 @@ async fn select(
     Ok(selected)
 }
 
+/// The columns a job in the hot table is read from, in the order
+/// [`job_of`] takes them: its id, `body`, and the claim written as columns.
+macro_rules! job_columns {
+    () => {
+        "id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id"
+    };
+}
+pub(super) use job_columns;
+
+/// A job from a row of [`job_columns`], or of `(id, body)` alone (a
+/// finished job). While `claimed_ms` is set, `body` is the job as it was
+/// before its claim, which this applies (docs/postgres.md, "Claims as
+/// columns"), exactly as the claim applied it to the job it answered.
+pub(super) fn job_of(row: &tokio_postgres::Row) -> Result<Job, EngineError> {
+    let mut job = decode(row.get(0), row.get(1))?;
+    if row.len() == 5
+        && let Some(at) = row.get::<_, Option<i64>>(2)
+    {
+        let visible_until = row.get::<_, Option<i64>>(3).unwrap_or(at);
+        let runs_until = at.saturating_add(job.timeout_ms as i64);
+        transition::claim(&mut job, at, row.get(4), visible_until, runs_until);
+    }
+    Ok(job)
+}
+
+/// Applies a claim at `at` by `worker_id` to `job`, holding it unseen for
+/// `visibility_ms` (the job's own visibility timeout when `None`): what
+/// every claim does, and what reading a claim written in SQL does again.
+pub(super) fn apply_claim(job: &mut Job, at: Millis, worker_id: Option<String>, visibility_ms: Option<u64>) {
+    let visibility = visibility_ms.unwrap_or(u64::from(job.visibility_timeout_ms));
+    let (visible_until, runs_until) = (at.saturating_add(visibility as i64), at.saturating_add(job.timeout_ms as i64));
+    transition::claim(job, at, worker_id, visible_until, runs_until);
+}
+
+/// How long a queue whose claim in one statement met a job that needs the
+/// checked claim is claimed the checked way at once: a queue of jobs with
+/// dispatch limits would otherwise pay for both at every fetch.
+const CHECKED_FOR_MS: Millis = 1_000;
+
+/// Queues claimed the checked way for now, with until when.
+#[derive(Default)]
+pub(super) struct CheckedQueues {
+    until: std::sync::Mutex<std::collections::HashMap<String, Millis>>,
+}
+
+impl CheckedQueues {
+    fn until(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Millis>> {
+        self.until.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn checked(&self, queue: &str, now: Millis) -> bool {
+        self.until().get(queue).is_some_and(|until| *until > now)
+    }
+
+    /// Claims of `queue` go the checked way for a while; the queues whose
+    /// while has passed are forgotten.
+    fn check(&self, queue: &str, now: Millis) {
+        let mut until = self.until();
+        until.retain(|_, until| *until > now);
+        until.insert(queue.to_string(), now.saturating_add(CHECKED_FOR_MS));
+    }
+}
+
+/// Jobs claimed, each with the fetch it goes to and its claim's token.
+type Handed = Vec<(usize, Job, i64)>;
+
 impl PgJobs {
-    /// Runs waiting fetches as one transaction; answers each fetch's jobs, in order.
+    /// Runs waiting fetches; answers each fetch's jobs, in order.
     pub(super) async fn claim_batch(
         &self,
         claims: Vec<PendingClaim>,
     ) -> Result<Vec<Result<Vec<Arc<Job>>, EngineError>>, EngineError> {
-        let now = claims.iter().map(|claim| claim.now).max().unwrap_or_default();
         // Fetches of the same queues share a selection, first come first served.
         let mut groups: Vec<(&[String], Vec<usize>)> = Vec::new();
         for (index, claim) in claims.iter().enumerate() {
@@ -122,37 +200,146 @@ impl PgJobs {
                 None => groups.push((&claim.request.queues, vec![index])),
             }
         }
+        let now = claims.iter().map(|claim| claim.now).max().unwrap_or_default();
+        let mut handed = Handed::new();
+        let mut checked = Vec::new();
+        for (queues, members) in groups {
+            match queues {
+                [queue] if !self.checked_queues.checked(queue, now) => {
+                    match self.claim_at_once(&claims, queue, &members).await? {
+                        Some(jobs) => handed.extend(jobs),
+                        None => {
+                            self.checked_queues.check(queue, now);
+                            checked.push((queues, members));
+                        }
+                    }
+                }
+                _ => checked.push((queues, members)),
+            }
+        }
+        if !checked.is_empty() {
+            handed.extend(self.claim_checked(&claims, &checked).await?);
+        }
+        let mut answers: Vec<Vec<Arc<Job>>> = claims.iter().map(|_| Vec::new()).collect();
+        let mut tokens = Vec::with_capacity(handed.len());
+        for (index, job, token) in handed {
+            let job = Arc::new(job);
+            tokens.push((job.clone(), token));
+            answers[index].push(job);
+        }
+        self.claimed.keep(tokens.into_iter());
+        Ok(answers.into_iter().map(Ok).collect())
+    }
+
+    /// Claims for the fetches `members` of `queue` with one statement,
+    /// committed on its own, events included. `None` when a job it selected
+    /// needs the checked transaction (it has a dispatch limit, is past its
+    /// expiry, or was written before claims were columns): nothing was
+    /// claimed then.
+    async fn claim_at_once(
+        &self,
+        claims: &[PendingClaim],
+        queue: &String,
+        members: &[usize],
+    ) -> Result<Option<Handed>, EngineError> {
+        let now = members.iter().map(|index| claims[*index].now).max().unwrap_or_default();
+        // One slot per job wanted, in the order the fetches came.
+        let slots: Vec<usize> =
+            members.iter().flat_map(|index| std::iter::repeat_n(*index, claims[*index].request.count)).collect();
+        let times: Vec<Millis> = slots.iter().map(|index| claims[*index].now).collect();
+        let workers: Vec<Option<&str>> =
+            slots.iter().map(|index| claims[*index].request.worker_id.as_deref()).collect();
+        let visibilities: Vec<Option<i64>> =
+            slots.iter().map(|index| claims[*index].request.visibility_timeout_ms.map(|ms| ms as i64)).collect();
+        let tokens: Vec<i64> = slots.iter().map(|_| rand::random::<i64>()).collect();
+        let events: Vec<String> = slots.iter().map(|index| self.fresh_id(claims[*index].now).to_string()).collect();
+        let headers: Vec<Vec<u8>> = slots
+            .iter()
+            .map(|index| {
+                let request = &claims[*index].request;
+                claimed_header(request.worker_id.as_deref(), request.visibility_timeout_ms)
+            })
+            .collect();
+        let wanted = slots.len() as i64;
+        let client = self.client().await?;
+        let rows = client
+            .rows(
+                "WITH pick AS MATERIALIZED (\
+                   SELECT id, priority, ready_at, dispatch_key IS NOT NULL OR visibility_ms IS NULL \
+                     OR coalesce(expires_at <= to_timestamp($2::int8::float8 / 1000), false) AS special \
+                   FROM svc_jobs WHERE state = 'available' AND queue = $1 \
+                     AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
+                   ORDER BY priority DESC, ready_at, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+                 ranked AS (SELECT id, row_number() OVER (ORDER BY priority DESC, ready_at, id) AS n FROM pick \
+                   WHERE NOT EXISTS (SELECT 1 FROM pick WHERE special)), \
+                 claimed AS (UPDATE svc_jobs j SET state = 'active', attempt = j.attempt + 1, claim = s.claim, \
+                     claimed_ms = s.at, visible_until_ms = s.at + coalesce(s.visibility, j.visibility_ms), \
+                     lease_until = to_timestamp((s.at + least(coalesce(s.visibility, j.visibility_ms), j.timeout_ms))::float8 / 1000), \
+                     worker_id = s.worker \
+                   FROM ranked r JOIN unnest($4::int8[], $5::text[], $6::int8[], $7::int8[], $8::text[], $9::bytea[]) \
+                     WITH ORDINALITY AS s(at, worker, visibility, claim, event, header, n) ON s.n = r.n \
+                   WHERE j.id = r.id \
+                   RETURNING j.id, j.body, j.queue, j.type, r.n, s.at, s.event, s.header), \
+                 recorded AS (INSERT INTO svc_events (id, at, type, queue, job_type, body) \
+                   SELECT c.event::uuid, to_timestamp(c.at::float8 / 1000), 'job.started', c.queue, c.type, c.header || c.body \
+                   FROM claimed c) \
+                 SELECT c.id::text, c.body, c.n FROM claimed c \
+                 UNION ALL (SELECT NULL, NULL, NULL FROM pick WHERE special LIMIT 1)",
+                &[queue, &now, &wanted, &times, &workers, &visibilities, &tokens, &events, &headers],
+            )
+            .await
+            .map_err(database)?;
+        let mut handed = Handed::with_capacity(rows.len());
+        for row in rows {
+            let (Some(id), Some(slot)) = (row.get::<_, Option<&str>>(0), row.get::<_, Option<i64>>(2)) else {
+                return Ok(None);
+            };
+            let slot = slot as usize - 1;
+            let PendingClaim { now, request } = &claims[slots[slot]];
+            let mut job = decode(id, row.get(1))?;
+            apply_claim(&mut job, *now, request.worker_id.clone(), request.visibility_timeout_ms);
+            handed.push((slot, job, tokens[slot]));
+        }
+        // In claim order, each job to its fetch.
+        handed.sort_unstable_by_key(|(slot, ..)| *slot);
+        Ok(Some(handed.into_iter().map(|(slot, job, token)| (slots[slot], job, token)).collect()))
+    }
+
+    /// Claims for the fetches of `groups` with the checked transaction.
+    async fn claim_checked(
+        &self,
+        claims: &[PendingClaim],
+        groups: &[(&[String], Vec<usize>)],
+    ) -> Result<Handed, EngineError> {
+        let now = claims.iter().map(|claim| claim.now).max().unwrap_or_default();
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         let mut met = Met::default();
-        let mut handed: Vec<Vec<Job>> = claims.iter().map(|_| Vec::new()).collect();
-        for (queues, members) in &groups {
+        let mut handed = Handed::new();
+        for (queues, members) in groups {
             let wanted = members.iter().map(|index| claims[*index].request.count).sum();
             let mut selected = select(self, &transaction, queues, wanted, now, &mut met).await?.into_iter();
             for index in members {
                 let PendingClaim { now, request } = &claims[*index];
                 for mut job in selected.by_ref().take(request.count) {
-                    let visibility = request.visibility_timeout_ms.unwrap_or(u64::from(job.visibility_timeout_ms));
-                    let (visible_until, runs_until) =
-                        (now.saturating_add(visibility as i64), now.saturating_add(job.timeout_ms as i64));
-                    transition::claim(&mut job, *now, request.worker_id.clone(), visible_until, runs_until);
-                    handed[*index].push(job);
+                    apply_claim(&mut job, *now, request.worker_id.clone(), request.visibility_timeout_ms);
+                    handed.push((*index, job, rand::random::<i64>()));
                 }
             }
         }
-        let claimed: Vec<&Job> = handed.iter().flatten().collect();
-        let ids: Vec<String> = claimed.iter().map(|job| job.id.to_string()).collect();
-        let attempts: Vec<i32> = claimed.iter().map(|job| job.attempt as i32).collect();
-        let tokens: Vec<i64> = claimed.iter().map(|_| rand::random::<i64>()).collect();
-        let leases: Vec<i64> = claimed.iter().map(|job| transition::claim_ends(job).unwrap_or(now)).collect();
-        let workers: Vec<Option<&str>> = claimed.iter().map(|job| job.run().worker_id.as_deref()).collect();
-        let bodies: Vec<Vec<u8>> = claimed.iter().map(|job| encode(job)).collect();
+        let ids: Vec<String> = handed.iter().map(|(_, job, _)| job.id.to_string()).collect();
+        let attempts: Vec<i32> = handed.iter().map(|(_, job, _)| job.attempt as i32).collect();
+        let tokens: Vec<i64> = handed.iter().map(|(_, _, token)| *token).collect();
+        let leases: Vec<i64> = handed.iter().map(|(_, job, _)| transition::claim_ends(job).unwrap_or(now)).collect();
+        let workers: Vec<Option<&str>> = handed.iter().map(|(_, job, _)| job.run().worker_id.as_deref()).collect();
+        let times: Vec<Millis> = handed.iter().map(|(index, ..)| claims[*index].now).collect();
+        let visible: Vec<Option<Millis>> = handed.iter().map(|(_, job, _)| job.run().visibility_deadline).collect();
         let mut events: Vec<(EventKind, &Job)> = Vec::new();
         for job in &met.expired {
             events.push((EventKind::Expired, job));
             events.push((EventKind::Discarded { reason: "expired" }, job));
         }
-        events.extend(claimed.iter().map(|job| (EventKind::Started, *job)));
+        events.extend(handed.iter().map(|(_, job, _)| (EventKind::Started, job)));
         let updated = async {
             if ids.is_empty() {
                 return Ok(0);
@@ -160,11 +347,12 @@ impl PgJobs {
             transaction
                 .run(
                     "UPDATE svc_jobs j SET state = 'active', attempt = t.attempt, claim = t.claim, \
-                       lease_until = to_timestamp((t.lease)::int8::float8 / 1000), worker_id = t.worker, body = t.body \
-                     FROM unnest($1::text[], $2::int4[], $3::int8[], $4::int8[], $5::text[], $6::bytea[]) \
-                       AS t(id, attempt, claim, lease, worker, body) \
+                       lease_until = to_timestamp((t.lease)::int8::float8 / 1000), worker_id = t.worker, \
+                       claimed_ms = t.at, visible_until_ms = t.visible \
+                     FROM unnest($1::text[], $2::int4[], $3::int8[], $4::int8[], $5::text[], $6::int8[], $7::int8[]) \
+                       AS t(id, attempt, claim, lease, worker, at, visible) \
                      WHERE j.id = t.id::uuid",
-                    &[&ids, &attempts, &tokens, &leases, &workers, &bodies],
+                    &[&ids, &attempts, &tokens, &leases, &workers, &times, &visible],
                 )
                 .await
                 .map_err(database)
@@ -180,9 +368,6 @@ impl PgJobs {
         for (queue, opens_at) in met.dispatch.opens_at {
             self.window_opens_at(now, queue, opens_at);
         }
-        let handed: Vec<Vec<Arc<Job>>> =
-            handed.into_iter().map(|jobs| jobs.into_iter().map(Arc::new).collect()).collect();
-        self.claimed.keep(handed.iter().flatten().cloned().zip(bodies));
-        Ok(handed.into_iter().map(Ok).collect())
+        Ok(handed)
     }
 }

@@ -202,7 +202,7 @@ impl PgJobs {
         let events =
             self.enqueue_events(requests.iter().flat_map(|request| request.jobs.iter().map(|job| (request.now, job))));
         let (job_rows, event_rows) = (JobRows::of(jobs), EventRows::of(&events));
-        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(19);
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(21);
         params.extend(job_rows.params());
         params.extend(event_rows.params());
         params.extend([&names as &(dyn ToSql + Sync), &CHANNEL]);
@@ -210,16 +210,16 @@ impl PgJobs {
         let rows = client
             .rows(
                 concat!(
-                    "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($18::text[]) ON CONFLICT DO NOTHING), \
-                     special AS (SELECT 1 FROM svc_queues WHERE name = ANY($18) AND (paused OR max_depth IS NOT NULL)), \
+                    "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($20::text[]) ON CONFLICT DO NOTHING), \
+                     special AS (SELECT 1 FROM svc_queues WHERE name = ANY($20) AND (paused OR max_depth IS NOT NULL)), \
                      stored AS (",
                     insert_jobs!(),
                     " WHERE NOT EXISTS (SELECT 1 FROM special) RETURNING queue, state), \
                      recorded AS (",
-                    insert_events!("$12", "$13", "$14", "$15", "$16", "$17"),
+                    insert_events!("$14", "$15", "$16", "$17", "$18", "$19"),
                     " WHERE NOT EXISTS (SELECT 1 FROM special)) \
                      SELECT false FROM special \
-                     UNION ALL SELECT pg_notify($19, queue) IS NOT NULL \
+                     UNION ALL SELECT pg_notify($21, queue) IS NOT NULL \
                        FROM (SELECT DISTINCT queue FROM stored WHERE state = 'available') AS woken"
                 ),
                 &params,
@@ -355,18 +355,19 @@ impl PgJobs {
     }
 }
 
-/// The `INSERT` of new jobs from the eleven arrays of [`JobRows`], bound
-/// to `$1` to `$11` (a macro, so that a statement of several parts can
+/// The `INSERT` of new jobs from the thirteen arrays of [`JobRows`], bound
+/// to `$1` to `$13` (a macro, so that a statement of several parts can
 /// include it).
 macro_rules! insert_jobs {
     () => {
         "INSERT INTO svc_jobs (id, queue, type, state, priority, ready_at, attempt, created_at, body, \
-         unique_key, dispatch_key, expires_at) \
+         unique_key, dispatch_key, expires_at, visibility_ms, timeout_ms) \
          SELECT t.id::uuid, t.queue, t.type, t.state, t.priority, to_timestamp(t.ready::float8 / 1000), 0, \
-           to_timestamp(t.created::float8 / 1000), t.body, t.key, t.limit_key, to_timestamp(t.expires::float8 / 1000) \
+           to_timestamp(t.created::float8 / 1000), t.body, t.key, t.limit_key, to_timestamp(t.expires::float8 / 1000), \
+           t.visibility, t.timeout \
          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::int8[], $7::int8[], \
-           $8::bytea[], $9::bytea[], $10::text[], $11::int8[]) \
-           AS t(id, queue, type, state, priority, ready, created, body, key, limit_key, expires)"
+           $8::bytea[], $9::bytea[], $10::text[], $11::int8[], $12::int8[], $13::int8[]) \
+           AS t(id, queue, type, state, priority, ready, created, body, key, limit_key, expires, visibility, timeout)"
     };
 }
 pub(super) use insert_jobs;
@@ -384,6 +385,8 @@ pub(super) struct JobRows<'a> {
     keys: Vec<Option<Vec<u8>>>,
     limits: Vec<Option<&'a str>>,
     expiries: Vec<Option<Millis>>,
+    visibilities: Vec<i64>,
+    timeouts: Vec<i64>,
 }
 
 impl<'a> JobRows<'a> {
@@ -399,12 +402,14 @@ impl<'a> JobRows<'a> {
             bodies: jobs.clone().map(encode).collect(),
             keys: jobs.clone().map(unique_key).collect(),
             limits: jobs.clone().map(|job| job.limit_and_key().map(|(_, key)| key)).collect(),
-            expiries: jobs.map(Job::expires_at).collect(),
+            expiries: jobs.clone().map(Job::expires_at).collect(),
+            visibilities: jobs.clone().map(|job| job.visibility_timeout_ms as i64).collect(),
+            timeouts: jobs.map(|job| job.timeout_ms as i64).collect(),
         }
     }
 
     /// The parameters, in the order [`insert_jobs`] names them.
-    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 11] {
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 13] {
         [
             &self.ids,
             &self.queues,
@@ -417,6 +422,8 @@ impl<'a> JobRows<'a> {
             &self.keys,
             &self.limits,
             &self.expiries,
+            &self.visibilities,
+            &self.timeouts,
         ]
     }
 }

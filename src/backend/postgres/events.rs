@@ -34,22 +34,63 @@ enum StoredKind {
     Scheduled,
     Started,
     Completed,
-    Failed { report: FailureReport, attempt: u32 },
-    Retrying { report: FailureReport },
-    Requeued { reason: String },
-    Discarded { reason: String },
-    Cancelled { previous_state: JobState, reason: String },
+    Failed {
+        report: FailureReport,
+        attempt: u32,
+    },
+    Retrying {
+        report: FailureReport,
+    },
+    Requeued {
+        reason: String,
+    },
+    Discarded {
+        reason: String,
+    },
+    Cancelled {
+        previous_state: JobState,
+        reason: String,
+    },
     Revived,
     Deleted,
     Expired,
-    CronTriggered { cron: StoredCron, run_count: u64 },
-    CronSkipped { cron: StoredCron, reason: String, existing_job_id: Option<JobId>, missed_count: Option<u32> },
+    CronTriggered {
+        cron: StoredCron,
+        run_count: u64,
+    },
+    CronSkipped {
+        cron: StoredCron,
+        reason: String,
+        existing_job_id: Option<JobId>,
+        missed_count: Option<u32>,
+    },
     Progress,
-    QueuePaused { queue: String },
-    QueueResumed { queue: String },
-    WorkerStarted { worker_id: String },
-    WorkerSignalled { worker_id: String, terminate: bool, active_job_ids: Vec<JobId> },
-    Workflow { id: crate::job::WorkflowId, event: StoredWorkflowEvent },
+    QueuePaused {
+        queue: String,
+    },
+    QueueResumed {
+        queue: String,
+    },
+    WorkerStarted {
+        worker_id: String,
+    },
+    WorkerSignalled {
+        worker_id: String,
+        terminate: bool,
+        active_job_ids: Vec<JobId>,
+    },
+    Workflow {
+        id: crate::job::WorkflowId,
+        event: StoredWorkflowEvent,
+    },
+    /// `job.started`, written by a claim in SQL (`claims.rs`): the job that
+    /// follows is the job before the claim, which reading applies (the
+    /// event's time is the claim's). Last, so the kinds before keep their
+    /// stored tags.
+    Claimed {
+        worker_id: Option<String>,
+        visibility_ms: Option<u64>,
+    },
 }
 
 /// A workflow event as stored: the engine's, its names as text.
@@ -224,7 +265,7 @@ impl StoredKind {
         match self {
             StoredKind::Enqueued => EventKind::Enqueued,
             StoredKind::Scheduled => EventKind::Scheduled,
-            StoredKind::Started => EventKind::Started,
+            StoredKind::Started | StoredKind::Claimed { .. } => EventKind::Started,
             StoredKind::Completed => EventKind::Completed,
             StoredKind::Failed { report, attempt } => EventKind::Failed { report: Box::new(report), attempt },
             StoredKind::Retrying { report } => EventKind::Retrying { report: Box::new(report) },
@@ -333,6 +374,13 @@ impl<'a> EventRows<'a> {
     }
 }
 
+/// The start of a `job.started` event's `body` that a claim in SQL writes,
+/// the job before the claim to follow (see [`StoredKind::Claimed`]).
+pub(super) fn claimed_header(worker_id: Option<&str>, visibility_ms: Option<u64>) -> Vec<u8> {
+    let stored = StoredKind::Claimed { worker_id: worker_id.map(str::to_string), visibility_ms };
+    postcard::to_allocvec(&stored).expect("an event always encodes")
+}
+
 /// Writes events of one transaction (see [`EventRows`]).
 pub async fn append(
     client: &impl GenericClient,
@@ -418,12 +466,20 @@ pub(super) fn decode(id: &str, at: i64, body: &[u8]) -> Option<Event> {
 /// its kind (decoding the job is most of the cost of reading an event).
 pub(super) fn decode_if(id: &str, at: i64, body: &[u8], wants_job: impl Fn(&EventKind) -> bool) -> Option<Event> {
     let id = JobId::parse(id)?;
-    let decoded = postcard::take_from_bytes::<StoredKind>(body).and_then(|(kind, rest)| {
-        let kind = kind.kind();
+    let decoded = postcard::take_from_bytes::<StoredKind>(body).and_then(|(stored, rest)| {
+        let claim = match &stored {
+            StoredKind::Claimed { worker_id, visibility_ms } => Some((worker_id.clone(), *visibility_ms)),
+            _ => None,
+        };
+        let kind = stored.kind();
         let job = if rest.is_empty() || !wants_job(&kind) {
             None
         } else {
-            Some(Arc::new(postcard::from_bytes::<Job>(rest)?))
+            let mut job = postcard::from_bytes::<Job>(rest)?;
+            if let Some((worker_id, visibility_ms)) = claim {
+                super::claims::apply_claim(&mut job, at, worker_id, visibility_ms);
+            }
+            Some(Arc::new(job))
         };
         Ok((kind, job))
     });

@@ -2,7 +2,8 @@
 //! ack, fail, cancel and promote, each one transaction.
 //!
 //! A job's row carries the columns the queries select on and the whole job
-//! (`body`, svc's stored form). Every change reads the job locked
+//! (`body`, svc's stored form; its current claim may be kept in columns
+//! instead, read back by `claims::job_of`). Every change reads the job locked
 //! (`FOR UPDATE`), changes it with the same transitions as the local engine
 //! (`job::transition`), and writes it back in the same transaction, so both
 //! backends answer alike. Claims lock with `SKIP LOCKED`: concurrent
@@ -21,7 +22,7 @@ use tokio_postgres::error::SqlState;
 use super::PgError;
 use super::acks::PendingAck;
 use super::batch::Batcher;
-use super::claims::PendingClaim;
+use super::claims::{PendingClaim, job_columns, job_of};
 use super::enqueues::{PendingEnqueue, insert};
 use super::sql::{Params, Prepared, from_body, to_body};
 use super::wakeup::{CHANNEL, Wakeups};
@@ -62,6 +63,8 @@ pub struct PgJobs {
     pub(super) cron_retries: Arc<super::cron::CronRetries>,
     /// The jobs this node claimed last, for acks that come back to it.
     pub(super) claimed: Arc<super::acks::ClaimedJobs>,
+    /// Queues whose jobs were found to need the checked claim, for a while.
+    pub(super) checked_queues: Arc<super::claims::CheckedQueues>,
 }
 
 /// The requests merged into shared transactions (`batch.rs`).
@@ -155,6 +158,7 @@ impl PgJobs {
             window_opens_at: Arc::default(),
             cron_retries: Arc::default(),
             claimed: Arc::default(),
+            checked_queues: Arc::default(),
         }
     }
 
@@ -339,13 +343,18 @@ impl PgJobs {
         let client = self.client().await?;
         let row = client
             .maybe_row(
-                "SELECT body FROM svc_jobs WHERE id = $1::text::uuid \
-                 UNION ALL SELECT body FROM svc_job_history WHERE id = $1::text::uuid LIMIT 1",
+                concat!(
+                    "SELECT ",
+                    job_columns!(),
+                    " FROM svc_jobs WHERE id = $1::text::uuid \
+                     UNION ALL SELECT id::text, body, NULL, NULL, NULL FROM svc_job_history \
+                     WHERE id = $1::text::uuid LIMIT 1"
+                ),
                 &[&id.to_string()],
             )
             .await
             .map_err(database)?;
-        row.map(|row| decode(&id.to_string(), row.get(0)).map(Arc::new)).transpose()
+        row.map(|row| job_of(&row).map(Arc::new)).transpose()
     }
 
     /// Claims up to `request.count` available jobs from the listed queues
@@ -514,7 +523,7 @@ impl PgJobs {
                 let ids: Vec<String> = ids.iter().map(JobId::to_string).collect();
                 locked_jobs(
                     &transaction,
-                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'active' \
+                    "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'active' \
                      AND (worker_id IS NULL OR worker_id = $2) ORDER BY id FOR UPDATE",
                     &[&ids, &worker_id],
                 )
@@ -523,7 +532,7 @@ impl PgJobs {
             None => {
                 locked_jobs(
                     &transaction,
-                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE state = 'active' AND worker_id = $1 \
+                    "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE state = 'active' AND worker_id = $1 \
                      ORDER BY id FOR UPDATE",
                     &[&worker_id],
                 )
@@ -556,7 +565,7 @@ impl PgJobs {
         let mut jobs = due_jobs(
             &transaction,
             concat!(
-                "SELECT id::text AS id_text, body FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
+                "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
                 ts!("$1"),
                 " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
@@ -667,7 +676,7 @@ impl PgJobs {
         let mut jobs = due_jobs(
             &transaction,
             concat!(
-                "SELECT id::text AS id_text, body FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
+                "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
                 ts!("$1"),
                 " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
@@ -692,7 +701,7 @@ impl PgJobs {
         let mut jobs = due_jobs(
             &transaction,
             concat!(
-                "SELECT id::text AS id_text, body FROM svc_jobs \
+                "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs \
              WHERE state IN ('pending', 'scheduled', 'available', 'retryable') AND expires_at <= ",
                 ts!("$1"),
                 " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
@@ -768,7 +777,8 @@ impl PgJobs {
     }
 }
 
-/// Writes an unfinished job's row back.
+/// Writes an unfinished job's row back, its claim (if any) in `body`
+/// again: the claim's columns cleared.
 pub(super) async fn update_row(transaction: &Transaction<'_>, job: &Job) -> Result<(), EngineError> {
     let id = job.id.to_string();
     let lease = if job.state == JobState::Active { transition::claim_ends(job) } else { None };
@@ -780,7 +790,8 @@ pub(super) async fn update_row(transaction: &Transaction<'_>, job: &Job) -> Resu
                 ts!("$4"),
                 ", attempt = $5, claim = CASE WHEN $2 = 'active' THEN claim END, lease_until = ",
                 ts!("$6"),
-                ", worker_id = $7, body = $8 WHERE id = $1::text::uuid"
+                ", worker_id = $7, body = $8, claimed_ms = NULL, visible_until_ms = NULL, \
+                 visibility_ms = $9, timeout_ms = $10 WHERE id = $1::text::uuid"
             ),
             &[
                 &id,
@@ -791,6 +802,8 @@ pub(super) async fn update_row(transaction: &Transaction<'_>, job: &Job) -> Resu
                 &lease,
                 &worker,
                 &encode(job),
+                &(job.visibility_timeout_ms as i64),
+                &(job.timeout_ms as i64),
             ],
         )
         .await
@@ -802,10 +815,10 @@ pub(super) async fn update_row(transaction: &Transaction<'_>, job: &Job) -> Resu
 pub(super) async fn locked(transaction: &Transaction<'_>, id: JobId) -> Result<Option<Job>, EngineError> {
     let key = id.to_string();
     let row = transaction
-        .maybe_row("SELECT body FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE", &[&key])
+        .maybe_row(concat!("SELECT ", job_columns!(), " FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE"), &[&key])
         .await
         .map_err(database)?;
-    row.map(|row| decode(&key, row.get(0))).transpose()
+    row.map(|row| job_of(&row)).transpose()
 }
 
 /// Runs the rest of the transaction's statements on their generic plans.
@@ -842,12 +855,12 @@ async fn due_jobs(transaction: &Transaction<'_>, query: &str, params: Params<'_>
 pub(super) async fn lock_in_flight(transaction: &Transaction<'_>, ids: &[String]) -> Result<Vec<Job>, EngineError> {
     let rows = transaction
         .rows(
-            "SELECT id::text AS id_text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) ORDER BY id FOR UPDATE",
+            "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) ORDER BY id FOR UPDATE",
             &[&ids],
         )
         .await
         .map_err(database)?;
-    rows.iter().map(|row| decode(row.get(0), row.get(1))).collect()
+    rows.iter().map(job_of).collect()
 }
 
 /// The job, when it has finished.
@@ -901,14 +914,14 @@ pub(super) async fn move_rows(transaction: &Transaction<'_>, jobs: &[&Job]) -> R
     Ok(waiters.iter().filter_map(|row| row.get::<_, Option<String>>(0)).collect())
 }
 
-/// The jobs a locking query selects, as `(id, body)` rows.
+/// The jobs a locking query selects, as rows of [`job_columns`].
 async fn locked_jobs(
     transaction: &Transaction<'_>,
     query: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<Job>, EngineError> {
     let rows = transaction.rows(query, params).await.map_err(database)?;
-    rows.iter().map(|row| decode(row.get(0), row.get(1))).collect()
+    rows.iter().map(job_of).collect()
 }
 
 /// Tells every node's listener, once per queue and in one statement, that

@@ -13,8 +13,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use super::claims::job_of;
 use super::enqueues::insert;
-use super::jobs::{PgJobs, database, decode, lock_in_flight, notify_available};
+use super::jobs::{PgJobs, database, lock_in_flight, notify_available};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{BULK_CHUNK_MAX, BulkAction, BulkOutcome, EngineError, EventKind, JobCursor, JobFilter, JobsPage};
@@ -40,13 +41,21 @@ fn tables(states: &[JobState]) -> (bool, bool) {
 
 /// The page query over the tables the states are found in, `$6` rows at most.
 fn page_query(hot: bool, history: bool) -> String {
-    let select = |table: &str| format!("(SELECT id, body FROM {table} WHERE {CONDITIONS} ORDER BY id LIMIT $6)");
-    let sources = match (hot, history) {
-        (true, true) => format!("{} UNION ALL {}", select("svc_jobs"), select("svc_job_history")),
-        (true, false) => select("svc_jobs"),
-        _ => select("svc_job_history"),
+    // The claim's columns of a job in flight (`jobs::job_of`); none in the history.
+    let select = |table: &str, claim: &str| {
+        format!("(SELECT id, body, {claim} FROM {table} WHERE {CONDITIONS} ORDER BY id LIMIT $6)")
     };
-    format!("SELECT id::text AS id_text, body FROM ({sources}) AS listed ORDER BY id LIMIT $6")
+    let hot_rows = select("svc_jobs", "claimed_ms, visible_until_ms, worker_id");
+    let history_rows = select("svc_job_history", "NULL::int8, NULL::int8, NULL::text");
+    let sources = match (hot, history) {
+        (true, true) => format!("{hot_rows} UNION ALL {history_rows}"),
+        (true, false) => hot_rows,
+        _ => history_rows,
+    };
+    format!(
+        "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id \
+         FROM ({sources}) AS listed(id, body, claimed_ms, visible_until_ms, worker_id) ORDER BY id LIMIT $6"
+    )
 }
 
 impl PgJobs {
@@ -81,7 +90,7 @@ impl PgJobs {
                 .map_err(database)?;
             let read = rows.len();
             for row in rows {
-                let job = decode(row.get(0), row.get(1))?;
+                let job = job_of(&row)?;
                 scanned += 1;
                 after = Some(job.id);
                 if filter.keeps(&job) {
@@ -121,7 +130,7 @@ impl PgJobs {
             let (transaction, keys) = (&transaction, &keys);
             async move {
                 let rows = transaction.rows(sql, &[keys]).await.map_err(database)?;
-                rows.iter().map(|row| decode(row.get(0), row.get(1))).collect::<Result<Vec<Job>, _>>()
+                rows.iter().map(job_of).collect::<Result<Vec<Job>, _>>()
             }
         };
         let changed = match action {
@@ -165,7 +174,8 @@ impl PgJobs {
                     waiters = waiting.iter().map(|row| row.get(0)).collect();
                     // Cancelled first, in the same step: the events say both.
                     cancelled = rows(
-                        "DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) RETURNING id::text AS id_text, body",
+                        "DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
+                         RETURNING id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id",
                     )
                     .await?;
                 }

@@ -41,6 +41,7 @@ const MIGRATIONS: &[&str] = &[
     V13_CLAIM_ORDER,
     V14_PRUNE_INDEXES,
     V15_QUEUE_DEPTHS,
+    V16_CLAIM_COLUMNS,
 ];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
@@ -395,6 +396,21 @@ BEGIN
 END $$;
 
 SELECT svc_depths_keep() WHERE EXISTS (SELECT 1 FROM svc_queues WHERE max_depth IS NOT NULL);
+";
+
+/// Version 16: a claim written as columns. A claim no longer rewrites the
+/// job's `body`: it sets the claim's columns, and readers apply them to the
+/// body (docs/postgres.md, "Claims as columns"). That lets one statement
+/// select and claim jobs, where the new `body` needed a round trip.
+const V16_CLAIM_COLUMNS: &str = "
+-- Set by a claim, in Unix milliseconds: when it claimed the job and until
+-- when its worker holds it unseen. While `claimed_ms` is set, `body` is the
+-- job as it was before that claim; every later write of `body` clears both.
+ALTER TABLE svc_jobs ADD COLUMN claimed_ms int8, ADD COLUMN visible_until_ms int8;
+-- The job's own visibility timeout and execution timeout, for the lease a
+-- claim computes in SQL; NULL on rows written before this version, which
+-- are claimed the checked way.
+ALTER TABLE svc_jobs ADD COLUMN visibility_ms int8, ADD COLUMN timeout_ms int8;
 ";
 
 /// Why the schema cannot be brought to this binary's version.

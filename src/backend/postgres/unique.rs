@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use deadpool_postgres::Transaction;
 
-use super::jobs::{PgJobs, database, decode, lock_in_flight};
+use super::claims::{job_columns, job_of};
+use super::jobs::{PgJobs, database, lock_in_flight};
 use super::sql::Prepared;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind};
@@ -44,10 +45,10 @@ pub(super) async fn lock_and_read_holders<'a>(
         .await
         .map_err(database)?;
     let rows = transaction
-        .rows("SELECT id::text AS id_text, body FROM svc_jobs WHERE unique_key = ANY($1::bytea[])", &[&keys])
+        .rows(concat!("SELECT ", job_columns!(), " FROM svc_jobs WHERE unique_key = ANY($1::bytea[])"), &[&keys])
         .await
         .map_err(database)?;
-    rows.iter().map(|row| decode(row.get(0), row.get(1)).map(Arc::new)).collect()
+    rows.iter().map(|row| job_of(row).map(Arc::new)).collect()
 }
 
 /// The holders that block `job` at `now` among `candidates` (none that

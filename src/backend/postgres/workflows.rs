@@ -21,8 +21,9 @@ use std::sync::Arc;
 
 use deadpool_postgres::Transaction;
 
+use super::claims::{job_columns, job_of};
 use super::enqueues::insert;
-use super::jobs::{CONTENTION_TRIES, decode as decode_job, lock_in_flight, update_row};
+use super::jobs::{CONTENTION_TRIES, lock_in_flight, update_row};
 use super::jobs::{PgJobs, database, duplicate_of, finished, finished_at, locked, move_rows, notify_available};
 use super::sql::{Prepared, from_body, to_body};
 use crate::backend::Page;
@@ -371,14 +372,16 @@ impl PgJobs {
                 .collect();
             let rows = transaction
                 .rows(
-                    "SELECT id::text AS id_text, body FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
-                     AND state = 'pending' ORDER BY id FOR UPDATE",
+                    concat!(
+                        "SELECT ",
+                        job_columns!(),
+                        " FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'pending' ORDER BY id FOR UPDATE"
+                    ),
                     &[&waiting],
                 )
                 .await
                 .map_err(database)?;
-            let mut cancelled =
-                rows.iter().map(|row| decode_job(row.get(0), row.get(1))).collect::<Result<Vec<_>, _>>()?;
+            let mut cancelled = rows.iter().map(job_of).collect::<Result<Vec<_>, _>>()?;
             for step in &mut cancelled {
                 transition::cancel(step, at);
                 let kind = EventKind::Cancelled { previous_state: JobState::Pending, reason: "workflow_failed" };
