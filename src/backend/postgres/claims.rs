@@ -28,7 +28,7 @@ use super::events::claimed_header;
 use super::jobs::{PgJobs, database, decode, generic_plans};
 use super::sql::Prepared;
 use crate::clock::Millis;
-use crate::engine::{EngineError, EventKind, FetchRequest};
+use crate::engine::{EngineError, EventKind, FetchRequest, Unavailable};
 use crate::job::{Job, transition};
 
 /// One fetch waiting to be merged.
@@ -201,24 +201,42 @@ impl PgJobs {
             }
         }
         let now = claims.iter().map(|claim| claim.now).max().unwrap_or_default();
+        let contention = EngineError::Unavailable { reason: Unavailable::Contention };
+        // Each statement commits on its own: what one claimed is answered
+        // whatever becomes of the statements and the transaction after it,
+        // and a failure answers the fetches it ran for alone.
+        let mut failed: Vec<Option<EngineError>> = claims.iter().map(|_| None).collect();
         let mut handed = Handed::new();
         let mut checked = Vec::new();
         for (queues, members) in groups {
-            match queues {
-                [queue] if !self.checked_queues.checked(queue, now) => {
-                    match self.claim_at_once(&claims, queue, &members).await? {
-                        Some(jobs) => handed.extend(jobs),
-                        None => {
-                            self.checked_queues.check(queue, now);
-                            checked.push((queues, members));
-                        }
-                    }
+            let [queue] = queues else {
+                checked.push((queues, members));
+                continue;
+            };
+            if self.checked_queues.checked(queue, now) {
+                checked.push((queues, members));
+                continue;
+            }
+            match self.claim_at_once(&claims, queue, &members).await {
+                Ok(Some(jobs)) => handed.extend(jobs),
+                Ok(None) => {
+                    self.checked_queues.check(queue, now);
+                    checked.push((queues, members));
                 }
-                _ => checked.push((queues, members)),
+                // Rolled back to break a deadlock: nothing was claimed.
+                Err(error) if error == contention => checked.push((queues, members)),
+                Err(error) => members.iter().for_each(|index| failed[*index] = Some(error.clone())),
             }
         }
         if !checked.is_empty() {
-            handed.extend(self.claim_checked(&claims, &checked).await?);
+            match self.claim_checked(&claims, &checked).await {
+                Ok(jobs) => handed.extend(jobs),
+                Err(error) => {
+                    for index in checked.iter().flat_map(|(_, members)| members) {
+                        failed[*index] = Some(error.clone());
+                    }
+                }
+            }
         }
         let mut answers: Vec<Vec<Arc<Job>>> = claims.iter().map(|_| Vec::new()).collect();
         let mut tokens = Vec::with_capacity(handed.len());
@@ -228,7 +246,14 @@ impl PgJobs {
             answers[index].push(job);
         }
         self.claimed.keep(tokens.into_iter());
-        Ok(answers.into_iter().map(Ok).collect())
+        Ok(answers
+            .into_iter()
+            .zip(failed)
+            .map(|(jobs, failed)| match failed {
+                Some(error) => Err(error),
+                None => Ok(jobs),
+            })
+            .collect())
     }
 
     /// Claims for the fetches `members` of `queue` with one statement,
