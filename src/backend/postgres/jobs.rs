@@ -523,8 +523,12 @@ impl PgJobs {
                 let ids: Vec<String> = ids.iter().map(JobId::to_string).collect();
                 locked_jobs(
                     &transaction,
-                    "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'active' \
-                     AND (worker_id IS NULL OR worker_id = $2) ORDER BY id FOR UPDATE",
+                    concat!(
+                        "SELECT ",
+                        job_columns!(),
+                        " FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) AND state = 'active' \
+                     AND (worker_id IS NULL OR worker_id = $2) ORDER BY id FOR UPDATE"
+                    ),
                     &[&ids, &worker_id],
                 )
                 .await?
@@ -532,8 +536,12 @@ impl PgJobs {
             None => {
                 locked_jobs(
                     &transaction,
-                    "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE state = 'active' AND worker_id = $1 \
-                     ORDER BY id FOR UPDATE",
+                    concat!(
+                        "SELECT ",
+                        job_columns!(),
+                        " FROM svc_jobs WHERE state = 'active' AND worker_id = $1 \
+                     ORDER BY id FOR UPDATE"
+                    ),
                     &[&worker_id],
                 )
                 .await?
@@ -565,7 +573,9 @@ impl PgJobs {
         let mut jobs = due_jobs(
             &transaction,
             concat!(
-                "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
+                "SELECT ",
+                job_columns!(),
+                " FROM svc_jobs WHERE state = 'active' AND lease_until <= ",
                 ts!("$1"),
                 " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
@@ -676,7 +686,9 @@ impl PgJobs {
         let mut jobs = due_jobs(
             &transaction,
             concat!(
-                "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
+                "SELECT ",
+                job_columns!(),
+                " FROM svc_jobs WHERE state IN ('scheduled', 'retryable') AND ready_at <= ",
                 ts!("$1"),
                 " ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
@@ -701,7 +713,9 @@ impl PgJobs {
         let mut jobs = due_jobs(
             &transaction,
             concat!(
-                "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs \
+                "SELECT ",
+                job_columns!(),
+                " FROM svc_jobs \
              WHERE state IN ('pending', 'scheduled', 'available', 'retryable') AND expires_at <= ",
                 ts!("$1"),
                 " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
@@ -855,7 +869,11 @@ async fn due_jobs(transaction: &Transaction<'_>, query: &str, params: Params<'_>
 pub(super) async fn lock_in_flight(transaction: &Transaction<'_>, ids: &[String]) -> Result<Vec<Job>, EngineError> {
     let rows = transaction
         .rows(
-            "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) ORDER BY id FOR UPDATE",
+            concat!(
+                "SELECT ",
+                job_columns!(),
+                " FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) ORDER BY id FOR UPDATE"
+            ),
             &[&ids],
         )
         .await

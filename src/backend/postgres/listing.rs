@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::claims::job_of;
+use super::claims::{job_columns, job_of};
 use super::enqueues::insert;
 use super::jobs::{PgJobs, database, lock_in_flight, notify_available};
 use super::sql::Prepared;
@@ -53,8 +53,12 @@ fn page_query(hot: bool, history: bool) -> String {
         _ => history_rows,
     };
     format!(
-        "SELECT id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id \
-         FROM ({sources}) AS listed(id, body, claimed_ms, visible_until_ms, worker_id) ORDER BY id LIMIT $6"
+        concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM ({}) AS listed(id, body, claimed_ms, visible_until_ms, worker_id) ORDER BY id LIMIT $6"
+        ),
+        sources
     )
 }
 
@@ -173,10 +177,10 @@ impl PgJobs {
                         .map_err(database)?;
                     waiters = waiting.iter().map(|row| row.get(0)).collect();
                     // Cancelled first, in the same step: the events say both.
-                    cancelled = rows(
-                        "DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) \
-                         RETURNING id::text AS id_text, body, claimed_ms, visible_until_ms, worker_id",
-                    )
+                    cancelled = rows(concat!(
+                        "DELETE FROM svc_jobs WHERE id = ANY($1::text[]::uuid[]) RETURNING ",
+                        job_columns!()
+                    ))
                     .await?;
                 }
                 let previous: Vec<JobState> = cancelled.iter().map(|job| job.state).collect();
