@@ -9,6 +9,11 @@
 #   merged     svc bench --target postgres-merged: the same queue with the
 #              connections' requests merged as svc merges them, the floor
 #              of merging on this machine (fill: a binary COPY a request)
+#   history    svc bench --target postgres-merged-history: merged, and each
+#              acked job moved into a history table partitioned by day,
+#              as svc's layout does (fill: 100 jobs a request, merged)
+#   outbox     svc bench --target postgres-merged-outbox: as history, with
+#              an event row beside each enqueue, claim and ack
 #   pg         svc serve --postgres, one node
 #   pg2        two svc nodes on one database, each driven by its own
 #              `svc bench` with half the connections and half the jobs
@@ -85,6 +90,8 @@ measure() { # target workload
     case "$1" in
         plain) result=$(bench "$(fresh_db)" "$2" "$JOBS" 32 --target postgres) ;;
         merged) result=$(bench "$(fresh_db)" "$2" "$JOBS" 32 --target postgres-merged) ;;
+        history) result=$(bench "$(fresh_db)" "$2" "$JOBS" 32 --target postgres-merged-history) ;;
+        outbox) result=$(bench "$(fresh_db)" "$2" "$JOBS" 32 --target postgres-merged-outbox) ;;
         local)
             serve "${PORTS[0]}"
             result=$(bench "127.0.0.1:${PORTS[0]}" "$2" "$JOBS" 32)
@@ -126,7 +133,7 @@ measure() { # target workload
 
 for _ in $(seq "$ROUNDS"); do
     for workload in enqueue fill drain; do
-        for target in plain merged pg pg2 local; do measure "$target" "$workload"; done
+        for target in plain merged history outbox pg pg2 local; do measure "$target" "$workload"; done
     done
 done
 
@@ -135,8 +142,11 @@ median() { grep "^$1 $2 " "$WORK/rounds" | cut -d' ' -f3 | grep -x '[0-9]*' | so
 ratio() { if [ "$2" = 0 ]; then echo "-"; else echo "scale=2; $1 / $2" | bc; fi; }
 for workload in enqueue fill drain; do
     plain=$(median plain "$workload")
-    echo "$workload medians (jobs/s): plain=$plain merged=$(median merged "$workload") pg=$(median pg "$workload")" \
+    echo "$workload medians (jobs/s): plain=$plain merged=$(median merged "$workload")" \
+        "history=$(median history "$workload") outbox=$(median outbox "$workload") pg=$(median pg "$workload")" \
         "pg2=$(median pg2 "$workload") local=$(median local "$workload")" \
-        " merged/plain=$(ratio "$(median merged "$workload")" "$plain") pg/plain=$(ratio "$(median pg "$workload")" "$plain")" \
+        " merged/plain=$(ratio "$(median merged "$workload")" "$plain")" \
+        "history/plain=$(ratio "$(median history "$workload")" "$plain")" \
+        "outbox/plain=$(ratio "$(median outbox "$workload")" "$plain") pg/plain=$(ratio "$(median pg "$workload")" "$plain")" \
         "pg2/pg=$(ratio "$(median pg2 "$workload")" "$(median pg "$workload")")"
 done

@@ -244,6 +244,13 @@ enum TargetName {
     /// statement per kind, as svc's PostgreSQL backend merges them (`fill`:
     /// one binary `COPY` per request of 100 jobs).
     PostgresMerged,
+    /// The merged queue, moving each acked job into a history table
+    /// partitioned by day, as svc's PostgreSQL layout does (`fill`: each
+    /// request's 100 jobs merged).
+    PostgresMergedHistory,
+    /// As `postgres-merged-history`, with an event row written beside each
+    /// enqueue, claim and ack in the same statement.
+    PostgresMergedOutbox,
 }
 
 fn main() -> ExitCode {
@@ -333,19 +340,28 @@ fn bench(flags: BenchFlags) -> ExitCode {
         ack_fetch: flags.ack_fetch,
         key: flags.key.or_else(|| flags.key_env.and_then(|variable| std::env::var(variable).ok())),
     };
-    if matches!(flags.target, TargetName::Postgres | TargetName::PostgresMerged) {
+    let postgres = match flags.target {
+        TargetName::Svc | TargetName::Redis => None,
+        TargetName::Postgres => Some(None),
+        TargetName::PostgresMerged => Some(Some(bench::postgres::Layout::Plain)),
+        TargetName::PostgresMergedHistory => Some(Some(bench::postgres::Layout::History)),
+        TargetName::PostgresMergedOutbox => Some(Some(bench::postgres::Layout::Outbox)),
+    };
+    if let Some(merged) = postgres {
         if !matches!(workload, Workload::Enqueue | Workload::Fill | Workload::Drain) {
             eprintln!("svc bench: --target postgres runs enqueue, fill and drain");
             return ExitCode::from(2);
         }
-        let merged = matches!(flags.target, TargetName::PostgresMerged);
         return print_report(bench::run_postgres(options, merged));
     }
     if workload == Workload::Fill {
         let target = match flags.target {
             TargetName::Svc => bench::fill::Target::Svc,
             TargetName::Redis => bench::fill::Target::Redis,
-            TargetName::Postgres | TargetName::PostgresMerged => unreachable!("answered above"),
+            TargetName::Postgres
+            | TargetName::PostgresMerged
+            | TargetName::PostgresMergedHistory
+            | TargetName::PostgresMergedOutbox => unreachable!("answered above"),
         };
         return print_report(bench::run_fill(options, target));
     }

@@ -520,7 +520,7 @@ pub fn run_redis(options: BenchOptions) -> Result<BenchReport, String> {
 }
 
 /// Runs `enqueue`, `fill` or `drain` against a plain queue on PostgreSQL (`postgres.rs`).
-pub fn run_postgres(options: BenchOptions, merged: bool) -> Result<BenchReport, String> {
+pub fn run_postgres(options: BenchOptions, merged: Option<postgres::Layout>) -> Result<BenchReport, String> {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
     runtime.block_on(postgres::run(&options, merged))

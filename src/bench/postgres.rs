@@ -21,6 +21,16 @@
 //! acks one `UPDATE ... WHERE id = ANY(...)`. `fill` there writes each
 //! request's 100 jobs with a binary `COPY` instead, unmerged, for the figure
 //! of `COPY` against `unnest` at that batch size.
+//!
+//! Two more floors add, one at a time, the work svc's PostgreSQL layout does
+//! for every job (docs/postgres.md, "Tables"), still merged and with none of
+//! svc's own work. `--target postgres-merged-history` moves each acked job
+//! out of the hot table into a history table partitioned by day (`DELETE ...
+//! RETURNING` into an `INSERT`, one statement). `--target
+//! postgres-merged-outbox` also writes an event row beside each enqueue,
+//! claim and ack, in the same statement (the outbox webhooks and the event
+//! listing read). In both, `fill` merges each request's 100 jobs through the
+//! enqueue merger, as svc does.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,11 +70,78 @@ const CLAIM_MANY: &str = "WITH picked AS MATERIALIZED (SELECT id FROM bench_jobs
      UPDATE bench_jobs j SET state = 'active', attempt = attempt + 1, started_at = now() \
      FROM picked WHERE j.id = picked.id RETURNING j.id, j.args";
 const ACK_MANY: &str = "UPDATE bench_jobs SET state = 'completed', finished_at = now() WHERE id = ANY($1)";
+/// The history and outbox tables of the [`Layout::History`] and
+/// [`Layout::Outbox`] floors, laid out as svc's: history keyed by (finished
+/// time, id) with an index on id, one partition holding today.
+const LAYOUT_SCHEMA: &str = "
+DROP TABLE IF EXISTS bench_history;
+DROP TABLE IF EXISTS bench_events;
+CREATE TABLE bench_history (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    attempt integer NOT NULL,
+    args jsonb NOT NULL,
+    created_at timestamptz NOT NULL,
+    started_at timestamptz,
+    finished_at timestamptz NOT NULL,
+    PRIMARY KEY (finished_at, id)
+) PARTITION BY RANGE (finished_at);
+CREATE INDEX bench_history_id ON bench_history (id);
+DO $$ BEGIN
+    EXECUTE format('CREATE TABLE bench_history_now PARTITION OF bench_history FOR VALUES FROM (%L) TO (%L)',
+        date_trunc('day', now()), date_trunc('day', now()) + interval '2 days');
+END $$;
+CREATE TABLE bench_events (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    kind text NOT NULL,
+    at timestamptz NOT NULL DEFAULT now(),
+    body jsonb NOT NULL
+);
+";
+const ACK_MOVE: &str = "WITH done AS (DELETE FROM bench_jobs WHERE id = ANY($1) \
+       RETURNING id, queue, attempt, args, created_at, started_at) \
+     INSERT INTO bench_history SELECT id, queue, attempt, args, created_at, started_at, now() FROM done";
+const INSERT_MANY_EVENTS: &str = "WITH added AS (INSERT INTO bench_jobs (queue, args) \
+       SELECT 'bench', a::jsonb FROM unnest($1::text[]) AS a RETURNING id, args) \
+     INSERT INTO bench_events (job_id, kind, body) SELECT id, 'enqueued', args FROM added";
+const CLAIM_MANY_EVENTS: &str = "WITH picked AS MATERIALIZED (SELECT id FROM bench_jobs \
+       WHERE queue = 'bench' AND state = 'available' ORDER BY priority DESC, id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+     claimed AS (UPDATE bench_jobs j SET state = 'active', attempt = attempt + 1, started_at = now() \
+       FROM picked WHERE j.id = picked.id RETURNING j.id, j.args), \
+     told AS (INSERT INTO bench_events (job_id, kind, body) SELECT id, 'started', args FROM claimed) \
+     SELECT id, args FROM claimed";
+const ACK_MOVE_EVENTS: &str = "WITH done AS (DELETE FROM bench_jobs WHERE id = ANY($1) \
+       RETURNING id, queue, attempt, args, created_at, started_at), \
+     moved AS (INSERT INTO bench_history SELECT id, queue, attempt, args, created_at, started_at, now() \
+       FROM done RETURNING id, args) \
+     INSERT INTO bench_events (job_id, kind, body) SELECT id, 'completed', args FROM moved";
 const COPY_IN: &str = "COPY bench_jobs (queue, args) FROM STDIN (FORMAT binary)";
 /// Requests merged into one statement at most, and merged statements of one
 /// kind under way at once: svc's PostgreSQL backend's figures.
 const MERGED_MAX: usize = 64;
 const MERGED_IN_FLIGHT: usize = 2;
+
+/// What a merged floor writes for each job.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Layout {
+    /// The plain queue's one table: an ack is an `UPDATE`.
+    Plain,
+    /// An ack moves the job into the history table.
+    History,
+    /// As `History`, and every enqueue, claim and ack writes an event row.
+    Outbox,
+}
+
+impl Layout {
+    fn statements(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Layout::Plain => (INSERT_MANY, CLAIM_MANY, ACK_MANY),
+            Layout::History => (INSERT_MANY, CLAIM_MANY, ACK_MOVE),
+            Layout::Outbox => (INSERT_MANY_EVENTS, CLAIM_MANY_EVENTS, ACK_MOVE_EVENTS),
+        }
+    }
+}
 
 async fn connect(url: &str) -> Result<Client, String> {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(|error| format!("{url}: {error}"))?;
@@ -78,11 +155,11 @@ fn args(n: u64) -> String {
 }
 
 /// Runs `enqueue`, `fill` or `drain` against the plain queue at
-/// `options.address` (a URL), each connection on its own or, if `merged`,
-/// through mergers.
-pub async fn run(options: &BenchOptions, merged: bool) -> Result<BenchReport, String> {
-    if merged {
-        return run_merged(options).await;
+/// `options.address` (a URL), each connection on its own or, with a
+/// `merged` layout, through mergers.
+pub async fn run(options: &BenchOptions, merged: Option<Layout>) -> Result<BenchReport, String> {
+    if let Some(layout) = merged {
+        return run_merged(options, layout).await;
     }
     let setup = connect(&options.address).await?;
     setup.batch_execute(SCHEMA).await.map_err(|error| error.to_string())?;
@@ -230,39 +307,43 @@ struct Mergers {
     ack: Merger<i64, ()>,
 }
 
-async fn mergers(url: &str) -> Result<Mergers, String> {
-    let enqueue = Merger::start(url, |client: Arc<Client>, batches: Vec<Vec<String>>| async move {
+async fn mergers(url: &str, layout: Layout) -> Result<Mergers, String> {
+    let (insert_many, claim_many, ack_many) = layout.statements();
+    let enqueue = Merger::start(url, move |client: Arc<Client>, batches: Vec<Vec<String>>| async move {
         let count = batches.len();
         let all: Vec<String> = batches.into_iter().flatten().collect();
-        client.execute(INSERT_MANY, &[&all]).await.map_err(|error| error.to_string())?;
+        client.execute(insert_many, &[&all]).await.map_err(|error| error.to_string())?;
         Ok(vec![(); count])
     })
     .await?;
-    let claim = Merger::start(url, |client: Arc<Client>, asked: Vec<()>| async move {
-        let rows = client.query(CLAIM_MANY, &[&(asked.len() as i64)]).await.map_err(|error| error.to_string())?;
+    let claim = Merger::start(url, move |client: Arc<Client>, asked: Vec<()>| async move {
+        let rows = client.query(claim_many, &[&(asked.len() as i64)]).await.map_err(|error| error.to_string())?;
         let mut ids: Vec<Option<i64>> = rows.iter().map(|row| Some(row.get(0))).collect();
         ids.resize(asked.len(), None);
         Ok(ids)
     })
     .await?;
-    let ack = Merger::start(url, |client: Arc<Client>, ids: Vec<i64>| async move {
+    let ack = Merger::start(url, move |client: Arc<Client>, ids: Vec<i64>| async move {
         let count = ids.len();
-        client.execute(ACK_MANY, &[&ids]).await.map_err(|error| error.to_string())?;
+        client.execute(ack_many, &[&ids]).await.map_err(|error| error.to_string())?;
         Ok(vec![(); count])
     })
     .await?;
     Ok(Mergers { enqueue, claim, ack })
 }
 
-async fn run_merged(options: &BenchOptions) -> Result<BenchReport, String> {
+async fn run_merged(options: &BenchOptions, layout: Layout) -> Result<BenchReport, String> {
     let setup = connect(&options.address).await?;
     setup.batch_execute(SCHEMA).await.map_err(|error| error.to_string())?;
+    if layout != Layout::Plain {
+        setup.batch_execute(LAYOUT_SCHEMA).await.map_err(|error| error.to_string())?;
+    }
     if options.workload == Workload::Drain {
         load(&setup, options.jobs).await?;
     }
-    let mergers = Arc::new(mergers(&options.address).await?);
+    let mergers = Arc::new(mergers(&options.address, layout).await?);
     let mut copy_clients = Vec::new();
-    if options.workload == Workload::Fill {
+    if options.workload == Workload::Fill && layout == Layout::Plain {
         for _ in 0..options.connections {
             copy_clients.push(Some(connect(&options.address).await?));
         }
@@ -276,7 +357,8 @@ async fn run_merged(options: &BenchOptions) -> Result<BenchReport, String> {
         tasks.push(tokio::spawn(async move {
             match (workload, copy_client) {
                 (Workload::Fill, Some(client)) => copy_fill(&client, &counter, jobs).await,
-                (Workload::Enqueue, _) => merged_enqueue(&mergers, &counter, jobs).await,
+                (Workload::Enqueue, _) => merged_enqueue(&mergers, &counter, jobs, 1).await,
+                (Workload::Fill, None) => merged_enqueue(&mergers, &counter, jobs, 100).await,
                 _ => merged_drain(&mergers).await,
             }
         }));
@@ -285,17 +367,20 @@ async fn run_merged(options: &BenchOptions) -> Result<BenchReport, String> {
     gather_report(options.workload, options.connections, tasks, started, &none).await
 }
 
-async fn merged_enqueue(mergers: &Mergers, counter: &AtomicU64, jobs: u64) -> LoopResult {
+/// Enqueues `per_request` jobs a request through the enqueue merger until
+/// `jobs` are in.
+async fn merged_enqueue(mergers: &Mergers, counter: &AtomicU64, jobs: u64, per_request: u64) -> LoopResult {
     let (mut latencies, mut inserted) = (Vec::new(), 0);
     loop {
-        let n = counter.fetch_add(1, Ordering::Relaxed);
-        if n >= jobs {
+        let first = counter.fetch_add(per_request, Ordering::Relaxed);
+        if first >= jobs {
             return Ok((inserted, latencies));
         }
+        let last = jobs.min(first + per_request);
         let sent = Instant::now();
-        mergers.enqueue.submit(vec![args(n)]).await?;
+        mergers.enqueue.submit((first..last).map(args).collect()).await?;
         latencies.push(micros(sent.elapsed()));
-        inserted += 1;
+        inserted += last - first;
     }
 }
 
