@@ -9,6 +9,7 @@
 #   [RATE=500] [DURATION=10] [CONNECTIONS=4] benches/latency.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+command -v redis-server >/dev/null || { echo "latency.sh: install redis-server (Debian's redis-server package)" >&2; exit 1; }
 ROUNDS=${1:-3}
 RATE=${RATE:-500}
 SECONDS_PER_ROUND=${DURATION:-10}
