@@ -14,6 +14,9 @@
 #              as svc's layout does (fill: 100 jobs a request, merged)
 #   outbox     svc bench --target postgres-merged-outbox: as history, with
 #              an event row beside each enqueue, claim and ack
+#   merged2    the merged floor as two load generators on one database, 16
+#              connections each, each merging its own requests (`--shared`):
+#              what splitting the requests between two nodes costs merging
 #   pg         svc serve --postgres, one node
 #   pg2        two svc nodes on one database, each driven by its own
 #              `svc bench` with half the connections and half the jobs
@@ -92,6 +95,30 @@ measure() { # target workload
         merged) result=$(bench "$(fresh_db)" "$2" "$JOBS" 32 --target postgres-merged) ;;
         history) result=$(bench "$(fresh_db)" "$2" "$JOBS" 32 --target postgres-merged-history) ;;
         outbox) result=$(bench "$(fresh_db)" "$2" "$JOBS" 32 --target postgres-merged-outbox) ;;
+        merged2)
+            local url start end first
+            url=$(fresh_db)
+            if [ "$2" = drain ]; then
+                # One run makes the table and loads it, then two drain it.
+                bench "$url" fill "$JOBS" 32 --target postgres-merged >/dev/null
+                start=$(date +%s.%N)
+                "$SVC" bench --address "$url" --workload drain --jobs 0 --connections 16 \
+                    --target postgres-merged --shared >/dev/null &
+                first=$!
+                "$SVC" bench --address "$url" --workload drain --jobs 0 --connections 16 \
+                    --target postgres-merged --shared >/dev/null
+                wait "$first"
+                end=$(date +%s.%N)
+                result=$(echo "$JOBS / ($end - $start)" | bc)
+            else
+                bench "$url" fill 0 1 --target postgres-merged >/dev/null
+                bench "$url" "$2" $((JOBS / 2)) 16 --target postgres-merged --shared >"$WORK/a" &
+                first=$!
+                bench "$url" "$2" $((JOBS / 2)) 16 --target postgres-merged --shared >"$WORK/b"
+                wait "$first"
+                result=$(( $(cat "$WORK/a") + $(cat "$WORK/b") ))
+            fi
+            ;;
         local)
             serve "${PORTS[0]}"
             result=$(bench "127.0.0.1:${PORTS[0]}" "$2" "$JOBS" 32)
@@ -133,7 +160,7 @@ measure() { # target workload
 
 for _ in $(seq "$ROUNDS"); do
     for workload in enqueue fill drain; do
-        for target in plain merged history outbox pg pg2 local; do measure "$target" "$workload"; done
+        for target in plain merged merged2 history outbox pg pg2 local; do measure "$target" "$workload"; done
     done
 done
 
@@ -148,5 +175,6 @@ for workload in enqueue fill drain; do
         " merged/plain=$(ratio "$(median merged "$workload")" "$plain")" \
         "history/plain=$(ratio "$(median history "$workload")" "$plain")" \
         "outbox/plain=$(ratio "$(median outbox "$workload")" "$plain") pg/plain=$(ratio "$(median pg "$workload")" "$plain")" \
+        "merged2/merged=$(ratio "$(median merged2 "$workload")" "$(median merged "$workload")")" \
         "pg2/pg=$(ratio "$(median pg2 "$workload")" "$(median pg "$workload")")"
 done

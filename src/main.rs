@@ -191,6 +191,11 @@ struct BenchFlags {
     /// the same request (one round trip per job).
     #[arg(long)]
     ack_fetch: bool,
+    /// `--target postgres*`: the queue's tables exist already (made by an
+    /// earlier run on the same database), so this run neither makes them
+    /// nor loads jobs: several load generators can drive one queue.
+    #[arg(long)]
+    shared: bool,
     /// An API key to send with every request; `--key-env VAR` reads it from
     /// an environment variable instead, keeping it out of the process list.
     #[arg(long)]
@@ -338,6 +343,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         wait_ms: flags.wait_ms,
         unique: flags.unique,
         ack_fetch: flags.ack_fetch,
+        shared: flags.shared,
         key: flags.key.or_else(|| flags.key_env.and_then(|variable| std::env::var(variable).ok())),
     };
     let postgres = match flags.target {

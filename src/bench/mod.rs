@@ -107,6 +107,9 @@ pub struct BenchOptions {
     pub unique: bool,
     /// `drain` and `steady` consumers ack with `fetch`: one request per job.
     pub ack_fetch: bool,
+    /// `--target postgres*`: use the tables an earlier run made, loading
+    /// nothing (`postgres.rs`).
+    pub shared: bool,
     /// An API key sent with every request (`Authorization: Bearer`).
     pub key: Option<String>,
 }

@@ -31,6 +31,10 @@
 //! claim and ack, in the same statement (the outbox webhooks and the event
 //! listing read). In both, `fill` merges each request's 100 jobs through the
 //! enqueue merger, as svc does.
+//!
+//! With `--shared`, a run uses the tables an earlier run on the same
+//! database made and loads nothing, so that two load generators can stand
+//! for two svc nodes on one database, each merging only its own requests.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -161,10 +165,12 @@ pub async fn run(options: &BenchOptions, merged: Option<Layout>) -> Result<Bench
     if let Some(layout) = merged {
         return run_merged(options, layout).await;
     }
-    let setup = connect(&options.address).await?;
-    setup.batch_execute(SCHEMA).await.map_err(|error| error.to_string())?;
-    if options.workload == Workload::Drain {
-        load(&setup, options.jobs).await?;
+    if !options.shared {
+        let setup = connect(&options.address).await?;
+        setup.batch_execute(SCHEMA).await.map_err(|error| error.to_string())?;
+        if options.workload == Workload::Drain {
+            load(&setup, options.jobs).await?;
+        }
     }
     let mut clients = Vec::new();
     for _ in 0..options.connections {
@@ -333,13 +339,15 @@ async fn mergers(url: &str, layout: Layout) -> Result<Mergers, String> {
 }
 
 async fn run_merged(options: &BenchOptions, layout: Layout) -> Result<BenchReport, String> {
-    let setup = connect(&options.address).await?;
-    setup.batch_execute(SCHEMA).await.map_err(|error| error.to_string())?;
-    if layout != Layout::Plain {
-        setup.batch_execute(LAYOUT_SCHEMA).await.map_err(|error| error.to_string())?;
-    }
-    if options.workload == Workload::Drain {
-        load(&setup, options.jobs).await?;
+    if !options.shared {
+        let setup = connect(&options.address).await?;
+        setup.batch_execute(SCHEMA).await.map_err(|error| error.to_string())?;
+        if layout != Layout::Plain {
+            setup.batch_execute(LAYOUT_SCHEMA).await.map_err(|error| error.to_string())?;
+        }
+        if options.workload == Workload::Drain {
+            load(&setup, options.jobs).await?;
+        }
     }
     let mergers = Arc::new(mergers(&options.address, layout).await?);
     let mut copy_clients = Vec::new();
