@@ -17,6 +17,7 @@
 #   merged2    the merged floor as two load generators on one database, 16
 #              connections each, each merging its own requests (`--shared`):
 #              what splitting the requests between two nodes costs merging
+#              (fill: a COPY a request, as `merged`, so nothing to merge)
 #   pg         svc serve --postgres, one node
 #   pg2        two svc nodes on one database, each driven by its own
 #              `svc bench` with half the connections and half the jobs

@@ -191,8 +191,8 @@ struct BenchFlags {
     /// the same request (one round trip per job).
     #[arg(long)]
     ack_fetch: bool,
-    /// `--target postgres*`: the queue's tables exist already (made by an
-    /// earlier run on the same database), so this run neither makes them
+    /// `--target postgres*` only: the queue's tables exist already (made by
+    /// an earlier run on the same database), so this run neither makes them
     /// nor loads jobs: several load generators can drive one queue.
     #[arg(long)]
     shared: bool,
@@ -353,6 +353,10 @@ fn bench(flags: BenchFlags) -> ExitCode {
         TargetName::PostgresMergedHistory => Some(Some(bench::postgres::Layout::History)),
         TargetName::PostgresMergedOutbox => Some(Some(bench::postgres::Layout::Outbox)),
     };
+    if flags.shared && postgres.is_none() {
+        eprintln!("svc bench: --shared goes with --target postgres and the postgres-merged floors");
+        return ExitCode::from(2);
+    }
     if let Some(merged) = postgres {
         if !matches!(workload, Workload::Enqueue | Workload::Fill | Workload::Drain) {
             eprintln!("svc bench: --target postgres runs enqueue, fill and drain");
