@@ -250,8 +250,8 @@ enum TargetName {
     /// one binary `COPY` per request of 100 jobs).
     PostgresMerged,
     /// The merged queue, moving each acked job into a history table
-    /// partitioned by day, as svc's PostgreSQL layout does (`fill`: each
-    /// request's 100 jobs merged).
+    /// partitioned by day: the least of what svc's PostgreSQL layout does
+    /// (`fill`: each request's 100 jobs merged).
     PostgresMergedHistory,
     /// As `postgres-merged-history`, with an event row written beside each
     /// enqueue, claim and ack in the same statement.

@@ -63,16 +63,45 @@ CREATE TABLE bench_jobs (
 CREATE INDEX bench_jobs_available ON bench_jobs (queue, priority DESC, id) WHERE state = 'available';
 ";
 
+/// The statements' shared pieces, spelled once: a merged insert, a merged
+/// claim's pick and its `UPDATE`, an ack's `DELETE` and the history insert
+/// fed by it (named `done`).
+macro_rules! insert_many {
+    () => {
+        "INSERT INTO bench_jobs (queue, args) SELECT 'bench', a::jsonb FROM unnest($1::text[]) AS a"
+    };
+}
+macro_rules! pick_many {
+    () => {
+        "WITH picked AS MATERIALIZED (SELECT id FROM bench_jobs \
+           WHERE queue = 'bench' AND state = 'available' ORDER BY priority DESC, id LIMIT $1 FOR UPDATE SKIP LOCKED)"
+    };
+}
+macro_rules! claim_picked {
+    () => {
+        "UPDATE bench_jobs j SET state = 'active', attempt = attempt + 1, started_at = now() \
+         FROM picked WHERE j.id = picked.id RETURNING j.id, j.args"
+    };
+}
+macro_rules! delete_acked {
+    () => {
+        "DELETE FROM bench_jobs WHERE id = ANY($1) RETURNING id, queue, attempt, args, created_at, started_at"
+    };
+}
+macro_rules! insert_history {
+    () => {
+        "INSERT INTO bench_history (id, queue, attempt, args, created_at, started_at, finished_at) \
+         SELECT id, queue, attempt, args, created_at, started_at, now() FROM done"
+    };
+}
+
 const INSERT_ONE: &str = "INSERT INTO bench_jobs (queue, args) VALUES ('bench', $1::text::jsonb)";
-const INSERT_MANY: &str = "INSERT INTO bench_jobs (queue, args) SELECT 'bench', a::jsonb FROM unnest($1::text[]) AS a";
+const INSERT_MANY: &str = insert_many!();
 const CLAIM: &str = "UPDATE bench_jobs SET state = 'active', attempt = attempt + 1, started_at = now() \
      WHERE id = (SELECT id FROM bench_jobs WHERE queue = 'bench' AND state = 'available' \
        ORDER BY priority DESC, id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING id, args";
 const ACK: &str = "UPDATE bench_jobs SET state = 'completed', finished_at = now() WHERE id = $1";
-const CLAIM_MANY: &str = "WITH picked AS MATERIALIZED (SELECT id FROM bench_jobs \
-       WHERE queue = 'bench' AND state = 'available' ORDER BY priority DESC, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
-     UPDATE bench_jobs j SET state = 'active', attempt = attempt + 1, started_at = now() \
-     FROM picked WHERE j.id = picked.id RETURNING j.id, j.args";
+const CLAIM_MANY: &str = concat!(pick_many!(), " ", claim_picked!());
 const ACK_MANY: &str = "UPDATE bench_jobs SET state = 'completed', finished_at = now() WHERE id = ANY($1)";
 /// The history and outbox tables of the [`Layout::History`] and
 /// [`Layout::Outbox`] floors: the least of svc's layout (fewer indexes than
@@ -106,24 +135,26 @@ CREATE TABLE bench_events (
     body jsonb NOT NULL
 );
 ";
-const ACK_MOVE: &str = "WITH done AS (DELETE FROM bench_jobs WHERE id = ANY($1) \
-       RETURNING id, queue, attempt, args, created_at, started_at) \
-     INSERT INTO bench_history (id, queue, attempt, args, created_at, started_at, finished_at) \
-       SELECT id, queue, attempt, args, created_at, started_at, now() FROM done";
-const INSERT_MANY_EVENTS: &str = "WITH added AS (INSERT INTO bench_jobs (queue, args) \
-       SELECT 'bench', a::jsonb FROM unnest($1::text[]) AS a RETURNING id, args) \
-     INSERT INTO bench_events (job_id, kind, body) SELECT id, 'enqueued', args FROM added";
-const CLAIM_MANY_EVENTS: &str = "WITH picked AS MATERIALIZED (SELECT id FROM bench_jobs \
-       WHERE queue = 'bench' AND state = 'available' ORDER BY priority DESC, id LIMIT $1 FOR UPDATE SKIP LOCKED), \
-     claimed AS (UPDATE bench_jobs j SET state = 'active', attempt = attempt + 1, started_at = now() \
-       FROM picked WHERE j.id = picked.id RETURNING j.id, j.args), \
-     told AS (INSERT INTO bench_events (job_id, kind, body) SELECT id, 'started', args FROM claimed) \
-     SELECT id, args FROM claimed";
-const ACK_MOVE_EVENTS: &str = "WITH done AS (DELETE FROM bench_jobs WHERE id = ANY($1) \
-       RETURNING id, queue, attempt, args, created_at, started_at), \
-     moved AS (INSERT INTO bench_history (id, queue, attempt, args, created_at, started_at, finished_at) \
-       SELECT id, queue, attempt, args, created_at, started_at, now() FROM done RETURNING id, args) \
-     INSERT INTO bench_events (job_id, kind, body) SELECT id, 'completed', args FROM moved";
+const ACK_MOVE: &str = concat!("WITH done AS (", delete_acked!(), ") ", insert_history!());
+const INSERT_MANY_EVENTS: &str = concat!(
+    "WITH added AS (",
+    insert_many!(),
+    " RETURNING id, args) INSERT INTO bench_events (job_id, kind, body) SELECT id, 'enqueued', args FROM added"
+);
+const CLAIM_MANY_EVENTS: &str = concat!(
+    pick_many!(),
+    ", claimed AS (",
+    claim_picked!(),
+    "), told AS (INSERT INTO bench_events (job_id, kind, body) SELECT id, 'started', args FROM claimed) \
+     SELECT id, args FROM claimed"
+);
+const ACK_MOVE_EVENTS: &str = concat!(
+    "WITH done AS (",
+    delete_acked!(),
+    "), moved AS (",
+    insert_history!(),
+    " RETURNING id, args) INSERT INTO bench_events (job_id, kind, body) SELECT id, 'completed', args FROM moved"
+);
 const COPY_IN: &str = "COPY bench_jobs (queue, args) FROM STDIN (FORMAT binary)";
 /// Requests merged into one statement at most, and merged statements of one
 /// kind under way at once: svc's PostgreSQL backend's figures.
