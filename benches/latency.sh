@@ -4,12 +4,18 @@
 # total (paced evenly), workers wait in long-poll fetch (svc, `wait_ms`) or
 # in `BLMOVE` (Redis, `appendfsync always`, finishing each job with `LREM`).
 # The figure is the time from the enqueue call to the job's arrival at a
-# worker. Run after `cargo build --release`; quote the ratios, not the figures.
+# worker. Each round also runs the queue floor (`examples/handoff_floor.rs
+# --queue`): svc's design (a front end handing requests to one writing
+# thread, a waiting fetch handed its job in the commit that writes it) with
+# none of svc's work, the least a server built this way takes on the machine.
+# Run after `cargo build --release --examples`; quote the ratios, not the figures.
 #
 #   [RATE=500] [DURATION=10] [CONNECTIONS=4] benches/latency.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || { echo "latency.sh: install redis-server (Debian's redis-server package)" >&2; exit 1; }
+FLOOR=target/release/examples/handoff_floor
+[ -x "$FLOOR" ] || { echo "latency.sh: build the floor first: cargo build --release --examples" >&2; exit 1; }
 ROUNDS=${1:-3}
 RATE=${RATE:-500}
 SECONDS_PER_ROUND=${DURATION:-10}
@@ -34,6 +40,15 @@ svc_round() {
     kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
+floor_round() {
+    rm -rf "$WORK/floor"
+    "$FLOOR" "127.0.0.1:$SVC_PORT" --queue "$WORK/floor" >"$WORK/floor.log" 2>&1 &
+    local pid=$!
+    until curl -sf "http://127.0.0.1:$SVC_PORT/svc/v1/health" >/dev/null; do sleep 0.1; done
+    echo "floor $(bench "127.0.0.1:$SVC_PORT" svc)" | tee -a "$WORK/rounds"
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
 redis_round() {
     rm -rf "$WORK/redis" && mkdir -p "$WORK/redis"
     redis-server --port "$REDIS_PORT" --dir "$WORK/redis" --appendonly yes --appendfsync always \
@@ -46,6 +61,7 @@ redis_round() {
 
 for _ in $(seq "$ROUNDS"); do
     svc_round
+    floor_round
     redis_round
 done
 median() { # server quantile
@@ -53,6 +69,7 @@ median() { # server quantile
         | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'
 }
 for q in p50 p99; do
-    s=$(median svc "$q"); r=$(median redis "$q")
-    echo "median end-to-end $q: svc=${s}ms redis=${r}ms svc/redis=$(echo "scale=2; $s / $r" | bc)"
+    s=$(median svc "$q"); f=$(median floor "$q"); r=$(median redis "$q")
+    echo "median end-to-end $q: svc=${s}ms floor=${f}ms redis=${r}ms" \
+        "svc/redis=$(echo "scale=2; $s / $r" | bc) floor/redis=$(echo "scale=2; $f / $r" | bc)"
 done

@@ -24,6 +24,10 @@
 //!                                             fields in one allocation made by the request
 //!                                             thread, found by id in a map and queued in order
 //!                                             (the least a server that serves jobs back holds)
+//! handoff_floor ADDR --queue DIR             the steady workload's least work under svc's design:
+//!                                             enqueue, fetch (a waiting fetch is handed the next
+//!                                             job in the commit that writes it) and ack, each
+//!                                             batch written durably by one writer thread
 //! ```
 //!
 //! Run with `cargo run --release --example handoff_floor -- 127.0.0.1:8091 --durable /tmp/floor`.
@@ -77,14 +81,19 @@ impl Store {
 
 /// Waiting requests and whether the taker sleeps; like svc's engine inbox, a
 /// submitter wakes the taker only when it sleeps, and the taker takes all.
-#[derive(Default)]
-struct Inbox {
-    waiting: Mutex<(Vec<Pending>, bool)>,
+struct Inbox<T> {
+    waiting: Mutex<(Vec<T>, bool)>,
     wake: Condvar,
 }
 
-impl Inbox {
-    fn submit(&self, waiters: &mut Vec<Pending>) {
+impl<T> Default for Inbox<T> {
+    fn default() -> Self {
+        Inbox { waiting: Mutex::new((Vec::new(), false)), wake: Condvar::new() }
+    }
+}
+
+impl<T> Inbox<T> {
+    fn submit(&self, waiters: &mut Vec<T>) {
         let mut waiting = self.waiting.lock();
         waiting.0.append(waiters);
         if waiting.1 {
@@ -93,7 +102,7 @@ impl Inbox {
         }
     }
 
-    fn take_all(&self, batch: &mut Vec<Pending>) {
+    fn take_all(&self, batch: &mut Vec<T>) {
         let mut waiting = self.waiting.lock();
         while waiting.0.is_empty() {
             waiting.1 = true;
@@ -157,7 +166,7 @@ impl Log {
 
 /// Takes batches from `inbox`; keeps their jobs; writes one block per batch
 /// if it has a log; answers them.
-fn write_and_answer(inbox: &Inbox, mut log: Option<Log>) {
+fn write_and_answer(inbox: &Inbox<Pending>, mut log: Option<Log>) {
     let mut batch = Vec::new();
     let mut store = Store::default();
     loop {
@@ -247,12 +256,12 @@ async fn threaded(
     contract: bool,
     keep: bool,
 ) -> std::io::Result<()> {
-    let inbox = Arc::new(Inbox::default());
+    let inbox = Arc::new(Inbox::<Pending>::default());
     let writer_inbox = inbox.clone();
     let writer = std::thread::Builder::new().name("writer".into());
     match log_dir {
         Some(dir) if lanes > 0 => {
-            let lane_inbox = Arc::new(Inbox::default());
+            let lane_inbox = Arc::new(Inbox::<Pending>::default());
             for lane in 0..lanes {
                 let (lane_inbox, log) = (lane_inbox.clone(), Log::open(&dir, &format!("lane-{lane}.log"))?);
                 std::thread::spawn(move || write_and_answer(&lane_inbox, Some(log)));
@@ -312,6 +321,146 @@ async fn threaded(
     }
 }
 
+/// A request of `--queue`: svc's steady workload, at its least.
+enum Command {
+    /// A new job's `args`, answered with its id once written.
+    Enqueue(Box<str>, oneshot::Sender<u64>),
+    /// A fetch: answered with a job in the commit that claims it, which is
+    /// the commit that writes the job when the fetch waited for one.
+    Fetch(oneshot::Sender<(u64, Box<str>)>),
+    /// An ack, answered once written.
+    Ack(oneshot::Sender<()>),
+}
+
+/// The writer of `--queue`: every batch's new jobs, claims and acks in one
+/// durable write, then the answers. A fetch that finds no job waits; a job
+/// enqueued while a fetch waits is claimed for it in the same commit (as
+/// svc's engine does), so one write covers both.
+fn serve_queue(inbox: &Inbox<Command>, mut log: Log) {
+    type Claim = oneshot::Sender<(u64, Box<str>)>;
+    let mut batch = Vec::new();
+    let mut ready: std::collections::VecDeque<(u64, Box<str>)> = Default::default();
+    let mut waiting: std::collections::VecDeque<Claim> = Default::default();
+    let (mut enqueued, mut acked, mut claimed) = (Vec::new(), Vec::new(), Vec::<(Claim, (u64, Box<str>))>::new());
+    let mut next_id = 0;
+    loop {
+        inbox.take_all(&mut batch);
+        for command in batch.drain(..) {
+            match command {
+                Command::Enqueue(args, answer) => {
+                    next_id += 1;
+                    ready.push_back((next_id, args));
+                    enqueued.push((answer, next_id));
+                }
+                Command::Fetch(answer) => waiting.push_back(answer),
+                Command::Ack(answer) => acked.push(answer),
+            }
+        }
+        while !ready.is_empty()
+            && let Some(fetch) = waiting.pop_front()
+        {
+            // A fetch that gave up waiting claims nothing.
+            if !fetch.is_closed() {
+                claimed.push((fetch, ready.pop_front().expect("not empty")));
+            }
+        }
+        if enqueued.is_empty() && acked.is_empty() && claimed.is_empty() {
+            continue;
+        }
+        log.write_block();
+        for (answer, id) in enqueued.drain(..) {
+            let _ = answer.send(id);
+        }
+        for answer in acked.drain(..) {
+            let _ = answer.send(());
+        }
+        for (fetch, job) in claimed.drain(..) {
+            if let Err(job) = fetch.send(job) {
+                ready.push_front(job);
+            }
+        }
+    }
+}
+
+/// The fields of `--queue`'s requests it reads.
+#[derive(serde::Deserialize)]
+struct QueueRequest<'a> {
+    #[serde(default, borrow)]
+    args: Option<&'a serde_json::value::RawValue>,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert("content-type", "application/svc+json".parse().expect("valid header"));
+    response
+}
+
+/// Answers one `--queue` request: enqueue, fetch (waiting up to its
+/// `wait_ms`), ack, or the health probe.
+async fn queue_request(
+    inbox: &Inbox<Command>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let path = request.uri().path().to_string();
+    let body = request.into_body().collect().await?.to_bytes();
+    let Ok(fields) = serde_json::from_slice::<QueueRequest>(if body.is_empty() { b"{}" } else { &body }) else {
+        return Ok(json(StatusCode::BAD_REQUEST, "{}".into()));
+    };
+    Ok(match path.as_str() {
+        "/svc/v1/jobs" => {
+            let args = fields.args.map_or("[]", |args| args.get()).into();
+            let (answer, answered) = oneshot::channel();
+            inbox.submit(&mut vec![Command::Enqueue(args, answer)]);
+            let Ok(id) = answered.await else { return Ok(json(StatusCode::SERVICE_UNAVAILABLE, "{}".into())) };
+            json(StatusCode::CREATED, format!(r#"{{"job":{{"id":"{id}","state":"available"}}}}"#))
+        }
+        "/svc/v1/workers/fetch" => {
+            let (answer, answered) = oneshot::channel();
+            inbox.submit(&mut vec![Command::Fetch(answer)]);
+            match tokio::time::timeout(std::time::Duration::from_millis(fields.wait_ms), answered).await {
+                Ok(Ok((id, args))) => {
+                    json(StatusCode::OK, format!(r#"{{"jobs":[{{"id":"{id}","attempt":1,"args":{args}}}]}}"#))
+                }
+                _ => json(StatusCode::OK, r#"{"jobs":[]}"#.into()),
+            }
+        }
+        "/svc/v1/workers/ack" => {
+            let (answer, answered) = oneshot::channel();
+            inbox.submit(&mut vec![Command::Ack(answer)]);
+            let _ = answered.await;
+            json(StatusCode::OK, "{}".into())
+        }
+        "/svc/v1/health" => json(StatusCode::OK, r#"{"status":"ok"}"#.into()),
+        _ => json(StatusCode::NOT_FOUND, "{}".into()),
+    })
+}
+
+/// The queue design at its least: a multi-threaded front end and one writer
+/// thread that keeps the jobs, claims them for waiting fetches and writes
+/// each batch durably before answering.
+async fn queue(address: &str, dir: PathBuf) -> std::io::Result<()> {
+    let inbox = Arc::new(Inbox::<Command>::default());
+    let (writer_inbox, log) = (inbox.clone(), Log::open(&dir, "floor.log")?);
+    std::thread::Builder::new().name("writer".into()).spawn(move || serve_queue(&writer_inbox, log))?;
+    let listener = TcpListener::bind(address).await?;
+    eprintln!("handoff floor (queue) listening on {}", listener.local_addr()?);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let inbox = inbox.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let inbox = inbox.clone();
+                async move { queue_request(&inbox, request).await }
+            });
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
 /// The run-to-completion design: one thread for the connections and the log.
 /// A request joins the batch and wakes the commit task, which runs after the
 /// tasks already runnable, so each batch holds every request read meanwhile.
@@ -361,6 +510,10 @@ fn main() -> std::io::Result<()> {
     if let Some(dir) = flag("--inline") {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         return runtime.block_on(tokio::task::LocalSet::new().run_until(inline(&address, PathBuf::from(dir))));
+    }
+    if let Some(dir) = flag("--queue") {
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+        return runtime.block_on(queue(&address, PathBuf::from(dir)));
     }
     let lanes = flag("--lanes").map(|lanes| lanes.parse().expect("--lanes takes a number")).unwrap_or(0);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
