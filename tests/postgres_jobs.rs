@@ -340,6 +340,63 @@ async fn each_change_writes_its_events_and_the_newest_are_kept() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_show_what_they_showed_without_storing_the_args_again() {
+    use svc::backend::EventFilter;
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "event_bodies").await;
+    let large = "x".repeat(32 * 1024);
+    let plain =
+        JobBuilder::new("report.build").queue("reports").args([&large]).meta(serde_json::json!({"tenant": large}));
+    let traced =
+        JobBuilder::new("report.build").queue("reports").args([&large]).meta(serde_json::json!({"trace_id": "t-1"}));
+    let enqueued = jobs.enqueue(NOW, vec![new_job(plain), new_job(traced)]).await.unwrap();
+    let (plain_id, traced_id) = (enqueued[0].job.id, enqueued[1].job.id);
+    assert_eq!(jobs.claim(NOW + 1, &fetch(&["reports"], 2, "w")).await.unwrap().len(), 2);
+    for id in [plain_id, traced_id] {
+        jobs.ack(NOW + 2, id, Some(r#"{"pages":3}"#.into()), Some("w")).await.unwrap();
+    }
+
+    // The job keeps its arguments; its enqueue and ack events do not hold them again.
+    assert_eq!(jobs.job(plain_id).await.unwrap().unwrap().payload.args().len(), large.len() + 4);
+    let client = pool.get().await.unwrap();
+    let rows = client
+        .query("SELECT type, length(body) FROM svc_events WHERE type <> 'job.started' ORDER BY id", &[])
+        .await
+        .unwrap();
+    let sizes: Vec<(String, i32)> = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+    assert_eq!(sizes.len(), 4, "{sizes:?}");
+    assert!(sizes.iter().all(|(_, bytes)| *bytes < 4096), "events hold a job's arguments again: {sizes:?}");
+
+    // Each event renders what it rendered with the whole job.
+    let page = jobs.events_page(None, 100, &EventFilter::default()).await.unwrap();
+    let rendered: Vec<serde_json::Value> =
+        page.events.iter().map(|event| serde_json::from_str(&svc::engine::render_event(event)).unwrap()).collect();
+    let data = |kind: &str, id: JobId| {
+        let found = rendered.iter().find(|event| event["type"] == kind && event["data"]["job_id"] == id.to_string());
+        found.unwrap_or_else(|| panic!("no {kind} of {id}"))["data"].clone()
+    };
+    for id in [plain_id, traced_id] {
+        let enqueued = data("job.enqueued", id);
+        assert_eq!(
+            (enqueued["job_type"].as_str(), enqueued["queue"].as_str()),
+            (Some("report.build"), Some("reports"))
+        );
+        assert_eq!(enqueued["state"], "available");
+        let completed = data("job.completed", id);
+        assert_eq!(
+            (completed["attempt"].as_u64(), completed["result"].clone()),
+            (Some(1), serde_json::json!({"pages": 3}))
+        );
+        assert_eq!(completed["duration_ms"], 1);
+        assert!(rendered.iter().all(|event| !event.to_string().contains(&large[..1024])), "no event shows the args");
+    }
+    for kind in ["job.enqueued", "job.started", "job.completed"] {
+        assert_eq!(data(kind, traced_id)["trace_id"], "t-1", "{kind}");
+        assert!(data(kind, plain_id).get("trace_id").is_none(), "{kind}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dead_letter_listing_pages_retries_and_deletes() {
     let server = TempPostgres::start();
     let (jobs, _pool) = store(&server, "dead_letter").await;

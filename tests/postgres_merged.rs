@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::postgres::TempPostgres;
 use svc::backend::postgres::{PgJobs, PgSettings, open};
 use svc::engine::{ConflictReason, EngineError, FetchRequest};
-use svc::job::{JobBuilder, JobDefaults, JobState, NewJob};
+use svc::job::{Job, JobBuilder, JobDefaults, JobPayload, JobState, NewJob};
 
 const NOW: i64 = 1_800_000_000_000;
 
@@ -316,12 +316,19 @@ async fn a_claim_written_as_columns_reads_back_as_the_claim_answered() {
     for job in &claimed {
         assert_eq!(jobs.job(job.id).await.unwrap().as_deref(), Some(job.as_ref()), "read by id");
         assert_eq!(listed.iter().find(|found| found.id == job.id), Some(job), "listed");
+        // An event holds the job without its arguments (docs/postgres.md, "Events").
+        let without_args = |job: &Job| {
+            let mut job = job.clone();
+            job.payload = JobPayload::new(job.payload.job_type(), "[]", job.payload.meta(), Vec::new(), Vec::new());
+            job
+        };
         let started: Vec<_> = events
             .iter()
             .filter(|event| event.kind.type_name() == "job.started")
-            .filter_map(|event| event.job.as_ref().filter(|of| of.id == job.id))
+            .filter_map(|event| event.job.as_deref().filter(|of| of.id == job.id))
+            .map(without_args)
             .collect();
-        assert_eq!(started, vec![job], "its job.started event");
+        assert_eq!(started, vec![without_args(job)], "its job.started event");
     }
 
     // Each claim runs out at its lease, soonest first: the old row's at the

@@ -48,7 +48,8 @@ pub use cron::{DeleteCron, PutCron};
 #[doc(hidden)]
 pub use events::EventSink;
 pub use events::{
-    CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent, render_event,
+    CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent, meta_may_hold_trace_id,
+    render_event,
 };
 pub(crate) use handle::block_on;
 pub use handle::{EngineHandle, Pending};

@@ -4,8 +4,10 @@
 //! [`EVENTS_KEPT`] of them.
 //!
 //! An event's row holds its kind and the job as it was right after the
-//! change; the HTTP front end renders it as for the local engine.
+//! change, less the parts no event shows (its arguments); the HTTP front
+//! end renders it as for the local engine.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use deadpool_postgres::GenericClient;
@@ -17,8 +19,9 @@ use crate::backend::EventFilter;
 use crate::clock::Millis;
 use crate::engine::{
     CronInfo, CronSkip, EngineError, Event, EventId, EventKind, EventPage, SignalledWorker, Unavailable, WorkflowEvent,
+    meta_may_hold_trace_id,
 };
-use crate::job::{FailureReport, Job, JobId, JobState};
+use crate::job::{FailureReport, Job, JobId, JobPayload, JobState};
 
 /// Events the table keeps (the newest), as the local engine's buffer does.
 pub const EVENTS_KEPT: i64 = 10_000;
@@ -357,7 +360,7 @@ impl<'a> EventRows<'a> {
             rows.job_types.push(job.map(|job| job.payload.job_type()));
             let mut body = postcard::to_allocvec(&stored).expect("an event always encodes");
             if let Some(job) = job {
-                body.extend(postcard::to_allocvec(job).expect("a job always encodes"));
+                body.extend(postcard::to_allocvec(&*as_an_event_holds(job)).expect("a job always encodes"));
             }
             rows.bodies.push(body);
         }
@@ -372,6 +375,23 @@ impl<'a> EventRows<'a> {
     pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 6] {
         [&self.ids, &self.times, &self.types, &self.queues, &self.job_types, &self.bodies]
     }
+}
+
+/// The job as an event row holds it: without its `args`, tags and unknown
+/// fields, and without its `meta` unless that may hold a trace id. An
+/// event's rendering and counting read the job's state, times, attempts,
+/// result and errors, never those; so a job's arguments are written once,
+/// in its own row, not again in each of its events (docs/postgres.md,
+/// "Tables").
+fn as_an_event_holds(job: &Job) -> Cow<'_, Job> {
+    let payload = &job.payload;
+    let meta = if meta_may_hold_trace_id(payload.meta()) { payload.meta() } else { "{}" };
+    if payload.args() == "[]" && payload.meta() == meta && payload.tags().is_empty() && payload.extra().is_empty() {
+        return Cow::Borrowed(job);
+    }
+    let mut held = job.clone();
+    held.payload = JobPayload::new(payload.job_type(), "[]", meta, Vec::new(), Vec::new());
+    Cow::Owned(held)
 }
 
 /// The start of a `job.started` event's `body` that a claim in SQL writes,

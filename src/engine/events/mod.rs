@@ -4,7 +4,7 @@
 
 mod render;
 
-pub use render::render_event;
+pub use render::{meta_may_hold_trace_id, render_event};
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -132,6 +132,12 @@ fn cron_data(cron: &CronInfo) -> Value {
     })
 }
 
+/// Whether a job's `meta` text may hold the `trace_id` its events carry:
+/// it names one, or has escapes that might spell the key.
+pub fn meta_may_hold_trace_id(meta: &str) -> bool {
+    memchr::memmem::find(meta.as_bytes(), b"trace_id").is_some() || meta.contains('\\')
+}
+
 /// `data` of a `job.*` event.
 fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
     data.id("job_id", job.id).string("job_type", job.payload.job_type()).string("queue", &job.queue);
@@ -139,9 +145,8 @@ fn push_job_event_data(data: &mut ObjectWriter, event: &Event, job: &Job) {
         data.id("workflow_id", workflow_id.0);
     }
     let meta = job.payload.meta();
-    // Most jobs carry no trace id: their meta is not parsed (unless a key
-    // might spell it with escapes).
-    if (memchr::memmem::find(meta.as_bytes(), b"trace_id").is_some() || meta.contains('\\'))
+    // Most jobs carry no trace id: their meta is not parsed.
+    if meta_may_hold_trace_id(meta)
         && let Ok(object) = crate::job::json::parse_object(meta.as_bytes())
         && let Some(trace_id) = object.get("trace_id")
     {
