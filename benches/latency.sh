@@ -8,14 +8,15 @@
 # --queue`): svc's design (a front end handing requests to one writing
 # thread, a waiting fetch handed its job in the commit that writes it) with
 # none of svc's work, the least a server built this way takes on the machine.
-# Run after `cargo build --release --examples`; quote the ratios, not the figures.
+# Run after `cargo build --release --bins --examples`; quote the ratios, not the figures.
 #
 #   [RATE=500] [DURATION=10] [CONNECTIONS=4] benches/latency.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || { echo "latency.sh: install redis-server (Debian's redis-server package)" >&2; exit 1; }
 FLOOR=target/release/examples/handoff_floor
-[ -x "$FLOOR" ] || { echo "latency.sh: build the floor first: cargo build --release --examples" >&2; exit 1; }
+[ -x target/release/svc ] && [ -x "$FLOOR" ] \
+    || { echo "latency.sh: build first: cargo build --release --bins --examples" >&2; exit 1; }
 ROUNDS=${1:-3}
 RATE=${RATE:-500}
 SECONDS_PER_ROUND=${DURATION:-10}

@@ -1,6 +1,6 @@
 //! The floor under svc's figures: servers that do none of svc's work (no
-//! parsing, no state, no rendering) but pay for the same hand-offs and the same
-//! durable writes. `svc bench --workload ping` against one of them gives the
+//! validation, no job records, no rendering beyond what a client reads) but
+//! pay for the same hand-offs and the same durable writes. `svc bench --workload ping` against one of them gives the
 //! most any server built that way reaches on the machine, to set beside
 //! `hello_ceiling.rs` (nothing durable) and svc itself.
 //!
@@ -321,13 +321,18 @@ async fn threaded(
     }
 }
 
+/// A job of `--queue`: its id and its `args`.
+type QueuedJob = (u64, Box<str>);
+
 /// A request of `--queue`: svc's steady workload, at its least.
 enum Command {
     /// A new job's `args`, answered with its id once written.
     Enqueue(Box<str>, oneshot::Sender<u64>),
     /// A fetch: answered with a job in the commit that claims it, which is
-    /// the commit that writes the job when the fetch waited for one.
-    Fetch(oneshot::Sender<(u64, Box<str>)>),
+    /// the commit that writes the job when the fetch waited for one. One
+    /// that may not wait (`false`) is answered with none at once when no
+    /// job is ready.
+    Fetch(bool, oneshot::Sender<Option<QueuedJob>>),
     /// An ack, answered once written.
     Ack(oneshot::Sender<()>),
 }
@@ -337,14 +342,18 @@ enum Command {
 /// enqueued while a fetch waits is claimed for it in the same commit (as
 /// svc's engine does), so one write covers both.
 fn serve_queue(inbox: &Inbox<Command>, mut log: Log) {
-    type Claim = oneshot::Sender<(u64, Box<str>)>;
+    type Claim = oneshot::Sender<Option<QueuedJob>>;
     let mut batch = Vec::new();
-    let mut ready: std::collections::VecDeque<(u64, Box<str>)> = Default::default();
+    let mut ready: std::collections::VecDeque<QueuedJob> = Default::default();
     let mut waiting: std::collections::VecDeque<Claim> = Default::default();
-    let (mut enqueued, mut acked, mut claimed) = (Vec::new(), Vec::new(), Vec::<(Claim, (u64, Box<str>))>::new());
+    let (mut enqueued, mut acked, mut claimed) = (Vec::new(), Vec::new(), Vec::<(Claim, QueuedJob)>::new());
     let mut next_id = 0;
     loop {
-        inbox.take_all(&mut batch);
+        // A job given back by a fetch that stopped waiting is offered to
+        // the others before the writer sleeps.
+        if ready.is_empty() || waiting.iter().all(|fetch| fetch.is_closed()) {
+            inbox.take_all(&mut batch);
+        }
         for command in batch.drain(..) {
             match command {
                 Command::Enqueue(args, answer) => {
@@ -352,17 +361,19 @@ fn serve_queue(inbox: &Inbox<Command>, mut log: Log) {
                     ready.push_back((next_id, args));
                     enqueued.push((answer, next_id));
                 }
-                Command::Fetch(answer) => waiting.push_back(answer),
+                Command::Fetch(false, answer) if ready.is_empty() => {
+                    let _ = answer.send(None);
+                }
+                Command::Fetch(_, answer) => waiting.push_back(answer),
                 Command::Ack(answer) => acked.push(answer),
             }
         }
+        // Fetches that stopped waiting claim nothing.
+        waiting.retain(|fetch| !fetch.is_closed());
         while !ready.is_empty()
             && let Some(fetch) = waiting.pop_front()
         {
-            // A fetch that gave up waiting claims nothing.
-            if !fetch.is_closed() {
-                claimed.push((fetch, ready.pop_front().expect("not empty")));
-            }
+            claimed.push((fetch, ready.pop_front().expect("not empty")));
         }
         if enqueued.is_empty() && acked.is_empty() && claimed.is_empty() {
             continue;
@@ -375,7 +386,7 @@ fn serve_queue(inbox: &Inbox<Command>, mut log: Log) {
             let _ = answer.send(());
         }
         for (fetch, job) in claimed.drain(..) {
-            if let Err(job) = fetch.send(job) {
+            if let Err(Some(job)) = fetch.send(Some(job)) {
                 ready.push_front(job);
             }
         }
@@ -418,13 +429,27 @@ async fn queue_request(
             json(StatusCode::CREATED, format!(r#"{{"job":{{"id":"{id}","state":"available"}}}}"#))
         }
         "/svc/v1/workers/fetch" => {
-            let (answer, answered) = oneshot::channel();
-            inbox.submit(&mut vec![Command::Fetch(answer)]);
-            match tokio::time::timeout(std::time::Duration::from_millis(fields.wait_ms), answered).await {
-                Ok(Ok((id, args))) => {
+            let (answer, mut answered) = oneshot::channel();
+            inbox.submit(&mut vec![Command::Fetch(fields.wait_ms > 0, answer)]);
+            let job = if fields.wait_ms == 0 {
+                // One that may not wait is answered by the writer either way.
+                answered.await.ok().flatten()
+            } else {
+                match tokio::time::timeout(std::time::Duration::from_millis(fields.wait_ms), &mut answered).await {
+                    Ok(answer) => answer.ok().flatten(),
+                    // Closed first, so that a claim the writer made meanwhile
+                    // is answered here, not lost; one it makes after goes back.
+                    Err(_) => {
+                        answered.close();
+                        answered.try_recv().ok().flatten()
+                    }
+                }
+            };
+            match job {
+                Some((id, args)) => {
                     json(StatusCode::OK, format!(r#"{{"jobs":[{{"id":"{id}","attempt":1,"args":{args}}}]}}"#))
                 }
-                _ => json(StatusCode::OK, r#"{"jobs":[]}"#.into()),
+                None => json(StatusCode::OK, r#"{"jobs":[]}"#.into()),
             }
         }
         "/svc/v1/workers/ack" => {

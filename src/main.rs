@@ -196,6 +196,9 @@ struct BenchFlags {
     /// nor loads jobs: several load generators can drive one queue.
     #[arg(long)]
     shared: bool,
+    /// The fill workload's jobs are this long as JSON, padded in their args.
+    #[arg(long, default_value_t = bench::fill::JOB_BYTES)]
+    job_bytes: usize,
     /// An API key to send with every request; `--key-env VAR` reads it from
     /// an environment variable instead, keeping it out of the process list.
     #[arg(long)]
@@ -345,6 +348,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         ack_fetch: flags.ack_fetch,
         shared: flags.shared,
         key: flags.key.or_else(|| flags.key_env.and_then(|variable| std::env::var(variable).ok())),
+        job_bytes: flags.job_bytes,
     };
     let postgres = match flags.target {
         TargetName::Svc | TargetName::Redis => None,
@@ -353,6 +357,10 @@ fn bench(flags: BenchFlags) -> ExitCode {
         TargetName::PostgresMergedHistory => Some(Some(bench::postgres::Layout::History)),
         TargetName::PostgresMergedOutbox => Some(Some(bench::postgres::Layout::Outbox)),
     };
+    if flags.job_bytes != bench::fill::JOB_BYTES && (postgres.is_some() || !matches!(workload, Workload::Fill)) {
+        eprintln!("svc bench: --job-bytes goes with the fill workload against svc or Redis");
+        return ExitCode::from(2);
+    }
     if flags.shared && postgres.is_none() {
         eprintln!("svc bench: --shared goes with --target postgres and the postgres-merged floors");
         return ExitCode::from(2);

@@ -20,7 +20,8 @@ use super::{BenchOptions, Connection};
 
 /// Jobs per request.
 pub const BATCH: u64 = 100;
-/// The length of each job's JSON text, as a client would send it.
+/// The length of each job's JSON text, as a client would send it, unless
+/// `--job-bytes` says otherwise.
 pub const JOB_BYTES: usize = 200;
 
 /// What a fill is pointed at.
@@ -75,11 +76,11 @@ impl std::fmt::Display for FillReport {
     }
 }
 
-/// The JSON text of job `n`: a type, and args padded to [`JOB_BYTES`].
-pub fn job_text(n: u64) -> String {
+/// The JSON text of job `n`: a type, and args padded to `bytes` in all.
+pub fn job_text(n: u64, bytes: usize) -> String {
     let head = format!(r#"{{"type":"bench.fill","args":[{n},""#);
     let tail = r#""]}"#;
-    let pad = JOB_BYTES.saturating_sub(head.len() + tail.len());
+    let pad = bytes.saturating_sub(head.len() + tail.len());
     format!("{head}{}{tail}", "x".repeat(pad))
 }
 
@@ -91,7 +92,7 @@ pub async fn run(options: &BenchOptions, target: Target) -> Result<FillReport, S
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..options.connections {
-        let (next, done, jobs) = (next.clone(), done.clone(), options.jobs);
+        let (next, done, jobs, bytes) = (next.clone(), done.clone(), options.jobs, options.job_bytes);
         let mut client = FillClient::open(&options.address, target).await?;
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -101,7 +102,7 @@ pub async fn run(options: &BenchOptions, target: Target) -> Result<FillReport, S
                     return Ok::<_, String>(latencies);
                 }
                 let count = BATCH.min(jobs - first);
-                let texts: Vec<String> = (first..first + count).map(job_text).collect();
+                let texts: Vec<String> = (first..first + count).map(|n| job_text(n, bytes)).collect();
                 latencies.push(super::micros(client.push(&texts).await?));
                 done.fetch_add(count, Ordering::Relaxed);
             }
@@ -252,10 +253,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_job_text_is_two_hundred_bytes_of_json() {
-        for n in [0, 7, 123_456, 9_999_999_999] {
-            let text = job_text(n);
-            assert_eq!(text.len(), JOB_BYTES);
+    fn every_job_text_is_as_long_as_asked_and_json() {
+        for (n, bytes) in [(0, JOB_BYTES), (7, JOB_BYTES), (123_456, 1024), (9_999_999_999, JOB_BYTES)] {
+            let text = job_text(n, bytes);
+            assert_eq!(text.len(), bytes);
             let job: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert_eq!(job["type"], "bench.fill");
             assert_eq!(job["args"][0], n);

@@ -112,6 +112,8 @@ pub struct BenchOptions {
     pub shared: bool,
     /// An API key sent with every request (`Authorization: Bearer`).
     pub key: Option<String>,
+    /// The length of each `fill` job's JSON text (`fill.rs`).
+    pub job_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
