@@ -47,9 +47,9 @@ pub use cron::table::{CronEntry, CronWrite};
 pub use cron::{DeleteCron, PutCron};
 #[doc(hidden)]
 pub use events::EventSink;
+pub(crate) use events::meta_may_hold_trace_id;
 pub use events::{
-    CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent, meta_may_hold_trace_id,
-    render_event,
+    CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent, render_event,
 };
 pub(crate) use handle::block_on;
 pub use handle::{EngineHandle, Pending};

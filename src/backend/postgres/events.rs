@@ -4,8 +4,9 @@
 //! [`EVENTS_KEPT`] of them.
 //!
 //! An event's row holds its kind and the job as it was right after the
-//! change, less the parts no event shows (its arguments); the HTTP front
-//! end renders it as for the local engine.
+//! change, less the parts no event shows (its arguments, tags, unknown
+//! fields and, but for a trace id, its `meta`); the HTTP front end renders
+//! it as for the local engine.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -382,7 +383,7 @@ impl<'a> EventRows<'a> {
 /// event's rendering and counting read the job's state, times, attempts,
 /// result and errors, never those; so a job's arguments are written once,
 /// in its own row, not again in each of its events (docs/postgres.md,
-/// "Tables").
+/// "Events").
 fn as_an_event_holds(job: &Job) -> Cow<'_, Job> {
     let payload = &job.payload;
     let meta = if meta_may_hold_trace_id(payload.meta()) { payload.meta() } else { "{}" };

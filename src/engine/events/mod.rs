@@ -4,7 +4,8 @@
 
 mod render;
 
-pub use render::{meta_may_hold_trace_id, render_event};
+pub(crate) use render::meta_may_hold_trace_id;
+pub use render::render_event;
 
 use std::collections::VecDeque;
 use std::sync::Arc;

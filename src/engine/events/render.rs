@@ -134,7 +134,7 @@ fn cron_data(cron: &CronInfo) -> Value {
 
 /// Whether a job's `meta` text may hold the `trace_id` its events carry:
 /// it names one, or has escapes that might spell the key.
-pub fn meta_may_hold_trace_id(meta: &str) -> bool {
+pub(crate) fn meta_may_hold_trace_id(meta: &str) -> bool {
     memchr::memmem::find(meta.as_bytes(), b"trace_id").is_some() || meta.contains('\\')
 }
 
