@@ -1,8 +1,9 @@
 //! The floor under svc's figures: servers that do none of svc's work (no
 //! validation, no job records, no rendering beyond what a client reads) but
-//! pay for the same hand-offs and the same durable writes. `svc bench --workload ping` against one of them gives the
-//! most any server built that way reaches on the machine, to set beside
-//! `hello_ceiling.rs` (nothing durable) and svc itself.
+//! pay for the same hand-offs and the same durable writes. `svc bench
+//! --workload ping` against one of them gives the most any server built
+//! that way reaches on the machine, to set beside `hello_ceiling.rs`
+//! (nothing durable) and svc itself.
 //!
 //! ```text
 //! handoff_floor ADDR                          each request is handed to a writer thread and
@@ -24,7 +25,7 @@
 //!                                             fields in one allocation made by the request
 //!                                             thread, found by id in a map and queued in order
 //!                                             (the least a server that serves jobs back holds)
-//! handoff_floor ADDR --queue DIR             the steady workload's least work under svc's design:
+//! handoff_floor ADDR --queue DIR              the steady workload's least work under svc's design:
 //!                                             enqueue, fetch (a waiting fetch is handed the next
 //!                                             job in the commit that writes it) and ack, each
 //!                                             batch written durably by one writer thread
@@ -347,6 +348,7 @@ fn serve_queue(inbox: &Inbox<Command>, mut log: Log) {
     let mut ready: std::collections::VecDeque<QueuedJob> = Default::default();
     let mut waiting: std::collections::VecDeque<Claim> = Default::default();
     let (mut enqueued, mut acked, mut claimed) = (Vec::new(), Vec::new(), Vec::<(Claim, QueuedJob)>::new());
+    let (mut at_once, mut given_back) = (Vec::<Claim>::new(), Vec::new());
     let mut next_id = 0;
     loop {
         // A job given back by a fetch that stopped waiting is offered to
@@ -361,10 +363,8 @@ fn serve_queue(inbox: &Inbox<Command>, mut log: Log) {
                     ready.push_back((next_id, args));
                     enqueued.push((answer, next_id));
                 }
-                Command::Fetch(false, answer) if ready.is_empty() => {
-                    let _ = answer.send(None);
-                }
-                Command::Fetch(_, answer) => waiting.push_back(answer),
+                Command::Fetch(false, answer) => at_once.push(answer),
+                Command::Fetch(true, answer) => waiting.push_back(answer),
                 Command::Ack(answer) => acked.push(answer),
             }
         }
@@ -374,6 +374,15 @@ fn serve_queue(inbox: &Inbox<Command>, mut log: Log) {
             && let Some(fetch) = waiting.pop_front()
         {
             claimed.push((fetch, ready.pop_front().expect("not empty")));
+        }
+        // Fetches that may not wait take what is left, or are answered now.
+        for fetch in at_once.drain(..) {
+            match ready.pop_front() {
+                Some(job) => claimed.push((fetch, job)),
+                None => {
+                    let _ = fetch.send(None);
+                }
+            }
         }
         if enqueued.is_empty() && acked.is_empty() && claimed.is_empty() {
             continue;
@@ -387,8 +396,12 @@ fn serve_queue(inbox: &Inbox<Command>, mut log: Log) {
         }
         for (fetch, job) in claimed.drain(..) {
             if let Err(Some(job)) = fetch.send(Some(job)) {
-                ready.push_front(job);
+                given_back.push(job);
             }
+        }
+        // Back at the front, in the order they were claimed.
+        while let Some(job) = given_back.pop() {
+            ready.push_front(job);
         }
     }
 }

@@ -196,9 +196,10 @@ struct BenchFlags {
     /// nor loads jobs: several load generators can drive one queue.
     #[arg(long)]
     shared: bool,
-    /// The fill workload's jobs are this long as JSON, padded in their args.
-    #[arg(long, default_value_t = bench::fill::JOB_BYTES)]
-    job_bytes: usize,
+    /// The fill workload's jobs are this long as JSON (at least about 30
+    /// bytes), padded in their args [default: 200].
+    #[arg(long)]
+    job_bytes: Option<usize>,
     /// An API key to send with every request; `--key-env VAR` reads it from
     /// an environment variable instead, keeping it out of the process list.
     #[arg(long)]
@@ -231,8 +232,8 @@ enum WorkloadName {
     Chain,
     /// `--jobs` batches of 100 jobs and a callback, beside a plain drain of as many jobs.
     Group,
-    /// Load `--jobs` jobs of 200 bytes, 100 a request; report the rate and the
-    /// server's memory as the store grows.
+    /// Load `--jobs` jobs of 200 bytes (or `--job-bytes`), 100 a request;
+    /// report the rate and the server's memory as the store grows.
     Fill,
 }
 
@@ -348,7 +349,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         ack_fetch: flags.ack_fetch,
         shared: flags.shared,
         key: flags.key.or_else(|| flags.key_env.and_then(|variable| std::env::var(variable).ok())),
-        job_bytes: flags.job_bytes,
+        job_bytes: flags.job_bytes.unwrap_or(bench::fill::JOB_BYTES),
     };
     let postgres = match flags.target {
         TargetName::Svc | TargetName::Redis => None,
@@ -357,7 +358,7 @@ fn bench(flags: BenchFlags) -> ExitCode {
         TargetName::PostgresMergedHistory => Some(Some(bench::postgres::Layout::History)),
         TargetName::PostgresMergedOutbox => Some(Some(bench::postgres::Layout::Outbox)),
     };
-    if flags.job_bytes != bench::fill::JOB_BYTES && (postgres.is_some() || !matches!(workload, Workload::Fill)) {
+    if flags.job_bytes.is_some() && (postgres.is_some() || !matches!(workload, Workload::Fill)) {
         eprintln!("svc bench: --job-bytes goes with the fill workload against svc or Redis");
         return ExitCode::from(2);
     }

@@ -1,8 +1,9 @@
-//! The `fill` workload: loads `--jobs` jobs of about 200 bytes with batch
-//! enqueue (100 jobs a request over every connection) and reports, for each
-//! step of the fill (every million jobs, or a tenth of the run when it is
-//! smaller), the rate of that step and the resident memory of the server
-//! when it ended, if the server runs on this machine.
+//! The `fill` workload: loads `--jobs` jobs of about 200 bytes (or of
+//! `--job-bytes`) with batch enqueue (100 jobs a request over every
+//! connection) and reports, for each step of the fill (every million jobs,
+//! or a tenth of the run when it is smaller), the rate of that step and the
+//! resident memory of the server when it ended, if the server runs on this
+//! machine.
 //!
 //! The same client drives a Redis server (`--target redis`): one variadic
 //! `LPUSH` of the same 100 job texts per request, so the two are measured
