@@ -182,11 +182,16 @@ fn write_and_answer(inbox: &Inbox<Pending>, mut log: Option<Log>) {
     }
 }
 
-fn hello() -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(br#"{"job":{"id":"hello","state":"available"}}"#)));
-    *response.status_mut() = StatusCode::CREATED;
+/// An answer of `status` with `body`, in svc's media type.
+fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
     response.headers_mut().insert("content-type", "application/svc+json".parse().expect("valid header"));
     response
+}
+
+fn hello() -> Response<Full<Bytes>> {
+    json(StatusCode::CREATED, r#"{"job":{"id":"hello","state":"available"}}"#)
 }
 
 /// One job of a batch, as far as `--contract` reads it; other fields are
@@ -309,12 +314,7 @@ async fn threaded(
                     let (waiter, answered) = oneshot::channel();
                     inbox.submit(&mut vec![(body, kept, waiter)]);
                     let _ = answered.await;
-                    let mut response = Response::new(Full::new(Bytes::from(rendered)));
-                    *response.status_mut() = StatusCode::CREATED;
-                    response
-                        .headers_mut()
-                        .insert("content-type", "application/svc+json".parse().expect("valid header"));
-                    Ok(response)
+                    Ok(json(StatusCode::CREATED, rendered))
                 }
             });
             let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
@@ -415,13 +415,6 @@ struct QueueRequest<'a> {
     wait_ms: u64,
 }
 
-fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert("content-type", "application/svc+json".parse().expect("valid header"));
-    response
-}
-
 /// Answers one `--queue` request: enqueue, fetch (waiting up to its
 /// `wait_ms`), ack, or the health probe.
 async fn queue_request(
@@ -431,14 +424,14 @@ async fn queue_request(
     let path = request.uri().path().to_string();
     let body = request.into_body().collect().await?.to_bytes();
     let Ok(fields) = serde_json::from_slice::<QueueRequest>(if body.is_empty() { b"{}" } else { &body }) else {
-        return Ok(json(StatusCode::BAD_REQUEST, "{}".into()));
+        return Ok(json(StatusCode::BAD_REQUEST, "{}"));
     };
     Ok(match path.as_str() {
         "/svc/v1/jobs" => {
             let args = fields.args.map_or("[]", |args| args.get()).into();
             let (answer, answered) = oneshot::channel();
             inbox.submit(&mut vec![Command::Enqueue(args, answer)]);
-            let Ok(id) = answered.await else { return Ok(json(StatusCode::SERVICE_UNAVAILABLE, "{}".into())) };
+            let Ok(id) = answered.await else { return Ok(json(StatusCode::SERVICE_UNAVAILABLE, "{}")) };
             json(StatusCode::CREATED, format!(r#"{{"job":{{"id":"{id}","state":"available"}}}}"#))
         }
         "/svc/v1/workers/fetch" => {
@@ -462,17 +455,17 @@ async fn queue_request(
                 Some((id, args)) => {
                     json(StatusCode::OK, format!(r#"{{"jobs":[{{"id":"{id}","attempt":1,"args":{args}}}]}}"#))
                 }
-                None => json(StatusCode::OK, r#"{"jobs":[]}"#.into()),
+                None => json(StatusCode::OK, r#"{"jobs":[]}"#),
             }
         }
         "/svc/v1/workers/ack" => {
             let (answer, answered) = oneshot::channel();
             inbox.submit(&mut vec![Command::Ack(answer)]);
             let _ = answered.await;
-            json(StatusCode::OK, "{}".into())
+            json(StatusCode::OK, "{}")
         }
-        "/svc/v1/health" => json(StatusCode::OK, r#"{"status":"ok"}"#.into()),
-        _ => json(StatusCode::NOT_FOUND, "{}".into()),
+        "/svc/v1/health" => json(StatusCode::OK, r#"{"status":"ok"}"#),
+        _ => json(StatusCode::NOT_FOUND, "{}"),
     })
 }
 
