@@ -47,6 +47,7 @@ pub use cron::table::{CronEntry, CronWrite};
 pub use cron::{DeleteCron, PutCron};
 #[doc(hidden)]
 pub use events::EventSink;
+#[cfg(feature = "postgres")]
 pub(crate) use events::meta_may_hold_trace_id;
 pub use events::{
     CronInfo, CronSkip, Event, EventId, EventKind, EventPage, SignalledWorker, WorkflowEvent, render_event,

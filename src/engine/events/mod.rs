@@ -4,6 +4,7 @@
 
 mod render;
 
+#[cfg(feature = "postgres")]
 pub(crate) use render::meta_may_hold_trace_id;
 pub use render::render_event;
 
