@@ -169,6 +169,21 @@ async fn events_of_either_node_reach_the_subscriptions_that_take_them_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_job_of_a_batch_is_delivered_once() {
+    let Setup { pool, receiver, node, .. } = &Setup::start("batch", &["job.enqueued"]).await;
+    let batch: Vec<NewJob> = (0..600).map(|n| new_job(JobBuilder::new("bulk").args([n]))).collect();
+    let enqueued = node.enqueue(batch).outcome().await.unwrap();
+    eventually("600 deliveries arrive", async || receiver.count() >= 600).await;
+    eventually("the outbox is empty", async || outbox(pool).await.is_empty()).await;
+    let mut delivered: Vec<String> =
+        deliveries(receiver).iter().map(|(_, _, body)| body["data"]["job_id"].as_str().unwrap().to_string()).collect();
+    delivered.sort();
+    let mut expected: Vec<String> = enqueued.iter().map(|enqueued| enqueued.job.id.to_string()).collect();
+    expected.sort();
+    assert_eq!(delivered, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_attempts_follow_the_schedule_then_the_delivery_is_abandoned() {
     let Setup { pool, receiver, clock, node, .. } = &Setup::start("retries", &["job.enqueued"]).await;
     // The first answer asks for two minutes, longer than the schedule's first wait.

@@ -63,6 +63,16 @@ impl JobId {
         (self.0 >> 80) as i64
     }
 
+    /// The id an [`IdGenerator`] makes right after this one within the same
+    /// millisecond (its counter plus one), or `None` where the counter is
+    /// full. Ids made one after another with no other id between are linked
+    /// this way, which lets a run of them be stored as the first and a count.
+    #[cfg(any(feature = "postgres", test))]
+    pub(crate) fn next_in_millisecond(self) -> Option<JobId> {
+        let counter = unpack_counter(self.0);
+        (counter < RANDOM_MASK).then(|| JobId(pack(self.timestamp_ms(), counter + 1)))
+    }
+
     fn version(self) -> u8 {
         ((self.0 >> 76) & 0xf) as u8
     }
@@ -232,6 +242,21 @@ mod tests {
             assert_eq!(JobId::parse(&id.to_string()), Some(id));
             previous = id;
         }
+    }
+
+    #[test]
+    fn ids_made_in_one_millisecond_follow_each_other() {
+        let mut generator = IdGenerator::default();
+        // A counter about to carry from its low 62 bits into the next 12.
+        generator.observe(JobId(pack(1_700_000_000_000, (1 << 62) - 2)));
+        let mut previous = generator.next(1_700_000_000_000, 0);
+        for _ in 0..4 {
+            let id = generator.next(1_700_000_000_000, 0);
+            assert_eq!(previous.next_in_millisecond(), Some(id));
+            assert_eq!(JobId::parse(&id.to_string()), Some(id));
+            previous = id;
+        }
+        assert_eq!(JobId(pack(1_700_000_000_000, RANDOM_MASK)).next_in_millisecond(), None);
     }
 
     #[test]

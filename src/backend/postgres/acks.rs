@@ -127,17 +127,17 @@ impl PgJobs {
         let rows = client
             .rows(
                 concat!(
-                    "WITH gone AS (DELETE FROM svc_jobs j USING unnest($7::text[], $8::int8[]) AS c(id, claim) \
+                    "WITH gone AS (DELETE FROM svc_jobs j USING unnest($8::text[], $9::int8[]) AS c(id, claim) \
                        WHERE j.id = c.id::uuid AND j.claim = c.claim AND j.claimed_ms IS NOT NULL \
                          AND j.waiter IS NULL RETURNING j.id), \
                      moved AS (INSERT INTO svc_job_history (id, queue, type, state, finished_at, body) \
                        SELECT h.id::uuid, h.queue, h.type, 'completed', to_timestamp(h.at::float8 / 1000), h.body \
-                       FROM unnest($7::text[], $9::text[], $10::text[], $11::int8[], $12::bytea[]) \
+                       FROM unnest($8::text[], $10::text[], $11::text[], $12::int8[], $13::bytea[]) \
                          AS h(id, queue, type, at, body) \
                        WHERE h.id::uuid IN (SELECT id FROM gone)), \
                      recorded AS (",
-                    insert_events!("$1", "$2", "$3", "$4", "$5", "$6"),
-                    " WHERE t.id::uuid IN (SELECT e.event::uuid FROM unnest($7::text[], $13::text[]) AS e(job, event) \
+                    insert_events!("$1", "$2", "$3", "$4", "$5", "$6", "$7"),
+                    " WHERE t.id::uuid IN (SELECT e.event::uuid FROM unnest($8::text[], $14::text[]) AS e(job, event) \
                        WHERE e.job::uuid IN (SELECT id FROM gone))) \
                      SELECT id::text FROM gone"
                 ),

@@ -257,9 +257,9 @@ async fn match_events(jobs: &PgJobs, now: crate::clock::Millis, matching: &mut s
     let mut read = 0;
     for _ in 0..MATCH_PASSES {
         match jobs.match_events(now, matching).await {
-            Ok(events) => {
-                read += events;
-                if (events as i64) < super::webhooks::MATCH_BATCH {
+            Ok(pass) => {
+                read += pass.events;
+                if !pass.more_waiting {
                     break;
                 }
             }

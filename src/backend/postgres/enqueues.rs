@@ -170,16 +170,19 @@ impl PgJobs {
     }
 
     /// The events of jobs stored at their request's time: `job.enqueued`,
-    /// and `job.scheduled` for a job scheduled for later.
+    /// and `job.scheduled` for a job scheduled for later. Their ids are
+    /// made in one hold of the generator, so that a batch's follow each
+    /// other and its `job.enqueued` events are written as runs.
     fn enqueue_events<'a>(
         &self,
         stored: impl Iterator<Item = (Millis, &'a Job)>,
     ) -> Vec<(JobId, Millis, EventKind, Option<&'a Job>)> {
         let mut events = Vec::new();
+        let mut ids = self.id_generator();
         for (now, job) in stored {
-            events.push((self.fresh_id(now), now, EventKind::Enqueued, Some(job)));
+            events.push((ids.next(now, rand::random()), now, EventKind::Enqueued, Some(job)));
             if job.state == JobState::Scheduled {
-                events.push((self.fresh_id(now), now, EventKind::Scheduled, Some(job)));
+                events.push((ids.next(now, rand::random()), now, EventKind::Scheduled, Some(job)));
             }
         }
         events
@@ -202,7 +205,7 @@ impl PgJobs {
         let events =
             self.enqueue_events(requests.iter().flat_map(|request| request.jobs.iter().map(|job| (request.now, job))));
         let (job_rows, event_rows) = (JobRows::of(jobs), EventRows::of(&events));
-        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(21);
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(22);
         params.extend(job_rows.params());
         params.extend(event_rows.params());
         params.extend([&names as &(dyn ToSql + Sync), &CHANNEL]);
@@ -210,16 +213,16 @@ impl PgJobs {
         let rows = client
             .rows(
                 concat!(
-                    "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($20::text[]) ON CONFLICT DO NOTHING), \
-                     special AS (SELECT 1 FROM svc_queues WHERE name = ANY($20) AND (paused OR max_depth IS NOT NULL)), \
+                    "WITH known AS (INSERT INTO svc_queues (name) SELECT unnest($21::text[]) ON CONFLICT DO NOTHING), \
+                     special AS (SELECT 1 FROM svc_queues WHERE name = ANY($21) AND (paused OR max_depth IS NOT NULL)), \
                      stored AS (",
                     insert_jobs!(),
                     " WHERE NOT EXISTS (SELECT 1 FROM special) RETURNING queue, state), \
                      recorded AS (",
-                    insert_events!("$14", "$15", "$16", "$17", "$18", "$19"),
+                    insert_events!("$14", "$15", "$16", "$17", "$18", "$19", "$20"),
                     " WHERE NOT EXISTS (SELECT 1 FROM special)) \
                      SELECT false FROM special \
-                     UNION ALL SELECT pg_notify($21, queue) IS NOT NULL \
+                     UNION ALL SELECT pg_notify($22, queue) IS NOT NULL \
                        FROM (SELECT DISTINCT queue FROM stored WHERE state = 'available') AS woken"
                 ),
                 &params,

@@ -26,7 +26,7 @@ use crate::job::{FailureReport, Job, JobId, JobPayload, JobState};
 
 /// Events the table keeps (the newest), as the local engine's buffer does.
 pub const EVENTS_KEPT: i64 = 10_000;
-/// Rows one listing request reads at most, whatever its filter keeps.
+/// Events one listing request reads at most, whatever its filter keeps.
 const SCAN_MAX: i64 = 10_000;
 /// Rows read at a time while filtering.
 const SCAN_CHUNK: i64 = 500;
@@ -94,6 +94,13 @@ enum StoredKind {
     Claimed {
         worker_id: Option<String>,
         visibility_ms: Option<u64>,
+    },
+    /// A run of `members` `job.enqueued` events in one row (see
+    /// [`EventRows::of`]): each event's job follows in turn; the first
+    /// event's id is the row's, each next one's the id after it
+    /// ([`JobId::next_in_millisecond`]).
+    EnqueuedRun {
+        members: u32,
     },
 }
 
@@ -267,7 +274,7 @@ impl StoredKind {
 
     fn kind(self) -> EventKind {
         match self {
-            StoredKind::Enqueued => EventKind::Enqueued,
+            StoredKind::Enqueued | StoredKind::EnqueuedRun { .. } => EventKind::Enqueued,
             StoredKind::Scheduled => EventKind::Scheduled,
             StoredKind::Started | StoredKind::Claimed { .. } => EventKind::Started,
             StoredKind::Completed => EventKind::Completed,
@@ -309,14 +316,15 @@ impl StoredKind {
     }
 }
 
-/// The `INSERT` of events from the six arrays of [`EventRows`], given the
-/// placeholders they are bound to (so that a statement of several parts
+/// The `INSERT` of events from the seven arrays of [`EventRows`], given
+/// the placeholders they are bound to (so that a statement of several parts
 /// can number them).
 macro_rules! insert_events {
-    ($ids:literal, $times:literal, $types:literal, $queues:literal, $job_types:literal, $bodies:literal) => {
+    ($ids:literal, $times:literal, $types:literal, $queues:literal, $job_types:literal, $bodies:literal,
+     $members:literal) => {
         concat!(
-            "INSERT INTO svc_events (id, at, type, queue, job_type, body) \
-             SELECT t.id::uuid, to_timestamp(t.at::float8 / 1000), t.type, t.queue, t.job_type, t.body \
+            "INSERT INTO svc_events (id, at, type, queue, job_type, body, members) \
+             SELECT t.id::uuid, to_timestamp(t.at::float8 / 1000), t.type, t.queue, t.job_type, t.body, t.members \
              FROM unnest(",
             $ids,
             "::text[], ",
@@ -329,16 +337,23 @@ macro_rules! insert_events {
             $job_types,
             "::text[], ",
             $bodies,
-            "::bytea[]) AS t(id, at, type, queue, job_type, body)"
+            "::bytea[], ",
+            $members,
+            "::int4[]) AS t(id, at, type, queue, job_type, body, members)"
         )
     };
 }
 pub(super) use insert_events;
 
+/// `job.enqueued` events one row holds at most.
+const RUN_MEMBERS_MAX: u32 = 256;
+/// Bytes of jobs past which a row takes no further event of a run.
+const RUN_BYTES_MAX: usize = 32 * 1024;
+
 /// Events to write, as the columns of [`insert_events`]: each with its
 /// id, time and the job as it is after the change (none for an event about
 /// a cron entry only). `body` is the stored kind, followed by the job when
-/// there is one.
+/// there is one; `members` counts the events the row holds.
 #[derive(Default)]
 pub(super) struct EventRows<'a> {
     ids: Vec<String>,
@@ -347,25 +362,100 @@ pub(super) struct EventRows<'a> {
     queues: Vec<Option<&'a str>>,
     job_types: Vec<Option<&'a str>>,
     bodies: Vec<Vec<u8>>,
+    members: Vec<i32>,
+}
+
+/// `job.enqueued` events being gathered into one row: jobs of one queue and
+/// type at one time, each event's id the one after the last's.
+struct Run<'a> {
+    first: JobId,
+    last: JobId,
+    at: Millis,
+    job: &'a Job,
+    members: u32,
+    jobs: Vec<u8>,
+}
+
+impl<'a> Run<'a> {
+    fn takes(&self, id: JobId, at: Millis, job: &Job) -> bool {
+        self.members < RUN_MEMBERS_MAX
+            && self.jobs.len() < RUN_BYTES_MAX
+            && self.last.next_in_millisecond() == Some(id)
+            && self.at == at
+            && self.job.queue == job.queue
+            && self.job.payload.job_type() == job.payload.job_type()
+    }
 }
 
 impl<'a> EventRows<'a> {
+    /// The rows of `events`. A batch's `job.enqueued` events are written as
+    /// runs, a row each (schema version 17): of an event a run is almost
+    /// all the index entries and most of the row's bytes, and a batch
+    /// enqueue writes one such event a job (docs/postgres.md, "Events").
     pub(super) fn of(events: &[(JobId, Millis, EventKind, Option<&'a Job>)]) -> EventRows<'a> {
         let mut rows = EventRows::default();
-        for (id, at, kind, job) in events {
+        let mut run: Option<Run<'a>> = None;
+        for &(id, at, ref kind, job) in events {
             let Some(stored) = StoredKind::of(kind) else { continue };
-            rows.ids.push(id.to_string());
-            rows.times.push(*at);
-            rows.types.push(kind.type_name());
-            rows.queues.push(job.map(|job| job.queue.as_str()));
-            rows.job_types.push(job.map(|job| job.payload.job_type()));
+            if let (EventKind::Enqueued, Some(job)) = (kind, job) {
+                let encoded = postcard::to_allocvec(&*as_an_event_holds(job)).expect("a job always encodes");
+                match &mut run {
+                    Some(run) if run.takes(id, at, job) => {
+                        run.last = id;
+                        run.members += 1;
+                        run.jobs.extend(encoded);
+                    }
+                    _ => {
+                        if let Some(ended) = run.take() {
+                            rows.push_run(ended);
+                        }
+                        run = Some(Run { first: id, last: id, at, job, members: 1, jobs: encoded });
+                    }
+                }
+                continue;
+            }
+            if let Some(ended) = run.take() {
+                rows.push_run(ended);
+            }
             let mut body = postcard::to_allocvec(&stored).expect("an event always encodes");
             if let Some(job) = job {
                 body.extend(postcard::to_allocvec(&*as_an_event_holds(job)).expect("a job always encodes"));
             }
-            rows.bodies.push(body);
+            rows.push(id, at, kind.type_name(), job, body, 1);
+        }
+        if let Some(ended) = run {
+            rows.push_run(ended);
         }
         rows
+    }
+
+    /// A run of one is written as any event is, `StoredKind::Enqueued`.
+    fn push_run(&mut self, run: Run<'a>) {
+        let stored = match run.members {
+            1 => StoredKind::Enqueued,
+            members => StoredKind::EnqueuedRun { members },
+        };
+        let mut body = postcard::to_allocvec(&stored).expect("an event always encodes");
+        body.extend(run.jobs);
+        self.push(run.first, run.at, EventKind::Enqueued.type_name(), Some(run.job), body, run.members as i32);
+    }
+
+    fn push(
+        &mut self,
+        id: JobId,
+        at: Millis,
+        type_name: &'static str,
+        job: Option<&'a Job>,
+        body: Vec<u8>,
+        members: i32,
+    ) {
+        self.ids.push(id.to_string());
+        self.times.push(at);
+        self.types.push(type_name);
+        self.queues.push(job.map(|job| job.queue.as_str()));
+        self.job_types.push(job.map(|job| job.payload.job_type()));
+        self.bodies.push(body);
+        self.members.push(members);
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -373,8 +463,8 @@ impl<'a> EventRows<'a> {
     }
 
     /// The parameters, in the order [`insert_events`] names them.
-    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 6] {
-        [&self.ids, &self.times, &self.types, &self.queues, &self.job_types, &self.bodies]
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 7] {
+        [&self.ids, &self.times, &self.types, &self.queues, &self.job_types, &self.bodies, &self.members]
     }
 }
 
@@ -411,7 +501,7 @@ pub async fn append(
     if rows.is_empty() {
         return Ok(());
     }
-    client.run(insert_events!("$1", "$2", "$3", "$4", "$5", "$6"), &rows.params()).await?;
+    client.run(insert_events!("$1", "$2", "$3", "$4", "$5", "$6", "$7"), &rows.params()).await?;
     Ok(())
 }
 
@@ -428,14 +518,15 @@ pub async fn page(
         tracing::warn!(%error, "reading events failed");
         EngineError::Unavailable { reason: Unavailable::Database }
     };
-    let mut cursor = match after {
-        Some(text) => Some(EventId::parse(text).map(|id| id.0.to_string()).ok_or_else(|| {
+    let after = match after {
+        Some(text) => Some(EventId::parse(text).map(|id| id.0).ok_or_else(|| {
             let error = crate::job::ValidationError::request(Some("after".to_string()), "after is not an event id");
             EngineError::Invalid { error, index: None }
         })?),
         None => None,
     };
-    let gap = match &cursor {
+    let after_text = after.map(|id| id.to_string());
+    let gap = match &after_text {
         Some(after) => client
             .row("SELECT coalesce($1::text::uuid < (SELECT id FROM svc_events ORDER BY id LIMIT 1), false)", &[after])
             .await
@@ -446,28 +537,54 @@ pub async fn page(
     let mut events = Vec::new();
     let mut scanned = 0;
     let mut has_more = false;
+    // The first chunk starts at the run that holds `after`, if one does
+    // (its later events come after `after`); each next chunk after the
+    // last row read.
+    let mut last_row: Option<String> = None;
     while scanned < SCAN_MAX {
-        let rows = client
-            .rows(
-                "SELECT id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
-                 WHERE $1::text IS NULL OR id > $1::text::uuid ORDER BY id LIMIT $2",
-                &[&cursor, &SCAN_CHUNK],
-            )
-            .await
-            .map_err(failed)?;
+        let rows = match &last_row {
+            None => {
+                let params: [&(dyn ToSql + Sync); 2] = [&after_text, &SCAN_CHUNK];
+                client
+                    .rows(
+                        "SELECT id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                         WHERE $1::text IS NULL OR id >= coalesce((SELECT r.id FROM (SELECT id, members \
+                           FROM svc_events WHERE id <= $1::text::uuid ORDER BY id DESC LIMIT 1) r \
+                           WHERE r.members > 1), $1::text::uuid) \
+                         ORDER BY id LIMIT $2",
+                        &params,
+                    )
+                    .await
+            }
+            Some(row) => {
+                let params: [&(dyn ToSql + Sync); 2] = [row, &SCAN_CHUNK];
+                client
+                    .rows(
+                        "SELECT id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                         WHERE id > $1::text::uuid ORDER BY id LIMIT $2",
+                        &params,
+                    )
+                    .await
+            }
+        }
+        .map_err(failed)?;
         let last_chunk = (rows.len() as i64) < SCAN_CHUNK;
-        for row in rows {
-            scanned += 1;
+        'rows: for row in rows {
             let id: String = row.get(0);
-            cursor = Some(id.clone());
-            if events.len() == limit {
-                has_more = true;
-                break;
+            for event in decode(&id, row.get(1), row.get(2)) {
+                if after.is_some_and(|after| event.id.0 <= after) {
+                    continue;
+                }
+                if events.len() == limit || scanned == SCAN_MAX {
+                    has_more = true;
+                    break 'rows;
+                }
+                scanned += 1;
+                if filter.keeps(&event) {
+                    events.push(event);
+                }
             }
-            let Some(event) = decode(&id, row.get(1), row.get(2)) else { continue };
-            if filter.keeps(&event) {
-                events.push(event);
-            }
+            last_row = Some(id);
         }
         if has_more || last_chunk {
             break;
@@ -479,19 +596,46 @@ pub async fn page(
     Ok(EventPage { events, has_more, gap })
 }
 
-pub(super) fn decode(id: &str, at: i64, body: &[u8]) -> Option<Event> {
+/// The events of a row (a run of `job.enqueued` events holds several).
+pub(super) fn decode(id: &str, at: i64, body: &[u8]) -> Vec<Event> {
     decode_if(id, at, body, |_| true)
 }
 
-/// An event read back, its job decoded only where `wants_job` says so for
-/// its kind (decoding the job is most of the cost of reading an event).
-pub(super) fn decode_if(id: &str, at: i64, body: &[u8], wants_job: impl Fn(&EventKind) -> bool) -> Option<Event> {
-    let id = JobId::parse(id)?;
-    let decoded = postcard::take_from_bytes::<StoredKind>(body).and_then(|(stored, rest)| {
+/// The events of a row read back, their jobs decoded only where `wants_job`
+/// says so for their kind (decoding the job is most of the cost of reading
+/// an event).
+pub(super) fn decode_if(id: &str, at: i64, body: &[u8], wants_job: impl Fn(&EventKind) -> bool) -> Vec<Event> {
+    let Some(first) = JobId::parse(id) else { return Vec::new() };
+    let event = |id: JobId, kind: EventKind, job: Option<Job>| Event {
+        seq: 0,
+        id: EventId(id),
+        time: at,
+        kind,
+        job: job.map(Arc::new),
+    };
+    let decoded = postcard::take_from_bytes::<StoredKind>(body).and_then(|(stored, mut rest)| {
         let claim = match &stored {
             StoredKind::Claimed { worker_id, visibility_ms } => Some((worker_id.clone(), *visibility_ms)),
             _ => None,
         };
+        if let StoredKind::EnqueuedRun { members } = stored {
+            let wants = wants_job(&EventKind::Enqueued);
+            let mut events = Vec::with_capacity(members as usize);
+            let mut id = Some(first);
+            for _ in 0..members {
+                let Some(this) = id else { return Err(postcard::Error::DeserializeUnexpectedEnd) };
+                let job = if wants {
+                    let (job, after) = postcard::take_from_bytes::<Job>(rest)?;
+                    rest = after;
+                    Some(job)
+                } else {
+                    None
+                };
+                events.push(event(this, EventKind::Enqueued, job));
+                id = this.next_in_millisecond();
+            }
+            return Ok(events);
+        }
         let kind = stored.kind();
         let job = if rest.is_empty() || !wants_job(&kind) {
             None
@@ -500,27 +644,26 @@ pub(super) fn decode_if(id: &str, at: i64, body: &[u8], wants_job: impl Fn(&Even
             if let Some((worker_id, visibility_ms)) = claim {
                 super::claims::apply_claim(&mut job, at, worker_id, visibility_ms);
             }
-            Some(Arc::new(job))
+            Some(job)
         };
-        Ok((kind, job))
+        Ok(vec![event(first, kind, job)])
     });
-    match decoded {
-        Ok((kind, job)) => Some(Event { seq: 0, id: EventId(id), time: at, kind, job }),
-        Err(error) => {
-            tracing::error!(%id, %error, "a stored event does not decode");
-            None
-        }
-    }
+    decoded.unwrap_or_else(|error| {
+        tracing::error!(%id, %error, "a stored event does not decode");
+        Vec::new()
+    })
 }
 
-/// Deletes all but the newest [`EVENTS_KEPT`] events, never one webhook
-/// subscriptions have not been matched against yet; answers how many went.
+/// Deletes all but the newest [`EVENTS_KEPT`] events (the row that
+/// reaches that count kept whole), never one webhook subscriptions have
+/// not been matched against yet; answers how many rows went.
 pub async fn prune(client: &impl GenericClient) -> Result<u64, tokio_postgres::Error> {
     client
         .run(
-            "DELETE FROM svc_events WHERE id < (SELECT id FROM svc_events ORDER BY id DESC OFFSET $1 LIMIT 1) \
+            "DELETE FROM svc_events WHERE id < (SELECT id FROM (SELECT id, sum(members) OVER (ORDER BY id DESC) AS kept \
+               FROM svc_events) newest WHERE kept >= $1 ORDER BY id DESC LIMIT 1) \
              AND xid < (SELECT xid FROM svc_webhook_cursor)",
-            &[&(EVENTS_KEPT - 1)],
+            &[&EVENTS_KEPT],
         )
         .await
 }

@@ -277,8 +277,13 @@ impl PgJobs {
     }
 
     pub(super) fn fresh_id(&self, now: Millis) -> JobId {
-        let mut ids = self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        ids.next(now, rand::random())
+        self.id_generator().next(now, rand::random())
+    }
+
+    /// The node's id generator, held: ids made one after another while it
+    /// is held follow each other (see `JobId::next_in_millisecond`).
+    pub(super) fn id_generator(&self) -> std::sync::MutexGuard<'_, IdGenerator> {
+        self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Writes the events of a change in its transaction, each with a fresh id.

@@ -42,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     V14_PRUNE_INDEXES,
     V15_QUEUE_DEPTHS,
     V16_CLAIM_COLUMNS,
+    V17_EVENT_RUNS,
 ];
 
 /// Version 1: jobs in flight, finished jobs by day, queue settings and the
@@ -411,6 +412,14 @@ ALTER TABLE svc_jobs ADD COLUMN claimed_ms int8, ADD COLUMN visible_until_ms int
 -- claim computes in SQL; NULL on rows written before this version, which
 -- are claimed the checked way.
 ALTER TABLE svc_jobs ADD COLUMN visibility_ms int8, ADD COLUMN timeout_ms int8;
+";
+
+/// Version 17: one event row may hold a run of `job.enqueued` events of
+/// one transaction (docs/postgres.md, "Events"): jobs of one queue and
+/// type, enqueued at one time, whose event ids follow each other. `id` is
+/// the first event's; `members` counts the events the row holds.
+const V17_EVENT_RUNS: &str = "
+ALTER TABLE svc_events ADD COLUMN members int4 NOT NULL DEFAULT 1;
 ";
 
 /// Why the schema cannot be brought to this binary's version.

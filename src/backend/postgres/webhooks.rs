@@ -147,9 +147,9 @@ impl PgJobs {
     /// 1 000 (`MATCH_BATCH`), in the order their transactions were written,
     /// become deliveries to the active subscriptions that take them, each
     /// body rendered once; a delivery past the outbox's bounds is dropped
-    /// and counted in `log`. Answers how many events were read: a full
-    /// batch means more may be waiting.
-    pub async fn match_events(&self, now: Millis, matching: &mut Matching) -> Result<usize, EngineError> {
+    /// and counted in `log`. Answers how many events were read, and whether
+    /// more may be waiting.
+    pub async fn match_events(&self, now: Millis, matching: &mut Matching) -> Result<MatchPass, EngineError> {
         let mut client = self.client().await?;
         // A read first: with no event settled past the point matched, nothing
         // is written (an idle database stays idle). The first such event in
@@ -170,7 +170,7 @@ impl PgJobs {
             return self.restart_matching(&mut client, &next_xid).await;
         }
         if !waiting {
-            return Ok(0);
+            return Ok(MatchPass::default());
         }
         let transaction = client.transaction().await.map_err(database)?;
         // Locked, so that two leaders in a handover match each event once;
@@ -191,7 +191,7 @@ impl PgJobs {
                 // `e.xid, e.id`: unqualified, ORDER BY would name the text
                 // outputs, sorting every unread event, ids as text
                 // ('1000' before '999').
-                "SELECT e.id::text, (extract(epoch FROM e.at) * 1000)::int8, e.body, e.xid::text, e.queue \
+                "SELECT e.id::text, (extract(epoch FROM e.at) * 1000)::int8, e.body, e.xid::text, e.queue, e.members \
                  FROM svc_events e \
                  WHERE (e.xid, e.id) > ($1::text::xid8, $2::text::uuid) \
                    AND e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
@@ -200,15 +200,30 @@ impl PgJobs {
             )
             .await
             .map_err(database)?;
-        let read = rows.len();
+        // Whole rows up to `MATCH_BATCH` events (at least one row: a run
+        // holds several).
+        let fetched = rows.len();
+        let mut taken = 0;
+        let mut read = 0;
+        for row in &rows {
+            let members = row.get::<_, i32>(5).max(1) as usize;
+            if taken > 0 && read + members > MATCH_BATCH as usize {
+                break;
+            }
+            (taken, read) = (taken + 1, read + members);
+        }
+        let rows = &rows[..taken];
+        // A full batch of rows, or rows left unread: more may be waiting.
+        let more_waiting = fetched as i64 == MATCH_BATCH || taken < fetched;
         // The job itself is decoded only where a subscription may render it
         // or counting needs its times: for the rest, its queue's column does.
         let wants_job = |kind: &EventKind| !subscriptions.is_empty() || EventCounter::needs_job(kind);
         let events: Vec<(Event, Option<QueueName>)> = rows
             .iter()
-            .filter_map(|row| {
-                let event = super::events::decode_if(row.get(0), row.get(1), row.get(2), wants_job)?;
-                Some((event, row.get::<_, Option<&str>>(4).map(QueueName::new)))
+            .flat_map(|row| {
+                let queue = row.get::<_, Option<&str>>(4).map(QueueName::new);
+                let events = super::events::decode_if(row.get(0), row.get(1), row.get(2), wants_job);
+                events.into_iter().map(move |event| (event, queue.clone()))
             })
             .collect();
         // Taken: should the pass fail from here, figures that may count
@@ -272,7 +287,7 @@ impl PgJobs {
             matching.figures = Some((figures, read_at));
         }
         matching.log.flush_if_due();
-        Ok(read)
+        Ok(MatchPass { events: read, more_waiting })
     }
 }
 
@@ -287,7 +302,7 @@ impl PgJobs {
         &self,
         client: &mut deadpool_postgres::Object,
         next_xid: &str,
-    ) -> Result<usize, EngineError> {
+    ) -> Result<MatchPass, EngineError> {
         tracing::warn!(
             next_xid,
             "webhook matching restarts: the database's transaction ids went back (a restore?); events kept \
@@ -303,7 +318,7 @@ impl PgJobs {
             .await
             .map_err(database)?;
         transaction.commit().await.map_err(database)?;
-        Ok(0)
+        Ok(MatchPass::default())
     }
 }
 
@@ -317,6 +332,15 @@ const MATCHED_ALL: &str = "ffffffff-ffff-ffff-ffff-ffffffffffff";
 /// Read at every pass instead, they cost a scan of the outbox per 1 000
 /// events while it is full.
 const FIGURES_KEPT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What one pass of matching read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MatchPass {
+    /// Events read (a row holds several for a run of `job.enqueued`).
+    pub events: usize,
+    /// The pass stopped at its bound with events left: another may follow.
+    pub more_waiting: bool,
+}
 
 /// What the leader keeps from one pass of matching to the next.
 #[derive(Default)]
