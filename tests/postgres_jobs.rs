@@ -443,6 +443,17 @@ async fn a_batchs_enqueued_events_share_rows_and_read_back_one_by_one() {
     let rest = jobs.events_page(Some(&middle), 3, &EventFilter::default()).await.unwrap();
     let next: Vec<JobId> = rest.events.iter().map(|event| event.job.as_ref().unwrap().id).collect();
     assert_eq!(next, order[501..504]);
+    // From each run's last two events: its last, then the next row's first.
+    let runs = client.query("SELECT members FROM svc_events ORDER BY id", &[]).await.unwrap();
+    let mut end = 0;
+    for members in runs.iter().map(|row| row.get::<_, i32>(0) as usize) {
+        end += members;
+        for cursor in [end.saturating_sub(2), end - 1] {
+            let page = jobs.events_page(Some(&seen[cursor].0.to_string()), 1, &EventFilter::default()).await.unwrap();
+            assert_eq!(page.events.first().map(|event| event.id), seen.get(cursor + 1).map(|(id, _)| *id));
+        }
+    }
+    assert_eq!(end, seen.len());
     let of_type_b = EventFilter { job_types: Some(vec!["b".into()]), ..EventFilter::default() };
     let found = jobs.events_page(None, 10, &of_type_b).await.unwrap();
     assert_eq!(found.events.iter().map(|event| event.job.as_ref().unwrap().id).collect::<Vec<_>>(), [order[1050]]);

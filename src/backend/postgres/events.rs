@@ -6,7 +6,8 @@
 //! An event's row holds its kind and the job as it was right after the
 //! change, less the parts no event shows (its arguments, tags, unknown
 //! fields and, but for a trace id, its `meta`); the HTTP front end renders
-//! it as for the local engine.
+//! it as for the local engine. A row may hold a run of a batch's
+//! `job.enqueued` events, read back one by one ([`EventRows::of`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -28,8 +29,9 @@ use crate::job::{FailureReport, Job, JobId, JobPayload, JobState};
 pub const EVENTS_KEPT: i64 = 10_000;
 /// Events one listing request reads at most, whatever its filter keeps.
 const SCAN_MAX: i64 = 10_000;
-/// Rows read at a time while filtering.
-const SCAN_CHUNK: i64 = 500;
+/// Rows read at a time while filtering (a run's row holds up to
+/// [`RUN_MEMBERS_MAX`] events and about [`RUN_BYTES_MAX`] bytes).
+const SCAN_CHUNK: i64 = 200;
 
 /// An event's kind as stored: the job events this backend makes.
 #[derive(Serialize, Deserialize)]
@@ -89,8 +91,8 @@ enum StoredKind {
     },
     /// `job.started`, written by a claim in SQL (`claims.rs`): the job that
     /// follows is the job before the claim, which reading applies (the
-    /// event's time is the claim's). Last, so the kinds before keep their
-    /// stored tags.
+    /// event's time is the claim's). Added after the kinds above, so that
+    /// they keep their stored tags, as each kind added later must be.
     Claimed {
         worker_id: Option<String>,
         visibility_ms: Option<u64>,
@@ -347,7 +349,8 @@ pub(super) use insert_events;
 
 /// `job.enqueued` events one row holds at most.
 const RUN_MEMBERS_MAX: u32 = 256;
-/// Bytes of jobs past which a row takes no further event of a run.
+/// Bytes of jobs from which a row takes no further event of a run (the
+/// last one taken may pass it by one job).
 const RUN_BYTES_MAX: usize = 32 * 1024;
 
 /// Events to write, as the columns of [`insert_events`]: each with its
@@ -537,37 +540,33 @@ pub async fn page(
     let mut events = Vec::new();
     let mut scanned = 0;
     let mut has_more = false;
-    // The first chunk starts at the run that holds `after`, if one does
-    // (its later events come after `after`); each next chunk after the
+    // Reading starts at the run that holds `after` where events of it come
+    // after `after`, else just past `after`; each next chunk just past the
     // last row read.
-    let mut last_row: Option<String> = None;
+    let mut from = match after {
+        Some(after) => Some(match run_past(client, after).await.map_err(failed)? {
+            Some(first) => (first, true),
+            None => (after.to_string(), false),
+        }),
+        None => None,
+    };
     while scanned < SCAN_MAX {
-        let rows = match &last_row {
+        let sql = match &from {
             None => {
-                let params: [&(dyn ToSql + Sync); 2] = [&after_text, &SCAN_CHUNK];
-                client
-                    .rows(
-                        "SELECT id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
-                         WHERE $1::text IS NULL OR id >= coalesce((SELECT r.id FROM (SELECT id, members \
-                           FROM svc_events WHERE id <= $1::text::uuid ORDER BY id DESC LIMIT 1) r \
-                           WHERE r.members > 1), $1::text::uuid) \
-                         ORDER BY id LIMIT $2",
-                        &params,
-                    )
-                    .await
+                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                 WHERE $1::text IS NULL ORDER BY id LIMIT $2"
             }
-            Some(row) => {
-                let params: [&(dyn ToSql + Sync); 2] = [row, &SCAN_CHUNK];
-                client
-                    .rows(
-                        "SELECT id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
-                         WHERE id > $1::text::uuid ORDER BY id LIMIT $2",
-                        &params,
-                    )
-                    .await
+            Some((_, true)) => {
+                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                 WHERE id >= $1::text::uuid ORDER BY id LIMIT $2"
             }
-        }
-        .map_err(failed)?;
+            Some((_, false)) => {
+                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                 WHERE id > $1::text::uuid ORDER BY id LIMIT $2"
+            }
+        };
+        let start = from.as_ref().map(|(id, _)| id);
+        let rows = client.rows(sql, &[&start, &SCAN_CHUNK]).await.map_err(failed)?;
         let last_chunk = (rows.len() as i64) < SCAN_CHUNK;
         'rows: for row in rows {
             let id: String = row.get(0);
@@ -584,7 +583,7 @@ pub async fn page(
                     events.push(event);
                 }
             }
-            last_row = Some(id);
+            from = Some((id, false));
         }
         if has_more || last_chunk {
             break;
@@ -594,6 +593,25 @@ pub async fn page(
         has_more = true;
     }
     Ok(EventPage { events, has_more, gap })
+}
+
+/// The first id of the run that holds `after` and events after it, if
+/// `after` falls in such a run: the row at or before `after` is one, and
+/// its last member's id is later.
+async fn run_past(client: &impl GenericClient, after: JobId) -> Result<Option<String>, tokio_postgres::Error> {
+    let row = client
+        .rows(
+            "SELECT id::text, members FROM svc_events WHERE id <= $1::text::uuid ORDER BY id DESC LIMIT 1",
+            &[&after.to_string()],
+        )
+        .await?;
+    let Some(row) = row.first() else { return Ok(None) };
+    let (first, members): (String, i32) = (row.get(0), row.get(1));
+    let mut last = JobId::parse(&first);
+    for _ in 1..members {
+        last = last.and_then(JobId::next_in_millisecond);
+    }
+    Ok(last.is_some_and(|last| last > after).then_some(first))
 }
 
 /// The events of a row (a run of `job.enqueued` events holds several).

@@ -191,30 +191,29 @@ impl PgJobs {
                 // `e.xid, e.id`: unqualified, ORDER BY would name the text
                 // outputs, sorting every unread event, ids as text
                 // ('1000' before '999').
-                "SELECT e.id::text, (extract(epoch FROM e.at) * 1000)::int8, e.body, e.xid::text, e.queue, e.members \
-                 FROM svc_events e \
-                 WHERE (e.xid, e.id) > ($1::text::xid8, $2::text::uuid) \
-                   AND e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
-                 ORDER BY e.xid, e.id LIMIT $3",
+                //
+                // Whole rows up to `$3` events (at least one: a run's row
+                // holds several), bodies read only for those; `fetched`
+                // counts the rows looked at, up to `$3`.
+                "WITH next AS (SELECT e.xid, e.id, e.members, \
+                     sum(e.members) OVER (ORDER BY e.xid, e.id) AS running \
+                   FROM svc_events e \
+                   WHERE (e.xid, e.id) > ($1::text::xid8, $2::text::uuid) \
+                     AND e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
+                   ORDER BY e.xid, e.id LIMIT $3) \
+                 SELECT e.id::text, (extract(epoch FROM e.at) * 1000)::int8, e.body, e.xid::text, e.queue, \
+                   n.members, (SELECT count(*) FROM next) AS fetched \
+                 FROM next n JOIN svc_events e ON e.id = n.id \
+                 WHERE n.running <= $3 OR n.running = n.members \
+                 ORDER BY n.xid, n.id",
                 &[&cursor_xid, &cursor_id, &MATCH_BATCH],
             )
             .await
             .map_err(database)?;
-        // Whole rows up to `MATCH_BATCH` events (at least one row: a run
-        // holds several).
-        let fetched = rows.len();
-        let mut taken = 0;
-        let mut read = 0;
-        for row in &rows {
-            let members = row.get::<_, i32>(5).max(1) as usize;
-            if taken > 0 && read + members > MATCH_BATCH as usize {
-                break;
-            }
-            (taken, read) = (taken + 1, read + members);
-        }
-        let rows = &rows[..taken];
-        // A full batch of rows, or rows left unread: more may be waiting.
-        let more_waiting = fetched as i64 == MATCH_BATCH || taken < fetched;
+        let read: usize = rows.iter().map(|row| row.get::<_, i32>(5).max(1) as usize).sum();
+        // A full batch of rows looked at, or some left unread: more may be waiting.
+        let fetched = rows.first().map_or(0, |row| row.get::<_, i64>(6));
+        let more_waiting = fetched == MATCH_BATCH || (rows.len() as i64) < fetched;
         // The job itself is decoded only where a subscription may render it
         // or counting needs its times: for the rest, its queue's column does.
         let wants_job = |kind: &EventKind| !subscriptions.is_empty() || EventCounter::needs_job(kind);
