@@ -401,7 +401,7 @@ impl<'a> EventRows<'a> {
         for &(id, at, ref kind, job) in events {
             let Some(stored) = StoredKind::of(kind) else { continue };
             if let (EventKind::Enqueued, Some(job)) = (kind, job) {
-                let encoded = postcard::to_allocvec(&*as_an_event_holds(job)).expect("a job always encodes");
+                let encoded = held_bytes(job);
                 match &mut run {
                     Some(run) if run.takes(id, at, job) => {
                         run.last = id;
@@ -422,7 +422,7 @@ impl<'a> EventRows<'a> {
             }
             let mut body = postcard::to_allocvec(&stored).expect("an event always encodes");
             if let Some(job) = job {
-                body.extend(postcard::to_allocvec(&*as_an_event_holds(job)).expect("a job always encodes"));
+                body.extend(held_bytes(job));
             }
             rows.push(id, at, kind.type_name(), job, body, 1);
         }
@@ -486,6 +486,11 @@ fn as_an_event_holds(job: &Job) -> Cow<'_, Job> {
     let mut held = job.clone();
     held.payload = JobPayload::new(payload.job_type(), "[]", meta, Vec::new(), Vec::new());
     Cow::Owned(held)
+}
+
+/// The job as an event row holds it ([`as_an_event_holds`]), encoded.
+fn held_bytes(job: &Job) -> Vec<u8> {
+    postcard::to_allocvec(&*as_an_event_holds(job)).expect("a job always encodes")
 }
 
 /// The start of a `job.started` event's `body` that a claim in SQL writes,
