@@ -473,6 +473,33 @@ async fn a_batchs_enqueued_events_share_rows_and_read_back_one_by_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_listing_goes_on_past_more_events_than_a_page_looks_at() {
+    use svc::backend::EventFilter;
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "event_scan").await;
+    // More events of type "a" than one page looks at (10 000), then one "b".
+    for batch in 0..15 {
+        let jobs_a = (0..700).map(|n| new_job(JobBuilder::new("a").queue("bulk").args([n]))).collect();
+        jobs.enqueue(NOW + batch, jobs_a).await.unwrap();
+    }
+    let b = jobs.enqueue(NOW + 15, vec![new_job(JobBuilder::new("b").queue("bulk"))]).await.unwrap();
+
+    // The first page finds nothing yet, and says where to go on; following
+    // it finds the one event, and the listing ends.
+    let of_type_b = EventFilter { job_types: Some(vec!["b".into()]), ..EventFilter::default() };
+    let first = jobs.events_page(None, 10, &of_type_b).await.unwrap();
+    assert!(first.events.is_empty() && first.has_more);
+    let go_on = first.scanned_to.expect("a page that stopped early says where it stopped").to_string();
+    let second = jobs.events_page(Some(&go_on), 10, &of_type_b).await.unwrap();
+    let found: Vec<JobId> = second.events.iter().map(|event| event.job.as_ref().unwrap().id).collect();
+    assert_eq!(found, [b[0].job.id]);
+    assert!(!second.has_more && second.scanned_to.is_none());
+    // Unfiltered, a full page stops where its last event is.
+    let all = jobs.events_page(None, 10, &EventFilter::default()).await.unwrap();
+    assert_eq!(all.scanned_to, all.events.last().map(|event| event.id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dead_letter_listing_pages_retries_and_deletes() {
     let server = TempPostgres::start();
     let (jobs, _pool) = store(&server, "dead_letter").await;

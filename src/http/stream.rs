@@ -128,6 +128,10 @@ impl StreamTask {
                     return;
                 }
             }
+            if let Some(id) = page.scanned_to {
+                // Past the events that did not match, so the next read moves on.
+                self.after = id.to_string();
+            }
             if page.has_more {
                 continue;
             }

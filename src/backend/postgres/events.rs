@@ -545,6 +545,7 @@ pub async fn page(
     let mut events = Vec::new();
     let mut scanned = 0;
     let mut has_more = false;
+    let mut scanned_to = None;
     // Reading starts at the run that holds `after` where events of it come
     // after `after`, else just past `after`; each next chunk just past the
     // last row read.
@@ -584,6 +585,7 @@ pub async fn page(
                     break 'rows;
                 }
                 scanned += 1;
+                scanned_to = Some(event.id);
                 if filter.keeps(&event) {
                     events.push(event);
                 }
@@ -597,7 +599,9 @@ pub async fn page(
     if scanned >= SCAN_MAX && !has_more {
         has_more = true;
     }
-    Ok(EventPage { events, has_more, gap })
+    // Where the next page starts, past events that did not match.
+    let scanned_to = if has_more { scanned_to } else { None };
+    Ok(EventPage { events, has_more, gap, scanned_to })
 }
 
 /// The first id of the run that holds `after` and events after it, if

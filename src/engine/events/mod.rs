@@ -380,7 +380,8 @@ impl EventBuffer {
         let mut matching = self.events.range(start..).map(|held| &held.event).filter(|event| keep(event));
         let events: Vec<Event> = matching.by_ref().take(limit).cloned().collect();
         let has_more = matching.next().is_some();
-        EventPage { events, has_more, gap }
+        let scanned_to = if has_more { events.last().map(|event| event.id) } else { None };
+        EventPage { events, has_more, gap, scanned_to }
     }
 
     /// Where the event with `id` is held, if it still is.
@@ -393,6 +394,11 @@ pub struct EventPage {
     pub events: Vec<Event>,
     pub has_more: bool,
     pub gap: bool,
+    /// Set when the listing stopped looking before the newest event: the
+    /// last event it looked at, where the next page starts (`after`). A
+    /// filtered page on PostgreSQL looks at a bounded number of events, so
+    /// it can hold fewer than asked, even none, and still go on from here.
+    pub scanned_to: Option<EventId>,
 }
 
 #[cfg(test)]
