@@ -5,20 +5,21 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::backend::{Backend, BulkReport, run_bulk};
+use crate::backend::{Backend, BulkReport, EventFilter, run_bulk};
 pub use crate::engine::Refusal;
 use crate::engine::WebhookChange;
 use crate::engine::block_on;
 use crate::engine::{
     ACKS_MAX, AckItem, AckMany, BULK_CHUNK_MAX, Backpressure, BulkAction, Cancelled, Engine, EngineConfig, EngineError,
-    EngineFailure, EngineHandle, Enqueued, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage, MinuteCount,
-    Overview, ParentResults, Pending, QueueStats, QueueSummary, Workflow,
+    EngineFailure, EngineHandle, Enqueued, EventId, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter,
+    JobsPage, MinuteCount, Overview, ParentResults, Pending, QueueStats, QueueSummary, Workflow,
 };
 use crate::job::{
     Failure, Job, JobBuilder, JobId, JobProgress, JobState, NewJob, SubscriptionId, ValidationError, ValidationKind,
     WorkflowId, check_batch_size, fetch_count, fetch_queues, fetch_wait_ms, invalid_queue, invalid_worker_id,
     is_valid_queue, is_valid_worker_id, parse_ack_result, parse_enqueue_body,
 };
+use crate::limits::PAGE_SIZE_MAX;
 use crate::schema::{SchemaBuilder, SchemaEntry, SchemaViolation};
 use crate::storage::StorageError;
 use crate::webhook::Subscription;
@@ -576,6 +577,32 @@ impl Svc {
     /// whether more follow.
     pub fn workflows(&self, after: Option<WorkflowId>, limit: usize) -> (Vec<Arc<Workflow>>, bool) {
         local_read(self.backend.workflows_page(after, limit))
+    }
+
+    /// Up to `limit` (1 to 100) events after `after` that `filter` keeps,
+    /// oldest first, as `GET /events` lists them (docs/api.md, "Events"):
+    /// the engine holds the last 10 000. While `has_more`, the next page
+    /// starts after [`EventPage::next_after`].
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use svc::backend::EventFilter;
+    /// use svc::{Svc, job::JobBuilder};
+    /// let svc = Svc::open(dir.path())?;
+    /// let job = svc.enqueue(JobBuilder::new("email.send").queue("mail"))?.job;
+    /// let enqueued = EventFilter { types: Some(vec!["job.*".into()]), queues: Some(vec!["mail".into()]), ..Default::default() };
+    /// let page = svc.events(&enqueued, None, 10)?;
+    /// assert_eq!(page.events[0].kind.type_name(), "job.enqueued");
+    /// assert_eq!(page.events[0].job.as_ref().map(|held| held.id), Some(job.id));
+    /// assert!(!page.has_more);
+    /// # Ok::<(), svc::SvcError>(())
+    /// ```
+    pub fn events(&self, filter: &EventFilter, after: Option<EventId>, limit: usize) -> Result<EventPage, SvcError> {
+        if !(1..=PAGE_SIZE_MAX).contains(&limit) {
+            let message = format!("limit must be from 1 to {PAGE_SIZE_MAX}");
+            return Err(SvcError::Invalid(ValidationError::request(Some("limit".to_string()), message)));
+        }
+        Ok(self.backend.events_page(after.map(|id| id.to_string()), limit, filter.clone()).wait()?)
     }
 
     /// A page of the jobs `filter` keeps, from `from` on (docs/api.md,

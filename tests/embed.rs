@@ -480,6 +480,36 @@ fn the_admin_operations_work_embedded_and_validate_as_http_does() {
 }
 
 #[test]
+fn events_are_listed_embedded_as_over_http_and_page_by_next_after() {
+    use svc::backend::EventFilter;
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Svc::open(dir.path()).unwrap();
+    let jobs: Vec<_> = (0..5).map(|n| svc.enqueue(JobBuilder::new("t").queue("q").args([n])).unwrap().job).collect();
+    svc.fetch(&["q"], 1, None).unwrap();
+    svc.ack(jobs[0].id).unwrap();
+    assert_eq!(refused_field(svc.events(&EventFilter::default(), None, 0)).1, "limit");
+    assert_eq!(refused_field(svc.events(&EventFilter::default(), None, 101)).1, "limit");
+
+    // Two at a time, following next_after: the five enqueues in order.
+    let enqueued = EventFilter { types: Some(vec!["job.enqueued".into()]), ..EventFilter::default() };
+    let (mut seen, mut after) = (Vec::new(), None);
+    loop {
+        let page = svc.events(&enqueued, after, 2).unwrap();
+        seen.extend(page.events.iter().map(|event| event.job.as_ref().unwrap().id));
+        after = page.next_after();
+        if !page.has_more {
+            break;
+        }
+    }
+    assert_eq!(seen, jobs.iter().map(|job| job.id).collect::<Vec<_>>());
+    let lifecycle = EventFilter { subject: Some(jobs[0].id.to_string()), ..EventFilter::default() };
+    let kinds: Vec<&str> =
+        svc.events(&lifecycle, None, 100).unwrap().events.iter().map(|event| event.kind.type_name()).collect();
+    assert_eq!(kinds, ["job.enqueued", "job.started", "job.completed"]);
+    svc.close();
+}
+
+#[test]
 fn refusals_and_jobs_read_as_the_http_api_answers_them() {
     let dir = tempfile::tempdir().unwrap();
     let svc = Svc::open(dir.path()).unwrap();

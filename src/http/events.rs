@@ -26,8 +26,7 @@ pub(super) async fn events(app: &AppState, query: &str) -> Result<Reply, ApiErro
     let page = app.backend.events_page(after.map(str::to_string), limit, filter).outcome().await?;
     // A page that stopped looking early goes on from the last event it
     // looked at, matching or not.
-    let last = page.scanned_to.or_else(|| page.events.last().map(|event| event.id));
-    let cursor = last.map(|id| id.to_string()).or_else(|| after.map(str::to_string));
+    let cursor = page.next_after().map(|id| id.to_string()).or_else(|| after.map(str::to_string));
     let mut events = String::from("[");
     for (index, event) in page.events.iter().enumerate() {
         if index > 0 {
