@@ -472,17 +472,23 @@ async fn a_batchs_enqueued_events_share_rows_and_read_back_one_by_one() {
     assert!(passes.iter().all(|events| *events <= 1000), "{passes:?}");
 }
 
+/// Enqueues 10 500 jobs of type "a" (and so as many `job.enqueued`
+/// events), more than a page looks at, then one of type "b"; answers its id.
+async fn past_a_page_then_b(jobs: &PgJobs) -> JobId {
+    for batch in 0..15 {
+        let jobs_a = (0..700).map(|n| new_job(JobBuilder::new("a").queue("bulk").args([n]))).collect();
+        jobs.enqueue(NOW + batch, jobs_a).await.unwrap();
+    }
+    jobs.enqueue(NOW + 15, vec![new_job(JobBuilder::new("b").queue("bulk"))]).await.unwrap()[0].job.id
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filtered_listing_goes_on_past_more_events_than_a_page_looks_at() {
     use svc::backend::EventFilter;
     let server = TempPostgres::start();
     let (jobs, _pool) = store(&server, "event_scan").await;
     // More events of type "a" than one page looks at (10 000), then one "b".
-    for batch in 0..15 {
-        let jobs_a = (0..700).map(|n| new_job(JobBuilder::new("a").queue("bulk").args([n]))).collect();
-        jobs.enqueue(NOW + batch, jobs_a).await.unwrap();
-    }
-    let b = jobs.enqueue(NOW + 15, vec![new_job(JobBuilder::new("b").queue("bulk"))]).await.unwrap();
+    let b = past_a_page_then_b(&jobs).await;
 
     // The first page finds nothing yet, and says where to go on; following
     // it finds the one event, and the listing ends.
@@ -492,11 +498,42 @@ async fn a_filtered_listing_goes_on_past_more_events_than_a_page_looks_at() {
     let go_on = first.scanned_to.expect("a page that stopped early says where it stopped").to_string();
     let second = jobs.events_page(Some(&go_on), 10, &of_type_b).await.unwrap();
     let found: Vec<JobId> = second.events.iter().map(|event| event.job.as_ref().unwrap().id).collect();
-    assert_eq!(found, [b[0].job.id]);
+    assert_eq!(found, [b]);
     assert!(!second.has_more && second.scanned_to.is_none());
     // Unfiltered, a full page stops where its last event is.
     let all = jobs.events_page(None, 10, &EventFilter::default()).await.unwrap();
     assert_eq!(all.scanned_to, all.events.last().map(|event| event.id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_search_looks_at_no_more_than_its_budget_whatever_the_filters() {
+    use svc::backend::postgres::SCAN_BUDGET;
+    use svc::engine::JobFilter;
+    let server = TempPostgres::start();
+    let (jobs, _pool) = store(&server, "job_scan").await;
+    // More jobs of type "a" than a page looks at (10 000), then one "b".
+    let b = past_a_page_then_b(&jobs).await;
+    let total = 15 * 700 + 1;
+
+    // Filtered by type in SQL, pages still count (and stop at) what they
+    // look at: every job once over the pages, and the one "b" found.
+    let (mut found, mut from, mut scanned) = (Vec::new(), None, Vec::new());
+    loop {
+        let page = jobs.jobs_page(&JobFilter::all().job_type("b"), from, 10).await.unwrap();
+        assert!(page.scanned <= SCAN_BUDGET, "{} rows looked at", page.scanned);
+        scanned.push(page.scanned);
+        found.extend(page.jobs.iter().map(|job| job.id));
+        match page.next {
+            Some(next) => from = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(found, [b]);
+    assert_eq!(scanned.iter().sum::<usize>(), total, "{scanned:?}");
+    // Unfiltered, a page of ten looks at no more than a window.
+    let first = jobs.jobs_page(&JobFilter::all(), None, 10).await.unwrap();
+    assert_eq!(first.jobs.len(), 10);
+    assert!(first.next.is_some() && first.scanned <= 500, "{}", first.scanned);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

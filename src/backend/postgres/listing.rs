@@ -5,10 +5,13 @@
 //!
 //! The listing's order is the job id's (a UUIDv7: creation time first), so
 //! a page goes on after the last id it answered whatever was added or
-//! removed meanwhile. The queue, state and type filters are SQL; the time
-//! range and the text search read the job itself, and a page reads at most
-//! [`SCAN_BUDGET`] rows, so a search that matches little comes back short,
-//! with a cursor saying where to go on, as on the local engine.
+//! removed meanwhile. A page reads the next rows of both tables in id
+//! order, a window at a time and at most [`SCAN_BUDGET`] rows in all; the
+//! queue, state and type filters pick the rows of a window whose job is
+//! read (the others answer their id alone), and the time range and the
+//! text search read the job itself. So a search that matches little comes
+//! back short, with a cursor saying where to go on, as on the local engine,
+//! and no page reads more than its budget, whatever the filters.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -18,18 +21,19 @@ use super::enqueues::insert;
 use super::jobs::{PgJobs, database, lock_in_flight, notify_available};
 use super::sql::Prepared;
 use crate::clock::Millis;
-use crate::engine::{BULK_CHUNK_MAX, BulkAction, BulkOutcome, EngineError, EventKind, JobCursor, JobFilter, JobsPage};
+use crate::engine::{
+    BULK_CHUNK_MAX, BulkAction, BulkOutcome, EngineError, EventKind, JobCursor, JobFilter, JobsPage, Unavailable,
+};
 use crate::job::{Job, JobId, JobState, transition};
 
 /// Most rows one page reads.
 pub const SCAN_BUDGET: usize = 10_000;
-/// Rows read at a time when the job itself must be read to filter it.
+/// Rows read at a time (a window), or the page's limit and one when larger.
 const CHUNK: usize = 500;
 
-/// The conditions both tables share: `$1` the id to go on after, `$2` the
-/// queue, `$3` the states, `$4` the exact type, `$5` a type prefix.
-const CONDITIONS: &str = "id > coalesce($1::text::uuid, '00000000-0000-0000-0000-000000000000'::uuid) \
-     AND ($2::text IS NULL OR queue = $2) AND (cardinality($3::text[]) = 0 OR state = ANY($3)) \
+/// What a row must hold for its job to be read: `$2` the queue, `$3` the
+/// states, `$4` the exact type, `$5` a type prefix.
+const FIELDS: &str = "($2::text IS NULL OR queue = $2) AND (cardinality($3::text[]) = 0 OR state = ANY($3)) \
      AND ($4::text IS NULL OR type = $4) AND ($5::text IS NULL OR left(type, length($5)) = $5)";
 
 /// Which tables a filter's states are found in.
@@ -39,11 +43,16 @@ fn tables(states: &[JobState]) -> (bool, bool) {
     (hot, history)
 }
 
-/// The page query over the tables the states are found in, `$6` rows at most.
+/// The next window of `$6` rows after the id `$1`, over the tables the
+/// states are found in, as rows of `job_columns!()`; `body` is null where
+/// [`FIELDS`] does not hold.
 fn page_query(hot: bool, history: bool) -> String {
     // The claim's columns of a job in flight (`jobs::job_of`); none in the history.
     let select = |table: &str, claim: &str| {
-        format!("(SELECT id, body, {claim} FROM {table} WHERE {CONDITIONS} ORDER BY id LIMIT $6)")
+        format!(
+            "(SELECT id, body, {claim}, queue, state, type FROM {table} \
+             WHERE id > coalesce($1::text::uuid, '00000000-0000-0000-0000-000000000000'::uuid) ORDER BY id LIMIT $6)"
+        )
     };
     let hot_rows = select("svc_jobs", "claimed_ms, visible_until_ms, worker_id");
     let history_rows = select("svc_job_history", "NULL::int8, NULL::int8, NULL::text");
@@ -53,12 +62,9 @@ fn page_query(hot: bool, history: bool) -> String {
         _ => history_rows,
     };
     format!(
-        concat!(
-            "SELECT ",
-            job_columns!(),
-            " FROM ({}) AS listed(id, body, claimed_ms, visible_until_ms, worker_id) ORDER BY id LIMIT $6"
-        ),
-        sources
+        "SELECT id::text AS id_text, CASE WHEN {FIELDS} THEN body END AS body, claimed_ms, visible_until_ms, worker_id \
+         FROM ({sources}) AS window_rows(id, body, claimed_ms, visible_until_ms, worker_id, queue, state, type) \
+         ORDER BY id LIMIT $6"
     )
 }
 
@@ -81,8 +87,7 @@ impl PgJobs {
             },
             None => (None, None),
         };
-        let reads_jobs = filter.text.is_some() || filter.created_from.is_some() || filter.created_before.is_some();
-        let chunk = if reads_jobs { CHUNK.max(limit + 1) } else { limit + 1 };
+        let chunk = CHUNK.max(limit + 1);
         let client = self.client().await?;
         let mut after = from.and_then(|cursor| cursor.after());
         let (mut jobs, mut scanned) = (Vec::new(), 0);
@@ -94,8 +99,14 @@ impl PgJobs {
                 .map_err(database)?;
             let read = rows.len();
             for row in rows {
-                let job = job_of(&row)?;
                 scanned += 1;
+                if row.get::<_, Option<&[u8]>>(1).is_none() {
+                    // Left out by the queue, state or type.
+                    let id: &str = row.get(0);
+                    after = Some(JobId::parse(id).ok_or(EngineError::Unavailable { reason: Unavailable::Database })?);
+                    continue;
+                }
+                let job = job_of(&row)?;
                 after = Some(job.id);
                 if filter.keeps(&job) {
                     jobs.push(Arc::new(job));

@@ -35,6 +35,7 @@ use std::time::Duration;
 pub use backend::PgBackend;
 pub use jobs::PgJobs;
 pub use leader::{LEASE_TTL_MS_DEFAULT, LeaderLease};
+pub use listing::SCAN_BUDGET;
 pub use schema::{SCHEMA_VERSION, SchemaError, migrate, schema_version};
 pub use wakeup::{POLL_INTERVAL, RECHECK_INTERVAL};
 pub use webhooks::Matching;
