@@ -28,7 +28,8 @@ use crate::job::{Job, JobId, JobState, transition};
 
 /// Most rows one page reads.
 pub const SCAN_BUDGET: usize = 10_000;
-/// Rows read at a time (a window), or the page's limit and one when larger.
+/// Most rows read at a time (a window), or the page's limit and one when
+/// larger.
 const CHUNK: usize = 500;
 
 /// What a row must hold for its job to be read: `$2` the queue, `$3` the
@@ -87,7 +88,11 @@ impl PgJobs {
             },
             None => (None, None),
         };
-        let chunk = CHUNK.max(limit + 1);
+        // A window as large as the page, doubled while the filters leave
+        // rows out: an unfiltered page reads no more rows than it shows.
+        let widest = CHUNK.max(limit + 1);
+        let reads_jobs = filter.text.is_some() || filter.created_from.is_some() || filter.created_before.is_some();
+        let mut chunk = if reads_jobs { widest } else { limit + 1 };
         let client = self.client().await?;
         let mut after = from.and_then(|cursor| cursor.after());
         let (mut jobs, mut scanned) = (Vec::new(), 0);
@@ -123,6 +128,7 @@ impl PgJobs {
             if scanned >= SCAN_BUDGET {
                 return Ok(JobsPage { jobs, next: after.map(JobCursor::after_job), scanned });
             }
+            chunk = (2 * chunk).min(widest).min(SCAN_BUDGET - scanned);
         }
     }
 
