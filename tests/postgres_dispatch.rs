@@ -2,7 +2,8 @@
 //! server of the test's own, at the times the test gives: a rate is a
 //! sliding window and keys are independent; a held job holds the jobs
 //! behind it under its key; claims without a rate count toward none; a
-//! concurrency cap holds across two nodes claiming at once; and a long-poll
+//! concurrency cap holds across two nodes claiming at once; a claim passes
+//! over many keys at their limit to the jobs behind them; and a long-poll
 //! fetch held back by a window gets the job when the window opens.
 
 mod common;
@@ -73,6 +74,39 @@ async fn a_held_job_holds_the_jobs_behind_it_under_its_key() {
     assert_eq!(claim(&jobs, NOW + 2_000, "q").await, [quick], "its second has passed; the hour holds three claims");
     assert!(claim(&jobs, NOW + 4_000, "q").await.is_empty(), "three claims in the hour");
     assert_eq!(claim(&jobs, NOW + 3_600_000, "q").await, [last], "the first two claims left the hour");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_passes_over_many_keys_at_their_limit_to_the_jobs_behind() {
+    let server = TempPostgres::start();
+    let jobs = node(&server.database("many_keys")).await;
+    let hourly = |key: usize| limit(&format!("customer-{key}"), None, Some((1, 3_600_000)));
+    let first: Vec<NewJob> = (0..300).map(|key| limited("q", key as u64, hourly(key))).collect();
+    jobs.enqueue(NOW, first).await.unwrap();
+    let mut claimed = 0;
+    while claimed < 300 {
+        let got = claim(&jobs, NOW, "q").await.len();
+        assert!(got > 0, "each key lets one claim in");
+        claimed += got;
+    }
+    // 300 jobs held back by their keys, then one free job and one of a new key.
+    let held: Vec<NewJob> = (0..300).map(|key| limited("q", key as u64, hourly(key))).collect();
+    let held: Vec<JobId> = jobs.enqueue(NOW, held).await.unwrap().iter().map(|enqueued| enqueued.job.id).collect();
+    let free = enqueue(&jobs, JobBuilder::new("t").queue("q").build(&JobDefaults::default()).unwrap()).await;
+    let fresh = enqueue(&jobs, limited("q", 0, hourly(300))).await;
+    let request = FetchRequest { queues: vec!["q".into()], count: 1, worker_id: None, visibility_timeout_ms: None };
+    let one = jobs.claim(NOW + 1, &request).await.unwrap();
+    assert_eq!(one.iter().map(|job| job.id).collect::<Vec<_>>(), [free]);
+    assert_eq!(claim(&jobs, NOW + 2, "q").await, [fresh]);
+    assert!(claim(&jobs, NOW + 3, "q").await.is_empty(), "every key is at its limit");
+    // An hour on, the held jobs come in their order, none skipped.
+    let mut later = Vec::new();
+    while later.len() < 300 {
+        let got = claim(&jobs, NOW + 3_600_000, "q").await;
+        assert!(!got.is_empty());
+        later.extend(got);
+    }
+    assert_eq!(later, held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,6 +37,10 @@ pub(super) struct PendingClaim {
     pub request: FetchRequest,
 }
 
+/// Most rows one look at a queue reads when jobs held back by their
+/// dispatch limits stand in the way of the jobs wanted.
+const PASS_ROWS_MAX: i64 = 256;
+
 /// What one claim transaction met so far: the ids it looked at, the jobs
 /// it discarded as expired, and the dispatch limits it counted.
 #[derive(Default)]
@@ -65,8 +69,10 @@ async fn select(
         if queues[..position].contains(queue) {
             continue;
         }
+        let mut reach = (wanted - selected.len()) as i64;
         loop {
             let missing = (wanted - selected.len()) as i64;
+            reach = reach.max(missing);
             let rows = transaction
                 .rows(
                     // `id_text`, not `id`: ORDER BY `id` must name the uuid
@@ -80,14 +86,19 @@ async fn select(
                        AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
                      ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
                     ),
-                    &[queue, &missing, &met.taken, &met.blocked],
+                    &[queue, &reach, &met.taken, &met.blocked],
                 )
                 .await
                 .map_err(database)?;
             let found = rows.len() as i64;
+            let jobs = rows.iter().map(job_of).collect::<Result<Vec<Job>, _>>()?;
+            met.dispatch.load(transaction, &jobs, now).await?;
             let mut passed_over = 0;
-            for row in rows {
-                let mut job = job_of(&row)?;
+            for mut job in jobs {
+                // Rows read past the jobs wanted stay where they are.
+                if selected.len() == wanted {
+                    break;
+                }
                 met.taken.push(job.id.to_string());
                 // Past its expiry, a job is discarded, not handed out.
                 if job.expires_at().is_some_and(|at| at <= now) {
@@ -109,9 +120,12 @@ async fn select(
                 }
                 passed_over += 1;
             }
-            if passed_over == 0 || found < missing {
+            if passed_over == 0 || found < reach || selected.len() == wanted {
                 break;
             }
+            // Jobs held back by their limits, or expired, stood in the way:
+            // read further ahead each time, rather than a job at a time.
+            reach = (2 * reach).min(PASS_ROWS_MAX);
         }
         if selected.len() == wanted {
             break;

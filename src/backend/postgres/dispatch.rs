@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use deadpool_postgres::Transaction;
 
 use super::jobs::database;
-use super::sql::Prepared;
+use super::sql::{Params, Prepared};
 use crate::clock::Millis;
 use crate::engine::EngineError;
 use crate::job::Job;
@@ -55,10 +55,7 @@ impl Dispatch {
     /// none always may); a claim allowed counts toward the next ones.
     pub async fn allows(&mut self, transaction: &Transaction<'_>, job: &Job, now: Millis) -> Result<bool, EngineError> {
         let Some((limit, key)) = job.limit_and_key() else { return Ok(true) };
-        if !self.locked {
-            transaction.run("SELECT pg_advisory_xact_lock($1)", &[&DISPATCH_LOCK]).await.map_err(database)?;
-            self.locked = true;
-        }
+        self.lock(transaction).await?;
         if !self.keys.contains_key(key) {
             let since = now.saturating_sub(DISPATCH_WINDOW_MS_MAX);
             let active: i64 = transaction
@@ -99,6 +96,59 @@ impl Dispatch {
         }
         state.active += 1;
         Ok(true)
+    }
+
+    /// Takes the lock that orders claims of limited jobs, once a claim.
+    async fn lock(&mut self, transaction: &Transaction<'_>) -> Result<(), EngineError> {
+        if !self.locked {
+            transaction.run("SELECT pg_advisory_xact_lock($1)", &[&DISPATCH_LOCK]).await.map_err(database)?;
+            self.locked = true;
+        }
+        Ok(())
+    }
+
+    /// Reads what the keys of `jobs` not looked at yet hold, all at once (two
+    /// statements, under the lock), so that a claim that passes over many
+    /// keys at their limit does not read them one by one.
+    pub async fn load(&mut self, transaction: &Transaction<'_>, jobs: &[Job], now: Millis) -> Result<(), EngineError> {
+        let mut keys: Vec<&str> = jobs
+            .iter()
+            .filter_map(|job| job.limit_and_key().map(|(_, key)| key))
+            .filter(|key| !self.keys.contains_key(*key))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.lock(transaction).await?;
+        let since = now.saturating_sub(DISPATCH_WINDOW_MS_MAX);
+        let (by_key, by_key_since): (Params<'_>, Params<'_>) = (&[&keys], &[&keys, &since]);
+        let (active, claims) = tokio::try_join!(
+            transaction.rows(
+                "SELECT dispatch_key, count(*) FROM svc_jobs WHERE dispatch_key = ANY($1) AND state = 'active' \
+                 GROUP BY dispatch_key",
+                by_key,
+            ),
+            transaction.rows(
+                "SELECT key, claimed_at FROM svc_dispatch_claims WHERE key = ANY($1) AND claimed_at > $2 \
+                 ORDER BY key, claimed_at",
+                by_key_since,
+            ),
+        )
+        .map_err(database)?;
+        for key in keys {
+            self.keys.insert(key.to_string(), KeyUse { active: 0, claims: Vec::new() });
+        }
+        for row in &active {
+            let (key, count): (&str, i64) = (row.get(0), row.get(1));
+            self.keys.get_mut(key).expect("a key asked for").active = count as u32;
+        }
+        for row in &claims {
+            let (key, at): (&str, Millis) = (row.get(0), row.get(1));
+            self.keys.get_mut(key).expect("a key asked for").claims.push(at);
+        }
+        Ok(())
     }
 
     /// Records the claims of jobs with a rate, in the claim's transaction.
