@@ -400,17 +400,17 @@ pub struct EventPage {
     /// Whether `after` was older than every event held: the page starts
     /// at the oldest.
     pub gap: bool,
-    /// Set when the listing stopped looking before the newest event: the
-    /// last event it looked at, where the next page starts (`after`). A
-    /// filtered page on PostgreSQL looks at a bounded number of events, so
-    /// it can hold fewer than asked, even none, and still go on from here.
+    /// The last event the listing looked at, where the next page starts
+    /// (`after`), when that is past the last event listed. A filtered page
+    /// on PostgreSQL looks at a bounded number of events, so it can hold
+    /// fewer than asked, even none, and still go on from here.
     pub scanned_to: Option<EventId>,
 }
 
 impl EventPage {
-    /// Where the next page starts (its `after`): the last event this page
-    /// looked at, else the last it lists; `None` when it lists none and
-    /// read to the end (the next page starts where this one did).
+    /// Where the next page starts (its `after`): [`scanned_to`](Self::scanned_to)
+    /// when set, else the last event listed; `None` when neither (the next
+    /// page starts where this one did).
     pub fn next_after(&self) -> Option<EventId> {
         self.scanned_to.or_else(|| self.events.last().map(|event| event.id))
     }
