@@ -143,6 +143,9 @@ async fn a_cancel_rolled_back_to_break_a_deadlock_is_run_again() {
 
     let (mut other, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(connection);
+    // Only the cancel's session looks for the circle, however the machine
+    // schedules the two: this one would look only after a minute.
+    other.batch_execute("SET deadlock_timeout = '60s'").await.unwrap();
     let other = other.transaction().await.unwrap();
     let workflow_row = "SELECT 1 FROM svc_workflows WHERE id = $1::text::uuid FOR UPDATE";
     other.execute(workflow_row, &[&id.to_string()]).await.unwrap();
@@ -153,7 +156,7 @@ async fn a_cancel_rolled_back_to_break_a_deadlock_is_run_again() {
     };
     // The cancel holds the jobs and waits for the workflow's row; asking for
     // a job now closes the circle, and the database rolls the cancel back
-    // (it has waited longer, so its check finds the circle first).
+    // (its session is the one that looks for circles).
     let job_row = "SELECT 1 FROM svc_jobs WHERE id = $1::text::uuid FOR UPDATE";
     let waiting = async {
         loop {
