@@ -37,9 +37,9 @@ pub(super) struct PendingClaim {
     pub request: FetchRequest,
 }
 
-/// Most rows one look at a queue reads when jobs held back by their
-/// dispatch limits stand in the way of the jobs wanted.
-const PASS_ROWS_MAX: i64 = 256;
+/// How many jobs in line a claim that met a job held back by its limit
+/// reads ahead, to pass over the keys at their limit among them at once.
+const LOOK_AHEAD: i64 = 256;
 
 /// What one claim transaction met so far: the ids it looked at, the jobs
 /// it discarded as expired, and the dispatch limits it counted.
@@ -69,10 +69,8 @@ async fn select(
         if queues[..position].contains(queue) {
             continue;
         }
-        let mut reach = (wanted - selected.len()) as i64;
         loop {
             let missing = (wanted - selected.len()) as i64;
-            reach = reach.max(missing);
             let rows = transaction
                 .rows(
                     // `id_text`, not `id`: ORDER BY `id` must name the uuid
@@ -86,19 +84,14 @@ async fn select(
                        AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
                      ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
                     ),
-                    &[queue, &reach, &met.taken, &met.blocked],
+                    &[queue, &missing, &met.taken, &met.blocked],
                 )
                 .await
                 .map_err(database)?;
             let found = rows.len() as i64;
-            let jobs = rows.iter().map(job_of).collect::<Result<Vec<Job>, _>>()?;
-            met.dispatch.load(transaction, &jobs, now).await?;
-            let mut passed_over = 0;
-            for mut job in jobs {
-                // Rows read past the jobs wanted stay where they are.
-                if selected.len() == wanted {
-                    break;
-                }
+            let (mut passed_over, mut held_back) = (0, false);
+            for row in rows {
+                let mut job = job_of(&row)?;
                 met.taken.push(job.id.to_string());
                 // Past its expiry, a job is discarded, not handed out.
                 if job.expires_at().is_some_and(|at| at <= now) {
@@ -118,20 +111,61 @@ async fn select(
                 if let Some(key) = key.filter(|_| !held) {
                     met.blocked.push(key);
                 }
-                passed_over += 1;
+                (passed_over, held_back) = (passed_over + 1, true);
             }
-            if passed_over == 0 || found < reach || selected.len() == wanted {
+            if passed_over == 0 || found < missing {
                 break;
             }
-            // Jobs held back by their limits, or expired, stood in the way:
-            // read further ahead each time, rather than a job at a time.
-            reach = (2 * reach).min(PASS_ROWS_MAX);
+            if held_back {
+                block_keys_ahead(transaction, queue, now, met).await?;
+            }
         }
         if selected.len() == wanted {
             break;
         }
     }
     Ok(selected)
+}
+
+/// Passes over, for the rest of the claim, every key whose next job in line
+/// (among the next [`LOOK_AHEAD`] jobs of `queue`) its limit holds back, so
+/// that a claim that met one held job does not meet the next keys at their
+/// limit one look at a time (docs/perf-log.md, "PostgreSQL: a claim past
+/// many keys at their limit"). The jobs are read, not locked: none of them
+/// is claimed here, and no other claim can take a limited job while this
+/// one holds the dispatch lock, which it took when it met the held job.
+async fn block_keys_ahead(
+    transaction: &Transaction<'_>,
+    queue: &String,
+    now: Millis,
+    met: &mut Met,
+) -> Result<(), EngineError> {
+    let rows = transaction
+        .rows(
+            "SELECT id::text AS id_text, body FROM (\
+               SELECT id, body, dispatch_key, priority, ready_at FROM svc_jobs \
+               WHERE state = 'available' AND queue = $1 AND NOT (id = ANY($3::text[]::uuid[])) \
+                 AND (dispatch_key IS NULL OR NOT (dispatch_key = ANY($4))) \
+               ORDER BY priority DESC, ready_at, id LIMIT $2) AS ahead \
+             WHERE dispatch_key IS NOT NULL ORDER BY priority DESC, ready_at, id",
+            &[queue, &LOOK_AHEAD, &met.taken, &met.blocked],
+        )
+        .await
+        .map_err(database)?;
+    let jobs = rows.iter().map(|row| decode(row.get(0), row.get(1))).collect::<Result<Vec<Job>, _>>()?;
+    met.dispatch.load(transaction, &jobs, now).await?;
+    let mut decided = std::collections::HashSet::new();
+    for job in &jobs {
+        // An expired job holds nothing back: it is discarded when met.
+        if job.expires_at().is_some_and(|at| at <= now) {
+            continue;
+        }
+        let Some((_, key)) = job.limit_and_key() else { continue };
+        if decided.insert(key) && met.dispatch.holds_back(job, now) {
+            met.blocked.push(key.to_string());
+        }
+    }
+    Ok(())
 }
 
 /// The columns a job in the hot table is read from, in the order

@@ -54,30 +54,23 @@ impl Dispatch {
     /// Whether `job` may be claimed at `now` under its limit (a job with
     /// none always may); a claim allowed counts toward the next ones.
     pub async fn allows(&mut self, transaction: &Transaction<'_>, job: &Job, now: Millis) -> Result<bool, EngineError> {
-        let Some((limit, key)) = job.limit_and_key() else { return Ok(true) };
-        self.lock(transaction).await?;
-        if !self.keys.contains_key(key) {
-            let since = now.saturating_sub(DISPATCH_WINDOW_MS_MAX);
-            let active: i64 = transaction
-                .row("SELECT count(*) FROM svc_jobs WHERE dispatch_key = $1 AND state = 'active'", &[&key])
-                .await
-                .map_err(database)?
-                .get(0);
-            let claims: Vec<Millis> = transaction
-                .rows(
-                    "SELECT claimed_at FROM svc_dispatch_claims WHERE key = $1 AND claimed_at > $2 ORDER BY claimed_at",
-                    &[&key, &since],
-                )
-                .await
-                .map_err(database)?
-                .iter()
-                .map(|row| row.get(0))
-                .collect();
-            self.keys.insert(key.to_string(), KeyUse { active: active as u32, claims });
-        }
-        let state = self.keys.get_mut(key).expect("loaded above");
+        self.load(transaction, std::slice::from_ref(job), now).await?;
+        Ok(self.decide(job, now, true))
+    }
+
+    /// Whether `job`'s limit holds it back at `now`, counting nothing; its
+    /// key's use was read first ([`Dispatch::load`]).
+    pub fn holds_back(&mut self, job: &Job, now: Millis) -> bool {
+        !self.decide(job, now, false)
+    }
+
+    /// The rule (docs/api.md, "Dispatch limits"): whether `job`'s key has
+    /// room for it at `now`, and when `claim`, counting the claim.
+    fn decide(&mut self, job: &Job, now: Millis, claim: bool) -> bool {
+        let Some((limit, key)) = job.limit_and_key() else { return true };
+        let state = self.keys.get_mut(key).expect("a key's use is read before its jobs are decided");
         if limit.concurrency.is_some_and(|concurrency| state.active >= concurrency) {
-            return Ok(false);
+            return false;
         }
         if let Some(rate) = &limit.rate {
             let since = now.saturating_sub(rate.period_ms as i64);
@@ -89,13 +82,17 @@ impl Dispatch {
                 let opens = oldest.saturating_add(rate.period_ms as i64);
                 let soonest = self.opens_at.entry(job.queue.to_string()).or_insert(opens);
                 *soonest = (*soonest).min(opens);
-                return Ok(false);
+                return false;
             }
-            state.claims.push(now);
-            self.recorded.push((key.to_string(), now));
+            if claim {
+                state.claims.push(now);
+                self.recorded.push((key.to_string(), now));
+            }
         }
-        state.active += 1;
-        Ok(true)
+        if claim {
+            state.active += 1;
+        }
+        true
     }
 
     /// Takes the lock that orders claims of limited jobs, once a claim.
@@ -108,8 +105,8 @@ impl Dispatch {
     }
 
     /// Reads what the keys of `jobs` not looked at yet hold, all at once (two
-    /// statements, under the lock), so that a claim that passes over many
-    /// keys at their limit does not read them one by one.
+    /// statements), after taking the lock if any has a key: a claim that
+    /// passes over many keys at their limit reads them together.
     pub async fn load(&mut self, transaction: &Transaction<'_>, jobs: &[Job], now: Millis) -> Result<(), EngineError> {
         let mut keys: Vec<&str> = jobs
             .iter()

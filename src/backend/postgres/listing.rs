@@ -26,11 +26,14 @@ use crate::engine::{
 };
 use crate::job::{Job, JobId, JobState, transition};
 
-/// Most rows one page reads.
-pub const SCAN_BUDGET: usize = 10_000;
+/// Most rows one page reads, as many as a page of the local engine looks
+/// at (at least).
+pub const SCAN_BUDGET: usize = 100_000;
 /// Most rows read at a time (a window), or the page's limit and one when
-/// larger.
-const CHUNK: usize = 500;
+/// larger: only the rows the filters keep are sent whole.
+const WINDOW_MAX: usize = 5_000;
+/// The first window of a search that reads the jobs themselves (text, time).
+const WINDOW_READING: usize = 500;
 
 /// What a row must hold for its job to be read: `$2` the queue, `$3` the
 /// states, `$4` the exact type, `$5` a type prefix.
@@ -88,11 +91,11 @@ impl PgJobs {
             },
             None => (None, None),
         };
-        // A window as large as the page, doubled while the filters leave
-        // rows out: an unfiltered page reads no more rows than it shows.
-        let widest = CHUNK.max(limit + 1);
+        // A window one row larger than the page, doubled while the filters
+        // leave rows out: an unfiltered page reads one row past what it shows.
+        let widest = WINDOW_MAX.max(limit + 1);
         let reads_jobs = filter.text.is_some() || filter.created_from.is_some() || filter.created_before.is_some();
-        let mut chunk = if reads_jobs { widest } else { limit + 1 };
+        let mut chunk = if reads_jobs { WINDOW_READING.max(limit + 1) } else { limit + 1 };
         let client = self.client().await?;
         let mut after = from.and_then(|cursor| cursor.after());
         let (mut jobs, mut scanned) = (Vec::new(), 0);

@@ -400,10 +400,12 @@ pub struct EventPage {
     /// Whether `after` was older than every event held: the page starts
     /// at the oldest.
     pub gap: bool,
-    /// The last event the listing looked at, where the next page starts
-    /// (`after`), when that is past the last event listed. A filtered page
-    /// on PostgreSQL looks at a bounded number of events, so it can hold
-    /// fewer than asked, even none, and still go on from here.
+    /// The last event the listing looked at, matching or not: where the
+    /// next page starts (`after`). PostgreSQL sets it on every page that
+    /// looked at an event (a filtered page there looks at a bounded number
+    /// of events, so it can hold fewer than asked, even none, and still go
+    /// on from here); the local engine, which looks at every event it
+    /// holds, only when `has_more`.
     pub scanned_to: Option<EventId>,
 }
 
