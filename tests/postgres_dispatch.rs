@@ -3,7 +3,8 @@
 //! sliding window and keys are independent; a held job holds the jobs
 //! behind it under its key; claims without a rate count toward none; a
 //! concurrency cap holds across two nodes claiming at once; a claim passes
-//! over many keys at their limit to the jobs behind them; and a long-poll
+//! over many keys at their limit to the jobs behind them, and a key held in
+//! one queue holds nothing in another; and a long-poll
 //! fetch held back by a window gets the job when the window opens.
 
 mod common;
@@ -107,6 +108,23 @@ async fn a_claim_passes_over_many_keys_at_their_limit_to_the_jobs_behind() {
         later.extend(got);
     }
     assert_eq!(later, held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_held_in_one_queue_holds_nothing_in_another() {
+    let server = TempPostgres::start();
+    let jobs = node(&server.database("two_queues")).await;
+    let hourly = |count: u32| limit("k", None, Some((count, 3_600_000)));
+    enqueue(&jobs, limited("a", 0, hourly(1))).await;
+    assert_eq!(claim(&jobs, NOW, "a").await.len(), 1, "the key's one claim of the hour");
+    // Under the same key: one job at its limit in `a`, one with room in `b`.
+    let held = enqueue(&jobs, limited("a", 1, hourly(1))).await;
+    let roomy = enqueue(&jobs, limited("b", 2, hourly(2))).await;
+    let both =
+        FetchRequest { queues: vec!["a".into(), "b".into()], count: 10, worker_id: None, visibility_timeout_ms: None };
+    let claimed: Vec<JobId> = jobs.claim(NOW + 1, &both).await.unwrap().iter().map(|job| job.id).collect();
+    assert_eq!(claimed, [roomy], "each queue's next job under the key is decided by its own limit");
+    assert_eq!(jobs.job(held).await.unwrap().unwrap().state, svc::job::JobState::Available);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -512,7 +512,7 @@ async fn a_job_search_looks_at_no_more_than_its_budget_whatever_the_filters() {
     use svc::engine::JobFilter;
     let server = TempPostgres::start();
     let (jobs, _pool) = store(&server, "job_scan").await;
-    // More jobs of type "a" than a page looks at (10 000), then one "b".
+    // 10 500 jobs of type "a", then one "b".
     let b = past_a_page_then_b(&jobs).await;
     let total = 15 * 700 + 1;
 

@@ -19,6 +19,7 @@
 //! queue is then looked at again), and claims the rest with one `UPDATE`
 //! and their events with one `INSERT`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use deadpool_postgres::Transaction;
@@ -37,9 +38,11 @@ pub(super) struct PendingClaim {
     pub request: FetchRequest,
 }
 
-/// How many jobs in line a claim that met a job held back by its limit
-/// reads ahead, to pass over the keys at their limit among them at once.
-const LOOK_AHEAD: i64 = 256;
+/// How many jobs in line a claim that met jobs held back by their limits
+/// reads ahead, to pass over the keys at their limit among them at once:
+/// first a few, then twice as many each time, up to the most.
+const LOOK_AHEAD_FIRST: i64 = 8;
+const LOOK_AHEAD_MAX: i64 = 256;
 
 /// What one claim transaction met so far: the ids it looked at, the jobs
 /// it discarded as expired, and the dispatch limits it counted.
@@ -48,8 +51,10 @@ struct Met {
     taken: Vec<String>,
     expired: Vec<Job>,
     dispatch: Dispatch,
-    /// Limit keys found at their limit: passed over for the rest of the claim.
-    blocked: Vec<String>,
+    /// By queue, limit keys whose next job there its limit holds back:
+    /// passed over in that queue for the rest of the claim. By queue, as
+    /// the local engine decides (a key may span queues, with other limits).
+    blocked: HashMap<String, Vec<String>>,
 }
 
 /// Up to `wanted` available jobs of `queues`, in claim order, locked; the
@@ -69,8 +74,10 @@ async fn select(
         if queues[..position].contains(queue) {
             continue;
         }
+        let mut ahead = LOOK_AHEAD_FIRST;
         loop {
             let missing = (wanted - selected.len()) as i64;
+            let blocked = met.blocked.entry(queue.clone()).or_default();
             let rows = transaction
                 .rows(
                     // `id_text`, not `id`: ORDER BY `id` must name the uuid
@@ -84,7 +91,7 @@ async fn select(
                        AND NOT EXISTS (SELECT 1 FROM svc_queues WHERE name = $1 AND paused) \
                      ORDER BY priority DESC, ready_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
                     ),
-                    &[queue, &missing, &met.taken, &met.blocked],
+                    &[queue, &missing, &met.taken, &*blocked],
                 )
                 .await
                 .map_err(database)?;
@@ -103,13 +110,14 @@ async fn select(
                 }
                 // A job its limit holds back holds the jobs behind it under its key.
                 let key = job.limit_and_key().map(|(_, key)| key.to_string());
-                let held = key.as_ref().is_some_and(|key| met.blocked.contains(key));
+                let blocked = &met.blocked[queue];
+                let held = key.as_ref().is_some_and(|key| blocked.contains(key));
                 if !held && met.dispatch.allows(transaction, &job, now).await? {
                     selected.push(job);
                     continue;
                 }
                 if let Some(key) = key.filter(|_| !held) {
-                    met.blocked.push(key);
+                    met.blocked.entry(queue.clone()).or_default().push(key);
                 }
                 (passed_over, held_back) = (passed_over + 1, true);
             }
@@ -117,7 +125,10 @@ async fn select(
                 break;
             }
             if held_back {
-                block_keys_ahead(transaction, queue, now, met).await?;
+                block_keys_ahead(transaction, queue, ahead, now, met).await?;
+                // Read further ahead each time jobs are held back still:
+                // one key at its limit costs a short look, many a few.
+                ahead = (2 * ahead).min(LOOK_AHEAD_MAX);
             }
         }
         if selected.len() == wanted {
@@ -127,19 +138,21 @@ async fn select(
     Ok(selected)
 }
 
-/// Passes over, for the rest of the claim, every key whose next job in line
-/// (among the next [`LOOK_AHEAD`] jobs of `queue`) its limit holds back, so
-/// that a claim that met one held job does not meet the next keys at their
-/// limit one look at a time (docs/perf-log.md, "PostgreSQL: a claim past
-/// many keys at their limit"). The jobs are read, not locked: none of them
-/// is claimed here, and no other claim can take a limited job while this
-/// one holds the dispatch lock, which it took when it met the held job.
+/// Passes over in `queue`, for the rest of the claim, every key whose next
+/// job in line (among the next `ahead` jobs) its limit holds back, so that
+/// a claim that met held jobs does not meet the next keys at their limit
+/// one look at a time (docs/perf-log.md, "PostgreSQL: a claim past many
+/// keys at their limit"). The jobs are read, not locked: none of them is
+/// claimed here, and no other claim can take a limited job while this one
+/// holds the dispatch lock, which it took at the first limited job it met.
 async fn block_keys_ahead(
     transaction: &Transaction<'_>,
     queue: &String,
+    ahead: i64,
     now: Millis,
     met: &mut Met,
 ) -> Result<(), EngineError> {
+    let blocked = met.blocked.entry(queue.clone()).or_default();
     let rows = transaction
         .rows(
             "SELECT id::text AS id_text, body FROM (\
@@ -148,7 +161,7 @@ async fn block_keys_ahead(
                  AND (dispatch_key IS NULL OR NOT (dispatch_key = ANY($4))) \
                ORDER BY priority DESC, ready_at, id LIMIT $2) AS ahead \
              WHERE dispatch_key IS NOT NULL ORDER BY priority DESC, ready_at, id",
-            &[queue, &LOOK_AHEAD, &met.taken, &met.blocked],
+            &[queue, &ahead, &met.taken, &*blocked],
         )
         .await
         .map_err(database)?;
@@ -162,7 +175,7 @@ async fn block_keys_ahead(
         }
         let Some((_, key)) = job.limit_and_key() else { continue };
         if decided.insert(key) && met.dispatch.holds_back(job, now) {
-            met.blocked.push(key.to_string());
+            met.blocked.entry(queue.clone()).or_default().push(key.to_string());
         }
     }
     Ok(())

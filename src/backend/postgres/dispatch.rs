@@ -58,8 +58,9 @@ impl Dispatch {
         Ok(self.decide(job, now, true))
     }
 
-    /// Whether `job`'s limit holds it back at `now`, counting nothing; its
-    /// key's use was read first ([`Dispatch::load`]).
+    /// Whether `job`'s limit holds it back at `now`, counting no claim (a
+    /// rate window that holds it back still notes when it opens); its key's
+    /// use was read first ([`Dispatch::load`]).
     pub fn holds_back(&mut self, job: &Job, now: Millis) -> bool {
         !self.decide(job, now, false)
     }
@@ -104,9 +105,9 @@ impl Dispatch {
         Ok(())
     }
 
-    /// Reads what the keys of `jobs` not looked at yet hold, all at once (two
-    /// statements), after taking the lock if any has a key: a claim that
-    /// passes over many keys at their limit reads them together.
+    /// Reads what the keys of `jobs` not read yet hold, all at once (two
+    /// statements), after taking the lock if there is any such key: a
+    /// claim that passes over many keys at their limit reads them together.
     pub async fn load(&mut self, transaction: &Transaction<'_>, jobs: &[Job], now: Millis) -> Result<(), EngineError> {
         let mut keys: Vec<&str> = jobs
             .iter()
