@@ -19,7 +19,7 @@
 //! queue is then looked at again), and claims the rest with one `UPDATE`
 //! and their events with one `INSERT`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use deadpool_postgres::Transaction;
@@ -57,6 +57,11 @@ struct Met {
     blocked: HashMap<String, Vec<String>>,
 }
 
+/// The keys passed over in `queue` ([`Met::blocked`]).
+fn blocked_in<'a>(blocked: &'a mut HashMap<String, Vec<String>>, queue: &str) -> &'a mut Vec<String> {
+    blocked.entry(queue.to_string()).or_default()
+}
+
 /// Up to `wanted` available jobs of `queues`, in claim order, locked; the
 /// jobs already met left out, and the new ones added to `met`. Expired jobs
 /// met on the way are discarded, and jobs their dispatch limit holds back
@@ -77,7 +82,7 @@ async fn select(
         let mut ahead = LOOK_AHEAD_FIRST;
         loop {
             let missing = (wanted - selected.len()) as i64;
-            let blocked = met.blocked.entry(queue.clone()).or_default();
+            let blocked = blocked_in(&mut met.blocked, queue);
             let rows = transaction
                 .rows(
                     // `id_text`, not `id`: ORDER BY `id` must name the uuid
@@ -110,14 +115,13 @@ async fn select(
                 }
                 // A job its limit holds back holds the jobs behind it under its key.
                 let key = job.limit_and_key().map(|(_, key)| key.to_string());
-                let blocked = &met.blocked[queue];
-                let held = key.as_ref().is_some_and(|key| blocked.contains(key));
+                let held = key.as_ref().is_some_and(|key| blocked_in(&mut met.blocked, queue).contains(key));
                 if !held && met.dispatch.allows(transaction, &job, now).await? {
                     selected.push(job);
                     continue;
                 }
                 if let Some(key) = key.filter(|_| !held) {
-                    met.blocked.entry(queue.clone()).or_default().push(key);
+                    blocked_in(&mut met.blocked, queue).push(key);
                 }
                 (passed_over, held_back) = (passed_over + 1, true);
             }
@@ -152,7 +156,7 @@ async fn block_keys_ahead(
     now: Millis,
     met: &mut Met,
 ) -> Result<(), EngineError> {
-    let blocked = met.blocked.entry(queue.clone()).or_default();
+    let blocked = blocked_in(&mut met.blocked, queue);
     let rows = transaction
         .rows(
             "SELECT id::text AS id_text, body FROM (\
@@ -167,7 +171,7 @@ async fn block_keys_ahead(
         .map_err(database)?;
     let jobs = rows.iter().map(|row| decode(row.get(0), row.get(1))).collect::<Result<Vec<Job>, _>>()?;
     met.dispatch.load(transaction, &jobs, now).await?;
-    let mut decided = std::collections::HashSet::new();
+    let mut decided = HashSet::new();
     for job in &jobs {
         // An expired job holds nothing back: it is discarded when met.
         if job.expires_at().is_some_and(|at| at <= now) {
@@ -175,7 +179,7 @@ async fn block_keys_ahead(
         }
         let Some((_, key)) = job.limit_and_key() else { continue };
         if decided.insert(key) && met.dispatch.holds_back(job, now) {
-            met.blocked.entry(queue.clone()).or_default().push(key.to_string());
+            blocked_in(&mut met.blocked, queue).push(key.to_string());
         }
     }
     Ok(())
