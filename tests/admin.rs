@@ -404,6 +404,29 @@ impl Stream {
         line.trim_end_matches(['\r', '\n']).to_string()
     }
 
+    /// The events' data that arrive within `wait`.
+    fn sent_within(&mut self, wait: std::time::Duration) -> Vec<Value> {
+        use std::io::BufRead;
+        self.reader.get_ref().set_read_timeout(Some(wait)).unwrap();
+        let deadline = std::time::Instant::now() + wait;
+        let mut sent = Vec::new();
+        while std::time::Instant::now() < deadline {
+            let mut line = String::new();
+            match self.reader.read_line(&mut line) {
+                Ok(0) => panic!("the stream ended"),
+                Ok(_) => {
+                    sent.extend(line.trim_end().strip_prefix("data: ").map(|data| serde_json::from_str(data).unwrap()))
+                }
+                Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    break;
+                }
+                Err(error) => panic!("{error}"),
+            }
+        }
+        self.reader.get_ref().set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        sent
+    }
+
     /// The next event: (id, type, data), skipping comments and chunk sizes.
     fn next_event(&mut self) -> (String, String, Value) {
         let (mut id, mut kind) = (String::new(), String::new());
@@ -433,7 +456,7 @@ fn on_postgres_live_events_stream_as_they_happen_filtered_and_resumable() {
 }
 
 fn check_live_events_stream_as_they_happen_filtered_and_resumable(server: &TestServer) {
-    server.enqueue(json!({"type": "t", "args": ["before the stream"], "options": {"queue": "mail"}}));
+    let before = server.enqueue(json!({"type": "t", "args": ["before the stream"], "options": {"queue": "mail"}}));
     let mut stream = Stream::open(server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", None);
     server.enqueue(json!({"type": "t", "args": ["elsewhere"], "options": {"queue": "other"}}));
     let first = server.enqueue(json!({"type": "t", "args": [1], "options": {"queue": "mail"}}));
@@ -447,6 +470,79 @@ fn check_live_events_stream_as_they_happen_filtered_and_resumable(server: &TestS
     let mut resumed = Stream::open(server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", Some(&first_event));
     let (_, _, data) = resumed.next_event();
     assert!(data.to_string().contains(&second), "resumed after the last event seen: {data}");
+    drop(resumed);
+
+    // After an event older than every one held: a gap, then the oldest.
+    let long_gone = "evt_00000000-0001-7000-8000-000000000000";
+    let mut resumed = Stream::open(server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", Some(long_gone));
+    let (_, kind, data) = resumed.next_event();
+    assert_eq!(kind, "gap", "{data}");
+    let (_, _, data) = resumed.next_event();
+    assert!(data.to_string().contains(&before), "then the oldest event held: {data}");
+
+    // Resumed in the middle of a batch's events (on PostgreSQL, one row).
+    let job = |n: u32| json!({"type": "t", "args": [n], "options": {"queue": "mail"}});
+    drop(resumed);
+    let mut live = Stream::open(server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", None);
+    let batch = server.post("/svc/v1/jobs/batch", json!({"jobs": [job(3), job(4), job(5)]}));
+    assert_eq!(batch.status, 201);
+    let ids: Vec<String> = (0..3).map(|n| batch.body["jobs"][n]["id"].as_str().unwrap().to_string()).collect();
+    let (third_event, _, data) = live.next_event();
+    assert!(data.to_string().contains(&ids[0]), "{data}");
+    drop(live);
+    let mut resumed = Stream::open(server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", Some(&third_event));
+    for id in &ids[1..] {
+        let (_, _, data) = resumed.next_event();
+        assert!(data.to_string().contains(id.as_str()), "the batch's next job, {id}: {data}");
+    }
+}
+
+/// On PostgreSQL an event's id is made before its transaction commits. A
+/// transaction that began before a later one, and commits after it with a
+/// lower event id, is still streamed, first.
+#[test]
+fn on_postgres_a_stream_sends_an_event_that_commits_late_and_in_commit_order() {
+    let server = server_on_postgres();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (session, connection) = runtime.block_on(tokio_postgres::connect(&server.url, tokio_postgres::NoTls)).unwrap();
+    runtime.spawn(connection);
+    server.enqueue(json!({"type": "t", "args": ["copied"], "options": {"queue": "mail"}}));
+    let mut stream = Stream::open(&server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", None);
+
+    // A transaction under way, as a merged statement or another node's: it
+    // has its transaction id, and will write an event later.
+    runtime.block_on(session.batch_execute("BEGIN; SELECT pg_current_xact_id()")).unwrap();
+    let later = server.enqueue(json!({"type": "t", "args": ["later"], "options": {"queue": "mail"}}));
+    let meanwhile = stream.sent_within(std::time::Duration::from_secs(1));
+    assert!(
+        meanwhile.is_empty(),
+        "nothing is sent while a transaction that began before may still write: {meanwhile:?}"
+    );
+    // Its event: a copy of the first job's, with an id just below the later
+    // job's event, so that a stream by id would have passed it.
+    let (copied, late_id) = runtime.block_on(async {
+        let row = session.query_one("SELECT id::text FROM svc_events ORDER BY id DESC LIMIT 1", &[]).await.unwrap();
+        let newest: String = row.get(0);
+        let late = format!("{}{:012x}", &newest[..24], u64::from_str_radix(&newest[24..], 16).unwrap() - 1);
+        session
+            .execute(
+                "INSERT INTO svc_events (id, at, type, queue, job_type, body, members) \
+                 SELECT $1::text::uuid, at, type, queue, job_type, body, members FROM svc_events \
+                 ORDER BY id LIMIT 1",
+                &[&late],
+            )
+            .await
+            .unwrap();
+        session.batch_execute("COMMIT").await.unwrap();
+        let row = session.query_one("SELECT id::text FROM svc_events ORDER BY id LIMIT 1", &[]).await.unwrap();
+        (format!("evt_{}", row.get::<_, String>(0)), format!("evt_{late}"))
+    });
+
+    let (first, _, _) = stream.next_event();
+    assert_ne!(first, copied, "an event committed before the stream opened is not sent");
+    assert_eq!(first, late_id, "the event that committed late comes first");
+    let (_, _, data) = stream.next_event();
+    assert!(data.to_string().contains(&later), "then the later job's: {data}");
 }
 
 #[test]

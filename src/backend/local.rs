@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use super::{Backend, EventFilter, Page};
+use super::{Backend, EventFilter, Page, StreamPage, StreamPosition, StreamStart};
 use crate::cron::CronDefinition;
 use crate::engine::{
     AckMany, AckOutcome, Backpressure, BulkAction, BulkJobs, BulkOutcome, Cancelled, ConfigureQueue, CronEntry,
-    DeadLetterCursor, EngineFailure, EngineHandle, Enqueued, EventPage, FetchRequest, HeartbeatOutcome, JobCursor,
-    JobFilter, JobsPage, MinuteCount, Overview, PauseQueue, Pending, QueueStats, QueueSummary, ReportProgress,
-    WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
+    DeadLetterCursor, EngineError, EngineFailure, EngineHandle, Enqueued, EventId, EventPage, FetchRequest,
+    HeartbeatOutcome, JobCursor, JobFilter, JobsPage, MinuteCount, Overview, PauseQueue, Pending, QueueStats,
+    QueueSummary, ReportProgress, WebhookChange, WorkerEntry, WorkerSignal, WorkerState, Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob, SubscriptionId, WorkflowId};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -214,6 +214,23 @@ impl Backend for EngineHandle {
 
     fn events_page(&self, after: Option<String>, limit: usize, filter: EventFilter) -> Pending<EventPage> {
         Pending::ready(Ok(EngineHandle::events_page(self, after.as_deref(), limit, |event| filter.keeps(event))))
+    }
+
+    fn stream_start(&self, resume: Option<EventId>, now: EventId) -> Pending<StreamStart> {
+        let gap = resume.is_some_and(|id| EngineHandle::events_page(self, Some(&id.to_string()), 1, |_| false).gap);
+        Pending::ready(Ok(StreamStart { position: StreamPosition::AfterId(resume.unwrap_or(now)), gap }))
+    }
+
+    /// Events are published in id order as their turn commits, so the
+    /// listing's order is the order they became visible.
+    fn stream_events(&self, from: StreamPosition, limit: usize, filter: EventFilter) -> Pending<StreamPage> {
+        let StreamPosition::AfterId(after) = from else {
+            let error = crate::job::ValidationError::request(None, "not a position of this backend");
+            return Pending::ready(Err(EngineError::Invalid { error, index: None }));
+        };
+        let page = EngineHandle::events_page(self, Some(&after.to_string()), limit, |event| filter.keeps(event));
+        let position = StreamPosition::AfterId(page.next_after().unwrap_or(after));
+        Pending::ready(Ok(StreamPage { events: page.events, position, has_more: page.has_more }))
     }
 
     fn probe(&self) -> Pending<()> {

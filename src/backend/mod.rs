@@ -21,7 +21,7 @@ use std::sync::Arc;
 use crate::cron::CronDefinition;
 use crate::engine::{
     AckMany, AckOutcome, Backpressure, BulkAction, BulkOutcome, Cancelled, CronEntry, DeadLetterCursor, EngineError,
-    EngineFailure, Enqueued, Event, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage,
+    EngineFailure, Enqueued, Event, EventId, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage,
     MinuteCount, Overview, Pending, QueueStats, QueueSummary, WebhookChange, WorkerEntry, WorkerSignal, WorkerState,
     Workflow,
 };
@@ -159,6 +159,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Events after the one named `after`, oldest first.
     fn events_page(&self, after: Option<String>, limit: usize, filter: EventFilter) -> Pending<EventPage>;
+    /// Where a live event stream starts: after `resume` (an event id a
+    /// client saw last), else from `now` on (an id of the current
+    /// millisecond).
+    fn stream_start(&self, resume: Option<EventId>, now: EventId) -> Pending<StreamStart>;
+    /// A live stream's next events from `from`, in the order they became
+    /// visible: an event that commits late is sent late, never stepped
+    /// past.
+    fn stream_events(&self, from: StreamPosition, limit: usize, filter: EventFilter) -> Pending<StreamPage>;
     /// A round trip through the backend's writer (health checks).
     fn probe(&self) -> Pending<()>;
     /// A graceful shutdown begins: no more cron firings, workers are told
@@ -225,6 +233,42 @@ pub async fn run_bulk(
             None => return Ok(report),
         }
     }
+}
+
+/// Where a live event stream has read to. Each backend makes and reads
+/// its own kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamPosition {
+    /// Past this event, in id order: the local engine publishes events in
+    /// id order as their turn commits.
+    AfterId(EventId),
+    /// In the order of the transactions that wrote the events (PostgreSQL,
+    /// where an event's id is made before its transaction commits): the
+    /// stored rows from `(xid, row)` on, where `row` is the first event of
+    /// a row, past the events of transaction `xid` up to `through`, and
+    /// none of a transaction that had committed as of the snapshot
+    /// `opened` (the stream's start, in the database's text form).
+    Committed { xid: u64, row: EventId, through: Option<EventId>, opened: Option<String> },
+}
+
+/// Where a live stream starts.
+#[derive(Debug, Clone)]
+pub struct StreamStart {
+    pub position: StreamPosition,
+    /// The event to resume after is no longer held: events may have been
+    /// missed, and the stream starts at the oldest held.
+    pub gap: bool,
+}
+
+/// What a live stream read.
+#[derive(Debug, Clone)]
+pub struct StreamPage {
+    /// The events the filter keeps, in the order they became visible.
+    pub events: Vec<Event>,
+    /// Where the next read starts: past every event looked at.
+    pub position: StreamPosition,
+    /// Whether more may follow at once (read again without waiting).
+    pub has_more: bool,
 }
 
 /// Which events a listing keeps: each filter given must match.

@@ -1,7 +1,8 @@
 //! Live events as server-sent events: `GET /svc/v1/events/stream`
 //! (docs/api.md, "Events"). A stream starts at the newest event (or after
 //! the one named by `Last-Event-ID` or `after`), takes the listing's
-//! filters, and sends each event as it is published, with a comment every
+//! filters, and sends each event as it becomes visible (the backend says in
+//! which order: `Backend::stream_events`), with a comment every
 //! 15 s to keep proxies from closing it. Streams are bounded in number; each
 //! ends when its client goes or the server begins to stop.
 
@@ -40,17 +41,14 @@ pub(super) fn open(app: &AppState, query: &str, headers: &HeaderMap) -> Result<R
         .and_then(|value| value.to_str().ok())
         .or_else(|| query_value(&pairs, "after"))
         .filter(|id| !id.is_empty());
-    let after = match resume {
-        Some(id) => {
-            EventId::parse(id).ok_or_else(|| ApiError::invalid_request(Some("Last-Event-ID"), "not an event id"))?;
-            id.to_string()
-        }
-        // From now: an id of this millisecond sorts before every later event.
-        None => {
-            let now = crate::clock::Clock::now_ms(app.clock.as_ref());
-            EventId(crate::job::IdGenerator::default().next(now, 0)).to_string()
-        }
+    let resume = match resume {
+        Some(id) => Some(
+            EventId::parse(id).ok_or_else(|| ApiError::invalid_request(Some("Last-Event-ID"), "not an event id"))?,
+        ),
+        None => None,
     };
+    // From now: an id of this millisecond sorts before every later event.
+    let now = EventId(crate::job::IdGenerator::default().next(crate::clock::Clock::now_ms(app.clock.as_ref()), 0));
     let named = query_value(&pairs, "unnamed") != Some("1");
     let slot = app.event_streams.take().ok_or_else(|| {
         ApiError::new("backend_error", format!("{STREAMS_MAX} event streams are open; retry shortly"))
@@ -62,8 +60,8 @@ pub(super) fn open(app: &AppState, query: &str, headers: &HeaderMap) -> Result<R
         backend: app.backend.clone(),
         stopping: app.shutting_down.clone(),
         filter,
-        after,
-        report_gap: resume.is_some(),
+        resume,
+        now,
         named,
         sender,
         _slot: slot,
@@ -79,10 +77,10 @@ struct StreamTask {
     backend: Arc<dyn Backend>,
     stopping: Arc<AtomicBool>,
     filter: EventFilter,
-    /// The last event sent, or where the stream starts.
-    after: String,
-    /// Whether to say so when `after` is no longer held.
-    report_gap: bool,
+    /// The event the client saw last (`Last-Event-ID`), if it says.
+    resume: Option<EventId>,
+    /// An id of the moment the stream opened.
+    now: EventId,
     /// Whether each event names its type (`event:`); unnamed ones all
     /// reach a browser's `onmessage`.
     named: bool,
@@ -91,25 +89,28 @@ struct StreamTask {
 }
 
 impl StreamTask {
-    async fn run(mut self) {
+    async fn run(self) {
         // Sent first, so that a client knows the stream is open.
         if self.sender.send(Bytes::from_static(b": open\n\nretry: 1000\n\n")).await.is_err() {
             return;
         }
+        let Ok(start) = self.backend.stream_start(self.resume, self.now).outcome().await else {
+            return;
+        };
+        if start.gap {
+            let notice = "event: gap\ndata: {\"reason\":\"the events after Last-Event-ID are no longer held\"}\n\n";
+            if self.sender.send(Bytes::from(notice)).await.is_err() {
+                return;
+            }
+        }
+        let mut position = start.position;
         let mut quiet = Duration::ZERO;
         while !self.stopping.load(Ordering::SeqCst) && !self.sender.is_closed() {
-            let Ok(page) =
-                self.backend.events_page(Some(self.after.clone()), BATCH, self.filter.clone()).outcome().await
-            else {
+            let Ok(page) = self.backend.stream_events(position, BATCH, self.filter.clone()).outcome().await else {
                 return;
             };
-            if page.gap && std::mem::take(&mut self.report_gap) {
-                let notice = "event: gap\ndata: {\"reason\":\"the events after Last-Event-ID are no longer held\"}\n\n";
-                if self.sender.send(Bytes::from(notice)).await.is_err() {
-                    return;
-                }
-            }
-            self.report_gap = false;
+            // Past every event looked at, matching or not.
+            position = page.position;
             let mut chunk = String::new();
             for event in &page.events {
                 let id = event.id.to_string();
@@ -120,17 +121,12 @@ impl StreamTask {
                 chunk.push_str("data: ");
                 chunk.push_str(&crate::engine::render_event(event));
                 chunk.push_str("\n\n");
-                self.after = id;
             }
             if !chunk.is_empty() {
                 quiet = Duration::ZERO;
                 if self.sender.send(Bytes::from(chunk)).await.is_err() {
                     return;
                 }
-            }
-            if let Some(id) = page.scanned_to {
-                // Past the events that did not match, so the next read moves on.
-                self.after = id.to_string();
             }
             if page.has_more {
                 continue;

@@ -190,6 +190,8 @@ impl TestServer {
 /// before its database does (fields drop in order).
 pub struct PostgresNode {
     pub server: TestServer,
+    /// The node's database, for a test's own sessions.
+    pub url: String,
     _dir: tempfile::TempDir,
     _postgres: postgres::TempPostgres,
 }
@@ -198,8 +200,9 @@ impl PostgresNode {
     pub fn start(database: &str) -> PostgresNode {
         let postgres = postgres::TempPostgres::start();
         let dir = tempfile::tempdir().expect("a temp dir");
-        let server = TestServer::on_postgres(dir.path(), &postgres.database(database));
-        PostgresNode { server, _dir: dir, _postgres: postgres }
+        let url = postgres.database(database);
+        let server = TestServer::on_postgres(dir.path(), &url);
+        PostgresNode { server, url, _dir: dir, _postgres: postgres }
     }
 }
 

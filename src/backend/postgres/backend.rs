@@ -9,14 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::{LEASE_TTL_MS_DEFAULT, LeaderLease, PgError, PgJobs, PgSettings};
-use crate::backend::{Backend, EventFilter, Page};
+use crate::backend::{Backend, EventFilter, Page, StreamPage, StreamPosition, StreamStart};
 use crate::clock::Clock;
 use crate::cron::CronDefinition;
 use crate::engine::{
     AckMany, AckOutcome, Backpressure, BulkAction, BulkOutcome, Cancelled, CronEntry, CronWrite, DeadLetterCursor,
-    EngineError, EngineFailure, Enqueued, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter, JobsPage,
-    MinuteCount, Overview, Pending, QueueStats, QueueSummary, Retention, WebhookChange, WorkerEntry, WorkerSignal,
-    WorkerState, Workflow,
+    EngineError, EngineFailure, Enqueued, EventId, EventPage, FetchRequest, HeartbeatOutcome, JobCursor, JobFilter,
+    JobsPage, MinuteCount, Overview, Pending, QueueStats, QueueSummary, Retention, WebhookChange, WorkerEntry,
+    WorkerSignal, WorkerState, Workflow,
 };
 use crate::job::{FailureReport, Job, JobId, JobProgress, NewJob, SubscriptionId, WorkflowId};
 use crate::schema::{SchemaEntry, SchemaRegistration};
@@ -557,6 +557,16 @@ impl Backend for PgBackend {
     fn events_page(&self, after: Option<String>, limit: usize, filter: EventFilter) -> Pending<EventPage> {
         let store = self.jobs.clone();
         self.run(async move { store.events_page(after.as_deref(), limit, &filter).await })
+    }
+
+    fn stream_start(&self, resume: Option<EventId>, _now: EventId) -> Pending<StreamStart> {
+        let store = self.jobs.clone();
+        self.run(async move { super::stream::start(&store.client().await?, resume).await })
+    }
+
+    fn stream_events(&self, from: StreamPosition, limit: usize, filter: EventFilter) -> Pending<StreamPage> {
+        let store = self.jobs.clone();
+        self.run(async move { super::stream::read(&store.client().await?, from, limit, &filter).await })
     }
 
     /// A round trip to the database.

@@ -28,10 +28,10 @@ use crate::job::{FailureReport, Job, JobId, JobPayload, JobState};
 /// Events the table keeps (the newest), as the local engine's buffer does.
 pub const EVENTS_KEPT: i64 = 10_000;
 /// Events one listing request reads at most, whatever its filter keeps.
-const SCAN_MAX: i64 = 10_000;
+pub(super) const SCAN_MAX: i64 = 10_000;
 /// Rows read at a time while filtering (a run's row holds up to
 /// [`RUN_MEMBERS_MAX`] events and about [`RUN_BYTES_MAX`] bytes).
-const SCAN_CHUNK: i64 = 200;
+pub(super) const SCAN_CHUNK: i64 = 200;
 
 /// An event's kind as stored: the job events this backend makes.
 #[derive(Serialize, Deserialize)]
@@ -616,11 +616,13 @@ async fn run_past(client: &impl GenericClient, after: JobId) -> Result<Option<St
         .await?;
     let Some(row) = row.first() else { return Ok(None) };
     let (first, members): (String, i32) = (row.get(0), row.get(1));
-    let mut last = JobId::parse(&first);
-    for _ in 1..members {
-        last = last.and_then(JobId::next_in_millisecond);
-    }
+    let last = JobId::parse(&first).and_then(|first| last_of_run(first, members));
     Ok(last.is_some_and(|last| last > after).then_some(first))
+}
+
+/// The id of the last event of a row whose first is `first`.
+pub(super) fn last_of_run(first: JobId, members: i32) -> Option<JobId> {
+    (1..members).try_fold(first, |id, _| id.next_in_millisecond())
 }
 
 /// The events of a row (a run of `job.enqueued` events holds several).

@@ -24,6 +24,7 @@ mod queues;
 mod schema;
 mod schemas;
 mod sql;
+mod stream;
 mod unique;
 mod wakeup;
 mod webhooks;

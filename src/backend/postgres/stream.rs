@@ -1,0 +1,174 @@
+//! The live event stream on PostgreSQL (docs/postgres.md, "Events"): events
+//! in the order of the transactions that wrote them.
+//!
+//! An event's id is made before its transaction commits, so a transaction
+//! that commits late adds events with ids below ones already visible; a
+//! stream that went by id would step past them. A stream reads instead as
+//! webhook matching does (`webhooks.rs`): by `(xid, id)`, and only rows of
+//! transactions older than every transaction still running (the snapshot's
+//! `xmin`). A transaction that gets its id later than a read cannot write
+//! below that read's horizon, so nothing is stepped past; the price is that
+//! a long transaction anywhere in the cluster holds the stream back until
+//! it ends.
+
+use super::events::{SCAN_CHUNK, SCAN_MAX, decode, last_of_run};
+use super::sql::Prepared;
+use crate::backend::{EventFilter, StreamPage, StreamPosition, StreamStart};
+use crate::engine::{EngineError, EventId, Unavailable};
+use crate::job::JobId;
+use deadpool_postgres::GenericClient;
+
+/// The first event id there is: a position before every row of a
+/// transaction.
+const FIRST: EventId = EventId(JobId(0));
+
+fn failed(error: tokio_postgres::Error) -> EngineError {
+    tracing::warn!(%error, "reading events failed");
+    EngineError::Unavailable { reason: Unavailable::Database }
+}
+
+fn xid(text: &str) -> Result<u64, EngineError> {
+    text.parse().map_err(|_| {
+        tracing::warn!(xid = text, "the database answered an unreadable transaction id");
+        EngineError::Unavailable { reason: Unavailable::Database }
+    })
+}
+
+fn event_id(text: &str) -> Result<EventId, EngineError> {
+    JobId::parse(text).map(EventId).ok_or_else(|| {
+        tracing::warn!(id = text, "the database holds an unreadable event id");
+        EngineError::Unavailable { reason: Unavailable::Database }
+    })
+}
+
+/// Where a stream starts: just past `resume` in the order of transactions
+/// when its row is held; at the oldest row kept (`gap`) when `resume` is
+/// older than every event kept; else from the transactions still running
+/// (or not yet begun) on, which is "now".
+pub async fn start(client: &impl GenericClient, resume: Option<EventId>) -> Result<StreamStart, EngineError> {
+    if let Some(resume) = resume {
+        let id = resume.0.to_string();
+        let held = client
+            .rows(
+                "SELECT xid::text, id::text, members FROM svc_events WHERE id <= $1::text::uuid \
+                 ORDER BY id DESC LIMIT 1",
+                &[&id],
+            )
+            .await
+            .map_err(failed)?;
+        if let Some(row) = held.first() {
+            let (first, members): (EventId, i32) = (event_id(row.get(1))?, row.get(2));
+            if last_of_run(first.0, members).is_some_and(|last| last >= resume.0) {
+                let position = StreamPosition::Committed {
+                    xid: xid(row.get(0))?,
+                    row: first,
+                    through: Some(resume),
+                    opened: None,
+                };
+                return Ok(StreamStart { position, gap: false });
+            }
+        } else {
+            let older = client
+                .row("SELECT EXISTS (SELECT 1 FROM svc_events WHERE id > $1::text::uuid)", &[&id])
+                .await
+                .map_err(failed)?;
+            if older.get(0) {
+                // Every event kept is newer than the one to resume after.
+                let position = StreamPosition::Committed { xid: 0, row: FIRST, through: None, opened: None };
+                return Ok(StreamStart { position, gap: true });
+            }
+        }
+        // An id this database never held: from the first transaction that
+        // wrote an event after it.
+        let next = client
+            .rows("SELECT xid::text FROM svc_events WHERE id > $1::text::uuid ORDER BY id LIMIT 1", &[&id])
+            .await
+            .map_err(failed)?;
+        if let Some(row) = next.first() {
+            let position =
+                StreamPosition::Committed { xid: xid(row.get(0))?, row: FIRST, through: Some(resume), opened: None };
+            return Ok(StreamStart { position, gap: false });
+        }
+    }
+    // Now: the transactions this snapshot does not see, those still running
+    // and those not yet begun.
+    let now = client
+        .row("SELECT pg_current_snapshot()::text, pg_snapshot_xmin(pg_current_snapshot())::text", &[])
+        .await
+        .map_err(failed)?;
+    let position =
+        StreamPosition::Committed { xid: xid(now.get(1))?, row: FIRST, through: None, opened: Some(now.get(0)) };
+    Ok(StreamStart { position, gap: false })
+}
+
+/// The events `filter` keeps from `from` on, in the order of their
+/// transactions, looking at no more than [`SCAN_MAX`] events; the position
+/// returned is past every event looked at.
+pub async fn read(
+    client: &impl GenericClient,
+    from: StreamPosition,
+    limit: usize,
+    filter: &EventFilter,
+) -> Result<StreamPage, EngineError> {
+    let StreamPosition::Committed { xid: mut at_xid, row: mut at_row, mut through, mut opened } = from else {
+        let error = crate::job::ValidationError::request(None, "not a position of this backend");
+        return Err(EngineError::Invalid { error, index: None });
+    };
+    let mut events = Vec::new();
+    let mut scanned = 0;
+    let mut has_more = false;
+    'chunks: while scanned < SCAN_MAX {
+        // Past the transactions that could have committed before the
+        // stream opened, its snapshot decides nothing more.
+        if opened
+            .as_deref()
+            .and_then(|opened| opened.split(':').nth(1)?.parse::<u64>().ok())
+            .is_some_and(|xmax| at_xid >= xmax)
+        {
+            opened = None;
+        }
+        // From the row last read on: its events up to `through` are skipped.
+        let (from_xid, from_row) = (at_xid.to_string(), at_row.0.to_string());
+        let rows = client
+            .rows(
+                "SELECT xid::text, id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                 WHERE (xid, id) >= ($1::text::xid8, $2::text::uuid) \
+                   AND xid < pg_snapshot_xmin(pg_current_snapshot()) \
+                   AND NOT coalesce(pg_visible_in_snapshot(xid, $4::text::pg_snapshot), false) \
+                 ORDER BY xid, id LIMIT $3",
+                &[&from_xid, &from_row, &SCAN_CHUNK, &opened],
+            )
+            .await
+            .map_err(failed)?;
+        let last_chunk = (rows.len() as i64) < SCAN_CHUNK;
+        for row in rows {
+            let (row_xid, id): (u64, &str) = (xid(row.get(0))?, row.get(1));
+            if row_xid != at_xid {
+                through = None;
+            }
+            (at_xid, at_row) = (row_xid, event_id(id)?);
+            for event in decode(id, row.get(2), row.get(3)) {
+                if through.is_some_and(|through| event.id.0 <= through.0) {
+                    continue;
+                }
+                if events.len() == limit || scanned == SCAN_MAX {
+                    has_more = true;
+                    break 'chunks;
+                }
+                scanned += 1;
+                through = Some(event.id);
+                if filter.keeps(&event) {
+                    events.push(event);
+                }
+            }
+        }
+        if last_chunk {
+            break;
+        }
+    }
+    if scanned >= SCAN_MAX {
+        has_more = true;
+    }
+    let position = StreamPosition::Committed { xid: at_xid, row: at_row, through, opened };
+    Ok(StreamPage { events, position, has_more })
+}
