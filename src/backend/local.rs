@@ -217,7 +217,8 @@ impl Backend for EngineHandle {
     }
 
     fn stream_start(&self, resume: Option<EventId>, now: EventId) -> Pending<StreamStart> {
-        let gap = resume.is_some_and(|id| EngineHandle::events_page(self, Some(&id.to_string()), 1, |_| false).gap);
+        // A page of none that keeps all looks at one event at most.
+        let gap = resume.is_some_and(|id| EngineHandle::events_page(self, Some(&id.to_string()), 0, |_| true).gap);
         Pending::ready(Ok(StreamStart { position: StreamPosition::AfterId(resume.unwrap_or(now)), gap }))
     }
 

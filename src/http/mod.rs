@@ -229,7 +229,7 @@ async fn respond(app: &AppState, route: Route, request: Request<Incoming>) -> Re
     }
     let query = request.uri().query().unwrap_or("").to_string();
     if route == Route::EventStream {
-        return stream::open(app, &query, request.headers());
+        return stream::open(app, &query, request.headers()).await;
     }
     let body = if matches!(*request.method(), Method::POST | Method::PATCH | Method::PUT) {
         let limit =

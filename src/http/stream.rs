@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::events::list_filter;
 use super::paging::{query_pairs, query_value};
 use super::{AppState, Reply};
-use crate::backend::{Backend, EventFilter};
+use crate::backend::{Backend, EventFilter, StreamStart};
 use crate::engine::EventId;
 
 /// How often a stream looks for new events.
@@ -28,7 +28,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 const BATCH: usize = 256;
 
 /// `GET /events/stream`: opens a stream and starts its task.
-pub(super) fn open(app: &AppState, query: &str, headers: &HeaderMap) -> Result<Reply, ApiError> {
+pub(super) async fn open(app: &AppState, query: &str, headers: &HeaderMap) -> Result<Reply, ApiError> {
     let pairs = query_pairs(query);
     let filter = EventFilter {
         types: list_filter(&pairs, "types"),
@@ -54,14 +54,16 @@ pub(super) fn open(app: &AppState, query: &str, headers: &HeaderMap) -> Result<R
         ApiError::new("backend_error", format!("{STREAMS_MAX} event streams are open; retry shortly"))
             .detail("reason", "streams")
     })?;
+    // Where it starts is settled before the client is answered, so that an
+    // event published once it has its answer is sent.
+    let start = app.backend.stream_start(resume, now).outcome().await?;
     let (sender, receiver) = tokio::sync::mpsc::channel(4);
     let receiver = EventStream::new(receiver);
     let task = StreamTask {
         backend: app.backend.clone(),
         stopping: app.shutting_down.clone(),
         filter,
-        resume,
-        now,
+        start,
         named,
         sender,
         _slot: slot,
@@ -77,10 +79,8 @@ struct StreamTask {
     backend: Arc<dyn Backend>,
     stopping: Arc<AtomicBool>,
     filter: EventFilter,
-    /// The event the client saw last (`Last-Event-ID`), if it says.
-    resume: Option<EventId>,
-    /// An id of the moment the stream opened.
-    now: EventId,
+    /// Where the stream starts, and whether events were missed before.
+    start: StreamStart,
     /// Whether each event names its type (`event:`); unnamed ones all
     /// reach a browser's `onmessage`.
     named: bool,
@@ -94,16 +94,13 @@ impl StreamTask {
         if self.sender.send(Bytes::from_static(b": open\n\nretry: 1000\n\n")).await.is_err() {
             return;
         }
-        let Ok(start) = self.backend.stream_start(self.resume, self.now).outcome().await else {
-            return;
-        };
-        if start.gap {
+        if self.start.gap {
             let notice = "event: gap\ndata: {\"reason\":\"the events after Last-Event-ID are no longer held\"}\n\n";
             if self.sender.send(Bytes::from(notice)).await.is_err() {
                 return;
             }
         }
-        let mut position = start.position;
+        let mut position = self.start.position;
         let mut quiet = Duration::ZERO;
         while !self.stopping.load(Ordering::SeqCst) && !self.sender.is_closed() {
             let Ok(page) = self.backend.stream_events(position, BATCH, self.filter.clone()).outcome().await else {

@@ -559,15 +559,15 @@ pub async fn page(
     while scanned < SCAN_MAX {
         let sql = match &from {
             None => {
-                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                "SELECT id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
                  WHERE $1::text IS NULL ORDER BY id LIMIT $2"
             }
             Some((_, true)) => {
-                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                "SELECT id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
                  WHERE id >= $1::text::uuid ORDER BY id LIMIT $2"
             }
             Some((_, false)) => {
-                "SELECT id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
+                "SELECT id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
                  WHERE id > $1::text::uuid ORDER BY id LIMIT $2"
             }
         };
@@ -610,7 +610,7 @@ pub async fn page(
 async fn run_past(client: &impl GenericClient, after: JobId) -> Result<Option<String>, tokio_postgres::Error> {
     let row = client
         .rows(
-            "SELECT id::text, members FROM svc_events WHERE id <= $1::text::uuid ORDER BY id DESC LIMIT 1",
+            "SELECT id::text AS id_text, members FROM svc_events WHERE id <= $1::text::uuid ORDER BY id DESC LIMIT 1",
             &[&after.to_string()],
         )
         .await?;

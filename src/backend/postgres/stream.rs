@@ -41,16 +41,21 @@ fn event_id(text: &str) -> Result<EventId, EngineError> {
     })
 }
 
-/// Where a stream starts: just past `resume` in the order of transactions
-/// when its row is held; at the oldest row kept (`gap`) when `resume` is
-/// older than every event kept; else from the transactions still running
-/// (or not yet begun) on, which is "now".
+/// Where a stream starts. After `resume` when its row is held: just past
+/// it, in the order of transactions (exact for an id the stream sent,
+/// since a stream sends an event only once every transaction before its
+/// own has ended). After an id no longer held (pruned, or never held
+/// here): `gap`, and from the oldest transaction among the events after
+/// it, so that none of them is skipped (some may come again). Else, and
+/// without `resume`: from now, the transactions this snapshot does not
+/// see committed.
 pub async fn start(client: &impl GenericClient, resume: Option<EventId>) -> Result<StreamStart, EngineError> {
     if let Some(resume) = resume {
         let id = resume.0.to_string();
+        // Aliased: ORDER BY `id` must name the uuid, not the text.
         let held = client
             .rows(
-                "SELECT xid::text, id::text, members FROM svc_events WHERE id <= $1::text::uuid \
+                "SELECT xid::text, id::text AS id_text, members FROM svc_events WHERE id <= $1::text::uuid \
                  ORDER BY id DESC LIMIT 1",
                 &[&id],
             )
@@ -67,31 +72,16 @@ pub async fn start(client: &impl GenericClient, resume: Option<EventId>) -> Resu
                 };
                 return Ok(StreamStart { position, gap: false });
             }
-        } else {
-            let older = client
-                .row("SELECT EXISTS (SELECT 1 FROM svc_events WHERE id > $1::text::uuid)", &[&id])
-                .await
-                .map_err(failed)?;
-            if older.get(0) {
-                // Every event kept is newer than the one to resume after.
-                let position = StreamPosition::Committed { xid: 0, row: FIRST, through: None, opened: None };
-                return Ok(StreamStart { position, gap: true });
-            }
         }
-        // An id this database never held: from the first transaction that
-        // wrote an event after it.
-        let next = client
-            .rows("SELECT xid::text FROM svc_events WHERE id > $1::text::uuid ORDER BY id LIMIT 1", &[&id])
+        let after = client
+            .row("SELECT min(xid)::text FROM svc_events WHERE id > $1::text::uuid", &[&id])
             .await
             .map_err(failed)?;
-        if let Some(row) = next.first() {
-            let position =
-                StreamPosition::Committed { xid: xid(row.get(0))?, row: FIRST, through: Some(resume), opened: None };
-            return Ok(StreamStart { position, gap: false });
+        if let Some(oldest) = after.get::<_, Option<String>>(0) {
+            let position = StreamPosition::Committed { xid: xid(&oldest)?, row: FIRST, through: None, opened: None };
+            return Ok(StreamStart { position, gap: true });
         }
     }
-    // Now: the transactions this snapshot does not see, those still running
-    // and those not yet begun.
     let now = client
         .row("SELECT pg_current_snapshot()::text, pg_snapshot_xmin(pg_current_snapshot())::text", &[])
         .await
@@ -129,10 +119,11 @@ pub async fn read(
         }
         // From the row last read on: its events up to `through` are skipped.
         let (from_xid, from_row) = (at_xid.to_string(), at_row.0.to_string());
+        // Aliased: ORDER BY must name the columns, not their text.
         let rows = client
             .rows(
-                "SELECT xid::text, id::text, (extract(epoch FROM at) * 1000)::int8, body FROM svc_events \
-                 WHERE (xid, id) >= ($1::text::xid8, $2::text::uuid) \
+                "SELECT xid::text AS xid_text, id::text AS id_text, (extract(epoch FROM at) * 1000)::int8, body \
+                 FROM svc_events WHERE (xid, id) >= ($1::text::xid8, $2::text::uuid) \
                    AND xid < pg_snapshot_xmin(pg_current_snapshot()) \
                    AND NOT coalesce(pg_visible_in_snapshot(xid, $4::text::pg_snapshot), false) \
                  ORDER BY xid, id LIMIT $3",

@@ -130,7 +130,7 @@ async fn serve_request(app: &AppState, client: &Principal, request: Request<Inco
     };
     if rest.as_slice() == ["events", "stream"] {
         // The live parts' events, as the API's stream (a viewer may watch).
-        return super::stream::open(app, &query, &headers);
+        return super::stream::open(app, &query, &headers).await;
     }
     pages::page(app, &viewer, &rest, &query_pairs(&query)).await
 }
