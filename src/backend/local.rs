@@ -114,6 +114,15 @@ impl Backend for EngineHandle {
         Pending::ready(Ok(EngineHandle::overview(self)))
     }
 
+    fn queue_count(&self) -> Pending<usize> {
+        Pending::ready(Ok(EngineHandle::overview(self).queues))
+    }
+
+    fn worker_counts(&self) -> Pending<(usize, Vec<(WorkerState, usize)>)> {
+        let overview = EngineHandle::overview(self);
+        Pending::ready(Ok((overview.workers, overview.workers_by_state)))
+    }
+
     fn throughput_minutes(&self, queue: Option<String>) -> Pending<Vec<MinuteCount>> {
         Pending::ready(Ok(EngineHandle::throughput_minutes(self, queue.as_deref())))
     }

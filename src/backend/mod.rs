@@ -100,6 +100,10 @@ pub trait Backend: Send + Sync + 'static {
     fn configure_queue(&self, name: String, backpressure: Option<Backpressure>) -> Pending<QueueSummary>;
     /// Totals across queues, workers and the dead letter listing.
     fn overview(&self) -> Pending<Overview>;
+    /// The queues listed, as [`Overview::queues`], without counting jobs.
+    fn queue_count(&self) -> Pending<usize>;
+    /// The workers known, in all and in each state, as in the overview.
+    fn worker_counts(&self) -> Pending<(usize, Vec<(WorkerState, usize)>)>;
     /// Jobs completed and attempts failed per minute over the last 24
     /// hours, of one queue or of all: the minutes with counts, oldest first.
     fn throughput_minutes(&self, queue: Option<String>) -> Pending<Vec<MinuteCount>>;

@@ -434,6 +434,16 @@ impl Backend for PgBackend {
         self.run(async move { store.overview(now).await })
     }
 
+    fn queue_count(&self) -> Pending<usize> {
+        let store = self.jobs.clone();
+        self.run(async move { store.queue_count().await })
+    }
+
+    fn worker_counts(&self) -> Pending<(usize, Vec<(WorkerState, usize)>)> {
+        let store = self.jobs.clone();
+        self.run(async move { store.worker_counts().await })
+    }
+
     fn throughput_minutes(&self, queue: Option<String>) -> Pending<Vec<MinuteCount>> {
         let (store, now) = (self.jobs.clone(), self.now());
         self.run(async move { store.throughput_minutes(now, queue.as_deref()).await })

@@ -282,23 +282,23 @@ impl PgJobs {
                 overview.jobs[state.index()] += row.get::<_, i64>(1) as u64;
             }
         }
-        let row = client
-            .row(
-                "SELECT count(*) FILTER (WHERE name = 'default' OR paused OR max_depth IS NOT NULL OR EXISTS \
-                 (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) OR EXISTS \
-                 (SELECT 1 FROM svc_job_history h WHERE h.queue = q.name)), count(*) FILTER (WHERE paused) \
-                 FROM svc_queues q",
-                &[],
-            )
-            .await
-            .map_err(database)?;
-        overview.queues = row.get::<_, i64>(0) as usize;
-        overview.paused_queues = row.get::<_, i64>(1) as usize;
+        (overview.queues, overview.paused_queues) = queue_counts(&client).await?;
         (overview.completed_last_minute, overview.failed_last_minute) = last_minute(&client, None, now).await?;
         (overview.workers, overview.workers_by_state) = super::workers::counts(&client).await?;
         drop(client);
         overview.dead_letter = self.dead_letter_count(None).await? as usize;
         Ok(overview)
+    }
+
+    /// The queues listed (`GET /admin/queues`' total), without the rest of
+    /// the overview: no job is counted.
+    pub async fn queue_count(&self) -> Result<usize, EngineError> {
+        Ok(queue_counts(&self.client().await?).await?.0)
+    }
+
+    /// The workers known, in all and in each state.
+    pub async fn worker_counts(&self) -> Result<(usize, Vec<(crate::engine::WorkerState, usize)>), EngineError> {
+        super::workers::counts(&self.client().await?).await
     }
 
     /// Folds the rows of each queue's depth into one (the leader's timers):
@@ -332,4 +332,21 @@ impl PgJobs {
         transaction.run("SELECT svc_depths_unkeep()", &[]).await.map_err(database)?;
         transaction.commit().await.map_err(database)
     }
+}
+
+/// The queues listed and those paused. A queue is listed while it holds
+/// jobs (finished ones kept included), or is paused or bounded, as on the
+/// local engine; `default` always is. Each look is one index probe.
+async fn queue_counts(client: &impl GenericClient) -> Result<(usize, usize), EngineError> {
+    let row = client
+        .row(
+            "SELECT count(*) FILTER (WHERE name = 'default' OR paused OR max_depth IS NOT NULL OR EXISTS \
+             (SELECT 1 FROM svc_jobs j WHERE j.queue = q.name) OR EXISTS \
+             (SELECT 1 FROM svc_job_history h WHERE h.queue = q.name)), count(*) FILTER (WHERE paused) \
+             FROM svc_queues q",
+            &[],
+        )
+        .await
+        .map_err(database)?;
+    Ok((row.get::<_, i64>(0) as usize, row.get::<_, i64>(1) as usize))
 }

@@ -292,14 +292,14 @@ async fn workers(app: &AppState, query: &str) -> Result<Reply, ApiError> {
     };
     let (fetched, has_more) = app.backend.workers_page(after, paging.fetch(), None).outcome().await?;
     let next = if has_more { fetched.last().map(|entry| encode_cursor(&entry.worker_id)) } else { None };
-    let overview = app.backend.overview().outcome().await?;
+    let (total, by_state) = app.backend.worker_counts().outcome().await?;
     let now = super::workers::now_ms(app);
     let items: Vec<Value> = paging.cut(fetched).iter().map(|entry| super::workers::render_worker(entry, now)).collect();
-    let mut summary = json!({"total": overview.workers, "running": 0, "quiet": 0, "terminate": 0});
-    for (state, count) in &overview.workers_by_state {
+    let mut summary = json!({"total": total, "running": 0, "quiet": 0, "terminate": 0});
+    for (state, count) in &by_state {
         summary[state.as_str()] = (*count).into();
     }
-    let pagination = paging.render(Some(overview.workers as u64), has_more, next);
+    let pagination = paging.render(Some(total as u64), has_more, next);
     Ok(Reply::ok(json!({"items": items, "summary": summary, "pagination": pagination}).to_string()))
 }
 

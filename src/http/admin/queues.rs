@@ -44,7 +44,7 @@ pub(super) async fn list(app: &AppState, query: &str) -> Result<Reply, ApiError>
     };
     let (fetched, has_more) = app.backend.queues_page(after, paging.fetch()).outcome().await?;
     let next = if has_more { fetched.last().map(|queue| encode_cursor(&queue.name)) } else { None };
-    let total = app.backend.overview().outcome().await?.queues as u64;
+    let total = app.backend.queue_count().outcome().await? as u64;
     let now = super::super::workers::now_ms(app);
     let items: Vec<Value> = paging.cut(fetched).iter().map(|queue| render_queue(queue, now)).collect();
     let pagination = paging.render(Some(total), has_more, next);
