@@ -509,14 +509,17 @@ fn on_postgres_a_stream_sends_an_event_that_commits_late_in_the_order_of_transac
     server.enqueue(json!({"type": "t", "args": ["copied"], "options": {"queue": "mail"}}));
     let mut stream = Stream::open(&server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", None);
 
-    // The transaction ids to come cross a power of ten (999 to 1000), where
-    // their text sorts otherwise than they do.
+    // The transaction ids to come cross a power of ten (as 999 to 1000),
+    // where their text sorts otherwise than they do: the next is one below.
     runtime.block_on(async {
-        let current = |row: tokio_postgres::Row| row.get::<_, String>(0).parse::<u64>().unwrap();
-        let now = current(session.query_one("SELECT pg_current_xact_id()::text", &[]).await.unwrap());
-        let below = 10u64.pow(now.to_string().len() as u32) - 2;
-        for _ in now..below {
-            session.query_one("SELECT pg_current_xact_id()::text", &[]).await.unwrap();
+        let next = || async {
+            let row = session.query_one("SELECT pg_current_xact_id()::text", &[]).await.unwrap();
+            row.get::<_, String>(0).parse::<u64>().unwrap()
+        };
+        let mut current = next().await;
+        let power = 10u64.pow((current + 3).to_string().len() as u32);
+        while current < power - 2 {
+            current = next().await;
         }
     });
     // A transaction under way, as a merged statement or another node's: it
@@ -554,6 +557,46 @@ fn on_postgres_a_stream_sends_an_event_that_commits_late_in_the_order_of_transac
     assert_eq!(first, late_id, "the event that committed late comes first, as its transaction began first");
     let (_, _, data) = stream.next_event();
     assert!(data.to_string().contains(&later), "then the later job's: {data}");
+}
+
+/// A client that lists events (`GET /events`) and then streams from the
+/// last one listed misses none after it, even of a transaction that began
+/// before that one's and committed after the listing.
+#[test]
+fn on_postgres_a_stream_resumed_after_a_listed_event_misses_none_after_it() {
+    let server = server_on_postgres();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (session, connection) = runtime.block_on(tokio_postgres::connect(&server.url, tokio_postgres::NoTls)).unwrap();
+    runtime.spawn(connection);
+    runtime.block_on(session.batch_execute("BEGIN; SELECT pg_current_xact_id()")).unwrap();
+    let listed = server.enqueue(json!({"type": "t", "args": ["listed"], "options": {"queue": "mail"}}));
+    let page = server.get("/svc/v1/events?types=job.enqueued&queues=mail");
+    let last = page.body["events"].as_array().unwrap().last().unwrap().clone();
+    assert!(last.to_string().contains(&listed), "{last}");
+    let last_id = last["id"].as_str().unwrap().to_string();
+    // The earlier transaction writes an event after the one listed, and
+    // commits once the listing is done.
+    let after_id = runtime.block_on(async {
+        let uuid = last_id.trim_start_matches("evt_");
+        let after = format!("{}{:012x}", &uuid[..24], u64::from_str_radix(&uuid[24..], 16).unwrap() + 1);
+        session
+            .execute(
+                "INSERT INTO svc_events (id, at, type, queue, job_type, body, members) \
+                 SELECT $1::text::uuid, at, type, queue, job_type, body, members FROM svc_events \
+                 WHERE id = $2::text::uuid",
+                &[&after, &uuid],
+            )
+            .await
+            .unwrap();
+        session.batch_execute("COMMIT").await.unwrap();
+        format!("evt_{after}")
+    });
+
+    let mut stream = Stream::open(&server, "/svc/v1/events/stream?types=job.enqueued&queues=mail", Some(&last_id));
+    assert_eq!(stream.next_event().0, after_id, "the event after the one listed");
+    let next = server.enqueue(json!({"type": "t", "args": ["next"], "options": {"queue": "mail"}}));
+    let (_, _, data) = stream.next_event();
+    assert!(data.to_string().contains(&next), "then the next job's, the listed one not again: {data}");
 }
 
 #[test]

@@ -249,10 +249,18 @@ pub enum StreamPosition {
     /// In the order of the transactions that wrote the events (PostgreSQL,
     /// where an event's id is made before its transaction commits): the
     /// stored rows from `(xid, row)` on, where `row` is the first event of
-    /// a row, past the events of transaction `xid` up to `through`, and
+    /// a row, past the events of transaction `xid` up to `through`. Until
+    /// the reading is past them, two marks of where the stream started:
     /// none of a transaction that had committed as of the snapshot
-    /// `opened` (the stream's start, in the database's text form).
-    Committed { xid: u64, row: EventId, through: Option<EventId>, opened: Option<String> },
+    /// `opened` (in the database's text form), and none up to the event
+    /// `resumed.1` of a transaction up to `resumed.0`.
+    Committed {
+        xid: u64,
+        row: EventId,
+        through: Option<EventId>,
+        opened: Option<String>,
+        resumed: Option<(u64, EventId)>,
+    },
 }
 
 /// Where a live stream starts.

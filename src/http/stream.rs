@@ -55,8 +55,11 @@ pub(super) async fn open(app: &AppState, query: &str, headers: &HeaderMap) -> Re
             .detail("reason", "streams")
     })?;
     // Where it starts is settled before the client is answered, so that an
-    // event published once it has its answer is sent.
-    let start = app.backend.stream_start(resume, now).outcome().await?;
+    // event published once it has its answer is sent. Should the backend
+    // fail to say, the stream opens and ends at once: a browser's
+    // `EventSource` tries again after `retry`, where an error status would
+    // make it give up.
+    let start = app.backend.stream_start(resume, now).outcome().await.ok();
     let (sender, receiver) = tokio::sync::mpsc::channel(4);
     let receiver = EventStream::new(receiver);
     let task = StreamTask {
@@ -79,8 +82,9 @@ struct StreamTask {
     backend: Arc<dyn Backend>,
     stopping: Arc<AtomicBool>,
     filter: EventFilter,
-    /// Where the stream starts, and whether events were missed before.
-    start: StreamStart,
+    /// Where the stream starts, and whether events were missed before;
+    /// `None` when the backend could not say.
+    start: Option<StreamStart>,
     /// Whether each event names its type (`event:`); unnamed ones all
     /// reach a browser's `onmessage`.
     named: bool,
@@ -94,13 +98,16 @@ impl StreamTask {
         if self.sender.send(Bytes::from_static(b": open\n\nretry: 1000\n\n")).await.is_err() {
             return;
         }
-        if self.start.gap {
+        let Some(start) = self.start else {
+            return;
+        };
+        if start.gap {
             let notice = "event: gap\ndata: {\"reason\":\"the events after Last-Event-ID are no longer held\"}\n\n";
             if self.sender.send(Bytes::from(notice)).await.is_err() {
                 return;
             }
         }
-        let mut position = self.start.position;
+        let mut position = start.position;
         let mut quiet = Duration::ZERO;
         while !self.stopping.load(Ordering::SeqCst) && !self.sender.is_closed() {
             let Ok(page) = self.backend.stream_events(position, BATCH, self.filter.clone()).outcome().await else {

@@ -41,54 +41,78 @@ fn event_id(text: &str) -> Result<EventId, EngineError> {
     })
 }
 
-/// Where a stream starts. After `resume` when its row is held: just past
-/// it, in the order of transactions (exact for an id the stream sent,
-/// since a stream sends an event only once every transaction before its
-/// own has ended). After an id no longer held (pruned, or never held
-/// here): `gap`, and from the oldest transaction among the events after
-/// it, so that none of them is skipped (some may come again). Else, and
-/// without `resume`: from now, the transactions this snapshot does not
-/// see committed.
+/// Where a stream starts.
+///
+/// - After `resume`, when its row is held in transaction `X`: from the
+///   oldest of `X`, the transactions still running and those that wrote
+///   events after `resume`, passing over the events up to `resume` of
+///   transactions up to `X`. A stream that sent `resume` had sent every
+///   event of the transactions before `X`, so a few may come again; a
+///   client that listed up to `resume` (`GET /events`) misses none after it.
+/// - After an id not held, with events after it (pruned, or never held
+///   here): `gap`, and from the oldest transaction among those events or
+///   still running, so none of them is skipped (some may come again).
+/// - Otherwise, and without `resume`: from now, the transactions this
+///   snapshot does not see committed; after an id not held, `gap` when no
+///   event is held at all (as on the local engine).
 pub async fn start(client: &impl GenericClient, resume: Option<EventId>) -> Result<StreamStart, EngineError> {
+    let mut gap = false;
     if let Some(resume) = resume {
         let id = resume.0.to_string();
         // Aliased: ORDER BY `id` must name the uuid, not the text.
         let held = client
             .rows(
-                "SELECT xid::text, id::text AS id_text, members FROM svc_events WHERE id <= $1::text::uuid \
-                 ORDER BY id DESC LIMIT 1",
+                "SELECT xid::text AS xid_text, id::text AS id_text, members FROM svc_events \
+                 WHERE id <= $1::text::uuid ORDER BY id DESC LIMIT 1",
                 &[&id],
             )
             .await
             .map_err(failed)?;
-        if let Some(row) = held.first() {
-            let (first, members): (EventId, i32) = (event_id(row.get(1))?, row.get(2));
-            if last_of_run(first.0, members).is_some_and(|last| last >= resume.0) {
-                let position = StreamPosition::Committed {
-                    xid: xid(row.get(0))?,
-                    row: first,
-                    through: Some(resume),
-                    opened: None,
-                };
-                return Ok(StreamStart { position, gap: false });
+        let held = match held.first() {
+            Some(row) => {
+                let (first, members): (EventId, i32) = (event_id(row.get(1))?, row.get(2));
+                let covers = last_of_run(first.0, members).is_some_and(|last| last >= resume.0);
+                if covers { Some(xid(row.get(0))?) } else { None }
             }
-        }
-        let after = client
-            .row("SELECT min(xid)::text FROM svc_events WHERE id > $1::text::uuid", &[&id])
+            None => None,
+        };
+        // The oldest of the transactions that wrote events after `resume`
+        // and those still running (`least` passes over nulls; xid8 has no
+        // `min` before PostgreSQL 15).
+        let oldest = client
+            .row(
+                "SELECT least($2::text::xid8, (SELECT xid FROM svc_events WHERE id > $1::text::uuid \
+                   ORDER BY xid LIMIT 1), pg_snapshot_xmin(pg_current_snapshot()))::text, \
+                 EXISTS (SELECT 1 FROM svc_events WHERE id > $1::text::uuid), EXISTS (SELECT 1 FROM svc_events)",
+                &[&id, &held.map(|xid| xid.to_string())],
+            )
             .await
             .map_err(failed)?;
-        if let Some(oldest) = after.get::<_, Option<String>>(0) {
-            let position = StreamPosition::Committed { xid: xid(&oldest)?, row: FIRST, through: None, opened: None };
-            return Ok(StreamStart { position, gap: true });
+        let (from, later, any): (String, bool, bool) = (oldest.get(0), oldest.get(1), oldest.get(2));
+        if held.is_some() || later {
+            let position = StreamPosition::Committed {
+                xid: xid(&from)?,
+                row: FIRST,
+                through: None,
+                opened: None,
+                resumed: held.map(|held| (held, resume)),
+            };
+            return Ok(StreamStart { position, gap: held.is_none() });
         }
+        gap = !any;
     }
     let now = client
         .row("SELECT pg_current_snapshot()::text, pg_snapshot_xmin(pg_current_snapshot())::text", &[])
         .await
         .map_err(failed)?;
-    let position =
-        StreamPosition::Committed { xid: xid(now.get(1))?, row: FIRST, through: None, opened: Some(now.get(0)) };
-    Ok(StreamStart { position, gap: false })
+    let position = StreamPosition::Committed {
+        xid: xid(now.get(1))?,
+        row: FIRST,
+        through: None,
+        opened: Some(now.get(0)),
+        resumed: None,
+    };
+    Ok(StreamStart { position, gap })
 }
 
 /// The events `filter` keeps from `from` on, in the order of their
@@ -100,7 +124,8 @@ pub async fn read(
     limit: usize,
     filter: &EventFilter,
 ) -> Result<StreamPage, EngineError> {
-    let StreamPosition::Committed { xid: mut at_xid, row: mut at_row, mut through, mut opened } = from else {
+    let StreamPosition::Committed { xid: mut at_xid, row: mut at_row, mut through, mut opened, mut resumed } = from
+    else {
         let error = crate::job::ValidationError::request(None, "not a position of this backend");
         return Err(EngineError::Invalid { error, index: None });
     };
@@ -116,6 +141,9 @@ pub async fn read(
             .is_some_and(|xmax| at_xid >= xmax)
         {
             opened = None;
+        }
+        if resumed.is_some_and(|(up_to, _)| at_xid > up_to) {
+            resumed = None;
         }
         // From the row last read on: its events up to `through` are skipped.
         let (from_xid, from_row) = (at_xid.to_string(), at_row.0.to_string());
@@ -139,7 +167,9 @@ pub async fn read(
             }
             (at_xid, at_row) = (row_xid, event_id(id)?);
             for event in decode(id, row.get(2), row.get(3)) {
-                if through.is_some_and(|through| event.id.0 <= through.0) {
+                if through.is_some_and(|through| event.id.0 <= through.0)
+                    || resumed.is_some_and(|(up_to, seen)| row_xid <= up_to && event.id.0 <= seen.0)
+                {
                     continue;
                 }
                 if events.len() == limit || scanned == SCAN_MAX {
@@ -160,6 +190,6 @@ pub async fn read(
     if scanned >= SCAN_MAX {
         has_more = true;
     }
-    let position = StreamPosition::Committed { xid: at_xid, row: at_row, through, opened };
+    let position = StreamPosition::Committed { xid: at_xid, row: at_row, through, opened, resumed };
     Ok(StreamPage { events, position, has_more })
 }
