@@ -115,12 +115,11 @@ impl Backend for EngineHandle {
     }
 
     fn queue_count(&self) -> Pending<usize> {
-        Pending::ready(Ok(EngineHandle::overview(self).queues))
+        Pending::ready(Ok(EngineHandle::queue_count(self)))
     }
 
     fn worker_counts(&self) -> Pending<(usize, Vec<(WorkerState, usize)>)> {
-        let overview = EngineHandle::overview(self);
-        Pending::ready(Ok((overview.workers, overview.workers_by_state)))
+        Pending::ready(Ok(EngineHandle::worker_counts(self)))
     }
 
     fn throughput_minutes(&self, queue: Option<String>) -> Pending<Vec<MinuteCount>> {

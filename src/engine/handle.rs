@@ -442,6 +442,16 @@ impl EngineHandle {
         self.view.jobs_page(filter, from, limit)
     }
 
+    /// The queues listed ([`Overview::queues`](super::api::Overview)).
+    pub fn queue_count(&self) -> usize {
+        self.view.queues().len()
+    }
+
+    /// The workers known, in all and in each state.
+    pub fn worker_counts(&self) -> (usize, Vec<(super::workers::entry::WorkerState, usize)>) {
+        self.view.worker_counts()
+    }
+
     /// The service at a glance, as of the last commit.
     pub fn overview(&self) -> super::api::Overview {
         let now = self.clock.now_ms();
