@@ -116,8 +116,9 @@ pub async fn start(client: &impl GenericClient, resume: Option<EventId>) -> Resu
 }
 
 /// The events `filter` keeps from `from` on, in the order of their
-/// transactions, looking at no more than [`SCAN_MAX`] events; the position
-/// returned is past every event looked at.
+/// transactions, looking at no more than [`SCAN_MAX`] events besides those
+/// passed over as seen before a resume (at most the rows kept, once); the
+/// position returned is past every event looked at.
 pub async fn read(
     client: &impl GenericClient,
     from: StreamPosition,
