@@ -497,6 +497,44 @@ fn check_live_events_stream_as_they_happen_filtered_and_resumable(server: &TestS
     }
 }
 
+#[test]
+fn a_stream_sends_each_event_once_while_producers_race() {
+    let (_dir, server) = server();
+    check_a_stream_sends_each_event_once_while_producers_race(&server);
+}
+
+#[test]
+fn on_postgres_a_stream_sends_each_event_once_while_producers_race() {
+    let server = server_on_postgres();
+    check_a_stream_sends_each_event_once_while_producers_race(&server);
+}
+
+/// Producers at once, whose enqueues a node merges into statements that
+/// may commit in any order: a stream sends each job's event, once.
+fn check_a_stream_sends_each_event_once_while_producers_race(server: &TestServer) {
+    let mut stream = Stream::open(server, "/svc/v1/events/stream?types=job.enqueued", None);
+    let mut enqueued: Vec<String> = std::thread::scope(|scope| {
+        let producers: Vec<_> = (0..8)
+            .map(|producer| {
+                scope.spawn(move || {
+                    (0..50).map(|n| server.enqueue(json!({"type": "t", "args": [producer, n]}))).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        producers.into_iter().flat_map(|producer| producer.join().unwrap()).collect()
+    });
+    let mut sent = Vec::new();
+    while sent.len() < enqueued.len() {
+        let (_, _, data) = stream.next_event();
+        sent.push(data["data"]["job_id"].as_str().unwrap().to_string());
+    }
+    let again = stream.sent_within(std::time::Duration::from_millis(500));
+    assert!(again.is_empty(), "nothing more: {again:?}");
+    enqueued.sort();
+    sent.sort();
+    assert_eq!(sent, enqueued, "each job's event, once");
+}
+
 /// On PostgreSQL an event's id is made before its transaction commits. A
 /// transaction that began before a later one, and commits after it with a
 /// lower event id, is still streamed, first.
