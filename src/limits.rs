@@ -178,5 +178,8 @@ const _: () = assert!(PAGE_SIZE_DEFAULT <= PAGE_SIZE_MAX);
 /// dir in use. A child process holds the lock for an instant between fork and
 /// exec: it inherits the lock's file descriptor, which exec then closes.
 pub const DATA_DIR_LOCK_WAIT_MS: u64 = 1000;
-/// The longest schema URI.
+/// The longest schema URI, in characters.
 pub const SCHEMA_URI_CHARS_MAX: usize = 1024;
+/// The longest schema URI, in bytes: PostgreSQL's index keys hold at most
+/// 2 704 bytes, and a URI is one.
+pub const SCHEMA_URI_BYTES_MAX: usize = 2048;

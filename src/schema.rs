@@ -17,7 +17,7 @@ use crate::clock::Millis;
 use crate::job::ValidationError;
 use crate::job::json::{self, RawObject};
 
-pub use crate::limits::SCHEMA_URI_CHARS_MAX;
+pub use crate::limits::{SCHEMA_URI_BYTES_MAX, SCHEMA_URI_CHARS_MAX};
 /// The largest schema document, as compact JSON.
 pub const SCHEMA_DOCUMENT_BYTES_MAX: usize = 256 * 1024;
 /// The most validation errors one answer lists.

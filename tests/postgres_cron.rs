@@ -266,13 +266,13 @@ async fn a_firing_and_a_replacing_enqueue_at_one_moment_both_go_through() {
     let first_run = jobs.cron("digest").await.unwrap().unwrap().last_job_id.unwrap();
     let previous = first_run.to_string();
 
-    // The enqueue's transaction takes the fingerprint's lock (its first
-    // eight bytes, as a number) ...
+    // The enqueue's transaction takes the lock of the fingerprint's bucket
+    // (`svc_uq`, then its first two bytes modulo 256 as two bytes) ...
     let mut client = pool.get().await.unwrap();
     let enqueue = client.transaction().await.unwrap();
     enqueue
         .execute(
-            "SELECT pg_advisory_xact_lock(('x' || encode(substring(unique_key FROM 1 FOR 8), 'hex'))::bit(64)::int8) \
+            "SELECT pg_advisory_xact_lock(x'7376635f75710000'::bit(64)::int8 + get_byte(unique_key, 1)) \
              FROM svc_jobs WHERE id = $1::text::uuid",
             &[&previous],
         )

@@ -46,6 +46,9 @@ pub(crate) fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
         .decode(cursor)
         .ok()
         .and_then(|bytes| String::from_utf8(bytes).ok())
+        // Every cursor names a queue, job, worker, entry or URI, none of
+        // which holds a control character.
+        .filter(|text| !text.chars().any(char::is_control))
         .ok_or_else(|| ApiError::invalid_request(Some("cursor"), "cursor is not one this server issued"))
 }
 

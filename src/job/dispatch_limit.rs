@@ -121,12 +121,16 @@ impl DispatchLimit {
 
 fn limit_key(raw: &RawValue, path: &str) -> Result<String, ValidationError> {
     string_value(raw)
-        .filter(|key| !key.is_empty() && key.chars().count() <= DISPATCH_KEY_CHARS_MAX)
+        // Control characters are refused: a key is a name people choose,
+        // and PostgreSQL's text columns cannot hold a NUL.
+        .filter(|key| {
+            !key.is_empty() && key.chars().count() <= DISPATCH_KEY_CHARS_MAX && !key.chars().any(char::is_control)
+        })
         .map(Cow::into_owned)
         .ok_or_else(|| {
             ValidationError::payload(
                 path,
-                format!("{path} must be a string of 1 to {DISPATCH_KEY_CHARS_MAX} characters"),
+                format!("{path} must be a string of 1 to {DISPATCH_KEY_CHARS_MAX} characters, none of them a control character"),
             )
         })
 }
@@ -230,6 +234,8 @@ mod tests {
             (json!({"key": "", "concurrency": 1}), "options.rate_limit.key"),
             (json!({"key": "k".repeat(DISPATCH_KEY_CHARS_MAX + 1), "concurrency": 1}), "options.rate_limit.key"),
             (json!({"key": 5, "concurrency": 1}), "options.rate_limit.key"),
+            (json!({"key": "a\u{0}b", "concurrency": 1}), "options.rate_limit.key"),
+            (json!({"key": "tenant\n42", "concurrency": 1}), "options.rate_limit.key"),
             (json!({"concurrency": 0}), "options.rate_limit.concurrency"),
             (json!({"concurrency": max + 1}), "options.rate_limit.concurrency"),
             (json!({"concurrency": 2.5}), "options.rate_limit.concurrency"),

@@ -4,7 +4,7 @@
 //! upstream top-level spellings are accepted as aliases, the first source
 //! listed wins, and unknown top-level fields are kept verbatim.
 
-use crate::limits::SCHEMA_URI_CHARS_MAX;
+use crate::limits::{SCHEMA_URI_BYTES_MAX, SCHEMA_URI_CHARS_MAX};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -508,10 +508,13 @@ fn parse_tags(raw: &RawValue, path: &str) -> Result<Vec<String>, ValidationError
 }
 
 /// A schema URI: absolute (it has a scheme), at most [`SCHEMA_URI_CHARS_MAX`]
-/// characters, no white space or control characters.
+/// characters and [`SCHEMA_URI_BYTES_MAX`] bytes, no white space or control
+/// characters.
 pub fn check_schema_uri(uri: &str) -> Result<(), String> {
-    if uri.is_empty() || uri.chars().count() > SCHEMA_URI_CHARS_MAX {
-        return Err(format!("uri must be an absolute URI of 1 to {SCHEMA_URI_CHARS_MAX} characters"));
+    if uri.is_empty() || uri.chars().count() > SCHEMA_URI_CHARS_MAX || uri.len() > SCHEMA_URI_BYTES_MAX {
+        return Err(format!(
+            "uri must be an absolute URI of 1 to {SCHEMA_URI_CHARS_MAX} characters and at most {SCHEMA_URI_BYTES_MAX} bytes"
+        ));
     }
     if uri.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("uri must not contain white space or control characters".to_string());

@@ -141,7 +141,7 @@ impl TempPostgres {
     }
 
     /// Runs one statement through a fresh connection (blocking).
-    fn psql(&self, database: &str, statement: &str) -> Result<(), String> {
+    pub fn psql(&self, database: &str, statement: &str) -> Result<(), String> {
         let url = self.url(database);
         let statement = statement.to_string();
         std::thread::spawn(move || {

@@ -5,8 +5,10 @@
 //! A job in flight with a unique policy keeps its fingerprint in the
 //! `unique_key` column of `svc_jobs` (a policy covers unfinished states
 //! only, so finished jobs never hold one). A transaction that enqueues such jobs
-//! first takes a transaction-level advisory lock per fingerprint (in one
-//! order, so two transactions never wait on each other in a circle), then
+//! first takes a transaction-level advisory lock per bucket of fingerprints
+//! (in one order, so two transactions never wait on each other in a circle;
+//! by bucket, so a large batch takes a bounded share of the database's
+//! shared lock table, whose overflow fails every session's locks), then
 //! reads the holders: two enqueues of one fingerprint, on any nodes, are
 //! decided one after the other, each seeing the other's job. The decision
 //! itself is the local engine's rule ([`UniquePolicy::blocked_by`]).
@@ -37,9 +39,9 @@ pub(super) async fn lock_and_read_holders<'a>(
     }
     keys.sort_unstable();
     keys.dedup();
-    // The lock's key: the fingerprint's first eight bytes (two fingerprints
-    // sharing them only share a lock).
-    let locks: Vec<i64> = keys.iter().map(|key| i64::from_be_bytes(key[..8].try_into().expect("32 bytes"))).collect();
+    let mut locks: Vec<i64> = keys.iter().map(|key| bucket_lock(key)).collect();
+    locks.sort_unstable();
+    locks.dedup();
     transaction
         .run("SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) WITH ORDINALITY AS t(k, n) ORDER BY n", &[&locks])
         .await
@@ -49,6 +51,18 @@ pub(super) async fn lock_and_read_holders<'a>(
         .await
         .map_err(database)?;
     rows.iter().map(|row| job_of(row).map(Arc::new)).collect()
+}
+
+/// How many advisory locks guard fingerprints at most: two fingerprints in
+/// one bucket share a lock, and only wait on each other.
+const FINGERPRINT_LOCK_BUCKETS: u16 = 256;
+
+/// The advisory lock of `fingerprint`'s bucket: `svc_uq` and the bucket as
+/// eight bytes, so that other programs' advisory locks do not collide.
+fn bucket_lock(fingerprint: &[u8]) -> i64 {
+    let bucket = u16::from_be_bytes([fingerprint[0], fingerprint[1]]) % FINGERPRINT_LOCK_BUCKETS;
+    let [high, low] = bucket.to_be_bytes();
+    i64::from_be_bytes([b's', b'v', b'c', b'_', b'u', b'q', high, low])
 }
 
 /// The holders that block `job` at `now` among `candidates` (none that

@@ -17,7 +17,7 @@ use super::sql::Prepared;
 use crate::backend::Page;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind, SignalledWorker, WorkerEntry, WorkerSignal, WorkerState};
-use crate::job::JobId;
+use crate::job::{JobId, is_valid_worker_id};
 use crate::limits::WORKER_FORGET_MS;
 
 /// How stale a worker's last contact may read before a fetch writes it
@@ -133,6 +133,10 @@ impl PgJobs {
     }
 
     pub async fn worker(&self, worker_id: &str) -> Result<Option<WorkerEntry>, EngineError> {
+        // An id no worker can have (a NUL would fail the statement) names none.
+        if !is_valid_worker_id(worker_id) {
+            return Ok(None);
+        }
         let client = self.client().await?;
         let query = format!("{ENTRY} WHERE w.worker_id = $1");
         let row = client.maybe_row(&query, &[&worker_id]).await.map_err(database)?;
@@ -146,6 +150,9 @@ impl PgJobs {
         worker_id: &str,
         signal: WorkerSignal,
     ) -> Result<WorkerEntry, EngineError> {
+        if !is_valid_worker_id(worker_id) {
+            return Err(EngineError::WorkerNotFound { worker_id: worker_id.to_string() });
+        }
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
         let current = transaction
@@ -182,6 +189,9 @@ impl PgJobs {
 
     /// Forgets a worker's entry and signal; its jobs are untouched.
     pub async fn forget_worker(&self, worker_id: &str) -> Result<(), EngineError> {
+        if !is_valid_worker_id(worker_id) {
+            return Err(EngineError::WorkerNotFound { worker_id: worker_id.to_string() });
+        }
         let client = self.client().await?;
         let gone = client.run("DELETE FROM svc_workers WHERE worker_id = $1", &[&worker_id]).await.map_err(database)?;
         if gone == 0 {

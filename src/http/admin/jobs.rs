@@ -41,6 +41,10 @@ pub(in crate::__private::http) fn parse_filter<'a>(
         if pattern.len() > crate::limits::TYPE_CHARS_MAX {
             return Err(ApiError::invalid_request(Some(&field("type")), "type is too long"));
         }
+        // No job type holds one, and PostgreSQL's text cannot hold a NUL.
+        if pattern.chars().any(char::is_control) {
+            return Err(ApiError::invalid_request(Some(&field("type")), "type must not contain control characters"));
+        }
         filter = filter.job_type(pattern);
     }
     let time = |name: &str| -> Result<Option<i64>, ApiError> {
