@@ -274,6 +274,7 @@ fn run_on_postgres(
     let mut postgres = postgres.clone();
     postgres.retention = config.retention;
     postgres.max_schemas = config.max_schemas;
+    postgres.max_cron = config.cron_entries_max;
     postgres.webhook_limits = config.webhook_limits;
     postgres.delivery_timeout = Duration::from_millis(config.webhooks_timeout_ms);
     postgres.delivery_priority = config.webhooks_priority;

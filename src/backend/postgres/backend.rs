@@ -89,11 +89,11 @@ impl PgBackend {
     /// node in `svc_leader`.
     pub async fn start(settings: &PgSettings, clock: Arc<dyn Clock>, node: String) -> Result<PgBackend, PgError> {
         let pool = super::open(settings).await?;
-        let jobs = Arc::new(
-            PgJobs::new(pool.clone())
-                .with_max_schemas(settings.max_schemas)
-                .with_webhook_limits(settings.webhook_limits),
-        );
+        let mut jobs = PgJobs::new(pool.clone())
+            .with_max_schemas(settings.max_schemas)
+            .with_webhook_limits(settings.webhook_limits);
+        jobs.max_cron = settings.max_cron;
+        let jobs = Arc::new(jobs);
         let listener = jobs.listen(settings)?;
         let delivery_pool = super::connect(&PgSettings { pool_size: DELIVERY_POOL_SIZE, ..settings.clone() })?;
         let lease = LeaderLease::new(pool, "timers", node, LEASE_TTL_MS_DEFAULT);

@@ -22,7 +22,7 @@ use crate::cron::{CronDefinition, OverlapPolicy};
 use crate::engine::{CronEntry, CronInfo, CronSkip, CronWrite, EngineError, EventKind, register_cron};
 use crate::job::OnConflict;
 use crate::job::{Job, JobId, JobState, transition};
-use crate::limits::{CRON_ENTRIES_MAX_DEFAULT, CRON_MISSED_COUNT_MAX};
+use crate::limits::CRON_MISSED_COUNT_MAX;
 
 /// The advisory lock registrations hold (`svc_cron` as eight bytes), so that
 /// two registrations of one new name, or past the entry cap, cannot race.
@@ -111,7 +111,7 @@ impl PgJobs {
             .map(|row| decode(&name, row.get(0)))
             .transpose()?;
         let count: i64 = transaction.row("SELECT count(*) FROM svc_crons", &[]).await.map_err(database)?.get(0);
-        let entry = register_cron(existing.as_ref(), count as usize, definition, write, now, CRON_ENTRIES_MAX_DEFAULT)?;
+        let entry = register_cron(existing.as_ref(), count as usize, definition, write, now, self.max_cron)?;
         transaction
             .run(
                 "INSERT INTO svc_crons (name, enabled, next_run_at, body) \

@@ -13,17 +13,16 @@
 //! Times are the caller's (`now`), so a manual clock drives tests; nodes are
 //! expected to keep their clocks in sync (NTP), as leases span nodes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
 use tokio_postgres::error::SqlState;
 
 use super::PgError;
-use super::acks::PendingAck;
-use super::batch::Batcher;
-use super::claims::{PendingClaim, job_columns, job_of};
-use super::enqueues::{PendingEnqueue, insert};
+use super::batch::Batches;
+use super::claims::{job_columns, job_of};
+use super::enqueues::insert;
 use super::sql::{Params, Prepared, from_body, to_body};
 use super::wakeup::{CHANNEL, Wakeups};
 use crate::clock::Millis;
@@ -49,9 +48,12 @@ pub struct PgJobs {
     pool: Pool,
     ids: Arc<std::sync::Mutex<IdGenerator>>,
     wakeups: Arc<Wakeups>,
-    batches: Arc<std::sync::OnceLock<Batches>>,
+    pub(super) batches: Arc<std::sync::OnceLock<Batches>>,
     compiled_schemas: Arc<super::schemas::CompiledSchemas>,
-    max_schemas: usize,
+    /// The most schemas and cron entries registered (`limits.max_schemas`,
+    /// `limits.max_cron`).
+    pub(super) max_schemas: usize,
+    pub(super) max_cron: usize,
     webhook_limits: crate::engine::outbox::WebhookLimits,
     /// What this node counts: the leader counts every committed event once.
     metrics: Arc<crate::metrics::Metrics>,
@@ -66,22 +68,6 @@ pub struct PgJobs {
     /// Queues whose jobs were found to need the checked claim, for a while.
     pub(super) checked_queues: Arc<super::claims::CheckedQueues>,
 }
-
-/// The requests merged into shared transactions (`batch.rs`).
-pub(super) struct Batches {
-    pub acks: Batcher<PendingAck, Arc<Job>>,
-    pub claims: Batcher<PendingClaim, Vec<Arc<Job>>>,
-    pub enqueues: Batcher<PendingEnqueue, Vec<Enqueued>>,
-}
-
-/// Acks merged into one transaction at most.
-const ACK_BATCH_MAX: usize = 100;
-/// Enqueue requests merged into one transaction at most.
-const ENQUEUE_BATCH_MAX: usize = 64;
-/// Claims (fetches) merged into one transaction at most.
-const CLAIM_BATCH_MAX: usize = 64;
-/// Merged transactions of one kind under way at once on a node.
-const BATCHES_IN_FLIGHT: usize = 2;
 
 /// Tries at a transaction the database may roll back to break a deadlock
 /// (a workflow cancel, a merged ack): such a transaction changed nothing
@@ -153,6 +139,7 @@ impl PgJobs {
             batches: Arc::default(),
             compiled_schemas: Arc::default(),
             max_schemas: crate::limits::SCHEMAS_MAX,
+            max_cron: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
             webhook_limits: Default::default(),
             metrics: Arc::new(crate::metrics::Metrics::new()),
             window_opens_at: Arc::default(),
@@ -208,32 +195,8 @@ impl PgJobs {
         self
     }
 
-    pub(super) fn max_schemas(&self) -> usize {
-        self.max_schemas
-    }
-
     pub(super) fn compiled_schemas(&self) -> &super::schemas::CompiledSchemas {
         &self.compiled_schemas
-    }
-
-    /// The merged requests, started on the current runtime at first use.
-    pub(super) fn batches(&self) -> &Batches {
-        self.batches.get_or_init(|| {
-            let (acks_store, claims_store, enqueues_store) = (self.clone(), self.clone(), self.clone());
-            let (acks, _) = Batcher::start(ACK_BATCH_MAX, BATCHES_IN_FLIGHT, move |batch| {
-                let store = acks_store.clone();
-                async move { store.ack_batch(batch).await }
-            });
-            let (claims, _) = Batcher::start(CLAIM_BATCH_MAX, BATCHES_IN_FLIGHT, move |batch| {
-                let store = claims_store.clone();
-                async move { store.claim_batch(batch).await }
-            });
-            let (enqueues, _) = Batcher::start(ENQUEUE_BATCH_MAX, BATCHES_IN_FLIGHT, move |batch| {
-                let store = enqueues_store.clone();
-                async move { store.enqueue_batch(batch).await }
-            });
-            Batches { acks, claims, enqueues }
-        })
     }
 
     /// Starts listening for jobs made available on any node, on a
@@ -523,7 +486,7 @@ impl PgJobs {
     ) -> Result<(usize, Vec<JobId>), EngineError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(database)?;
-        let held = match listed {
+        let mut held = match listed {
             Some(ids) => {
                 let ids: Vec<String> = ids.iter().map(JobId::to_string).collect();
                 locked_jobs(
@@ -552,13 +515,13 @@ impl PgJobs {
                 .await?
             }
         };
-        let mut extended = Vec::with_capacity(held.len());
-        for mut job in held {
-            let visibility = visibility_ms.unwrap_or_else(|| transition::claim_visibility_ms(&job));
-            transition::extend(&mut job, now.saturating_add(visibility as i64));
-            self.store(&transaction, &job).await?;
-            extended.push(job.id);
+        for job in &mut held {
+            let visibility = visibility_ms.unwrap_or_else(|| transition::claim_visibility_ms(job));
+            transition::extend(job, now.saturating_add(visibility as i64));
         }
+        // Sent together (pipelined): one round trip for every claim, not one each.
+        futures_util::future::try_join_all(held.iter().map(|job| update_row(&transaction, job))).await?;
+        let extended: HashSet<JobId> = held.iter().map(|job| job.id).collect();
         transaction.commit().await.map_err(database)?;
         let mut not_extended: Vec<JobId> =
             listed.unwrap_or_default().iter().copied().filter(|id| !extended.contains(id)).collect();

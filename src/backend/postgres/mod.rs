@@ -57,6 +57,8 @@ pub struct PgSettings {
     pub retention: crate::engine::Retention,
     /// The most schemas the registry holds (`limits.max_schemas`).
     pub max_schemas: usize,
+    /// The most cron entries registered (`limits.max_cron`).
+    pub max_cron: usize,
     /// The bounds of webhook subscriptions and their deliveries (the same
     /// `webhooks` settings as on the local engine).
     pub webhook_limits: crate::engine::outbox::WebhookLimits,
@@ -83,6 +85,7 @@ impl PgSettings {
             statement_timeout: STATEMENT_TIMEOUT_DEFAULT,
             retention: crate::engine::Retention::default(),
             max_schemas: crate::limits::SCHEMAS_MAX,
+            max_cron: crate::limits::CRON_ENTRIES_MAX_DEFAULT,
             webhook_limits: Default::default(),
             delivery_timeout: Duration::from_millis(crate::engine::outbox::ATTEMPT_TIMEOUT_MS_DEFAULT as u64),
             delivery_priority: crate::webhook::DeliveryPriority::default(),

@@ -79,7 +79,7 @@ impl PgJobs {
         let transaction = client.transaction().await.map_err(database)?;
         transaction.run("SELECT pg_advisory_xact_lock($1)", &[&REGISTRATION_LOCK]).await.map_err(database)?;
         let count: i64 = transaction.row("SELECT count(*) FROM svc_schemas", &[]).await.map_err(database)?.get(0);
-        let max_schemas = self.max_schemas();
+        let max_schemas = self.max_schemas;
         let exists = transaction
             .maybe_row("SELECT 1 FROM svc_schemas WHERE uri = $1", &[&entry.uri])
             .await
@@ -149,7 +149,7 @@ impl PgJobs {
         let mut found = HashMap::with_capacity(rows.len());
         for row in rows {
             let uri: String = row.get(0);
-            let entry = compiled.entry(&uri, row.get(1), self.max_schemas())?;
+            let entry = compiled.entry(&uri, row.get(1), self.max_schemas)?;
             found.insert(uri, entry);
         }
         for uri in uris {

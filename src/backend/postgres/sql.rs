@@ -6,7 +6,7 @@
 
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Error, Row};
+use tokio_postgres::{Error, Row, RowStream};
 
 use crate::engine::{EngineError, Unavailable};
 
@@ -34,6 +34,13 @@ pub(super) trait Prepared: GenericClient {
     async fn maybe_row(&self, sql: &str, params: Params<'_>) -> Result<Option<Row>, Error> {
         let statement = self.prepare_cached(sql).await?;
         self.query_opt(&statement, params).await
+    }
+
+    /// The rows as they come, for a result too large to hold at once; one
+    /// dropped early leaves the rest to be read past by the connection.
+    async fn row_stream(&self, sql: &str, params: Params<'_>) -> Result<RowStream, Error> {
+        let statement = self.prepare_cached(sql).await?;
+        self.query_raw(&statement, params.iter().copied()).await
     }
 }
 
