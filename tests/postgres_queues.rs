@@ -155,6 +155,41 @@ async fn a_worker_reports_progress_on_the_job_it_holds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_most_workers_known_the_idle_one_seen_longest_ago_makes_room() {
+    let server = TempPostgres::start();
+    let (jobs, pool) = store(&server, "workers_full").await;
+    // The oldest contacts: one holding a job, one holding a signal.
+    jobs.note_worker(NOW, "busy", None, true).await.unwrap();
+    let id = jobs.enqueue(NOW, vec![job("mail")]).await.unwrap()[0].job.id;
+    jobs.claim(NOW + 1, &fetch("mail", 1, "busy")).await.unwrap();
+    jobs.note_worker(NOW + 2, "signalled", None, true).await.unwrap();
+    jobs.signal_worker(NOW + 3, "signalled", WorkerSignal::Quiet).await.unwrap();
+    // Then as many idle workers as fill the registry, seen one after another.
+    let client = pool.get().await.unwrap();
+    let filler = svc::__private::limits::WORKERS_MAX as i64 - 2;
+    client
+        .execute(
+            "INSERT INTO svc_workers (worker_id, first_seen_at, last_seen_at) \
+             SELECT 'idle-' || lpad(n::text, 5, '0'), to_timestamp(($1::int8 + n)::float8 / 1000), \
+               to_timestamp(($1::int8 + n)::float8 / 1000) FROM generate_series(1, $2::int8) AS n",
+            &[&(NOW + 10), &filler],
+        )
+        .await
+        .unwrap();
+    let known = || async { jobs.overview(NOW + 100_000).await.unwrap().workers };
+    assert_eq!(known().await, svc::__private::limits::WORKERS_MAX);
+
+    jobs.note_worker(NOW + 100_000, "newcomer", None, true).await.unwrap();
+    assert_eq!(known().await, svc::__private::limits::WORKERS_MAX, "the registry stays at its bound");
+    assert!(jobs.worker("newcomer").await.unwrap().is_some());
+    assert!(jobs.worker("idle-00001").await.unwrap().is_none(), "the idle worker seen longest ago made room");
+    assert!(jobs.worker("idle-00002").await.unwrap().is_some());
+    let busy = jobs.worker("busy").await.unwrap().expect("a worker holding a job is kept");
+    assert_eq!(busy.active_job_ids, [id]);
+    assert!(jobs.worker("signalled").await.unwrap().is_some(), "a worker holding a signal is kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_are_registered_by_contact_and_obey_signals() {
     let server = TempPostgres::start();
     let (jobs, pool) = store(&server, "workers").await;

@@ -18,7 +18,7 @@ use crate::backend::Page;
 use crate::clock::Millis;
 use crate::engine::{EngineError, EventKind, SignalledWorker, WorkerEntry, WorkerSignal, WorkerState};
 use crate::job::{JobId, is_valid_worker_id};
-use crate::limits::WORKER_FORGET_MS;
+use crate::limits::{WORKER_FORGET_MS, WORKERS_MAX};
 
 /// How stale a worker's last contact may read before a fetch writes it
 /// again: the registry's times are this coarse.
@@ -105,6 +105,21 @@ impl PgJobs {
             .map_err(database)?;
         let (signal, inserted): (Option<&str>, bool) = (row.get(0), row.get(1));
         if inserted {
+            // Past the most workers known, the idle ones seen longest ago
+            // make room, as on the local engine: a worker holding active
+            // jobs or a signal is kept. Under the bound, the `LIMIT 0`
+            // reads nothing.
+            client
+                .run(
+                    "DELETE FROM svc_workers WHERE worker_id IN (SELECT w.worker_id FROM svc_workers w \
+                     WHERE w.worker_id <> $1 AND w.signal IS NULL AND NOT EXISTS (SELECT 1 FROM svc_jobs j \
+                       WHERE j.state = 'active' AND j.worker_id = w.worker_id) \
+                     ORDER BY w.last_seen_at, w.worker_id \
+                     LIMIT greatest((SELECT count(*) FROM svc_workers) - $2, 0))",
+                    &[&worker_id, &(WORKERS_MAX as i64)],
+                )
+                .await
+                .map_err(database)?;
             let kind = EventKind::WorkerStarted { worker_id: worker_id.to_string() };
             super::events::append(&client, &[(self.fresh_id(now), now, kind, None)]).await.map_err(database)?;
         }
