@@ -597,31 +597,6 @@ async fn a_job_past_its_expiry_is_discarded_not_handed_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_behind_many_expired_jobs_discards_a_bounded_number_of_them() {
-    let server = TempPostgres::start();
-    let (jobs, _pool) = store(&server, "expiry_flood").await;
-    let expiring: Vec<NewJob> = (0..600).map(|_| new_job(JobBuilder::new("t").expires_at(NOW + 100))).collect();
-    jobs.enqueue(NOW, expiring).await.unwrap();
-    let fresh = jobs.enqueue(NOW, vec![new_job(JobBuilder::new("t"))]).await.unwrap()[0].job.id;
-    // One claim discards some of the jobs in its way, not all 600 in one
-    // transaction; the claims after it get through to the job that may go.
-    let first = jobs.claim(NOW + 100, &fetch(&["default"], 1, "w")).await.unwrap();
-    assert!(first.is_empty(), "{first:?}");
-    let discarded = |jobs: PgJobs| async move { jobs.dead_letter_count(None).await.unwrap() };
-    let after_one = discarded(jobs.clone()).await;
-    assert!((1..600).contains(&after_one), "{after_one} discarded by one claim");
-    let mut claimed = Vec::new();
-    for _ in 0..600 / after_one as usize + 1 {
-        claimed = jobs.claim(NOW + 100, &fetch(&["default"], 1, "w")).await.unwrap();
-        if !claimed.is_empty() {
-            break;
-        }
-    }
-    assert_eq!(claimed.iter().map(|job| job.id).collect::<Vec<_>>(), vec![fresh]);
-    assert_eq!(discarded(jobs).await, 600);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_staged_job_waits_for_its_activation() {
     let server = TempPostgres::start();
     let (jobs, _pool) = store(&server, "staged").await;

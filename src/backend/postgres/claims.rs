@@ -42,8 +42,6 @@ pub(super) struct PendingClaim {
 /// reads ahead, to pass over the keys at their limit among them at once:
 /// first a few, then twice as many each time, up to the most.
 const LOOK_AHEAD_FIRST: i64 = 8;
-/// Expired jobs one claim transaction discards on its way at most.
-const EXPIRED_MET_MAX: usize = 256;
 const LOOK_AHEAD_MAX: i64 = 256;
 
 /// What one claim transaction met so far: the ids it looked at, the jobs
@@ -127,9 +125,7 @@ async fn select(
                 }
                 (passed_over, held_back) = (passed_over + 1, true);
             }
-            // Expired jobs past the bound are left to the leader's timers:
-            // a queue full of them does not hold one claim for long.
-            if passed_over == 0 || found < missing || met.expired.len() >= EXPIRED_MET_MAX {
+            if passed_over == 0 || found < missing {
                 break;
             }
             if held_back {
