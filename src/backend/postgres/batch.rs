@@ -105,22 +105,30 @@ pub(super) struct Waiting {
 }
 
 impl Waiting {
-    /// Counts a request of `bytes` in, unless the bounds are reached. One
-    /// request alone is always let in (its size was bounded when it was
-    /// read), so no request is refused on an idle node.
-    fn admit(&self, bytes: u64) -> bool {
+    /// Counts a request of `bytes` in, unless the bounds are reached; it is
+    /// counted out when the answer drops. One request alone is always let
+    /// in (its size was bounded when it was read), so no request is
+    /// refused on an idle node.
+    fn admit(self: &Arc<Self>, bytes: u64) -> Option<Admitted> {
         let count = self.count.fetch_add(1, Ordering::AcqRel);
         let before = self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        let admitted = Admitted { waiting: self.clone(), bytes };
         let over = count >= ENGINE_INBOX_MAX as u64 || (count > 0 && before + bytes > ENGINE_INBOX_BYTES_MAX);
-        if over {
-            self.leave(bytes);
-        }
-        !over
+        (!over).then_some(admitted)
     }
+}
 
-    fn leave(&self, bytes: u64) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
-        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+/// A request counted in [`Waiting`]: counted out when dropped, so a batch
+/// that fails or panics releases its requests too.
+struct Admitted {
+    waiting: Arc<Waiting>,
+    bytes: u64,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.waiting.count.fetch_sub(1, Ordering::AcqRel);
+        self.waiting.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
 
@@ -128,7 +136,7 @@ type Answer<A> = oneshot::Sender<Result<A, EngineError>>;
 
 /// Gathers requests of type `R` into batches answered with `A` each.
 pub(super) struct Batcher<R, A> {
-    sender: mpsc::UnboundedSender<(R, u64, Answer<A>)>,
+    sender: mpsc::UnboundedSender<(R, Admitted, Answer<A>)>,
     waiting: Arc<Waiting>,
 }
 
@@ -141,47 +149,45 @@ impl<R: Weighed + Send + 'static, A: Send + 'static> Batcher<R, A> {
         F: Fn(Vec<R>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Result<A, EngineError>>, EngineError>> + Send + 'static,
     {
-        let (sender, mut receiver) = mpsc::unbounded_channel::<(R, u64, Answer<A>)>();
+        let (sender, mut receiver) = mpsc::unbounded_channel::<(R, Admitted, Answer<A>)>();
         let run = Arc::new(run);
         let slots = Arc::new(Semaphore::new(in_flight));
-        let gathered = waiting.clone();
         tokio::spawn(async move {
             while let Some(first) = receiver.recv().await {
                 // Wait for a slot first: meanwhile the next requests gather.
                 let Ok(slot) = slots.clone().acquire_owned().await else { return };
-                let mut bytes = first.1;
+                let mut bytes = first.1.bytes;
                 let mut batch = vec![first];
                 while batch.len() < max && bytes < BATCH_BYTES_MAX {
                     match receiver.try_recv() {
                         Ok(next) => {
-                            bytes += next.1;
+                            bytes += next.1.bytes;
                             batch.push(next);
                         }
                         Err(_) => break,
                     }
                 }
                 let run = run.clone();
-                let gathered = gathered.clone();
                 tokio::spawn(async move {
                     let mut requests = Vec::with_capacity(batch.len());
                     let mut answers = Vec::with_capacity(batch.len());
-                    for (request, bytes, answer) in batch {
+                    for (request, admitted, answer) in batch {
                         requests.push(request);
-                        answers.push((bytes, answer));
+                        answers.push((admitted, answer));
                     }
-                    // Counted out once answered: until then the batch's
-                    // requests are still held.
+                    // Each request is counted out as it is answered (its
+                    // `Admitted` dropped): until then it is still held.
                     match run(requests).await {
                         Ok(outcomes) => {
                             let mut outcomes = outcomes.into_iter();
-                            for (bytes, answer) in answers {
-                                gathered.leave(bytes);
+                            for (admitted, answer) in answers {
+                                drop(admitted);
                                 let _ = answer.send(outcomes.next().unwrap_or_else(|| Err(stopped())));
                             }
                         }
                         Err(error) => {
-                            for (bytes, answer) in answers {
-                                gathered.leave(bytes);
+                            for (admitted, answer) in answers {
+                                drop(admitted);
                                 let _ = answer.send(Err(error.clone()));
                             }
                         }
@@ -196,13 +202,11 @@ impl<R: Weighed + Send + 'static, A: Send + 'static> Batcher<R, A> {
     /// Runs `request` with the others waiting; answers its own outcome, or
     /// that the node is overloaded when too many requests wait already.
     pub(super) async fn submit(&self, request: R) -> Result<A, EngineError> {
-        let bytes = request.bytes();
-        if !self.waiting.admit(bytes) {
+        let Some(admitted) = self.waiting.admit(request.bytes()) else {
             return Err(EngineError::Unavailable { reason: Unavailable::Overloaded });
-        }
+        };
         let (answer, outcome) = oneshot::channel();
-        if self.sender.send((request, bytes, answer)).is_err() {
-            self.waiting.leave(bytes);
+        if self.sender.send((request, admitted, answer)).is_err() {
             return Err(stopped());
         }
         outcome.await.unwrap_or_else(|_| Err(stopped()))
@@ -266,13 +270,24 @@ mod tests {
 
     #[test]
     fn the_count_is_bounded_as_well_as_the_bytes() {
-        let waiting = Waiting::default();
-        for _ in 0..ENGINE_INBOX_MAX {
-            assert!(waiting.admit(0));
+        let waiting = Arc::new(Waiting::default());
+        let mut admitted: Vec<Admitted> = (0..ENGINE_INBOX_MAX).map(|_| waiting.admit(0).unwrap()).collect();
+        assert!(waiting.admit(0).is_none(), "one past the count is refused");
+        admitted.pop();
+        assert!(waiting.admit(0).is_some(), "and let in once one has left");
+        drop(admitted);
+        assert_eq!(waiting.count.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_panics_still_counts_its_requests_out() {
+        let waiting = Arc::new(Waiting::default());
+        fn fails() -> Result<Vec<Result<u64, EngineError>>, EngineError> {
+            panic!("a batch that fails in an unforeseen way")
         }
-        assert!(!waiting.admit(0), "one past the count is refused");
-        waiting.leave(0);
-        assert!(waiting.admit(0), "and let in once one has left");
-        assert_eq!(waiting.count.load(Ordering::Acquire), ENGINE_INBOX_MAX as u64);
+        let batcher = Batcher::start(64, 1, waiting.clone(), |_: Vec<Sized>| async { fails() });
+        let answer = batcher.submit(Sized(1_000)).await;
+        assert!(matches!(answer, Err(EngineError::Unavailable { reason: Unavailable::EngineStopped })), "{answer:?}");
+        assert_eq!((waiting.count.load(Ordering::Acquire), waiting.bytes.load(Ordering::Acquire)), (0, 0));
     }
 }
