@@ -1,7 +1,8 @@
 //! Hostile requests against svc on PostgreSQL (a real PostgreSQL server of
 //! the test's own): values PostgreSQL cannot store or index are refused with
 //! a 4xx before they reach a statement, requests merged with them are not
-//! failed by them, and the leader's timers keep running afterwards.
+//! failed by them, and a large unique batch stays within the database's
+//! shared lock table.
 
 mod common;
 

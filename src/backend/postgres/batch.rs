@@ -74,7 +74,7 @@ impl PgJobs {
     }
 }
 
-/// What a request carries, about: what it holds in memory while it waits.
+/// About how many bytes a request holds in memory while it waits.
 pub(super) trait Weighed {
     fn bytes(&self) -> u64;
 }
