@@ -1,8 +1,8 @@
 //! Hostile requests against svc on PostgreSQL (a real PostgreSQL server of
 //! the test's own): values PostgreSQL cannot store or index are refused with
 //! a 4xx before they reach a statement, requests merged with them are not
-//! failed by them, and a large unique batch stays within the database's
-//! shared lock table.
+//! failed by them, a large unique batch stays within the database's shared
+//! lock table, and the settings' bound on cron entries holds.
 
 mod common;
 
@@ -113,4 +113,26 @@ fn a_unique_batch_takes_a_bounded_share_of_the_database_lock_table() {
     let again = json!({"type": "work", "args": [7], "options": {"unique": {}}});
     let answer = node.post("/svc/v1/jobs", again);
     assert_eq!(answer.status, 409, "{}", answer.body);
+}
+
+#[test]
+fn the_settings_bound_on_cron_entries_holds_on_postgres() {
+    // `limits.max_cron` from the settings file: PostgreSQL nodes took the
+    // default (10 000) whatever it said.
+    let postgres = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = dir.path().join("svc.toml");
+    std::fs::write(&settings, "[limits]\nmax_cron = 2\n").unwrap();
+    let url = postgres.database("hostile_cron");
+    let env = [("SVC_POSTGRES_URL", url.as_str()), ("SVC_CONFIG", settings.to_str().unwrap())];
+    let (process, base) = common::spawn_server_with_env(&dir.path().join("data"), &env);
+    let node = TestServer { server: None, process: Some(process), base, client: http_client() };
+    for name in ["first", "second"] {
+        let answer = node.post("/svc/v1/cron", json!({"name": name, "type": "t", "cron": "*/5 * * * *"}));
+        assert_eq!(answer.status, 201, "{}", answer.body);
+    }
+    let answer = node.post("/svc/v1/cron", json!({"name": "third", "type": "t", "cron": "*/5 * * * *"}));
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert_eq!(answer.body["error"]["details"]["reason"], "limit", "{}", answer.body);
+    assert_eq!(answer.body["error"]["details"]["limit"], 2, "{}", answer.body);
 }
